@@ -1,0 +1,267 @@
+"""The route table and the router presets.
+
+Every preset is a function returning an :class:`aiohttp.web.Application`. The
+route table below is the single description of the HTTP API: it mounts the
+handlers and it is what the OpenAPI document is built from.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from dataclasses import dataclass, field
+
+from aiohttp import web
+from pydantic import BaseModel
+
+from bridge import models, routes
+from bridge.backend import Backend
+from bridge.errors import make_error_middleware
+from bridge.limits import RestLimits
+from bridge.process.backend import DEFAULT_COMMAND, ProcessBackend
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+@dataclass(frozen=True, slots=True)
+class QueryParam:
+    name: str
+    description: str
+    kind: str = "integer"
+    header: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class Route:
+    """One route of the API: how to mount it and how to document it."""
+
+    name: str
+    method: str
+    path: str
+    handler: Handler
+    summary: str
+    body: type[BaseModel] | None = None
+    status: int = 200
+    response: type[BaseModel] | None = None
+    errors: tuple[int, ...] = ()
+    query: tuple[QueryParam, ...] = ()
+    tags: tuple[str, ...] = ()
+    extra_statuses: tuple[int, ...] = ()
+    event_stream: bool = False
+
+
+_SESSION = (404, 409)
+_SPAWN = (403, 413, 429, 502, 503, 504)
+
+ROUTES: tuple[Route, ...] = (
+    Route("health", "GET", "/health", routes.health, "Liveness", response=models.Health),
+    Route("v1_health", "GET", "/v1/health", routes.health, "Liveness", response=models.Health),
+    Route(
+        "compatibility",
+        "GET",
+        "/v1/compatibility",
+        routes.compatibility,
+        "Bridge and app-server versions",
+        response=models.Compatibility,
+    ),
+    Route(
+        "text_turn",
+        "POST",
+        "/v1/text-turn",
+        routes.text_turn,
+        "Run one text turn on a fresh app-server process",
+        body=models.TextTurnRequest,
+        response=models.TextTurnResponse,
+        errors=(400, *_SPAWN),
+    ),
+    Route(
+        "call",
+        "POST",
+        "/v1/call/{method:.+}",
+        routes.call,
+        "Call a raw method on an app-server process spawned for this call",
+        body=models.SessionlessCallBody,
+        response=models.CallResponse,
+        errors=(400, *_SPAWN),
+    ),
+    Route(
+        "list_sessions",
+        "GET",
+        "/v1/sessions",
+        routes.list_sessions,
+        "List sessions",
+        response=models.SessionList,
+    ),
+    Route(
+        "create_session",
+        "POST",
+        "/v1/sessions",
+        routes.create_session,
+        "Create a session (spawn and initialize an app-server process)",
+        body=models.SessionCreateRequest,
+        status=201,
+        response=models.SessionCreated,
+        errors=(400, *_SPAWN),
+    ),
+    Route(
+        "delete_session",
+        "DELETE",
+        "/v1/sessions/{session_id}",
+        routes.delete_session,
+        "Delete a session and stop its process",
+        response=models.StatusResponse,
+        errors=(404,),
+    ),
+    Route(
+        "session_call",
+        "POST",
+        "/v1/sessions/{session_id}/call/{method:.+}",
+        routes.session_call,
+        "Call a raw method in a session",
+        body=models.CallBody,
+        response=models.CallResponse,
+        errors=(400, 413, 429, 502, 503, 504, *_SESSION),
+    ),
+    Route(
+        "events",
+        "GET",
+        "/v1/sessions/{session_id}/events",
+        routes.events,
+        "Long-poll the next event of a session",
+        response=models.EventResponse,
+        errors=(400, *_SESSION),
+        extra_statuses=(204,),
+        query=(
+            QueryParam("waitMs", "How long to wait for an event (capped by MAX_WAIT_MS)."),
+            QueryParam("after", "Read the first event with a larger seq; the cursor stays."),
+        ),
+    ),
+    Route(
+        "events_stream",
+        "GET",
+        "/v1/sessions/{session_id}/events/stream",
+        routes.events_stream,
+        "Stream the events of a session as Server-Sent Events",
+        response=models.EventResponse,
+        errors=(400, *_SESSION),
+        event_stream=True,
+        query=(
+            QueryParam("after", "Start after this seq instead of at the cursor."),
+            QueryParam("Last-Event-ID", "Resume after this seq.", header=True),
+        ),
+    ),
+    Route(
+        "reply_result",
+        "POST",
+        "/v1/sessions/{session_id}/requests/{request_key}/result",
+        routes.reply_result,
+        "Answer a server-originated request with a result",
+        body=models.ReplyResult,
+        response=models.StatusResponse,
+        errors=(400, 413, 429, 502, 404, 409),
+    ),
+    Route(
+        "reply_error",
+        "POST",
+        "/v1/sessions/{session_id}/requests/{request_key}/error",
+        routes.reply_error,
+        "Answer a server-originated request with a JSON-RPC error",
+        body=models.ReplyError,
+        response=models.StatusResponse,
+        errors=(400, 413, 429, 502, 404, 409),
+    ),
+)
+
+ALL_ROUTES = frozenset(r.name for r in ROUTES)
+TEXT_TURN_ROUTES = frozenset({"health", "v1_health", "compatibility", "text_turn"})
+DEFAULT_ROUTES = ALL_ROUTES - {"call"}
+DEFAULT_CLIENT_OPTIONS = frozenset({"clientInfo", "optOutNotificationMethods"})
+
+
+@dataclass(frozen=True)
+class RouterOptions:
+    """What a router mounts and which ClientOptions fields its callers may set."""
+
+    routes: frozenset[str] = ALL_ROUTES
+    #: Wire names of allowed ClientOptions fields; None allows every field.
+    allowed_client_options: frozenset[str] | None = None
+    limits: RestLimits = field(default_factory=RestLimits)
+
+    def __post_init__(self) -> None:
+        unknown = set(self.routes) - ALL_ROUTES
+        if unknown:
+            raise ValueError(f"unknown routes: {sorted(unknown)}")
+
+
+MOUNTED = web.AppKey("bridge.routes", tuple)
+
+
+def mounted_routes(app: web.Application) -> tuple[Route, ...]:
+    """The routes an application built here serves."""
+    return app[MOUNTED]
+
+
+def create_app(backend: Backend, options: RouterOptions | None = None) -> web.Application:
+    """An application serving ``options.routes`` from ``backend``."""
+    options = options or RouterOptions()
+    limits = options.limits
+    app = web.Application(
+        client_max_size=limits.max_body_bytes,
+        middlewares=[make_error_middleware(limits.max_body_bytes)],
+    )
+    app[routes.BACKEND] = backend
+    app[routes.CONFIG] = routes.RouterConfig(
+        limits=limits, allowed_client_options=options.allowed_client_options
+    )
+    mounted = tuple(r for r in ROUTES if r.name in options.routes)
+    app[MOUNTED] = mounted
+    for route in mounted:
+        app.router.add_route(route.method, route.path, route.handler, name=route.name)
+
+    async def backend_lifecycle(app: web.Application) -> AsyncIterator[None]:
+        await backend.start()
+        yield
+        await backend.close()
+
+    app.cleanup_ctx.append(backend_lifecycle)
+    return app
+
+
+def _process_backend(
+    app_server_command: str | Sequence[str], limits: RestLimits | None
+) -> tuple[ProcessBackend, RestLimits]:
+    limits = limits or RestLimits()
+    return ProcessBackend(app_server_command, limits), limits
+
+
+def trusted_bridge_app(
+    app_server_command: str | Sequence[str] = DEFAULT_COMMAND, limits: RestLimits | None = None
+) -> web.Application:
+    """Every route of spec section 4, every ClientOptions field, real processes."""
+    backend, limits = _process_backend(app_server_command, limits)
+    return create_app(backend, RouterOptions(limits=limits))
+
+
+def text_turn_app(
+    app_server_command: str | Sequence[str] = DEFAULT_COMMAND, limits: RestLimits | None = None
+) -> web.Application:
+    """Health, compatibility and the one-shot text turn only."""
+    backend, limits = _process_backend(app_server_command, limits)
+    return create_app(backend, RouterOptions(routes=TEXT_TURN_ROUTES, limits=limits))
+
+
+def default_app(
+    app_server_command: str | Sequence[str] = DEFAULT_COMMAND, limits: RestLimits | None = None
+) -> web.Application:
+    """The conservative router: no sessionless calls, no process-shaping options."""
+    backend, limits = _process_backend(app_server_command, limits)
+    return create_app(
+        backend,
+        RouterOptions(
+            routes=DEFAULT_ROUTES, allowed_client_options=DEFAULT_CLIENT_OPTIONS, limits=limits
+        ),
+    )
+
+
+def backend_app(backend: Backend, options: RouterOptions | None = None) -> web.Application:
+    """The routes of ``options`` (all by default) served by a host-provided backend."""
+    return create_app(backend, options)

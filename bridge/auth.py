@@ -1,0 +1,80 @@
+"""Optional bearer-token authentication, a layer around any router (spec section 5).
+
+Every rejection is the same response, whatever was wrong with the header, and a
+rejected request never reaches the router. The comparison hashes both sides to
+SHA-256 digests first, so it takes the same time whether the tokens differ early,
+late, or in length.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+from collections.abc import Awaitable, Callable
+
+from aiohttp import web
+from aiohttp.typedefs import Middleware
+
+from bridge import errors
+
+HEALTH_PATHS = frozenset({"/health", "/v1/health"})
+AUTH_ENABLED = web.AppKey("bridge.auth_enabled", bool)
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+class BearerToken:
+    """The one shared secret. Its repr never shows it."""
+
+    __slots__ = ("_digest",)
+
+    def __init__(self, token: str) -> None:
+        if not isinstance(token, str) or not token.strip():
+            raise ValueError("the bearer token must not be empty or blank")
+        self._digest = hashlib.sha256(token.encode()).digest()
+
+    def matches(self, presented: str) -> bool:
+        digest = hashlib.sha256(presented.encode("utf-8", "surrogateescape")).digest()
+        return hmac.compare_digest(digest, self._digest)
+
+    def __repr__(self) -> str:
+        return "BearerToken(<redacted>)"
+
+
+def presented_token(header: str | None) -> str:
+    """The token of an ``Authorization`` value, or "" when it is not a Bearer value."""
+    if not header:
+        return ""
+    scheme, space, rest = header.partition(" ")
+    if not space or scheme.lower() != "bearer":
+        return ""
+    return rest.strip()
+
+
+def bearer_auth_middleware(token: str, *, exempt_health: bool = True) -> Middleware:
+    """A middleware that admits only requests carrying ``Authorization: Bearer <token>``."""
+    secret = BearerToken(token)
+
+    @web.middleware
+    async def bearer_auth(request: web.Request, handler: Handler) -> web.StreamResponse:
+        if exempt_health and request.method == "GET" and request.path in HEALTH_PATHS:
+            return await handler(request)
+        authorized = secret.matches(presented_token(request.headers.get("Authorization")))
+        if not authorized:
+            return errors.unauthorized().to_response()
+        return await handler(request)
+
+    return bearer_auth
+
+
+def with_bearer_auth(
+    app: web.Application, token: str, *, exempt_health: bool = True
+) -> web.Application:
+    """Require the bearer token on every route of ``app``; returns ``app``.
+
+    Raises ``ValueError`` at once for an empty or blank token. Apply it before the
+    application starts.
+    """
+    app.middlewares.insert(0, bearer_auth_middleware(token, exempt_health=exempt_health))
+    app[AUTH_ENABLED] = True
+    return app

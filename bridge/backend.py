@@ -1,0 +1,92 @@
+"""The interface between the HTTP layer and whatever answers it.
+
+The routes only ever talk to a :class:`Backend`. The bundled
+:class:`bridge.process.backend.ProcessBackend` spawns real app-server processes;
+a host application can pass its own subclass to
+:func:`bridge.app.backend_app` instead. Every method a backend does not
+override answers 404 ``not_found``, so a backend can implement just the part of
+the API it serves.
+
+Methods raise :class:`bridge.errors.RestError` for every failure the caller
+should see; anything else becomes a 500 ``internal_error`` without details.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from bridge import errors
+from bridge.events import Event
+from bridge.models import (
+    ClientOptions,
+    Compatibility,
+    SessionCreated,
+    SessionSummary,
+    TextTurnRequest,
+    TextTurnResponse,
+)
+
+
+def _unsupported(what: str) -> errors.RestError:
+    return errors.not_found(f"This bridge's backend does not support {what}.")
+
+
+class Backend:
+    """What the routes call. Subclass it and override what your backend serves."""
+
+    async def start(self) -> None:
+        """Called once when the application starts."""
+
+    async def close(self) -> None:
+        """Called once when the application shuts down; release every resource."""
+
+    async def compatibility(self) -> Compatibility:
+        """Versions of the bridge and of the app-server behind it."""
+        raise _unsupported("compatibility information")
+
+    async def call(
+        self, method: str, params: Any, *, options: ClientOptions | None, timeout_ms: int | None
+    ) -> Any:
+        """Call ``method`` outside any session and return its JSON-RPC result."""
+        raise _unsupported("sessionless calls")
+
+    async def text_turn(self, request: TextTurnRequest) -> TextTurnResponse:
+        """Run one text turn to completion."""
+        raise _unsupported("text turns")
+
+    async def create_session(self, options: ClientOptions | None) -> SessionCreated:
+        raise _unsupported("sessions")
+
+    async def list_sessions(self) -> Sequence[SessionSummary]:
+        raise _unsupported("sessions")
+
+    async def delete_session(self, session_id: str) -> None:
+        raise _unsupported("sessions")
+
+    async def session_call(
+        self, session_id: str, method: str, params: Any, *, timeout_ms: int | None
+    ) -> Any:
+        """Call ``method`` in a session and return its JSON-RPC result."""
+        raise _unsupported("sessions")
+
+    async def read_events(
+        self, session_id: str, *, after: int | None, wait_ms: int, limit: int
+    ) -> Sequence[Event]:
+        """Up to ``limit`` events with ``seq > after``, waiting up to ``wait_ms`` for one.
+
+        With ``after=None`` read from the session's cursor and advance it past what
+        is returned. Return an empty sequence on timeout; raise ``session_exited``
+        once the log has ended and the reader is past its end.
+        """
+        raise _unsupported("events")
+
+    async def reply_result(self, session_id: str, request_key: str, result: Any) -> None:
+        """Answer a server-originated request with a success result."""
+        raise _unsupported("server requests")
+
+    async def reply_error(
+        self, session_id: str, request_key: str, code: int, message: str, data: Any
+    ) -> None:
+        """Answer a server-originated request with a JSON-RPC error."""
+        raise _unsupported("server requests")

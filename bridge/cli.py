@@ -1,0 +1,88 @@
+"""``rest-bridge``: run the bridge."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import os
+import signal
+import sys
+from collections.abc import Sequence
+
+from aiohttp import web
+
+from bridge import __version__
+from bridge.app import default_app, text_turn_app, trusted_bridge_app
+from bridge.auth import with_bearer_auth
+from bridge.limits import RestLimits, RestLimitsEnvError
+from bridge.process.backend import DEFAULT_COMMAND, parse_command
+
+PRESETS = {
+    "trusted": trusted_bridge_app,
+    "default": default_app,
+    "text-turn": text_turn_app,
+}
+TOKEN_VARIABLE = "REST_ADAPTER_TOKEN"
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="rest-bridge", description=__doc__)
+    parser.add_argument("--version", action="version", version=f"rest-bridge {__version__}")
+    commands = parser.add_subparsers(dest="command", required=True)
+    serve = commands.add_parser("serve", help="serve the HTTP API")
+    serve.add_argument("--preset", choices=sorted(PRESETS), default="trusted")
+    serve.add_argument(
+        "--app-server",
+        default=" ".join(DEFAULT_COMMAND),
+        help="command that starts an app-server on stdio (default: %(default)s)",
+    )
+    serve.add_argument("--host", default="127.0.0.1")
+    serve.add_argument("--port", type=int, default=8787)
+    return parser
+
+
+async def serve(preset: str, command: list[str], host: str, port: int) -> None:
+    limits = RestLimits.from_env()
+    app = PRESETS[preset](command, limits)
+    token = os.environ.get(TOKEN_VARIABLE)
+    if token is not None:
+        with_bearer_auth(app, token)
+    runner = web.AppRunner(app, handler_cancellation=True, access_log=None)
+    await runner.setup()
+    site = web.TCPSite(runner, host, port)
+    await site.start()
+    bound = runner.addresses[0] if runner.addresses else (host, port)
+    auth = "on" if token is not None else f"off (set {TOKEN_VARIABLE} to require a token)"
+    print(f"rest-bridge {__version__} listening on http://{bound[0]}:{bound[1]}", flush=True)
+    print(f"  preset: {preset}; app-server: {' '.join(command)}; auth: {auth}", flush=True)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    try:
+        await stop.wait()
+    finally:
+        print("rest-bridge: stopping", flush=True)
+        await runner.cleanup()
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    if args.command == "serve":
+        try:
+            command = parse_command(args.app_server)
+            RestLimits.from_env()
+            token = os.environ.get(TOKEN_VARIABLE)
+            if token is not None and not token.strip():
+                raise ValueError(f"{TOKEN_VARIABLE} is set but blank")
+        except (RestLimitsEnvError, ValueError) as exc:
+            print(f"rest-bridge: {exc}", file=sys.stderr)
+            return 2
+        asyncio.run(serve(args.preset, command, args.host, args.port))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

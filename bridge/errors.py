@@ -1,0 +1,232 @@
+"""The one error family of the bridge, and how it becomes an HTTP response.
+
+Every failure the bridge reports is a :class:`RestError`. Handlers raise; the
+error middleware (:func:`error_middleware`) renders the spec's error payload
+``{"error", "message", "code"?, "data"?}`` in exactly one place. aiohttp's own
+HTTP exceptions (404, 405, 413...) are translated there too, so no response body
+ever takes another shape.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Awaitable, Callable, Mapping
+from typing import Any
+
+import orjson
+from aiohttp import web
+from aiohttp.typedefs import Middleware
+
+log = logging.getLogger("bridge")
+
+JSON_CONTENT_TYPE = "application/json"
+
+
+class RestError(Exception):
+    """An error with an HTTP status and a short machine-readable kind."""
+
+    def __init__(
+        self,
+        status: int,
+        kind: str,
+        message: str,
+        *,
+        code: int | None = None,
+        data: Any = None,
+        headers: Mapping[str, str] | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.status = status
+        self.kind = kind
+        self.message = message
+        self.code = code
+        self.data = data
+        self.headers = dict(headers or {})
+
+    def payload(self) -> dict[str, Any]:
+        """The spec's error payload; ``code`` and ``data`` only when set."""
+        body: dict[str, Any] = {"error": self.kind, "message": self.message}
+        if self.code is not None:
+            body["code"] = self.code
+        if self.data is not None:
+            body["data"] = self.data
+        return body
+
+    def to_response(self) -> web.Response:
+        return web.Response(
+            status=self.status,
+            body=orjson.dumps(self.payload()),
+            content_type=JSON_CONTENT_TYPE,
+            headers=self.headers,
+        )
+
+    def __repr__(self) -> str:
+        return f"RestError({self.status}, {self.kind!r}, {self.message!r})"
+
+
+# Constructors for every kind of CONTRACT.md's table, so a kind is spelled once.
+
+
+def bad_request(message: str, data: Any = None) -> RestError:
+    return RestError(400, "bad_request", message, data=data)
+
+
+def unauthorized() -> RestError:
+    return RestError(
+        401,
+        "unauthorized",
+        "A valid `Authorization: Bearer <token>` header is required.",
+        headers={"WWW-Authenticate": "Bearer"},
+    )
+
+
+def options_not_allowed(fields: list[str]) -> RestError:
+    return RestError(
+        403,
+        "options_not_allowed",
+        "This router does not allow these client options: " + ", ".join(fields),
+        data={"fields": fields},
+    )
+
+
+def not_found(message: str = "No such route.") -> RestError:
+    return RestError(404, "not_found", message)
+
+
+def session_not_found(session_id: str) -> RestError:
+    return RestError(404, "session_not_found", f"No session with id {session_id!r}.")
+
+
+def request_not_found(request_key: str) -> RestError:
+    return RestError(
+        404, "request_not_found", f"No pending server request with key {request_key!r}."
+    )
+
+
+def method_not_allowed(method: str, allowed: set[str]) -> RestError:
+    allow = ", ".join(sorted(allowed))
+    return RestError(
+        405,
+        "method_not_allowed",
+        f"Method {method} is not allowed here; allowed: {allow}.",
+        headers={"Allow": allow},
+    )
+
+
+def session_exited(session_id: str) -> RestError:
+    return RestError(
+        409, "session_exited", f"The app-server process of session {session_id!r} has exited."
+    )
+
+
+def request_already_answered(request_key: str) -> RestError:
+    return RestError(
+        409,
+        "request_already_answered",
+        f"The server request {request_key!r} has already been answered.",
+    )
+
+
+def payload_too_large(limit: int) -> RestError:
+    return RestError(
+        413,
+        "payload_too_large",
+        f"The request body exceeds the limit of {limit} bytes.",
+        data={"limitBytes": limit},
+    )
+
+
+def session_limit_reached(limit: int) -> RestError:
+    return RestError(
+        429,
+        "session_limit_reached",
+        f"The bridge already holds its maximum of {limit} sessions.",
+        headers={"Retry-After": "1"},
+    )
+
+
+def busy(message: str) -> RestError:
+    return RestError(429, "busy", message, headers={"Retry-After": "1"})
+
+
+def app_server_error(code: int, message: str, data: Any = None) -> RestError:
+    """A JSON-RPC error reply from the app-server; ``-32001`` means overloaded."""
+    if code == -32001:
+        return RestError(
+            503,
+            "app_server_overloaded",
+            message,
+            code=code,
+            data=data,
+            headers={"Retry-After": "1"},
+        )
+    return RestError(502, "app_server_error", message, code=code, data=data)
+
+
+def app_server_exited(message: str, data: Any = None) -> RestError:
+    return RestError(502, "app_server_exited", message, data=data)
+
+
+def app_server_spawn_failed(message: str) -> RestError:
+    return RestError(502, "app_server_spawn_failed", message)
+
+
+def protocol_error(message: str) -> RestError:
+    return RestError(502, "protocol_error", message)
+
+
+def timeout(message: str) -> RestError:
+    return RestError(504, "timeout", message)
+
+
+def internal_error() -> RestError:
+    return RestError(500, "internal_error", "The bridge hit an internal error.")
+
+
+_HTTP_KINDS = {
+    400: "bad_request",
+    401: "unauthorized",
+    403: "forbidden",
+    404: "not_found",
+    405: "method_not_allowed",
+    408: "timeout",
+    413: "payload_too_large",
+    429: "busy",
+}
+
+
+def from_http_exception(exc: web.HTTPException, max_body_bytes: int | None) -> RestError:
+    """Translate one of aiohttp's own HTTP exceptions into the error payload."""
+    if isinstance(exc, web.HTTPMethodNotAllowed):
+        return method_not_allowed(exc.method, set(exc.allowed_methods))
+    if isinstance(exc, web.HTTPRequestEntityTooLarge):
+        return payload_too_large(max_body_bytes or 0)
+    if isinstance(exc, web.HTTPNotFound):
+        return not_found()
+    kind = _HTTP_KINDS.get(exc.status, "internal_error" if exc.status >= 500 else "bad_request")
+    return RestError(exc.status, kind, exc.reason)
+
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+def make_error_middleware(max_body_bytes: int | None = None) -> Middleware:
+    """A middleware that renders every failure as the spec's error payload."""
+
+    @web.middleware
+    async def error_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
+        try:
+            return await handler(request)
+        except RestError as exc:
+            return exc.to_response()
+        except web.HTTPException as exc:
+            if exc.status < 400:
+                raise
+            return from_http_exception(exc, max_body_bytes).to_response()
+        except Exception as exc:  # the last line of defence: no traceback leaves the bridge
+            log.error(
+                "internal error on %s %s: %s", request.method, request.path, type(exc).__name__
+            )
+            return internal_error().to_response()
+
+    return error_middleware

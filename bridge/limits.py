@@ -1,0 +1,75 @@
+"""Resource limits of the bridge (``RestLimits``), loadable from the environment."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+ENV_PREFIX = "REST_ADAPTER_"
+
+
+class RestLimitsEnvError(ValueError):
+    """A ``REST_ADAPTER_*`` limit variable is set but is not a valid value of its type."""
+
+    def __init__(self, variable: str, value: str, expected: str) -> None:
+        super().__init__(f"{variable}={value!r} is not a valid {expected}")
+        self.variable = variable
+        self.value = value
+        self.expected = expected
+
+
+@dataclass(frozen=True, slots=True)
+class RestLimits:
+    """Bounds on what the bridge holds and how long it waits.
+
+    Each field can be set from the environment as ``REST_ADAPTER_<FIELD IN CAPITALS>``,
+    e.g. ``REST_ADAPTER_MAX_SESSIONS=16``.
+    """
+
+    max_sessions: int = 64
+    max_body_bytes: int = 1_048_576
+    call_timeout_ms: int = 60_000
+    text_turn_timeout_ms: int = 600_000
+    spawn_timeout_ms: int = 15_000
+    max_wait_ms: int = 30_000
+    event_buffer: int = 4096
+    session_idle_timeout_ms: int = 1_800_000
+    sse_keepalive_ms: int = 15_000
+    max_concurrent_text_turns: int = 8
+    max_line_bytes: int = 16_777_216
+    shutdown_grace_ms: int = 3000
+
+    def __post_init__(self) -> None:
+        for field in dataclasses.fields(self):
+            value = getattr(self, field.name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ValueError(f"RestLimits.{field.name} must be a positive integer")
+
+    @classmethod
+    def env_variable(cls, field_name: str) -> str:
+        return ENV_PREFIX + field_name.upper()
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] | None = None) -> RestLimits:
+        """Defaults overridden by every ``REST_ADAPTER_*`` limit that is set.
+
+        Raises :class:`RestLimitsEnvError` for a set variable that is not a positive
+        integer, naming the variable, its value and the expected type.
+        """
+        env = os.environ if environ is None else environ
+        values: dict[str, int] = {}
+        for field in dataclasses.fields(cls):
+            variable = cls.env_variable(field.name)
+            raw = env.get(variable)
+            if raw is None:
+                continue
+            try:
+                parsed = int(raw, 10)
+            except ValueError:
+                raise RestLimitsEnvError(variable, raw, "positive integer") from None
+            if parsed < 1:
+                raise RestLimitsEnvError(variable, raw, "positive integer")
+            values[field.name] = parsed
+        return cls(**values)

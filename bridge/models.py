@@ -1,0 +1,179 @@
+"""Wire records of the HTTP API (CONTRACT.md), the single source of the OpenAPI schemas.
+
+Field names are camelCase on the wire and snake_case in Python. Request records
+forbid unknown fields, so a typo is a 400 rather than a silently ignored option.
+Traffic that the bridge only forwards (JSON-RPC params and results, event payloads)
+is typed ``Any`` and never validated here.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, WithJsonSchema
+from pydantic.alias_generators import to_camel
+
+#: An RFC 3339 UTC timestamp with milliseconds, e.g. ``2026-11-21T23:44:45.123Z``.
+Timestamp = Annotated[str, WithJsonSchema({"type": "string", "format": "date-time"})]
+
+
+class _Wire(BaseModel):
+    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True)
+
+
+class _Request(_Wire):
+    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="forbid")
+
+
+class ErrorPayload(_Wire):
+    """RestErrorResponse: the body of every error response."""
+
+    error: str = Field(description="Short error kind, e.g. `session_not_found`.")
+    message: str = Field(description="Human-readable explanation.")
+    code: int | None = Field(default=None, description="JSON-RPC error code, when one applies.")
+    data: Any = Field(default=None, description="Details, e.g. validation errors.")
+
+
+class Health(_Wire):
+    status: Literal["ok"] = "ok"
+    version: str
+
+
+class AppServerInfo(_Wire):
+    command: list[str]
+    version: str | None
+    version_error: str | None
+
+
+class Compatibility(_Wire):
+    bridge_version: str
+    api_version: Literal["v1"] = "v1"
+    openapi: Literal["3.1.0"] = "3.1.0"
+    app_server: AppServerInfo
+
+
+class ClientInfo(_Request):
+    name: str
+    title: str | None = None
+    version: str
+
+
+class ClientOptions(_Request):
+    """How a request that spawns an app-server process shapes it and its `initialize`."""
+
+    client_info: ClientInfo | None = None
+    cwd: str | None = Field(default=None, description="Working directory of the process.")
+    env: dict[str, str] | None = Field(
+        default=None, description="Variables added to the process environment."
+    )
+    config_overrides: list[str] | None = Field(
+        default=None, description="`key=value` pairs passed as `-c key=value`."
+    )
+    experimental_api: bool | None = None
+    opt_out_notification_methods: list[str] | None = None
+
+    def set_fields(self) -> list[str]:
+        """Wire names of the fields the caller set (to check against a preset's policy)."""
+        return [to_camel(name) for name in self.model_fields_set]
+
+
+class SessionCreateRequest(_Request):
+    options: ClientOptions | None = None
+
+
+class SessionCreated(_Wire):
+    session_id: str
+    created_at: Timestamp
+    initialize: Any = Field(description="The app-server's `initialize` result, untouched.")
+
+
+class SessionSummary(_Wire):
+    session_id: str
+    created_at: Timestamp
+    last_activity_at: Timestamp
+    state: Literal["running", "exited"]
+    exit_code: int | None
+    pending_requests: list[str]
+    next_seq: int
+    buffered_events: int
+
+
+class SessionList(_Wire):
+    sessions: list[SessionSummary]
+
+
+class StatusResponse(_Wire):
+    status: str
+    session_id: str | None = None
+    request_key: str | None = None
+
+
+class CallBody(_Request):
+    """Body of a raw method call inside a session."""
+
+    params: Any = None
+    timeout_ms: int | None = Field(default=None, ge=1)
+
+
+class SessionlessCallBody(CallBody):
+    """Body of a raw method call on a process spawned for this call alone."""
+
+    options: ClientOptions | None = None
+
+
+class CallResponse(_Wire):
+    result: Any = Field(description="The JSON-RPC result, untouched.")
+
+
+class ReplyResult(_Request):
+    result: Any = Field(description="The JSON-RPC result sent to the app-server.")
+
+
+class ReplyError(_Request):
+    code: int
+    message: str
+    data: Any = None
+
+
+EventKind = Literal["notification", "request", "exit", "gap"]
+
+
+class EventResponse(_Wire):
+    """One event of a session's log."""
+
+    seq: int = Field(description="Position in the session's log, from 1, never repeated.")
+    kind: EventKind
+    method: str | None
+    params: Any
+    request_key: str | None
+    received_at: Timestamp
+
+
+ApprovalPolicy = Literal["decline", "accept", "acceptForSession", "cancel"]
+
+
+class TextTurnRequest(_Request):
+    text: str = Field(min_length=1)
+    approval_policy: ApprovalPolicy = "decline"
+    thread_params: dict[str, Any] | None = None
+    turn_params: dict[str, Any] | None = None
+    timeout_ms: int | None = Field(default=None, ge=1)
+    options: ClientOptions | None = None
+    include_events: bool = False
+
+
+class Approval(_Wire):
+    method: str
+    request_key: str
+    decision: str
+
+
+class TextTurnResponse(_Wire):
+    text: str
+    thread_id: str
+    turn_id: str
+    status: Literal["completed", "interrupted", "failed"]
+    error: dict[str, Any] | None
+    usage: dict[str, Any] | None
+    approvals: list[Approval]
+    events: list[EventResponse] | None = None

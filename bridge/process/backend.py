@@ -1,0 +1,327 @@
+"""The bundled backend: every session is a real app-server child process."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import shlex
+import time
+from collections.abc import Sequence
+from typing import Any
+
+from bridge import __version__, errors
+from bridge.backend import Backend
+from bridge.events import Event, rfc3339
+from bridge.limits import RestLimits
+from bridge.models import (
+    AppServerInfo,
+    ClientOptions,
+    Compatibility,
+    SessionCreated,
+    SessionSummary,
+    TextTurnRequest,
+    TextTurnResponse,
+)
+from bridge.process.rpc import AppServerProcess, ProcessGone, RpcError, StdinFull
+from bridge.process.session import Session, rpc_failure
+
+log = logging.getLogger("bridge")
+
+DEFAULT_COMMAND = ("codex", "app-server")
+DEFAULT_CLIENT_INFO = {
+    "name": "codex_rest_bridge",
+    "title": "Codex REST Bridge",
+    "version": __version__,
+}
+#: Variables of the bridge's own environment that a child process must never see.
+SECRET_ENV = ("REST_ADAPTER_TOKEN",)
+_VERSION_TIMEOUT = 10.0
+_VERSION_RETRY_AFTER = 30.0
+
+
+def parse_command(command: str | Sequence[str]) -> list[str]:
+    """A command line as argv: a string is split like a shell would."""
+    argv = shlex.split(command) if isinstance(command, str) else list(command)
+    if not argv:
+        raise ValueError("the app-server command is empty")
+    return argv
+
+
+def version_command(command: Sequence[str]) -> list[str]:
+    """``codex app-server -c x`` → ``codex --version`` (wrappers before it are kept)."""
+    argv = list(command)
+    if "app-server" in argv:
+        argv = argv[: argv.index("app-server")]
+    return [*argv, "--version"]
+
+
+class ProcessBackend(Backend):
+    """Spawns one app-server process per session, sessionless call and text turn."""
+
+    def __init__(
+        self,
+        command: str | Sequence[str] = DEFAULT_COMMAND,
+        limits: RestLimits | None = None,
+    ) -> None:
+        self.command = parse_command(command)
+        self.limits = limits or RestLimits()
+        self._sessions: dict[str, Session] = {}
+        self._reserved = 0
+        self._reaper: asyncio.Task[None] | None = None
+        self._version: tuple[str | None, str | None] | None = None
+        self._version_checked_at = 0.0
+        self._version_lock = asyncio.Lock()
+        self._turns = asyncio.Semaphore(self.limits.max_concurrent_text_turns)
+        self._turns_active = 0
+        self._background: set[asyncio.Task[Any]] = set()
+
+    # -- lifecycle -------------------------------------------------------------
+
+    async def start(self) -> None:
+        if self._reaper is None:
+            self._reaper = asyncio.create_task(self._reap_idle_sessions())
+
+    async def close(self) -> None:
+        if self._reaper is not None:
+            self._reaper.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._reaper
+            self._reaper = None
+        sessions = list(self._sessions.values())
+        self._sessions.clear()
+        await asyncio.gather(*(self._stop(s.process) for s in sessions))
+        if self._background:
+            await asyncio.gather(*self._background, return_exceptions=True)
+
+    async def _reap_idle_sessions(self) -> None:
+        idle = self.limits.session_idle_timeout_ms / 1000
+        interval = max(0.05, min(idle / 4, 30.0))
+        while True:
+            await asyncio.sleep(interval)
+            now = time.time()
+            for session in list(self._sessions.values()):
+                if session.readers == 0 and now - session.last_activity_at > idle:
+                    log.info("reaping idle session %s", session.id)
+                    self._sessions.pop(session.id, None)
+                    self._run_in_background(self._stop(session.process))
+
+    def _run_in_background(self, coroutine: Any) -> None:
+        task = asyncio.create_task(coroutine)
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+
+    # -- processes -------------------------------------------------------------
+
+    def _argv(self, options: ClientOptions | None) -> list[str]:
+        argv = list(self.command)
+        for override in (options.config_overrides or []) if options else []:
+            if "=" not in override:
+                raise errors.bad_request(
+                    "Each configOverrides entry must have the form key=value.",
+                    data={"configOverrides": override},
+                )
+            argv += ["-c", override]
+        return argv
+
+    def _env(self, options: ClientOptions | None) -> dict[str, str]:
+        env = {k: v for k, v in os.environ.items() if k not in SECRET_ENV}
+        if options and options.env:
+            env.update({k: v for k, v in options.env.items() if k not in SECRET_ENV})
+        return env
+
+    def _initialize_params(self, options: ClientOptions | None) -> dict[str, Any]:
+        client_info: dict[str, Any] = dict(DEFAULT_CLIENT_INFO)
+        capabilities: dict[str, Any] = {}
+        if options:
+            if options.client_info:
+                client_info = options.client_info.model_dump(exclude_none=True)
+            if options.experimental_api is not None:
+                capabilities["experimentalApi"] = options.experimental_api
+            if options.opt_out_notification_methods is not None:
+                capabilities["optOutNotificationMethods"] = options.opt_out_notification_methods
+        params: dict[str, Any] = {"clientInfo": client_info}
+        if capabilities:
+            params["capabilities"] = capabilities
+        return params
+
+    async def _spawn(self, options: ClientOptions | None) -> AppServerProcess:
+        argv = self._argv(options)
+        try:
+            return await AppServerProcess.spawn(
+                argv,
+                max_line_bytes=self.limits.max_line_bytes,
+                env=self._env(options),
+                cwd=options.cwd if options else None,
+            )
+        except OSError as exc:
+            reason = exc.strerror or type(exc).__name__
+            raise errors.app_server_spawn_failed(
+                f"Could not start the app-server: {reason}."
+            ) from None
+
+    async def _initialize(self, process: AppServerProcess, options: ClientOptions | None) -> Any:
+        """``initialize`` + ``initialized``; stops the process when it fails."""
+        try:
+            result = await process.call(
+                "initialize",
+                self._initialize_params(options),
+                self.limits.spawn_timeout_ms / 1000,
+            )
+            process.notify("initialized")
+            return result
+        except (RpcError, ProcessGone, StdinFull, TimeoutError) as exc:
+            await self._stop(process)
+            raise rpc_failure(exc, "Starting the app-server") from None
+        except BaseException:
+            await self._stop(process)
+            raise
+
+    async def _stop(self, process: AppServerProcess) -> None:
+        await process.shutdown(self.limits.shutdown_grace_ms / 1000)
+
+    def _reserve_slot(self) -> None:
+        if len(self._sessions) + self._reserved >= self.limits.max_sessions:
+            raise errors.session_limit_reached(self.limits.max_sessions)
+        self._reserved += 1
+
+    # -- compatibility ---------------------------------------------------------
+
+    async def compatibility(self) -> Compatibility:
+        version, version_error = await self._app_server_version()
+        return Compatibility(
+            bridge_version=__version__,
+            app_server=AppServerInfo(
+                command=self.command, version=version, version_error=version_error
+            ),
+        )
+
+    async def _app_server_version(self) -> tuple[str | None, str | None]:
+        async with self._version_lock:
+            loop = asyncio.get_running_loop()
+            stale = self._version is None or (
+                self._version[0] is None
+                and loop.time() - self._version_checked_at > _VERSION_RETRY_AFTER
+            )
+            if stale:
+                self._version = await _probe_version(version_command(self.command))
+                self._version_checked_at = loop.time()
+            assert self._version is not None
+            return self._version
+
+    # -- sessionless calls -----------------------------------------------------
+
+    async def call(
+        self, method: str, params: Any, *, options: ClientOptions | None, timeout_ms: int | None
+    ) -> Any:
+        self._reserve_slot()
+        try:
+            process = await self._spawn(options)
+            try:
+                process.on_request = _refuse_server_request(process)
+                await self._initialize(process, options)
+                timeout = (timeout_ms or self.limits.call_timeout_ms) / 1000
+                try:
+                    return await process.call(method, params, timeout)
+                except (RpcError, ProcessGone, StdinFull, TimeoutError) as exc:
+                    raise rpc_failure(exc, f"The call to {method!r}") from None
+            finally:
+                await self._stop(process)
+        finally:
+            self._reserved -= 1
+
+    # -- sessions --------------------------------------------------------------
+
+    async def create_session(self, options: ClientOptions | None) -> SessionCreated:
+        self._reserve_slot()
+        try:
+            process = await self._spawn(options)
+            session = Session(process, event_buffer=self.limits.event_buffer)
+            session.initialize_result = await self._initialize(process, options)
+            self._sessions[session.id] = session
+        finally:
+            self._reserved -= 1
+        return SessionCreated.model_construct(
+            session_id=session.id,
+            created_at=rfc3339(session.created_at),
+            initialize=session.initialize_result,
+        )
+
+    def session(self, session_id: str) -> Session:
+        session = self._sessions.get(session_id)
+        if session is None:
+            raise errors.session_not_found(session_id)
+        return session
+
+    async def list_sessions(self) -> Sequence[SessionSummary]:
+        return [SessionSummary.model_validate(s.summary()) for s in self._sessions.values()]
+
+    async def delete_session(self, session_id: str) -> None:
+        session = self.session(session_id)
+        await self._stop(session.process)
+        self._sessions.pop(session_id, None)
+
+    async def session_call(
+        self, session_id: str, method: str, params: Any, *, timeout_ms: int | None
+    ) -> Any:
+        timeout = (timeout_ms or self.limits.call_timeout_ms) / 1000
+        return await self.session(session_id).call(method, params, timeout)
+
+    async def read_events(
+        self, session_id: str, *, after: int | None, wait_ms: int, limit: int
+    ) -> Sequence[Event]:
+        wait = min(wait_ms, self.limits.max_wait_ms) / 1000
+        return await self.session(session_id).read_events(after, wait, limit)
+
+    async def reply_result(self, session_id: str, request_key: str, result: Any) -> None:
+        self.session(session_id).reply(request_key, result=result)
+
+    async def reply_error(
+        self, session_id: str, request_key: str, code: int, message: str, data: Any
+    ) -> None:
+        error = {"code": code, "message": message, "data": data}
+        self.session(session_id).reply(request_key, error=error)
+
+    # -- text turns ------------------------------------------------------------
+
+    async def text_turn(self, request: TextTurnRequest) -> TextTurnResponse:
+        raise errors.not_found("Text turns are not available yet.")
+
+
+def _refuse_server_request(process: AppServerProcess) -> Any:
+    """Outside a session nobody can answer the server's requests: say so at once."""
+
+    def refuse(request_id: Any, method: str, params: Any) -> None:
+        with contextlib.suppress(ProcessGone, StdinFull):
+            process.respond_error(
+                request_id, -32601, f"{method} cannot be answered: the bridge call has no session"
+            )
+
+    return refuse
+
+
+async def _probe_version(argv: list[str]) -> tuple[str | None, str | None]:
+    """Run ``<server> --version`` without blocking the loop: (version, error)."""
+    try:
+        proc = await asyncio.create_subprocess_exec(
+            *argv,
+            stdin=asyncio.subprocess.DEVNULL,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.DEVNULL,
+            start_new_session=True,
+        )
+    except OSError as exc:
+        return None, f"could not run the app-server: {exc.strerror or type(exc).__name__}"
+    try:
+        async with asyncio.timeout(_VERSION_TIMEOUT):
+            out, _ = await proc.communicate()
+    except TimeoutError:
+        with contextlib.suppress(ProcessLookupError):
+            proc.kill()
+        await proc.wait()
+        return None, "the app-server did not report its version in time"
+    text = out.decode("utf-8", "replace").strip()
+    if proc.returncode != 0 or not text:
+        return None, f"`--version` exited with code {proc.returncode}"
+    return text.splitlines()[0][:200], None

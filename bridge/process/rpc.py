@@ -1,0 +1,400 @@
+"""JSON-RPC over a child process's stdio: the app-server wire of PROTOCOL.md.
+
+One JSON object per line, no ``"jsonrpc"`` field. The reader is an
+:class:`asyncio.SubprocessProtocol` that splits and dispatches lines as bytes
+arrive, without a task or an await per line. Memory is bounded whatever the
+child writes: a line longer than ``max_line_bytes`` ends the conversation with a
+protocol error, and of stderr only a short tail is kept.
+
+A message with a ``method`` is a notification or a request from the server,
+never a response, even when its ``id`` equals one of our pending calls.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import logging
+import os
+import re
+import signal
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+
+log = logging.getLogger("bridge.process")
+
+STDERR_TAIL_BYTES = 8192
+#: Past this much unsent data on the child's stdin, new calls are refused.
+MAX_STDIN_BUFFER = 16 * 1024 * 1024
+#: How long to wait for the pipes to close after the child itself exited.
+_PIPE_DRAIN_SECONDS = 0.5
+_ANSI = re.compile(r"\x1b\[[0-9;?]*[ -/]*[@-~]")
+
+NotificationHandler = Callable[[str, Any], None]
+RequestHandler = Callable[[Any, str, Any], None]
+
+
+class RpcError(Exception):
+    """The server answered a call with a JSON-RPC error."""
+
+    def __init__(self, code: int, message: str, data: Any = None) -> None:
+        super().__init__(f"{code}: {message}")
+        self.code = code
+        self.message = message
+        self.data = data
+
+
+class ProcessGone(Exception):
+    """The process exited (or was stopped) before the call was answered."""
+
+    def __init__(self, exit_info: ExitInfo) -> None:
+        super().__init__(exit_info.describe())
+        self.exit_info = exit_info
+
+
+class StdinFull(Exception):
+    """The child is not reading its stdin; more data would only pile up in memory."""
+
+
+@dataclass(frozen=True, slots=True)
+class ExitInfo:
+    """How the process ended."""
+
+    exit_code: int | None
+    signal: str | None
+    stderr_tail: str
+    #: Set when the bridge ended the process because it broke the protocol.
+    protocol_error: str | None = None
+
+    def describe(self) -> str:
+        if self.protocol_error:
+            return f"the app-server broke the protocol: {self.protocol_error}"
+        if self.signal:
+            return f"the app-server process was killed by {self.signal}"
+        return f"the app-server process exited with code {self.exit_code}"
+
+    def to_event_params(self) -> dict[str, Any]:
+        params: dict[str, Any] = {
+            "exitCode": self.exit_code,
+            "signal": self.signal,
+            "stderrTail": self.stderr_tail,
+        }
+        if self.protocol_error:
+            params["protocolError"] = self.protocol_error
+        return params
+
+
+class _StdioProtocol(asyncio.SubprocessProtocol):
+    def __init__(self, owner: AppServerProcess) -> None:
+        self._owner = owner
+
+    def pipe_data_received(self, fd: int, data: bytes | str) -> None:
+        if isinstance(data, str):
+            data = data.encode()
+        if fd == 1:
+            self._owner._feed_stdout(data)
+        elif fd == 2:
+            self._owner._feed_stderr(data)
+
+    def pipe_connection_lost(self, fd: int, exc: Exception | None) -> None:
+        if fd == 1:
+            self._owner._stdout_eof()
+
+    def process_exited(self) -> None:
+        self._owner._process_exited()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._owner._finish()
+
+
+class AppServerProcess:
+    """One app-server child process and the JSON-RPC conversation over its stdio."""
+
+    def __init__(
+        self,
+        *,
+        max_line_bytes: int,
+        on_notification: NotificationHandler | None = None,
+        on_request: RequestHandler | None = None,
+    ) -> None:
+        self._max_line_bytes = max_line_bytes
+        self.on_notification: NotificationHandler = on_notification or (lambda m, p: None)
+        self.on_request: RequestHandler = on_request or (lambda i, m, p: None)
+        self.exit_callbacks: list[Callable[[ExitInfo], None]] = []
+        self._loop = asyncio.get_running_loop()
+        self._transport: asyncio.SubprocessTransport | None = None
+        self._stdin: asyncio.WriteTransport | None = None
+        self._buffer = bytearray()
+        self._stderr_tail = bytearray()
+        self._ids = itertools.count(1)
+        self._pending: dict[int, asyncio.Future[Any]] = {}
+        self._protocol_error: str | None = None
+        self._exited = False
+        self._exit_info: ExitInfo | None = None
+        self._finished: asyncio.Future[ExitInfo] = self._loop.create_future()
+        self.pid: int | None = None
+
+    @classmethod
+    async def spawn(
+        cls,
+        command: Sequence[str],
+        *,
+        max_line_bytes: int,
+        env: Mapping[str, str] | None = None,
+        cwd: str | None = None,
+    ) -> AppServerProcess:
+        """Start ``command`` in its own process group with piped stdio.
+
+        Raises ``OSError`` when it cannot be started.
+        """
+        self = cls(max_line_bytes=max_line_bytes)
+        transport, _ = await self._loop.subprocess_exec(
+            lambda: _StdioProtocol(self),
+            *command,
+            stdin=asyncio.subprocess.PIPE,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE,
+            env=dict(env) if env is not None else None,
+            cwd=cwd,
+            start_new_session=True,
+        )
+        self._transport = transport
+        self.pid = transport.get_pid()
+        stdin = transport.get_pipe_transport(0)
+        assert isinstance(stdin, asyncio.WriteTransport)
+        self._stdin = stdin
+        return self
+
+    # -- state -----------------------------------------------------------------
+
+    @property
+    def running(self) -> bool:
+        return self._exit_info is None
+
+    @property
+    def exit_info(self) -> ExitInfo | None:
+        return self._exit_info
+
+    def stderr_tail(self) -> str:
+        text = bytes(self._stderr_tail).decode("utf-8", "replace")
+        return _ANSI.sub("", text)
+
+    async def wait(self) -> ExitInfo:
+        """Wait until the process has exited and its pipes are closed."""
+        return await asyncio.shield(self._finished)
+
+    # -- outgoing --------------------------------------------------------------
+
+    async def call(self, method: str, params: Any, timeout: float) -> Any:
+        """Send a request and wait for its result.
+
+        Raises :class:`RpcError`, :class:`ProcessGone`, :class:`StdinFull` or
+        ``TimeoutError``.
+        """
+        if self._exit_info is not None:
+            raise ProcessGone(self._exit_info)
+        request_id = next(self._ids)
+        future: asyncio.Future[Any] = self._loop.create_future()
+        message: dict[str, Any] = {"id": request_id, "method": method}
+        if params is not None:
+            message["params"] = params
+        self._pending[request_id] = future
+        try:
+            self._write(message)
+            async with asyncio.timeout(timeout):
+                return await future
+        finally:
+            self._pending.pop(request_id, None)
+
+    def notify(self, method: str, params: Any = None) -> None:
+        message: dict[str, Any] = {"method": method}
+        if params is not None:
+            message["params"] = params
+        self._write(message)
+
+    def respond(self, request_id: Any, result: Any) -> None:
+        self._write({"id": request_id, "result": result})
+
+    def respond_error(self, request_id: Any, code: int, message: str, data: Any = None) -> None:
+        error: dict[str, Any] = {"code": code, "message": message}
+        if data is not None:
+            error["data"] = data
+        self._write({"id": request_id, "error": error})
+
+    def _write(self, message: dict[str, Any]) -> None:
+        if self._exit_info is not None or self._stdin is None:
+            raise ProcessGone(self._gone_info())
+        if self._stdin.is_closing():
+            raise ProcessGone(self._gone_info())
+        if self._stdin.get_write_buffer_size() > MAX_STDIN_BUFFER:
+            raise StdinFull("the app-server is not reading its input")
+        self._stdin.write(orjson.dumps(message) + b"\n")
+
+    def _gone_info(self) -> ExitInfo:
+        return self._exit_info or ExitInfo(None, None, self.stderr_tail(), self._protocol_error)
+
+    # -- incoming --------------------------------------------------------------
+
+    def _feed_stdout(self, data: bytes) -> None:
+        if self._protocol_error is not None:
+            return
+        buffer = self._buffer
+        start = 0
+        newline = data.find(b"\n")
+        if newline < 0:
+            buffer += data
+        else:
+            while newline >= 0:
+                if buffer:
+                    buffer += data[start:newline]
+                    line = bytes(buffer)
+                    buffer.clear()
+                else:
+                    line = data[start:newline]
+                if len(line) > self._max_line_bytes:
+                    self._break_protocol(f"a line of {len(line)} bytes exceeds MAX_LINE_BYTES")
+                    return
+                self._dispatch_line(line)
+                if self._protocol_error is not None:
+                    return
+                start = newline + 1
+                newline = data.find(b"\n", start)
+            buffer += data[start:]
+        if len(buffer) > self._max_line_bytes:
+            self._break_protocol(f"a line exceeds MAX_LINE_BYTES ({self._max_line_bytes} bytes)")
+
+    def _dispatch_line(self, line: bytes) -> None:
+        if not line.strip():
+            return
+        try:
+            message = orjson.loads(line)
+        except orjson.JSONDecodeError:
+            self._break_protocol("the app-server wrote a line that is not JSON")
+            return
+        if not isinstance(message, dict):
+            self._break_protocol("the app-server wrote a JSON value that is not an object")
+            return
+        method = message.get("method")
+        if method is not None:
+            if not isinstance(method, str):
+                self._break_protocol("the app-server wrote a message whose method is not a string")
+            elif "id" in message:
+                self.on_request(message["id"], method, message.get("params"))
+            else:
+                self.on_notification(method, message.get("params"))
+            return
+        if "id" in message and ("result" in message or "error" in message):
+            self._resolve(message)
+            return
+        self._break_protocol("the app-server wrote an object that is not a JSON-RPC message")
+
+    def _resolve(self, message: dict[str, Any]) -> None:
+        request_id = message["id"]
+        future = None
+        if isinstance(request_id, int) and not isinstance(request_id, bool):
+            future = self._pending.get(request_id)
+        if future is None or future.done():
+            # A late answer to a call that timed out, or a response to an id we never
+            # used: nobody is waiting for it, and it carries nothing to forward.
+            log.warning("app-server answered an unknown or finished request id")
+            return
+        error = message.get("error")
+        if error is None:
+            future.set_result(message.get("result"))
+            return
+        if not isinstance(error, dict):
+            error = {"message": str(error)}
+        code = error.get("code")
+        future.set_exception(
+            RpcError(
+                code if isinstance(code, int) else -32603,
+                str(error.get("message", "")),
+                error.get("data"),
+            )
+        )
+
+    def _feed_stderr(self, data: bytes) -> None:
+        tail = self._stderr_tail
+        tail += data
+        if len(tail) > STDERR_TAIL_BYTES:
+            del tail[: len(tail) - STDERR_TAIL_BYTES]
+
+    def _stdout_eof(self) -> None:
+        if self._buffer and self._protocol_error is None:
+            # A partial line before EOF: use it if it is a whole message.
+            line = bytes(self._buffer)
+            self._buffer.clear()
+            self._dispatch_line(line)
+
+    def _break_protocol(self, reason: str) -> None:
+        """The stream can no longer be trusted: stop the process."""
+        if self._protocol_error is None:
+            self._protocol_error = reason
+            self._buffer.clear()
+            log.warning("stopping app-server pid %s: %s", self.pid, reason)
+            self._kill_group(signal.SIGKILL)
+
+    # -- lifecycle -------------------------------------------------------------
+
+    def _process_exited(self) -> None:
+        self._exited = True
+        # The app-server's own children must not outlive it, and one of them
+        # holding our pipes open would otherwise delay the end of the session.
+        self._kill_group(signal.SIGKILL)
+        self._loop.call_later(_PIPE_DRAIN_SECONDS, self._finish)
+
+    def _finish(self) -> None:
+        if self._exit_info is not None or self._transport is None:
+            return
+        if not self._exited and self._transport.get_returncode() is None:
+            # The pipes closed before the process exited: wait for the exit itself.
+            return
+        code = self._transport.get_returncode()
+        sig: str | None = None
+        if code is not None and code < 0:
+            with contextlib.suppress(ValueError):
+                sig = signal.Signals(-code).name
+            code = None
+        self._exit_info = ExitInfo(code, sig, self.stderr_tail(), self._protocol_error)
+        self._transport.close()
+        gone = ProcessGone(self._exit_info)
+        for future in self._pending.values():
+            if not future.done():
+                future.set_exception(gone)
+        self._pending.clear()
+        self._finished.set_result(self._exit_info)
+        for callback in self.exit_callbacks:
+            try:
+                callback(self._exit_info)
+            except Exception as exc:
+                log.error("exit callback failed: %s", type(exc).__name__)
+
+    def _kill_group(self, sig: signal.Signals) -> None:
+        if self.pid is None:
+            return
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(self.pid, sig)
+
+    async def shutdown(self, grace: float) -> ExitInfo:
+        """Stop the process: close stdin, then SIGTERM, then SIGKILL the whole group.
+
+        Everything is over within ``grace`` seconds (plus the time the kernel takes).
+        """
+        if self._exit_info is not None:
+            return self._exit_info
+        if self._stdin is not None and not self._stdin.is_closing():
+            self._stdin.close()
+        deadline = self._loop.time() + grace
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(min(grace / 4, 0.5)):
+                return await self.wait()
+        self._kill_group(signal.SIGTERM)
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(max(deadline - self._loop.time(), 0)):
+                return await self.wait()
+        self._kill_group(signal.SIGKILL)
+        return await self.wait()

@@ -1,0 +1,252 @@
+"""HTTP handlers: parse and check the request, call the backend, render the record.
+
+Handlers hold no state of their own; the backend and the router's configuration
+come from the application (:data:`BACKEND`, :data:`CONFIG`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+import orjson
+from aiohttp import web
+from pydantic import BaseModel, ValidationError
+
+from bridge import __version__, errors
+from bridge.backend import Backend
+from bridge.events import Event
+from bridge.limits import RestLimits
+from bridge.models import (
+    CallBody,
+    ClientOptions,
+    ReplyError,
+    ReplyResult,
+    SessionCreateRequest,
+    SessionlessCallBody,
+    TextTurnRequest,
+)
+
+M = TypeVar("M", bound=BaseModel)
+
+#: Events written to an SSE stream per batch (one write, one drain).
+SSE_BATCH = 512
+
+
+@dataclass(frozen=True, slots=True)
+class RouterConfig:
+    """What a router preset decides beyond its route set."""
+
+    limits: RestLimits
+    #: Wire names of the ClientOptions fields callers may set; None allows all.
+    allowed_client_options: frozenset[str] | None = None
+
+
+BACKEND = web.AppKey("bridge.backend", Backend)
+CONFIG = web.AppKey("bridge.config", RouterConfig)
+
+
+# -- request parsing ---------------------------------------------------------------
+
+
+def json_response(body: Any, status: int = 200) -> web.Response:
+    return web.Response(status=status, body=orjson.dumps(body), content_type="application/json")
+
+
+def dump(model: BaseModel) -> Any:
+    return model.model_dump(mode="json", by_alias=True, exclude_none=False)
+
+
+async def read_body(request: web.Request, model: type[M]) -> M:
+    """The request body validated as ``model``; an empty body counts as ``{}``."""
+    limit = request.app[CONFIG].limits.max_body_bytes
+    if request.content_length is not None and request.content_length > limit:
+        raise errors.payload_too_large(limit)
+    raw = await request.read()
+    if not raw.strip():
+        raw = b"{}"
+    try:
+        return model.model_validate_json(raw)
+    except ValidationError as exc:
+        details = [
+            {"loc": list(e["loc"]), "msg": e["msg"], "type": e["type"]}
+            for e in exc.errors(include_url=False, include_input=False, include_context=False)
+        ]
+        invalid_json = any(d["type"] == "json_invalid" for d in details)
+        message = (
+            "The request body is not valid JSON."
+            if invalid_json
+            else "The request body does not match the expected shape."
+        )
+        raise errors.bad_request(message, data={"errors": details}) from None
+
+
+def check_options(request: web.Request, options: ClientOptions | None) -> None:
+    """Refuse ClientOptions fields that this router's preset does not allow."""
+    allowed = request.app[CONFIG].allowed_client_options
+    if options is None or allowed is None:
+        return
+    refused = sorted(f for f in options.set_fields() if f not in allowed)
+    if refused:
+        raise errors.options_not_allowed(refused)
+
+
+def query_int(request: web.Request, name: str, default: int | None) -> int | None:
+    raw = request.query.get(name)
+    if raw is None:
+        return default
+    try:
+        value = int(raw)
+    except ValueError:
+        value = -1
+    if value < 0:
+        raise errors.bad_request(f"Query parameter {name!r} must be a non-negative integer.")
+    return value
+
+
+def backend(request: web.Request) -> Backend:
+    return request.app[BACKEND]
+
+
+# -- handlers ----------------------------------------------------------------------
+
+
+async def health(request: web.Request) -> web.Response:
+    return json_response({"status": "ok", "version": __version__})
+
+
+async def compatibility(request: web.Request) -> web.Response:
+    return json_response(dump(await backend(request).compatibility()))
+
+
+async def text_turn(request: web.Request) -> web.Response:
+    body = await read_body(request, TextTurnRequest)
+    check_options(request, body.options)
+    result = await backend(request).text_turn(body)
+    return json_response(result.model_dump(mode="json", by_alias=True, exclude_unset=True))
+
+
+async def call(request: web.Request) -> web.Response:
+    body = await read_body(request, SessionlessCallBody)
+    check_options(request, body.options)
+    method = request.match_info["method"]
+    result = await backend(request).call(
+        method, body.params, options=body.options, timeout_ms=body.timeout_ms
+    )
+    return json_response({"result": result})
+
+
+async def list_sessions(request: web.Request) -> web.Response:
+    sessions = await backend(request).list_sessions()
+    return json_response({"sessions": [dump(s) for s in sessions]})
+
+
+async def create_session(request: web.Request) -> web.Response:
+    body = await read_body(request, SessionCreateRequest)
+    check_options(request, body.options)
+    created = await backend(request).create_session(body.options)
+    return json_response(dump(created), status=201)
+
+
+async def delete_session(request: web.Request) -> web.Response:
+    session_id = request.match_info["session_id"]
+    await backend(request).delete_session(session_id)
+    return json_response({"status": "deleted", "sessionId": session_id})
+
+
+async def session_call(request: web.Request) -> web.Response:
+    body = await read_body(request, CallBody)
+    result = await backend(request).session_call(
+        request.match_info["session_id"],
+        request.match_info["method"],
+        body.params,
+        timeout_ms=body.timeout_ms,
+    )
+    return json_response({"result": result})
+
+
+async def events(request: web.Request) -> web.Response:
+    """Long-poll: the next event (or the first after ``after``), or 204 after ``waitMs``."""
+    limits = request.app[CONFIG].limits
+    wait_ms = query_int(request, "waitMs", limits.max_wait_ms)
+    after = query_int(request, "after", None)
+    assert wait_ms is not None
+    batch = await backend(request).read_events(
+        request.match_info["session_id"],
+        after=after,
+        wait_ms=min(wait_ms, limits.max_wait_ms),
+        limit=1,
+    )
+    if not batch:
+        return web.Response(status=204)
+    return web.Response(body=batch[0].json(), content_type="application/json")
+
+
+def sse_frames(batch: Sequence[Event]) -> bytes:
+    return b"".join(
+        b"id: %d\nevent: %s\ndata: %s\n\n" % (e.seq, e.kind.encode(), e.json()) for e in batch
+    )
+
+
+def sse_position(request: web.Request) -> int | None:
+    header = request.headers.get("Last-Event-ID")
+    if header is not None and header.strip():
+        try:
+            value = int(header.strip())
+        except ValueError:
+            value = -1
+        if value < 0:
+            raise errors.bad_request("Last-Event-ID must be a non-negative integer.")
+        return value
+    return query_int(request, "after", None)
+
+
+async def events_stream(request: web.Request) -> web.StreamResponse:
+    """Server-Sent Events: every event from the position on, until the ``exit`` event."""
+    limits = request.app[CONFIG].limits
+    session_id = request.match_info["session_id"]
+    source = backend(request)
+    after = sse_position(request)
+    # Read once before answering, so an unknown or finished session is a JSON error.
+    batch = await source.read_events(session_id, after=after, wait_ms=0, limit=SSE_BATCH)
+    response = web.StreamResponse(
+        headers={
+            "Content-Type": "text/event-stream",
+            "Cache-Control": "no-cache",
+            "X-Accel-Buffering": "no",
+        }
+    )
+    await response.prepare(request)
+    keepalive_ms = limits.sse_keepalive_ms
+    with contextlib.suppress(ConnectionError, errors.RestError):
+        while True:
+            if batch:
+                await response.write(sse_frames(batch))
+                if batch[-1].kind == "exit":
+                    break
+                if after is not None:
+                    after = batch[-1].seq
+            else:
+                await response.write(b": keep-alive\n\n")
+            batch = await source.read_events(
+                session_id, after=after, wait_ms=keepalive_ms, limit=SSE_BATCH
+            )
+    return response
+
+
+async def reply_result(request: web.Request) -> web.Response:
+    body = await read_body(request, ReplyResult)
+    key = request.match_info["request_key"]
+    await backend(request).reply_result(request.match_info["session_id"], key, body.result)
+    return json_response({"status": "sent", "requestKey": key})
+
+
+async def reply_error(request: web.Request) -> web.Response:
+    body = await read_body(request, ReplyError)
+    key = request.match_info["request_key"]
+    await backend(request).reply_error(
+        request.match_info["session_id"], key, body.code, body.message, body.data
+    )
+    return json_response({"status": "sent", "requestKey": key})

@@ -1,0 +1,90 @@
+import asyncio
+
+import orjson
+import pytest
+
+from bridge.events import EventLog
+
+
+def test_seq_starts_at_one_and_never_skips():
+    log = EventLog(10)
+    for i in range(5):
+        log.append("notification", f"m{i}", {"i": i})
+    assert [e.seq for e in log.read(0, 100)] == [1, 2, 3, 4, 5]
+    assert log.next_seq == 6
+
+
+def test_read_after_returns_only_newer_events_up_to_limit():
+    log = EventLog(10)
+    for i in range(6):
+        log.append("notification", "m", i)
+    assert [e.seq for e in log.read(2, 3)] == [3, 4, 5]
+    assert log.read(6, 3) == []
+
+
+def test_reader_behind_retention_gets_one_gap_then_the_rest():
+    log = EventLog(3)
+    for i in range(7):
+        log.append("notification", "m", i)
+    batch = log.read(1, 10)
+    gap = batch[0]
+    assert gap.kind == "gap"
+    assert gap.params == {"dropped": 3, "fromSeq": 2, "toSeq": 4}
+    assert gap.seq == 4
+    assert [e.seq for e in batch[1:]] == [5, 6, 7]
+
+
+def test_gap_counts_against_the_limit():
+    log = EventLog(2)
+    for i in range(5):
+        log.append("notification", "m", i)
+    batch = log.read(0, 1)
+    assert [e.kind for e in batch] == ["gap"]
+    assert [e.seq for e in log.read(batch[0].seq, 10)] == [4, 5]
+
+
+def test_exit_closes_the_log():
+    log = EventLog(5)
+    log.append("notification", "m", None)
+    log.close({"exitCode": 0, "signal": None, "stderrTail": ""})
+    assert log.closed
+    assert log.append("notification", "late", None) is None
+    assert [e.kind for e in log.read(0, 10)] == ["notification", "exit"]
+
+
+def test_event_json_is_the_event_record():
+    log = EventLog(5)
+    event = log.append("request", "item/tool/call", {"a": 1}, request_key="7")
+    assert event is not None
+    wire = orjson.loads(event.json())
+    assert wire["seq"] == 1
+    assert wire["kind"] == "request"
+    assert wire["method"] == "item/tool/call"
+    assert wire["params"] == {"a": 1}
+    assert wire["requestKey"] == "7"
+    assert wire["receivedAt"].endswith("Z")
+
+
+def test_memory_is_bounded_by_capacity():
+    log = EventLog(100)
+    for i in range(10_000):
+        log.append("notification", "m", i)
+    assert len(log) == 100
+
+
+@pytest.mark.asyncio
+async def test_wait_returns_when_an_event_arrives():
+    log = EventLog(5)
+    waiter = asyncio.create_task(log.wait(0, 30))
+    await asyncio.sleep(0)  # sync-ok: let the waiter block first
+    assert not waiter.done()
+    log.append("notification", "m", None)
+    await asyncio.wait_for(waiter, 5)
+    assert [e.seq for e in log.read(0, 5)] == [1]
+
+
+@pytest.mark.asyncio
+async def test_wait_times_out_without_events():
+    log = EventLog(5)
+    await log.wait(0, 0.01)
+    assert log.read(0, 5) == []

@@ -1,0 +1,68 @@
+import dataclasses
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from bridge.limits import RestLimits, RestLimitsEnvError
+
+CONTRACT_DEFAULTS = {
+    "MAX_SESSIONS": 64,
+    "MAX_BODY_BYTES": 1048576,
+    "CALL_TIMEOUT_MS": 60000,
+    "TEXT_TURN_TIMEOUT_MS": 600000,
+    "SPAWN_TIMEOUT_MS": 15000,
+    "MAX_WAIT_MS": 30000,
+    "EVENT_BUFFER": 4096,
+    "SESSION_IDLE_TIMEOUT_MS": 1800000,
+    "SSE_KEEPALIVE_MS": 15000,
+    "MAX_CONCURRENT_TEXT_TURNS": 8,
+    "MAX_LINE_BYTES": 16777216,
+    "SHUTDOWN_GRACE_MS": 3000,
+}
+
+
+def test_defaults_are_the_contracts():
+    limits = RestLimits.from_env({})
+    assert {f.name.upper(): getattr(limits, f.name) for f in dataclasses.fields(limits)} == (
+        CONTRACT_DEFAULTS
+    )
+
+
+def test_every_limit_is_read_from_its_variable():
+    env = {f"REST_ADAPTER_{name}": str(value + 1) for name, value in CONTRACT_DEFAULTS.items()}
+    limits = RestLimits.from_env(env)
+    for name, value in CONTRACT_DEFAULTS.items():
+        assert getattr(limits, name.lower()) == value + 1
+
+
+def test_unrelated_variables_are_ignored():
+    assert RestLimits.from_env({"REST_ADAPTER_TOKEN": "x", "MAX_SESSIONS": "zz"}) == RestLimits()
+
+
+@pytest.mark.parametrize("value", ["abc", "1.5", "", "0", "-3", "12kb"])
+def test_unparsable_value_names_variable_value_and_type(value):
+    with pytest.raises(RestLimitsEnvError) as info:
+        RestLimits.from_env({"REST_ADAPTER_MAX_SESSIONS": value})
+    error = info.value
+    assert error.variable == "REST_ADAPTER_MAX_SESSIONS"
+    assert error.value == value
+    assert error.expected == "positive integer"
+    assert "REST_ADAPTER_MAX_SESSIONS" in str(error)
+    assert repr(value) in str(error)
+
+
+def test_serve_exits_non_zero_with_the_message(tmp_path: Path):
+    script = Path(sys.executable).with_name("rest-bridge")
+    done = subprocess.run(
+        [str(script), "serve", "--port", "0"],
+        env={"REST_ADAPTER_EVENT_BUFFER": "lots", "PATH": "/usr/bin:/bin"},
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 2
+    assert "REST_ADAPTER_EVENT_BUFFER='lots' is not a valid positive integer" in done.stderr
+    assert "Traceback" not in done.stderr
