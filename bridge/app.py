@@ -9,14 +9,17 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from aiohttp import web
 from pydantic import BaseModel
 
 from bridge import models, routes
+from bridge.auth import AUTH
 from bridge.backend import Backend
 from bridge.errors import make_error_middleware
 from bridge.limits import RestLimits
+from bridge.openapi import build_openapi
 from bridge.process.backend import DEFAULT_COMMAND, ProcessBackend
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
@@ -47,12 +50,23 @@ class Route:
     tags: tuple[str, ...] = ()
     extra_statuses: tuple[int, ...] = ()
     event_stream: bool = False
+    description: str = ""
+    #: A plain JSON Schema for a response that has no wire model.
+    response_schema: dict[str, Any] | None = None
 
 
 _SESSION = (404, 409)
 _SPAWN = (403, 413, 429, 502, 503, 504)
 
 ROUTES: tuple[Route, ...] = (
+    Route(
+        "openapi",
+        "GET",
+        "/v1/openapi.json",
+        routes.openapi_document,
+        "The OpenAPI 3.1.0 document of this router",
+        response_schema={"type": "object"},
+    ),
     Route("health", "GET", "/health", routes.health, "Liveness", response=models.Health),
     Route("v1_health", "GET", "/v1/health", routes.health, "Liveness", response=models.Health),
     Route(
@@ -105,7 +119,7 @@ ROUTES: tuple[Route, ...] = (
     Route(
         "delete_session",
         "DELETE",
-        "/v1/sessions/{session_id}",
+        "/v1/sessions/{sessionId}",
         routes.delete_session,
         "Delete a session and stop its process",
         response=models.StatusResponse,
@@ -114,7 +128,7 @@ ROUTES: tuple[Route, ...] = (
     Route(
         "session_call",
         "POST",
-        "/v1/sessions/{session_id}/call/{method:.+}",
+        "/v1/sessions/{sessionId}/call/{method:.+}",
         routes.session_call,
         "Call a raw method in a session",
         body=models.CallBody,
@@ -124,7 +138,7 @@ ROUTES: tuple[Route, ...] = (
     Route(
         "events",
         "GET",
-        "/v1/sessions/{session_id}/events",
+        "/v1/sessions/{sessionId}/events",
         routes.events,
         "Long-poll the next event of a session",
         response=models.EventResponse,
@@ -138,7 +152,7 @@ ROUTES: tuple[Route, ...] = (
     Route(
         "events_stream",
         "GET",
-        "/v1/sessions/{session_id}/events/stream",
+        "/v1/sessions/{sessionId}/events/stream",
         routes.events_stream,
         "Stream the events of a session as Server-Sent Events",
         response=models.EventResponse,
@@ -152,7 +166,7 @@ ROUTES: tuple[Route, ...] = (
     Route(
         "reply_result",
         "POST",
-        "/v1/sessions/{session_id}/requests/{request_key}/result",
+        "/v1/sessions/{sessionId}/requests/{requestKey}/result",
         routes.reply_result,
         "Answer a server-originated request with a result",
         body=models.ReplyResult,
@@ -162,7 +176,7 @@ ROUTES: tuple[Route, ...] = (
     Route(
         "reply_error",
         "POST",
-        "/v1/sessions/{session_id}/requests/{request_key}/error",
+        "/v1/sessions/{sessionId}/requests/{requestKey}/error",
         routes.reply_error,
         "Answer a server-originated request with a JSON-RPC error",
         body=models.ReplyError,
@@ -172,7 +186,7 @@ ROUTES: tuple[Route, ...] = (
 )
 
 ALL_ROUTES = frozenset(r.name for r in ROUTES)
-TEXT_TURN_ROUTES = frozenset({"health", "v1_health", "compatibility", "text_turn"})
+TEXT_TURN_ROUTES = frozenset({"health", "v1_health", "compatibility", "text_turn", "openapi"})
 DEFAULT_ROUTES = ALL_ROUTES - {"call"}
 DEFAULT_CLIENT_OPTIONS = frozenset({"clientInfo", "optOutNotificationMethods"})
 
@@ -214,6 +228,7 @@ def create_app(backend: Backend, options: RouterOptions | None = None) -> web.Ap
     )
     mounted = tuple(r for r in ROUTES if r.name in options.routes)
     app[MOUNTED] = mounted
+    app[routes.OPENAPI] = routes.OpenApiSource(lambda: build_openapi(mounted, auth=app.get(AUTH)))
     for route in mounted:
         app.router.add_route(route.method, route.path, route.handler, name=route.name)
 

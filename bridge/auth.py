@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import hmac
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 
 from aiohttp import web
 from aiohttp.typedefs import Middleware
@@ -18,7 +19,16 @@ from aiohttp.typedefs import Middleware
 from bridge import errors
 
 HEALTH_PATHS = frozenset({"/health", "/v1/health"})
-AUTH_ENABLED = web.AppKey("bridge.auth_enabled", bool)
+
+
+@dataclass(frozen=True, slots=True)
+class AuthSettings:
+    """What the OpenAPI document needs to know of the auth layer (never the token)."""
+
+    exempt_health: bool
+
+
+AUTH = web.AppKey("bridge.auth", AuthSettings)
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
@@ -76,5 +86,5 @@ def with_bearer_auth(
     application starts.
     """
     app.middlewares.insert(0, bearer_auth_middleware(token, exempt_health=exempt_health))
-    app[AUTH_ENABLED] = True
+    app[AUTH] = AuthSettings(exempt_health=exempt_health)
     return app

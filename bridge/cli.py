@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import logging
 import os
 import signal
@@ -13,9 +14,10 @@ from collections.abc import Sequence
 from aiohttp import web
 
 from bridge import __version__
-from bridge.app import default_app, text_turn_app, trusted_bridge_app
-from bridge.auth import with_bearer_auth
+from bridge.app import default_app, mounted_routes, text_turn_app, trusted_bridge_app
+from bridge.auth import AuthSettings, with_bearer_auth
 from bridge.limits import RestLimits, RestLimitsEnvError
+from bridge.openapi import build_openapi
 from bridge.process.backend import DEFAULT_COMMAND, parse_command
 
 PRESETS = {
@@ -39,7 +41,19 @@ def build_parser() -> argparse.ArgumentParser:
     )
     serve.add_argument("--host", default="127.0.0.1")
     serve.add_argument("--port", type=int, default=8787)
+    openapi = commands.add_parser("openapi", help="print a preset's OpenAPI 3.1.0 document")
+    openapi.add_argument("--preset", choices=sorted(PRESETS), default="trusted")
+    openapi.add_argument(
+        "--auth", action="store_true", help="document the bearer scheme, as when a token is set"
+    )
     return parser
+
+
+def print_openapi(preset: str, auth: bool) -> None:
+    app = PRESETS[preset](DEFAULT_COMMAND, None)
+    settings = AuthSettings(exempt_health=True) if auth else None
+    document = build_openapi(mounted_routes(app), auth=settings)
+    sys.stdout.write(json.dumps(document, indent=2) + "\n")
 
 
 async def serve(preset: str, command: list[str], host: str, port: int) -> None:
@@ -70,7 +84,9 @@ async def serve(preset: str, command: list[str], host: str, port: int) -> None:
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
-    if args.command == "serve":
+    if args.command == "openapi":
+        print_openapi(args.preset, args.auth)
+    elif args.command == "serve":
         try:
             command = parse_command(args.app_server)
             RestLimits.from_env()

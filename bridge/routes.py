@@ -7,7 +7,7 @@ come from the application (:data:`BACKEND`, :data:`CONFIG`).
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -151,7 +151,7 @@ async def create_session(request: web.Request) -> web.Response:
 
 
 async def delete_session(request: web.Request) -> web.Response:
-    session_id = request.match_info["session_id"]
+    session_id = request.match_info["sessionId"]
     await backend(request).delete_session(session_id)
     return json_response({"status": "deleted", "sessionId": session_id})
 
@@ -159,7 +159,7 @@ async def delete_session(request: web.Request) -> web.Response:
 async def session_call(request: web.Request) -> web.Response:
     body = await read_body(request, CallBody)
     result = await backend(request).session_call(
-        request.match_info["session_id"],
+        request.match_info["sessionId"],
         request.match_info["method"],
         body.params,
         timeout_ms=body.timeout_ms,
@@ -174,7 +174,7 @@ async def events(request: web.Request) -> web.Response:
     after = query_int(request, "after", None)
     assert wait_ms is not None
     batch = await backend(request).read_events(
-        request.match_info["session_id"],
+        request.match_info["sessionId"],
         after=after,
         wait_ms=min(wait_ms, limits.max_wait_ms),
         limit=1,
@@ -206,7 +206,7 @@ def sse_position(request: web.Request) -> int | None:
 async def events_stream(request: web.Request) -> web.StreamResponse:
     """Server-Sent Events: every event from the position on, until the ``exit`` event."""
     limits = request.app[CONFIG].limits
-    session_id = request.match_info["session_id"]
+    session_id = request.match_info["sessionId"]
     source = backend(request)
     after = sse_position(request)
     # Read once before answering, so an unknown or finished session is a JSON error.
@@ -236,17 +236,39 @@ async def events_stream(request: web.Request) -> web.StreamResponse:
     return response
 
 
+class OpenApiSource:
+    """Builds the application's OpenAPI document on first use, then serves the bytes."""
+
+    def __init__(self, build: Callable[[], dict[str, Any]]) -> None:
+        self._build = build
+        self._encoded: bytes | None = None
+
+    def encoded(self) -> bytes:
+        if self._encoded is None:
+            self._encoded = orjson.dumps(self._build())
+        return self._encoded
+
+
+OPENAPI = web.AppKey("bridge.openapi", OpenApiSource)
+
+
+async def openapi_document(request: web.Request) -> web.Response:
+    """The OpenAPI document of the routes this application mounts."""
+    body = request.app[OPENAPI].encoded()
+    return web.Response(body=body, content_type="application/json")
+
+
 async def reply_result(request: web.Request) -> web.Response:
     body = await read_body(request, ReplyResult)
-    key = request.match_info["request_key"]
-    await backend(request).reply_result(request.match_info["session_id"], key, body.result)
+    key = request.match_info["requestKey"]
+    await backend(request).reply_result(request.match_info["sessionId"], key, body.result)
     return json_response({"status": "sent", "requestKey": key})
 
 
 async def reply_error(request: web.Request) -> web.Response:
     body = await read_body(request, ReplyError)
-    key = request.match_info["request_key"]
+    key = request.match_info["requestKey"]
     await backend(request).reply_error(
-        request.match_info["session_id"], key, body.code, body.message, body.data
+        request.match_info["sessionId"], key, body.code, body.message, body.data
     )
     return json_response({"status": "sent", "requestKey": key})

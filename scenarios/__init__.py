@@ -1,0 +1,1 @@
+"""Scenario runner, pytest fixtures and stream readers for testing codex-rest-bridge hosts."""

@@ -26,6 +26,7 @@ from bridge.models import (
 )
 from bridge.process.rpc import AppServerProcess, ProcessGone, RpcError, StdinFull
 from bridge.process.session import Session, rpc_failure
+from bridge.process.text_turn import TextTurn
 
 log = logging.getLogger("bridge")
 
@@ -73,7 +74,6 @@ class ProcessBackend(Backend):
         self._version: tuple[str | None, str | None] | None = None
         self._version_checked_at = 0.0
         self._version_lock = asyncio.Lock()
-        self._turns = asyncio.Semaphore(self.limits.max_concurrent_text_turns)
         self._turns_active = 0
         self._background: set[asyncio.Task[Any]] = set()
 
@@ -286,7 +286,29 @@ class ProcessBackend(Backend):
     # -- text turns ------------------------------------------------------------
 
     async def text_turn(self, request: TextTurnRequest) -> TextTurnResponse:
-        raise errors.not_found("Text turns are not available yet.")
+        limit = self.limits.max_concurrent_text_turns
+        if self._turns_active >= limit:
+            raise errors.busy(f"The bridge is already running {limit} text turns; retry later.")
+        self._turns_active += 1
+        try:
+            deadline = (request.timeout_ms or self.limits.text_turn_timeout_ms) / 1000
+            process = await self._spawn(request.options)
+            try:
+                turn = TextTurn(process, request, self.limits.event_buffer)
+                async with asyncio.timeout(deadline):
+                    await self._initialize(process, request.options)
+                    return await turn.run(self.limits.call_timeout_ms / 1000)
+            except TimeoutError:
+                raise errors.RestError(
+                    504,
+                    "timeout",
+                    f"The text turn did not complete within {deadline:g} s.",
+                    data={"reason": "deadline"},
+                ) from None
+            finally:
+                await self._stop(process)
+        finally:
+            self._turns_active -= 1
 
 
 def _refuse_server_request(process: AppServerProcess) -> Any:

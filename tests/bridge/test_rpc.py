@@ -22,7 +22,8 @@ import json, sys
 for line in sys.stdin:
     msg = json.loads(line)
     if msg.get("method") == "fail":
-        print(json.dumps({"id": msg["id"], "error": {"code": -32000, "message": "no", "data": [1]}}), flush=True)
+        error = {"code": -32000, "message": "no", "data": [1]}
+        print(json.dumps({"id": msg["id"], "error": error}), flush=True)
     elif "id" in msg and "method" in msg:
         print(json.dumps({"id": msg["id"], "result": {"echo": msg.get("params")}}), flush=True)
 """

@@ -1,0 +1,172 @@
+"""The OpenAPI 3.1.0 document, built from a preset's route table and the wire models.
+
+Nothing here is written by hand beside the routes: paths, parameters, bodies and
+responses all come from :data:`bridge.app.ROUTES` entries and the pydantic
+models they name, so the document cannot drift from what is served.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable
+from typing import TYPE_CHECKING, Any
+
+from pydantic import BaseModel
+from pydantic.json_schema import models_json_schema
+
+from bridge import __version__
+from bridge.auth import HEALTH_PATHS, AuthSettings
+from bridge.models import ErrorPayload, EventResponse
+
+if TYPE_CHECKING:
+    from bridge.app import Route
+
+REF = "#/components/schemas/{model}"
+_PARAM = re.compile(r"\{(\w+)(?::[^}]*)?\}")
+_PATH_PARAMS = {
+    "method": "Name of the app-server method, slashes included (`thread/start`); "
+    "`%2F`-encoded slashes are accepted too.",
+    "sessionId": "Session identifier, as returned by `POST /v1/sessions`.",
+    "requestKey": "Key of a server-originated request: its JSON-RPC id as a string.",
+}
+_ERROR_TEXT = {
+    400: "Bad request (`bad_request`)",
+    401: "Missing or wrong bearer token (`unauthorized`)",
+    403: "Client options refused by this router (`options_not_allowed`)",
+    404: "Unknown route, session or request (`not_found`, `session_not_found`, "
+    "`request_not_found`)",
+    405: "Method not allowed (`method_not_allowed`)",
+    409: "Session exited, or request already answered (`session_exited`, "
+    "`request_already_answered`)",
+    413: "Body over MAX_BODY_BYTES (`payload_too_large`)",
+    429: "Capacity reached (`session_limit_reached`, `busy`); see Retry-After",
+    500: "Internal error (`internal_error`)",
+    502: "The app-server failed (`app_server_error`, `app_server_exited`, "
+    "`app_server_spawn_failed`, `protocol_error`)",
+    503: "The app-server is overloaded (`app_server_overloaded`); see Retry-After",
+    504: "Deadline passed (`timeout`)",
+}
+
+
+def openapi_path(path: str) -> str:
+    """``/v1/call/{method:.+}`` → ``/v1/call/{method}``."""
+    return _PARAM.sub(r"{\1}", path)
+
+
+def _schemas(routes: Iterable[Route]) -> dict[str, Any]:
+    wanted: list[tuple[type[BaseModel], Any]] = [
+        (ErrorPayload, "serialization"),
+        (EventResponse, "serialization"),
+    ]
+    for route in routes:
+        if route.body is not None:
+            wanted.append((route.body, "validation"))
+        if route.response is not None:
+            wanted.append((route.response, "serialization"))
+    unique = list(dict.fromkeys(wanted))
+    _, definitions = models_json_schema(unique, ref_template=REF, by_alias=True)
+    schemas: dict[str, Any] = definitions.get("$defs", {})
+    return schemas
+
+
+def _ref(model: type[BaseModel]) -> dict[str, str]:
+    return {"$ref": REF.format(model=model.__name__)}
+
+
+def _error_response(status: int) -> dict[str, Any]:
+    return {
+        "description": _ERROR_TEXT.get(status, "Error"),
+        "content": {"application/json": {"schema": _ref(ErrorPayload)}},
+    }
+
+
+def build_openapi(routes: Iterable[Route], *, auth: AuthSettings | None = None) -> dict[str, Any]:
+    """The OpenAPI 3.1.0 document of exactly ``routes``, with the auth layer if given."""
+    bearer_auth = auth is not None
+    exempt = auth is not None and auth.exempt_health
+    routes = list(routes)
+    schemas = _schemas(routes)
+    paths: dict[str, dict[str, Any]] = {}
+    for route in routes:
+        path = openapi_path(route.path)
+        operation: dict[str, Any] = {
+            "operationId": route.name,
+            "summary": route.summary,
+            "responses": {},
+        }
+        if route.description:
+            operation["description"] = route.description
+        parameters = [
+            {
+                "name": name,
+                "in": "path",
+                "required": True,
+                "description": _PATH_PARAMS.get(name, name),
+                "schema": {"type": "string"},
+            }
+            for name in _PARAM.findall(route.path)
+        ]
+        parameters += [
+            {
+                "name": q.name,
+                "in": "header" if q.header else "query",
+                "required": False,
+                "description": q.description,
+                "schema": {"type": "integer", "minimum": 0},
+            }
+            for q in route.query
+        ]
+        if parameters:
+            operation["parameters"] = parameters
+        statuses = set(route.errors) | {500}
+        if route.body is not None:
+            operation["requestBody"] = {
+                "required": False,
+                "content": {"application/json": {"schema": _ref(route.body)}},
+            }
+            statuses |= {400, 413}
+        responses = operation["responses"]
+        if route.event_stream:
+            responses[str(route.status)] = {
+                "description": "A stream of Server-Sent Events: `id: <seq>`, `event: <kind>`, "
+                "`data: <EventResponse JSON>`; `: keep-alive` comments while idle. The stream "
+                "ends after the `exit` event.",
+                "content": {"text/event-stream": {"schema": {"type": "string"}}},
+            }
+        elif route.response is not None or route.response_schema is not None:
+            schema = _ref(route.response) if route.response else route.response_schema
+            responses[str(route.status)] = {
+                "description": route.summary,
+                "content": {"application/json": {"schema": schema}},
+            }
+        for status in route.extra_statuses:
+            responses[str(status)] = {"description": "No event arrived within `waitMs`."}
+        secured = bearer_auth and not (
+            exempt and route.method == "GET" and route.path in HEALTH_PATHS
+        )
+        if secured:
+            statuses.add(401)
+        elif bearer_auth:
+            operation["security"] = []
+        for status in sorted(statuses):
+            responses[str(status)] = _error_response(status)
+        if route.tags:
+            operation["tags"] = list(route.tags)
+        paths.setdefault(path, {})[route.method.lower()] = operation
+    document: dict[str, Any] = {
+        "openapi": "3.1.0",
+        "info": {
+            "title": "codex-rest-bridge",
+            "version": __version__,
+            "description": "OpenAI Codex's `codex app-server` behind JSON-over-HTTP. "
+            "Every error response carries the error payload (`ErrorPayload`).",
+        },
+        "paths": paths,
+        "components": {"schemas": schemas},
+    }
+    if bearer_auth:
+        document["components"]["securitySchemes"] = {
+            "bearerAuth": {"type": "http", "scheme": "bearer"}
+        }
+        document["security"] = [{"bearerAuth": []}]
+    return document

@@ -1,0 +1,212 @@
+"""The one-shot text turn: spawn, start a thread and a turn, collect it, stop.
+
+Server requests are answered by the approval policy preset as they arrive, so a
+turn never hangs waiting for a human; requests that are not approvals get a
+JSON-RPC error at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass, field
+from typing import Any
+
+from bridge import errors
+from bridge.events import EventLog
+from bridge.models import ApprovalPolicy, TextTurnRequest, TextTurnResponse
+from bridge.process.rpc import AppServerProcess, ProcessGone, RpcError, StdinFull
+from bridge.process.session import request_key, rpc_failure
+
+#: v2 approvals take the policy's name as their decision.
+V2_APPROVALS = frozenset(
+    {"item/commandExecution/requestApproval", "item/fileChange/requestApproval"}
+)
+#: Legacy approvals answer with a ReviewDecision.
+LEGACY_APPROVALS = frozenset({"execCommandApproval", "applyPatchApproval"})
+PERMISSIONS_APPROVAL = "item/permissions/requestApproval"
+_LEGACY_DECISIONS: dict[str, Any] = {
+    "accept": "approved",
+    "acceptForSession": "approved_for_session",
+    "decline": {"denied": {"rejection": "declined by the bridge's approval policy"}},
+    "cancel": "abort",
+}
+#: After the thread reports idle, how long turn/completed may still take to arrive.
+IDLE_GRACE_SECONDS = 2.0
+
+
+def approval_answer(method: str, params: Any, policy: ApprovalPolicy) -> Any | None:
+    """The result that answers an approval request under ``policy``; None if not one."""
+    if method in V2_APPROVALS:
+        return {"decision": policy}
+    if method in LEGACY_APPROVALS:
+        return {"decision": _LEGACY_DECISIONS[policy]}
+    if method == PERMISSIONS_APPROVAL:
+        if policy in ("accept", "acceptForSession"):
+            requested = params.get("permissions") if isinstance(params, dict) else None
+            scope = "session" if policy == "acceptForSession" else "turn"
+            return {"permissions": requested or {}, "scope": scope}
+        return {"permissions": {}}
+    return None
+
+
+@dataclass
+class _TurnState:
+    policy: ApprovalPolicy
+    events: EventLog | None
+    thread_id: str | None = None
+    turn_id: str | None = None
+    last_agent_text: str | None = None
+    deltas: dict[str, list[str]] = field(default_factory=dict)
+    usage: dict[str, Any] | None = None
+    approvals: list[dict[str, str]] = field(default_factory=list)
+    completed: dict[str, Any] | None = None
+    done: asyncio.Event = field(default_factory=asyncio.Event)
+    idle: asyncio.Event = field(default_factory=asyncio.Event)
+
+    def on_notification(self, method: str, params: Any) -> None:
+        if self.events is not None:
+            self.events.append("notification", method, params)
+        if not isinstance(params, dict):
+            return
+        if method == "item/agentMessage/delta":
+            self.deltas.setdefault(str(params.get("itemId")), []).append(
+                str(params.get("delta", ""))
+            )
+        elif method == "item/completed":
+            item = params.get("item")
+            if isinstance(item, dict) and item.get("type") == "agentMessage":
+                text = item.get("text")
+                if not isinstance(text, str):
+                    text = "".join(self.deltas.get(str(item.get("id")), []))
+                self.last_agent_text = text
+        elif method == "thread/tokenUsage/updated":
+            usage = params.get("tokenUsage")
+            self.usage = usage if isinstance(usage, dict) else None
+        elif method == "turn/completed":
+            turn = params.get("turn")
+            if isinstance(turn, dict) and self._is_ours(turn.get("id")):
+                self.completed = turn
+                self.done.set()
+        elif method == "thread/status/changed":
+            status = params.get("status")
+            if isinstance(status, dict) and status.get("type") == "idle" and self.turn_id:
+                self.idle.set()
+
+    def _is_ours(self, turn_id: Any) -> bool:
+        return self.turn_id is None or turn_id == self.turn_id
+
+
+class TextTurn:
+    """One text turn on its own process (see :meth:`run`)."""
+
+    def __init__(self, process: AppServerProcess, request: TextTurnRequest, event_buffer: int):
+        self.process = process
+        self.request = request
+        events = EventLog(event_buffer) if request.include_events else None
+        self.state = _TurnState(policy=request.approval_policy, events=events)
+        process.on_notification = self.state.on_notification
+        process.on_request = self._on_request
+
+    def _on_request(self, request_id: Any, method: str, params: Any) -> None:
+        key = request_key(request_id)
+        if self.state.events is not None:
+            self.state.events.append("request", method, params, key)
+        answer = approval_answer(method, params, self.state.policy)
+        try:
+            if answer is None:
+                self.process.respond_error(
+                    request_id,
+                    -32601,
+                    f"{method} is not answered by a one-shot text turn; use a session",
+                )
+                return
+            self.process.respond(request_id, answer)
+        except (ProcessGone, StdinFull):
+            return
+        self.state.approvals.append(
+            {"method": method, "requestKey": key, "decision": self.state.policy}
+        )
+
+    async def run(self, call_timeout: float) -> TextTurnResponse:
+        """Start the thread and the turn, then wait for ``turn/completed``.
+
+        The caller bounds the whole with its deadline and stops the process.
+        """
+        request = self.request
+        state = self.state
+        try:
+            thread = await self.process.call(
+                "thread/start", request.thread_params or {}, call_timeout
+            )
+            state.thread_id = _nested_id(thread, "thread")
+            turn_params = {
+                **(request.turn_params or {}),
+                "threadId": state.thread_id,
+                "input": [{"type": "text", "text": request.text}],
+            }
+            turn = await self.process.call("turn/start", turn_params, call_timeout)
+        except (RpcError, ProcessGone, StdinFull, TimeoutError) as exc:
+            raise rpc_failure(exc, "Starting the turn") from None
+        state.turn_id = _nested_id(turn, "turn")
+        if state.completed is not None and state.completed.get("id") != state.turn_id:
+            state.completed = None
+            state.done.clear()
+        await self._wait_for_completion()
+        return self._response()
+
+    async def _wait_for_completion(self) -> None:
+        state = self.state
+        exited = asyncio.ensure_future(self.process.wait())
+        done = asyncio.ensure_future(state.done.wait())
+        idle = asyncio.ensure_future(state.idle.wait())
+        try:
+            await asyncio.wait((exited, done, idle), return_when=asyncio.FIRST_COMPLETED)
+            if not done.done() and idle.done() and not exited.done():
+                # The thread says it is idle: give turn/completed a moment, no more.
+                await asyncio.wait((exited, done), timeout=IDLE_GRACE_SECONDS)
+            if done.done():
+                return
+            if exited.done():
+                raise rpc_failure(ProcessGone(exited.result()), "The turn")
+            raise errors.RestError(
+                504,
+                "timeout",
+                "The thread went idle but the app-server never sent turn/completed.",
+                data={"reason": "idle_without_completion"},
+            )
+        finally:
+            for waiter in (exited, done, idle):
+                waiter.cancel()
+
+    def _response(self) -> TextTurnResponse:
+        state = self.state
+        turn = state.completed or {}
+        text = state.last_agent_text
+        if text is None:
+            for item in turn.get("items") or []:
+                if isinstance(item, dict) and item.get("type") == "agentMessage":
+                    text = str(item.get("text", ""))
+        status = turn.get("status")
+        if status not in ("completed", "interrupted", "failed"):
+            status = "failed"
+        error = turn.get("error")
+        payload: dict[str, Any] = {
+            "text": text or "",
+            "threadId": state.thread_id or "",
+            "turnId": state.turn_id or "",
+            "status": status,
+            "error": error if isinstance(error, dict) else None,
+            "usage": state.usage,
+            "approvals": state.approvals,
+        }
+        if state.events is not None:
+            payload["events"] = [e.to_wire() for e in state.events.read(0, len(state.events) + 1)]
+        return TextTurnResponse.model_validate(payload)
+
+
+def _nested_id(result: Any, key: str) -> str:
+    if isinstance(result, dict):
+        inner = result.get(key)
+        if isinstance(inner, dict) and isinstance(inner.get("id"), str):
+            return str(inner["id"])
+    raise errors.protocol_error(f"The app-server's answer has no {key}.id.")

@@ -1,0 +1,147 @@
+"""Bearer authentication, exactly spec section 5."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+
+from bridge.app import backend_app
+from bridge.auth import BearerToken, presented_token, with_bearer_auth
+from bridge.backend import Backend
+from bridge.models import Compatibility
+
+TOKEN = "s3cret-token-value"
+UNAUTHORIZED = {
+    "error": "unauthorized",
+    "message": "A valid `Authorization: Bearer <token>` header is required.",
+}
+
+
+class CountingBackend(Backend):
+    """A host backend that counts the calls that reach it."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+
+    async def compatibility(self) -> Compatibility:
+        self.calls += 1
+        return Compatibility.model_validate(
+            {
+                "bridgeVersion": "test",
+                "appServer": {"command": ["x"], "version": "v", "versionError": None},
+            }
+        )
+
+    async def list_sessions(self):
+        self.calls += 1
+        return []
+
+
+@pytest.fixture
+def protected(serve):
+    async def start(exempt_health: bool = True):
+        backend = CountingBackend()
+        app = with_bearer_auth(backend_app(backend), TOKEN, exempt_health=exempt_health)
+        return await serve(app), backend
+
+    return start
+
+
+REJECTED_HEADERS = {
+    "missing": None,
+    "basic": f"Basic {TOKEN}",
+    "no space": f"Bearer{TOKEN}",
+    "wrong token": "Bearer not-the-token",
+    "empty token": "Bearer ",
+    "only spaces": "Bearer     ",
+    "right prefix, longer": f"Bearer {TOKEN}x",
+    "right prefix, shorter": f"Bearer {TOKEN[:-1]}",
+    "scheme only": "Bearer",
+    "token as scheme": TOKEN,
+}
+
+
+@pytest.mark.asyncio
+@pytest.mark.parametrize("case", list(REJECTED_HEADERS))
+async def test_every_rejection_is_identical_and_never_reaches_the_router(protected, http, case):
+    base, backend = await protected()
+    header = REJECTED_HEADERS[case]
+    headers = {"Authorization": header} if header is not None else {}
+    for path in ("/v1/compatibility", "/v1/sessions", "/v1/no-such-route"):
+        async with http.get(base + path, headers=headers) as response:
+            assert response.status == 401
+            assert response.headers["WWW-Authenticate"] == "Bearer"
+            assert await response.json() == UNAUTHORIZED
+    assert backend.calls == 0
+
+
+@pytest.mark.asyncio
+@pytest.mark.parametrize(
+    "header",
+    [f"Bearer {TOKEN}", f"bearer {TOKEN}", f"BEARER {TOKEN}", f"Bearer    {TOKEN}   "],
+)
+async def test_accepted_variants(protected, http, header):
+    base, backend = await protected()
+    async with http.get(base + "/v1/compatibility", headers={"Authorization": header}) as response:
+        assert response.status == 200
+    assert backend.calls == 1
+
+
+@pytest.mark.asyncio
+async def test_health_is_exempt_by_default_and_compatibility_is_not(protected, http):
+    base, _ = await protected()
+    for path in ("/health", "/v1/health"):
+        async with http.get(base + path) as response:
+            assert response.status == 200
+    async with http.get(base + "/v1/compatibility") as response:
+        assert response.status == 401
+
+
+@pytest.mark.asyncio
+async def test_only_the_exact_health_paths_are_exempt(protected, http):
+    base, _ = await protected()
+    for path in ("/health/", "/v1/health/x", "/v1/openapi.json"):
+        async with http.get(base + path) as response:
+            assert response.status == 401, path
+    async with http.post(base + "/health") as response:
+        assert response.status == 401
+
+
+@pytest.mark.asyncio
+async def test_health_needs_the_token_when_not_exempt(protected, http):
+    base, _ = await protected(exempt_health=False)
+    for path in ("/health", "/v1/health"):
+        async with http.get(base + path) as response:
+            assert response.status == 401
+        auth = {"Authorization": f"Bearer {TOKEN}"}
+        async with http.get(base + path, headers=auth) as response:
+            assert response.status == 200
+
+
+@pytest.mark.parametrize("token", ["", " ", "\t\n "])
+def test_blank_token_is_refused_at_construction(token):
+    with pytest.raises(ValueError, match="empty or blank"):
+        with_bearer_auth(backend_app(CountingBackend()), token)
+
+
+def test_header_parsing_splits_at_the_first_space_and_trims():
+    assert presented_token("Bearer  abc  ") == "abc"
+    assert presented_token("bearer a b") == "a b"
+    assert presented_token("Basic abc") == ""
+    assert presented_token("Bearerabc") == ""
+    assert presented_token(None) == ""
+
+
+def test_token_never_shows_in_repr():
+    assert TOKEN not in repr(BearerToken(TOKEN))
+
+
+@pytest.mark.asyncio
+async def test_token_never_appears_in_logs(protected, http, caplog):
+    caplog.set_level(logging.DEBUG)
+    base, _ = await protected()
+    for header in (f"Bearer {TOKEN}", f"Bearer {TOKEN}x", TOKEN):
+        async with http.get(base + "/v1/sessions", headers={"Authorization": header}):
+            pass
+    assert TOKEN not in caplog.text
