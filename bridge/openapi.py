@@ -119,6 +119,9 @@ def build_openapi(routes: Iterable[Route], *, auth: AuthSettings | None = None) 
         if parameters:
             operation["parameters"] = parameters
         statuses = set(route.errors) | {500}
+        if route.path not in HEALTH_PATHS:
+            # A host backend may not serve every route it is mounted on.
+            statuses.add(404)
         if route.body is not None:
             operation["requestBody"] = {
                 "required": False,
