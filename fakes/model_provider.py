@@ -11,8 +11,8 @@
   `function_call_output`, which the next reply answers;
 - `{httpError: {status: 500, body?: ...}}`: a plain HTTP error instead of a stream;
 - `{disconnect: true, partialText?: "..."}`: the stream is cut before `response.completed`;
-- `{stall: true}`: the stream opens and then stays silent until the client goes away
-  or the server stops (for interrupting a turn mid-stream).
+- `{stall: true}`: the stream opens and then stays silent until the server stops
+  (for interrupting a turn mid-stream).
 
 Once the script runs out every POST gets `default_text`. Every request is recorded,
 headers without `authorization`, so tests can assert on what codex sent.
@@ -30,6 +30,7 @@ import asyncio
 import itertools
 import json
 import re
+import shlex
 import signal
 import sys
 from collections.abc import Iterator, Mapping, Sequence
@@ -107,7 +108,7 @@ class DisconnectReply(_Record):
 
 
 class StallReply(_Record):
-    """Start streaming, then send nothing more until the client or the server gives up."""
+    """Start streaming, then send nothing more until the server stops."""
 
     stall: Literal[True]
 
@@ -390,6 +391,8 @@ class ModelProviderServer:
         return await self.model.wait_for_requests(count)
 
     async def start(self) -> None:
+        """Listen; `port` 0 (the default) picks a free one."""
+        self._closing.clear()
         app = web.Application()
         app.router.add_post("/v1/responses", self._responses)
         app.router.add_route("*", "/{tail:.*}", self._unknown)
@@ -398,6 +401,7 @@ class ModelProviderServer:
         await web.TCPSite(self._runner, self._host, self._port).start()
 
     async def close(self) -> None:
+        """End stalled streams and stop listening."""
         self._closing.set()
         if self._runner is not None:
             await self._runner.cleanup()
@@ -500,7 +504,7 @@ async def _serve(script: ModelScript, host: str, port: int) -> None:
         loop.add_signal_handler(sig, stop.set)
     async with ModelProviderServer(script, host=host, port=port) as server:
         print(f"model provider at {server.base_url}", flush=True)
-        print(" ".join(server.codex_cli_args()), flush=True)
+        print(shlex.join(server.codex_cli_args()), flush=True)
         await stop.wait()
 
 
