@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import sys
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
@@ -19,32 +18,6 @@ from bridge.routes import OPENAPI
 from scenarios.openapi_check import OpenApiChecker
 
 FAKE_CODEX = str(Path(sys.executable).with_name("fake-codex"))
-
-
-def live_children() -> set[int]:
-    """Pids of this test process's live (non-zombie) children and their groups' members."""
-    me = os.getpid()
-    found: set[int] = set()
-    groups: set[int] = set()
-    stats: dict[int, tuple[int, int, str]] = {}
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat") as f:
-                fields = f.read().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        state, ppid, pgid = fields[0], int(fields[1]), int(fields[2])
-        stats[int(entry)] = (ppid, pgid, state)
-    for pid, (ppid, pgid, state) in stats.items():
-        if ppid == me and state != "Z":
-            found.add(pid)
-            groups.add(pgid)
-    for pid, (_, pgid, state) in stats.items():
-        if pgid in groups and pgid != os.getpgid(0) and state != "Z":
-            found.add(pid)
-    return found
 
 
 @pytest.fixture

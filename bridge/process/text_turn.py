@@ -163,7 +163,9 @@ class TextTurn:
             await asyncio.wait((exited, done, idle), return_when=asyncio.FIRST_COMPLETED)
             if not done.done() and idle.done() and not exited.done():
                 # The thread says it is idle: give turn/completed a moment, no more.
-                await asyncio.wait((exited, done), timeout=IDLE_GRACE_SECONDS)
+                await asyncio.wait(
+                    (exited, done), timeout=IDLE_GRACE_SECONDS, return_when=asyncio.FIRST_COMPLETED
+                )
             if done.done():
                 return
             if exited.done():

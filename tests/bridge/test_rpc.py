@@ -1,6 +1,7 @@
 """The JSON-RPC transport against small real child processes."""
 
 import asyncio
+import os
 import sys
 import textwrap
 
@@ -159,7 +160,7 @@ async def test_shutdown_kills_a_process_that_ignores_eof_and_sigterm_and_its_chi
     pid = await asyncio.wait_for(child_pid, 30)
     info = await process.shutdown(0.3)
     assert info.signal == "SIGKILL"
-    assert not _alive(pid)
+    assert await _dies(pid)
 
 
 async def test_grandchild_dies_when_the_app_server_exits_on_its_own():
@@ -177,7 +178,24 @@ async def test_grandchild_dies_when_the_app_server_exits_on_its_own():
     process.notify("bye")
     info = await process.wait()
     assert info.exit_code == 0
-    assert not _alive(pid)
+    assert await _dies(pid)
+
+
+async def _dies(pid: int, within: float = 10.0) -> bool:
+    """True once ``pid`` has exited: its pidfd becomes readable then (no polling)."""
+    try:
+        fd = os.pidfd_open(pid)
+    except ProcessLookupError:
+        return True
+    loop = asyncio.get_running_loop()
+    exited = loop.create_future()
+    loop.add_reader(fd, lambda: exited.done() or exited.set_result(None))
+    try:
+        await asyncio.wait_for(exited, within)
+    finally:
+        loop.remove_reader(fd)
+        os.close(fd)
+    return True
 
 
 def _alive(pid: int) -> bool:

@@ -10,7 +10,7 @@ from yarl import URL
 
 from bridge.app import trusted_bridge_app
 from bridge.limits import RestLimits
-from conftest import live_children
+from scenarios.processes import live_children
 from scenarios.sse import SseReader
 
 pytestmark = pytest.mark.asyncio
@@ -35,6 +35,7 @@ async def create_session(http, base, script=None, status=201):
 
 
 async def call(http, base, session_id, method, params=None, **extra):
+    params = {} if params is None else params
     url = f"{base}/v1/sessions/{session_id}/call/{method}"
     async with http.post(url, json={"params": params, **extra}) as response:
         return response.status, await response.json()
@@ -184,7 +185,7 @@ async def test_overloaded_is_503_with_retry_after(bridge, http, write_script):
     base = await bridge()
     session_id = (await create_session(http, base, script))["sessionId"]
     url = f"{base}/v1/sessions/{session_id}/call/x/busy"
-    async with http.post(url, json={}) as response:
+    async with http.post(url, json={"params": {}}) as response:
         assert response.status == 503
         assert response.headers["Retry-After"] == "1"
         body = await response.json()
@@ -196,7 +197,7 @@ async def test_overloaded_is_503_with_retry_after(bridge, http, write_script):
 
 
 async def test_call_past_its_deadline_is_504_and_the_session_lives_on(bridge, http, write_script):
-    script = write_script({"methods": {"x/stall": {"steps": [{"stall": True}]}}})
+    script = write_script({"methods": {"x/stall": {"noReply": True}}})
     base = await bridge()
     session_id = (await create_session(http, base, script))["sessionId"]
     status, body = await call(http, base, session_id, "x/stall", timeoutMs=200)
@@ -352,7 +353,7 @@ async def test_sessionless_call_spawns_calls_and_stops(bridge, http):
 async def test_sessionless_call_takes_client_options(bridge, http, write_script):
     script = write_script({"methods": {"x/hello": {"result": {"hi": True}}}})
     base = await bridge()
-    body = {"options": {"env": {"FAKE_CODEX_SCRIPT": script}}}
+    body = {"params": {}, "options": {"env": {"FAKE_CODEX_SCRIPT": script}}}
     async with http.post(f"{base}/v1/call/x/hello", json=body) as response:
         assert response.status == 200
         assert await response.json() == {"result": {"hi": True}}
