@@ -1,0 +1,132 @@
+"""`fake-codex`: a command line shaped like the real `codex` binary's.
+
+    fake-codex --version
+    fake-codex app-server [--listen stdio://] [-c key=value]... [--script PATH]
+
+The script comes from `--script PATH`, else `$FAKE_CODEX_SCRIPT`, else
+`-c fake_codex.script="PATH"`. `$FAKE_CODEX_SEED` (an integer) overrides the script's
+`seed`. Usage errors exit with status 2, like the real CLI.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from typing import TYPE_CHECKING
+
+from fakes.app_server.shapes import DEFAULT_VERSION_OUTPUT
+
+if TYPE_CHECKING:
+    from fakes.app_server.script import AppServerScript
+
+SCRIPT_ENV = "FAKE_CODEX_SCRIPT"
+SEED_ENV = "FAKE_CODEX_SEED"
+SCRIPT_CONFIG_KEY = "fake_codex.script"
+USAGE_ERROR = 2
+
+
+class UsageError(Exception):
+    """A bad command line or environment; the message goes to stderr."""
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="fake-codex", description="A scriptable fake codex.")
+    parser.add_argument("--version", action="store_true", help="print the version and exit")
+    commands = parser.add_subparsers(dest="command")
+    server = commands.add_parser("app-server", help="serve the app-server protocol on stdio")
+    server.add_argument("--listen", default="stdio://", help="only stdio:// is supported")
+    server.add_argument("--stdio", action="store_true", help="same as --listen stdio://")
+    server.add_argument(
+        "-c", "--config", action="append", default=[], metavar="key=value", help="config override"
+    )
+    server.add_argument("--enable", action="append", default=[], metavar="FEATURE")
+    server.add_argument("--disable", action="append", default=[], metavar="FEATURE")
+    server.add_argument("--strict-config", action="store_true")
+    server.add_argument("--script", help="the YAML/JSON script to follow")
+    return parser
+
+
+def config_script(overrides: list[str]) -> str | None:
+    """The path given as `-c fake_codex.script=...`, TOML-quoted or not (last one wins)."""
+    path = None
+    for override in overrides:
+        key, sep, value = override.partition("=")
+        if sep and key.strip() == SCRIPT_CONFIG_KEY:
+            path = _toml_string(value.strip())
+    return path
+
+
+def _toml_string(value: str) -> str:
+    """A TOML string value, or the raw text if it is not one (as the real CLI does)."""
+    if value[:1] not in ("'", '"'):
+        return value
+    import tomllib
+
+    try:
+        parsed = tomllib.loads(f"v = {value}")["v"]
+    except tomllib.TOMLDecodeError:
+        return value
+    return parsed if isinstance(parsed, str) else value
+
+
+def _load(path: str) -> AppServerScript:
+    from fakes.app_server.script import ScriptError, load_script
+
+    try:
+        return load_script(path)
+    except ScriptError as exc:
+        raise UsageError(str(exc)) from None
+
+
+def _env_seed() -> int | None:
+    raw = os.environ.get(SEED_ENV)
+    if raw is None or raw.strip() == "":
+        return None
+    try:
+        return int(raw)
+    except ValueError:
+        raise UsageError(f"{SEED_ENV} must be an integer, got {raw!r}") from None
+
+
+def _version_output(script: AppServerScript | None) -> str:
+    return (script.version_output if script else None) or DEFAULT_VERSION_OUTPUT
+
+
+def _app_server(args: argparse.Namespace) -> int:
+    if args.listen != "stdio://":
+        raise UsageError(
+            f"error: invalid value '{args.listen}' for '--listen <URL>': "
+            "fake-codex supports only `stdio://`"
+        )
+    path = args.script or os.environ.get(SCRIPT_ENV) or config_script(args.config)
+    script = _load(path) if path else None
+    seed = _env_seed()
+    if seed is None and script is not None:
+        seed = script.seed
+    # Imported here so that `--version` does not pay for asyncio.
+    from fakes.app_server.server import serve
+
+    return serve(script, seed=seed, version_output=_version_output(script))
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of the `fake-codex` console script; returns the exit status."""
+    parser = _parser()
+    args = parser.parse_args(argv)
+    try:
+        if args.version:
+            path = os.environ.get(SCRIPT_ENV)
+            print(_version_output(_load(path) if path else None))
+            return 0
+        if args.command == "app-server":
+            return _app_server(args)
+    except UsageError as exc:
+        print(exc, file=sys.stderr)
+        return USAGE_ERROR
+    parser.print_usage(sys.stderr)
+    return USAGE_ERROR
+
+
+if __name__ == "__main__":
+    sys.exit(main())

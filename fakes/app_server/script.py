@@ -1,0 +1,502 @@
+"""The fake's script: pydantic models of the document, and loading it with useful errors.
+
+A script is YAML (or JSON, which YAML reads too). It is either the app-server section
+itself or a document with a top-level `appServer:` key, such as a scenario file; other
+top-level keys of such a document are ignored. See `fakes/app_server/README.md`.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+from collections.abc import Callable
+from typing import Annotated, Any, ClassVar, Literal
+
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Discriminator,
+    Field,
+    NonNegativeInt,
+    PositiveInt,
+    Tag,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
+from pydantic.alias_generators import to_camel
+
+from fakes.app_server.script_source import ScriptError, describe_errors, parse_yaml
+
+__all__ = [
+    "AppServerScript",
+    "MethodBehavior",
+    "ScriptError",
+    "Step",
+    "TurnScript",
+    "load_script",
+    "parse_script",
+    "parse_script_text",
+]
+
+SECTION_KEY = "appServer"
+
+RequestIdSpec = int | str
+
+
+class _Model(BaseModel):
+    """Base of every script model: camelCase keys, unknown keys rejected."""
+
+    model_config = ConfigDict(
+        extra="forbid",
+        alias_generator=to_camel,
+        populate_by_name=True,
+        frozen=True,
+        defer_build=True,
+    )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _reject_boolean_keys(cls, data: Any) -> Any:
+        # YAML 1.1 reads `on:`, `yes:`, `no:` as booleans, which pydantic would report
+        # as a baffling type error.
+        if isinstance(data, dict) and any(isinstance(key, bool) for key in data):
+            raise ValueError(
+                "a key was read as a boolean (YAML turns `on`, `off`, `yes`, `no` into "
+                "true/false); quote it, and note that reply branches are `onReply:`"
+            )
+        return data
+
+
+def _wrap_scalar(key: str) -> Callable[[Any], Any]:
+    """A before-validator turning a scalar shorthand into `{key: value}`."""
+
+    def wrap(value: Any) -> Any:
+        return value if isinstance(value, dict) else {key: value}
+
+    return wrap
+
+
+def _empty_if_flag(value: Any) -> Any:
+    """`true` or an empty value means "all defaults"."""
+    return {} if value is True or value is None else value
+
+
+class RpcErrorSpec(_Model):
+    """A JSON-RPC error object; `data` is sent only when given."""
+
+    code: int
+    message: str
+    data: Any = None
+
+    def to_wire(self) -> dict[str, Any]:
+        """The error as it goes on the wire."""
+        wire: dict[str, Any] = {"code": self.code, "message": self.message}
+        if "data" in self.model_fields_set:
+            wire["data"] = self.data
+        return wire
+
+
+class ReplySpec(_Model):
+    """A reply to a client request: `result`, `error`, or neither (the built-in reply)."""
+
+    result: Any = None
+    error: RpcErrorSpec | None = None
+
+    @property
+    def has_result(self) -> bool:
+        """Whether `result` was given (`result: null` counts)."""
+        return "result" in self.model_fields_set
+
+    @model_validator(mode="after")
+    def _one_outcome(self) -> ReplySpec:
+        if self.has_result and self.error is not None:
+            raise ValueError("give `result` or `error`, not both")
+        return self
+
+
+class UnknownIdReply(ReplySpec):
+    """A response to an id the client never used."""
+
+    id: RequestIdSpec = 987654321
+
+
+class AgentMessage(_Model):
+    """An agentMessage item: `text`, or `sentences` of seeded Faker text."""
+
+    text: str | None = None
+    sentences: PositiveInt | None = None
+    deltas: NonNegativeInt | None = None
+    delta_delay_ms: NonNegativeInt = 0
+    events: tuple[Literal["started", "deltas", "completed"], ...] = (
+        "started",
+        "deltas",
+        "completed",
+    )
+    id: str | None = None
+
+    @model_validator(mode="after")
+    def _one_source(self) -> AgentMessage:
+        if (self.text is None) == (self.sentences is None):
+            raise ValueError("give exactly one of `text` or `sentences`")
+        return self
+
+
+class CommandApproval(_Model):
+    """A command the agent wants to run, behind `item/commandExecution/requestApproval`."""
+
+    command: str
+    cwd: str | None = None
+    output: str | None = None
+    exit_code: int = 0
+    touch: str | None = None
+    reason: str | None = None
+    id: RequestIdSpec | None = None
+
+
+class FileChangeApproval(_Model):
+    """A file the agent wants to change, behind `item/fileChange/requestApproval`."""
+
+    path: str
+    content: str = ""
+    kind: Literal["add", "update", "delete"] = "add"
+    write: bool = False
+    reason: str | None = None
+    id: RequestIdSpec | None = None
+
+
+class ServerRequestSpec(_Model):
+    """Any server-to-client request; `params` are laid over real-shaped defaults."""
+
+    method: str
+    params: dict[str, Any] | None = None
+    id: RequestIdSpec | None = None
+    wait: bool = True
+
+
+class NotifySpec(_Model):
+    """Any notification."""
+
+    method: str
+    params: Any = Field(default_factory=dict)
+
+
+class FloodSpec(_Model):
+    """Many identical notifications, written as fast as the pipe takes them."""
+
+    count: PositiveInt
+    method: str = "item/agentMessage/delta"
+    params: dict[str, Any] | None = None
+
+
+class ExitSpec(_Model):
+    """Exit with `code`, or die by `signal` (a name such as `KILL` or `SIGKILL`)."""
+
+    code: int = 0
+    signal: str | None = None
+
+    @field_validator("signal")
+    @classmethod
+    def _known_signal(cls, value: str | None) -> str | None:
+        if value is None:
+            return None
+        name = value.upper() if value.upper().startswith("SIG") else f"SIG{value.upper()}"
+        if name not in signal.Signals.__members__:
+            raise ValueError(f"unknown signal {value!r}")
+        return name
+
+
+class StallSpec(_Model):
+    """Stop doing anything; by default still die on SIGTERM but not on stdin EOF."""
+
+    ignore_term: bool = False
+    exit_on_eof: bool = False
+
+
+class SpawnChildSpec(_Model):
+    """A long-lived grandchild in the fake's process group."""
+
+    command: list[str] = Field(default_factory=lambda: ["sleep", "1000"], min_length=1)
+    inherit_stdio: bool = False
+
+
+class TurnErrorSpec(_Model):
+    """The `TurnError` of a failed turn."""
+
+    message: str
+    codex_error_info: Any = None
+    additional_details: str | None = None
+
+
+class CompleteTurn(_Model):
+    """End the current turn now."""
+
+    status: Literal["completed", "interrupted", "failed"] = "completed"
+    error: TurnErrorSpec | None = None
+
+
+class _Step(_Model):
+    """A step: a mapping with exactly one kind key (the class's `KIND`)."""
+
+    KIND: ClassVar[str]
+
+
+class AgentMessageStep(_Step):
+    KIND = "agentMessage"
+    agent_message: AgentMessage
+
+    _shorthand = field_validator("agent_message", mode="before")(_wrap_scalar("text"))
+
+
+class CommandApprovalStep(_Step):
+    KIND = "commandApproval"
+    command_approval: CommandApproval
+    on_reply: dict[str, list[Step]] | None = None
+
+
+class FileChangeApprovalStep(_Step):
+    KIND = "fileChangeApproval"
+    file_change_approval: FileChangeApproval
+    on_reply: dict[str, list[Step]] | None = None
+
+
+class RequestStep(_Step):
+    KIND = "request"
+    request: ServerRequestSpec
+    on_reply: dict[str, list[Step]] | None = None
+
+
+class NotifyStep(_Step):
+    KIND = "notify"
+    notify: NotifySpec
+
+
+class SleepStep(_Step):
+    KIND = "sleep"
+    sleep: NonNegativeInt
+
+
+class StderrStep(_Step):
+    KIND = "stderr"
+    stderr: str
+
+
+class StderrFloodStep(_Step):
+    KIND = "stderrFlood"
+    stderr_flood: PositiveInt
+
+
+class RawStep(_Step):
+    KIND = "raw"
+    raw: str
+    newline: bool = True
+
+
+class BigLineStep(_Step):
+    KIND = "bigLine"
+    big_line: PositiveInt
+
+
+class FloodStep(_Step):
+    KIND = "flood"
+    flood: FloodSpec
+
+
+class RespondStep(_Step):
+    KIND = "respond"
+    respond: ReplySpec
+
+    _shorthand = field_validator("respond", mode="before")(_empty_if_flag)
+
+
+class RespondTwiceStep(_Step):
+    KIND = "respondTwice"
+    respond_twice: ReplySpec
+
+    _shorthand = field_validator("respond_twice", mode="before")(_empty_if_flag)
+
+
+class RespondUnknownIdStep(_Step):
+    KIND = "respondUnknownId"
+    respond_unknown_id: UnknownIdReply
+
+    _shorthand = field_validator("respond_unknown_id", mode="before")(_empty_if_flag)
+
+
+class ExitStep(_Step):
+    KIND = "exit"
+    exit: ExitSpec
+
+    _shorthand = field_validator("exit", mode="before")(_wrap_scalar("code"))
+
+
+class StallStep(_Step):
+    KIND = "stall"
+    stall: StallSpec
+
+    _shorthand = field_validator("stall", mode="before")(_empty_if_flag)
+
+
+class SpawnChildStep(_Step):
+    KIND = "spawnChild"
+    spawn_child: SpawnChildSpec
+
+    _shorthand = field_validator("spawn_child", mode="before")(_empty_if_flag)
+
+
+class CompleteTurnStep(_Step):
+    KIND = "completeTurn"
+    complete_turn: CompleteTurn
+
+    _shorthand = field_validator("complete_turn", mode="before")(_empty_if_flag)
+
+
+STEP_TYPES: tuple[type[_Step], ...] = (
+    AgentMessageStep,
+    CommandApprovalStep,
+    FileChangeApprovalStep,
+    RequestStep,
+    NotifyStep,
+    SleepStep,
+    StderrStep,
+    StderrFloodStep,
+    RawStep,
+    BigLineStep,
+    FloodStep,
+    RespondStep,
+    RespondTwiceStep,
+    RespondUnknownIdStep,
+    ExitStep,
+    StallStep,
+    SpawnChildStep,
+    CompleteTurnStep,
+)
+STEP_KINDS: frozenset[str] = frozenset(step.KIND for step in STEP_TYPES)
+
+
+def _step_kind(value: Any) -> str | None:
+    """The kind key of a step mapping, or None when it has none or several."""
+    if isinstance(value, dict):
+        kinds = [key for key in value if key in STEP_KINDS]
+        return kinds[0] if len(kinds) == 1 else None
+    return getattr(value, "KIND", None)
+
+
+Step = Annotated[
+    Annotated[AgentMessageStep, Tag("agentMessage")]
+    | Annotated[CommandApprovalStep, Tag("commandApproval")]
+    | Annotated[FileChangeApprovalStep, Tag("fileChangeApproval")]
+    | Annotated[RequestStep, Tag("request")]
+    | Annotated[NotifyStep, Tag("notify")]
+    | Annotated[SleepStep, Tag("sleep")]
+    | Annotated[StderrStep, Tag("stderr")]
+    | Annotated[StderrFloodStep, Tag("stderrFlood")]
+    | Annotated[RawStep, Tag("raw")]
+    | Annotated[BigLineStep, Tag("bigLine")]
+    | Annotated[FloodStep, Tag("flood")]
+    | Annotated[RespondStep, Tag("respond")]
+    | Annotated[RespondTwiceStep, Tag("respondTwice")]
+    | Annotated[RespondUnknownIdStep, Tag("respondUnknownId")]
+    | Annotated[ExitStep, Tag("exit")]
+    | Annotated[StallStep, Tag("stall")]
+    | Annotated[SpawnChildStep, Tag("spawnChild")]
+    | Annotated[CompleteTurnStep, Tag("completeTurn")],
+    Discriminator(
+        _step_kind,
+        custom_error_type="step_kind",
+        custom_error_message=(
+            "a step is a mapping with exactly one of the keys " + ", ".join(sorted(STEP_KINDS))
+        ),
+    ),
+]
+
+
+class MethodBehavior(ReplySpec):
+    """How the fake answers one client request: steps, then a reply.
+
+    The reply is `result` or `error` when given, else the built-in one; a `respond`
+    step answers earlier, and `noReply: true` never answers.
+    """
+
+    steps: list[Step] = Field(default_factory=list)
+    no_reply: bool = False
+
+
+class Usage(_Model):
+    """The token usage a turn reports."""
+
+    input_tokens: NonNegativeInt = 100
+    output_tokens: NonNegativeInt = 20
+    cached_input_tokens: NonNegativeInt = 0
+    reasoning_output_tokens: NonNegativeInt = 0
+
+
+class TurnScript(_Model):
+    """One turn: steps between the turn's opening and closing notifications."""
+
+    steps: list[Step] = Field(default_factory=list)
+    no_completion: bool = False
+    usage: Usage | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _text_shorthand(cls, data: Any) -> Any:
+        return {"steps": [{"agentMessage": data}]} if isinstance(data, str) else data
+
+
+class AppServerScript(_Model):
+    """A whole script: the app-server section of a scenario."""
+
+    version: Literal[1]
+    seed: int | None = None
+    version_output: str | None = None
+    initialize: MethodBehavior | None = None
+    on_initialized: list[Step] = Field(default_factory=list)
+    methods: dict[str, list[MethodBehavior]] = Field(default_factory=dict)
+    turns: list[TurnScript] = Field(default_factory=list)
+
+    @field_validator("methods", mode="before")
+    @classmethod
+    def _listify(cls, value: Any) -> Any:
+        if not isinstance(value, dict):
+            return value
+        return {key: entry if isinstance(entry, list) else [entry] for key, entry in value.items()}
+
+    @field_validator("methods")
+    @classmethod
+    def _not_initialize(
+        cls, value: dict[str, list[MethodBehavior]]
+    ) -> dict[str, list[MethodBehavior]]:
+        if "initialize" in value:
+            raise ValueError("script `initialize` with the top-level `initialize:` key")
+        return value
+
+
+def load_script(path: str | os.PathLike[str]) -> AppServerScript:
+    """Read and validate the script at `path`; raise ScriptError naming what is wrong."""
+    source = os.fspath(path)
+    try:
+        with open(source, encoding="utf-8") as handle:
+            text = handle.read()
+    except OSError as exc:
+        raise ScriptError(f"{source}: cannot read the script: {exc.strerror}") from exc
+    return parse_script_text(text, source)
+
+
+def parse_script_text(text: str, source: str = "<script>") -> AppServerScript:
+    """Validate a script given as YAML or JSON text."""
+    return parse_script(parse_yaml(text, source), source, text)
+
+
+def parse_script(data: Any, source: str = "<script>", text: str | None = None) -> AppServerScript:
+    """Validate an already-parsed script (or a document with an `appServer:` section).
+
+    With the original `text`, error messages point at lines.
+    """
+    prefix: tuple[str, ...] = ()
+    if isinstance(data, dict) and SECTION_KEY in data:
+        data, prefix = data[SECTION_KEY], (SECTION_KEY,)
+    try:
+        return AppServerScript.model_validate(data)
+    except ValidationError as exc:
+        raise ScriptError(describe_errors(exc, source, text, prefix)) from None

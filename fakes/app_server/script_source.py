@@ -1,0 +1,81 @@
+"""Script text: parsing YAML, and pointing validation errors at the lines they concern."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import yaml
+from pydantic import ValidationError
+
+# libyaml when available: much faster on large scripts.
+_Loader: type[yaml.SafeLoader] = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+
+
+class ScriptError(ValueError):
+    """A script that cannot be used; the message names the file, the line and the problem."""
+
+
+def parse_yaml(text: str, source: str) -> Any:
+    """The document in `text` (YAML, or JSON, which YAML reads too)."""
+    try:
+        return yaml.load(text, Loader=_Loader)
+    except yaml.MarkedYAMLError as exc:
+        mark = exc.problem_mark or exc.context_mark
+        where = f"{source}:{mark.line + 1}:{mark.column + 1}" if mark else source
+        raise ScriptError(f"{where}: invalid YAML: {exc.problem or exc.context}") from None
+    except yaml.YAMLError as exc:
+        raise ScriptError(f"{source}: invalid YAML: {exc}") from None
+
+
+def describe_errors(
+    exc: ValidationError, source: str, text: str | None, prefix: tuple[str, ...]
+) -> str:
+    """One line per problem: `file:line:column: path.to.key: message`."""
+    root = _compose(text) if text is not None else None
+    lines = [f"invalid fake-codex script {source}:"]
+    for error in exc.errors():
+        loc = prefix + tuple(error["loc"])
+        mark = _mark(root, loc) if root is not None else None
+        where = f"{source}:{mark[0]}:{mark[1]}" if mark else source
+        lines.append(f"  {where}: {_format_path(loc) or '(top level)'}: {error['msg']}")
+    return "\n".join(lines)
+
+
+def _compose(text: str) -> yaml.Node | None:
+    try:
+        return yaml.compose(text, Loader=_Loader)
+    except yaml.YAMLError:
+        return None
+
+
+def _mark(root: yaml.Node, loc: tuple[Any, ...]) -> tuple[int, int]:
+    """Line and column (1-based) of the deepest node `loc` reaches.
+
+    Elements that match nothing (the step-kind tags pydantic adds, or a missing key)
+    are skipped, so a missing key points at the mapping that lacks it.
+    """
+    node = root
+    mark = node.start_mark
+    for key in loc:
+        if isinstance(node, yaml.MappingNode):
+            for key_node, value_node in node.value:
+                if key_node.value == str(key):
+                    node, mark = value_node, key_node.start_mark
+                    break
+        elif isinstance(node, yaml.SequenceNode) and isinstance(key, int) and key < len(node.value):
+            node = node.value[key]
+            mark = node.start_mark
+    return mark.line + 1, mark.column + 1
+
+
+def _format_path(loc: tuple[Any, ...]) -> str:
+    """`turns[0].steps[1].commandApproval.command`, without pydantic's repeated tags."""
+    path = ""
+    previous: Any = None
+    for key in loc:
+        if isinstance(key, int):
+            path += f"[{key}]"
+        elif key != previous:
+            path += f".{key}" if path else str(key)
+        previous = key
+    return path

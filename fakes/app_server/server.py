@@ -1,0 +1,438 @@
+"""The fake app-server: JSON-RPC over stdio, answering like `codex app-server` 0.169.0.
+
+Without a script it is a friendly server: it initializes, starts threads and answers
+every turn with a short deterministic message. A script (see `script.py`) overrides
+method replies and turns step by step.
+
+This module stays free of pydantic, YAML and Faker so that a script-less start is fast;
+the step interpreter (`steps.py`) is imported only when a script is given.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import time
+from collections import deque
+from collections.abc import Callable, Coroutine
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import orjson
+
+from fakes.app_server import shapes
+from fakes.app_server.ids import IdFactory
+from fakes.app_server.known_methods import KNOWN_METHODS
+from fakes.app_server.turns import ThreadState, TurnRun, Usage
+from fakes.app_server.wire import (
+    Message,
+    Output,
+    RequestId,
+    error_response,
+    log,
+    notification,
+    read_lines,
+    response,
+    rpc_error,
+    server_request,
+)
+
+if TYPE_CHECKING:
+    from fakes.app_server.script import AppServerScript, MethodBehavior, ReplySpec, TurnScript
+    from fakes.app_server.steps import StepRunner
+
+INVALID_REQUEST = -32600
+INTERNAL_ERROR = -32603
+_KNOWN = frozenset(KNOWN_METHODS)
+_USER_INPUT_TYPES = ("text", "image", "localImage", "audio", "localAudio", "skill", "mention")
+
+
+def default_reply_text(inputs: list[Any]) -> str:
+    """What the fake answers when no script says otherwise."""
+    said = " ".join(
+        str(entry.get("text", ""))
+        for entry in inputs
+        if isinstance(entry, dict) and entry.get("type") == "text"
+    )
+    return f"Hello from fake-codex. You said: {said}"
+
+
+@dataclass
+class Call:
+    """A client request being answered."""
+
+    id: RequestId
+    method: str
+    params: Any
+    answered: bool = False
+
+
+@dataclass
+class Reply:
+    """A reply to a client request, and what must follow it once it is on the wire."""
+
+    result: Any = None
+    error: Message | None = None
+    after: Callable[[], None] | None = None
+
+    def message(self, request_id: RequestId) -> Message:
+        """The reply as a JSON-RPC response to `request_id`."""
+        if self.error is not None:
+            return error_response(request_id, self.error)
+        return response(request_id, self.result)
+
+
+def _request_id(message: Message) -> RequestId | None:
+    """The message's id if it is a valid JSON-RPC id (string or integer)."""
+    value = message.get("id")
+    if isinstance(value, bool) or not isinstance(value, int | str):
+        return None
+    return value
+
+
+def _invalid(message: str) -> Reply:
+    return Reply(error=rpc_error(INVALID_REQUEST, message))
+
+
+def _missing_field(params: dict[str, Any], *names: str) -> Reply | None:
+    for name in names:
+        if name not in params:
+            return _invalid(f"Invalid request: missing field `{name}`")
+    return None
+
+
+class AppServer:
+    """One fake app-server process: a connection's state and its request handlers."""
+
+    def __init__(
+        self,
+        script: AppServerScript | None,
+        *,
+        seed: int | None,
+        version_output: str,
+    ) -> None:
+        self.script = script
+        self.ids = IdFactory(seed)
+        self.seed = seed
+        self.version = shapes.cli_version(version_output)
+        self.out: Output
+        self.initialized = False
+        self.client_info: dict[str, Any] = {}
+        self.threads: dict[str, ThreadState] = {}
+        self.pending: dict[RequestId, asyncio.Future[Message]] = {}
+        self._stalled = False
+        self._exit_on_eof = True
+        self._saw_initialized = False
+        self._next_request_id = 0
+        self._tasks: set[asyncio.Task[Any]] = set()
+        self._exit_code: asyncio.Future[int]
+        self._reader: asyncio.Task[None]
+        self._behaviors: dict[str, deque[MethodBehavior]] = {}
+        self._turn_scripts: deque[TurnScript] = deque()
+        self._runner: StepRunner | None = None
+        if script is not None:
+            # Imported here: it pulls in pydantic, which a script-less start never needs.
+            from fakes.app_server.steps import StepRunner
+
+            self._runner = StepRunner(self, script)
+            self._behaviors = {name: deque(entries) for name, entries in script.methods.items()}
+            self._turn_scripts = deque(script.turns)
+        self._builtins: dict[str, Callable[[Call], Reply]] = {
+            "initialize": self._initialize,
+            "thread/start": self._thread_start,
+            "turn/start": self._turn_start,
+            "turn/interrupt": self._turn_interrupt,
+            "model/list": lambda call: Reply(shapes.model_list_result()),
+        }
+
+    async def run(self) -> int:
+        """Serve stdin/stdout until EOF, an `exit` step or the client going away."""
+        loop = asyncio.get_running_loop()
+        self._exit_code = loop.create_future()
+        self.out = await Output.open(1, on_lost=lambda: self.exit(0))
+        self._reader = self.spawn(self._read_loop())
+        code = await self._exit_code
+        for task in list(self._tasks):
+            task.cancel()
+        await self.out.close()
+        return code
+
+    def spawn(self, coro: Coroutine[Any, Any, Any]) -> asyncio.Task[Any]:
+        """Run `coro` as a task the server cancels when it exits."""
+        task = asyncio.get_running_loop().create_task(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._task_done)
+        return task
+
+    def _task_done(self, task: asyncio.Task[Any]) -> None:
+        self._tasks.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            # A bug in the fake must not pass for a quiet server: report and fail.
+            exc = task.exception()
+            log(f"internal error: {exc!r}")
+            self.exit(70)
+
+    def exit(self, code: int) -> None:
+        """Stop serving with exit status `code` (after flushing stdout)."""
+        if not self._exit_code.done():
+            self._exit_code.set_result(code)
+
+    async def kill_self(self, signame: str) -> None:
+        """Die by signal `signame`, after flushing what was already written."""
+        await self.out.close()
+        os.kill(os.getpid(), signal.Signals[signame])
+        self.exit(128 + signal.Signals[signame])
+
+    async def stall(self, *, ignore_term: bool, exit_on_eof: bool) -> None:
+        """Stop everything else and never do anything again."""
+        if ignore_term:
+            signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        self._stalled = True
+        self._exit_on_eof = exit_on_eof
+        current = asyncio.current_task()
+        for task in list(self._tasks):
+            if task is not current and task is not self._reader:
+                task.cancel()
+        # Announced only now, so that a client seeing it knows the stall is in force.
+        log("stalled")
+        await asyncio.get_running_loop().create_future()
+
+    async def _read_loop(self) -> None:
+        async for line in read_lines(0):
+            if not self._stalled:
+                self._dispatch(line)
+        if self._exit_on_eof:
+            self.exit(0)
+        else:
+            log("stdin closed; stalled, so not exiting")
+
+    def _dispatch(self, line: bytes) -> None:
+        if not line.strip():
+            return
+        try:
+            message = orjson.loads(line)
+        except orjson.JSONDecodeError as exc:
+            log(f"Failed to deserialize JSONRPCMessage: {exc}")
+            return
+        if not isinstance(message, dict):
+            log("Failed to deserialize JSONRPCMessage: not an object")
+            return
+        request_id = _request_id(message)
+        method = message.get("method")
+        if isinstance(method, str) and "id" not in message:
+            self._on_notification(method)
+        elif isinstance(method, str) and request_id is not None:
+            self._on_request(message, method, request_id)
+        elif (
+            "method" not in message
+            and request_id is not None
+            and ("result" in message or "error" in message)
+        ):
+            self._on_response(request_id, message)
+        else:
+            log("Failed to deserialize JSONRPCMessage: not a request, response or notification")
+
+    def _on_notification(self, method: str) -> None:
+        if method != "initialized" or not self.initialized or self._saw_initialized:
+            return
+        self._saw_initialized = True
+        if self._runner is not None:
+            self.spawn(self._runner.run_initialized())
+
+    def _on_response(self, request_id: RequestId, message: Message) -> None:
+        future = self.pending.pop(request_id, None)
+        if future is None or future.done():
+            log(f"ignoring a response to unknown request id {request_id!r}")
+            return
+        future.set_result(message)
+
+    def _on_request(self, message: Message, method: str, request_id: RequestId) -> None:
+        call = Call(request_id, method, message.get("params"))
+        if method not in _KNOWN and method not in self._behaviors:
+            known = ", ".join(f"`{name}`" for name in KNOWN_METHODS)
+            message_text = f"Invalid request: unknown variant `{method}`, expected one of {known}"
+            self.answer(call, _invalid(message_text))
+        elif "params" not in message:
+            self.answer(call, _invalid("Invalid request: missing field `params`"))
+        elif not self.initialized and method != "initialize":
+            self.answer(call, _invalid("Not initialized"))
+        elif method == "initialize" and self.initialized:
+            self.answer(call, _invalid("Already initialized"))
+        elif (behavior := self._next_behavior(method)) is not None and self._runner:
+            self.spawn(self._runner.run_behavior(call, behavior))
+        else:
+            self.answer(call, self.builtin_reply(call))
+
+    def _next_behavior(self, method: str) -> MethodBehavior | None:
+        if method == "initialize":
+            return self.script.initialize if self.script else None
+        queue = self._behaviors.get(method)
+        if not queue:
+            return None
+        # The last entry of a list keeps answering once the others are used up.
+        return queue.popleft() if len(queue) > 1 else queue[0]
+
+    def answer(self, call: Call, reply: Reply) -> None:
+        """Send `reply` to `call`, then run what must follow it."""
+        self.out.send(reply.message(call.id))
+        call.answered = True
+        if call.method == "initialize" and reply.error is None:
+            # Whoever produced it, a successful initialize reply is what initializes.
+            self.initialized = True
+            params = call.params if isinstance(call.params, dict) else {}
+            client_info = params.get("clientInfo")
+            self.client_info = client_info if isinstance(client_info, dict) else {}
+        if reply.after is not None:
+            reply.after()
+
+    def scripted_reply(self, call: Call, spec: ReplySpec) -> Reply:
+        """The reply a script gives: its result or error, else the built-in reply."""
+        if spec.error is not None:
+            return Reply(error=spec.error.to_wire())
+        if spec.has_result:
+            return Reply(spec.result)
+        return self.builtin_reply(call)
+
+    def builtin_reply(self, call: Call) -> Reply:
+        """The friendly default answer to `call`."""
+        if not isinstance(call.params, dict):
+            return _invalid("Invalid request: invalid type: expected a map for `params`")
+        handler = self._builtins.get(call.method)
+        if handler is None:
+            return Reply(
+                error=rpc_error(
+                    INTERNAL_ERROR,
+                    f"fake-codex does not implement `{call.method}`; script it under `methods:`",
+                )
+            )
+        return handler(call)
+
+    def send_request(
+        self,
+        method: str,
+        params: Any,
+        request_id: RequestId | None = None,
+        turn: TurnRun | None = None,
+    ) -> tuple[RequestId, asyncio.Future[Message]]:
+        """Send a server request; the future resolves with the client's response."""
+        if request_id is None:
+            request_id = self._next_request_id
+            self._next_request_id += 1
+        future: asyncio.Future[Message] = asyncio.get_running_loop().create_future()
+        self.pending[request_id] = future
+        if turn is not None:
+            turn.pending_requests.add(request_id)
+            future.add_done_callback(lambda _: turn.pending_requests.discard(request_id))
+        self.out.send(server_request(request_id, method, params))
+        return request_id, future
+
+    def resolved(self, thread_id: str | None, request_id: RequestId) -> None:
+        """Announce that a server request is settled (only thread-scoped ones carry this)."""
+        if thread_id is not None:
+            self.out.send(
+                notification(
+                    "serverRequest/resolved", {"threadId": thread_id, "requestId": request_id}
+                )
+            )
+
+    def _initialize(self, call: Call) -> Reply:
+        missing = _missing_field(call.params, "clientInfo")
+        if missing:
+            return missing
+        client_info = call.params["clientInfo"]
+        info = client_info if isinstance(client_info, dict) else {}
+        return Reply(shapes.initialize_result(info, self.version))
+
+    def _thread_start(self, call: Call) -> Reply:
+        params = call.params
+        cwd = params.get("cwd") or os.getcwd()
+        thread = ThreadState(id=self.ids.uuid7(), cwd=cwd)
+        self.threads[thread.id] = thread
+        thread_object = shapes.thread_object(
+            thread_id=thread.id,
+            cwd=cwd,
+            model=params.get("model") or shapes.DEFAULT_MODEL,
+            model_provider=params.get("modelProvider") or shapes.DEFAULT_MODEL_PROVIDER,
+            version=self.version,
+            originator=str(self.client_info.get("name", "")),
+            created_at=int(time.time()),
+        )
+        return Reply(
+            shapes.thread_start_result(thread_object, params),
+            after=lambda: self.out.send(notification("thread/started", {"thread": thread_object})),
+        )
+
+    def _turn_start(self, call: Call) -> Reply:
+        params = call.params
+        missing = _missing_field(params, "threadId", "input")
+        if missing:
+            return missing
+        inputs = params["input"]
+        if not isinstance(inputs, list):
+            return _invalid("Invalid request: invalid type: expected a sequence for `input`")
+        for entry in inputs:
+            kind = entry.get("type") if isinstance(entry, dict) else None
+            if kind not in _USER_INPUT_TYPES:
+                expected = ", ".join(f"`{name}`" for name in _USER_INPUT_TYPES)
+                return _invalid(
+                    f"Invalid request: unknown variant `{kind}`, expected one of {expected}"
+                )
+        thread = self.threads.get(str(params["threadId"]))
+        if thread is None:
+            return _invalid(f"thread not found: {params['threadId']}")
+        active = thread.active_turn
+        if active is not None:
+            # Real behaviour: the input joins the turn in flight; no new turn starts.
+            return Reply({"turn": active.snapshot()}, after=lambda: active.add_user_input(inputs))
+        script = self._turn_scripts.popleft() if self._turn_scripts else None
+        usage = Usage()
+        if script is not None and script.usage is not None:
+            usage = Usage(**script.usage.model_dump())
+        turn = TurnRun(self.out, self.ids, thread, usage)
+        thread.active_turn = turn
+
+        def start() -> None:
+            turn.task = self.spawn(self._run_turn(turn, script, inputs))
+
+        return Reply({"turn": turn.snapshot()}, after=start)
+
+    async def _run_turn(self, turn: TurnRun, script: TurnScript | None, inputs: list[Any]) -> None:
+        turn.begin(inputs)
+        if script is None or self._runner is None:
+            await turn.agent_message(default_reply_text(inputs))
+        else:
+            await self._runner.run_turn(turn, script)
+        if not turn.completed and not (script is not None and script.no_completion):
+            turn.complete("completed")
+
+    def _turn_interrupt(self, call: Call) -> Reply:
+        missing = _missing_field(call.params, "threadId", "turnId")
+        if missing:
+            return missing
+        thread = self.threads.get(str(call.params["threadId"]))
+        if thread is None:
+            return _invalid(f"thread not found: {call.params['threadId']}")
+        turn = thread.active_turn
+        if turn is None or turn.id != call.params["turnId"]:
+            return _invalid("no active turn to interrupt")
+        return Reply({}, after=lambda: self.interrupt(turn))
+
+    def interrupt(self, turn: TurnRun) -> None:
+        """Stop `turn` now: it completes as interrupted, its server requests are dropped."""
+        if turn.task is not None:
+            turn.task.cancel()
+        turn.complete("interrupted", usage=False)
+        for request_id in list(turn.pending_requests):
+            future = self.pending.pop(request_id, None)
+            if future is not None:
+                future.cancel()
+            self.resolved(turn.thread.id, request_id)
+
+
+def serve(script: AppServerScript | None, *, seed: int | None, version_output: str) -> int:
+    """Run the fake on this process's stdio; returns the exit status."""
+    # Die from SIGINT like from SIGTERM, without a KeyboardInterrupt traceback.
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+    server = AppServer(script, seed=seed, version_output=version_output)
+    return asyncio.run(server.run())

@@ -1,0 +1,1225 @@
+"""fake-codex, driven as a real process over real pipes.
+
+Each test reads the fake's output until the line it expects (with a timeout); none
+sleeps to synchronise or asserts on wall time.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import re
+import shutil
+import signal
+import sys
+import textwrap
+from collections.abc import AsyncIterator, Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+import pytest_asyncio
+
+pytestmark = pytest.mark.asyncio
+
+REPO = Path(__file__).resolve().parents[2]
+TIMEOUT = 20.0
+CLIENT_INFO = {"name": "tests", "title": "Tests", "version": "9.9.9"}
+
+Message = dict[str, Any]
+
+
+class FakeCodex:
+    """A running fake-codex and a minimal JSON-RPC client for it.
+
+    Every message read is kept in `seen`; `until()` returns the ones read by that call.
+    """
+
+    def __init__(self, proc: asyncio.subprocess.Process) -> None:
+        self.proc = proc
+        self.seen: list[Message] = []
+        self.requested: dict[Any, str] = {}
+        self.stderr = bytearray()
+        self._stderr_changed = asyncio.Condition()
+        self._stderr_task = asyncio.create_task(self._collect_stderr())
+        self._ids = iter(range(1, 1_000_000))
+
+    @classmethod
+    async def start(cls, *args: str, env: dict[str, str], cwd: Path) -> FakeCodex:
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable,
+            "-m",
+            "fakes.app_server.cli",
+            *args,
+            stdin=asyncio.subprocess.PIPE,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE,
+            env=env,
+            cwd=cwd,
+            limit=1 << 26,
+        )
+        return cls(proc)
+
+    async def _collect_stderr(self) -> None:
+        assert self.proc.stderr is not None
+        while chunk := await self.proc.stderr.read(1 << 16):
+            async with self._stderr_changed:
+                self.stderr += chunk
+                self._stderr_changed.notify_all()
+
+    async def stderr_contains(self, text: str) -> str:
+        """Wait until stderr contains `text`; returns all of stderr so far."""
+        async with self._stderr_changed:
+            await asyncio.wait_for(
+                self._stderr_changed.wait_for(lambda: text.encode() in self.stderr), TIMEOUT
+            )
+        return self.stderr.decode(errors="replace")
+
+    async def write(self, data: bytes) -> None:
+        assert self.proc.stdin is not None
+        self.proc.stdin.write(data)
+        await self.proc.stdin.drain()
+
+    async def send(self, message: Message) -> None:
+        await self.write(json.dumps(message).encode() + b"\n")
+
+    async def line(self) -> bytes:
+        """The next stdout line, without its newline."""
+        assert self.proc.stdout is not None
+        line = await asyncio.wait_for(self.proc.stdout.readline(), TIMEOUT)
+        if not line:
+            raise EOFError("fake-codex closed stdout")
+        return line.rstrip(b"\n")
+
+    async def message(self) -> Message:
+        message: Message = json.loads(await self.line())
+        self.seen.append(message)
+        return message
+
+    async def rest(self) -> list[Message]:
+        """Every message left on stdout, up to EOF."""
+        assert self.proc.stdout is not None
+        data = await asyncio.wait_for(self.proc.stdout.read(), TIMEOUT)
+        messages = [json.loads(line) for line in data.splitlines()]
+        self.seen += messages
+        return messages
+
+    async def until(self, predicate: Callable[[Message], bool]) -> list[Message]:
+        """Read messages up to and including the first that matches."""
+        read: list[Message] = []
+        while True:
+            message = await self.message()
+            read.append(message)
+            if predicate(message):
+                return read
+
+    async def until_method(self, method: str) -> list[Message]:
+        return await self.until(lambda message: message.get("method") == method)
+
+    async def request(self, method: str, params: Any = None, request_id: Any = None) -> Message:
+        """Send a request and return its response (messages read meanwhile stay in `seen`)."""
+        request_id = next(self._ids) if request_id is None else request_id
+        self.requested[request_id] = method
+        await self.send({"id": request_id, "method": method, "params": params or {}})
+        read = await self.until(lambda m: m.get("id") == request_id and "method" not in m)
+        return read[-1]
+
+    async def initialize(self) -> Message:
+        reply = await self.request("initialize", {"clientInfo": CLIENT_INFO})
+        await self.send({"method": "initialized"})
+        return reply
+
+    async def start_thread(self, **params: Any) -> str:
+        reply = await self.request("thread/start", params)
+        return str(reply["result"]["thread"]["id"])
+
+    async def start_turn(self, thread_id: str, text: str = "hi") -> str:
+        reply = await self.request(
+            "turn/start", {"threadId": thread_id, "input": [{"type": "text", "text": text}]}
+        )
+        return str(reply["result"]["turn"]["id"])
+
+    async def answer(self, request: Message, result: Any) -> None:
+        await self.send({"id": request["id"], "result": result})
+
+    async def close_stdin(self) -> None:
+        assert self.proc.stdin is not None
+        self.proc.stdin.close()
+
+    async def wait(self) -> int:
+        code = await asyncio.wait_for(self.proc.wait(), TIMEOUT)
+        await asyncio.wait_for(self._stderr_task, TIMEOUT)
+        return code
+
+    async def stop(self) -> None:
+        if self.proc.returncode is None:
+            self.proc.kill()
+        await self.proc.wait()
+        self._stderr_task.cancel()
+
+
+Spawn = Callable[..., Awaitable[FakeCodex]]
+
+
+def fake_env(tmp_path: Path, **extra: str) -> dict[str, str]:
+    env = {key: value for key, value in os.environ.items() if not key.startswith("FAKE_CODEX_")}
+    env["CODEX_HOME"] = str(tmp_path / "codex-home")
+    env.update(extra)
+    return env
+
+
+@pytest_asyncio.fixture
+async def spawn(tmp_path: Path) -> AsyncIterator[Spawn]:
+    """Start fake-codex processes (`script` is YAML text); all are killed afterwards."""
+    started: list[FakeCodex] = []
+
+    async def start(script: str | None = None, *args: str, **env: str) -> FakeCodex:
+        if script is not None:
+            path = tmp_path / f"script-{len(started)}.yaml"
+            path.write_text(textwrap.dedent(script))
+            args = ("app-server", "--script", str(path), *args)
+        elif not args:
+            args = ("app-server",)
+        fake = await FakeCodex.start(*args, env=fake_env(tmp_path, **env), cwd=tmp_path)
+        started.append(fake)
+        return fake
+
+    yield start
+    for fake in started:
+        await fake.stop()
+
+
+async def ready(spawn: Spawn, script: str | None = None, **env: str) -> tuple[FakeCodex, str]:
+    """A fake that is initialized and has a thread; returns it and the thread id."""
+    fake = await spawn(script, **env)
+    await fake.initialize()
+    return fake, await fake.start_thread(cwd=str(Path.cwd()))
+
+
+def methods(messages: list[Message]) -> list[str | None]:
+    return [message.get("method") for message in messages]
+
+
+# --- command line -------------------------------------------------------------------
+
+
+async def run_cli(tmp_path: Path, *args: str, **env: str) -> tuple[int, str, str]:
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "fakes.app_server.cli",
+        *args,
+        stdin=asyncio.subprocess.DEVNULL,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+        env=fake_env(tmp_path, **env),
+    )
+    out, err = await asyncio.wait_for(proc.communicate(), TIMEOUT)
+    assert proc.returncode is not None
+    return proc.returncode, out.decode(), err.decode()
+
+
+async def test_version_prints_the_real_cli_version(tmp_path: Path) -> None:
+    assert await run_cli(tmp_path, "--version") == (0, "codex-cli 0.169.0\n", "")
+
+
+async def test_version_reads_the_script_named_by_the_environment(tmp_path: Path) -> None:
+    script = tmp_path / "s.yaml"
+    script.write_text("version: 1\nversionOutput: codex-cli 9.8.7\n")
+    code, out, _ = await run_cli(tmp_path, "--version", FAKE_CODEX_SCRIPT=str(script))
+    assert (code, out) == (0, "codex-cli 9.8.7\n")
+
+
+async def test_listen_other_than_stdio_is_a_usage_error(tmp_path: Path) -> None:
+    code, _, err = await run_cli(tmp_path, "app-server", "--listen", "ws://127.0.0.1:1")
+    assert code == 2
+    assert "--listen" in err
+
+
+async def test_a_bad_seed_is_a_usage_error(tmp_path: Path) -> None:
+    code, _, err = await run_cli(tmp_path, "app-server", FAKE_CODEX_SEED="seven")
+    assert code == 2
+    assert "FAKE_CODEX_SEED" in err
+
+
+async def test_an_invalid_script_fails_with_file_line_and_problem(tmp_path: Path) -> None:
+    script = tmp_path / "bad.yaml"
+    script.write_text("version: 1\nturns:\n  - steps:\n      - agentMessage: {txt: hi}\n")
+    code, _, err = await run_cli(tmp_path, "app-server", "--script", str(script))
+    assert code == 2
+    assert f"{script}:4:" in err
+    assert "turns[0].steps[0].agentMessage.txt" in err
+
+
+async def test_the_readme_examples_are_valid_scripts() -> None:
+    from fakes.app_server.script import parse_script_text
+
+    readme = (REPO / "fakes" / "app_server" / "README.md").read_text()
+    examples = re.findall(r"```yaml\n(.*?)```", readme, re.S)
+    assert len(examples) == 3
+    for example in examples:
+        parse_script_text(example.replace("[steps]", "[]"), "README.md")
+
+
+async def test_a_missing_script_file_is_a_usage_error(tmp_path: Path) -> None:
+    code, _, err = await run_cli(tmp_path, "app-server", "--script", str(tmp_path / "nope.yaml"))
+    assert code == 2
+    assert "nope.yaml" in err
+
+
+@pytest.mark.parametrize("how", ["flag", "env", "config", "config-unquoted"])
+async def test_the_script_is_found_by_flag_env_or_config(
+    spawn: Spawn, tmp_path: Path, how: str
+) -> None:
+    path = tmp_path / "found.yaml"
+    path.write_text("version: 1\nmethods:\n  model/list: {result: {found: true}}\n")
+    if how == "flag":
+        fake = await spawn(None, "app-server", "--script", str(path))
+    elif how == "env":
+        fake = await spawn(None, "app-server", FAKE_CODEX_SCRIPT=str(path))
+    elif how == "config":
+        fake = await spawn(None, "app-server", "-c", f'fake_codex.script="{path}"')
+    else:
+        fake = await spawn(None, "app-server", "-c", f"fake_codex.script={path}")
+    await fake.initialize()
+    assert (await fake.request("model/list"))["result"] == {"found": True}
+
+
+async def test_a_scenario_document_contributes_its_app_server_section(spawn: Spawn) -> None:
+    fake = await spawn(
+        """
+        name: some scenario
+        http: {ignored: true}
+        appServer:
+          version: 1
+          methods:
+            model/list: {result: {fromSection: true}}
+        """
+    )
+    await fake.initialize()
+    assert (await fake.request("model/list"))["result"] == {"fromSection": True}
+
+
+# --- handshake and protocol errors ----------------------------------------------------
+
+
+async def test_requests_before_initialize_are_refused(spawn: Spawn) -> None:
+    fake = await spawn()
+    reply = await fake.request("model/list", request_id="early")
+    assert reply == {"error": {"code": -32600, "message": "Not initialized"}, "id": "early"}
+
+
+async def test_initialize_answers_like_the_real_server(spawn: Spawn) -> None:
+    fake = await spawn()
+    reply = await fake.request("initialize", {"clientInfo": CLIENT_INFO})
+    result = reply["result"]
+    assert list(result) == ["userAgent", "codexHome", "platformFamily", "platformOs"]
+    assert result["userAgent"].startswith("tests/0.169.0 (")
+    assert result["userAgent"].endswith("(tests; 9.9.9)")
+
+
+async def test_a_second_initialize_is_refused(spawn: Spawn) -> None:
+    fake = await spawn()
+    await fake.initialize()
+    reply = await fake.request("initialize", {"clientInfo": CLIENT_INFO})
+    assert reply["error"] == {"code": -32600, "message": "Already initialized"}
+
+
+async def test_requests_are_served_between_initialize_and_initialized(spawn: Spawn) -> None:
+    fake = await spawn()
+    await fake.request("initialize", {"clientInfo": CLIENT_INFO})
+    assert "result" in await fake.request("model/list")
+
+
+async def test_initialize_without_client_info_names_the_missing_field(spawn: Spawn) -> None:
+    fake = await spawn()
+    reply = await fake.request("initialize", {})
+    assert reply["error"]["message"] == "Invalid request: missing field `clientInfo`"
+
+
+async def test_an_unknown_method_gets_the_real_unknown_variant_error(spawn: Spawn) -> None:
+    fake = await spawn()
+    await fake.initialize()
+    reply = await fake.request("no/such/method")
+    error = reply["error"]
+    assert error["code"] == -32600
+    assert error["message"].startswith(
+        "Invalid request: unknown variant `no/such/method`, expected one of `initialize`, "
+    )
+    assert "data" not in error
+
+
+async def test_a_request_without_params_names_the_missing_field(spawn: Spawn) -> None:
+    fake = await spawn()
+    await fake.initialize()
+    await fake.send({"id": 5, "method": "model/list"})
+    reply = await fake.message()
+    assert reply == {
+        "error": {"code": -32600, "message": "Invalid request: missing field `params`"},
+        "id": 5,
+    }
+
+
+async def test_a_known_but_unimplemented_method_says_so(spawn: Spawn) -> None:
+    fake = await spawn()
+    await fake.initialize()
+    reply = await fake.request("thread/list")
+    assert reply["error"]["code"] == -32603
+    assert "methods:" in reply["error"]["message"]
+
+
+async def test_an_unparsable_line_is_logged_and_the_connection_survives(spawn: Spawn) -> None:
+    fake = await spawn()
+    await fake.write(b"{not json\n")
+    await fake.stderr_contains("Failed to deserialize JSONRPCMessage")
+    assert "result" in await fake.initialize()
+
+
+async def test_a_response_to_an_unknown_id_is_ignored(spawn: Spawn) -> None:
+    fake = await spawn()
+    await fake.send({"id": 4242, "result": {}})
+    await fake.stderr_contains("4242")
+    assert "result" in await fake.initialize()
+
+
+async def test_a_very_long_request_line_is_read_whole(spawn: Spawn) -> None:
+    fake, thread_id = await ready(spawn)
+    text = "y" * 3_000_000
+    await fake.start_turn(thread_id, text)
+    read = await fake.until_method("turn/completed")
+    assert read[-1]["params"]["turn"]["items"][0]["text"].endswith(text)
+
+
+async def test_model_list_is_plausible(spawn: Spawn) -> None:
+    fake = await spawn()
+    await fake.initialize()
+    result = (await fake.request("model/list"))["result"]
+    assert result["nextCursor"] is None
+    assert [model["isDefault"] for model in result["data"]].count(True) == 1
+
+
+async def test_stdin_eof_exits_zero(spawn: Spawn) -> None:
+    fake = await spawn()
+    await fake.initialize()
+    await fake.close_stdin()
+    assert await fake.wait() == 0
+
+
+async def test_sigterm_ends_the_process(spawn: Spawn) -> None:
+    fake = await spawn()
+    await fake.initialize()
+    fake.proc.terminate()
+    assert await fake.wait() == -signal.SIGTERM
+
+
+async def test_the_seed_makes_ids_reproducible(spawn: Spawn) -> None:
+    runs = []
+    for _ in range(2):
+        fake, thread_id = await ready(spawn, FAKE_CODEX_SEED="7")
+        runs.append((thread_id, await fake.start_turn(thread_id)))
+    assert runs[0] == runs[1]
+    assert re.fullmatch(
+        r"[0-9a-f]{8}-[0-9a-f]{4}-7[0-9a-f]{3}-[89ab][0-9a-f]{3}-[0-9a-f]{12}", runs[0][0]
+    )
+
+
+# --- threads and turns without a script -----------------------------------------------
+
+
+async def test_thread_start_replies_then_announces_the_thread(spawn: Spawn) -> None:
+    fake = await spawn()
+    await fake.initialize()
+    reply = await fake.request("thread/start", {"cwd": "/tmp", "sandbox": "danger-full-access"})
+    result = reply["result"]
+    assert result["cwd"] == "/tmp"
+    assert result["sandbox"] == {"type": "dangerFullAccess"}
+    assert result["approvalPolicy"] == "on-request"
+    started = await fake.message()
+    assert started["method"] == "thread/started"
+    assert started["params"]["thread"] == result["thread"]
+
+
+async def test_a_default_turn_streams_in_the_real_order(spawn: Spawn) -> None:
+    fake, thread_id = await ready(spawn)
+    reply = await fake.request(
+        "turn/start", {"threadId": thread_id, "input": [{"type": "text", "text": "ping"}]}
+    )
+    turn = reply["result"]["turn"]
+    assert (turn["status"], turn["items"], turn["error"]) == ("inProgress", [], None)
+    read = await fake.until_method("turn/completed")
+    assert methods(read) == [
+        "thread/status/changed",
+        "turn/started",
+        "item/started",
+        "item/completed",
+        "item/started",
+        *["item/agentMessage/delta"] * 4,
+        "item/completed",
+        "thread/tokenUsage/updated",
+        "account/rateLimits/updated",
+        "thread/status/changed",
+        "turn/completed",
+    ]
+    text = "Hello from fake-codex. You said: ping"
+    assert "".join(m["params"]["delta"] for m in read if m["method"].endswith("/delta")) == text
+    assert read[3]["params"]["item"]["type"] == "userMessage"
+    completed = read[-1]["params"]
+    assert completed["threadId"] == thread_id
+    assert completed["turn"]["status"] == "completed"
+    assert completed["turn"]["error"] is None
+    assert completed["turn"]["items"] == [read[-5]["params"]["item"]]
+    assert completed["turn"]["items"][0]["text"] == text
+    assert all("emittedAtMs" in m for m in read)
+
+
+async def test_turn_start_on_an_unknown_thread_fails(spawn: Spawn) -> None:
+    fake = await spawn()
+    await fake.initialize()
+    reply = await fake.request("turn/start", {"threadId": "nope", "input": []})
+    assert reply["error"] == {"code": -32600, "message": "thread not found: nope"}
+
+
+async def test_turn_start_rejects_an_unknown_input_type(spawn: Spawn) -> None:
+    fake, thread_id = await ready(spawn)
+    reply = await fake.request("turn/start", {"threadId": thread_id, "input": [{"type": "x"}]})
+    assert reply["error"]["message"].startswith("Invalid request: unknown variant `x`")
+
+
+async def test_turn_start_during_a_turn_joins_it(spawn: Spawn) -> None:
+    fake, thread_id = await ready(spawn, "version: 1\nturns: [{steps: [{sleep: 600000}]}]\n")
+    first = await fake.start_turn(thread_id)
+    await fake.until_method("turn/started")
+    second = await fake.start_turn(thread_id, "more")
+    assert second == first
+    read = await fake.until_method("item/completed")
+    assert read[-1]["params"]["item"]["content"][0]["text"] == "more"
+
+
+async def test_turn_interrupt_ends_a_running_turn(spawn: Spawn) -> None:
+    fake, thread_id = await ready(spawn, "version: 1\nturns: [{steps: [{sleep: 600000}]}]\n")
+    turn_id = await fake.start_turn(thread_id)
+    await fake.until_method("turn/started")
+    reply = await fake.request("turn/interrupt", {"threadId": thread_id, "turnId": turn_id})
+    assert reply["result"] == {}
+    read = await fake.until_method("turn/completed")
+    turn = read[-1]["params"]["turn"]
+    assert (turn["id"], turn["status"], turn["items"]) == (turn_id, "interrupted", [])
+
+
+async def test_turn_interrupt_without_an_active_turn_fails(spawn: Spawn) -> None:
+    fake, thread_id = await ready(spawn)
+    turn_id = await fake.start_turn(thread_id)
+    await fake.until_method("turn/completed")
+    reply = await fake.request("turn/interrupt", {"threadId": thread_id, "turnId": turn_id})
+    assert reply["error"] == {"code": -32600, "message": "no active turn to interrupt"}
+
+
+async def test_interrupting_during_an_approval_settles_the_request_after_the_turn(
+    spawn: Spawn,
+) -> None:
+    fake, thread_id = await ready(
+        spawn, "version: 1\nturns: [{steps: [{commandApproval: {command: ls}}]}]\n"
+    )
+    turn_id = await fake.start_turn(thread_id)
+    request = (await fake.until_method("item/commandExecution/requestApproval"))[-1]
+    await fake.request("turn/interrupt", {"threadId": thread_id, "turnId": turn_id})
+    read = await fake.until_method("serverRequest/resolved")
+    assert methods(read)[-2:] == ["turn/completed", "serverRequest/resolved"]
+    assert read[-1]["params"] == {"threadId": thread_id, "requestId": request["id"]}
+
+
+# --- scripted replies -----------------------------------------------------------------
+
+
+async def test_initialize_can_fail(spawn: Spawn) -> None:
+    fake = await spawn("version: 1\ninitialize: {error: {code: -32603, message: boom}}\n")
+    reply = await fake.request("initialize", {"clientInfo": CLIENT_INFO})
+    assert reply["error"] == {"code": -32603, "message": "boom"}
+    assert (await fake.request("model/list"))["error"]["message"] == "Not initialized"
+
+
+async def test_initialize_steps_can_notify_after_the_reply(spawn: Spawn) -> None:
+    fake = await spawn(
+        """
+        version: 1
+        initialize:
+          steps:
+            - respond:
+            - notify: {method: configWarning, params: {summary: careful, details: null}}
+        """
+    )
+    reply = await fake.request("initialize", {"clientInfo": CLIENT_INFO})
+    assert reply["result"]["userAgent"].startswith("tests/")
+    warning = await fake.message()
+    assert warning["method"] == "configWarning"
+    assert warning["params"] == {"summary": "careful", "details": None}
+
+
+async def test_on_initialized_steps_run_after_the_initialized_notification(spawn: Spawn) -> None:
+    fake = await spawn(
+        """
+        version: 1
+        onInitialized:
+          - notify: {method: remoteControl/status/changed, params: {status: disabled}}
+        """
+    )
+    await fake.initialize()
+    message = await fake.message()
+    assert message["method"] == "remoteControl/status/changed"
+
+
+async def test_a_method_can_be_overloaded_without_data(spawn: Spawn) -> None:
+    fake = await spawn(
+        """
+        version: 1
+        methods:
+          thread/start: {error: {code: -32001, message: "Server overloaded; retry later."}}
+        """
+    )
+    await fake.initialize()
+    reply = await fake.request("thread/start")
+    assert reply["error"] == {"code": -32001, "message": "Server overloaded; retry later."}
+
+
+async def test_an_error_carries_data_only_when_given(spawn: Spawn) -> None:
+    fake = await spawn(
+        "version: 1\nmethods:\n  model/list: {error: {code: 1, message: m, data: null}}\n"
+    )
+    await fake.initialize()
+    assert (await fake.request("model/list"))["error"] == {"code": 1, "message": "m", "data": None}
+
+
+async def test_a_list_of_replies_is_used_in_order_and_the_last_repeats(spawn: Spawn) -> None:
+    fake = await spawn(
+        """
+        version: 1
+        methods:
+          model/list:
+            - {error: {code: -32001, message: busy}}
+            - {result: {data: [], nextCursor: null}}
+        """
+    )
+    await fake.initialize()
+    replies = [await fake.request("model/list") for _ in range(3)]
+    assert "error" in replies[0]
+    assert replies[1]["result"] == replies[2]["result"] == {"data": [], "nextCursor": None}
+
+
+async def test_a_scripted_method_can_be_new(spawn: Spawn) -> None:
+    fake = await spawn("version: 1\nmethods:\n  test/echo: {result: {ok: true}}\n")
+    await fake.initialize()
+    assert (await fake.request("test/echo"))["result"] == {"ok": True}
+
+
+async def test_method_steps_run_before_the_built_in_reply(spawn: Spawn) -> None:
+    fake = await spawn(
+        """
+        version: 1
+        methods:
+          thread/start: {steps: [{notify: {method: warning, params: {message: first}}}]}
+        """
+    )
+    await fake.initialize()
+    await fake.send({"id": 1, "method": "thread/start", "params": {}})
+    read = await fake.until_method("thread/started")
+    assert methods(read) == ["warning", None, "thread/started"]
+
+
+async def test_no_reply_leaves_a_request_unanswered(spawn: Spawn) -> None:
+    fake = await spawn("version: 1\nmethods:\n  model/list: {noReply: true}\n")
+    await fake.initialize()
+    await fake.send({"id": "lost", "method": "model/list", "params": {}})
+    reply = await fake.request("thread/start")
+    assert "result" in reply
+    assert all(message.get("id") != "lost" for message in fake.seen)
+
+
+async def test_a_method_can_crash_the_process(spawn: Spawn) -> None:
+    fake = await spawn(
+        'version: 1\nmethods:\n  test/crash: {steps: [{stderr: "boom\\n"}, {exit: 3}]}\n'
+    )
+    await fake.initialize()
+    await fake.send({"id": 1, "method": "test/crash", "params": {}})
+    assert await fake.wait() == 3
+    assert b"boom\n" in fake.stderr
+
+
+# --- steps: replies -----------------------------------------------------------------
+
+
+async def test_respond_answers_early_and_later_steps_continue(spawn: Spawn) -> None:
+    fake = await spawn(
+        """
+        version: 1
+        methods:
+          model/list:
+            steps:
+              - respond: {result: {early: true}}
+              - notify: {method: warning, params: {message: after}}
+        """
+    )
+    await fake.initialize()
+    assert (await fake.request("model/list"))["result"] == {"early": True}
+    assert (await fake.message())["params"] == {"message": "after"}
+
+
+async def test_respond_twice_sends_a_duplicate_response(spawn: Spawn) -> None:
+    fake = await spawn(
+        "version: 1\nmethods:\n  model/list: {steps: [{respondTwice: {result: 1}}]}\n"
+    )
+    await fake.initialize()
+    await fake.send({"id": 9, "method": "model/list", "params": {}})
+    assert [await fake.message(), await fake.message()] == [{"id": 9, "result": 1}] * 2
+
+
+async def test_respond_unknown_id_answers_an_id_never_used(spawn: Spawn) -> None:
+    fake = await spawn(
+        """
+        version: 1
+        methods:
+          model/list: {steps: [{respondUnknownId: {id: 555}}, {respond: }]}
+        """
+    )
+    await fake.initialize()
+    await fake.send({"id": 1, "method": "model/list", "params": {}})
+    assert await fake.message() == {"id": 555, "result": {}}
+    assert (await fake.message())["id"] == 1
+
+
+# --- steps: turns -------------------------------------------------------------------
+
+
+async def test_turn_scripts_are_used_in_order_then_the_default(spawn: Spawn) -> None:
+    fake, thread_id = await ready(spawn, "version: 1\nturns: [First, Second]\n")
+    texts = []
+    for _ in range(3):
+        await fake.start_turn(thread_id, "x")
+        read = await fake.until_method("turn/completed")
+        texts.append(read[-1]["params"]["turn"]["items"][0]["text"])
+    assert texts == ["First", "Second", "Hello from fake-codex. You said: x"]
+
+
+async def test_agent_message_splits_into_the_requested_deltas(spawn: Spawn) -> None:
+    fake, thread_id = await ready(
+        spawn, "version: 1\nturns: [{steps: [{agentMessage: {text: abcdef, deltas: 3}}]}]\n"
+    )
+    await fake.start_turn(thread_id)
+    read = await fake.until_method("turn/completed")
+    deltas = [m["params"]["delta"] for m in read if m["method"] == "item/agentMessage/delta"]
+    assert deltas == ["ab", "cd", "ef"]
+
+
+async def test_agent_message_sentences_are_reproducible_under_a_seed(spawn: Spawn) -> None:
+    script = "version: 1\nseed: 3\nturns: [{steps: [{agentMessage: {sentences: 2}}]}]\n"
+    texts = []
+    for _ in range(2):
+        fake, thread_id = await ready(spawn, script)
+        await fake.start_turn(thread_id)
+        read = await fake.until_method("turn/completed")
+        texts.append(read[-1]["params"]["turn"]["items"][0]["text"])
+    assert texts[0] == texts[1]
+    assert texts[0].count(".") >= 2
+
+
+async def test_item_events_can_come_out_of_order(spawn: Spawn) -> None:
+    fake, thread_id = await ready(
+        spawn,
+        """
+        version: 1
+        turns: [{steps: [{agentMessage: {text: hi, events: [completed, started]}}]}]
+        """,
+    )
+    await fake.start_turn(thread_id)
+    read = await fake.until_method("turn/completed")
+    items = [
+        (m["method"], m["params"]["item"]["type"])
+        for m in read
+        if m["method"] in ("item/started", "item/completed")
+    ]
+    assert items[2:] == [("item/completed", "agentMessage"), ("item/started", "agentMessage")]
+
+
+async def test_complete_turn_can_fail_the_turn_and_later_steps_still_run(spawn: Spawn) -> None:
+    fake, thread_id = await ready(
+        spawn,
+        """
+        version: 1
+        turns:
+          - steps:
+              - completeTurn: {status: failed, error: {message: nope, codexErrorInfo: other}}
+              - notify: {method: warning, params: {message: late}}
+        """,
+    )
+    turn_id = await fake.start_turn(thread_id)
+    read = await fake.until_method("warning")
+    assert methods(read)[-4:] == ["error", "thread/status/changed", "turn/completed", "warning"]
+    error = read[-4]["params"]
+    assert (error["turnId"], error["willRetry"], error["error"]["message"]) == (
+        turn_id,
+        False,
+        "nope",
+    )
+    turn = read[-2]["params"]["turn"]
+    assert (turn["status"], turn["error"]["message"]) == ("failed", "nope")
+
+
+async def test_no_completion_leaves_the_turn_open(spawn: Spawn) -> None:
+    fake, thread_id = await ready(
+        spawn,
+        """
+        version: 1
+        turns:
+          - noCompletion: true
+            steps: [{agentMessage: done}, {notify: {method: warning, params: {message: end}}}]
+        """,
+    )
+    await fake.start_turn(thread_id)
+    await fake.until_method("warning")
+    await fake.request("model/list")
+    assert "turn/completed" not in methods(fake.seen)
+
+
+async def test_usage_is_reported_and_accumulates_per_thread(spawn: Spawn) -> None:
+    fake, thread_id = await ready(
+        spawn,
+        """
+        version: 1
+        turns: [{usage: {inputTokens: 7, outputTokens: 3}}, {usage: {inputTokens: 1}}]
+        """,
+    )
+    usages = []
+    for _ in range(2):
+        await fake.start_turn(thread_id)
+        usages.append((await fake.until_method("thread/tokenUsage/updated"))[-1]["params"])
+    assert usages[0]["tokenUsage"]["last"]["totalTokens"] == 10
+    assert usages[1]["tokenUsage"]["total"]["totalTokens"] == 10 + 21
+
+
+# --- steps: server requests ----------------------------------------------------------
+
+APPROVAL_SCRIPT = """
+version: 1
+turns:
+  - steps:
+      - commandApproval: {command: "touch %(path)s", touch: "%(path)s", output: "done\\n"}
+        onReply:
+          decline: [{notify: {method: warning, params: {message: declined}}}]
+          default: [{notify: {method: warning, params: {message: other}}}]
+      - agentMessage: finished
+"""
+
+
+async def approve(spawn: Spawn, tmp_path: Path, reply: Message) -> tuple[Path, list[Message]]:
+    target = tmp_path / "touched"
+    fake, thread_id = await ready(spawn, APPROVAL_SCRIPT % {"path": target})
+    turn_id = await fake.start_turn(thread_id)
+    read = await fake.until_method("item/commandExecution/requestApproval")
+    request = read[-1]
+    assert request["params"]["threadId"] == thread_id
+    assert request["params"]["turnId"] == turn_id
+    assert request["params"]["command"] == f"/bin/bash -lc 'touch {target}'"
+    assert methods(read)[-3:-1] == ["thread/status/changed", "item/started"]
+    await fake.send({"id": request["id"], **reply})
+    return target, await fake.until_method("turn/completed")
+
+
+async def test_an_accepted_command_runs(spawn: Spawn, tmp_path: Path) -> None:
+    target, read = await approve(spawn, tmp_path, {"result": {"decision": "accept"}})
+    assert target.exists()
+    assert methods(read)[:2] == ["serverRequest/resolved", "thread/status/changed"]
+    item = next(m for m in read if m["method"] == "item/completed")["params"]["item"]
+    assert (item["status"], item["exitCode"], item["aggregatedOutput"]) == (
+        "completed",
+        0,
+        "done\n",
+    )
+    assert "warning" in methods(read)
+    assert read[-1]["params"]["turn"]["status"] == "completed"
+
+
+async def test_a_declined_command_does_not_run(spawn: Spawn, tmp_path: Path) -> None:
+    target, read = await approve(spawn, tmp_path, {"result": {"decision": "decline"}})
+    assert not target.exists()
+    item = next(m for m in read if m["method"] == "item/completed")["params"]["item"]
+    assert item["status"] == "declined"
+    assert {"message": "declined"} in [m["params"] for m in read if m["method"] == "warning"]
+    assert read[-1]["params"]["turn"]["items"][0]["text"] == "finished"
+
+
+async def test_a_cancelled_command_interrupts_the_turn(spawn: Spawn, tmp_path: Path) -> None:
+    target, read = await approve(spawn, tmp_path, {"result": {"decision": "cancel"}})
+    assert not target.exists()
+    turn = read[-1]["params"]["turn"]
+    assert (turn["status"], turn["items"]) == ("interrupted", [])
+    assert "item/agentMessage/delta" not in methods(read)
+
+
+async def test_an_error_reply_fails_the_command(spawn: Spawn, tmp_path: Path) -> None:
+    target, read = await approve(spawn, tmp_path, {"error": {"code": -32000, "message": "no"}})
+    assert not target.exists()
+    item = next(m for m in read if m["method"] == "item/completed")["params"]["item"]
+    assert item["status"] == "failed"
+    assert {"message": "other"} in [m["params"] for m in read if m["method"] == "warning"]
+
+
+async def test_an_accepted_file_change_is_written(spawn: Spawn, tmp_path: Path) -> None:
+    target = tmp_path / "new.txt"
+    fake, thread_id = await ready(
+        spawn,
+        f"""
+        version: 1
+        turns:
+          - steps: [{{fileChangeApproval: {{path: "{target}", content: "hi\\n", write: true}}}}]
+        """,
+    )
+    await fake.start_turn(thread_id)
+    request = (await fake.until_method("item/fileChange/requestApproval"))[-1]
+    await fake.answer(request, {"decision": "acceptForSession"})
+    read = await fake.until_method("turn/completed")
+    item = next(m for m in read if m["method"] == "item/completed")["params"]["item"]
+    assert (item["type"], item["status"]) == ("fileChange", "completed")
+    assert target.read_text() == "hi\n"
+
+
+SERVER_REQUESTS = [
+    "item/commandExecution/requestApproval",
+    "item/fileChange/requestApproval",
+    "item/permissions/requestApproval",
+    "item/tool/requestUserInput",
+    "item/tool/call",
+    "mcpServer/elicitation/request",
+    "account/chatgptAuthTokens/refresh",
+    "attestation/generate",
+    "execCommandApproval",
+    "applyPatchApproval",
+]
+
+
+@pytest.mark.parametrize("method", SERVER_REQUESTS)
+async def test_request_sends_any_server_request_and_waits(spawn: Spawn, method: str) -> None:
+    fake, thread_id = await ready(
+        spawn,
+        f"""
+        version: 1
+        turns:
+          - steps:
+              - request: {{method: {method}}}
+                onReply:
+                  result: [{{notify: {{method: warning, params: {{message: "${{requestId}}"}}}}}}]
+        """,
+    )
+    await fake.start_turn(thread_id)
+    request = (await fake.until_method(method))[-1]
+    assert request["id"] == 0
+    assert isinstance(request["params"], dict)
+    await fake.answer(request, {"ok": True})
+    read = await fake.until_method("warning")
+    assert read[0]["params"] == {"threadId": thread_id, "requestId": 0}
+    assert read[-1]["params"] == {"message": 0}
+
+
+async def test_request_params_are_laid_over_the_defaults(spawn: Spawn) -> None:
+    fake, thread_id = await ready(
+        spawn,
+        """
+        version: 1
+        turns:
+          - steps:
+              - request:
+                  method: item/tool/requestUserInput
+                  id: req-1
+                  params: {isBlocking: false}
+        """,
+    )
+    turn_id = await fake.start_turn(thread_id)
+    request = (await fake.until_method("item/tool/requestUserInput"))[-1]
+    assert request["id"] == "req-1"
+    assert request["params"]["isBlocking"] is False
+    assert request["params"]["turnId"] == turn_id
+    assert request["params"]["questions"]
+
+
+async def test_a_client_request_with_a_pending_server_request_id_is_a_request(
+    spawn: Spawn,
+) -> None:
+    fake, thread_id = await ready(
+        spawn,
+        """
+        version: 1
+        turns:
+          - steps:
+              - request: {method: item/tool/call, id: 77}
+              - agentMessage: after the call
+        """,
+    )
+    await fake.start_turn(thread_id)
+    request = (await fake.until_method("item/tool/call"))[-1]
+    reply = await fake.request("model/list", request_id=77)
+    assert "data" in reply["result"]
+    assert "item/agentMessage/delta" not in methods(fake.seen)
+    await fake.answer(request, {"contentItems": [], "success": True})
+    read = await fake.until_method("turn/completed")
+    assert read[-1]["params"]["turn"]["items"][0]["text"] == "after the call"
+
+
+async def test_a_request_need_not_wait_for_its_reply(spawn: Spawn) -> None:
+    fake, thread_id = await ready(
+        spawn,
+        """
+        version: 1
+        turns:
+          - steps:
+              - request: {method: item/tool/requestUserInput, wait: false}
+              - agentMessage: without waiting
+        """,
+    )
+    await fake.start_turn(thread_id)
+    read = await fake.until_method("turn/completed")
+    request = next(m for m in read if m.get("method") == "item/tool/requestUserInput")
+    await fake.answer(request, {"answers": {}})
+    resolved = (await fake.until_method("serverRequest/resolved"))[-1]
+    assert resolved["params"]["requestId"] == request["id"]
+
+
+async def test_on_initialized_requests_carry_no_thread(spawn: Spawn) -> None:
+    fake = await spawn(
+        """
+        version: 1
+        onInitialized:
+          - request: {method: account/chatgptAuthTokens/refresh}
+          - notify: {method: warning, params: {message: refreshed}}
+        """
+    )
+    await fake.initialize()
+    request = await fake.message()
+    assert request["params"] == {"reason": "unauthorized", "previousAccountId": None}
+    await fake.answer(request, {"accessToken": "t", "chatgptAccountId": "a"})
+    assert (await fake.message())["method"] == "warning"
+
+
+# --- steps: output quirks ------------------------------------------------------------
+
+
+async def test_notify_fills_in_placeholders(spawn: Spawn) -> None:
+    fake, thread_id = await ready(
+        spawn,
+        """
+        version: 1
+        turns:
+          - steps:
+              - notify:
+                  method: turn/plan/updated
+                  params: {threadId: "${threadId}", note: "in ${turnId}"}
+        """,
+    )
+    turn_id = await fake.start_turn(thread_id)
+    params = (await fake.until_method("turn/plan/updated"))[-1]["params"]
+    assert params == {"threadId": thread_id, "note": f"in {turn_id}"}
+
+
+async def test_raw_writes_a_line_that_is_not_json(spawn: Spawn) -> None:
+    fake, thread_id = await ready(spawn, 'version: 1\nturns: [{steps: [{raw: "not json"}]}]\n')
+    await fake.start_turn(thread_id)
+    await fake.until_method("turn/started")
+    lines = [await fake.line() for _ in range(3)]
+    assert b"not json" in lines
+
+
+async def test_raw_without_newline_leaves_a_partial_line(spawn: Spawn) -> None:
+    fake, thread_id = await ready(
+        spawn,
+        """
+        version: 1
+        turns: [{noCompletion: true, steps: [{raw: "{\\"partial\\": ", newline: false}]}]
+        """,
+    )
+    await fake.start_turn(thread_id)
+    await fake.until_method("turn/started")
+    await fake.close_stdin()
+    assert await fake.wait() == 0
+    assert fake.proc.stdout is not None
+    rest = await fake.proc.stdout.read()
+    assert rest.endswith(b'{"partial": ')
+
+
+async def test_big_line_writes_a_line_of_the_requested_size(spawn: Spawn) -> None:
+    fake, thread_id = await ready(spawn, "version: 1\nturns: [{steps: [{bigLine: 2000000}]}]\n")
+    await fake.start_turn(thread_id)
+    await fake.until_method("turn/started")
+    while len(line := await fake.line()) < 1_000_000:
+        pass
+    assert len(line) == 2_000_000
+    assert json.loads(line)["method"] == "item/agentMessage/delta"
+
+
+async def test_flood_writes_many_notifications(spawn: Spawn) -> None:
+    fake, thread_id = await ready(
+        spawn, "version: 1\nturns: [{steps: [{flood: {count: 50000}}]}]\n"
+    )
+    await fake.start_turn(thread_id)
+    read = await fake.until_method("turn/completed")
+    assert methods(read).count("item/agentMessage/delta") == 50000
+
+
+async def test_stderr_writes_text(spawn: Spawn) -> None:
+    fake, thread_id = await ready(spawn, 'version: 1\nturns: [{steps: [{stderr: "oops\\n"}]}]\n')
+    await fake.start_turn(thread_id)
+    assert "oops\n" in await fake.stderr_contains("oops")
+
+
+async def test_stderr_flood_writes_that_many_bytes_then_carries_on(spawn: Spawn) -> None:
+    fake, thread_id = await ready(spawn, "version: 1\nturns: [{steps: [{stderrFlood: 3000000}]}]\n")
+    before = len(fake.stderr)
+    await fake.start_turn(thread_id)
+    await fake.until_method("turn/completed")
+    await fake.close_stdin()
+    assert await fake.wait() == 0
+    assert len(fake.stderr) - before >= 3_000_000
+
+
+async def test_sleep_holds_the_turn_until_it_ends(spawn: Spawn) -> None:
+    fake, thread_id = await ready(
+        spawn, "version: 1\nturns: [{steps: [{sleep: 1}, {agentMessage: awake}]}]\n"
+    )
+    await fake.start_turn(thread_id)
+    read = await fake.until_method("turn/completed")
+    assert read[-1]["params"]["turn"]["items"][0]["text"] == "awake"
+
+
+# --- steps: process fate -------------------------------------------------------------
+
+
+async def test_exit_mid_turn_is_a_silent_exit(spawn: Spawn) -> None:
+    fake, thread_id = await ready(spawn, "version: 1\nturns: [{steps: [{exit: 0}]}]\n")
+    await fake.start_turn(thread_id)
+    await fake.until_method("turn/started")
+    assert await fake.wait() == 0
+    assert methods(await fake.rest()) == ["item/started", "item/completed"]
+
+
+async def test_exit_can_die_by_signal(spawn: Spawn) -> None:
+    fake, thread_id = await ready(spawn, "version: 1\nturns: [{steps: [{exit: {signal: KILL}}]}]\n")
+    await fake.start_turn(thread_id)
+    assert await fake.wait() == -signal.SIGKILL
+
+
+async def test_a_stalled_fake_ignores_input_and_eof_but_not_sigterm(spawn: Spawn) -> None:
+    fake, thread_id = await ready(spawn, "version: 1\nturns: [{steps: [{stall: true}]}]\n")
+    await fake.start_turn(thread_id)
+    await fake.stderr_contains("fake-codex: stalled")
+    await fake.send({"id": 99, "method": "model/list", "params": {}})
+    await fake.close_stdin()
+    await fake.stderr_contains("stdin closed; stalled, so not exiting")
+    fake.proc.terminate()
+    assert await fake.wait() == -signal.SIGTERM
+    assert all(message.get("id") != 99 for message in fake.seen)
+
+
+async def test_a_stall_can_ignore_sigterm(spawn: Spawn) -> None:
+    fake, thread_id = await ready(
+        spawn,
+        "version: 1\nturns: [{steps: [{stall: {ignoreTerm: true, exitOnEof: true}}]}]\n",
+    )
+    await fake.start_turn(thread_id)
+    await fake.stderr_contains("fake-codex: stalled")
+    fake.proc.terminate()
+    await fake.close_stdin()
+    # Had SIGTERM been honoured, the pending signal would have ended the process
+    # before it could see EOF and exit normally.
+    assert await fake.wait() == 0
+
+
+async def test_spawn_child_leaves_a_grandchild_in_the_process_group(spawn: Spawn) -> None:
+    fake, thread_id = await ready(spawn, "version: 1\nturns: [{steps: [{spawnChild: true}]}]\n")
+    await fake.start_turn(thread_id)
+    stderr = await fake.stderr_contains("fake-codex: child pid ")
+    match = re.search(r"fake-codex: child pid (\d+)", stderr)
+    assert match is not None
+    pid = int(match.group(1))
+    try:
+        assert os.getpgid(pid) == os.getpgid(fake.proc.pid)
+        await fake.close_stdin()
+        assert await fake.wait() == 0
+        os.kill(pid, 0)
+    finally:
+        os.kill(pid, signal.SIGKILL)
+
+
+# --- the real schema -----------------------------------------------------------------
+
+
+def real_codex() -> str | None:
+    """The pinned real codex binary, if this machine has it."""
+    candidates = [
+        os.environ.get("CODEX_BIN"),
+        str(REPO / ".codex-npm" / "node_modules" / ".bin" / "codex"),
+        shutil.which("codex"),
+    ]
+    return next((c for c in candidates if c and os.access(c, os.X_OK)), None)
+
+
+RESPONSE_SCHEMAS = {
+    "initialize": "v1/InitializeResponse.json",
+    "thread/start": "v2/ThreadStartResponse.json",
+    "turn/start": "v2/TurnStartResponse.json",
+    "turn/interrupt": "v2/TurnInterruptResponse.json",
+    "model/list": "v2/ModelListResponse.json",
+}
+
+SCHEMA_SCRIPT = """
+version: 1
+turns:
+  - steps:
+      - agentMessage: hello
+      - commandApproval: {command: "echo hi", output: "hi\\n"}
+      - fileChangeApproval: {path: /tmp/never-written.txt, content: x}
+%(requests)s
+      - completeTurn: {status: failed}
+  - steps: [{sleep: 600000}]
+"""
+
+
+@pytest.mark.real_codex
+async def test_every_message_matches_the_real_json_schema(spawn: Spawn, tmp_path: Path) -> None:
+    codex = real_codex()
+    if codex is None:
+        pytest.skip("the real codex binary is not installed (make test installs it)")
+    jsonschema = pytest.importorskip("jsonschema")
+    schema_dir = tmp_path / "schema"
+    proc = await asyncio.create_subprocess_exec(
+        codex, "app-server", "generate-json-schema", "--out", str(schema_dir)
+    )
+    assert await asyncio.wait_for(proc.wait(), 60) == 0
+
+    def validator(name: str) -> Any:
+        schema = json.loads((schema_dir / name).read_text())
+        return jsonschema.Draft7Validator(schema)
+
+    notifications = validator("ServerNotification.json")
+    server_requests = validator("ServerRequest.json")
+    responses = {method: validator(path) for method, path in RESPONSE_SCHEMAS.items()}
+
+    requests = "\n".join(f"      - request: {{method: {m}}}" for m in SERVER_REQUESTS)
+    fake, thread_id = await ready(spawn, SCHEMA_SCRIPT % {"requests": requests})
+    await fake.request("model/list")
+    await fake.start_turn(thread_id)
+    while (message := await fake.message()).get("method") != "turn/completed":
+        if "id" in message:
+            await fake.answer(message, {"decision": "accept"})
+    turn_id = await fake.start_turn(thread_id)
+    await fake.request("turn/interrupt", {"threadId": thread_id, "turnId": turn_id})
+    await fake.until_method("turn/completed")
+
+    problems = []
+    for message in fake.seen:
+        if "method" in message:
+            checker = server_requests if "id" in message else notifications
+        elif "result" in message:
+            checker, message = responses[fake.requested[message["id"]]], message["result"]
+        else:
+            continue
+        problems += [
+            f"{error.message} in {message}"[:300] for error in checker.iter_errors(message)
+        ]
+    assert problems == []
