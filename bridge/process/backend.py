@@ -8,6 +8,7 @@ import logging
 import os
 import shlex
 import time
+from collections import OrderedDict
 from collections.abc import Sequence
 from typing import Any
 
@@ -38,6 +39,10 @@ DEFAULT_CLIENT_INFO = {
 }
 #: Variables of the bridge's own environment that a child process must never see.
 SECRET_ENV = ("REST_ADAPTER_TOKEN",)
+#: How many deleted sessions keep their event logs readable, and for how long: long
+#: enough for a stream to write the ``exit`` event, short enough to hold little memory.
+DELETED_MEMORY = 16
+DELETED_SECONDS = 30.0
 _VERSION_TIMEOUT = 10.0
 _VERSION_RETRY_AFTER = 30.0
 
@@ -69,6 +74,9 @@ class ProcessBackend(Backend):
         self.command = parse_command(command)
         self.limits = limits or RestLimits()
         self._sessions: dict[str, Session] = {}
+        #: Recently deleted sessions: their logs stay readable, so a stream that was
+        #: reading when the session was deleted still ends with its ``exit`` event.
+        self._deleted: OrderedDict[str, Session] = OrderedDict()
         self._reserved = 0
         self._reaper: asyncio.Task[None] | None = None
         self._version: tuple[str | None, str | None] | None = None
@@ -258,9 +266,21 @@ class ProcessBackend(Backend):
         return [SessionSummary.model_validate(s.summary()) for s in self._sessions.values()]
 
     async def delete_session(self, session_id: str) -> None:
-        session = self.session(session_id)
+        session = self._sessions.pop(session_id, None)
+        if session is None:
+            raise errors.session_not_found(session_id)
+        self._remember_deleted(session)
         await self._stop(session.process)
-        self._sessions.pop(session_id, None)
+
+    def _remember_deleted(self, session: Session) -> None:
+        session.touch()
+        self._deleted[session.id] = session
+        horizon = time.time() - DELETED_SECONDS
+        while self._deleted and (
+            len(self._deleted) > DELETED_MEMORY
+            or next(iter(self._deleted.values())).last_activity_at < horizon
+        ):
+            self._deleted.popitem(last=False)
 
     async def session_call(
         self, session_id: str, method: str, params: Any, *, timeout_ms: int | None
@@ -272,7 +292,10 @@ class ProcessBackend(Backend):
         self, session_id: str, *, after: int | None, wait_ms: int, limit: int
     ) -> Sequence[Event]:
         wait = min(wait_ms, self.limits.max_wait_ms) / 1000
-        return await self.session(session_id).read_events(after, wait, limit)
+        session = self._sessions.get(session_id) or self._deleted.get(session_id)
+        if session is None:
+            raise errors.session_not_found(session_id)
+        return await session.read_events(after, wait, limit)
 
     async def reply_result(self, session_id: str, request_key: str, result: Any) -> None:
         self.session(session_id).reply(request_key, result=result)

@@ -608,3 +608,29 @@ async def test_no_child_process_outlives_the_app(fake_codex, http):
     assert len(live_children() - before) >= 3
     await runner.cleanup()
     assert live_children() == before
+
+
+async def test_concurrent_deletes_exactly_one_wins(bridge, http):
+    base = await bridge()
+    session_id = (await create_session(http, base))["sessionId"]
+
+    async def delete():
+        async with http.delete(f"{base}/v1/sessions/{session_id}") as response:
+            return response.status
+
+    statuses = await asyncio.gather(*(delete() for _ in range(5)))
+    assert sorted(statuses) == [200, 404, 404, 404, 404]
+
+
+async def test_a_deleted_sessions_log_stays_readable_to_the_end(bridge, http):
+    base = await bridge()
+    session_id = (await create_session(http, base))["sessionId"]
+    await start_turn(http, base, session_id)
+    async with http.delete(f"{base}/v1/sessions/{session_id}") as response:
+        assert response.status == 200
+    url = f"{base}/v1/sessions/{session_id}/events/stream?after=0"
+    async with http.get(url) as response:
+        frames = await SseReader(response).rest()
+    assert frames[-1].event == "exit"
+    status, _ = await call(http, base, session_id, "thread/start")
+    assert status == 404
