@@ -142,9 +142,11 @@ async def test_text_turn_past_its_deadline_is_504_and_the_process_is_gone(
 async def test_text_turn_without_turn_completed_ends_when_the_thread_goes_idle(
     serve, fake_codex, http, write_script
 ):
-    script = write_script({"turns": [{"steps": [{"agentMessage": "hi"}], "noCompletion": True}]})
+    idle = {"threadId": "${threadId}", "status": {"type": "idle"}}
+    steps = [{"agentMessage": "hi"}, {"notify": {"method": "thread/status/changed", "params": idle}}]
+    script = write_script({"turns": [{"steps": steps, "noCompletion": True}]})
     base = await serve(text_turn_app(fake_codex))
-    body = {"text": "x", "options": {"env": {"FAKE_CODEX_SCRIPT": script}}}
+    body = {"text": "x", "timeoutMs": 50_000, "options": {"env": {"FAKE_CODEX_SCRIPT": script}}}
     result = await text_turn(http, base, body, status=504)
     assert result["data"] == {"reason": "idle_without_completion"}
 
