@@ -143,7 +143,8 @@ async def test_text_turn_without_turn_completed_ends_when_the_thread_goes_idle(
     serve, fake_codex, http, write_script
 ):
     idle = {"threadId": "${threadId}", "status": {"type": "idle"}}
-    steps = [{"agentMessage": "hi"}, {"notify": {"method": "thread/status/changed", "params": idle}}]
+    went_idle = {"notify": {"method": "thread/status/changed", "params": idle}}
+    steps = [{"agentMessage": "hi"}, went_idle]
     script = write_script({"turns": [{"steps": steps, "noCompletion": True}]})
     base = await serve(text_turn_app(fake_codex))
     body = {"text": "x", "timeoutMs": 50_000, "options": {"env": {"FAKE_CODEX_SCRIPT": script}}}
