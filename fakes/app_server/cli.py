@@ -1,11 +1,14 @@
 """`fake-codex`: a command line shaped like the real `codex` binary's.
 
     fake-codex --version
-    fake-codex app-server [--listen stdio://] [-c key=value]... [--script PATH]
+    fake-codex [-c key=value]... app-server [--listen stdio://] [-c key=value]... [--script PATH]
+    fake-codex [-c key=value]... app-server generate-json-schema [--experimental] --out DIR
 
-The script comes from `--script PATH`, else `$FAKE_CODEX_SCRIPT`, else
-`-c fake_codex.script="PATH"`. `$FAKE_CODEX_SEED` (an integer) overrides the script's
-`seed`. Usage errors exit with status 2, like the real CLI.
+As with the real CLI, `-c`/`--config`, `--enable` and `--disable` go before the
+subcommand, after it, or both. The script comes from `--script PATH`, else
+`$FAKE_CODEX_SCRIPT`, else `-c fake_codex.script="PATH"`. `$FAKE_CODEX_SEED` (an
+integer) overrides the script's `seed`. Usage errors exit with status 2, like the real
+CLI.
 """
 
 from __future__ import annotations
@@ -30,20 +33,56 @@ class UsageError(Exception):
     """A bad command line or environment; the message goes to stderr."""
 
 
+def _config_options(parser: argparse.ArgumentParser, level: str) -> None:
+    """`-c`, `--enable`, `--disable`, accepted at every level as by the real CLI.
+
+    Each level keeps its own list (argparse would let a subcommand's defaults wipe out
+    the values given before it); `_overrides` joins them.
+    """
+    parser.add_argument(
+        "-c",
+        "--config",
+        action="append",
+        default=[],
+        dest=f"{level}_config",
+        metavar="key=value",
+        help="config override (TOML value)",
+    )
+    parser.add_argument(
+        "--enable", action="append", default=[], dest=f"{level}_enable", metavar="FEATURE"
+    )
+    parser.add_argument(
+        "--disable", action="append", default=[], dest=f"{level}_disable", metavar="FEATURE"
+    )
+
+
+def _overrides(args: argparse.Namespace) -> list[str]:
+    """Every `-c key=value`, outermost level first (so the innermost wins)."""
+    overrides: list[str] = []
+    for level in ("global", "server", "tool"):
+        overrides += getattr(args, f"{level}_config", [])
+    return overrides
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="fake-codex", description="A scriptable fake codex.")
-    parser.add_argument("--version", action="store_true", help="print the version and exit")
+    parser.add_argument("-V", "--version", action="store_true", help="print the version and exit")
+    _config_options(parser, "global")
     commands = parser.add_subparsers(dest="command")
     server = commands.add_parser("app-server", help="serve the app-server protocol on stdio")
     server.add_argument("--listen", default="stdio://", help="only stdio:// is supported")
     server.add_argument("--stdio", action="store_true", help="same as --listen stdio://")
-    server.add_argument(
-        "-c", "--config", action="append", default=[], metavar="key=value", help="config override"
-    )
-    server.add_argument("--enable", action="append", default=[], metavar="FEATURE")
-    server.add_argument("--disable", action="append", default=[], metavar="FEATURE")
+    _config_options(server, "server")
     server.add_argument("--strict-config", action="store_true")
+    server.add_argument("--analytics-default-enabled", action="store_true")
     server.add_argument("--script", help="the YAML/JSON script to follow")
+    tools = server.add_subparsers(dest="tool")
+    schema = tools.add_parser(
+        "generate-json-schema", help="write the JSON Schema of the params the fake knows"
+    )
+    _config_options(schema, "tool")
+    schema.add_argument("-o", "--out", required=True, metavar="DIR", help="output directory")
+    schema.add_argument("--experimental", action="store_true", help="include experimental fields")
     return parser
 
 
@@ -93,13 +132,27 @@ def _version_output(script: AppServerScript | None) -> str:
     return (script.version_output if script else None) or DEFAULT_VERSION_OUTPUT
 
 
+def _generate_json_schema(args: argparse.Namespace) -> int:
+    from fakes.app_server.schema import write_schema
+
+    try:
+        write_schema(args.out, experimental=args.experimental)
+    except OSError as exc:
+        raise UsageError(f"error: cannot write the schema to {args.out}: {exc}") from None
+    return 0
+
+
 def _app_server(args: argparse.Namespace) -> int:
+    if args.tool == "generate-json-schema":
+        return _generate_json_schema(args)
+    if args.stdio:
+        args.listen = "stdio://"
     if args.listen != "stdio://":
         raise UsageError(
             f"error: invalid value '{args.listen}' for '--listen <URL>': "
             "fake-codex supports only `stdio://`"
         )
-    path = args.script or os.environ.get(SCRIPT_ENV) or config_script(args.config)
+    path = args.script or os.environ.get(SCRIPT_ENV) or config_script(_overrides(args))
     script = _load(path) if path else None
     seed = _env_seed()
     if seed is None and script is not None:

@@ -3,24 +3,23 @@
 from __future__ import annotations
 
 import random
-import time
+import string
 
-# Seeded runs must not depend on the clock, so their UUIDv7 timestamps count up from
-# here (2026-01-01T00:00:00Z) instead.
-_SEEDED_EPOCH_MS = 1_767_225_600_000
+from fakes.app_server.wire import now_ms
+
+_BASE62 = string.digits + string.ascii_letters
 
 
 class IdFactory:
     """Makes thread, turn, item and call ids.
 
-    With a seed every id is a pure function of the seed and the order of calls; without
-    one, ids are random and UUIDv7 timestamps follow the clock, like the real server's.
+    With a seed every id is a pure function of the seed and the order of calls (UUIDv7
+    timestamps then come from the seeded virtual clock, see `wire.now_ms`); without
+    one, ids are random and timestamps follow the clock, like the real server's.
     """
 
     def __init__(self, seed: int | None) -> None:
         self._rng = random.Random(seed)
-        self._seeded = seed is not None
-        self._clock_ms = _SEEDED_EPOCH_MS
 
     @property
     def rng(self) -> random.Random:
@@ -29,17 +28,32 @@ class IdFactory:
 
     def uuid7(self) -> str:
         """A UUIDv7 string, the format of real thread, turn and user-message ids."""
-        if self._seeded:
-            self._clock_ms += 1
-            millis = self._clock_ms
-        else:
-            millis = time.time_ns() // 1_000_000
+        millis = now_ms()
         rand_a = self._rng.getrandbits(12)
         rand_b = self._rng.getrandbits(62)
         value = (millis & (1 << 48) - 1) << 80 | 0x7 << 76 | rand_a << 64 | 0b10 << 62 | rand_b
-        text = f"{value:032x}"
-        return f"{text[:8]}-{text[8:12]}-{text[12:16]}-{text[16:20]}-{text[20:]}"
+        return _dashed(value)
 
-    def token(self, prefix: str) -> str:
-        """A short opaque id such as `msg_…` or `call_…` (model-provider item ids)."""
-        return f"{prefix}{self._rng.getrandbits(64):016x}"
+    def uuid4(self) -> str:
+        """A random UUIDv4 string (installation ids, read-state revisions)."""
+        value = self._rng.getrandbits(128)
+        value = value & ~(0xF << 76) | 0x4 << 76
+        value = value & ~(0b11 << 62) | 0b10 << 62
+        return _dashed(value)
+
+    def message_id(self) -> str:
+        """A Responses API message id (`msg_` + 48 hex digits): an agentMessage item's id."""
+        return f"msg_{self._rng.getrandbits(192):048x}"
+
+    def call_id(self) -> str:
+        """A Responses API tool call id (`call_` + 24 base62 characters)."""
+        return "call_" + "".join(self._rng.choice(_BASE62) for _ in range(24))
+
+    def process_id(self) -> str:
+        """A plausible operating-system process id, as a string (`processId`)."""
+        return str(self._rng.randint(1_000, 99_999))
+
+
+def _dashed(value: int) -> str:
+    text = f"{value:032x}"
+    return f"{text[:8]}-{text[8:12]}-{text[12:16]}-{text[16:20]}-{text[20:]}"

@@ -122,7 +122,7 @@ class UnknownIdReply(ReplySpec):
 
 
 class AgentMessage(_Model):
-    """An agentMessage item: `text`, or `sentences` of seeded Faker text."""
+    """An agentMessage item: `text`, or `sentences` of seeded Faker text (1-3 if neither)."""
 
     text: str | None = None
     sentences: PositiveInt | None = None
@@ -137,15 +137,18 @@ class AgentMessage(_Model):
 
     @model_validator(mode="after")
     def _one_source(self) -> AgentMessage:
-        if (self.text is None) == (self.sentences is None):
-            raise ValueError("give exactly one of `text` or `sentences`")
+        if self.text is not None and self.sentences is not None:
+            raise ValueError("give `text` or `sentences`, not both")
         return self
 
 
 class CommandApproval(_Model):
-    """A command the agent wants to run, behind `item/commandExecution/requestApproval`."""
+    """A command the agent wants to run, behind `item/commandExecution/requestApproval`.
 
-    command: str
+    Without `command`, a plausible one is made up (seeded).
+    """
+
+    command: str | None = None
     cwd: str | None = None
     output: str | None = None
     exit_code: int = 0
@@ -155,9 +158,12 @@ class CommandApproval(_Model):
 
 
 class FileChangeApproval(_Model):
-    """A file the agent wants to change, behind `item/fileChange/requestApproval`."""
+    """A file the agent wants to change, behind `item/fileChange/requestApproval`.
 
-    path: str
+    Without `path`, a plausible one in the thread's directory is made up (seeded).
+    """
+
+    path: str | None = None
     content: str = ""
     kind: Literal["add", "update", "delete"] = "add"
     write: bool = False
@@ -415,11 +421,15 @@ class MethodBehavior(ReplySpec):
     """How the fake answers one client request: steps, then a reply.
 
     The reply is `result` or `error` when given, else the built-in one; a `respond`
-    step answers earlier, and `noReply: true` never answers.
+    step answers earlier, and `noReply: true` never answers. `match` limits it to
+    requests whose params contain those keys and values; `repeat` keeps it from being
+    used up.
     """
 
     steps: list[Step] = Field(default_factory=list)
     no_reply: bool = False
+    match: dict[str, Any] | None = None
+    repeat: bool = False
 
 
 class Usage(_Model):
@@ -432,11 +442,17 @@ class Usage(_Model):
 
 
 class TurnScript(_Model):
-    """One turn: steps between the turn's opening and closing notifications."""
+    """One turn: steps between the turn's opening and closing notifications.
+
+    Each `turn/start` takes the first turn whose `match` its params fit, and uses it
+    up unless it has `repeat: true`.
+    """
 
     steps: list[Step] = Field(default_factory=list)
     no_completion: bool = False
     usage: Usage | None = None
+    match: dict[str, Any] | None = None
+    repeat: bool = False
 
     @model_validator(mode="before")
     @classmethod
@@ -453,6 +469,7 @@ class AppServerScript(_Model):
     initialize: MethodBehavior | None = None
     on_initialized: list[Step] = Field(default_factory=list)
     methods: dict[str, list[MethodBehavior]] = Field(default_factory=dict)
+    unknown_methods: MethodBehavior | None = None
     turns: list[TurnScript] = Field(default_factory=list)
 
     @field_validator("methods", mode="before")

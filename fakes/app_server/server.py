@@ -13,39 +13,44 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
-import time
-from collections import deque
 from collections.abc import Callable, Coroutine
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import orjson
 
-from fakes.app_server import shapes
+from fakes.app_server import report, shapes
 from fakes.app_server.ids import IdFactory
 from fakes.app_server.known_methods import KNOWN_METHODS
+from fakes.app_server.replies import (
+    INTERNAL_ERROR,
+    INVALID_REQUEST,
+    Call,
+    Reply,
+    invalid,
+    missing_field,
+)
+from fakes.app_server.threads import ThreadMethods, check_input
 from fakes.app_server.turns import ThreadState, TurnRun, Usage
 from fakes.app_server.wire import (
     Message,
     Output,
     RequestId,
-    error_response,
+    encode,
     log,
     notification,
     read_lines,
-    response,
     rpc_error,
     server_request,
+    use_virtual_clock,
 )
 
 if TYPE_CHECKING:
     from fakes.app_server.script import AppServerScript, MethodBehavior, ReplySpec, TurnScript
     from fakes.app_server.steps import StepRunner
 
-INVALID_REQUEST = -32600
-INTERNAL_ERROR = -32603
+__all__ = ["INTERNAL_ERROR", "INVALID_REQUEST", "AppServer", "Call", "Reply", "serve"]
+
 _KNOWN = frozenset(KNOWN_METHODS)
-_USER_INPUT_TYPES = ("text", "image", "localImage", "audio", "localAudio", "skill", "mention")
 
 
 def default_reply_text(inputs: list[Any]) -> str:
@@ -58,31 +63,6 @@ def default_reply_text(inputs: list[Any]) -> str:
     return f"Hello from fake-codex. You said: {said}"
 
 
-@dataclass
-class Call:
-    """A client request being answered."""
-
-    id: RequestId
-    method: str
-    params: Any
-    answered: bool = False
-
-
-@dataclass
-class Reply:
-    """A reply to a client request, and what must follow it once it is on the wire."""
-
-    result: Any = None
-    error: Message | None = None
-    after: Callable[[], None] | None = None
-
-    def message(self, request_id: RequestId) -> Message:
-        """The reply as a JSON-RPC response to `request_id`."""
-        if self.error is not None:
-            return error_response(request_id, self.error)
-        return response(request_id, self.result)
-
-
 def _request_id(message: Message) -> RequestId | None:
     """The message's id if it is a valid JSON-RPC id (string or integer)."""
     value = message.get("id")
@@ -91,15 +71,13 @@ def _request_id(message: Message) -> RequestId | None:
     return value
 
 
-def _invalid(message: str) -> Reply:
-    return Reply(error=rpc_error(INVALID_REQUEST, message))
-
-
-def _missing_field(params: dict[str, Any], *names: str) -> Reply | None:
-    for name in names:
-        if name not in params:
-            return _invalid(f"Invalid request: missing field `{name}`")
-    return None
+def _matches(match: dict[str, Any] | None, params: Any) -> bool:
+    """Whether `params` has every key of `match` with an equal value (shallow)."""
+    if not match:
+        return True
+    if not isinstance(params, dict):
+        return False
+    return all(key in params and params[key] == value for key, value in match.items())
 
 
 class AppServer:
@@ -113,6 +91,7 @@ class AppServer:
         version_output: str,
     ) -> None:
         self.script = script
+        use_virtual_clock(seed)
         self.ids = IdFactory(seed)
         self.seed = seed
         self.version = shapes.cli_version(version_output)
@@ -128,22 +107,22 @@ class AppServer:
         self._tasks: set[asyncio.Task[Any]] = set()
         self._exit_code: asyncio.Future[int]
         self._reader: asyncio.Task[None]
-        self._behaviors: dict[str, deque[MethodBehavior]] = {}
-        self._turn_scripts: deque[TurnScript] = deque()
+        self._behaviors: dict[str, list[MethodBehavior]] = {}
+        self._turn_scripts: list[TurnScript] = []
         self._runner: StepRunner | None = None
         if script is not None:
             # Imported here: it pulls in pydantic, which a script-less start never needs.
             from fakes.app_server.steps import StepRunner
 
             self._runner = StepRunner(self, script)
-            self._behaviors = {name: deque(entries) for name, entries in script.methods.items()}
-            self._turn_scripts = deque(script.turns)
+            self._behaviors = {name: list(entries) for name, entries in script.methods.items()}
+            self._turn_scripts = list(script.turns)
         self._builtins: dict[str, Callable[[Call], Reply]] = {
             "initialize": self._initialize,
-            "thread/start": self._thread_start,
             "turn/start": self._turn_start,
             "turn/interrupt": self._turn_interrupt,
             "model/list": lambda call: Reply(shapes.model_list_result()),
+            **ThreadMethods(self).handlers(),
         }
 
     async def run(self) -> int:
@@ -151,6 +130,7 @@ class AppServer:
         loop = asyncio.get_running_loop()
         self._exit_code = loop.create_future()
         self.out = await Output.open(1, on_lost=lambda: self.exit(0))
+        report.attach(self)  # only with $FAKE_CODEX_REPORT: see report.py
         self._reader = self.spawn(self._read_loop())
         code = await self._exit_code
         for task in list(self._tasks):
@@ -250,39 +230,62 @@ class AppServer:
     def _on_request(self, message: Message, method: str, request_id: RequestId) -> None:
         call = Call(request_id, method, message.get("params"))
         if method not in _KNOWN and method not in self._behaviors:
+            unknown = self.script.unknown_methods if self.script else None
+            if unknown is not None and self._runner is not None:
+                self.spawn(self._runner.run_behavior(call, unknown))
+                return
             known = ", ".join(f"`{name}`" for name in KNOWN_METHODS)
             message_text = f"Invalid request: unknown variant `{method}`, expected one of {known}"
-            self.answer(call, _invalid(message_text))
+            self.answer(call, invalid(message_text))
         elif "params" not in message:
-            self.answer(call, _invalid("Invalid request: missing field `params`"))
+            self.answer(call, invalid("Invalid request: missing field `params`"))
         elif not self.initialized and method != "initialize":
-            self.answer(call, _invalid("Not initialized"))
+            self.answer(call, invalid("Not initialized"))
         elif method == "initialize" and self.initialized:
-            self.answer(call, _invalid("Already initialized"))
-        elif (behavior := self._next_behavior(method)) is not None and self._runner:
+            self.answer(call, invalid("Already initialized"))
+        elif (behavior := self._next_behavior(method, call.params)) is not None and self._runner:
             self.spawn(self._runner.run_behavior(call, behavior))
         else:
             self.answer(call, self.builtin_reply(call))
 
-    def _next_behavior(self, method: str) -> MethodBehavior | None:
+    def _next_behavior(self, method: str, params: Any) -> MethodBehavior | None:
         if method == "initialize":
             return self.script.initialize if self.script else None
-        queue = self._behaviors.get(method)
-        if not queue:
-            return None
-        # The last entry of a list keeps answering once the others are used up.
-        return queue.popleft() if len(queue) > 1 else queue[0]
+        entries = self._behaviors.get(method, [])
+        # The first entry whose `match` fits; it is used up unless it repeats or is
+        # the last one left (the last entry of a list keeps answering).
+        for index, behavior in enumerate(entries):
+            if _matches(behavior.match, params):
+                if not behavior.repeat and len(entries) > 1:
+                    del entries[index]
+                return behavior
+        return None
+
+    def _next_turn_script(self, params: Any) -> TurnScript | None:
+        # The first turn whose `match` fits; used up unless it repeats.
+        for index, script in enumerate(self._turn_scripts):
+            if _matches(script.match, params):
+                if not script.repeat:
+                    del self._turn_scripts[index]
+                return script
+        return None
 
     def answer(self, call: Call, reply: Reply) -> None:
         """Send `reply` to `call`, then run what must follow it."""
-        self.out.send(reply.message(call.id))
+        data = encode(reply.message(call.id))
         call.answered = True
-        if call.method == "initialize" and reply.error is None:
+        if call.method == "initialize" and reply.error is None and not self.initialized:
             # Whoever produced it, a successful initialize reply is what initializes.
             self.initialized = True
             params = call.params if isinstance(call.params, dict) else {}
             client_info = params.get("clientInfo")
             self.client_info = client_info if isinstance(client_info, dict) else {}
+            # The real server announces its remote control status (off) at once. Written
+            # with the reply, in one write: a client that reads whole chunks sees both
+            # before it acts on the reply, rather than racing the second line.
+            status = shapes.remote_control_status(self.ids.uuid4())
+            data += encode(notification("remoteControl/status/changed", status))
+        self.out.write(data)
         if reply.after is not None:
             reply.after()
 
@@ -297,7 +300,7 @@ class AppServer:
     def builtin_reply(self, call: Call) -> Reply:
         """The friendly default answer to `call`."""
         if not isinstance(call.params, dict):
-            return _invalid("Invalid request: invalid type: expected a map for `params`")
+            return invalid("Invalid request: invalid type: expected a map for `params`")
         handler = self._builtins.get(call.method)
         if handler is None:
             return Reply(
@@ -337,55 +340,30 @@ class AppServer:
             )
 
     def _initialize(self, call: Call) -> Reply:
-        missing = _missing_field(call.params, "clientInfo")
+        missing = missing_field(call.params, "clientInfo")
         if missing:
             return missing
         client_info = call.params["clientInfo"]
         info = client_info if isinstance(client_info, dict) else {}
         return Reply(shapes.initialize_result(info, self.version))
 
-    def _thread_start(self, call: Call) -> Reply:
-        params = call.params
-        cwd = params.get("cwd") or os.getcwd()
-        thread = ThreadState(id=self.ids.uuid7(), cwd=cwd)
-        self.threads[thread.id] = thread
-        thread_object = shapes.thread_object(
-            thread_id=thread.id,
-            cwd=cwd,
-            model=params.get("model") or shapes.DEFAULT_MODEL,
-            model_provider=params.get("modelProvider") or shapes.DEFAULT_MODEL_PROVIDER,
-            version=self.version,
-            originator=str(self.client_info.get("name", "")),
-            created_at=int(time.time()),
-        )
-        return Reply(
-            shapes.thread_start_result(thread_object, params),
-            after=lambda: self.out.send(notification("thread/started", {"thread": thread_object})),
-        )
-
     def _turn_start(self, call: Call) -> Reply:
         params = call.params
-        missing = _missing_field(params, "threadId", "input")
+        missing = missing_field(params, "threadId", "input")
         if missing:
             return missing
         inputs = params["input"]
-        if not isinstance(inputs, list):
-            return _invalid("Invalid request: invalid type: expected a sequence for `input`")
-        for entry in inputs:
-            kind = entry.get("type") if isinstance(entry, dict) else None
-            if kind not in _USER_INPUT_TYPES:
-                expected = ", ".join(f"`{name}`" for name in _USER_INPUT_TYPES)
-                return _invalid(
-                    f"Invalid request: unknown variant `{kind}`, expected one of {expected}"
-                )
+        bad_input = check_input(inputs)
+        if bad_input:
+            return bad_input
         thread = self.threads.get(str(params["threadId"]))
-        if thread is None:
-            return _invalid(f"thread not found: {params['threadId']}")
+        if thread is None or not thread.loaded:
+            return invalid(f"thread not found: {params['threadId']}")
         active = thread.active_turn
         if active is not None:
             # Real behaviour: the input joins the turn in flight; no new turn starts.
             return Reply({"turn": active.snapshot()}, after=lambda: active.add_user_input(inputs))
-        script = self._turn_scripts.popleft() if self._turn_scripts else None
+        script = self._next_turn_script(params)
         usage = Usage()
         if script is not None and script.usage is not None:
             usage = Usage(**script.usage.model_dump())
@@ -407,15 +385,15 @@ class AppServer:
             turn.complete("completed")
 
     def _turn_interrupt(self, call: Call) -> Reply:
-        missing = _missing_field(call.params, "threadId", "turnId")
+        missing = missing_field(call.params, "threadId", "turnId")
         if missing:
             return missing
         thread = self.threads.get(str(call.params["threadId"]))
         if thread is None:
-            return _invalid(f"thread not found: {call.params['threadId']}")
+            return invalid(f"thread not found: {call.params['threadId']}")
         turn = thread.active_turn
         if turn is None or turn.id != call.params["turnId"]:
-            return _invalid("no active turn to interrupt")
+            return invalid("no active turn to interrupt")
         return Reply({}, after=lambda: self.interrupt(turn))
 
     def interrupt(self, turn: TurnRun) -> None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import shlex
+import socket
 import sys
 import time
 from typing import Any
@@ -136,7 +137,7 @@ def thread_start_result(thread: Json, params: Json) -> Json:
         "runtimeWorkspaceRoots": [cwd],
         "instructionSources": [],
         "approvalPolicy": params.get("approvalPolicy") or "on-request",
-        "approvalsReviewer": "user",
+        "approvalsReviewer": params.get("approvalsReviewer") or "user",
         "sandbox": sandbox,
         "activePermissionProfile": profile,
         "reasoningEffort": None,
@@ -176,6 +177,25 @@ def turn_error(message: str, codex_error_info: Any = None, details: str | None =
         "codexErrorInfo": codex_error_info,
         "additionalDetails": details,
         "misalignment": None,
+    }
+
+
+def input_preview(inputs: list[Any]) -> str:
+    """A thread's `preview`: the text of its first user message."""
+    return " ".join(
+        str(entry.get("text", ""))
+        for entry in inputs
+        if isinstance(entry, dict) and entry.get("type") == "text"
+    )
+
+
+def remote_control_status(installation_id: str) -> Json:
+    """What `remoteControl/status/changed` says right after `initialize` (it is off)."""
+    return {
+        "status": "disabled",
+        "serverName": socket.gethostname(),
+        "installationId": installation_id,
+        "environmentId": None,
     }
 
 
@@ -282,6 +302,11 @@ def token_usage_breakdown(
         "outputTokens": output_tokens,
         "reasoningOutputTokens": reasoning,
     }
+
+
+def thread_token_usage(total: Json, last: Json) -> Json:
+    """A `ThreadTokenUsage`: the thread's running total and the last response's usage."""
+    return {"total": total, "last": last, "modelContextWindow": MODEL_CONTEXT_WINDOW}
 
 
 def add_usage(total: Json, last: Json) -> Json:

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 from fakes.app_server import script as s
 from fakes.app_server import shapes
+from fakes.app_server.invented import Invented
 from fakes.app_server.server_requests import (
     RequestContext,
     command_approval_params,
@@ -29,6 +30,7 @@ from fakes.app_server.turns import ThreadState, TurnRun
 from fakes.app_server.wire import (
     Message,
     RequestId,
+    advance_clock,
     encode,
     log,
     notification,
@@ -37,9 +39,8 @@ from fakes.app_server.wire import (
 )
 
 if TYPE_CHECKING:
-    from faker import Faker
-
-    from fakes.app_server.server import AppServer, Call
+    from fakes.app_server.replies import Call, Reply
+    from fakes.app_server.server import AppServer
 
 _ACCEPTING = frozenset(
     {"accept", "acceptForSession", "acceptWithExecpolicyAmendment", "applyNetworkPolicyAmendment"}
@@ -75,12 +76,15 @@ class StepContext:
 
     def variables(self) -> dict[str, Any]:
         """Values of the `${name}` placeholders."""
+        params = self.call.params if self.call and isinstance(self.call.params, dict) else {}
+        thread_id = self.thread.id if self.thread else params.get("threadId", "")
         return {
-            "threadId": self.thread.id if self.thread else "",
+            "threadId": thread_id,
             "turnId": self.turn.id if self.turn else "",
             "itemId": self.item_id or "",
             "requestId": self.request_id if self.request_id is not None else "",
             "cwd": self.thread.cwd if self.thread else os.getcwd(),
+            "method": self.call.method if self.call else "",
         }
 
     def substitute(self, value: Any) -> Any:
@@ -133,7 +137,7 @@ class StepRunner:
     def __init__(self, server: AppServer, script: s.AppServerScript) -> None:
         self.server = server
         self.script = script
-        self._faker: Faker | None = None
+        self.invented = Invented(server.seed)
         self._children: list[subprocess.Popen[bytes]] = []
         self._handlers: dict[type[Any], Callable[[Any, StepContext], Awaitable[None]]] = {
             s.AgentMessageStep: self._agent_message,
@@ -174,7 +178,16 @@ class StepRunner:
         with contextlib.suppress(TurnEnded):
             await self.run(behavior.steps, ctx)
         if not call.answered and not behavior.no_reply:
-            self.server.answer(call, self.server.scripted_reply(call, behavior))
+            self.server.answer(call, self._substituted(ctx, call, behavior))
+
+    def _substituted(self, ctx: StepContext, call: Call, spec: s.ReplySpec) -> Reply:
+        """The scripted reply with placeholders filled in."""
+        reply = self.server.scripted_reply(call, spec)
+        if spec.has_result:
+            reply.result = ctx.substitute(reply.result)
+        elif spec.error is not None:
+            reply.error = ctx.substitute(reply.error)
+        return reply
 
     async def run_turn(self, turn: TurnRun, script: s.TurnScript) -> None:
         """A scripted turn's steps (the server frames them with the turn's envelope)."""
@@ -191,7 +204,7 @@ class StepRunner:
         return RequestContext(
             thread_id=ctx.thread.id if ctx.thread else "",
             turn_id=ctx.turn.id if ctx.turn else "",
-            item_id=self.server.ids.token("call_"),
+            item_id=self.server.ids.call_id(),
             cwd=cwd or (ctx.thread.cwd if ctx.thread else os.getcwd()),
             started_ms=now_ms(),
         )
@@ -226,7 +239,7 @@ class StepRunner:
         if turn is None:
             return
         spec = step.agent_message
-        text = spec.text if spec.text is not None else self._sentences(spec.sentences or 1)
+        text = spec.text if spec.text is not None else self.invented.sentences(spec.sentences)
         ctx.item_id = await turn.agent_message(
             text,
             item_id=spec.id,
@@ -235,27 +248,18 @@ class StepRunner:
             events=spec.events,
         )
 
-    def _sentences(self, count: int) -> str:
-        if self._faker is None:
-            # Faker is slow to import; only scripts that want generated text pay for it.
-            from faker import Faker
-
-            self._faker = Faker()
-            if self.server.seed is not None:
-                self._faker.seed_instance(self.server.seed)
-        return " ".join(self._faker.sentence() for _ in range(count))
-
     async def _command_approval(self, step: s.CommandApprovalStep, ctx: StepContext) -> None:
         turn = self._turn(ctx, step.KIND)
         if turn is None:
             return
         spec = step.command_approval
+        command = spec.command or self.invented.command()
         request_ctx = self._request_context(ctx, spec.cwd)
 
         def item(status: str = "inProgress", **done: Any) -> shapes.Json:
             return shapes.command_execution_item(
                 request_ctx.item_id,
-                command=spec.command,
+                command=command,
                 cwd=request_ctx.cwd,
                 started_ms=request_ctx.started_ms,
                 status=status,
@@ -282,7 +286,7 @@ class StepRunner:
                 output=spec.output,
                 exit_code=spec.exit_code,
                 completed_ms=now_ms(),
-                process_id=str(os.getpid()),
+                process_id=self.server.ids.process_id(),
             )
 
         await self._approval(
@@ -291,7 +295,7 @@ class StepRunner:
             request_ctx,
             item(),
             "item/commandExecution/requestApproval",
-            command_approval_params(request_ctx, spec.command, spec.reason),
+            command_approval_params(request_ctx, command, spec.reason),
             spec.id,
             step.on_reply,
             finish,
@@ -303,11 +307,12 @@ class StepRunner:
             return
         spec = step.file_change_approval
         request_ctx = self._request_context(ctx)
-        changes = [{"path": spec.path, "kind": {"type": spec.kind}, "diff": spec.content}]
+        path = spec.path or self.invented.path(request_ctx.cwd)
+        changes = [{"path": path, "kind": {"type": spec.kind}, "diff": spec.content}]
 
         def finish(status: str) -> shapes.Json:
             if status == "completed" and spec.write:
-                _apply_change(spec)
+                _apply_change(path, spec)
             return shapes.file_change_item(request_ctx.item_id, changes, status)
 
         await self._approval(
@@ -336,8 +341,9 @@ class StepRunner:
     ) -> None:
         """An item that waits on the client's approval, in the real server's order.
 
-        `finish(status)` carries out the decision and returns the completed item; after
-        the reply's branch, `cancel` ends the turn as interrupted, as it does for real.
+        `finish(status)` carries out the decision and returns the completed item. The
+        tool call ended a model response, so its usage follows. After the reply's
+        branch, `cancel` ends the turn as interrupted, as it does for real.
         """
         ctx.item_id = request_ctx.item_id
         turn.set_status("waitingOnApproval")
@@ -345,11 +351,19 @@ class StepRunner:
         pending = self._send(ctx, method, params, request_id)
         await self.server.out.drain()
         key = await self._await_reply(ctx, pending)
-        turn.set_status()
-        turn.item_completed(finish(approval_status(key)))
+        status = approval_status(key)
+        if status == "completed":
+            # Real order: the thread is active again, then the command runs.
+            turn.set_status()
+            turn.item_completed(finish(status))
+        else:
+            # Real order (mostly; the real server sometimes swaps these two).
+            turn.item_completed(finish(status))
+            turn.set_status()
+        turn.report_usage()
         await self._branch(branches, key, ctx)
         if key == "cancel":
-            turn.complete("interrupted")
+            turn.complete("interrupted", usage=False)
             raise TurnEnded
 
     async def _request(self, step: s.RequestStep, ctx: StepContext) -> None:
@@ -368,6 +382,7 @@ class StepRunner:
 
     async def _sleep(self, step: s.SleepStep, ctx: StepContext) -> None:
         await asyncio.sleep(step.sleep / 1000)
+        advance_clock(step.sleep)
 
     async def _stderr(self, step: s.StderrStep, ctx: StepContext) -> None:
         write_all(2, step.stderr.encode())
@@ -411,7 +426,7 @@ class StepRunner:
         return {
             "threadId": ctx.thread.id if ctx.thread else "",
             "turnId": ctx.turn.id if ctx.turn else "",
-            "itemId": ctx.item_id or self.server.ids.token("msg_"),
+            "itemId": ctx.item_id or self.server.ids.message_id(),
             "delta": delta,
         }
 
@@ -426,9 +441,7 @@ class StepRunner:
         if call is None:
             log("`respond` has no client request to answer here; skipped")
             return
-        reply = self.server.scripted_reply(call, spec)
-        if spec.has_result:
-            reply.result = ctx.substitute(reply.result)
+        reply = self._substituted(ctx, call, spec)
         for _ in range(copies - 1):
             self.server.out.send(reply.message(call.id))
         self.server.answer(call, reply)
@@ -485,11 +498,11 @@ def _touch(path: str) -> None:
         pass
 
 
-def _apply_change(spec: s.FileChangeApproval) -> None:
+def _apply_change(path: str, spec: s.FileChangeApproval) -> None:
     """Carry out an accepted file change."""
     if spec.kind == "delete":
-        if os.path.exists(spec.path):
-            os.remove(spec.path)
+        if os.path.exists(path):
+            os.remove(path)
         return
-    with open(spec.path, "w", encoding="utf-8") as handle:
+    with open(path, "w", encoding="utf-8") as handle:
         handle.write(spec.content)

@@ -8,7 +8,6 @@ with token usage, rate limits, `thread/status/changed` (idle) and `turn/complete
 from __future__ import annotations
 
 import asyncio
-import time
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -41,12 +40,41 @@ class Usage:
 
 @dataclass
 class ThreadState:
-    """One thread started by `thread/start`."""
+    """One thread started by `thread/start` (or `thread/fork`), and what happened in it.
+
+    `info` is the `Thread` object as first announced; `settings` the rest of the
+    `thread/start` result (model, policies), which `thread/resume` and `thread/fork`
+    repeat. `history` holds the thread's finished turns with all their items.
+    """
 
     id: str
     cwd: str
+    info: shapes.Json = field(default_factory=dict)
+    settings: shapes.Json = field(default_factory=dict)
     total_usage: shapes.Json = field(default_factory=lambda: Usage(0, 0).breakdown())
+    last_usage: shapes.Json | None = None
     active_turn: TurnRun | None = None
+    status: shapes.Json = field(default_factory=lambda: {"type": "idle"})
+    preview: str = ""
+    name: str | None = None
+    history: list[shapes.Json] = field(default_factory=list)
+    archived: bool = False
+    loaded: bool = True
+    updated_at: int | None = None
+    read_revision: str | None = None
+
+    def view(self, *, turns: bool = False) -> shapes.Json:
+        """The `Thread` object as it stands now (`turns` with every item, or none)."""
+        thread = dict(self.info)
+        thread.update(
+            preview=self.preview,
+            name=self.name,
+            status=self.status,
+            turns=list(self.history) if turns else [],
+        )
+        if self.updated_at is not None:
+            thread["updatedAt"] = self.updated_at
+        return thread
 
 
 def split_text(text: str, pieces: int | None) -> list[str]:
@@ -78,10 +106,11 @@ class TurnRun:
         self.thread = thread
         self.id = ids.uuid7()
         self.usage = usage
-        self.started_at = int(time.time())
         self.started_ms = now_ms()
+        self.started_at = self.started_ms // 1000
         self.completed = False
         self.final_message: shapes.Json | None = None
+        self.items: list[shapes.Json] = []
         self.pending_requests: set[RequestId] = set()
         self.task: asyncio.Task[None] | None = None
 
@@ -96,6 +125,7 @@ class TurnRun:
     def set_status(self, *flags: str) -> None:
         """Announce the thread as active, with `flags` such as `waitingOnApproval`."""
         status = {"type": "active", "activeFlags": list(flags)}
+        self.thread.status = status
         self.notify("thread/status/changed", {"threadId": self.thread.id, "status": status})
 
     def begin(self, inputs: list[Any]) -> None:
@@ -110,6 +140,8 @@ class TurnRun:
         if not inputs:
             return
         content = shapes.user_content(inputs)
+        if not self.thread.preview:
+            self.thread.preview = shapes.input_preview(inputs)
         item_id = self.ids.uuid7()
         started = now_ms()
         self.item_started(shapes.user_message_item(item_id, content, started, None), started)
@@ -128,7 +160,8 @@ class TurnRun:
         )
 
     def item_completed(self, item: shapes.Json) -> None:
-        """`item/completed` for `item`."""
+        """`item/completed` for `item` (which the turn's history then holds)."""
+        self.items.append(item)
         self.notify(
             "item/completed",
             {
@@ -150,7 +183,7 @@ class TurnRun:
         events: tuple[str, ...] = ITEM_EVENTS,
     ) -> str:
         """Stream an agentMessage item: started, deltas, completed (in `events` order)."""
-        item_id = item_id or self.ids.token("msg_")
+        item_id = item_id or self.ids.message_id()
         started = now_ms()
         for event in events:
             if event == "started":
@@ -174,6 +207,25 @@ class TurnRun:
             if delay_ms:
                 await asyncio.sleep(delay_ms / 1000)
 
+    def report_usage(self) -> None:
+        """The end of one model response: its token usage, then the rate limits.
+
+        The real server sends these once per response from the model, so a turn with a
+        tool call (an approval) reports twice: after the tool ran, and at the end.
+        """
+        last = self.usage.breakdown()
+        self.thread.total_usage = shapes.add_usage(self.thread.total_usage, last)
+        self.thread.last_usage = last
+        self.notify(
+            "thread/tokenUsage/updated",
+            {
+                "threadId": self.thread.id,
+                "turnId": self.id,
+                "tokenUsage": shapes.thread_token_usage(self.thread.total_usage, last),
+            },
+        )
+        self.notify("account/rateLimits/updated", {"rateLimits": shapes.RATE_LIMITS})
+
     def complete(
         self, status: str, error: shapes.Json | None = None, *, usage: bool = True
     ) -> None:
@@ -188,31 +240,29 @@ class TurnRun:
                 {"error": error, "willRetry": False, "threadId": thread_id, "turnId": self.id},
             )
         if usage:
-            last = self.usage.breakdown()
-            self.thread.total_usage = shapes.add_usage(self.thread.total_usage, last)
-            token_usage = {
-                "total": self.thread.total_usage,
-                "last": last,
-                "modelContextWindow": shapes.MODEL_CONTEXT_WINDOW,
-            }
-            self.notify(
-                "thread/tokenUsage/updated",
-                {"threadId": thread_id, "turnId": self.id, "tokenUsage": token_usage},
-            )
-            self.notify("account/rateLimits/updated", {"rateLimits": shapes.RATE_LIMITS})
+            self.report_usage()
         if self.thread.active_turn is self:
             self.thread.active_turn = None
+        self.thread.status = {"type": "idle"}
         self.notify("thread/status/changed", {"threadId": thread_id, "status": {"type": "idle"}})
-        # Like the real server, a completed turn carries only its final agent message.
+        # Like the real server, a completed turn carries only its final agent message;
+        # the thread's history (`thread/read`, `thread/resume`) keeps every item.
         final = self.final_message if status == "completed" else None
+        completed_ms = now_ms()
+        ended: dict[str, Any] = {
+            "status": status,
+            "error": error,
+            "started_at": self.started_at,
+            "completed_at": completed_ms // 1000,
+            "duration_ms": completed_ms - self.started_ms,
+        }
         turn = shapes.turn_object(
             self.id,
-            status=status,
             items=[] if final is None else [final],
             items_view="notLoaded" if final is None else "summary",
-            error=error,
-            started_at=self.started_at,
-            completed_at=int(time.time()),
-            duration_ms=now_ms() - self.started_ms,
+            **ended,
+        )
+        self.thread.history.append(
+            shapes.turn_object(self.id, items=list(self.items), items_view="full", **ended)
         )
         self.notify("turn/completed", {"threadId": thread_id, "turn": turn})

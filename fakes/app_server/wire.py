@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import random
 import select
 import selectors
 import time
@@ -23,9 +24,51 @@ RequestId = int | str
 _READ_CHUNK = 1 << 18
 
 
+# Seeded runs must not depend on the clock, so their time counts up from here
+# (2026-01-01T00:00:00Z) instead, by a few seeded milliseconds per reading.
+SEEDED_EPOCH_MS = 1_767_225_600_000
+
+
+class _VirtualClock:
+    """Time for seeded runs: a pure function of the seed and the number of readings."""
+
+    def __init__(self, seed: int) -> None:
+        self._rng = random.Random(f"clock:{seed}")
+        self._ms = SEEDED_EPOCH_MS
+
+    def __call__(self) -> int:
+        self._ms += self._rng.choice((0, 0, 1, 1, 2, 3, 5, 8))
+        return self._ms
+
+    def advance(self, ms: int) -> None:
+        self._ms += ms
+
+
+_virtual_clock: _VirtualClock | None = None
+
+
+def use_virtual_clock(seed: int | None) -> None:
+    """With a seed, every timestamp the fake sends comes from a seeded virtual clock."""
+    global _virtual_clock
+    _virtual_clock = None if seed is None else _VirtualClock(seed)
+
+
+def advance_clock(ms: int) -> None:
+    """Let `ms` pass on the virtual clock (real time passes by itself)."""
+    if _virtual_clock is not None:
+        _virtual_clock.advance(ms)
+
+
 def now_ms() -> int:
-    """Wall-clock time in epoch milliseconds, the unit of `*AtMs` fields."""
+    """The time in epoch milliseconds, the unit of `*AtMs` fields (virtual when seeded)."""
+    if _virtual_clock is not None:
+        return _virtual_clock()
     return time.time_ns() // 1_000_000
+
+
+def now_s() -> int:
+    """The time in epoch seconds, the unit of `createdAt`, `startedAt`, ..."""
+    return now_ms() // 1000
 
 
 def encode(message: Message) -> bytes:

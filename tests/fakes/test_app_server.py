@@ -127,6 +127,8 @@ class FakeCodex:
 
     async def initialize(self) -> Message:
         reply = await self.request("initialize", {"clientInfo": CLIENT_INFO})
+        # Like the real server, the fake announces its remote control status at once.
+        assert (await self.message())["method"] == "remoteControl/status/changed"
         await self.send({"method": "initialized"})
         return reply
 
@@ -231,6 +233,30 @@ async def test_version_reads_the_script_named_by_the_environment(tmp_path: Path)
     assert (code, out) == (0, "codex-cli 9.8.7\n")
 
 
+async def test_generate_json_schema_writes_the_params_the_fake_knows(tmp_path: Path) -> None:
+    stable, experimental = tmp_path / "stable", tmp_path / "experimental"
+    assert await run_cli(
+        tmp_path, "-c", "a=1", "app-server", "generate-json-schema", "--out", str(stable)
+    ) == (0, "", "")
+    assert await run_cli(
+        tmp_path, "app-server", "generate-json-schema", "--experimental", "-o", str(experimental)
+    ) == (0, "", "")
+    turn = json.loads((stable / "v2" / "TurnStartParams.json").read_text())
+    assert turn["required"] == ["input", "threadId"]
+    assert {"threadId", "input", "toolOutput", "turnTrigger"} <= set(turn["properties"])
+    assert "collaborationMode" not in turn["properties"]
+    turn = json.loads((experimental / "v2" / "TurnStartParams.json").read_text())
+    assert "collaborationMode" in turn["properties"]
+    assert (experimental / "v2" / "ThreadResumeParams.json").is_file()
+    assert (experimental / "v2" / "ThreadForkParams.json").is_file()
+
+
+async def test_generate_json_schema_needs_an_output_directory(tmp_path: Path) -> None:
+    code, _, err = await run_cli(tmp_path, "app-server", "generate-json-schema")
+    assert code == 2
+    assert "--out" in err
+
+
 async def test_listen_other_than_stdio_is_a_usage_error(tmp_path: Path) -> None:
     code, _, err = await run_cli(tmp_path, "app-server", "--listen", "ws://127.0.0.1:1")
     assert code == 2
@@ -257,7 +283,7 @@ async def test_the_readme_examples_are_valid_scripts() -> None:
 
     readme = (REPO / "fakes" / "app_server" / "README.md").read_text()
     examples = re.findall(r"```yaml\n(.*?)```", readme, re.S)
-    assert len(examples) == 3
+    assert len(examples) == 4
     for example in examples:
         parse_script_text(example.replace("[steps]", "[]"), "README.md")
 
@@ -268,7 +294,7 @@ async def test_a_missing_script_file_is_a_usage_error(tmp_path: Path) -> None:
     assert "nope.yaml" in err
 
 
-@pytest.mark.parametrize("how", ["flag", "env", "config", "config-unquoted"])
+@pytest.mark.parametrize("how", ["flag", "env", "config", "config-unquoted", "config-global"])
 async def test_the_script_is_found_by_flag_env_or_config(
     spawn: Spawn, tmp_path: Path, how: str
 ) -> None:
@@ -280,6 +306,9 @@ async def test_the_script_is_found_by_flag_env_or_config(
         fake = await spawn(None, "app-server", FAKE_CODEX_SCRIPT=str(path))
     elif how == "config":
         fake = await spawn(None, "app-server", "-c", f'fake_codex.script="{path}"')
+    elif how == "config-global":
+        # Before the subcommand, as the official Python SDK passes its overrides.
+        fake = await spawn(None, "--config", f'fake_codex.script="{path}"', "app-server")
     else:
         fake = await spawn(None, "app-server", "-c", f"fake_codex.script={path}")
     await fake.initialize()
@@ -317,6 +346,16 @@ async def test_initialize_answers_like_the_real_server(spawn: Spawn) -> None:
     assert list(result) == ["userAgent", "codexHome", "platformFamily", "platformOs"]
     assert result["userAgent"].startswith("tests/0.169.0 (")
     assert result["userAgent"].endswith("(tests; 9.9.9)")
+
+
+async def test_initialize_is_followed_by_the_remote_control_status(spawn: Spawn) -> None:
+    fake = await spawn(FAKE_CODEX_SEED="3")
+    await fake.request("initialize", {"clientInfo": CLIENT_INFO})
+    status = await fake.message()
+    assert status["method"] == "remoteControl/status/changed"
+    assert list(status["params"]) == ["status", "serverName", "installationId", "environmentId"]
+    assert status["params"]["status"] == "disabled"
+    assert re.fullmatch(r"[0-9a-f-]{36}", status["params"]["installationId"])
 
 
 async def test_a_second_initialize_is_refused(spawn: Spawn) -> None:
@@ -364,7 +403,7 @@ async def test_a_request_without_params_names_the_missing_field(spawn: Spawn) ->
 async def test_a_known_but_unimplemented_method_says_so(spawn: Spawn) -> None:
     fake = await spawn()
     await fake.initialize()
-    reply = await fake.request("thread/list")
+    reply = await fake.request("config/read")
     assert reply["error"]["code"] == -32603
     assert "methods:" in reply["error"]["message"]
 
@@ -551,6 +590,7 @@ async def test_initialize_steps_can_notify_after_the_reply(spawn: Spawn) -> None
     )
     reply = await fake.request("initialize", {"clientInfo": CLIENT_INFO})
     assert reply["result"]["userAgent"].startswith("tests/")
+    assert (await fake.message())["method"] == "remoteControl/status/changed"
     warning = await fake.message()
     assert warning["method"] == "configWarning"
     assert warning["params"] == {"summary": "careful", "details": None}
@@ -1165,6 +1205,14 @@ RESPONSE_SCHEMAS = {
     "turn/start": "v2/TurnStartResponse.json",
     "turn/interrupt": "v2/TurnInterruptResponse.json",
     "model/list": "v2/ModelListResponse.json",
+    "thread/read": "v2/ThreadReadResponse.json",
+    "thread/list": "v2/ThreadListResponse.json",
+    "thread/name/set": "v2/ThreadSetNameResponse.json",
+    "thread/resume": "v2/ThreadResumeResponse.json",
+    "thread/fork": "v2/ThreadForkResponse.json",
+    "thread/archive": "v2/ThreadArchiveResponse.json",
+    "thread/unarchive": "v2/ThreadUnarchiveResponse.json",
+    "turn/steer": "v2/TurnSteerResponse.json",
 }
 
 SCHEMA_SCRIPT = """
@@ -1208,8 +1256,23 @@ async def test_every_message_matches_the_real_json_schema(spawn: Spawn, tmp_path
         if "id" in message:
             await fake.answer(message, {"decision": "accept"})
     turn_id = await fake.start_turn(thread_id)
+    steer = {"threadId": thread_id, "expectedTurnId": turn_id, "input": []}
+    assert "result" in await fake.request("turn/steer", steer)
     await fake.request("turn/interrupt", {"threadId": thread_id, "turnId": turn_id})
     await fake.until_method("turn/completed")
+    for method, params in [
+        ("thread/read", {"threadId": thread_id, "includeTurns": True}),
+        ("thread/name/set", {"threadId": thread_id, "name": "Checked"}),
+        ("thread/list", {}),
+        ("thread/resume", {"threadId": thread_id}),
+        ("thread/fork", {"threadId": thread_id}),
+        ("thread/archive", {"threadId": thread_id}),
+        ("thread/list", {"archived": True}),
+        ("thread/unarchive", {"threadId": thread_id}),
+    ]:
+        assert "result" in await fake.request(method, params), method
+    await fake.close_stdin()
+    await fake.rest()
 
     problems = []
     for message in fake.seen:
@@ -1223,3 +1286,273 @@ async def test_every_message_matches_the_real_json_schema(spawn: Spawn, tmp_path
             f"{error.message} in {message}"[:300] for error in checker.iter_errors(message)
         ]
     assert problems == []
+
+
+# --- thread methods ------------------------------------------------------------------
+
+
+async def finished_turn(fake: FakeCodex, thread_id: str, text: str = "hi") -> str:
+    turn_id = await fake.start_turn(thread_id, text)
+    await fake.until_method("turn/completed")
+    return turn_id
+
+
+async def test_thread_read_shows_the_turns_only_when_asked(spawn: Spawn) -> None:
+    fake, thread_id = await ready(spawn)
+    fresh = (await fake.request("thread/read", {"threadId": thread_id}))["result"]
+    assert (fresh["thread"]["turns"], fresh["readState"], fresh["thread"]["preview"]) == (
+        [],
+        None,
+        "",
+    )
+    turn_id = await finished_turn(fake, thread_id, "Say hi")
+    plain = (await fake.request("thread/read", {"threadId": thread_id}))["result"]
+    assert plain["thread"]["turns"] == []
+    assert plain["thread"]["preview"] == "Say hi"
+    assert plain["readState"]["firstUnread"] == {"type": "turn", "turnId": turn_id}
+    await fake.send(
+        {
+            "id": "full",
+            "method": "thread/read",
+            "params": {"threadId": thread_id, "includeTurns": True},
+        }
+    )
+    notice, reply = await fake.message(), await fake.message()
+    assert notice["method"] == "deprecationNotice"
+    (turn,) = reply["result"]["thread"]["turns"]
+    assert (turn["id"], turn["itemsView"], turn["status"]) == (turn_id, "full", "completed")
+    assert [item["type"] for item in turn["items"]] == ["userMessage", "agentMessage"]
+    unknown = await fake.request("thread/read", {"threadId": "nope"})
+    assert unknown["error"] == {"code": -32600, "message": "thread not loaded: nope"}
+
+
+async def test_thread_list_shows_threads_with_turns_newest_first(spawn: Spawn) -> None:
+    fake, first = await ready(spawn)
+    await finished_turn(fake, first)
+    second = await fake.start_thread()
+    await fake.until_method("thread/started")
+    await fake.start_thread()  # no turn: not listed, like a thread without a rollout
+    await finished_turn(fake, second)
+    listed = (await fake.request("thread/list"))["result"]
+    assert list(listed) == ["data", "readStates", "nextCursor", "backwardsCursor"]
+    assert [thread["id"] for thread in listed["data"]] == [second, first]
+    assert set(listed["readStates"]) == {first, second}
+    assert listed["data"][0]["canAcceptDirectInput"] is None
+    assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z", listed["backwardsCursor"])
+
+
+async def test_thread_name_set_answers_then_announces(spawn: Spawn) -> None:
+    fake, thread_id = await ready(spawn)
+    assert (await fake.request("thread/name/set", {"threadId": thread_id, "name": "Mine"}))[
+        "result"
+    ] == {}
+    updated = await fake.message()
+    assert updated["method"] == "thread/name/updated"
+    assert updated["params"] == {"threadId": thread_id, "threadName": "Mine"}
+    read = (await fake.request("thread/read", {"threadId": thread_id}))["result"]
+    assert read["thread"]["name"] == "Mine"
+    unknown = await fake.request("thread/name/set", {"threadId": "x", "name": "y"})
+    assert unknown["error"]["message"] == "no rollout found for thread id x"
+
+
+async def test_thread_resume_returns_history_settings_and_usage(spawn: Spawn) -> None:
+    fake, thread_id = await ready(spawn)
+    turn_id = await finished_turn(fake, thread_id)
+    await fake.send({"id": "r", "method": "thread/resume", "params": {"threadId": thread_id}})
+    read = await fake.until(lambda m: m.get("method") == "thread/goal/cleared")
+    assert methods(read) == [
+        "deprecationNotice",
+        None,
+        "thread/tokenUsage/updated",
+        "thread/goal/cleared",
+    ]
+    result = read[1]["result"]
+    assert list(result)[:2] == ["thread", "model"]
+    assert list(result)[-4:] == [
+        "multiAgentMode",
+        "initialTurnsPage",
+        "turnsBackwardsCursor",
+        "itemsBackwardsCursor",
+    ]
+    assert result["collaborationMode"]["mode"] == "default"
+    assert [turn["id"] for turn in result["thread"]["turns"]] == [turn_id]
+    assert read[2]["params"]["turnId"] == turn_id
+    quiet = await fake.request("thread/resume", {"threadId": thread_id, "excludeTurns": True})
+    assert quiet["result"]["thread"]["turns"] == []
+    unknown = await fake.request("thread/resume", {"threadId": "gone"})
+    assert unknown["error"]["message"] == "no rollout found for thread id gone"
+
+
+async def test_thread_fork_copies_the_history_into_a_new_thread(spawn: Spawn) -> None:
+    fake, thread_id = await ready(spawn)
+    await fake.request("thread/name/set", {"threadId": thread_id, "name": "Source"})
+    turn_id = await finished_turn(fake, thread_id, "Say hi")
+    await fake.send({"id": "f", "method": "thread/fork", "params": {"threadId": thread_id}})
+    read = await fake.until_method("thread/started")
+    assert methods(read) == [
+        "deprecationNotice",
+        None,
+        "thread/tokenUsage/updated",
+        "thread/started",
+    ]
+    forked = read[1]["result"]["thread"]
+    assert forked["id"] != thread_id
+    assert (forked["forkedFromId"], forked["name"], forked["preview"]) == (
+        thread_id,
+        "Source",
+        "Say hi",
+    )
+    assert [turn["id"] for turn in forked["turns"]] == [turn_id]
+    assert read[3]["params"]["thread"]["turns"] == []
+    assert "result" in await fake.request("turn/start", {"threadId": forked["id"], "input": []})
+
+
+async def test_archived_threads_are_unloaded_until_resumed(spawn: Spawn) -> None:
+    fake, thread_id = await ready(spawn)
+    await finished_turn(fake, thread_id)
+    await fake.send({"id": "a", "method": "thread/archive", "params": {"threadId": thread_id}})
+    read = await fake.until_method("thread/archived")
+    assert methods(read) == ["thread/status/changed", None, "thread/archived"]
+    assert read[0]["params"]["status"] == {"type": "notLoaded"}
+    assert (await fake.request("thread/list"))["result"]["data"] == []
+    archived = (await fake.request("thread/list", {"archived": True}))["result"]["data"]
+    assert [thread["id"] for thread in archived] == [thread_id]
+    assert "/archived_sessions/" in archived[0]["path"]
+    refused = await fake.request("turn/start", {"threadId": thread_id, "input": []})
+    assert refused["error"]["message"] == f"thread not found: {thread_id}"
+    unarchived = (await fake.request("thread/unarchive", {"threadId": thread_id}))["result"]
+    assert unarchived["thread"]["status"] == {"type": "notLoaded"}
+    assert (await fake.message())["method"] == "thread/unarchived"
+    await fake.send({"id": "r", "method": "thread/resume", "params": {"threadId": thread_id}})
+    assert (await fake.until_method("thread/status/changed"))[-1]["params"]["status"] == {
+        "type": "idle"
+    }
+    await fake.until_method("thread/goal/cleared")
+    assert "result" in await fake.request("turn/start", {"threadId": thread_id, "input": []})
+
+
+async def test_turn_steer_adds_input_to_the_expected_turn(spawn: Spawn) -> None:
+    fake, thread_id = await ready(spawn, "version: 1\nturns: [{steps: [{sleep: 600000}]}]\n")
+    steer = {
+        "threadId": thread_id,
+        "expectedTurnId": "x",
+        "input": [{"type": "text", "text": "more"}],
+    }
+    idle = await fake.request("turn/steer", steer)
+    assert idle["error"] == {"code": -32600, "message": "no active turn to steer"}
+    turn_id = await fake.start_turn(thread_id)
+    await fake.until_method("turn/started")
+    wrong = await fake.request("turn/steer", steer)
+    assert wrong["error"]["message"] == f"expected active turn id `x` but found `{turn_id}`"
+    right = await fake.request("turn/steer", {**steer, "expectedTurnId": turn_id})
+    assert right["result"] == {"turnId": turn_id}
+    added = await fake.until(
+        lambda m: (
+            m.get("method") == "item/completed"
+            and m["params"]["item"]["content"][0]["text"] == "more"
+        )
+    )
+    assert added[-1]["params"]["turnId"] == turn_id
+
+
+# --- script: matching requests, unknown methods, usage per model response --------------
+
+
+async def test_turns_and_methods_can_match_request_params_and_repeat(spawn: Spawn) -> None:
+    fake, thread_id = await ready(
+        spawn,
+        """
+        version: 1
+        methods:
+          model/list:
+            - {match: {includeHidden: true}, repeat: true, result: {hidden: true}}
+            - {result: {hidden: false}}
+        turns:
+          - match: {requireApproval: true}
+            repeat: true
+            steps: [{commandApproval: {command: ls}}]
+          - Plain.
+        """,
+    )
+    for _ in range(2):
+        assert (await fake.request("model/list", {"includeHidden": True}))["result"] == {
+            "hidden": True
+        }
+    assert (await fake.request("model/list"))["result"] == {"hidden": False}
+    for _ in range(2):
+        await fake.request(
+            "turn/start", {"threadId": thread_id, "input": [], "requireApproval": True}
+        )
+        request = (await fake.until_method("item/commandExecution/requestApproval"))[-1]
+        await fake.answer(request, {"decision": "accept"})
+        await fake.until_method("turn/completed")
+    await fake.start_turn(thread_id)
+    read = await fake.until_method("turn/completed")
+    assert read[-1]["params"]["turn"]["items"][0]["text"] == "Plain."
+
+
+async def test_unknown_methods_can_be_scripted_with_placeholders(spawn: Spawn) -> None:
+    fake, thread_id = await ready(
+        spawn,
+        """
+        version: 1
+        unknownMethods: {error: {code: -32601, message: "unknown method ${method}"}}
+        methods:
+          x/echo: {result: {thread: "${threadId}", method: "${method}"}}
+        """,
+    )
+    reply = await fake.request("no/such/method")
+    assert reply["error"] == {"code": -32601, "message": "unknown method no/such/method"}
+    echoed = await fake.request("x/echo", {"threadId": "thr_123"})
+    assert echoed["result"] == {"thread": "thr_123", "method": "x/echo"}
+    known = await fake.request("x/echo", {"threadId": thread_id})
+    assert known["result"]["thread"] == thread_id
+
+
+async def test_a_tool_call_ends_a_model_response_and_reports_its_usage(spawn: Spawn) -> None:
+    fake, thread_id = await ready(
+        spawn,
+        """
+        version: 1
+        turns:
+          - steps: [{commandApproval: {command: ls}}, {agentMessage: Listed.}]
+          - steps: [{commandApproval: {command: ls}}, {agentMessage: Never.}]
+        """,
+    )
+    await fake.start_turn(thread_id)
+    request = (await fake.until_method("item/commandExecution/requestApproval"))[-1]
+    await fake.answer(request, {"decision": "decline"})
+    read = await fake.until_method("turn/completed")
+    assert methods(read)[:5] == [
+        "serverRequest/resolved",
+        "item/completed",
+        "thread/status/changed",
+        "thread/tokenUsage/updated",
+        "account/rateLimits/updated",
+    ]
+    assert methods(read).count("thread/tokenUsage/updated") == 2
+    await fake.start_turn(thread_id)
+    request = (await fake.until_method("item/commandExecution/requestApproval"))[-1]
+    await fake.answer(request, {"decision": "cancel"})
+    read = await fake.until_method("turn/completed")
+    assert methods(read) == [
+        "serverRequest/resolved",
+        "item/completed",
+        "thread/status/changed",
+        "thread/tokenUsage/updated",
+        "account/rateLimits/updated",
+        "thread/status/changed",
+        "turn/completed",
+    ]
+
+
+async def test_thread_methods_refuse_like_the_real_server(spawn: Spawn) -> None:
+    fake, thread_id = await ready(spawn)
+    fork = await fake.request("thread/fork", {"threadId": thread_id})
+    assert fork["error"]["message"] == f"no rollout found for thread id {thread_id}"
+    unarchive = await fake.request("thread/unarchive", {"threadId": thread_id})
+    assert unarchive["error"]["message"] == f"thread {thread_id} already has an active writer"
+    unknown = await fake.request("thread/unarchive", {"threadId": "x"})
+    assert unknown["error"]["message"] == "no archived rollout found for thread id x"
+    steer = {"threadId": "x", "expectedTurnId": "y", "input": []}
+    assert (await fake.request("turn/steer", steer))["error"]["message"] == "thread not found: x"

@@ -1,0 +1,236 @@
+"""What a fake-codex process did, written as JSON for test harnesses (opt-in).
+
+With ``$FAKE_CODEX_REPORT`` set to a directory, every ``fake-codex app-server`` process
+writes ``<dir>/fake-codex-<pid>.json`` and keeps it current (rewritten atomically soon
+after each change, and once more when it exits). A harness reads these files after the
+run to check that no scripted reply went unused and no server request went unanswered,
+and to show the fake's side of the conversation when a test fails.
+
+    {"pid": 123, "exit": {"code": 0} | null,
+     "serverRequests": [{"id": 0, "method": "...", "state": "pending|answered|dropped",
+                         "reply": "result|error|null"}],
+     "initialize": 1 | null,
+     "methods": {"x/foo": [1, 0]},
+     "turns": [1, 0],
+     "wire": [{"atMs": 0, "dir": "in|out", "text": "..."}], "wireDropped": 0}
+
+``methods.<m>`` and ``turns`` give, for each scripted entry in script order, how many
+requests it answered (0: never used); ``initialize`` how often a scripted
+``initialize`` answered (null when none is scripted). ``wire`` keeps the newest
+protocol lines each way (long ones cut), ``wireDropped`` how many older ones were let
+go.
+
+The report observes the server from outside (it wraps a few of its methods on the
+instance), so the server itself carries a single hook: ``report.attach(self)``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import atexit
+import contextlib
+import os
+from collections import deque
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+import orjson
+
+from fakes.app_server.wire import now_ms
+
+if TYPE_CHECKING:
+    from fakes.app_server.server import AppServer
+
+REPORT_ENV = "FAKE_CODEX_REPORT"
+WIRE_KEEP = 400
+TEXT_KEEP = 1000
+
+
+class Report:
+    """The observed state of one server, and the file it is written to."""
+
+    def __init__(self, server: AppServer, path: str) -> None:
+        self.server = server
+        self.path = path
+        self.requests: dict[Any, dict[str, Any]] = {}
+        self.exit: dict[str, Any] | None = None
+        self.wire: deque[dict[str, Any]] = deque(maxlen=WIRE_KEEP)
+        self.wire_seen = 0
+        script = server.script
+        self.methods: dict[str, list[Any]] = dict(script.methods) if script else {}
+        self.method_uses = {name: [0] * len(entries) for name, entries in self.methods.items()}
+        self.turns: list[Any] = list(script.turns) if script else []
+        self.turn_uses = [0] * len(self.turns)
+        self.initialize_uses: int | None = (
+            0 if script is not None and script.initialize is not None else None
+        )
+        self._scheduled = False
+
+    def used(self, method: str | None, entry: Any) -> None:
+        """A scripted entry answered: a method's behavior, or a turn (`method` None)."""
+        if method == "initialize":
+            self.initialize_uses = (self.initialize_uses or 0) + 1
+        else:
+            entries = self.turns if method is None else self.methods.get(method, [])
+            uses = self.turn_uses if method is None else self.method_uses.get(method, [])
+            for index, candidate in enumerate(entries):
+                if candidate is entry:
+                    uses[index] += 1
+                    break
+        self.changed()
+
+    def snapshot(self) -> dict[str, Any]:
+        """The report as a JSON-ready mapping."""
+        return {
+            "pid": os.getpid(),
+            "exit": self.exit,
+            "serverRequests": list(self.requests.values()),
+            "initialize": self.initialize_uses,
+            "methods": self.method_uses,
+            "turns": self.turn_uses,
+            "wire": list(self.wire),
+            "wireDropped": self.wire_seen - len(self.wire),
+        }
+
+    def flush(self) -> None:
+        """Write the report now (atomically: readers never see half a file)."""
+        self._scheduled = False
+        temporary = f"{self.path}.tmp"
+        with contextlib.suppress(OSError):
+            with open(temporary, "wb") as handle:
+                handle.write(orjson.dumps(self.snapshot(), default=str))
+            os.replace(temporary, self.path)
+
+    def changed(self) -> None:
+        """Write the report soon; many changes in one loop iteration make one write."""
+        if self._scheduled:
+            return
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            self.flush()
+            return
+        self._scheduled = True
+        loop.call_soon(self.flush)
+
+    def line(self, direction: str, data: bytes) -> None:
+        """Keep one protocol line (or chunk of lines) of the transcript."""
+        text = data.decode("utf-8", "replace").rstrip("\n")
+        if len(text) > TEXT_KEEP:
+            text = f"{text[:TEXT_KEEP]}... (+{len(text) - TEXT_KEEP} characters)"
+        self.wire.append({"atMs": now_ms(), "dir": direction, "text": text})
+        self.wire_seen += 1
+        self.changed()
+
+
+def attach(server: AppServer) -> Report | None:
+    """Start reporting on `server` if ``$FAKE_CODEX_REPORT`` names a directory."""
+    directory = os.environ.get(REPORT_ENV)
+    if not directory:
+        return None
+    with contextlib.suppress(OSError):
+        os.makedirs(directory, exist_ok=True)
+    report = Report(server, os.path.join(directory, f"fake-codex-{os.getpid()}.json"))
+    _observe(server, report)
+    atexit.register(report.flush)
+    report.flush()
+    return report
+
+
+def _observe(server: AppServer, report: Report) -> None:
+    """Wrap the server's methods on the instance so that each change is recorded."""
+    out = server.out
+    write = out.write
+    # getattr: a method renamed in the server leaves its part of the report empty
+    # (tests/fakes/test_fake_report.py notices) instead of breaking the fake.
+    dispatch = _method(server, "_dispatch")
+    send_request = _method(server, "send_request")
+    on_response = _method(server, "_on_response")
+    interrupt = _method(server, "interrupt")
+    next_behavior = _method(server, "_next_behavior")
+    next_turn_script = _method(server, "_next_turn_script")
+    exit_ = _method(server, "exit")
+    kill_self = _method(server, "kill_self")
+
+    def out_write(data: bytes) -> None:
+        report.line("out", data)
+        write(data)
+
+    def on_line(line: bytes) -> None:
+        if line.strip():
+            report.line("in", line)
+        dispatch(line)
+
+    def on_send_request(method: str, params: Any, *args: Any, **kwargs: Any) -> Any:
+        request_id, future = send_request(method, params, *args, **kwargs)
+        report.requests[_key(request_id)] = {
+            "id": request_id,
+            "method": method,
+            "state": "pending",
+            "reply": None,
+        }
+        report.changed()
+        return request_id, future
+
+    def on_reply(request_id: Any, message: dict[str, Any]) -> None:
+        entry = report.requests.get(_key(request_id))
+        if entry is not None and entry["state"] == "pending" and request_id in server.pending:
+            entry["state"] = "answered"
+            entry["reply"] = "error" if "error" in message else "result"
+            report.changed()
+        on_response(request_id, message)
+
+    def on_interrupt(turn: Any) -> None:
+        for request_id in list(turn.pending_requests):
+            entry = report.requests.get(_key(request_id))
+            if entry is not None and entry["state"] == "pending":
+                entry["state"] = "dropped"
+        report.changed()
+        interrupt(turn)
+
+    def on_next_behavior(method: str, *args: Any, **kwargs: Any) -> Any:
+        behavior = next_behavior(method, *args, **kwargs)
+        if behavior is not None:
+            report.used(method, behavior)
+        return behavior
+
+    def on_next_turn_script(*args: Any, **kwargs: Any) -> Any:
+        script = next_turn_script(*args, **kwargs)
+        if script is not None:
+            report.used(None, script)
+        return script
+
+    def on_exit(code: int) -> None:
+        if report.exit is None:
+            report.exit = {"code": code, "signal": None}
+        report.flush()
+        exit_(code)
+
+    async def on_kill_self(signame: str) -> None:
+        report.exit = {"code": None, "signal": signame}
+        report.flush()
+        await kill_self(signame)
+
+    wrappers: dict[str, tuple[Any, Callable[..., Any]]] = {
+        "_dispatch": (dispatch, on_line),
+        "send_request": (send_request, on_send_request),
+        "_on_response": (on_response, on_reply),
+        "interrupt": (interrupt, on_interrupt),
+        "_next_behavior": (next_behavior, on_next_behavior),
+        "_next_turn_script": (next_turn_script, on_next_turn_script),
+        "exit": (exit_, on_exit),
+        "kill_self": (kill_self, on_kill_self),
+    }
+    for name, (original, wrapper) in wrappers.items():
+        if original is not None:
+            setattr(server, name, wrapper)
+    out.write = out_write  # type: ignore[method-assign]
+
+
+def _method(server: AppServer, name: str) -> Any:
+    return getattr(server, name, None)
+
+
+def _key(request_id: Any) -> str:
+    """Ids 1 and "1" are different requests: key them by type and value."""
+    return f"{type(request_id).__name__}:{request_id}"
