@@ -40,3 +40,61 @@ def live_children() -> set[int]:
 def open_descriptors() -> int:
     """How many file descriptors this process has open."""
     return len(os.listdir("/proc/self/fd"))
+
+
+def zombie_children(pid: int | None = None) -> set[int]:
+    """Pids of the children of ``pid`` (default: this process) that exited unreaped."""
+    parent = os.getpid() if pid is None else pid
+    found: set[int] = set()
+    for entry in os.listdir("/proc"):
+        stat = _stat(entry) if entry.isdigit() else None
+        if stat is not None and stat[0] == parent and stat[2] == "Z":
+            found.add(int(entry))
+    return found
+
+
+def marked_processes(variable: str, value: str) -> set[int]:
+    """Live pids, other than this one, whose environment has ``variable=value``.
+
+    A bridge passes its environment on, so setting a unique variable before starting
+    one marks every process it spawns, and every process those spawn, wherever they
+    were re-parented after their parent died.
+    """
+    needle = f"{variable}={value}".encode()
+    me = os.getpid()
+    found: set[int] = set()
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit() or int(entry) == me:
+            continue
+        try:
+            with open(f"/proc/{entry}/environ", "rb") as handle:
+                environ = handle.read().split(b"\0")
+        except OSError:
+            continue
+        stat = _stat(entry)
+        if needle in environ and stat is not None and stat[2] != "Z":
+            found.add(int(entry))
+    return found
+
+
+def descriptor_kinds(pid: int | None = None) -> dict[str, int]:
+    """Open descriptors of ``pid`` (default: this process) by kind: pipe, socket, other."""
+    directory = f"/proc/{'self' if pid is None else pid}/fd"
+    kinds = {"pipe": 0, "socket": 0, "other": 0}
+    for fd in os.listdir(directory):
+        try:
+            target = os.readlink(f"{directory}/{fd}")
+        except OSError:
+            continue  # closed while listing (the listing's own descriptor, for one)
+        kind = target.split(":", 1)[0]
+        kinds[kind if kind in ("pipe", "socket") else "other"] += 1
+    return kinds
+
+
+def resident_kib(pid: int | None = None) -> int:
+    """Resident memory of ``pid`` (default: this process) in KiB."""
+    with open(f"/proc/{'self' if pid is None else pid}/status") as status:
+        for line in status:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1])
+    return 0

@@ -9,7 +9,6 @@ import pytest
 
 from bridge.app import text_turn_app, trusted_bridge_app
 from bridge.limits import RestLimits
-from bridge.process.text_turn import approval_answer
 from scenarios.processes import live_children
 
 pytestmark = pytest.mark.asyncio
@@ -191,21 +190,6 @@ async def test_empty_text_is_400(serve, fake_codex, http):
     base = await serve(text_turn_app(fake_codex))
     result = await text_turn(http, base, {"text": ""}, status=400)
     assert result["error"] == "bad_request"
-
-
-def test_legacy_and_permission_approvals_get_their_own_answer_shapes():
-    assert approval_answer("execCommandApproval", {}, "accept") == {"decision": "approved"}
-    assert approval_answer("applyPatchApproval", {}, "cancel") == {"decision": "abort"}
-    assert approval_answer("execCommandApproval", {}, "decline")["decision"]["denied"]
-    requested = {"permissions": {"network": {"enabled": True}}}
-    assert approval_answer("item/permissions/requestApproval", requested, "acceptForSession") == {
-        "permissions": {"network": {"enabled": True}},
-        "scope": "session",
-    }
-    assert approval_answer("item/permissions/requestApproval", requested, "decline") == {
-        "permissions": {}
-    }
-    assert approval_answer("item/tool/call", {}, "accept") is None
 
 
 async def test_compatibility_reports_the_app_server_version(serve, fake_codex, http):

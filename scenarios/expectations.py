@@ -1,0 +1,434 @@
+"""Expectations: what a response or a run of events must look like, and the problems.
+
+The scenario runner checks every step with these; they take plain values (an
+`Exchange`, a list of event objects) and a `sub` that fills in `${variables}`, so
+another interpreter of the same step models can use them too.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+from multidict import CIMultiDictProxy
+
+from fakes.app_server.script import AppServerScript
+from scenarios import format as f
+from scenarios.matching import (
+    MISSING,
+    Mismatch,
+    diff,
+    match,
+    match_jsonpath,
+    render,
+)
+from scenarios.sse import SseFrame
+
+#: A body that is not JSON (or no body).
+NO_JSON: Any = object()
+Sub = Callable[[Any], Any]
+
+
+def _same(value: Any) -> Any:
+    return value
+
+
+@dataclass
+class Problem:
+    """One failed expectation: where in the file, what, and a diff when one helps."""
+
+    loc: tuple[Any, ...]
+    message: str
+    diff: str | None = None
+    detail: str | None = None
+
+
+@dataclass
+class Exchange:
+    """A complete HTTP response."""
+
+    method: str
+    path: str
+    status: int
+    headers: CIMultiDictProxy[str]
+    text: str
+    json: Any = NO_JSON
+
+
+# -- HTTP responses --------------------------------------------------------------------
+
+
+def http_problems(
+    expect: f.HttpExpect | None, ex: Exchange, default_status: Any, sub: Sub = _same
+) -> list[Problem]:
+    """How `ex` fails `expect` (status defaults to `default_status`, or non-2xx with `error`)."""
+    expect = expect or f.HttpExpect()
+    problems: list[Problem] = []
+    status = expect.status if expect.status is not None else default_status
+    if expect.status is None and expect.error is not None:
+        status = "non-2xx"
+    if not _status_ok(status, ex.status):
+        problems.append(
+            Problem(
+                ("expect", "status"),
+                f"expected status {status}, received {ex.status}",
+                detail=f"body: {cut(ex.text, 2000)}",
+            )
+        )
+    for name, expected in (expect.headers or {}).items():
+        actual = ex.headers.get(name, MISSING)
+        for mismatch in match(sub(expected), actual, subset=False, path=name):
+            problems.append(Problem(("expect", "headers", name), f"header {mismatch}"))
+    body_json = ex.json
+    needs_json = expect.given("json_body") or expect.json_subset is not None or expect.json_path
+    if needs_json and body_json is NO_JSON:
+        problems.append(
+            Problem(("expect",), f"the body is not JSON: {cut(ex.text, 500) or '(empty)'}")
+        )
+        return problems
+    if expect.given("json_body"):
+        problems += _compare(("expect", "json"), sub(expect.json_body), body_json, False)
+    if expect.json_subset is not None:
+        expected = sub(expect.json_subset)
+        problems += _compare(("expect", "jsonSubset"), expected, body_json, True)
+    for expression, expected in (expect.json_path or {}).items():
+        found = match_jsonpath(sub(expression), sub(expected), body_json)
+        for mismatch in found:
+            problems.append(Problem(("expect", "jsonPath", expression), str(mismatch)))
+    if expect.body is not None:
+        for mismatch in match(sub(expect.body), ex.text, subset=False, path="body"):
+            problems.append(Problem(("expect", "body"), str(mismatch)))
+    if expect.error is not None:
+        problems += error_problems(sub(expect.error), ex)
+    return problems
+
+
+def error_problems(expected: Any, ex: Exchange) -> list[Problem]:
+    """`ex` must carry the bridge's error payload, matching `expected` (a kind or a subset)."""
+    loc = ("expect", "error")
+    payload = ex.json
+    if not (
+        isinstance(payload, dict)
+        and isinstance(payload.get("error"), str)
+        and isinstance(payload.get("message"), str)
+    ):
+        return [
+            Problem(
+                loc,
+                f"expected the error payload {{error, message, code?, data?}}, received "
+                f"{ex.status} {cut(ex.text, 500)}",
+            )
+        ]
+    if 200 <= ex.status < 300:
+        return [Problem(loc, f"expected an error status, received {ex.status}")]
+    if isinstance(expected, str):
+        expected = {"error": expected}
+    return _compare(loc, expected, payload, True)
+
+
+# -- events (long-poll and SSE) ---------------------------------------------------------
+
+
+def events_problems(
+    expect: f.EventsExpect,
+    events: list[Any],
+    ids: list[Any],
+    kinds: list[Any],
+    sub: Sub = _same,
+) -> list[Problem]:
+    """How the events read fail `expect`; `ids` and `kinds` are the frames' (or seqs/kinds)."""
+    problems: list[Problem] = []
+    listing = event_list(events)
+    if expect.count is not None and len(events) != expect.count:
+        problems.append(
+            Problem(
+                ("expect", "count"),
+                f"expected {expect.count} events, read {len(events)}",
+                detail=listing,
+            )
+        )
+    if expect.events is not None:
+        wanted = [event_matcher(sub(item)) for item in expect.events]
+        if len(wanted) != len(events):
+            problems.append(
+                Problem(
+                    ("expect", "events"),
+                    f"expected {len(wanted)} events, read {len(events)}",
+                    detail=listing,
+                )
+            )
+        for index, (expected, event) in enumerate(zip(wanted, events, strict=False)):
+            mismatches = match(expected, event, subset=True, path=f"events[{index}]")
+            if mismatches:
+                problems.append(
+                    Problem(
+                        ("expect", "events", index),
+                        f"event {index + 1} ({event_line(event, 80)}) does not match: "
+                        f"{mismatches[0]}",
+                        diff=diff(expected, event, subset=True),
+                    )
+                )
+                break
+    if expect.subsequence is not None:
+        position = start = 0
+        for index, item in enumerate(expect.subsequence):
+            expected = event_matcher(sub(item))
+            while position < len(events) and match(expected, events[position], subset=True):
+                position += 1
+            if position >= len(events):
+                if index:
+                    matched = event_name(events[start - 1]).split(" ")[0]
+                    message = (
+                        f"no event matching {render(expected)} after {matched} "
+                        f"(the event subsequence[{index - 1}] matched)"
+                    )
+                else:
+                    message = f"no event matching {render(expected)} was read"
+                near, near_diff = _nearest(expected, events[start:])
+                problems.append(
+                    Problem(
+                        ("expect", "subsequence", index),
+                        message + near,
+                        diff=near_diff,
+                        detail=listing,
+                    )
+                )
+                break
+            position += 1
+            start = position
+    for index, item in enumerate(expect.absent or []):
+        expected = event_matcher(sub(item))
+        hits = [event for event in events if not match(expected, event, subset=True)]
+        if hits:
+            problems.append(
+                Problem(
+                    ("expect", "absent", index),
+                    f"expected no event matching {render(expected)}, read {event_line(hits[0])}",
+                )
+            )
+    if expect.kinds is not None and list(expect.kinds) != kinds:
+        problems.append(
+            Problem(
+                ("expect", "kinds"),
+                f"expected kinds {render(list(expect.kinds))}, read {render(kinds)}",
+            )
+        )
+    if expect.methods is not None:
+        methods = [event.get("method") if isinstance(event, dict) else None for event in events]
+        if list(expect.methods) != methods:
+            problems.append(
+                Problem(
+                    ("expect", "methods"),
+                    f"expected methods {render(list(expect.methods), 600)}, "
+                    f"read {render(methods, 600)}",
+                )
+            )
+    if expect.ids is not None:
+        problems += ids_problems(expect.ids, ids, sub)
+    return problems
+
+
+def ids_problems(spec: Any, raw_ids: list[Any], sub: Sub = _same) -> list[Problem]:
+    """`ids:` a list of ids, `consecutive`, or `{first, after, consecutive}`."""
+    loc = ("expect", "ids")
+    ids = [int_or_none(value) for value in raw_ids]
+    if isinstance(spec, list):
+        wanted = [int_or_none(sub(value)) for value in spec]
+        if wanted != ids:
+            return [Problem(loc, f"expected ids {wanted}, read {ids}")]
+        return []
+    if spec == "consecutive":
+        spec = f.IdsSpec()
+    if any(value is None for value in ids):
+        return [Problem(loc, f"every frame needs a numeric id; read {raw_ids}")]
+    problems = []
+    first = int_or_none(sub(spec.first))
+    after = int_or_none(sub(spec.after))
+    if ids and first is not None and ids[0] != first:
+        problems.append(Problem(loc, f"expected the first id {first}, read {ids[0]}"))
+    if ids and after is not None and ids[0] != after + 1:
+        problems.append(Problem(loc, f"expected the first id right after {after}, read {ids[0]}"))
+    if spec.consecutive:
+        for previous, current in itertools.pairwise(ids):
+            if current != previous + 1:  # type: ignore[operator]
+                problems.append(
+                    Problem(loc, f"ids are not consecutive: {previous} then {current} ({ids})")
+                )
+                break
+    return problems
+
+
+# -- helpers ---------------------------------------------------------------------------
+
+
+def as_text(value: Any) -> str:
+    if isinstance(value, str):
+        return value
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if value is None:
+        return ""
+    if isinstance(value, int | float):
+        return str(value)
+    return orjson.dumps(value).decode()
+
+
+def cut(text: str, limit: int) -> str:
+    text = text.replace("\n", "\\n")
+    return text if len(text) <= limit else f"{text[:limit]}... (+{len(text) - limit} characters)"
+
+
+def int_or_none(value: Any) -> int | None:
+    if value is None or isinstance(value, bool):
+        return None
+    try:
+        return int(value)
+    except (TypeError, ValueError):
+        return None
+
+
+def event_matcher(value: Any) -> Any:
+    """A bare string matches the event's method."""
+    return {"method": value} if isinstance(value, str) else value
+
+
+def frame_event(frame: SseFrame) -> Any:
+    try:
+        return frame.json()
+    except ValueError:
+        return NO_JSON
+
+
+def event_name(event: Any) -> str:
+    if not isinstance(event, dict):
+        return render(event, 60)
+    key = f" requestKey={event['requestKey']}" if event.get("requestKey") else ""
+    return f"#{event.get('seq')} {event.get('kind')} {event.get('method')}{key}"
+
+
+def event_line(event: Any, limit: int = 160) -> str:
+    if not isinstance(event, dict):
+        return render(event, limit)
+    return f"{event_name(event)} {render(event.get('params'), limit)}"
+
+
+def event_list(events: list[Any]) -> str:
+    if not events:
+        return "read: (nothing)"
+    lines = [f"read {len(events)}:"]
+    shown = events if len(events) <= 40 else [*events[:10], None, *events[-29:]]
+    for event in shown:
+        lines.append(
+            f"  ... {len(events) - 39} more ..." if event is None else f"  {event_line(event)}"
+        )
+    return "\n".join(lines)
+
+
+def _nearest(expected: Any, events: list[Any]) -> tuple[str, str | None]:
+    """The closest miss among events of the expected method (or kind), diffed."""
+    if not isinstance(expected, dict):
+        return "", None
+    for key in ("method", "kind"):
+        if key in expected and isinstance(expected[key], str):
+            candidates = [
+                (len(match(expected, event, subset=True)), index, event)
+                for index, event in enumerate(events)
+                if isinstance(event, dict) and event.get(key) == expected[key]
+            ]
+            if not candidates:
+                return f"; no {expected[key]} at all", None
+            _, _, event = min(candidates, key=lambda item: item[:2])
+            first = match(expected, event, subset=True)[0]
+            return (
+                f"; the closest, {event_name(event)}, differs {first}",
+                diff(expected, event, subset=True),
+            )
+    return "", None
+
+
+def _status_ok(expected: Any, actual: int) -> bool:
+    if expected == "non-2xx":
+        return not 200 <= actual < 300
+    if isinstance(expected, list):
+        return actual in expected
+    if isinstance(expected, str):
+        return len(expected) == 3 and (
+            str(actual) == expected or (expected.endswith("xx") and str(actual)[0] == expected[0])
+        )
+    return bool(actual == expected)
+
+
+def _compare(loc: tuple[Any, ...], expected: Any, actual: Any, subset: bool) -> list[Problem]:
+    mismatches: list[Mismatch] = match(expected, actual, subset=subset)
+    if not mismatches:
+        return []
+    shown = "; ".join(str(m) for m in mismatches[:3])
+    more = f" (and {len(mismatches) - 3} more)" if len(mismatches) > 3 else ""
+    return [Problem(loc, f"{shown}{more}", diff=diff(expected, actual, subset=subset))]
+
+
+# -- end-of-run checks -------------------------------------------------------------------
+
+
+def fake_report_problems(
+    script: AppServerScript | None,
+    reports: list[dict[str, Any]],
+    *,
+    script_used: bool = True,
+    requests_answered: bool = True,
+) -> list[Problem]:
+    """Scripted replies no process used, server requests no client answered.
+
+    `reports` are what the fake-codex processes wrote (`scenarios.harness.read_reports`).
+    Every app-server process runs the whole script from the start, so an entry counts
+    as used when any process used it. Problem locations are within a scenario file.
+    """
+    problems: list[Problem] = []
+    if requests_answered:
+        for report in reports:
+            for request in report.get("serverRequests", []):
+                if request.get("state") == "pending":
+                    problems.append(
+                        Problem(
+                            ("checks", "requestsAnswered"),
+                            f"fake-codex (pid {report.get('pid')}) sent the server request "
+                            f"{request.get('method')} (id {request.get('id')!r}), and it was "
+                            "never answered",
+                        )
+                    )
+    if script is None or not script_used:
+        return problems
+    note = (
+        " (each app-server process — each session, sessionless call and text turn — "
+        "runs the script from its start)"
+    )
+    if script.initialize is not None and not any(r.get("initialize") for r in reports):
+        problems.append(
+            Problem(("appServer", "initialize"), f"the scripted `initialize` was never used{note}")
+        )
+    for method, entries in script.methods.items():
+        for index in range(len(entries)):
+            if not any(_used(report.get("methods", {}).get(method), index) for report in reports):
+                where: tuple[Any, ...] = ("appServer", "methods", method)
+                label = method
+                if len(entries) > 1:
+                    where, label = (*where, index), f"{method}[{index}]"
+                problems.append(
+                    Problem(where, f"the scripted reply to {label} was never requested{note}")
+                )
+    for index in range(len(script.turns)):
+        if not any(_used(report.get("turns"), index) for report in reports):
+            problems.append(
+                Problem(
+                    ("appServer", "turns", index),
+                    f"scripted turn {index} was never started (no turn/start took it){note}",
+                )
+            )
+    return problems
+
+
+def _used(uses: Any, index: int) -> bool:
+    return isinstance(uses, list) and index < len(uses) and bool(uses[index])

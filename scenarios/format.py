@@ -1,0 +1,843 @@
+"""The scenario format, version 1: pydantic models, and loading files with useful errors.
+
+A scenario is one YAML (or JSON) document; `scenarios/README.md` documents it. Its
+`appServer:` section is a fake-codex script, validated by the fake's own models
+(`fakes.app_server.script.AppServerScript`), so the same file can be handed to
+`fake-codex --script`. Its `model:` section is a `fakes.model_provider.ModelScript`.
+
+Everything that can be checked before a run is checked at load time: the document's
+shape, matcher operators, JSONPath expressions, and that every `${variable}` and
+stream a step uses was defined by an earlier step. `ScenarioError` messages name the
+file, the line and the problem.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import re
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated, Any, ClassVar, Literal
+
+import yaml
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Discriminator,
+    Field,
+    NonNegativeInt,
+    PositiveInt,
+    Tag,
+    ValidationError,
+    create_model,
+    field_validator,
+    model_validator,
+)
+from pydantic.alias_generators import to_camel
+
+from bridge.limits import RestLimits
+from fakes.app_server.script import STEP_KINDS as FAKE_STEP_KINDS
+from fakes.app_server.script import AppServerScript
+from fakes.app_server.script_source import (
+    _compose,
+    _format_path,
+    _mark,
+    parse_yaml,
+)
+from fakes.model_provider import ModelScript
+
+__all__ = [
+    "FORMAT_VERSION",
+    "BridgeSpec",
+    "LoadedScenario",
+    "Scenario",
+    "ScenarioError",
+    "Step",
+    "load_scenario",
+    "parse_scenario",
+]
+
+FORMAT_VERSION = 1
+#: Variables every scenario has: the bridge's base URL, its token, a private directory.
+BUILTIN_VARIABLES = frozenset({"base", "token", "tmp"})
+VARIABLE = re.compile(r"(?<!\$)\$\{([^}]*)\}")
+NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+#: The operators a matcher mapping may use (see `scenarios.matching`).
+MATCHER_OPS = frozenset(
+    {
+        "$regex",
+        "$type",
+        "$any",
+        "$absent",
+        "$len",
+        "$contains",
+        "$eq",
+        "$subset",
+        "$gt",
+        "$gte",
+        "$lt",
+        "$lte",
+        "$oneOf",
+    }
+)
+JSON_TYPES = frozenset({"string", "number", "integer", "boolean", "null", "object", "array"})
+
+
+class ScenarioError(ValueError):
+    """A scenario that cannot be run; the message names the file, the line and the problem."""
+
+
+class _Model(BaseModel):
+    """Base of every scenario model: camelCase keys, unknown keys rejected."""
+
+    model_config = ConfigDict(
+        extra="forbid", alias_generator=to_camel, populate_by_name=True, frozen=True
+    )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _reject_boolean_keys(cls, data: Any) -> Any:
+        if isinstance(data, dict) and any(isinstance(key, bool) for key in data):
+            raise ValueError(
+                "a key was read as a boolean (YAML turns `on`, `off`, `yes`, `no` into "
+                "true/false); quote it"
+            )
+        return data
+
+    def given(self, name: str) -> bool:
+        """Whether the document set field `name` (even to null)."""
+        return name in self.model_fields_set
+
+
+# -- matchers and JSONPath -------------------------------------------------------------
+
+
+def check_matchers(value: Any) -> Any:
+    """Reject unknown `$operators` and mappings that mix operators with plain keys."""
+    _check_matchers(value, "")
+    return value
+
+
+def _check_matchers(value: Any, where: str) -> None:
+    if isinstance(value, list):
+        for index, item in enumerate(value):
+            _check_matchers(item, f"{where}[{index}]")
+    if not isinstance(value, dict):
+        return
+    ops = [key for key in value if isinstance(key, str) and key.startswith("$")]
+    at = f" at {where}" if where else ""
+    if ops and len(ops) != len(value):
+        raise ValueError(
+            f"a mapping{at} mixes matcher operators ({', '.join(ops)}) with plain keys; "
+            "write a literal `$` key as {$eq: {...}}"
+        )
+    for op in ops:
+        if op not in MATCHER_OPS:
+            raise ValueError(
+                f"unknown matcher operator {op}{at}; known: {', '.join(sorted(MATCHER_OPS))}"
+            )
+    if "$type" in value:
+        types = value["$type"] if isinstance(value["$type"], list) else [value["$type"]]
+        unknown = [t for t in types if t not in JSON_TYPES]
+        if unknown:
+            raise ValueError(f"$type{at}: unknown type {unknown[0]!r}; use {sorted(JSON_TYPES)}")
+    if "$regex" in value:
+        try:
+            re.compile(str(value["$regex"]))
+        except re.error as exc:
+            raise ValueError(f"$regex{at}: invalid regular expression: {exc}") from None
+    if "$eq" in value:
+        return
+    for key, item in value.items():
+        _check_matchers(item, f"{where}.{key}" if where else str(key))
+
+
+def check_jsonpath(expression: str) -> str:
+    """A JSONPath expression that parses (compiled once and cached)."""
+    from scenarios.matching import compile_jsonpath
+
+    try:
+        compile_jsonpath(expression)
+    except Exception as exc:
+        raise ValueError(f"invalid JSONPath {expression!r}: {exc}") from None
+    return expression
+
+
+#: Any JSON value, possibly containing matcher mappings (`{$regex: ...}`).
+Expected = Annotated[Any, AfterValidator(check_matchers)]
+JsonPath = Annotated[str, AfterValidator(check_jsonpath)]
+#: An event matcher; a bare string is shorthand for `{method: <string>}`.
+EventMatcher = Annotated[Any, AfterValidator(check_matchers)]
+
+
+def _variable_name(value: str) -> str:
+    if not NAME.match(value):
+        raise ValueError(f"{value!r} is not a variable name (letters, digits, _)")
+    if value in BUILTIN_VARIABLES:
+        raise ValueError(f"{value!r} is a built-in variable; pick another name")
+    return value
+
+
+VariableName = Annotated[str, AfterValidator(_variable_name)]
+
+
+# -- the bridge under test ---------------------------------------------------------------
+
+
+def _limits_model() -> type[_Model]:
+    """`RestLimits` as a model: every field optional, camelCase, positive."""
+    fields: dict[str, Any] = {
+        item.name: (PositiveInt | None, None) for item in dataclasses.fields(RestLimits)
+    }
+    model: type[_Model] = create_model("Limits", __base__=_Model, **fields)
+    model.__doc__ = "Bridge limits (`RestLimits`), each optional; see the README's table."
+    return model
+
+
+if TYPE_CHECKING:
+    Limits = _Model
+else:
+    Limits = _limits_model()
+
+
+class BridgeSpec(_Model):
+    """How the bridge under test is built."""
+
+    preset: Literal["trusted", "default", "text-turn"] = "trusted"
+    #: Turns bearer auth on; requests carry it unless a step says otherwise.
+    token: str | None = None
+    exempt_health: bool = True
+    limits: Limits = Field(default_factory=Limits)
+    #: Check every response against the bridge's own OpenAPI document.
+    contract_check: bool = True
+
+    @field_validator("token")
+    @classmethod
+    def _not_blank(cls, value: str | None) -> str | None:
+        if value is not None and not value.strip():
+            raise ValueError("the token must not be blank (omit it to turn auth off)")
+        return value
+
+    def rest_limits(self) -> RestLimits:
+        """The limits as the bridge takes them."""
+        values = {name: value for name, value in self.limits if value is not None}
+        return RestLimits(**values)
+
+
+class Checks(_Model):
+    """The checks made after the last step, on what the fake (or model) reports."""
+
+    #: Every scripted method reply, turn and model reply was asked for.
+    script_used: bool = True
+    #: Every server request the app-server sent was answered (or dropped by an interrupt).
+    requests_answered: bool = True
+
+
+# -- steps -----------------------------------------------------------------------------
+
+
+AuthSpec = bool | str
+
+
+class Until(_Model):
+    """Repeat the step until its expectations hold, or fail at the deadline."""
+
+    deadline_ms: PositiveInt = 10_000
+    interval_ms: PositiveInt = 100
+
+
+class HttpExpect(_Model):
+    """What an HTTP response must look like.
+
+    `status` defaults to any 2xx, or any non-2xx when `error` is given.
+    """
+
+    status: int | list[int] | str | None = None
+    headers: dict[str, Expected] | None = None
+    json_body: Expected = Field(default=None, alias="json")
+    json_subset: Expected = None
+    json_path: dict[JsonPath, Expected] | None = None
+    body: Expected = None
+    error: str | dict[str, Expected] | None = None
+
+    @field_validator("status")
+    @classmethod
+    def _status_pattern(cls, value: Any) -> Any:
+        if isinstance(value, str) and not re.fullmatch(r"[1-5](xx|\d\d)", value):
+            raise ValueError("a status is a number, a list of numbers, or a class like 4xx")
+        return value
+
+
+class IdsSpec(_Model):
+    """The SSE ids (or long-poll seqs) read: consecutive, and where they start."""
+
+    first: int | str | None = None
+    after: int | str | None = None
+    consecutive: bool = True
+
+
+class EventsExpect(_Model):
+    """What a sequence of events (long-poll or SSE) must look like."""
+
+    events: list[EventMatcher] | None = None
+    subsequence: list[EventMatcher] | None = None
+    absent: list[EventMatcher] | None = None
+    kinds: list[str] | None = None
+    methods: list[str | None] | None = None
+    ids: list[int | str] | IdsSpec | Literal["consecutive"] | None = None
+    count: NonNegativeInt | None = None
+    quiet_ms: PositiveInt | None = None
+    ended: bool | None = None
+    #: Long-poll only: the read must fail with this error payload.
+    error: str | dict[str, Expected] | None = None
+
+
+def _check_capture(value: Any) -> Any:
+    if isinstance(value, str):
+        return check_jsonpath(value)
+    if isinstance(value, dict) and len(value) == 1:
+        ((key, item),) = value.items()
+        if key == "jsonPath" and isinstance(item, str):
+            check_jsonpath(item)
+            return value
+        if key == "header" and isinstance(item, str):
+            return value
+    raise ValueError("a capture is a JSONPath string, {jsonPath: ...} or {header: NAME}")
+
+
+#: A JSONPath string, `{jsonPath: ...}`, or `{header: NAME}`.
+Capture = Annotated[str | dict[Literal["jsonPath", "header"], str], AfterValidator(_check_capture)]
+
+
+class _Step(_Model):
+    """A step: a mapping with exactly one kind key (the class's `KIND`)."""
+
+    KIND: ClassVar[str]
+    name: str | None = None
+
+    def title(self) -> str:
+        """How the step is shown in reports."""
+        return self.name or self.KIND
+
+    def captures(self) -> dict[str, Any]:
+        return {}
+
+    def defines(self) -> list[str]:
+        """Variables this step sets."""
+        return list(self.captures())
+
+
+class _Captures(_Step):
+    capture: dict[VariableName, Capture] = Field(default_factory=dict)
+
+    def captures(self) -> dict[str, Any]:
+        return dict(self.capture)
+
+
+class HttpRequest(_Model):
+    """Any HTTP request to the bridge."""
+
+    method: str = "GET"
+    path: str
+    query: dict[str, str | int | bool] | None = None
+    headers: dict[str, str] | None = None
+    json_body: Any = Field(default=None, alias="json")
+    body: str | None = None
+    auth: AuthSpec = True
+    timeout_ms: PositiveInt = 30_000
+
+    @model_validator(mode="after")
+    def _one_body(self) -> HttpRequest:
+        if self.given("json_body") and self.body is not None:
+            raise ValueError("give `json` or `body`, not both")
+        return self
+
+
+class _Background(_Captures):
+    """`background: NAME` sends the request and goes on; `await: NAME` checks it later."""
+
+    background: VariableName | None = None
+
+    @model_validator(mode="after")
+    def _checked_later(self) -> _Background:
+        if self.background is not None:
+            extra = [
+                key
+                for key in ("expect", "capture", "until")
+                if getattr(self, key, None) or key in self.model_fields_set
+            ]
+            if extra:
+                raise ValueError(
+                    f"a `background` request is checked by its `await` step; move "
+                    f"{', '.join(f'`{key}`' for key in extra)} there"
+                )
+        return self
+
+
+class HttpStep(_Background):
+    """`http:` one request, with expectations and captures."""
+
+    KIND = "http"
+    http: HttpRequest
+    expect: HttpExpect | None = None
+    until: Until | None = None
+
+    def title(self) -> str:
+        return self.name or f"http {self.http.method.upper()} {self.http.path}"
+
+
+class CallSpec(_Model):
+    """A raw JSON-RPC call: in a session, or sessionless without `session`."""
+
+    method: str
+    session: str | None = None
+    params: Any = None
+    timeout_ms: PositiveInt | None = None
+    options: dict[str, Any] | None = None
+    auth: AuthSpec = True
+
+
+class CallStep(_Background):
+    """`call:` POST `/v1/sessions/{session}/call/{method}` (or `/v1/call/{method}`)."""
+
+    KIND = "call"
+    call: CallSpec
+    expect: HttpExpect | None = None
+    until: Until | None = None
+
+    def title(self) -> str:
+        return self.name or f"call {self.call.method}"
+
+
+class CreateSessionSpec(_Model):
+    """Create a session and keep its id in the variable `as`."""
+
+    as_: VariableName = Field(default="session", alias="as")
+    options: dict[str, Any] | None = None
+    auth: AuthSpec = True
+
+
+def _session_shorthand(value: Any) -> Any:
+    if value is None or value is True:
+        return {}
+    if isinstance(value, str):
+        return {"as": value}
+    return value
+
+
+class CreateSessionStep(_Captures):
+    """`createSession:` POST `/v1/sessions`; the id goes to `${session}` (or `as`)."""
+
+    KIND = "createSession"
+    create_session: CreateSessionSpec
+    expect: HttpExpect | None = None
+
+    _shorthand = field_validator(
+        "create_session", mode="before", json_schema_input_type=CreateSessionSpec | str | None
+    )(_session_shorthand)
+
+    def title(self) -> str:
+        return self.name or f"createSession {self.create_session.as_}"
+
+    def defines(self) -> list[str]:
+        return [self.create_session.as_, *self.capture]
+
+
+class ReplyErrorSpec(_Model):
+    code: int
+    message: str
+    data: Any = None
+
+
+class ReplyRequest(_Model):
+    """Answer a server request: `result`, or `error`."""
+
+    session: str
+    request_key: str
+    result: Any = None
+    error: ReplyErrorSpec | None = None
+    auth: AuthSpec = True
+
+    @model_validator(mode="after")
+    def _one_outcome(self) -> ReplyRequest:
+        if self.given("result") == (self.error is not None):
+            raise ValueError("give exactly one of `result` or `error`")
+        return self
+
+
+class ReplyStep(_Captures):
+    """`reply:` POST `.../requests/{requestKey}/result` (or `/error`)."""
+
+    KIND = "reply"
+    reply: ReplyRequest
+    expect: HttpExpect | None = None
+
+
+class _ReadUntil(_Model):
+    count: NonNegativeInt | None = None
+    through: EventMatcher = None
+    timeout_ms: PositiveInt = 10_000
+
+
+class PollSpec(_ReadUntil):
+    """Long-poll `GET .../events` until `count` events, or `through` one that matches."""
+
+    session: str
+    wait_ms: PositiveInt = 10_000
+    #: Read after this seq (the cursor stays); later reads go on from the last one.
+    after: int | str | None = None
+    auth: AuthSpec = True
+
+    @model_validator(mode="after")
+    def _stop(self) -> PollSpec:
+        if self.count is not None and self.through is not None:
+            raise ValueError("give `count` or `through`, not both")
+        return self
+
+
+class PollStep(_Captures):
+    """`poll:` read events by long-poll."""
+
+    KIND = "poll"
+    poll: PollSpec
+    expect: EventsExpect | None = None
+
+
+class StreamSpec(_Model):
+    """Open `GET .../events/stream` and keep it open under the name `as`."""
+
+    as_: VariableName = Field(default="stream", alias="as")
+    session: str | None = None
+    path: str | None = None
+    last_event_id: int | str | None = None
+    after: int | str | None = None
+    headers: dict[str, str] | None = None
+    auth: AuthSpec = True
+    timeout_ms: PositiveInt = 10_000
+
+    @model_validator(mode="after")
+    def _target(self) -> StreamSpec:
+        if (self.session is None) == (self.path is None):
+            raise ValueError("give exactly one of `session` or `path`")
+        return self
+
+
+class StreamStep(_Step):
+    """`stream:` open an SSE stream."""
+
+    KIND = "stream"
+    stream: StreamSpec
+    expect: HttpExpect | None = None
+
+    def title(self) -> str:
+        return self.name or f"stream {self.stream.as_}"
+
+
+class ReadSpec(_ReadUntil):
+    """Read frames from an open stream: `count`, `through` a match, or `toEnd`."""
+
+    stream: str = "stream"
+    to_end: bool = False
+
+    @model_validator(mode="after")
+    def _stop(self) -> ReadSpec:
+        given = [self.count is not None, self.through is not None, self.to_end]
+        if sum(given) > 1:
+            raise ValueError("give one of `count`, `through` or `toEnd`")
+        return self
+
+
+class ReadStep(_Captures):
+    """`read:` frames of an open SSE stream."""
+
+    KIND = "read"
+    read: ReadSpec
+    expect: EventsExpect | None = None
+
+    def title(self) -> str:
+        return self.name or f"read {self.read.stream}"
+
+
+class CloseStep(_Step):
+    """`close:` close an open stream."""
+
+    KIND = "close"
+    close: str
+
+
+class AwaitSpec(_Model):
+    """Wait for a `background` request's response."""
+
+    request: str
+    timeout_ms: PositiveInt = 30_000
+
+
+def _await_shorthand(value: Any) -> Any:
+    return {"request": value} if isinstance(value, str) else value
+
+
+class AwaitStep(_Captures):
+    """`await:` the response of a request sent with `background: NAME`."""
+
+    KIND = "await"
+    await_: AwaitSpec = Field(alias="await")
+    expect: HttpExpect | None = None
+
+    _shorthand = field_validator("await_", mode="before", json_schema_input_type=AwaitSpec | str)(
+        _await_shorthand
+    )
+
+    def title(self) -> str:
+        return self.name or f"await {self.await_.request}"
+
+
+STEP_TYPES: tuple[type[_Step], ...] = (
+    HttpStep,
+    CallStep,
+    CreateSessionStep,
+    ReplyStep,
+    PollStep,
+    StreamStep,
+    ReadStep,
+    CloseStep,
+    AwaitStep,
+)
+STEP_KINDS = frozenset(step.KIND for step in STEP_TYPES)
+_ALL_STEP_KINDS = STEP_KINDS | FAKE_STEP_KINDS
+
+
+def _step_kind(value: Any) -> str | None:
+    if isinstance(value, dict):
+        kinds = [key for key in value if key in STEP_KINDS]
+        return kinds[0] if len(kinds) == 1 else None
+    return getattr(value, "KIND", None)
+
+
+Step = Annotated[
+    Annotated[HttpStep, Tag("http")]
+    | Annotated[CallStep, Tag("call")]
+    | Annotated[CreateSessionStep, Tag("createSession")]
+    | Annotated[ReplyStep, Tag("reply")]
+    | Annotated[PollStep, Tag("poll")]
+    | Annotated[StreamStep, Tag("stream")]
+    | Annotated[ReadStep, Tag("read")]
+    | Annotated[CloseStep, Tag("close")]
+    | Annotated[AwaitStep, Tag("await")],
+    Discriminator(
+        _step_kind,
+        custom_error_type="step_kind",
+        custom_error_message=(
+            "a step is a mapping with exactly one of the keys " + ", ".join(sorted(STEP_KINDS))
+        ),
+    ),
+]
+
+
+class Scenario(_Model):
+    """A whole scenario: the bridge, the app-server (or model) script, and the steps."""
+
+    scenario: Literal[1] = Field(description="The format version.")
+    name: str | None = None
+    description: str | None = None
+    tags: list[str] = Field(default_factory=list)
+    #: False: never run beside other scenarios (e.g. it uses a fixed file path).
+    parallel: bool = True
+    timeout_ms: PositiveInt = 120_000
+    bridge: BridgeSpec = Field(default_factory=BridgeSpec)
+    app_server: AppServerScript | None = None
+    model: ModelScript | None = None
+    steps: list[Step] = Field(min_length=1)
+    checks: Checks = Field(default_factory=Checks)
+
+    @model_validator(mode="after")
+    def _one_backend(self) -> Scenario:
+        if self.app_server is not None and self.model is not None:
+            raise ValueError(
+                "give `appServer` (run on fake-codex) or `model` (run the real codex with "
+                "a scripted model), not both"
+            )
+        return self
+
+    @property
+    def real_codex(self) -> bool:
+        """Whether the scenario runs the real codex (it scripts the model)."""
+        return self.model is not None
+
+
+# -- loading -----------------------------------------------------------------------------
+
+
+@dataclass
+class LoadedScenario:
+    """A validated scenario and where it came from (to point at its lines)."""
+
+    scenario: Scenario
+    source: str
+    path: Path | None = None
+    text: str | None = None
+    #: The document as parsed, before validation.
+    data: Any = field(default=None, repr=False)
+    _root: Any = field(default=None, repr=False)
+
+    @property
+    def name(self) -> str:
+        if self.scenario.name:
+            return self.scenario.name
+        if self.path is not None:
+            return self.path.name.split(".")[0]
+        return self.source
+
+    def where(self, loc: tuple[Any, ...]) -> str:
+        """`file:line` of the node at `loc` (the file alone when unknown)."""
+        if self.text is None:
+            return self.source
+        if self._root is None:
+            self._root = _compose(self.text) or False
+        if not self._root:
+            return self.source
+        line, _ = _mark(self._root, loc)
+        return f"{self.source}:{line}"
+
+
+def load_scenario(path: str | os.PathLike[str]) -> LoadedScenario:
+    """Read and validate the scenario at `path`; raise ScenarioError naming the problem."""
+    file = Path(path)
+    source = os.fspath(path)
+    try:
+        text = file.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise ScenarioError(f"{source}: cannot read the scenario: {exc.strerror}") from None
+    except UnicodeDecodeError:
+        raise ScenarioError(f"{source}: not UTF-8 text") from None
+    return parse_scenario_text(text, source, file)
+
+
+def parse_scenario_text(text: str, source: str, path: Path | None = None) -> LoadedScenario:
+    """Validate a scenario given as YAML or JSON text."""
+    from fakes.app_server.script import ScriptError
+
+    try:
+        data = parse_yaml(text, source)
+    except ScriptError as exc:
+        raise ScenarioError(str(exc)) from None
+    return parse_scenario(data, source, text, path)
+
+
+def parse_scenario(
+    data: Any, source: str = "<scenario>", text: str | None = None, path: Path | None = None
+) -> LoadedScenario:
+    """Validate an already-parsed scenario (a mapping, e.g. built in Python)."""
+    if not isinstance(data, dict) or "scenario" not in data:
+        raise ScenarioError(
+            f"{source}:1: not a scenario: a scenario is a mapping whose first key is "
+            f"`scenario: {FORMAT_VERSION}` (the format version)"
+        )
+    try:
+        scenario = Scenario.model_validate(data)
+    except ValidationError as exc:
+        raise ScenarioError(_describe(exc, source, text)) from None
+    loaded = LoadedScenario(scenario, source, path, text, data)
+    problems = list(_static_problems(scenario))
+    if problems:
+        lines = [f"invalid scenario {source}:"]
+        for loc, message in problems:
+            lines.append(f"  {loaded.where(loc)}: {_format_path(loc)}: {message}")
+        raise ScenarioError("\n".join(lines))
+    return loaded
+
+
+def _describe(exc: ValidationError, source: str, text: str | None) -> str:
+    """`file:line:column: path: message`, one line per problem."""
+    root = _compose(text) if text is not None else None
+    lines = [f"invalid scenario {source}:"]
+    seen: set[str] = set()
+    for error in exc.errors():
+        loc = _without_tags(tuple(error["loc"]))
+        mark = _mark(root, loc) if root else None
+        where = f"{source}:{mark[0]}:{mark[1]}" if mark else source
+        message = str(error["msg"]).removeprefix("Value error, ")
+        line = f"  {where}: {_format_path(loc) or '(top level)'}: {message}"
+        if line not in seen:
+            seen.add(line)
+            lines.append(line)
+    return "\n".join(lines)
+
+
+def _without_tags(loc: tuple[Any, ...]) -> tuple[Any, ...]:
+    """`loc` without the step-kind tags pydantic inserts after a list index.
+
+    The tag repeats the step's kind key (`steps.0.http.expect`), which would send the
+    line finder into the `http:` mapping instead of its sibling `expect:`.
+    """
+    kept: list[Any] = []
+    for index, key in enumerate(loc):
+        previous = loc[index - 1] if index else None
+        if isinstance(previous, int) and isinstance(key, str) and key in _ALL_STEP_KINDS:
+            continue
+        kept.append(key)
+    return tuple(kept)
+
+
+def _static_problems(scenario: Scenario) -> Iterator[tuple[tuple[Any, ...], str]]:
+    """Variables used before they are set, streams read before they are opened."""
+    defined = set(BUILTIN_VARIABLES)
+    streams: set[str] = set()
+    background: set[str] = set()
+    for index, step in enumerate(scenario.steps):
+        loc = ("steps", index)
+        body = step.model_dump(by_alias=True, exclude={"capture", "name"})
+        for sub_loc, name in _variables(body, ()):
+            if name not in defined:
+                known = ", ".join(sorted(defined))
+                yield (
+                    (*loc, *sub_loc),
+                    f"${{{name}}} is not defined here (defined so far: {known}); a "
+                    "variable is set by an earlier step's `capture` or `createSession`",
+                )
+        if isinstance(step, HttpStep | CallStep) and step.background is not None:
+            background.add(step.background)
+        elif isinstance(step, AwaitStep) and step.await_.request not in background:
+            started = ", ".join(sorted(background)) or "none"
+            yield (
+                (*loc, "await"),
+                f"no request named {step.await_.request!r} was sent in the background "
+                f"before this step (sent: {started}); give a step `background: NAME`",
+            )
+        if isinstance(step, StreamStep):
+            streams.add(step.stream.as_)
+        elif isinstance(step, ReadStep | CloseStep):
+            name = step.read.stream if isinstance(step, ReadStep) else step.close
+            if name not in streams:
+                opened = ", ".join(sorted(streams)) or "none"
+                yield (
+                    (*loc, step.KIND),
+                    f"stream {name!r} is not open here (open: {opened}); open it with a "
+                    "`stream:` step first",
+                )
+            if isinstance(step, CloseStep):
+                streams.discard(name)
+        defined.update(step.defines())
+
+
+def _variables(value: Any, loc: tuple[Any, ...]) -> Iterator[tuple[tuple[Any, ...], str]]:
+    if isinstance(value, str):
+        for found in VARIABLE.finditer(value):
+            yield loc, found.group(1)
+    elif isinstance(value, dict):
+        for key, item in value.items():
+            if isinstance(key, str):
+                # JSONPath keys of `jsonPath:` may use variables too.
+                for found in VARIABLE.finditer(key):
+                    yield (*loc, key), found.group(1)
+            yield from _variables(item, (*loc, key))
+    elif isinstance(value, list):
+        for index, item in enumerate(value):
+            yield from _variables(item, (*loc, index))
+
+
+def dump_yaml(data: Any) -> str:
+    """YAML text of `data` (for writing scenarios built in Python)."""
+    return yaml.safe_dump(data, sort_keys=False, allow_unicode=True)

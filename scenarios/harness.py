@@ -1,0 +1,223 @@
+"""Starting a bridge in-process on a loopback port, and clients that check its contract.
+
+Used by the scenario runner and by the pytest plugin's fixtures alike.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import orjson
+from aiohttp import web
+
+from bridge.app import default_app, text_turn_app, trusted_bridge_app
+from bridge.auth import with_bearer_auth
+from bridge.limits import RestLimits
+from bridge.routes import OPENAPI
+from scenarios.openapi_check import OpenApiChecker
+
+PRESETS: dict[str, Callable[[Sequence[str], RestLimits | None], web.Application]] = {
+    "trusted": trusted_bridge_app,
+    "default": default_app,
+    "text-turn": text_turn_app,
+}
+REPORT_ENV = "FAKE_CODEX_REPORT"
+SCRIPT_ENV = "FAKE_CODEX_SCRIPT"
+
+
+def fake_codex_command() -> list[str]:
+    """How to start the bundled fake (without `app-server`): the installed script.
+
+    The console script beside this interpreter (a venv's bin/), else one on PATH, else
+    the module run by this interpreter.
+    """
+    sibling = Path(sys.executable).with_name("fake-codex")
+    if sibling.exists():
+        return [str(sibling)]
+    found = shutil.which("fake-codex")
+    if found:
+        return [found]
+    return [sys.executable, "-m", "fakes.app_server.cli"]
+
+
+def fake_app_server_command(
+    script: str | os.PathLike[str] | None = None,
+    *,
+    report_dir: str | os.PathLike[str] | None = None,
+    cwd: str | os.PathLike[str] | None = None,
+    base: Sequence[str] | None = None,
+) -> list[str]:
+    """`fake-codex app-server [--script S]`, behind `env` when it needs settings.
+
+    `env` sets `$FAKE_CODEX_SCRIPT` too (so `--version` reads the script's
+    `versionOutput`; empty without a script, so a stray one in the environment is not
+    picked up), `$FAKE_CODEX_REPORT`, and with `cwd` the working directory. The bridge
+    keeps wrappers before `app-server` when it asks for `--version`.
+    """
+    prefix: list[str] = []
+    script_path = os.path.abspath(script) if script is not None else ""
+    if report_dir is not None or cwd is not None or script is not None:
+        prefix = ["env"]
+        if cwd is not None:
+            prefix += ["-C", os.path.abspath(cwd)]
+        prefix.append(f"{SCRIPT_ENV}={script_path}")
+        if report_dir is not None:
+            prefix.append(f"{REPORT_ENV}={os.path.abspath(report_dir)}")
+    command = [*prefix, *(base or fake_codex_command()), "app-server"]
+    if script_path:
+        command += ["--script", script_path]
+    return command
+
+
+def find_codex(explicit: str | None = None, root: Path | None = None) -> str | None:
+    """The real codex: `explicit`, `$CODEX_BIN`, `.codex-npm` (in `root`, then the working
+    directory; where `make codex` installs the pinned one), or `codex` on PATH."""
+    candidates = [explicit, os.environ.get("CODEX_BIN")]
+    for base in (root, Path.cwd()):
+        if base is not None:
+            candidates.append(str(base / ".codex-npm" / "node_modules" / ".bin" / "codex"))
+    candidates.append("codex")
+    for candidate in candidates:
+        if candidate:
+            found = shutil.which(candidate)
+            if found:
+                return found
+    return None
+
+
+def contract_middleware(checkers: Mapping[str, OpenApiChecker]) -> aiohttp.ClientMiddlewareType:
+    """A client middleware checking each response of a known base URL against its contract.
+
+    Raises `scenarios.openapi_check.ContractViolation` (an AssertionError) for a
+    response the bridge's own OpenAPI document does not allow. Streams are checked for
+    status and content type only.
+    """
+
+    async def check_contract(
+        request: aiohttp.ClientRequest, handler: aiohttp.ClientHandlerType
+    ) -> aiohttp.ClientResponse:
+        response = await handler(request)
+        base = f"{request.url.scheme}://{request.url.host}:{request.url.port}"
+        checker = checkers.get(base)
+        if checker is not None:
+            content_type = response.headers.get("Content-Type", "")
+            streaming = content_type.startswith("text/event-stream")
+            body = None if streaming else await response.read()
+            checker.check(request.method, request.url.path, response.status, content_type, body)
+        return response
+
+    return check_contract
+
+
+def checker_for(app: web.Application) -> OpenApiChecker | None:
+    """An OpenAPI checker for an application built by `bridge.app`, if it has a document."""
+    source = app.get(OPENAPI)
+    if source is None:
+        return None
+    return OpenApiChecker(orjson.loads(source.encoded()))
+
+
+async def serve_app(app: web.Application, host: str = "127.0.0.1") -> tuple[web.AppRunner, str]:
+    """Serve `app` on a free loopback port; returns the runner and the base URL."""
+    runner = web.AppRunner(app, handler_cancellation=True, access_log=None)
+    await runner.setup()
+    site = web.TCPSite(runner, host, 0)
+    await site.start()
+    port = runner.addresses[0][1]
+    return runner, f"http://{host}:{port}"
+
+
+@dataclass
+class RunningBridge:
+    """A bridge served in-process: where it is, how to talk to it, how to stop it."""
+
+    url: str
+    app: web.Application
+    runner: web.AppRunner
+    command: list[str]
+    preset: str
+    token: str | None = None
+    checker: OpenApiChecker | None = None
+    #: Where the fake-codex processes write their reports (None: not reporting).
+    report_dir: Path | None = None
+    _clients: list[aiohttp.ClientSession] = field(default_factory=list)
+
+    def reports(self) -> list[dict[str, Any]]:
+        """What each fake-codex process behind this bridge reported so far."""
+        return read_reports(self.report_dir) if self.report_dir is not None else []
+
+    def auth_headers(self, auth: bool | str = True) -> dict[str, str]:
+        """`Authorization` for `auth`: True → this bridge's token (if any), a string →
+        that token, False → none."""
+        if auth is False:
+            return {}
+        token = auth if isinstance(auth, str) else self.token
+        return {"Authorization": f"Bearer {token}"} if token else {}
+
+    def client(
+        self, *, auth: bool | str = True, contract_check: bool = True, **kwargs: Any
+    ) -> aiohttp.ClientSession:
+        """An aiohttp session bound to this bridge (relative URLs), closed with it.
+
+        Every response is checked against the bridge's OpenAPI document unless
+        `contract_check` is false.
+        """
+        checkers = {self.url: self.checker} if contract_check and self.checker else {}
+        headers = {**self.auth_headers(auth), **kwargs.pop("headers", {})}
+        session = aiohttp.ClientSession(
+            base_url=self.url,
+            headers=headers,
+            middlewares=(contract_middleware(checkers),),
+            timeout=kwargs.pop("timeout", aiohttp.ClientTimeout(total=60)),
+            **kwargs,
+        )
+        self._clients.append(session)
+        return session
+
+    async def close(self) -> None:
+        """Close the clients, stop the server and every app-server process it started."""
+        for session in self._clients:
+            await session.close()
+        self._clients.clear()
+        await self.runner.cleanup()
+
+
+async def start_bridge(
+    command: Sequence[str],
+    *,
+    preset: str = "trusted",
+    limits: RestLimits | None = None,
+    token: str | None = None,
+    exempt_health: bool = True,
+    host: str = "127.0.0.1",
+) -> RunningBridge:
+    """Build a preset on `command`, with bearer auth when `token` is given, and serve it."""
+    if preset not in PRESETS:
+        raise ValueError(f"unknown preset {preset!r}; use one of {sorted(PRESETS)}")
+    app = PRESETS[preset](list(command), limits)
+    if token is not None:
+        with_bearer_auth(app, token, exempt_health=exempt_health)
+    checker = checker_for(app)
+    runner, url = await serve_app(app, host)
+    return RunningBridge(url, app, runner, list(command), preset, token, checker)
+
+
+def read_reports(directory: str | os.PathLike[str]) -> list[dict[str, Any]]:
+    """The reports fake-codex processes wrote into `directory` (see fakes/app_server/report.py)."""
+    reports = []
+    path = Path(directory)
+    if not path.is_dir():
+        return []
+    for file in sorted(path.glob("fake-codex-*.json")):
+        try:
+            reports.append(orjson.loads(file.read_bytes()))
+        except (OSError, orjson.JSONDecodeError):
+            continue
+    return reports

@@ -1,0 +1,304 @@
+"""Matching received JSON against expected JSON, with readable mismatches and diffs.
+
+Expected values are plain JSON, compared exactly (`json:`) or as a subset (`jsonSubset:`,
+event matchers), and may contain matcher mappings whose keys all start with `$`:
+
+| matcher | holds when the received value |
+|---|---|
+| `{$regex: "^thr_"}` | is a string in which the pattern is found (`re.search`) |
+| `{$type: string}` | has that JSON type (or one of a list of types) |
+| `{$any: true}` | exists (any value) |
+| `{$absent: true}` | does not exist (a missing key, a JSONPath that finds nothing) |
+| `{$len: 3}` | is a string, array or object of that length (or matching a matcher) |
+| `{$contains: x}` | is an array with an element matching `x` (a subset), or a string with it |
+| `{$eq: x}` | equals `x` exactly (`x` is not read as matchers) |
+| `{$subset: x}` | matches `x` as a subset (inside an exact match) |
+| `{$gt: n}`, `$gte`, `$lt`, `$lte` | is a number in that relation to `n` |
+| `{$oneOf: [a, b]}` | matches one of the values |
+
+Several operators in one mapping must all hold.
+"""
+
+from __future__ import annotations
+
+import difflib
+import functools
+import json
+import re
+from dataclasses import dataclass
+from typing import Any
+
+__all__ = [
+    "Mismatch",
+    "compile_jsonpath",
+    "diff",
+    "find_jsonpath",
+    "is_matcher",
+    "match",
+    "render",
+    "view",
+]
+
+_MISSING = object()
+_TYPES: dict[str, tuple[type, ...]] = {
+    "string": (str,),
+    "number": (int, float),
+    "integer": (int,),
+    "boolean": (bool,),
+    "null": (type(None),),
+    "object": (dict,),
+    "array": (list,),
+}
+
+
+@dataclass(frozen=True)
+class Mismatch:
+    """One difference: where (a JSONPath-like path) and what."""
+
+    path: str
+    message: str
+
+    def __str__(self) -> str:
+        return f"at {self.path}: {self.message}"
+
+
+def is_matcher(value: Any) -> bool:
+    """Whether `value` is a matcher mapping (every key starts with `$`)."""
+    return (
+        isinstance(value, dict)
+        and bool(value)
+        and all(isinstance(key, str) and key.startswith("$") for key in value)
+    )
+
+
+def render(value: Any, limit: int = 200) -> str:
+    """Compact JSON for messages, cut at `limit` characters."""
+    if value is _MISSING:
+        return "(nothing)"
+    text = json.dumps(value, ensure_ascii=False, default=str)
+    return text if len(text) <= limit else f"{text[: limit - 3]}..."
+
+
+def _type_name(value: Any) -> str:
+    if isinstance(value, bool):
+        return "boolean"
+    if value is None:
+        return "null"
+    if isinstance(value, int):
+        return "integer"
+    if isinstance(value, float):
+        return "number"
+    if isinstance(value, str):
+        return "string"
+    if isinstance(value, list):
+        return "array"
+    if isinstance(value, dict):
+        return "object"
+    return type(value).__name__
+
+
+def _has_type(value: Any, name: str) -> bool:
+    if isinstance(value, bool):
+        return name == "boolean"
+    return isinstance(value, _TYPES[name])
+
+
+def _equal(expected: Any, actual: Any) -> bool:
+    # JSON semantics: true is not 1, and 1 equals 1.0.
+    if isinstance(expected, bool) or isinstance(actual, bool):
+        return isinstance(expected, bool) and isinstance(actual, bool) and expected == actual
+    if isinstance(expected, int | float) and isinstance(actual, int | float):
+        return expected == actual
+    if type(expected) is not type(actual):
+        return False
+    if isinstance(expected, dict):
+        return expected.keys() == actual.keys() and all(
+            _equal(expected[k], actual[k]) for k in expected
+        )
+    if isinstance(expected, list):
+        return len(expected) == len(actual) and all(map(_equal, expected, actual))
+    return bool(expected == actual)
+
+
+def match(expected: Any, actual: Any, *, subset: bool, path: str = "$") -> list[Mismatch]:
+    """Every way `actual` fails to match `expected` (empty when it matches).
+
+    `subset`: mappings may have keys that `expected` does not mention. Lists always
+    have to match element by element (use `$contains` for membership).
+    """
+    if is_matcher(expected):
+        return _match_ops(expected, actual, subset=subset, path=path)
+    if actual is _MISSING:
+        return [Mismatch(path, f"expected {render(expected)}, found nothing")]
+    if isinstance(expected, dict):
+        if not isinstance(actual, dict):
+            return [Mismatch(path, f"expected an object, received {render(actual)}")]
+        found: list[Mismatch] = []
+        for key, item in expected.items():
+            found += match(item, actual.get(key, _MISSING), subset=subset, path=_child(path, key))
+        if not subset:
+            for key in actual:
+                if key not in expected:
+                    found.append(
+                        Mismatch(_child(path, key), f"unexpected key ({render(actual[key])})")
+                    )
+        return found
+    if isinstance(expected, list):
+        if not isinstance(actual, list):
+            return [Mismatch(path, f"expected an array, received {render(actual)}")]
+        found = []
+        for index, item in enumerate(expected[: len(actual)]):
+            found += match(item, actual[index], subset=subset, path=f"{path}[{index}]")
+        if len(expected) != len(actual):
+            found.append(
+                Mismatch(path, f"expected {len(expected)} elements, received {len(actual)}")
+            )
+        return found
+    if not _equal(expected, actual):
+        return [Mismatch(path, f"expected {render(expected)}, received {render(actual)}")]
+    return []
+
+
+def _child(path: str, key: Any) -> str:
+    key = str(key)
+    return f"{path}.{key}" if re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", key) else f"{path}[{key!r}]"
+
+
+def _match_ops(ops: dict[str, Any], actual: Any, *, subset: bool, path: str) -> list[Mismatch]:
+    if "$absent" in ops:
+        if bool(ops["$absent"]) == (actual is _MISSING):
+            return []
+        return [Mismatch(path, f"expected nothing here, received {render(actual)}")]
+    if actual is _MISSING:
+        return [Mismatch(path, f"expected a value matching {render(ops)}, found nothing")]
+    found: list[Mismatch] = []
+    for op, arg in ops.items():
+        problem = _op(op, arg, actual, subset=subset, path=path)
+        if problem is not None:
+            found.append(problem)
+    return found
+
+
+def _op(op: str, arg: Any, actual: Any, *, subset: bool, path: str) -> Mismatch | None:
+    received = render(actual)
+    if op == "$any":
+        return None
+    if op == "$eq":
+        ok = _equal(arg, actual)
+        return (
+            None if ok else Mismatch(path, f"expected exactly {render(arg)}, received {received}")
+        )
+    if op == "$subset":
+        problems = match(arg, actual, subset=True, path=path)
+        return problems[0] if problems else None
+    if op == "$regex":
+        if isinstance(actual, str) and re.search(str(arg), actual):
+            return None
+        return Mismatch(path, f"expected a string matching /{arg}/, received {received}")
+    if op == "$type":
+        types = arg if isinstance(arg, list) else [arg]
+        if any(_has_type(actual, name) for name in types):
+            return None
+        wanted = " or ".join(types)
+        return Mismatch(path, f"expected type {wanted}, received {_type_name(actual)} {received}")
+    if op == "$len":
+        if not isinstance(actual, str | list | dict):
+            return Mismatch(path, f"expected something with a length, received {received}")
+        problems = match(arg, len(actual), subset=subset, path=f"{path}.length")
+        if problems:
+            return Mismatch(path, f"expected length {render(arg)}, received {len(actual)}")
+        return None
+    if op == "$contains":
+        if isinstance(actual, str) and isinstance(arg, str):
+            ok = arg in actual
+        elif isinstance(actual, list):
+            ok = any(not match(arg, item, subset=True) for item in actual)
+        else:
+            ok = False
+        return None if ok else Mismatch(path, f"expected it to contain {render(arg)}: {received}")
+    if op in ("$gt", "$gte", "$lt", "$lte"):
+        if not isinstance(actual, int | float) or isinstance(actual, bool):
+            return Mismatch(path, f"expected a number, received {received}")
+        holds = {
+            "$gt": actual > arg,
+            "$gte": actual >= arg,
+            "$lt": actual < arg,
+            "$lte": actual <= arg,
+        }[op]
+        symbol = {"$gt": ">", "$gte": ">=", "$lt": "<", "$lte": "<="}[op]
+        return None if holds else Mismatch(path, f"expected {symbol} {arg}, received {received}")
+    if op == "$oneOf":
+        options = arg if isinstance(arg, list) else [arg]
+        if any(not match(option, actual, subset=subset) for option in options):
+            return None
+        return Mismatch(path, f"expected one of {render(options)}, received {received}")
+    return Mismatch(path, f"unknown matcher {op}")
+
+
+def view(expected: Any, actual: Any, *, subset: bool) -> Any:
+    """`actual` shaped like `expected`, for a diff that shows only what matters.
+
+    Keys `expected` does not mention are left out (in subset mode), and values that
+    satisfy a matcher are shown as the matcher, so they diff as equal.
+    """
+    if is_matcher(expected):
+        if actual is _MISSING and "$absent" in expected:
+            return expected
+        return expected if not _match_ops(expected, actual, subset=subset, path="$") else actual
+    if isinstance(expected, dict) and isinstance(actual, dict):
+        shaped: dict[str, Any] = {}
+        for key, item in expected.items():
+            if key in actual:
+                shaped[key] = view(item, actual[key], subset=subset)
+            elif is_matcher(item) and "$absent" in item:
+                shaped[key] = item
+        if not subset:
+            for key, item in actual.items():
+                if key not in expected:
+                    shaped[key] = item
+        return shaped
+    if isinstance(expected, list) and isinstance(actual, list):
+        shaped_list = [view(e, a, subset=subset) for e, a in zip(expected, actual, strict=False)]
+        return shaped_list + actual[len(expected) :]
+    return actual
+
+
+def diff(expected: Any, actual: Any, *, subset: bool) -> str:
+    """A unified diff of `expected` and the received value shaped like it."""
+    left = json.dumps(expected, indent=2, ensure_ascii=False, default=str).splitlines()
+    shaped = view(expected, actual, subset=subset)
+    right = json.dumps(shaped, indent=2, ensure_ascii=False, default=str).splitlines()
+    lines = difflib.unified_diff(left, right, "expected", "received", lineterm="", n=3)
+    return "\n".join(lines)
+
+
+@functools.lru_cache(maxsize=512)
+def compile_jsonpath(expression: str) -> Any:
+    """A parsed JSONPath (jsonpath-ng's extended syntax: filters, negative indexes)."""
+    from jsonpath_ng.ext.parser import parse
+
+    return parse(expression)
+
+
+def find_jsonpath(expression: str, document: Any) -> list[Any]:
+    """The values `expression` selects in `document`."""
+    return [found.value for found in compile_jsonpath(expression).find(document)]
+
+
+def match_jsonpath(expression: str, expected: Any, document: Any) -> list[Mismatch]:
+    """Match what `expression` selects: one value as itself, several as a list.
+
+    The comparison is exact (with matchers); `{$absent: true}` holds when nothing is
+    selected.
+    """
+    values = find_jsonpath(expression, document)
+    if not values:
+        actual: Any = _MISSING
+    elif len(values) == 1:
+        actual = values[0]
+    else:
+        actual = values
+    return match(expected, actual, subset=False, path=expression)
+
+
+MISSING = _MISSING

@@ -1,0 +1,183 @@
+"""How results are shown: a readable failure report, and JUnit XML for CI."""
+
+from __future__ import annotations
+
+import re
+import textwrap
+import xml.etree.ElementTree as ET
+from collections.abc import Sequence
+from pathlib import Path
+
+from fakes.app_server.script_source import _format_path
+from scenarios.runner import Failure, Problem, ScenarioResult, Transcript
+
+__all__ = ["format_failure", "format_result", "format_transcript", "junit_xml", "write_junit"]
+
+_NOT_XML = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\ud800-\udfff\ufffe\uffff]")
+#: How much of a transcript a failure report shows (JUnit gets it all).
+BRIDGE_LINES = 120
+FAKE_LINES = 60
+LINE_WIDTH = 400
+
+
+def format_result(result: ScenarioResult, *, transcript: bool = True) -> str:
+    """One line for a pass or skip; for a failure, the problems, diffs and transcript."""
+    head = f"{result.outcome.upper():7} {result.loaded.name}  ({result.loaded.source})"
+    head += f"  {result.duration:.2f}s"
+    if result.outcome == "skipped":
+        return f"{head}\n  skipped: {result.skip_reason}"
+    if result.outcome == "passed":
+        return head
+    parts = [head, format_failure(result)]
+    if transcript:
+        parts.append(_indent(format_transcript(result.transcript), 2))
+    if result.tmp is not None:
+        parts.append(f"  run directory (kept): {result.tmp}")
+    return "\n".join(parts)
+
+
+def format_failure(result: ScenarioResult) -> str:
+    """Each failure: the step and its line, then each problem with expected vs received."""
+    lines: list[str] = []
+    for failure in result.failures:
+        lines.append(f"  {failure.title}  ({result.loaded.where(failure.loc)})")
+        for problem in failure.problems:
+            lines.append(_indent(_format_problem(result, failure, problem), 4))
+    return "\n".join(lines)
+
+
+def _format_problem(result: ScenarioResult, failure: Failure, problem: Problem) -> str:
+    loc = (*failure.loc, *problem.loc)
+    label = _format_path(problem.loc) if problem.loc else ""
+    where = result.loaded.where(loc)
+    first = f"✗ {label}  ({where})" if label else "✗"
+    body = [f"{first}", _indent(problem.message, 2)]
+    if problem.detail:
+        body.append(_indent(problem.detail, 2))
+    if problem.diff:
+        body.append(_indent(problem.diff, 2))
+    return "\n".join(body)
+
+
+def format_transcript(
+    transcript: Transcript,
+    *,
+    bridge_lines: int | None = BRIDGE_LINES,
+    fake_lines: int | None = FAKE_LINES,
+    width: int | None = LINE_WIDTH,
+) -> str:
+    """The client's and the bridge's side, then what each fake-codex process saw."""
+    lines = ["transcript (client and bridge):"]
+    entries = transcript.entries
+    if bridge_lines is not None and len(entries) > bridge_lines:
+        lines.append(f"  ... {len(entries) - bridge_lines} earlier entries ...")
+        entries = entries[-bridge_lines:]
+    for at, source, text in entries:
+        lines.append(f"  [+{at:7.3f}s] {source:4} {_width(text, width)}")
+    for report in transcript.fakes:
+        wire = report.get("wire", [])
+        exit_info = report.get("exit")
+        if exit_info is None:
+            ended = "stopped by a signal or still running at the end"
+        elif exit_info.get("signal"):
+            ended = f"died by {exit_info['signal']}"
+        else:
+            ended = f"exit code {exit_info.get('code')}"
+        dropped = report.get("wireDropped", 0)
+        lines.append(f"fake-codex pid {report.get('pid')} ({ended}), protocol lines:")
+        if dropped:
+            lines.append(f"  ... {dropped} earlier lines not kept ...")
+        if fake_lines is not None and len(wire) > fake_lines:
+            lines.append(f"  ... {len(wire) - fake_lines} earlier lines ...")
+            wire = wire[-fake_lines:]
+        for entry in wire:
+            arrow = "→ fake" if entry.get("dir") == "in" else "← fake"
+            for text in str(entry.get("text")).splitlines() or [""]:
+                lines.append(f"  {arrow} {_width(text, width)}")
+    return "\n".join(lines)
+
+
+def _width(text: str, width: int | None) -> str:
+    if width is None or len(text) <= width:
+        return text
+    return f"{text[:width]}... (+{len(text) - width})"
+
+
+def _indent(text: str, spaces: int) -> str:
+    return textwrap.indent(text, " " * spaces)
+
+
+def junit_xml(
+    results: Sequence[ScenarioResult],
+    errors: Sequence[tuple[str, str]] = (),
+    *,
+    suite: str = "scenarios",
+) -> ET.ElementTree:
+    """JUnit XML: one testcase per scenario; `errors` are files that could not be loaded."""
+    failures = sum(1 for r in results if r.outcome == "failed")
+    skipped = sum(1 for r in results if r.outcome == "skipped")
+    total_time = sum(r.duration for r in results)
+    counts = {
+        "tests": str(len(results) + len(errors)),
+        "failures": str(failures),
+        "errors": str(len(errors)),
+        "skipped": str(skipped),
+        "time": f"{total_time:.3f}",
+    }
+    root = ET.Element("testsuites", {"name": suite, **counts})
+    suite_element = ET.SubElement(root, "testsuite", {"name": suite, **counts})
+    for result in results:
+        case = ET.SubElement(
+            suite_element,
+            "testcase",
+            {
+                "classname": _classname(result.loaded.source),
+                "name": result.loaded.name,
+                "file": result.loaded.source,
+                "time": f"{result.duration:.3f}",
+            },
+        )
+        if result.outcome == "skipped":
+            ET.SubElement(case, "skipped", {"message": result.skip_reason or "skipped"})
+        elif result.outcome == "failed":
+            first = next(
+                (p.message for f in result.failures for p in f.problems), "the scenario failed"
+            )
+            message = _xml(first.splitlines()[0][:500])
+            failure = ET.SubElement(case, "failure", {"message": message})
+            failure.text = _xml(format_failure(result))
+            out = ET.SubElement(case, "system-out")
+            out.text = _xml(
+                format_transcript(result.transcript, bridge_lines=None, fake_lines=None, width=None)
+            )
+    for source, message in errors:
+        case = ET.SubElement(
+            suite_element,
+            "testcase",
+            {"classname": _classname(source), "name": Path(source).name, "file": source},
+        )
+        error = ET.SubElement(case, "error", {"message": _xml(message.splitlines()[0][:500])})
+        error.text = _xml(message)
+    ET.indent(root)
+    return ET.ElementTree(root)
+
+
+def write_junit(
+    path: str | Path, results: Sequence[ScenarioResult], errors: Sequence[tuple[str, str]] = ()
+) -> None:
+    """Write the JUnit XML report to `path`."""
+    junit_xml(results, errors).write(path, encoding="utf-8", xml_declaration=True)
+
+
+def _xml(text: str) -> str:
+    """Text XML 1.0 can carry: other control characters become U+FFFD."""
+    return _NOT_XML.sub("\ufffd", text)
+
+
+def _classname(source: str) -> str:
+    stem = source
+    for suffix in (".scenario.yaml", ".scenario.yml", ".yaml", ".yml", ".json"):
+        if stem.endswith(suffix):
+            stem = stem[: -len(suffix)]
+            break
+    return stem.strip("./").replace("/", ".") or "scenario"

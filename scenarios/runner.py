@@ -1,0 +1,959 @@
+"""Running one scenario: a bridge in-process, fake-codex (or the real codex) behind it.
+
+Each run gets its own temporary directory, bridge, port, client, variables and
+streams; nothing is shared with other runs, so runs can go in parallel (each in its
+own event loop and thread, see `scenarios.cli`). The fake writes its reports into the
+run's directory (`$FAKE_CODEX_REPORT`), which the end-of-run checks read once the
+bridge has stopped every process.
+
+    result = await run_scenario(load_scenario("x.scenario.yaml"))
+    print(format_result(result))            # scenarios.reporting
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import shutil
+import tempfile
+import threading
+import time
+from collections.abc import Awaitable, Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import orjson
+from multidict import CIMultiDict, CIMultiDictProxy
+
+from scenarios import format as f
+from scenarios.expectations import (
+    NO_JSON,
+    Exchange,
+    Problem,
+    as_text,
+    cut,
+    error_problems,
+    event_line,
+    event_list,
+    event_matcher,
+    events_problems,
+    fake_report_problems,
+    frame_event,
+    http_problems,
+    int_or_none,
+)
+from scenarios.format import LoadedScenario
+from scenarios.harness import (
+    RunningBridge,
+    fake_app_server_command,
+    find_codex,
+    read_reports,
+    start_bridge,
+)
+from scenarios.matching import (
+    find_jsonpath,
+    match,
+    render,
+)
+from scenarios.openapi_check import ContractViolation
+from scenarios.sse import SseFrame, SseReader
+
+__all__ = [
+    "Failure",
+    "Problem",
+    "RunOptions",
+    "ScenarioResult",
+    "Transcript",
+    "run_scenario",
+    "run_scenario_sync",
+]
+
+
+# -- results ---------------------------------------------------------------------------
+
+
+@dataclass
+class Failure:
+    """Why a scenario failed: a step (or setup / the end checks) and its problems."""
+
+    title: str
+    loc: tuple[Any, ...]
+    problems: list[Problem]
+
+
+@dataclass
+class Transcript:
+    """What happened, in order: HTTP, SSE frames, bridge logs; then each fake's wire."""
+
+    started: float = field(default_factory=time.monotonic)
+    entries: list[tuple[float, str, str]] = field(default_factory=list)
+    fakes: list[dict[str, Any]] = field(default_factory=list)
+
+    def add(self, source: str, text: str) -> None:
+        self.entries.append((time.monotonic() - self.started, source, text))
+
+
+@dataclass
+class ScenarioResult:
+    """The outcome of one run."""
+
+    loaded: LoadedScenario
+    outcome: str  # passed | failed | skipped
+    duration: float = 0.0
+    failures: list[Failure] = field(default_factory=list)
+    skip_reason: str | None = None
+    transcript: Transcript = field(default_factory=Transcript)
+    tmp: Path | None = None
+
+    @property
+    def passed(self) -> bool:
+        return self.outcome == "passed"
+
+
+@dataclass
+class RunOptions:
+    """How scenarios are run."""
+
+    #: The real codex, for scenarios that script the model (found when None).
+    codex: str | None = None
+    #: How to start fake-codex (default: the installed console script).
+    fake_codex: list[str] | None = None
+    #: Where run directories go (default: the system's temporary directory).
+    tmp_root: Path | None = None
+    #: Keep each run's directory (it is removed after a passing run otherwise).
+    keep_tmp: bool = False
+    #: A missing real codex fails instead of skipping (default: when `CI=true`).
+    require_codex: bool = field(default_factory=lambda: os.environ.get("CI", "").lower() == "true")
+
+
+class StepFailed(Exception):
+    """A step's expectations did not hold."""
+
+    def __init__(self, problems: list[Problem]) -> None:
+        super().__init__(problems[0].message if problems else "step failed")
+        self.problems = problems
+
+
+# -- HTTP exchanges ----------------------------------------------------------------------
+
+
+@dataclass
+class OpenStream:
+    """An SSE response kept open between steps."""
+
+    name: str
+    response: aiohttp.ClientResponse
+    reader: SseReader
+    ended: bool = False
+
+
+class _LogCapture(logging.Handler):
+    """Bridge and aiohttp log records of one thread (one run) into its transcript."""
+
+    def __init__(self, transcript: Transcript) -> None:
+        super().__init__(logging.DEBUG)
+        self.transcript = transcript
+        self.thread = threading.get_ident()
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if record.thread == self.thread:
+            with contextlib.suppress(Exception):
+                message = record.getMessage()
+                self.transcript.add("log", f"{record.levelname} {record.name}: {message}")
+
+
+_LOGGERS = ("bridge", "aiohttp")
+
+
+# -- the run -----------------------------------------------------------------------------
+
+
+class _Run:
+    """One scenario's run: variables, streams, the bridge and its client."""
+
+    def __init__(
+        self,
+        loaded: LoadedScenario,
+        bridge: RunningBridge,
+        tmp: Path,
+        transcript: Transcript,
+    ) -> None:
+        self.loaded = loaded
+        self.scenario = loaded.scenario
+        self.bridge = bridge
+        self.tmp = tmp
+        self.transcript = transcript
+        self.variables: dict[str, Any] = {
+            "base": bridge.url,
+            "token": bridge.token,
+            "tmp": str(tmp),
+        }
+        self.streams: dict[str, OpenStream] = {}
+        self.background: dict[str, asyncio.Task[Exchange]] = {}
+        self.client = bridge.client(
+            auth=False,
+            contract_check=self.scenario.bridge.contract_check,
+            timeout=aiohttp.ClientTimeout(total=None, sock_connect=10),
+        )
+
+    # -- variables
+
+    def sub(self, value: Any) -> Any:
+        """`value` with `${name}` replaced; a string that is one placeholder keeps its type."""
+        if isinstance(value, str):
+            if "$" not in value:
+                return value
+            whole = f.VARIABLE.fullmatch(value)
+            if whole:
+                return self._variable(whole.group(1))
+            text = f.VARIABLE.sub(lambda m: as_text(self._variable(m.group(1))), value)
+            return text.replace("$${", "${")
+        if isinstance(value, dict):
+            return {key: self.sub(item) for key, item in value.items()}
+        if isinstance(value, list):
+            return [self.sub(item) for item in value]
+        return value
+
+    def _variable(self, name: str) -> Any:
+        if name not in self.variables:
+            raise StepFailed([Problem((), f"${{{name}}} has no value")])
+        return self.variables[name]
+
+    # -- requests
+
+    async def exchange(
+        self,
+        method: str,
+        path: str,
+        *,
+        query: dict[str, Any] | None = None,
+        headers: dict[str, str] | None = None,
+        json_body: Any = NO_JSON,
+        body: str | None = None,
+        auth: bool | str = True,
+        timeout_ms: int = 30_000,
+    ) -> Exchange:
+        """Send one request and read the whole response."""
+        all_headers = {**self.bridge.auth_headers(auth), **(headers or {})}
+        params = {key: as_text(value) for key, value in (query or {}).items()}
+        shown = path + (f"?{'&'.join(f'{k}={v}' for k, v in params.items())}" if params else "")
+        sent = render(json_body, 500) if json_body is not NO_JSON else (body or "")
+        self.transcript.add("http", f"→ {method} {shown} {sent}".rstrip())
+        kwargs: dict[str, Any] = {"params": params, "headers": all_headers}
+        if json_body is not NO_JSON:
+            kwargs["data"] = orjson.dumps(json_body)
+            all_headers.setdefault("Content-Type", "application/json")
+        elif body is not None:
+            kwargs["data"] = body.encode()
+        try:
+            async with (
+                asyncio.timeout(timeout_ms / 1000),
+                self.client.request(method, self._url(path), **kwargs) as response,
+            ):
+                raw = await response.read()
+                status, response_headers = response.status, response.headers
+        except ContractViolation as exc:
+            self.transcript.add("http", f"← contract violation: {exc}")
+            raise StepFailed(
+                [Problem((), f"the response breaks the bridge's contract: {exc}")]
+            ) from None
+        except TimeoutError:
+            self.transcript.add("http", f"← no response within {timeout_ms} ms")
+            raise StepFailed(
+                [Problem((), f"{method} {shown}: no response within {timeout_ms} ms")]
+            ) from None
+        except aiohttp.ClientError as exc:
+            self.transcript.add("http", f"← {type(exc).__name__}: {exc}")
+            raise StepFailed([Problem((), f"{method} {shown} failed: {exc}")]) from None
+        text = raw.decode("utf-8", "replace")
+        parsed: Any = NO_JSON
+        if raw:
+            with contextlib.suppress(orjson.JSONDecodeError):
+                parsed = orjson.loads(raw)
+        self.transcript.add("http", f"← {status} {cut(text, 1500)}".rstrip())
+        return Exchange(method, shown, status, response_headers, text, parsed)
+
+    def _url(self, path: str) -> str:
+        return path if path.startswith(("http://", "https://")) else f"{self.bridge.url}{path}"
+
+    # -- steps
+
+    async def run_step(self, step: Any) -> None:
+        handlers: dict[type[Any], Callable[[Any], Awaitable[None]]] = {
+            f.HttpStep: self._http,
+            f.CallStep: self._call,
+            f.CreateSessionStep: self._create_session,
+            f.ReplyStep: self._reply,
+            f.PollStep: self._poll,
+            f.StreamStep: self._stream,
+            f.ReadStep: self._read,
+            f.CloseStep: self._close,
+            f.AwaitStep: self._await,
+        }
+        await handlers[type(step)](step)
+
+    async def _repeat(
+        self, step: Any, attempt: Callable[[], Awaitable[Exchange]], until: f.Until | None
+    ) -> Exchange:
+        """Run `attempt` (returns an exchange, raises StepFailed) until it passes.
+
+        A `background` step only starts it; its `await` step checks the response.
+        """
+        if step.background is not None:
+            self.background[step.background] = asyncio.ensure_future(attempt())
+            return Exchange("", "", 0, CIMultiDictProxy(CIMultiDict()), "")
+        if until is None:
+            return await attempt()
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + until.deadline_ms / 1000
+        attempts = 0
+        while True:
+            attempts += 1
+            try:
+                return await attempt()
+            except StepFailed as failed:
+                if loop.time() + until.interval_ms / 1000 > deadline:
+                    first = failed.problems[0] if failed.problems else Problem((), "failed")
+                    failed.problems.insert(
+                        0,
+                        Problem(
+                            ("until",),
+                            f"still failing after {attempts} attempts in "
+                            f"{until.deadline_ms} ms; the last: {first.message}",
+                        ),
+                    )
+                    raise
+            await asyncio.sleep(until.interval_ms / 1000)
+
+    async def _http(self, step: f.HttpStep) -> None:
+        spec = step.http
+
+        async def attempt() -> Exchange:
+            ex = await self.exchange(
+                spec.method.upper(),
+                as_text(self.sub(spec.path)),
+                query=self.sub(spec.query),
+                headers=self.sub(spec.headers),
+                json_body=self.sub(spec.json_body) if spec.given("json_body") else NO_JSON,
+                body=self.sub(spec.body),
+                auth=self.sub(spec.auth),
+                timeout_ms=spec.timeout_ms,
+            )
+            if step.background is None:
+                self._check_http(step.expect, ex, default_status="2xx")
+            return ex
+
+        ex = await self._repeat(step, attempt, step.until)
+        self._capture_http(step, ex)
+
+    async def _call(self, step: f.CallStep) -> None:
+        spec = step.call
+        session = self.sub(spec.session)
+        method = as_text(self.sub(spec.method))
+        path = f"/v1/sessions/{session}/call/{method}" if session else f"/v1/call/{method}"
+        body: dict[str, Any] = {}
+        if spec.given("params"):
+            body["params"] = self.sub(spec.params)
+        if spec.timeout_ms is not None:
+            body["timeoutMs"] = spec.timeout_ms
+        if spec.options is not None:
+            body["options"] = self.sub(spec.options)
+
+        async def attempt() -> Exchange:
+            ex = await self.exchange(
+                "POST", path, json_body=body, auth=self.sub(spec.auth), timeout_ms=600_000
+            )
+            if step.background is None:
+                self._check_http(step.expect, ex, default_status="2xx")
+            return ex
+
+        ex = await self._repeat(step, attempt, step.until)
+        self._capture_http(step, ex)
+
+    async def _create_session(self, step: f.CreateSessionStep) -> None:
+        spec = step.create_session
+        body = {"options": self.sub(spec.options)} if spec.options is not None else {}
+        ex = await self.exchange("POST", "/v1/sessions", json_body=body, auth=self.sub(spec.auth))
+        self._check_http(step.expect, ex, default_status=201)
+        if ex.status == 201 and isinstance(ex.json, dict):
+            self.variables[spec.as_] = ex.json.get("sessionId")
+        self._capture_http(step, ex)
+
+    async def _reply(self, step: f.ReplyStep) -> None:
+        spec = step.reply
+        base = f"/v1/sessions/{self.sub(spec.session)}/requests/{self.sub(spec.request_key)}"
+        if spec.error is not None:
+            error = spec.error.model_dump(exclude_unset=True)
+            ex = await self.exchange(
+                "POST", f"{base}/error", json_body=self.sub(error), auth=self.sub(spec.auth)
+            )
+        else:
+            ex = await self.exchange(
+                "POST",
+                f"{base}/result",
+                json_body={"result": self.sub(spec.result)},
+                auth=self.sub(spec.auth),
+            )
+        self._check_http(step.expect, ex, default_status=200)
+        self._capture_http(step, ex)
+
+    async def _poll(self, step: f.PollStep) -> None:
+        spec = step.poll
+        expect = step.expect or f.EventsExpect()
+        session = self.sub(spec.session)
+        path = f"/v1/sessions/{session}/events"
+        after = int_or_none(self.sub(spec.after))
+        through = event_matcher(self.sub(spec.through)) if spec.through is not None else None
+        want = spec.count if spec.count is not None else (None if through is not None else 1)
+        auth = self.sub(spec.auth)
+        events: list[dict[str, Any]] = []
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + spec.timeout_ms / 1000
+        failed: Exchange | None = None
+        reached = want == 0
+        while not reached:
+            remaining = deadline - loop.time()
+            if remaining <= 0:
+                break
+            query: dict[str, Any] = {"waitMs": max(1, min(spec.wait_ms, int(remaining * 1000)))}
+            if after is not None:
+                query["after"] = after
+            ex = await self.exchange("GET", path, query=query, auth=auth, timeout_ms=60_000)
+            if ex.status == 204:
+                continue
+            if ex.status != 200 or not isinstance(ex.json, dict):
+                failed = ex
+                break
+            events.append(ex.json)
+            if after is not None:
+                after = ex.json.get("seq", after)
+            if (through is not None and not match(through, ex.json, subset=True)) or (
+                want is not None and len(events) >= want
+            ):
+                reached = True
+        problems: list[Problem] = []
+        if failed is not None or expect.error is not None:
+            problems += self._check_read_error(expect, failed)
+        elif not reached:
+            goal = f"{want} events" if want is not None else f"an event matching {render(through)}"
+            problems.append(
+                Problem(
+                    ("poll",),
+                    f"waited {spec.timeout_ms} ms for {goal}; read {len(events)}",
+                    detail=event_list(events),
+                )
+            )
+        if failed is None:
+            seqs = [event.get("seq") for event in events]
+            kinds = [event.get("kind") for event in events]
+            problems += events_problems(expect, events, seqs, kinds, self.sub)
+            if expect.quiet_ms is not None and not problems:
+                query = {"waitMs": expect.quiet_ms}
+                if after is not None:
+                    query["after"] = after
+                ex = await self.exchange("GET", path, query=query, auth=auth)
+                if ex.status == 200:
+                    problems.append(
+                        Problem(
+                            ("expect", "quietMs"),
+                            f"expected nothing more within {expect.quiet_ms} ms, "
+                            f"received {event_line(ex.json)}",
+                        )
+                    )
+                elif ex.status not in (204, 409):
+                    problems.append(
+                        Problem(
+                            ("expect", "quietMs"),
+                            f"a quiet long-poll answered {ex.status} {cut(ex.text, 300)}",
+                        )
+                    )
+        if problems:
+            raise StepFailed(problems)
+        self._capture_event(step, events)
+
+    def _check_read_error(self, expect: f.EventsExpect, failed: Exchange | None) -> list[Problem]:
+        if failed is None:
+            return [
+                Problem(
+                    ("expect", "error"),
+                    f"expected the read to fail with {render(expect.error)}, but it succeeded",
+                )
+            ]
+        if expect.error is None:
+            return [
+                Problem(
+                    (),
+                    f"GET {failed.path} answered {failed.status} {cut(failed.text, 500)}",
+                )
+            ]
+        return error_problems(self.sub(expect.error), failed)
+
+    async def _stream(self, step: f.StreamStep) -> None:
+        spec = step.stream
+        path = self.sub(spec.path) if spec.path else f"/v1/sessions/{self.sub(spec.session)}"
+        if spec.session is not None:
+            path += "/events/stream"
+        headers = {**self.bridge.auth_headers(self.sub(spec.auth)), **self.sub(spec.headers or {})}
+        if spec.last_event_id is not None:
+            headers["Last-Event-ID"] = as_text(self.sub(spec.last_event_id))
+        params = {"after": as_text(self.sub(spec.after))} if spec.after is not None else {}
+        self.transcript.add(
+            "http", f"→ GET {path} (stream {spec.as_}) {render(headers.get('Last-Event-ID', ''))}"
+        )
+        try:
+            async with asyncio.timeout(spec.timeout_ms / 1000):
+                response = await self.client.get(self._url(path), headers=headers, params=params)
+        except ContractViolation as exc:
+            raise StepFailed(
+                [Problem((), f"the response breaks the bridge's contract: {exc}")]
+            ) from None
+        except (TimeoutError, aiohttp.ClientError) as exc:
+            raise StepFailed([Problem((), f"opening the stream failed: {exc!r}")]) from None
+        if response.status != 200:
+            raw = await response.read()
+            response.release()
+            text = raw.decode("utf-8", "replace")
+            parsed: Any = NO_JSON
+            with contextlib.suppress(orjson.JSONDecodeError):
+                parsed = orjson.loads(raw)
+            self.transcript.add("http", f"← {response.status} {cut(text, 1500)}")
+            ex = Exchange("GET", path, response.status, response.headers, text, parsed)
+            self._check_http(step.expect, ex, default_status=200)
+            return
+        self.transcript.add("http", f"← 200 {response.headers.get('Content-Type', '')}")
+        ex = Exchange("GET", path, 200, response.headers, "", NO_JSON)
+        try:
+            expect = step.expect
+            if expect is not None and (expect.given("json_body") or expect.json_subset):
+                raise StepFailed([Problem(("expect",), "a stream has no JSON body to match")])
+            self._check_http(expect, ex, default_status=200)
+            reader = SseReader(response)
+        except (StepFailed, ValueError) as exc:
+            response.close()
+            if isinstance(exc, StepFailed):
+                raise
+            raise StepFailed([Problem((), str(exc))]) from None
+        previous = self.streams.pop(spec.as_, None)
+        if previous is not None:
+            previous.response.close()
+        self.streams[spec.as_] = OpenStream(spec.as_, response, reader)
+
+    async def _read(self, step: f.ReadStep) -> None:
+        spec = step.read
+        expect = step.expect or f.EventsExpect()
+        stream = self.streams.get(spec.stream)
+        if stream is None:
+            raise StepFailed([Problem(("read", "stream"), f"stream {spec.stream!r} is not open")])
+        through = event_matcher(self.sub(spec.through)) if spec.through is not None else None
+        want = spec.count
+        if want is None and through is None and not spec.to_end:
+            want = 1
+        frames: list[SseFrame] = []
+        events: list[Any] = []
+        problems: list[Problem] = []
+        timed_out = False
+        reached = want == 0
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + spec.timeout_ms / 1000
+        while not reached and not stream.ended:
+            try:
+                frame = await stream.reader.next(timeout=max(0.0, deadline - loop.time()))
+            except TimeoutError:
+                timed_out = True
+                break
+            except aiohttp.ClientError as exc:
+                problems.append(Problem(("read",), f"the stream failed: {exc!r}"))
+                stream.ended = True
+                break
+            if frame is None:
+                stream.ended = True
+                self.transcript.add("sse", f"⇠ [{stream.name}] (end of stream)")
+                break
+            frames.append(frame)
+            event = frame_event(frame)
+            events.append(event)
+            self.transcript.add(
+                "sse", f"⇠ [{stream.name}] id={frame.id} {frame.event} {cut(frame.data, 1000)}"
+            )
+            if (through is not None and not match(through, event, subset=True)) or (
+                want is not None and len(frames) >= want
+            ):
+                reached = True
+        if spec.to_end and not stream.ended:
+            problems.append(
+                Problem(
+                    ("read", "toEnd"),
+                    f"the stream was still open after {spec.timeout_ms} ms",
+                    detail=event_list(events),
+                )
+            )
+        elif not spec.to_end and not reached:
+            goal = f"{want} frames" if want is not None else f"a frame matching {render(through)}"
+            why = f"waited {spec.timeout_ms} ms" if timed_out else "the stream ended"
+            problems.append(
+                Problem(
+                    ("read",),
+                    f"{why} before {goal}; read {len(frames)}",
+                    detail=event_list(events),
+                )
+            )
+        for index, event in enumerate(events):
+            if event is NO_JSON:
+                problems.append(
+                    Problem(
+                        ("read",), f"frame {index + 1} has data that is not JSON: {frames[index]}"
+                    )
+                )
+        if not problems:
+            ids = [frame.id for frame in frames]
+            kinds = [frame.event for frame in frames]
+            problems += events_problems(expect, events, ids, kinds, self.sub)
+        if not problems and expect.quiet_ms is not None and not stream.ended:
+            try:
+                frame = await stream.reader.next(timeout=expect.quiet_ms / 1000)
+            except TimeoutError:
+                frame = None
+            else:
+                if frame is None:
+                    stream.ended = True
+            if frame is not None:
+                self.transcript.add("sse", f"⇠ [{stream.name}] id={frame.id} {frame.event}")
+                problems.append(
+                    Problem(
+                        ("expect", "quietMs"),
+                        f"expected nothing more within {expect.quiet_ms} ms, received "
+                        f"{event_line(frame_event(frame))}",
+                    )
+                )
+        if not problems and expect.ended is not None:
+            if expect.ended and not stream.ended:
+                try:
+                    frame = await stream.reader.next(timeout=spec.timeout_ms / 1000)
+                except TimeoutError:
+                    problems.append(
+                        Problem(("expect", "ended"), "expected the stream to end; it stays open")
+                    )
+                else:
+                    if frame is None:
+                        stream.ended = True
+                    else:
+                        problems.append(
+                            Problem(
+                                ("expect", "ended"),
+                                "expected the stream to end, received "
+                                f"{event_line(frame_event(frame))}",
+                            )
+                        )
+            elif not expect.ended and stream.ended:
+                problems.append(Problem(("expect", "ended"), "the stream ended"))
+        if expect.error is not None:
+            problems.append(Problem(("expect", "error"), "`error` applies to `poll` only"))
+        if problems:
+            raise StepFailed(problems)
+        self._capture_event(step, events)
+
+    async def _close(self, step: f.CloseStep) -> None:
+        stream = self.streams.pop(step.close, None)
+        if stream is not None:
+            stream.response.close()
+            self.transcript.add("sse", f"⇠ [{stream.name}] closed by the client")
+
+    async def _await(self, step: f.AwaitStep) -> None:
+        spec = step.await_
+        task = self.background.pop(spec.request, None)
+        if task is None:
+            raise StepFailed([Problem(("await",), f"no request {spec.request!r} is pending")])
+        try:
+            async with asyncio.timeout(spec.timeout_ms / 1000):
+                ex = await asyncio.shield(task)
+        except TimeoutError:
+            task.cancel()
+            raise StepFailed(
+                [
+                    Problem(
+                        ("await",), f"no response to {spec.request!r} within {spec.timeout_ms} ms"
+                    )
+                ]
+            ) from None
+        self._check_http(step.expect, ex, default_status="2xx")
+        self._capture_http(step, ex)
+
+    async def close_streams(self) -> None:
+        for task in self.background.values():
+            task.cancel()
+            with contextlib.suppress(BaseException):
+                await task
+        self.background.clear()
+        for stream in self.streams.values():
+            stream.response.close()
+        self.streams.clear()
+
+    # -- expectations
+
+    def _check_http(self, expect: f.HttpExpect | None, ex: Exchange, default_status: Any) -> None:
+        problems = http_problems(expect, ex, default_status, self.sub)
+        if problems:
+            raise StepFailed(problems)
+
+    # -- captures
+
+    def _capture_http(self, step: Any, ex: Exchange) -> None:
+        for name, spec in step.capture.items():
+            if isinstance(spec, dict) and "header" in spec:
+                value = ex.headers.get(spec["header"])
+                if value is None:
+                    raise StepFailed(
+                        [Problem(("capture", name), f"no header {spec['header']!r} to capture")]
+                    )
+                self.variables[name] = value
+                continue
+            expression = spec["jsonPath"] if isinstance(spec, dict) else spec
+            self._capture_path(name, expression, None if ex.json is NO_JSON else ex.json)
+
+    def _capture_event(self, step: Any, events: list[Any]) -> None:
+        last = events[-1] if events else None
+        for name, spec in step.capture.items():
+            if isinstance(spec, dict) and "header" in spec:
+                raise StepFailed([Problem(("capture", name), "events have no headers")])
+            expression = spec["jsonPath"] if isinstance(spec, dict) else spec
+            self._capture_path(name, expression, last)
+
+    def _capture_path(self, name: str, expression: str, document: Any) -> None:
+        values = find_jsonpath(expression, document) if document is not None else []
+        if not values:
+            raise StepFailed(
+                [
+                    Problem(
+                        ("capture", name),
+                        f"{expression} found nothing to capture in {render(document, 500)}",
+                    )
+                ]
+            )
+        self.variables[name] = values[0] if len(values) == 1 else values
+
+
+# -- running ---------------------------------------------------------------------------
+
+
+async def run_scenario(loaded: LoadedScenario, options: RunOptions | None = None) -> ScenarioResult:
+    """Run one scenario from start to end checks; never raises for a failing scenario."""
+    options = options or RunOptions()
+    scenario = loaded.scenario
+    result = ScenarioResult(loaded, "passed")
+    started = time.monotonic()
+    codex = None
+    if scenario.real_codex:
+        codex = find_codex(options.codex)
+        if codex is None:
+            reason = "the real codex is not installed (set CODEX_BIN or put codex on PATH)"
+            if not options.require_codex:
+                result.outcome, result.skip_reason = "skipped", reason
+                return result
+            result.outcome = "failed"
+            result.failures.append(Failure("setup", (), [Problem((), f"CI=true: {reason}")]))
+            return result
+    if options.tmp_root is not None:
+        options.tmp_root.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f"scenario-{_slug(loaded.name)}-", dir=options.tmp_root))
+    result.tmp = tmp
+    capture = _LogCapture(result.transcript)
+    loggers = [logging.getLogger(name) for name in _LOGGERS]
+    for logger in loggers:
+        logger.addHandler(capture)
+    try:
+        await _run(loaded, options, tmp, codex, result)
+    finally:
+        for logger in loggers:
+            logger.removeHandler(capture)
+        result.duration = time.monotonic() - started
+        if result.outcome == "passed" and not options.keep_tmp:
+            shutil.rmtree(tmp, ignore_errors=True)
+            result.tmp = None
+    return result
+
+
+async def _run(
+    loaded: LoadedScenario,
+    options: RunOptions,
+    tmp: Path,
+    codex: str | None,
+    result: ScenarioResult,
+) -> None:
+    scenario = loaded.scenario
+    reports = tmp / "fake-reports"
+    work = tmp / "work"
+    work.mkdir()
+    model_server = None
+    run: _Run | None = None
+    bridge: RunningBridge | None = None
+    try:
+        if scenario.model is not None and codex is not None:
+            from fakes.model_provider import ModelProviderServer
+
+            model_server = ModelProviderServer(scenario.model)
+            await model_server.start()
+            home = tmp / "codex-home"
+            home.mkdir()
+            command = [
+                "env",
+                "-C",
+                str(work),
+                f"CODEX_HOME={home}",
+                "OPENAI_API_KEY=x",
+                codex,
+                "app-server",
+                *model_server.codex_cli_args(),
+            ]
+        else:
+            script = _script_file(loaded, tmp)
+            command = fake_app_server_command(
+                script, report_dir=reports, cwd=work, base=options.fake_codex
+            )
+        spec = scenario.bridge
+        bridge = await start_bridge(
+            command,
+            preset=spec.preset,
+            limits=spec.rest_limits(),
+            token=spec.token,
+            exempt_health=spec.exempt_health,
+        )
+        result.transcript.add("run", f"bridge {spec.preset} at {bridge.url}: {' '.join(command)}")
+        run = _Run(loaded, bridge, tmp, result.transcript)
+        await _steps(run, result)
+        if not result.failures and model_server is not None:
+            await _model_checks(run, model_server, result)
+    except Exception as exc:  # a bug or an environment problem, not a failed expectation
+        result.outcome = "failed"
+        result.failures.append(
+            Failure("setup", (), [Problem((), f"the run could not go on: {exc!r}")])
+        )
+    finally:
+        if run is not None:
+            await run.close_streams()
+        if bridge is not None:
+            await bridge.close()
+        if model_server is not None:
+            await model_server.close()
+    if model_server is None:
+        found = read_reports(reports)
+        result.transcript.fakes = found
+        problems = fake_report_problems(
+            scenario.app_server,
+            found,
+            script_used=scenario.checks.script_used,
+            requests_answered=scenario.checks.requests_answered,
+        )
+        if problems and not result.failures:
+            result.outcome = "failed"
+            result.failures.append(Failure("end of run checks", (), problems))
+
+
+async def _steps(run: _Run, result: ScenarioResult) -> None:
+    scenario = run.scenario
+    index = -1
+    try:
+        async with asyncio.timeout(scenario.timeout_ms / 1000):
+            for index, step in enumerate(scenario.steps):
+                run.transcript.add("step", f"step {index + 1}: {step.title()}")
+                try:
+                    await run.run_step(step)
+                except StepFailed as failed:
+                    result.outcome = "failed"
+                    result.failures.append(
+                        Failure(
+                            _step_title(index, step, scenario), ("steps", index), failed.problems
+                        )
+                    )
+                    return
+    except TimeoutError:
+        result.outcome = "failed"
+        current = scenario.steps[index] if index >= 0 else None
+        title = _step_title(index, current, scenario) if current is not None else "scenario"
+        result.failures.append(
+            Failure(
+                title,
+                ("steps", index) if current is not None else ("timeoutMs",),
+                [Problem((), f"the scenario ran past its timeoutMs ({scenario.timeout_ms} ms)")],
+            )
+        )
+
+
+def _step_title(index: int, step: Any, scenario: f.Scenario) -> str:
+    return f"step {index + 1} of {len(scenario.steps)}: {step.title()}"
+
+
+async def _model_checks(run: _Run, model_server: Any, result: ScenarioResult) -> None:
+    problems: list[Problem] = []
+    scenario = run.scenario
+    if scenario.checks.script_used:
+        pending = model_server.model.pending
+        if pending:
+            total = len(scenario.model.replies) if scenario.model else 0
+            for offset in range(len(pending)):
+                index = total - len(pending) + offset
+                problems.append(
+                    Problem(
+                        ("model", "replies", index),
+                        f"scripted model reply {index} was never requested",
+                    )
+                )
+    if scenario.checks.requests_answered and "list_sessions" in {
+        route.name for route in run.bridge.app.get(_mounted_key(), ())
+    }:
+        try:
+            ex = await run.exchange("GET", "/v1/sessions")
+        except StepFailed:
+            ex = None
+        if ex is not None and isinstance(ex.json, dict):
+            for session in ex.json.get("sessions", []):
+                for key in session.get("pendingRequests", []):
+                    problems.append(
+                        Problem(
+                            ("checks", "requestsAnswered"),
+                            f"session {session.get('sessionId')}: server request {key} was "
+                            "never answered",
+                        )
+                    )
+    if problems:
+        result.outcome = "failed"
+        result.failures.append(Failure("end of run checks", (), problems))
+
+
+def _mounted_key() -> Any:
+    from bridge.app import MOUNTED
+
+    return MOUNTED
+
+
+def _script_file(loaded: LoadedScenario, tmp: Path) -> Path | None:
+    """The file fake-codex reads: the scenario file itself, else one written for the run."""
+    script = loaded.scenario.app_server
+    if script is None:
+        return None
+    if loaded.path is not None:
+        return loaded.path
+    path = tmp / "app-server.yaml"
+    raw = loaded.data.get("appServer") if isinstance(loaded.data, dict) else None
+    if raw is None:
+        raw = script.model_dump(by_alias=True, exclude_unset=True, mode="json")
+    path.write_text(f.dump_yaml({"appServer": raw}), encoding="utf-8")
+    return path
+
+
+def _slug(name: str) -> str:
+    return "".join(ch if ch.isalnum() else "-" for ch in name)[:40] or "scenario"
+
+
+def run_scenario_sync(loaded: LoadedScenario, options: RunOptions | None = None) -> ScenarioResult:
+    """`run_scenario` in a fresh event loop (for threads and synchronous callers)."""
+    return asyncio.run(run_scenario(loaded, options))
+
+
+def iter_problems(result: ScenarioResult) -> Iterator[tuple[Failure, Problem]]:
+    for failure in result.failures:
+        for problem in failure.problems:
+            yield failure, problem

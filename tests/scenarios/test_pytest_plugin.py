@@ -1,0 +1,190 @@
+"""The pytest plugin as a host suite meets it: in its own pytest process, found by its
+entry point, with pytest-asyncio in strict and auto modes, xdist and rerunfailures."""
+
+from __future__ import annotations
+
+import textwrap
+
+import pytest
+
+pytest_plugins = ["pytester"]
+
+#: Plugins of this venv that have nothing to do with these tests and are slow to import.
+QUIET = ("-p", "no:cacheprovider", "-p", "no:hypothesispytest", "-p", "no:faker")
+QUIET += ("-p", "no:schemathesis")
+
+HOST_TESTS = """
+import pytest
+
+TOKEN = "t0k3n"
+
+
+@pytest.mark.asyncio
+async def test_health(bridge_client):
+    async with bridge_client.get("/health") as response:
+        assert response.status == 200
+
+
+@pytest.mark.asyncio
+@pytest.mark.codex_bridge(
+    script={"turns": ["Hi from the script."]}, token=TOKEN, limits={"maxSessions": 2}
+)
+async def test_a_turn_over_sse_with_auth_and_limits(codex_bridge, bridge_client, sse):
+    async with bridge_client.post("/v1/sessions", json={}) as response:
+        session = (await response.json())["sessionId"]
+    reader = await sse(f"/v1/sessions/{session}/events/stream")
+    base = f"/v1/sessions/{session}/call"
+    async with bridge_client.post(f"{base}/thread/start", json={"params": {}}) as response:
+        thread = (await response.json())["result"]["thread"]["id"]
+    params = {"threadId": thread, "input": [{"type": "text", "text": "hi"}]}
+    async with bridge_client.post(f"{base}/turn/start", json={"params": params}) as response:
+        assert response.status == 200
+    frames = await reader.until(lambda f: f.json()["method"] == "turn/completed", timeout=10)
+    texts = [f.json()["params"]["item"].get("text") for f in frames
+             if f.json()["method"] == "item/completed"]
+    assert "Hi from the script." in texts
+    assert [int(f.id) for f in frames] == list(range(1, len(frames) + 1))
+    async with codex_bridge.client(auth=False).get("/v1/sessions") as response:
+        assert response.status == 401
+    for _ in range(2):
+        async with bridge_client.post("/v1/sessions", json={}) as response:
+            pass
+    assert response.status == 429
+
+
+@pytest.mark.asyncio
+async def test_start_bridge_builds_any_preset(start_bridge):
+    bridge = await start_bridge(preset="default")
+    async with bridge.client().post("/v1/call/model/list", json={"params": {}}) as response:
+        assert response.status == 404
+
+
+@pytest.mark.asyncio
+async def test_run_scenario_from_python(run_scenario):
+    result = await run_scenario(
+        {"steps": [{"http": {"path": "/health"}, "expect": {"jsonSubset": {"status": "ok"}}}]}
+    )
+    assert result.passed
+"""
+
+GOOD_SCENARIO = """
+scenario: 1
+name: health-is-ok
+steps:
+  - http: {path: /health}
+    expect: {json: {status: ok, version: {$type: string}}}
+"""
+
+BROKEN_SCENARIO = """
+scenario: 1
+name: wrong-status
+steps:
+  - http: {path: /v1/sessions}
+    expect: {status: 201}
+"""
+
+
+def host_project(pytester: pytest.Pytester, **files: str) -> None:
+    pytester.makepyfile(test_host=HOST_TESTS)
+    for name, text in files.items():
+        (pytester.path / name).write_text(textwrap.dedent(text).lstrip())
+
+
+@pytest.mark.parametrize("mode", ["strict", "auto"])
+def test_the_fixtures_work_in_both_asyncio_modes(pytester: pytest.Pytester, mode: str) -> None:
+    host_project(pytester, **{"health.scenario.yaml": GOOD_SCENARIO})
+    result = pytester.runpytest_subprocess(*QUIET, f"--asyncio-mode={mode}")
+    result.assert_outcomes(passed=5)
+
+
+def test_scenario_files_are_tests_and_their_failures_read_well(pytester: pytest.Pytester) -> None:
+    host_project(
+        pytester,
+        **{"health.scenario.yaml": GOOD_SCENARIO, "wrong.scenario.yaml": BROKEN_SCENARIO},
+    )
+    result = pytester.runpytest_subprocess(*QUIET)
+    result.assert_outcomes(passed=5, failed=1)
+    result.stdout.fnmatch_lines(
+        [
+            "*FAILED  wrong-status*",
+            "*step 1 of 1: http GET /v1/sessions*wrong.scenario.yaml:4)",
+            "*expected status 201, received 200*",
+            "*transcript (client and bridge):*",
+        ]
+    )
+
+
+def test_a_malformed_scenario_is_a_collection_error_with_its_line(
+    pytester: pytest.Pytester,
+) -> None:
+    (pytester.path / "bad.scenario.yaml").write_text(
+        "scenario: 1\nsteps:\n  - http: {path: /health}\n    expect: {stauts: 200}\n"
+    )
+    result = pytester.runpytest_subprocess(*QUIET)
+    result.assert_outcomes(errors=1)
+    result.stdout.fnmatch_lines(["*bad.scenario.yaml:4:14: steps?0?.expect.stauts: Extra*"])
+
+
+def test_xdist_and_rerunfailures_leave_scenarios_alone(pytester: pytest.Pytester) -> None:
+    host_project(
+        pytester,
+        **{
+            "a.scenario.yaml": GOOD_SCENARIO,
+            "b.scenario.yaml": GOOD_SCENARIO.replace("health-is-ok", "health-again"),
+        },
+    )
+    pytester.makepyfile(
+        test_flaky="""
+        import pathlib
+
+        def test_fails_once(tmp_path_factory):
+            flag = tmp_path_factory.getbasetemp().parent / "flaky-flag"
+            if not flag.exists():
+                flag.write_text("failed once")
+                raise AssertionError("the first try fails")
+        """
+    )
+    result = pytester.runpytest_subprocess(*QUIET, "-n", "2", "--reruns", "2")
+    outcomes = result.parseoutcomes()
+    assert (outcomes.get("passed"), outcomes.get("rerun"), outcomes.get("failed")) == (7, 1, None)
+
+
+def test_the_fixture_bridges_check_their_script_like_scenarios(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(
+        """
+        import pytest
+
+        @pytest.mark.asyncio
+        @pytest.mark.codex_bridge(script={"turns": ["Nobody starts me."]})
+        async def test_never_starts_the_turn(bridge_client):
+            async with bridge_client.get("/health") as response:
+                assert response.status == 200
+        """
+    )
+    result = pytester.runpytest_subprocess(*QUIET)
+    result.assert_outcomes(passed=1, errors=1)
+    result.stdout.fnmatch_lines(["*scripted turn 0 was never started*"])
+
+
+@pytest.mark.parametrize("autoload", [True, False])
+def test_a_conftest_registering_it_too_is_harmless(
+    pytester: pytest.Pytester, autoload: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The entry point is named after the module, so `pytest_plugins` finds it registered."""
+    pytester.makeconftest('pytest_plugins = ["scenarios.pytest_plugin"]')
+    pytester.makepyfile(
+        """
+        import pytest
+
+        @pytest.mark.asyncio
+        async def test_health(bridge_client):
+            async with bridge_client.get("/health") as response:
+                assert response.status == 200
+        """
+    )
+    args = list(QUIET)
+    if not autoload:
+        monkeypatch.setenv("PYTEST_DISABLE_PLUGIN_AUTOLOAD", "1")
+        args += ["-p", "pytest_asyncio.plugin"]
+    result = pytester.runpytest_subprocess(*args)
+    result.assert_outcomes(passed=1)

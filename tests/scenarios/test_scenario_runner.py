@@ -1,0 +1,261 @@
+"""`rest-bridge scenarios run`: the library passes, broken scenarios say what and where."""
+
+from __future__ import annotations
+
+import io
+import os
+import subprocess
+import sys
+import textwrap
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+import pytest
+
+from scenarios.cli import run_all
+from scenarios.format import load_scenario, parse_scenario
+from scenarios.processes import live_children
+from scenarios.runner import RunOptions, run_scenario_sync
+
+ROOT = Path(__file__).resolve().parents[2]
+LIBRARY = ROOT / "scenarios" / "library"
+REST_BRIDGE = str(Path(sys.executable).with_name("rest-bridge"))
+
+
+def run_cli(*args: str, cwd: Path = ROOT, **env: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [REST_BRIDGE, "scenarios", *args],
+        capture_output=True,
+        text=True,
+        cwd=cwd,
+        env={**os.environ, **env},
+        timeout=300,
+        check=False,
+    )
+
+
+def write(tmp_path: Path, name: str, text: str) -> Path:
+    path = tmp_path / name
+    path.write_text(textwrap.dedent(text).lstrip())
+    return path
+
+
+def test_the_library_passes_and_the_junit_report_says_so(tmp_path: Path) -> None:
+    junit = tmp_path / "junit.xml"
+    done = run_cli("run", str(LIBRARY), "--junit", str(junit), "-j", "4")
+    assert done.returncode == 0, done.stdout + done.stderr
+    files = sorted(LIBRARY.glob("*.scenario.yaml"))
+    assert f"{len(files)} passed, 0 failed" in done.stdout or "skipped" in done.stdout
+    suite = ET.parse(junit).getroot().find("testsuite")
+    assert suite is not None
+    assert suite.get("tests") == str(len(files))
+    assert suite.get("failures") == "0"
+    assert suite.get("errors") == "0"
+    names = {case.get("name") for case in suite.iter("testcase")}
+    assert {"turn-stream-and-resume", "approval-long-poll", "auth-rejection"} <= names
+
+
+BROKEN = """
+    scenario: 1
+    name: broken-on-purpose
+    appServer:
+      version: 1
+      methods:
+        x/fail: {error: {code: -32050, message: nope}}
+    steps:
+      - createSession: s
+      - name: expects the wrong code
+        call: {session: "${s}", method: x/fail, params: {}}
+        expect:
+          status: 502
+          error: {error: app_server_error, code: -32051}
+"""
+
+
+def test_a_broken_scenario_shows_the_step_expected_received_and_the_transcripts(
+    tmp_path: Path,
+) -> None:
+    path = write(tmp_path, "broken.scenario.yaml", BROKEN)
+    junit = tmp_path / "junit.xml"
+    done = run_cli("run", str(path), "--junit", str(junit))
+    out = done.stdout
+    assert done.returncode == 1, out + done.stderr
+    expected_in_order = [
+        "FAILED  broken-on-purpose",
+        f"step 2 of 2: expects the wrong code  ({path}:9)",
+        f"✗ expect.error  ({path}:13)",
+        "at $.code: expected -32051, received -32050",
+        "--- expected",
+        "+++ received",
+        '-  "code": -32051',
+        '+  "code": -32050',
+        "transcript (client and bridge):",
+        "step 2: expects the wrong code",
+        "→ POST /v1/sessions/",
+        '← 502 {"error":"app_server_error","message":"nope","code":-32050}',
+        "fake-codex pid",
+        '→ fake {"id":2,"method":"x/fail"',
+        '← fake {"error":{"code":-32050,"message":"nope"},"id":2}',
+        "scenarios: 0 passed, 1 failed",
+    ]
+    position = 0
+    for fragment in expected_in_order:
+        found = out.find(fragment, position)
+        assert found >= 0, f"{fragment!r} missing (or out of order) in:\n{out}"
+        position = found
+    # No traceback, no Python internals: a person's report.
+    assert "Traceback" not in out + done.stderr
+    case = ET.parse(junit).getroot().find("testsuite/testcase")
+    assert case is not None
+    failure = case.find("failure")
+    assert failure is not None
+    assert "expected -32051, received -32050" in (failure.get("message") or "")
+    assert "--- expected" in (failure.text or "")
+    assert "fake-codex pid" in (case.findtext("system-out") or "")
+
+
+def test_the_end_checks_report_unused_script_entries_and_unanswered_requests(
+    tmp_path: Path,
+) -> None:
+    path = write(
+        tmp_path,
+        "leftovers.scenario.yaml",
+        """
+        scenario: 1
+        name: leftovers
+        appServer:
+          version: 1
+          methods:
+            x/ask:
+              steps: [{request: {method: item/tool/call, wait: false}}]
+              result: {}
+            x/unused: [{result: 1}, {result: 2}]
+          turns:
+            - Never started.
+        steps:
+          - createSession: s
+          - call: {session: "${s}", method: x/ask, params: {}}
+        """,
+    )
+    done = run_cli("run", str(path))
+    out = done.stdout
+    assert done.returncode == 1, out
+    assert "end of run checks" in out
+    assert "sent the server request item/tool/call (id 0), and it was never answered" in out
+    assert f"({path}:9)" in out  # x/unused[0]
+    assert "the scripted reply to x/unused[0] was never requested" in out
+    assert "the scripted reply to x/unused[1] was never requested" in out
+    assert f"({path}:11)" in out  # turns[0]
+    assert "scripted turn 0 was never started" in out
+
+
+def test_the_end_checks_can_be_turned_off(tmp_path: Path) -> None:
+    path = write(
+        tmp_path,
+        "allowed.scenario.yaml",
+        """
+        scenario: 1
+        appServer:
+          version: 1
+          methods: {x/unused: {result: 1}}
+        checks: {scriptUsed: false}
+        steps:
+          - http: {path: /health}
+        """,
+    )
+    assert run_cli("run", str(path)).returncode == 0
+
+
+def test_a_malformed_file_stops_everything_before_anything_runs(tmp_path: Path) -> None:
+    good = write(tmp_path, "good.scenario.yaml", "scenario: 1\nsteps: [{http: {path: /health}}]\n")
+    bad = write(
+        tmp_path,
+        "bad.scenario.yaml",
+        """
+        scenario: 1
+        steps:
+          - http: {path: /health}
+            expect: {stauts: 200}
+        """,
+    )
+    junit = tmp_path / "junit.xml"
+    done = run_cli("run", str(tmp_path), "--junit", str(junit))
+    assert done.returncode == 2
+    assert f"{bad}:4:14: steps[0].expect.stauts: Extra inputs are not permitted" in done.stderr
+    assert "nothing was run" in done.stderr
+    assert "PASSED" not in done.stdout
+    assert str(good) not in done.stdout
+    error = ET.parse(junit).getroot().find("testsuite/testcase/error")
+    assert error is not None
+    assert "stauts" in (error.text or "")
+
+
+def test_a_missing_path_is_a_usage_error(tmp_path: Path) -> None:
+    done = run_cli("run", str(tmp_path / "nope"))
+    assert done.returncode == 2
+    assert "no such file or folder" in done.stderr
+
+
+def test_check_validates_without_running() -> None:
+    done = run_cli("check", str(LIBRARY))
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.count("ok ") == len(list(LIBRARY.glob("*.scenario.yaml")))
+
+
+def test_parallel_runs_share_nothing(tmp_path: Path) -> None:
+    """Four runs at once, each allowed one session: a shared bridge would answer 429."""
+    loaded = parse_scenario(
+        {
+            "scenario": 1,
+            "bridge": {"limits": {"maxSessions": 1}},
+            "appServer": {"version": 1, "methods": {"x/mine": {"result": "only mine"}}},
+            "steps": [
+                {"createSession": "s"},
+                {"createSession": "again", "expect": {"error": "session_limit_reached"}},
+                {
+                    "call": {"session": "${s}", "method": "x/mine", "params": {}},
+                    "expect": {"json": {"result": "only mine"}},
+                },
+            ],
+        }
+    )
+    out = io.StringIO()
+    results = run_all([loaded] * 4, RunOptions(tmp_root=tmp_path), jobs=4, out=out)
+    assert [r.outcome for r in results] == ["passed"] * 4, out.getvalue()
+    assert len({r.transcript.entries[0][2] for r in results}) == 4  # four bridges, four ports
+    assert live_children() == set()
+
+
+def test_a_scenario_built_in_python_runs_from_a_temporary_script(tmp_path: Path) -> None:
+    loaded = parse_scenario(
+        {
+            "scenario": 1,
+            "appServer": {"version": 1, "methods": {"x/hello": {"result": {"hi": True}}}},
+            "steps": [
+                {"createSession": "s"},
+                {
+                    "call": {"session": "${s}", "method": "x/hello", "params": {}},
+                    "expect": {"json": {"result": {"hi": True}}},
+                },
+            ],
+        }
+    )
+    result = run_scenario_sync(loaded, RunOptions(tmp_root=tmp_path, keep_tmp=True))
+    assert result.passed, result.failures
+    assert result.tmp is not None
+    assert (result.tmp / "app-server.yaml").exists()
+
+
+def test_a_real_codex_scenario_skips_without_codex_and_fails_under_ci(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("PATH", "/usr/bin:/bin")
+    monkeypatch.delenv("CODEX_BIN", raising=False)
+    loaded = load_scenario(LIBRARY / "real-codex-scripted-model.scenario.yaml")
+    skipped = run_scenario_sync(loaded, RunOptions(require_codex=False))
+    assert skipped.outcome == "skipped"
+    assert "real codex is not installed" in (skipped.skip_reason or "")
+    failed = run_scenario_sync(loaded, RunOptions(require_codex=True))
+    assert failed.outcome == "failed"
+    assert "CI=true" in failed.failures[0].problems[0].message
