@@ -11,12 +11,17 @@ PORT ?= 8787
 PRESET ?= trusted
 APP_SERVER ?= $(abspath $(BIN))/fake-codex app-server
 
-.PHONY: serve test lint typecheck pytest codex bench clean
+.PHONY: serve test lint typecheck pytest codex bench reliability clean
 
+# openai-codex (the official SDK, an independent client for tests/fakes/test_sdk_dropin.py)
+# goes in with --no-deps: its only other dependency is openai-codex-cli-bin, a 142 MB
+# wheel with a real codex binary that the tests never run (they hand the SDK
+# `codex_bin=fake-codex`). Its small deps (pydantic, packaging) are in the `test` extra.
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
 	$(BIN)/pip install --quiet -e '.[dev]'
+	$(BIN)/pip install --quiet --no-deps openai-codex==0.163.0
 	touch $(STAMP)
 
 # The pinned real codex, installed into an ignored folder of the project.
@@ -47,6 +52,24 @@ pytest: $(STAMP) codex
 	$(BIN)/pytest
 
 test: lint typecheck pytest
+
+# The benchmark suite (not part of `make test`): rewrites bench/RESULTS.md. wrk, the
+# load generator, comes from Debian's packages when it is missing.
+# Options: make bench BENCH_ARGS="--only calls,events --repeats 1 --loop uvloop"
+bench: $(STAMP)
+	@command -v wrk >/dev/null 2>&1 || { apt-get update -qq && apt-get install -y -qq wrk; }
+	$(BIN)/python -m bench.run $(BENCH_ARGS)
+
+# The reliability suite at full size (10,000 session cycles, 1,000 text turns, 100 fuzz
+# examples per operation; about 45 minutes on 2 cores), then docs/RELIABILITY.md from its
+# results. `make test` runs the same tests, smaller. The report is written even when a
+# row fails (it shows which); the target then fails too.
+RELIABILITY_RESULTS := $(VENV)/reliability-results.json
+reliability: $(STAMP)
+	RELIABILITY_SOAK=full RELIABILITY_RESULTS=$(RELIABILITY_RESULTS) \
+		$(BIN)/pytest tests/reliability -p no:cacheprovider; status=$$?; \
+	$(BIN)/python tests/reliability/report.py $(RELIABILITY_RESULTS) docs/RELIABILITY.md \
+		&& exit $$status
 
 clean:
 	rm -rf $(VENV) $(CODEX_DIR) .pytest_cache .mypy_cache .ruff_cache

@@ -232,12 +232,23 @@ def create_app(backend: Backend, options: RouterOptions | None = None) -> web.Ap
     for route in mounted:
         app.router.add_route(route.method, route.path, route.handler, name=route.name)
 
+    closed = False
+
+    async def close_backend(app: web.Application) -> None:
+        nonlocal closed
+        if not closed:
+            closed = True
+            await backend.close()
+
     async def backend_lifecycle(app: web.Application) -> AsyncIterator[None]:
         await backend.start()
         yield
-        await backend.close()
+        await close_backend(app)
 
     app.cleanup_ctx.append(backend_lifecycle)
+    # At shutdown, before aiohttp waits for the handlers still running: closing the
+    # backend ends their streams, long-polls and calls, so they need not time out.
+    app.on_shutdown.append(close_backend)
     return app
 
 

@@ -26,6 +26,24 @@ PRESETS = {
     "text-turn": text_turn_app,
 }
 TOKEN_VARIABLE = "REST_ADAPTER_TOKEN"
+KEEPALIVE_SECONDS = 75.0
+SHUTDOWN_HANDLER_SECONDS = 2.0
+
+
+class QuietParserErrors(logging.Filter):
+    """One line, without traceback, for requests aiohttp could not parse.
+
+    aiohttp logs those with a traceback whose message quotes the offending bytes, an
+    ``Authorization`` header (and so the token) included.
+    """
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.exc_info and record.exc_info[1] is not None:
+            record.msg = f"{record.getMessage()}: {type(record.exc_info[1]).__name__}"
+            record.args = ()
+            record.exc_info = None
+            record.exc_text = None
+        return True
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -41,12 +59,41 @@ def build_parser() -> argparse.ArgumentParser:
     )
     serve.add_argument("--host", default="127.0.0.1")
     serve.add_argument("--port", type=int, default=8787)
+    serve.add_argument(
+        "--loop",
+        choices=("asyncio", "uvloop"),
+        default="asyncio",
+        help="event loop; uvloop (a separate package) serves more requests per second",
+    )
     openapi = commands.add_parser("openapi", help="print a preset's OpenAPI 3.1.0 document")
     openapi.add_argument("--preset", choices=sorted(PRESETS), default="trusted")
     openapi.add_argument(
         "--auth", action="store_true", help="document the bearer scheme, as when a token is set"
     )
+    # Listed for --help only: `main` hands everything after `scenarios` to scenarios.cli.
+    commands.add_parser(
+        "scenarios",
+        help="run YAML scenarios against the bridge (run|check|schema; see its --help)",
+        add_help=False,
+    )
     return parser
+
+
+def run_scenarios(argv: Sequence[str]) -> int:
+    """`rest-bridge scenarios ...`: the scenario runner, imported only when asked for.
+
+    It needs the `harness` extra (pytest, jsonschema, jsonpath-ng), which serving does not.
+    """
+    try:
+        from scenarios.cli import main as scenarios_main
+    except ImportError as exc:
+        print(
+            f"rest-bridge scenarios: {exc}; install the harness extra: "
+            "pip install 'codex-rest-bridge[harness]'",
+            file=sys.stderr,
+        )
+        return 2
+    return scenarios_main(list(argv))
 
 
 def print_openapi(preset: str, auth: bool) -> None:
@@ -62,7 +109,21 @@ async def serve(preset: str, command: list[str], host: str, port: int) -> None:
     token = os.environ.get(TOKEN_VARIABLE)
     if token is not None:
         with_bearer_auth(app, token)
-    runner = web.AppRunner(app, handler_cancellation=True, access_log=None)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    runner = web.AppRunner(
+        app,
+        handler_cancellation=True,
+        access_log=None,
+        # A connection that sends no complete request is closed after this long
+        # (aiohttp's own default is an hour).
+        keepalive_timeout=KEEPALIVE_SECONDS,
+        # Shutdown closes the backend first, which ends every stream, long-poll and
+        # call; a handler still running this long after that is cancelled.
+        shutdown_timeout=SHUTDOWN_HANDLER_SECONDS,
+    )
     await runner.setup()
     site = web.TCPSite(runner, host, port)
     await site.start()
@@ -70,10 +131,6 @@ async def serve(preset: str, command: list[str], host: str, port: int) -> None:
     auth = "on" if token is not None else f"off (set {TOKEN_VARIABLE} to require a token)"
     print(f"rest-bridge {__version__} listening on http://{bound[0]}:{bound[1]}", flush=True)
     print(f"  preset: {preset}; app-server: {' '.join(command)}; auth: {auth}", flush=True)
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, stop.set)
     try:
         await stop.wait()
     finally:
@@ -82,8 +139,12 @@ async def serve(preset: str, command: list[str], host: str, port: int) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    arguments = list(sys.argv[1:] if argv is None else argv)
+    if arguments[:1] == ["scenarios"]:
+        return run_scenarios(arguments[1:])
+    args = build_parser().parse_args(arguments)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    logging.getLogger("aiohttp.server").addFilter(QuietParserErrors())
     if args.command == "openapi":
         print_openapi(args.preset, args.auth)
     elif args.command == "serve":
@@ -96,7 +157,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         except (RestLimitsEnvError, ValueError) as exc:
             print(f"rest-bridge: {exc}", file=sys.stderr)
             return 2
-        asyncio.run(serve(args.preset, command, args.host, args.port))
+        loop_factory = None
+        if args.loop == "uvloop":
+            try:
+                import uvloop
+            except ImportError:
+                print("rest-bridge: --loop uvloop needs the uvloop package", file=sys.stderr)
+                return 2
+            loop_factory = uvloop.new_event_loop
+        with asyncio.Runner(loop_factory=loop_factory) as runner:
+            runner.run(serve(args.preset, command, args.host, args.port))
     return 0
 
 

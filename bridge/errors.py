@@ -17,6 +17,8 @@ import orjson
 from aiohttp import web
 from aiohttp.typedefs import Middleware
 
+from bridge.wire import dumps
+
 log = logging.getLogger("bridge")
 
 JSON_CONTENT_TYPE = "application/json"
@@ -55,7 +57,7 @@ class RestError(Exception):
     def to_response(self) -> web.Response:
         return web.Response(
             status=self.status,
-            body=orjson.dumps(self.payload()),
+            body=dumps(self.payload()),
             content_type=JSON_CONTENT_TYPE,
             headers=self.headers,
         )
@@ -223,6 +225,12 @@ def make_error_middleware(max_body_bytes: int | None = None) -> Middleware:
             if exc.status < 400:
                 raise
             return from_http_exception(exc, max_body_bytes).to_response()
+        except orjson.JSONEncodeError:
+            # Only what a caller sent is encoded without a fallback: the JSON-RPC message
+            # for the app-server, where an integer past 64 bits cannot go.
+            return bad_request(
+                "The request holds a value JSON-RPC cannot carry (integers must fit in 64 bits)."
+            ).to_response()
         except Exception as exc:  # the last line of defence: no traceback leaves the bridge
             log.error(
                 "internal error on %s %s: %s", request.method, request.path, type(exc).__name__

@@ -10,11 +10,24 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, WithJsonSchema
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, WithJsonSchema
 from pydantic.alias_generators import to_camel
 
 #: An RFC 3339 UTC timestamp with milliseconds, e.g. ``2026-11-21T23:44:45.123Z``.
 Timestamp = Annotated[str, WithJsonSchema({"type": "string", "format": "date-time"})]
+
+
+def _integral(value: Any) -> Any:
+    """``1000.0`` is an integer in JSON Schema's eyes: take it as ``1000``."""
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    return value
+
+
+#: A JSON integer that JSON-RPC can carry: within 64 bits, `1000.0` accepted as `1000`.
+JsonInt = Annotated[int, Field(ge=-(2**63), le=2**63 - 1), BeforeValidator(_integral)]
+#: A timeout in milliseconds.
+Milliseconds = Annotated[int, Field(ge=1, le=2**63 - 1), BeforeValidator(_integral)]
 
 
 class _Wire(BaseModel):
@@ -22,7 +35,11 @@ class _Wire(BaseModel):
 
 
 class _Request(_Wire):
-    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="forbid")
+    # Strict: `"includeEvents": 0` or `"timeoutMs": "5"` is a wrong type (400), as the
+    # OpenAPI schema says, not something to coerce.
+    model_config = ConfigDict(
+        alias_generator=to_camel, populate_by_name=True, extra="forbid", strict=True
+    )
 
 
 class ErrorPayload(_Wire):
@@ -58,15 +75,32 @@ class ClientInfo(_Request):
     version: str
 
 
+#: What the operating system can take in a path, an argument or a variable: no NUL.
+OsText = Annotated[str, Field(pattern=r"^[^\x00]*$")]
+#: A variable name: not empty, no `=`, no NUL.
+EnvName = Annotated[str, Field(pattern=r"^[^=\x00]+$")]
+
+
 class ClientOptions(_Request):
     """How a request that spawns an app-server process shapes it and its `initialize`."""
 
     client_info: ClientInfo | None = None
-    cwd: str | None = Field(default=None, description="Working directory of the process.")
-    env: dict[str, str] | None = Field(
-        default=None, description="Variables added to the process environment."
-    )
-    config_overrides: list[str] | None = Field(
+    cwd: OsText | None = Field(default=None, description="Working directory of the process.")
+    env: (
+        Annotated[
+            dict[EnvName, OsText],
+            # What pydantic would write, patternProperties, allows any other name too.
+            WithJsonSchema(
+                {
+                    "type": "object",
+                    "propertyNames": {"pattern": r"^[^=\x00]+$"},
+                    "additionalProperties": {"type": "string", "pattern": r"^[^\x00]*$"},
+                }
+            ),
+        ]
+        | None
+    ) = Field(default=None, description="Variables added to the process environment.")
+    config_overrides: list[Annotated[str, Field(pattern=r"^[^\x00]*=[^\x00]*$")]] | None = Field(
         default=None, description="`key=value` pairs passed as `-c key=value`."
     )
     experimental_api: bool | None = None
@@ -112,7 +146,7 @@ class CallBody(_Request):
     """Body of a raw method call inside a session."""
 
     params: Any = None
-    timeout_ms: int | None = Field(default=None, ge=1)
+    timeout_ms: Milliseconds | None = None
 
 
 class SessionlessCallBody(CallBody):
@@ -130,7 +164,7 @@ class ReplyResult(_Request):
 
 
 class ReplyError(_Request):
-    code: int
+    code: JsonInt
     message: str
     data: Any = None
 
@@ -157,7 +191,7 @@ class TextTurnRequest(_Request):
     approval_policy: ApprovalPolicy = "decline"
     thread_params: dict[str, Any] | None = None
     turn_params: dict[str, Any] | None = None
-    timeout_ms: int | None = Field(default=None, ge=1)
+    timeout_ms: Milliseconds | None = None
     options: ClientOptions | None = None
     include_events: bool = False
 

@@ -48,6 +48,23 @@ _ERROR_TEXT = {
 }
 
 
+#: One event of the stream (OpenAPI 3.1 has a text/event-stream `schema` describe one
+#: event; 3.2 would call it `itemSchema`): `data` holds an EventResponse as JSON.
+_SSE_EVENT: dict[str, Any] = {
+    "type": "object",
+    "properties": {
+        "id": {"type": "string", "pattern": "^[0-9]+$", "description": "The event's `seq`."},
+        "event": {"enum": ["notification", "request", "exit", "gap"]},
+        "data": {
+            "type": "string",
+            "contentMediaType": "application/json",
+            "contentSchema": {"$ref": REF.format(model=EventResponse.__name__)},
+        },
+    },
+    "required": ["id", "event", "data"],
+}
+
+
 def openapi_path(path: str) -> str:
     """``/v1/call/{method:.+}`` → ``/v1/call/{method}``."""
     return _PARAM.sub(r"{\1}", path)
@@ -124,7 +141,8 @@ def build_openapi(routes: Iterable[Route], *, auth: AuthSettings | None = None) 
             statuses.add(404)
         if route.body is not None:
             operation["requestBody"] = {
-                "required": False,
+                # An empty body counts as `{}`: it is optional unless a field is required.
+                "required": any(f.is_required() for f in route.body.model_fields.values()),
                 "content": {"application/json": {"schema": _ref(route.body)}},
             }
             statuses |= {400, 413}
@@ -134,7 +152,7 @@ def build_openapi(routes: Iterable[Route], *, auth: AuthSettings | None = None) 
                 "description": "A stream of Server-Sent Events: `id: <seq>`, `event: <kind>`, "
                 "`data: <EventResponse JSON>`; `: keep-alive` comments while idle. The stream "
                 "ends after the `exit` event.",
-                "content": {"text/event-stream": {"schema": {"type": "string"}}},
+                "content": {"text/event-stream": {"schema": _SSE_EVENT}},
             }
         elif route.response is not None or route.response_schema is not None:
             schema = _ref(route.response) if route.response else route.response_schema

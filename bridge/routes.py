@@ -28,6 +28,7 @@ from bridge.models import (
     SessionlessCallBody,
     TextTurnRequest,
 )
+from bridge.wire import dumps
 
 M = TypeVar("M", bound=BaseModel)
 
@@ -52,7 +53,7 @@ CONFIG = web.AppKey("bridge.config", RouterConfig)
 
 
 def json_response(body: Any, status: int = 200) -> web.Response:
-    return web.Response(status=status, body=orjson.dumps(body), content_type="application/json")
+    return web.Response(status=status, body=dumps(body), content_type="application/json")
 
 
 def dump(model: BaseModel) -> Any:
@@ -64,7 +65,11 @@ async def read_body(request: web.Request, model: type[M]) -> M:
     limit = request.app[CONFIG].limits.max_body_bytes
     if request.content_length is not None and request.content_length > limit:
         raise errors.payload_too_large(limit)
-    raw = await request.read()
+    try:
+        raw = await request.read()
+    except web.RequestPayloadError:
+        # A body that cannot be decoded, e.g. `Content-Encoding: gzip` over plain bytes.
+        raise errors.bad_request("The request body could not be read.") from None
     if not raw.strip():
         raw = b"{}"
     try:
@@ -184,13 +189,20 @@ async def events(request: web.Request) -> web.Response:
     return web.Response(body=batch[0].json(), content_type="application/json")
 
 
+_SSE_FRAME = {
+    kind: b"id: %d\nevent: " + kind.encode() + b"\ndata: %s\n\n"
+    for kind in ("notification", "request", "exit", "gap")
+}
+
+
 def sse_frames(batch: Sequence[Event]) -> bytes:
-    return b"".join(
-        b"id: %d\nevent: %s\ndata: %s\n\n" % (e.seq, e.kind.encode(), e.json()) for e in batch
-    )
+    frame = _SSE_FRAME
+    return b"".join([frame[e.kind] % (e.seq, e.json()) for e in batch])
 
 
 def sse_position(request: web.Request) -> int | None:
+    # `after` is checked even when Last-Event-ID wins: a bad value is a 400 either way.
+    after = query_int(request, "after", None)
     header = request.headers.get("Last-Event-ID")
     if header is not None and header.strip():
         try:
@@ -200,7 +212,7 @@ def sse_position(request: web.Request) -> int | None:
         if value < 0:
             raise errors.bad_request("Last-Event-ID must be a non-negative integer.")
         return value
-    return query_int(request, "after", None)
+    return after
 
 
 async def events_stream(request: web.Request) -> web.StreamResponse:

@@ -84,6 +84,9 @@ class ProcessBackend(Backend):
         self._version_lock = asyncio.Lock()
         self._turns_active = 0
         self._background: set[asyncio.Task[Any]] = set()
+        #: Every running process: sessions', sessionless calls' and text turns'.
+        self._processes: set[AppServerProcess] = set()
+        self._closing = False
 
     # -- lifecycle -------------------------------------------------------------
 
@@ -92,14 +95,19 @@ class ProcessBackend(Backend):
             self._reaper = asyncio.create_task(self._reap_idle_sessions())
 
     async def close(self) -> None:
+        """Stop every process, those of calls and text turns in flight included.
+
+        Sessions stay listed until their processes are stopped, so that their
+        readers get the ``exit`` event; nothing is spawned once closing has begun.
+        """
+        self._closing = True
         if self._reaper is not None:
             self._reaper.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._reaper
             self._reaper = None
-        sessions = list(self._sessions.values())
+        await asyncio.gather(*(self._stop(p) for p in list(self._processes)))
         self._sessions.clear()
-        await asyncio.gather(*(self._stop(s.process) for s in sessions))
         if self._background:
             await asyncio.gather(*self._background, return_exceptions=True)
 
@@ -156,8 +164,10 @@ class ProcessBackend(Backend):
 
     async def _spawn(self, options: ClientOptions | None) -> AppServerProcess:
         argv = self._argv(options)
+        if self._closing:
+            raise errors.app_server_spawn_failed("The bridge is shutting down.")
         try:
-            return await AppServerProcess.spawn(
+            process = await AppServerProcess.spawn(
                 argv,
                 max_line_bytes=self.limits.max_line_bytes,
                 env=self._env(options),
@@ -168,6 +178,15 @@ class ProcessBackend(Backend):
             raise errors.app_server_spawn_failed(
                 f"Could not start the app-server: {reason}."
             ) from None
+        except ValueError:
+            # A NUL byte, or `=` in a variable name: the request's options cannot be used.
+            raise errors.bad_request("The client options cannot be given to a process.") from None
+        self._processes.add(process)
+        process.exit_callbacks.append(lambda _: self._processes.discard(process))
+        if self._closing:
+            await self._stop(process)
+            raise errors.app_server_spawn_failed("The bridge is shutting down.")
+        return process
 
     async def _initialize(self, process: AppServerProcess, options: ClientOptions | None) -> Any:
         """``initialize`` + ``initialized``; stops the process when it fails."""

@@ -19,9 +19,10 @@ import logging
 import os
 import re
 import signal
+import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import orjson
 
@@ -88,6 +89,11 @@ class ExitInfo:
         return params
 
 
+def _expire(future: asyncio.Future[Any]) -> None:
+    if not future.done():
+        future.set_exception(TimeoutError())
+
+
 class _StdioProtocol(asyncio.SubprocessProtocol):
     def __init__(self, owner: AppServerProcess) -> None:
         self._owner = owner
@@ -128,6 +134,10 @@ class AppServerProcess:
         self._loop = asyncio.get_running_loop()
         self._transport: asyncio.SubprocessTransport | None = None
         self._stdin: asyncio.WriteTransport | None = None
+        #: Lines written while other calls are in flight, sent in one write at the
+        #: next turn of the loop (one syscall for many calls under load).
+        self._outgoing: list[bytes] = []
+        self._outgoing_bytes = 0
         self._buffer = bytearray()
         self._stderr_tail = bytearray()
         self._ids = itertools.count(1)
@@ -137,6 +147,8 @@ class AppServerProcess:
         self._exit_info: ExitInfo | None = None
         self._finished: asyncio.Future[ExitInfo] = self._loop.create_future()
         self.pid: int | None = None
+        #: When the bytes being dispatched were read (one clock read per chunk).
+        self.received_at = 0.0
 
     @classmethod
     async def spawn(
@@ -165,8 +177,12 @@ class AppServerProcess:
         self._transport = transport
         self.pid = transport.get_pid()
         stdin = transport.get_pipe_transport(0)
-        assert isinstance(stdin, asyncio.WriteTransport)
-        self._stdin = stdin
+        assert stdin is not None
+        # A WriteTransport in behaviour; uvloop's does not subclass asyncio's.
+        self._stdin = cast(asyncio.WriteTransport, stdin)
+        if self._protocol_error is not None:
+            # It broke the protocol before its pid was known, so it is still running.
+            self._kill_group(signal.SIGKILL)
         return self
 
     # -- state -----------------------------------------------------------------
@@ -198,16 +214,18 @@ class AppServerProcess:
         if self._exit_info is not None:
             raise ProcessGone(self._exit_info)
         request_id = next(self._ids)
-        future: asyncio.Future[Any] = self._loop.create_future()
         message: dict[str, Any] = {"id": request_id, "method": method}
         if params is not None:
             message["params"] = params
+        self._write(message)
+        future: asyncio.Future[Any] = self._loop.create_future()
         self._pending[request_id] = future
+        # One timer handle, rather than asyncio.timeout's context and cancellation.
+        timer = self._loop.call_later(timeout, _expire, future)
         try:
-            self._write(message)
-            async with asyncio.timeout(timeout):
-                return await future
+            return await future
         finally:
+            timer.cancel()
             self._pending.pop(request_id, None)
 
     def notify(self, method: str, params: Any = None) -> None:
@@ -230,9 +248,26 @@ class AppServerProcess:
             raise ProcessGone(self._gone_info())
         if self._stdin.is_closing():
             raise ProcessGone(self._gone_info())
-        if self._stdin.get_write_buffer_size() > MAX_STDIN_BUFFER:
+        if self._stdin.get_write_buffer_size() + self._outgoing_bytes > MAX_STDIN_BUFFER:
             raise StdinFull("the app-server is not reading its input")
-        self._stdin.write(orjson.dumps(message) + b"\n")
+        line = orjson.dumps(message, option=orjson.OPT_APPEND_NEWLINE)
+        if not self._outgoing and len(self._pending) == 0:
+            # Nothing else in flight: no reason to wait for company.
+            self._stdin.write(line)
+            return
+        if not self._outgoing:
+            self._loop.call_soon(self._flush)
+        self._outgoing.append(line)
+        self._outgoing_bytes += len(line)
+
+    def _flush(self) -> None:
+        if not self._outgoing:
+            return
+        data = b"".join(self._outgoing)
+        self._outgoing.clear()
+        self._outgoing_bytes = 0
+        if self._stdin is not None and not self._stdin.is_closing():
+            self._stdin.write(data)
 
     def _gone_info(self) -> ExitInfo:
         return self._exit_info or ExitInfo(None, None, self.stderr_tail(), self._protocol_error)
@@ -242,38 +277,36 @@ class AppServerProcess:
     def _feed_stdout(self, data: bytes) -> None:
         if self._protocol_error is not None:
             return
+        self.received_at = time.time()
         buffer = self._buffer
-        start = 0
-        newline = data.find(b"\n")
-        if newline < 0:
+        if b"\n" not in data:
             buffer += data
         else:
-            while newline >= 0:
-                if buffer:
-                    buffer += data[start:newline]
-                    line = bytes(buffer)
-                    buffer.clear()
-                else:
-                    line = data[start:newline]
-                if len(line) > self._max_line_bytes:
+            lines = data.split(b"\n")
+            rest = lines.pop()
+            if buffer:
+                buffer += lines[0]
+                lines[0] = bytes(buffer)
+                buffer.clear()
+            limit = self._max_line_bytes
+            dispatch = self._dispatch_line
+            for line in lines:
+                if len(line) > limit:
                     self._break_protocol(f"a line of {len(line)} bytes exceeds MAX_LINE_BYTES")
                     return
-                self._dispatch_line(line)
+                dispatch(line)
                 if self._protocol_error is not None:
                     return
-                start = newline + 1
-                newline = data.find(b"\n", start)
-            buffer += data[start:]
+            buffer += rest
         if len(buffer) > self._max_line_bytes:
             self._break_protocol(f"a line exceeds MAX_LINE_BYTES ({self._max_line_bytes} bytes)")
 
     def _dispatch_line(self, line: bytes) -> None:
-        if not line.strip():
-            return
         try:
             message = orjson.loads(line)
         except orjson.JSONDecodeError:
-            self._break_protocol("the app-server wrote a line that is not JSON")
+            if line.strip():
+                self._break_protocol("the app-server wrote a line that is not JSON")
             return
         if not isinstance(message, dict):
             self._break_protocol("the app-server wrote a JSON value that is not an object")
@@ -386,6 +419,7 @@ class AppServerProcess:
         """
         if self._exit_info is not None:
             return self._exit_info
+        self._flush()
         if self._stdin is not None and not self._stdin.is_closing():
             self._stdin.close()
         deadline = self._loop.time() + grace

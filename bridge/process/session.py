@@ -174,13 +174,13 @@ class Session:
                 key = request_key(resolved)
                 if key in self._pending:
                     self._settle(key)
-        self.events.append("notification", method, params)
+        self.events.append("notification", method, params, None, self.process.received_at)
 
     def _on_request(self, request_id: Any, method: str, params: Any) -> None:
         key = request_key(request_id)
         self._pending[key] = ServerRequest(key, request_id, method, params)
         self._answered.pop(key, None)
-        self.events.append("request", method, params, key)
+        self.events.append("request", method, params, key, self.process.received_at)
 
     def _on_exit(self, info: ExitInfo) -> None:
         self._pending.clear()

@@ -62,6 +62,9 @@ class _TurnState:
     completed: dict[str, Any] | None = None
     done: asyncio.Event = field(default_factory=asyncio.Event)
     idle: asyncio.Event = field(default_factory=asyncio.Event)
+    #: `turn/started` was seen: it can come (with the whole turn) before the bridge has
+    #: read the turn id out of the `turn/start` response.
+    started: bool = False
 
     def on_notification(self, method: str, params: Any) -> None:
         if self.events is not None:
@@ -87,9 +90,12 @@ class _TurnState:
             if isinstance(turn, dict) and self._is_ours(turn.get("id")):
                 self.completed = turn
                 self.done.set()
+        elif method == "turn/started":
+            self.started = True
         elif method == "thread/status/changed":
             status = params.get("status")
-            if isinstance(status, dict) and status.get("type") == "idle" and self.turn_id:
+            turn_begun = self.started or self.turn_id is not None
+            if isinstance(status, dict) and status.get("type") == "idle" and turn_begun:
                 self.idle.set()
 
     def _is_ours(self, turn_id: Any) -> bool:
