@@ -14,7 +14,7 @@ import select
 import selectors
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
-from typing import Any
+from typing import Any, BinaryIO
 
 import orjson
 
@@ -162,6 +162,20 @@ class _WritePipeProtocol(asyncio.Protocol):
         await self._lost
 
 
+WIRE_LOG_ENV = "FAKE_CODEX_WIRE_LOG"
+
+
+def _open_wire_log() -> BinaryIO | None:
+    """With ``$FAKE_CODEX_WIRE_LOG=DIR``, every byte written to stdout is also appended
+    to ``DIR/fake-codex-<pid>.out``, whole: tests check each line against the real
+    JSON Schema.
+    """
+    directory = os.environ.get(WIRE_LOG_ENV)
+    if not directory:
+        return None
+    return open(os.path.join(directory, f"fake-codex-{os.getpid()}.out"), "ab", buffering=0)
+
+
 class Output:
     """Stdout as a line sink.
 
@@ -179,6 +193,7 @@ class Output:
         self._fd = fd
         self._transport = transport
         self._protocol = protocol
+        self._tee = _open_wire_log()
 
     @classmethod
     async def open(cls, fd: int, on_lost: Callable[[], None]) -> Output:
@@ -198,6 +213,8 @@ class Output:
 
     def write(self, data: bytes) -> None:
         """Queue raw bytes (whole lines, or a deliberate partial one)."""
+        if self._tee is not None:
+            self._tee.write(data)
         if self._transport is None:
             write_all(self._fd, data)
         elif not self._transport.is_closing():

@@ -1,0 +1,89 @@
+"""Every message fake-codex writes in every scenario of the library matches the JSON
+Schema that the pinned real codex generates.
+
+The fake tees its stdout to files (``$FAKE_CODEX_WIRE_LOG``); after the whole library
+has run through the bridge, each line is checked: notifications against
+``ServerNotification.json``, server requests against ``ServerRequest.json``, and every
+response against the JSON-RPC envelope. Lines a script writes on purpose (garbage, or
+notifications of methods the real server does not have) are counted and named, never
+silently passed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+import pytest
+
+from fakes.app_server.wire import WIRE_LOG_ENV
+from scenarios.format import load_scenario
+from scenarios.runner import RunOptions, run_scenario
+
+LIBRARY = Path(__file__).resolve().parents[2] / "scenarios" / "library"
+
+pytestmark = pytest.mark.real_codex
+
+
+def _validator(schema_dir: Path, name: str) -> jsonschema.Draft7Validator:
+    return jsonschema.Draft7Validator(json.loads((schema_dir / name).read_text()))
+
+
+@pytest.mark.asyncio
+async def test_every_library_message_matches_the_real_schema(
+    codex_bin: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    schema_dir = tmp_path / "schema"
+    proc = await asyncio.create_subprocess_exec(
+        codex_bin, "app-server", "generate-json-schema", "--out", str(schema_dir)
+    )
+    assert await asyncio.wait_for(proc.wait(), 60) == 0
+    notifications = _validator(schema_dir, "ServerNotification.json")
+    requests = _validator(schema_dir, "ServerRequest.json")
+    envelope = _validator(schema_dir, "JSONRPCMessage.json")
+    known = {
+        branch["properties"]["method"]["enum"][0]
+        for branch in json.loads((schema_dir / "ServerNotification.json").read_text())["oneOf"]
+    }
+
+    wire_dir = tmp_path / "wire"
+    wire_dir.mkdir()
+    monkeypatch.setenv(WIRE_LOG_ENV, str(wire_dir))
+    fake_backed = [
+        loaded
+        for path in sorted(LIBRARY.glob("*.scenario.yaml"))
+        if not (loaded := load_scenario(path)).scenario.real_codex
+    ]
+    assert fake_backed
+    for loaded in fake_backed:
+        result = await run_scenario(loaded, RunOptions(tmp_root=tmp_path))
+        assert result.passed, loaded.name
+
+    checked = 0
+    problems: list[str] = []
+    scripted: dict[str, int] = {}
+    for log in sorted(wire_dir.glob("*.out")):
+        for raw in log.read_bytes().split(b"\n"):
+            if not raw:
+                continue
+            try:
+                message: Any = json.loads(raw)
+            except ValueError:
+                scripted["<not JSON>"] = scripted.get("<not JSON>", 0) + 1
+                continue
+            method = message.get("method") if isinstance(message, dict) else None
+            if method is not None and "id" not in message and method not in known:
+                scripted[method] = scripted.get(method, 0) + 1
+                continue
+            checker = envelope
+            if method is not None:
+                checker = requests if "id" in message else notifications
+            checked += 1
+            problems += [f"{log.name}: {e.message}"[:300] for e in checker.iter_errors(message)]
+    assert problems == []
+    assert checked > 50
+    # What the library's scripts write on purpose, beyond the real protocol:
+    assert set(scripted) <= {"<not JSON>", "custom/hello", "custom/after"}, scripted
