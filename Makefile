@@ -55,7 +55,7 @@ test: lint typecheck pytest
 
 # The benchmark suite (not part of `make test`): rewrites bench/RESULTS.md. wrk, the
 # load generator, comes from Debian's packages when it is missing.
-# Options: make bench BENCH_ARGS="--only calls,events --repeats 1 --loop uvloop"
+# Options: make bench BENCH_ARGS="--only calls,events --repeats 1 --loops uvloop"
 bench: $(STAMP)
 	@command -v wrk >/dev/null 2>&1 || { apt-get update -qq && apt-get install -y -qq wrk; }
 	$(BIN)/python -m bench.run $(BENCH_ARGS)

@@ -1,0 +1,386 @@
+"""What every benchmark shares: processes, /proc readings, statistics, figures."""
+
+from __future__ import annotations
+
+import contextlib
+import http.client
+import json
+import os
+import resource
+import shlex
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+BIN = Path(sys.executable).parent
+SCRIPT = Path(__file__).with_name("fake_script.yaml")
+CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
+PAGE_SIZE = os.sysconf("SC_PAGE_SIZE")
+HOST = "127.0.0.1"  # every byte of every benchmark stays on the loopback
+
+
+def fake_argv() -> list[str]:
+    return [str(BIN / "fake-codex"), "app-server"]
+
+
+def fake_env(extra: dict[str, str] | None = None, script: bool = True) -> dict[str, str]:
+    """The environment of fake-codex (and of the bridge that spawns it).
+
+    Without the script the fake starts without pydantic and YAML: its fast start.
+    """
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("REST_ADAPTER_", "FAKE_"))}
+    if script:
+        env["FAKE_CODEX_SCRIPT"] = str(SCRIPT)
+    env.update(extra or {})
+    return env
+
+
+def raise_fd_limit() -> None:
+    """Thousands of sockets: lift the soft limit to the hard one (children inherit it)."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft < hard:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+
+
+# -- /proc ------------------------------------------------------------------------
+
+
+def rss_bytes(pid: int) -> int:
+    """Resident set size of one process."""
+    with open(f"/proc/{pid}/statm") as handle:
+        return int(handle.read().split()[1]) * PAGE_SIZE
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU time one process (all its threads) has used."""
+    with open(f"/proc/{pid}/stat") as handle:
+        fields = handle.read().rpartition(")")[2].split()
+    return (int(fields[11]) + int(fields[12])) / CLOCK_TICKS
+
+
+def thread_count(pid: int) -> int:
+    with open(f"/proc/{pid}/status") as handle:
+        for line in handle:
+            if line.startswith("Threads:"):
+                return int(line.split()[1])
+    return 0
+
+
+def child_pids(pid: int) -> list[int]:
+    pids: list[int] = []
+    with contextlib.suppress(OSError):
+        for task in os.listdir(f"/proc/{pid}/task"):
+            with open(f"/proc/{pid}/task/{task}/children") as handle:
+                pids += [int(p) for p in handle.read().split()]
+    return pids
+
+
+class CpuMeter:
+    """CPU share of some processes over a window: 1.0 is one core busy all along."""
+
+    def __init__(self, pids: dict[str, int]) -> None:
+        self.pids = pids
+        self._start = {name: cpu_seconds(pid) for name, pid in pids.items()}
+        self._t0 = time.monotonic()
+
+    def shares(self) -> dict[str, float]:
+        elapsed = time.monotonic() - self._t0
+        out = {}
+        for name, pid in self.pids.items():
+            with contextlib.suppress(OSError):
+                out[name] = (cpu_seconds(pid) - self._start[name]) / elapsed
+        return out
+
+
+def _cpu_ticks() -> tuple[int, int]:
+    """(busy, total) jiffies of the whole machine."""
+    with open("/proc/stat") as handle:
+        values = [int(v) for v in handle.readline().split()[1:]]
+    idle = values[3] + values[4]  # idle + iowait
+    total = sum(values[:8])  # guest time is already counted in user
+    return total - idle, total
+
+
+def machine_busy(seconds: float = 1.0) -> float:
+    """Share of the machine's CPU busy over ``seconds`` (0.0 to 1.0, all cores)."""
+    busy0, total0 = _cpu_ticks()
+    time.sleep(seconds)
+    busy1, total1 = _cpu_ticks()
+    return (busy1 - busy0) / max(total1 - total0, 1)
+
+
+def wait_for_quiet(threshold: float = 0.15, patience: float = 5.0) -> float:
+    """Wait (boundedly) for other work on the machine to calm down; the last reading."""
+    deadline = time.monotonic() + patience
+    busy = machine_busy()
+    while busy > threshold and time.monotonic() < deadline:
+        busy = machine_busy()
+    return busy
+
+
+def speed_probe() -> float:
+    """Milliseconds for ``sum(range(100_000))``: how fast this CPU runs Python right now."""
+    import timeit
+
+    return min(timeit.repeat("sum(range(100_000))", number=20, repeat=5)) / 20 * 1000
+
+
+# -- statistics and figures ---------------------------------------------------------
+
+
+def percentile(sorted_values: Sequence[float], q: float) -> float:
+    """Nearest-rank percentile of already sorted values."""
+    if not sorted_values:
+        return float("nan")
+    rank = max(0, min(len(sorted_values) - 1, round(q / 100 * len(sorted_values) + 0.5) - 1))
+    return sorted_values[rank]
+
+
+@dataclass
+class Figure:
+    """One figure of RESULTS.md: values per repeat, for the bridge and its baseline."""
+
+    section: str
+    name: str
+    unit: str
+    bridge: list[float]
+    baseline: list[float] | None = None
+    baseline_name: str = "pipe"
+    target: str = ""
+    met: bool | None = None
+    note: str = ""
+
+    @property
+    def median(self) -> float:
+        return statistics.median(self.bridge)
+
+    @property
+    def baseline_median(self) -> float | None:
+        return statistics.median(self.baseline) if self.baseline else None
+
+    @property
+    def ratio(self) -> float | None:
+        base = self.baseline_median
+        if base is None or base == 0:
+            return None
+        return self.median / base
+
+
+@dataclass
+class Section:
+    key: str
+    title: str
+    figures: list[Figure] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+    profile: str = ""
+
+    def add(self, name: str, unit: str, bridge: list[float], **kwargs: Any) -> Figure:
+        figure = Figure(self.title, name, unit, bridge, **kwargs)
+        self.figures.append(figure)
+        return figure
+
+
+def log(text: str) -> None:
+    print(f"[bench {time.strftime('%H:%M:%S')}] {text}", file=sys.stderr, flush=True)
+
+
+# -- HTTP from the driver -------------------------------------------------------------
+
+
+def http_json(
+    port: int, method: str, path: str, body: Any = None, timeout: float = 60.0
+) -> tuple[int, Any]:
+    """One request on a fresh connection; (status, decoded JSON body or None)."""
+    conn = http.client.HTTPConnection(HOST, port, timeout=timeout)
+    try:
+        payload = None if body is None else json.dumps(body).encode()
+        conn.request(method, path, body=payload, headers={"Content-Type": "application/json"})
+        response = conn.getresponse()
+        raw = response.read()
+        return response.status, (json.loads(raw) if raw else None)
+    finally:
+        conn.close()
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind((HOST, 0))
+        return int(sock.getsockname()[1])
+
+
+# -- the bridge as its own process --------------------------------------------------------
+
+
+class Bridge:
+    """``rest-bridge serve`` on a free loopback port, fronting fake-codex."""
+
+    def __init__(
+        self,
+        limits: dict[str, int] | None = None,
+        loop: str | None = None,
+        script: bool = True,
+        env: dict[str, str] | None = None,
+    ) -> None:
+        self.limits = limits or {}
+        self.extra_env = env or {}
+        self.loop = loop
+        self.script = script
+        self.port = free_port()
+        self.proc: subprocess.Popen[bytes] | None = None
+        self._log = tempfile.NamedTemporaryFile(prefix="bench-bridge-", suffix=".log")  # noqa: SIM115
+
+    @property
+    def pid(self) -> int:
+        assert self.proc is not None
+        return self.proc.pid
+
+    @property
+    def base(self) -> str:
+        return f"http://{HOST}:{self.port}"
+
+    def __enter__(self) -> Bridge:
+        command = shlex.join(fake_argv())
+        argv = [str(BIN / "rest-bridge"), "serve", "--host", HOST, "--port", str(self.port)]
+        argv += ["--app-server", command]
+        if self.loop:
+            argv += ["--loop", self.loop]
+        limits = {f"REST_ADAPTER_{k.upper()}": str(v) for k, v in self.limits.items()}
+        env = fake_env({**limits, **self.extra_env}, script=self.script)
+        self.proc = subprocess.Popen(
+            argv,
+            env=env,
+            stdin=subprocess.DEVNULL,
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"the bridge exited at start:\n{self.output()}")
+            with contextlib.suppress(OSError):
+                if http_json(self.port, "GET", "/health", timeout=2)[0] == 200:
+                    return self
+            time.sleep(0.05)
+        self.__exit__(None, None, None)
+        raise RuntimeError("the bridge did not answer /health within 20 s")
+
+    def output(self) -> str:
+        self._log.flush()
+        return Path(self._log.name).read_text(errors="replace")[-4000:]
+
+    def __exit__(self, *exc: object) -> None:
+        if self.proc is None:
+            return
+        children = child_pids(self.proc.pid)
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(timeout=10)
+        for pid in children:  # nothing the bridge spawned may outlive a benchmark
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(pid, signal.SIGKILL)
+        self._log.close()
+        self.proc = None
+
+    def rss(self) -> int:
+        return rss_bytes(self.pid)
+
+    def cpu(self) -> float:
+        return cpu_seconds(self.pid)
+
+    def create_session(self) -> str:
+        status, body = http_json(self.port, "POST", "/v1/sessions", {})
+        if status != 201:
+            raise RuntimeError(f"creating a session: {status} {body}")
+        return str(body["sessionId"])
+
+    def delete_session(self, session_id: str) -> None:
+        http_json(self.port, "DELETE", f"/v1/sessions/{session_id}")
+
+    def call(self, session_id: str, method: str, params: Any = None) -> Any:
+        status, body = http_json(
+            self.port, "POST", f"/v1/sessions/{session_id}/call/{method}", {"params": params or {}}
+        )
+        if status != 200:
+            raise RuntimeError(f"{method}: {status} {body}")
+        return body["result"]
+
+    def next_seq(self, session_id: str) -> int:
+        _, body = http_json(self.port, "GET", "/v1/sessions")
+        for session in body["sessions"]:
+            if session["sessionId"] == session_id:
+                return int(session["nextSeq"])
+        raise KeyError(session_id)
+
+
+@contextlib.contextmanager
+def client_process(args: Sequence[str], timeout: float | None = None) -> Iterator[ClientProcess]:
+    """``python -m bench.clients ARGS``: a load client in its own process."""
+    limit = float(os.environ.get("BENCH_CLIENT_SECONDS", "120"))
+    client = ClientProcess(args, (timeout or limit) + 10)
+    try:
+        yield client
+    finally:
+        client.close()
+
+
+class ClientProcess:
+    """A line protocol: the client prints JSON lines, the driver may write lines to it."""
+
+    def __init__(self, args: Sequence[str], timeout: float) -> None:
+        self.deadline = time.monotonic() + timeout
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "bench.clients", *args],
+            cwd=ROOT,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+            bufsize=1,
+        )
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    def read(self) -> dict[str, Any]:
+        """The next JSON line the client prints (blocking, within the client's deadline)."""
+        assert self.proc.stdout is not None
+        import selectors
+
+        with selectors.DefaultSelector() as selector:
+            selector.register(self.proc.stdout, selectors.EVENT_READ)
+            remaining = self.deadline - time.monotonic()
+            if remaining <= 0 or not selector.select(remaining):
+                raise TimeoutError(f"client {self.proc.args[3:]} did not answer in time")
+        line = self.proc.stdout.readline()
+        if not line:
+            raise RuntimeError(f"client {self.proc.args[3:]} exited ({self.proc.wait()})")
+        return dict(json.loads(line))
+
+    def send(self, line: str) -> None:
+        assert self.proc.stdin is not None
+        self.proc.stdin.write(line + "\n")
+        self.proc.stdin.flush()
+
+    def close(self) -> None:
+        if self.proc.stdin is not None:
+            with contextlib.suppress(OSError):
+                self.proc.stdin.close()
+        try:
+            self.proc.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait(timeout=5)
