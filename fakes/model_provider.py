@@ -386,6 +386,20 @@ class ModelProviderServer:
         """`codex_config_overrides` as command-line arguments: `["-c", "k=v", ...]`."""
         return [arg for item in self.codex_config_overrides(**overrides) for arg in ("-c", item)]
 
+    def codex_command(self, codex: str, *, codex_home: Path, cwd: Path) -> list[str]:
+        """The command that runs the real `codex app-server` offline against this model,
+        with its own `CODEX_HOME` and working directory."""
+        return [
+            "env",
+            "-C",
+            str(cwd),
+            f"CODEX_HOME={codex_home}",
+            "OPENAI_API_KEY=x",
+            codex,
+            "app-server",
+            *self.codex_cli_args(),
+        ]
+
     async def wait_for_requests(self, count: int) -> list[RecordedRequest]:
         """Wait until at least `count` requests were received; return them all."""
         return await self.model.wait_for_requests(count)

@@ -374,16 +374,7 @@ async def _real_codex_command(
         await server.start()
     home = directory / "codex-home"
     home.mkdir()
-    command = [
-        "env",
-        "-C",
-        str(work),
-        f"CODEX_HOME={home}",
-        "OPENAI_API_KEY=x",
-        codex,
-        "app-server",
-        *server.codex_cli_args(),
-    ]
+    command = server.codex_command(codex, codex_home=home, cwd=work)
     return command, owned
 
 

@@ -798,16 +798,7 @@ async def _run(
             await model_server.start()
             home = tmp / "codex-home"
             home.mkdir()
-            command = [
-                "env",
-                "-C",
-                str(work),
-                f"CODEX_HOME={home}",
-                "OPENAI_API_KEY=x",
-                codex,
-                "app-server",
-                *model_server.codex_cli_args(),
-            ]
+            command = model_server.codex_command(codex, codex_home=home, cwd=work)
         else:
             script = _script_file(loaded, tmp)
             command = fake_app_server_command(
