@@ -149,10 +149,11 @@ async def test_shutdown_kills_a_process_that_ignores_eof_and_sigterm_and_its_chi
         """
         import signal, subprocess, sys, time
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
-        child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+        sleeper = "import time; time.sleep(600)"  # sync-ok: the grandchild idles
+        child = subprocess.Popen([sys.executable, "-c", sleeper])
         print('{"method": "child", "params": %d}' % child.pid, flush=True)
         while True:
-            time.sleep(1)
+            time.sleep(1)  # sync-ok: the child idles, ignoring SIGTERM
         """
     )
     child_pid = asyncio.get_running_loop().create_future()
@@ -167,7 +168,8 @@ async def test_grandchild_dies_when_the_app_server_exits_on_its_own():
     process = await spawn(
         """
         import subprocess, sys
-        child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+        sleeper = "import time; time.sleep(600)"  # sync-ok: the grandchild idles
+        child = subprocess.Popen([sys.executable, "-c", sleeper])
         print('{"method": "child", "params": %d}' % child.pid, flush=True)
         sys.stdin.readline()
         """
