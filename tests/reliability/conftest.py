@@ -19,7 +19,7 @@ import sys
 import threading
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterable, Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -200,6 +200,9 @@ class Resources:
 
         Raises AssertionError naming what differs if they do not within ``timeout``.
         """
+        # Processes that should be gone are waited on through their pidfds (an event);
+        # descriptor and zombie counts have none, so what remains is polled.
+        await exited(self.processes() - baseline.processes, timeout)
         await eventually(
             lambda: self.snapshot().comparable() == baseline.comparable(), timeout, raises=False
         )
@@ -340,6 +343,32 @@ def bridge_process() -> Iterator[Callable[..., BridgeProcess]]:
 
 
 POLL_SECONDS = 0.02
+
+
+async def exited(pids: Iterable[int], timeout: float) -> None:
+    """Return once every pid in ``pids`` has exited, or at ``timeout`` (no polling).
+
+    A pidfd becomes readable when its process exits.
+    """
+    loop = asyncio.get_running_loop()
+    waits: list[asyncio.Future[None]] = []
+    descriptors: list[int] = []
+    for pid in pids:
+        try:
+            fd = os.pidfd_open(pid)
+        except ProcessLookupError:
+            continue
+        done: asyncio.Future[None] = loop.create_future()
+        loop.add_reader(fd, lambda f=done: f.done() or f.set_result(None))
+        waits.append(done)
+        descriptors.append(fd)
+    try:
+        if waits:
+            await asyncio.wait(waits, timeout=timeout)
+    finally:
+        for fd in descriptors:
+            loop.remove_reader(fd)
+            os.close(fd)
 
 
 async def eventually(
