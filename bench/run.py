@@ -26,6 +26,7 @@ from bench.common import (
     speed_probe,
     wait_for_quiet,
 )
+from scenarios.processes import machine_summary
 
 BENCHMARKS = ("calls", "events", "sessions", "idle", "turns")
 HERE = Path(__file__).resolve().parent
@@ -35,14 +36,7 @@ TIMES = "\u00d7"  # multiplication sign, for ratios
 
 
 def machine() -> dict[str, str]:
-    cpu = "?"
-    with open("/proc/cpuinfo") as handle:
-        for line in handle:
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    with open("/proc/meminfo") as handle:
-        total_kb = int(handle.readline().split()[1])
+    cpu, memory_gib = machine_summary()
 
     def version(name: str) -> str:
         try:
@@ -52,7 +46,7 @@ def machine() -> dict[str, str]:
 
     return {
         "CPU": f"{os.cpu_count()} cores ({cpu})",
-        "Memory": f"{total_kb / 1024 / 1024:.1f} GiB",
+        "Memory": f"{memory_gib:.1f} GiB",
         "Kernel": platform.release(),
         "Python": platform.python_version(),
         "aiohttp": version("aiohttp"),

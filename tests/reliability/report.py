@@ -20,6 +20,8 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
+from scenarios.processes import machine_summary
+
 ROOT = Path(__file__).resolve().parents[2]
 THEMES = (
     "Faults from the app-server",
@@ -55,14 +57,7 @@ def figures_text(figures: dict[str, Any]) -> str:
 
 
 def machine() -> str:
-    cpu = "?"
-    with open("/proc/cpuinfo") as handle:
-        for line in handle:
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    with open("/proc/meminfo") as handle:
-        memory = int(handle.readline().split()[1]) / 1024 / 1024
+    cpu, memory = machine_summary()
     versions = []
     for name in ("aiohttp", "schemathesis", "hypothesis"):
         try:

@@ -62,6 +62,12 @@ class Bench:
         body = {"params": {} if params is None else params, **extra}
         return await self.request("POST", f"/v1/sessions/{session_id}/call/{method}", body)
 
+    async def text_turn(self, script: str, **extra: Any) -> tuple[int, Any]:
+        """POST /v1/text-turn with fake-codex following ``script``; (status, body)."""
+        body = {"text": "hi", "options": {"env": {"FAKE_CODEX_SCRIPT": script}}, **extra}
+        status, answer, _ = await self.request("POST", "/v1/text-turn", body)
+        return status, answer
+
     async def start_turn(self, session_id: str) -> str:
         status, started, _ = await self.call(session_id, "thread/start")
         assert status == 200, started
@@ -161,9 +167,7 @@ async def test_exit_before_answering_initialize(bench, write_script):
         "POST", "/v1/call/model/list", {"params": {}, "options": options}
     )
     session_gone(status, body)
-    status, body, _ = await bridge.request(
-        "POST", "/v1/text-turn", {"text": "hi", "options": options}
-    )
+    status, body = await bridge.text_turn(script)
     session_gone(status, body)
     status, listing, _ = await bridge.request("GET", "/v1/sessions")
     assert [s["sessionId"] for s in listing["sessions"]] == [bridge.witness]
@@ -212,10 +216,7 @@ async def test_exit_mid_turn(bench, write_script):
     assert "turn/started" in methods
     assert "turn/completed" not in methods
     assert events[-1]["params"]["exitCode"] == 0
-    options = {"env": {"FAKE_CODEX_SCRIPT": script}}
-    status, body, _ = await bridge.request(
-        "POST", "/v1/text-turn", {"text": "hi", "options": options}
-    )
+    status, body = await bridge.text_turn(script)
     session_gone(status, body)
     await bridge.finish(
         "session: exit event {exitCode: 0} after the partial turn; text turn 502 app_server_exited"
@@ -239,10 +240,7 @@ async def test_exit_while_a_server_request_awaits_its_reply(bench, write_script)
     path = f"/v1/sessions/{session_id}/requests/{request['requestKey']}/result"
     status, body, _ = await bridge.request("POST", path, {"result": {}})
     assert (status, body["error"]) == (409, "session_exited")
-    options = {"env": {"FAKE_CODEX_SCRIPT": script}}
-    status, body, _ = await bridge.request(
-        "POST", "/v1/text-turn", {"text": "hi", "options": options}
-    )
+    status, body = await bridge.text_turn(script)
     session_gone(status, body)
     await bridge.finish(
         "pending request dropped; reply 409 session_exited; text turn 502 app_server_exited"
@@ -370,10 +368,7 @@ async def test_stall_past_every_deadline(bench, write_script):
     )
     assert (status, body["error"]) == (504, "timeout")
     turn_script = write_script({"turns": [{"steps": [{"stall": {"ignoreTerm": True}}]}]})
-    options = {"env": {"FAKE_CODEX_SCRIPT": turn_script}}
-    status, body, _ = await bridge.request(
-        "POST", "/v1/text-turn", {"text": "hi", "options": options, "timeoutMs": 800}
-    )
+    status, body = await bridge.text_turn(turn_script, timeoutMs=800)
     assert (status, body["error"], body["data"]) == (504, "timeout", {"reason": "deadline"})
     await bridge.finish(
         "504 timeout for calls, sessionless calls and text turns; delete ends it with SIGKILL"
@@ -503,10 +498,7 @@ async def test_text_turn_without_turn_completed_ends_at_its_deadline(bench, writ
     """Never sends `turn/completed` (nor an idle status)"""
     bridge = await bench()
     script = write_script({"turns": [{"noCompletion": True, "steps": [{"agentMessage": "hi"}]}]})
-    options = {"env": {"FAKE_CODEX_SCRIPT": script}}
-    status, body, _ = await bridge.request(
-        "POST", "/v1/text-turn", {"text": "hi", "options": options, "timeoutMs": 700}
-    )
+    status, body = await bridge.text_turn(script, timeoutMs=700)
     assert (status, body["error"], body["data"]) == (504, "timeout", {"reason": "deadline"})
     bridge.row.nothing_lost = True
     await bridge.finish("504 timeout, data.reason = deadline")
@@ -524,10 +516,7 @@ async def test_text_turn_without_turn_completed_ends_when_the_thread_is_idle(ben
     script = write_script(
         {"turns": [{"noCompletion": True, "steps": [{"agentMessage": "hi"}, idle]}]}
     )
-    options = {"env": {"FAKE_CODEX_SCRIPT": script}}
-    status, body, _ = await bridge.request(
-        "POST", "/v1/text-turn", {"text": "hi", "options": options, "timeoutMs": 60_000}
-    )
+    status, body = await bridge.text_turn(script, timeoutMs=60_000)
     assert status == 504, body
     assert (body["error"], body["data"]) == ("timeout", {"reason": "idle_without_completion"})
     bridge.row.nothing_lost = True
@@ -556,10 +545,7 @@ async def test_idle_reported_before_the_turn_start_answer_is_read(bench, write_s
             }
         }
     )
-    options = {"env": {"FAKE_CODEX_SCRIPT": script}}
-    status, body, _ = await bridge.request(
-        "POST", "/v1/text-turn", {"text": "hi", "options": options, "timeoutMs": 60_000}
-    )
+    status, body = await bridge.text_turn(script, timeoutMs=60_000)
     assert status == 504, body
     assert body["data"] == {"reason": "idle_without_completion"}
     bridge.row.nothing_lost = True
@@ -592,10 +578,7 @@ async def test_grandchild_dies_with_the_session(bench, write_script):
             ]
         }
     )
-    options = {"env": {"FAKE_CODEX_SCRIPT": turn_script}}
-    status, body, _ = await bridge.request(
-        "POST", "/v1/text-turn", {"text": "hi", "options": options}
-    )
+    status, body = await bridge.text_turn(turn_script)
     assert status == 200, body
     # no_leak compares the processes carrying this test's mark with the baseline:
     # a surviving `sleep 1000` would be one of them.

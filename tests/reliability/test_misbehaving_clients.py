@@ -146,6 +146,13 @@ async def nothing_left(http, bridge: Bridge, resources, report) -> None:
     report.no_leak = True
 
 
+async def finish(http, bridge: Bridge, resources, report) -> None:
+    """The usual end of a test: still serving, nothing lost, nothing left."""
+    await still_serving(http, bridge, report)
+    report.nothing_lost = True
+    await nothing_left(http, bridge, resources, report)
+
+
 # -- disconnects -------------------------------------------------------------------------
 
 FLOOD_SCRIPT = {
@@ -340,10 +347,8 @@ async def test_huge_or_malformed_request_heads(bridge, http, resources, report, 
         b"HTTP/1.1 400 Bad Request"
     ), answer[:200]
     assert len(body) < 1024
-    await still_serving(http, served, report)
-    report.nothing_lost = True
-    await nothing_left(http, served, resources, report)
     report.outcome = "400 from aiohttp's parser (plain text, see SECURITY.md), connection closed"
+    await finish(http, served, resources, report)
 
 
 async def test_invalid_utf8(bridge, http, resources, report):
@@ -380,10 +385,8 @@ async def test_invalid_utf8(bridge, http, resources, report):
     assert outcomes["query"] == 400
     assert outcomes["Last-Event-ID"] == 400
     report.figures.update(outcomes)
-    await still_serving(http, served, report)
-    report.nothing_lost = True
-    await nothing_left(http, served, resources, report)
     report.outcome = "400 bad_request (or 404 for an unknown id), always the error payload"
+    await finish(http, served, resources, report)
 
 
 async def test_deeply_nested_json(bridge, http, resources, report):
@@ -402,10 +405,8 @@ async def test_deeply_nested_json(bridge, http, resources, report):
     assert (status, body["error"]) == (502, "app_server_error"), (
         body
     )  # forwarded; the fake refuses x/y
-    await still_serving(http, served, report)
-    report.nothing_lost = True
-    await nothing_left(http, served, resources, report)
     report.outcome = "100,000 levels: 400 bad_request; 150 levels: forwarded intact"
+    await finish(http, served, resources, report)
 
 
 UNCARRIABLE = {
@@ -496,10 +497,8 @@ async def test_wrong_content_types(bridge, http, resources, report):
     assert status == 201, payload
     outcomes["real gzip"] = status
     report.figures.update(outcomes)
-    await still_serving(http, served, report)
-    report.nothing_lost = True
-    await nothing_left(http, served, resources, report)
     report.outcome = "JSON is parsed whatever the Content-Type; anything else is 400 bad_request"
+    await finish(http, served, resources, report)
 
 
 # -- races ---------------------------------------------------------------------------------

@@ -41,6 +41,11 @@ async def collect(http, method: str, url: str, bodies: list[str], **kwargs: Any)
             return response.status, text
 
 
+async def authed(http, method: str, url: str, bodies: list[str], **kwargs: Any) -> tuple[int, Any]:
+    """`collect` with the right bearer token."""
+    return await collect(http, method, url, bodies, headers=AUTH, **kwargs)
+
+
 async def test_token_never_in_logs_errors_ps_or_child_environments(
     bridge_process, http, contract_checkers, write_script, report, tmp_path
 ):
@@ -77,30 +82,24 @@ async def test_token_never_in_logs_errors_ps_or_child_environments(
                 http, method, base + path, bodies, headers={"Authorization": header}
             )
             assert status == 401, body
-    status, created = await collect(http, "POST", base + "/v1/sessions", bodies, headers=AUTH)
+    status, created = await authed(http, "POST", base + "/v1/sessions", bodies)
     assert status == 201
     session_id = created["sessionId"]
-    status, body = await collect(
-        http,
-        "POST",
-        f"{base}/v1/sessions/{session_id}/call/x/fork",
-        bodies,
-        json={"params": {}},
-        headers=AUTH,
+    status, body = await authed(
+        http, "POST", f"{base}/v1/sessions/{session_id}/call/x/fork", bodies, json={"params": {}}
     )
     assert status == 200, body
     # A caller cannot hand the token to the process either.
-    status, _ = await collect(
+    status, _ = await authed(
         http,
         "POST",
         base + "/v1/sessions",
         bodies,
         json={"options": {"env": {"REST_ADAPTER_TOKEN": "x", "SOMETHING": "y"}}},
-        headers=AUTH,
     )
     assert status == 201
     for path in ("/v1/compatibility", f"/v1/sessions/{session_id}/events?after=0&waitMs=0"):
-        status, _ = await collect(http, "GET", base + path, bodies, headers=AUTH)
+        status, _ = await authed(http, "GET", base + path, bodies)
         assert status == 200
     processes = served.resources.processes()
     command_lines = [proc_text(served.pid, "cmdline")] + [
@@ -108,13 +107,8 @@ async def test_token_never_in_logs_errors_ps_or_child_environments(
     ]
     environments = [proc_text(pid, "environ") for pid in processes]
     grandchild_env = env_dump.read_text()
-    status, body = await collect(
-        http,
-        "POST",
-        f"{base}/v1/sessions/{session_id}/call/x/crash",
-        bodies,
-        json={"params": {}},
-        headers=AUTH,
+    status, body = await authed(
+        http, "POST", f"{base}/v1/sessions/{session_id}/call/x/crash", bodies, json={"params": {}}
     )
     assert (status, body["error"]) == (502, "app_server_exited")
     # Requests aiohttp cannot parse are logged: the header bytes must not be.
@@ -166,24 +160,18 @@ async def test_unauthenticated_callers_see_no_stderr_tail_path_or_version(
         contract_checkers[served.base] = OpenApiChecker(await response.json())
     base = served.base
     bodies: list[str] = []
-    status, created = await collect(http, "POST", base + "/v1/sessions", bodies, headers=AUTH)
+    status, created = await authed(http, "POST", base + "/v1/sessions", bodies)
     session_id = created["sessionId"]
-    status, error = await collect(
-        http,
-        "POST",
-        f"{base}/v1/sessions/{session_id}/call/x/crash",
-        bodies,
-        json={"params": {}},
-        headers=AUTH,
+    status, error = await authed(
+        http, "POST", f"{base}/v1/sessions/{session_id}/call/x/crash", bodies, json={"params": {}}
     )
     assert (status, error["data"]) == (502, {"exitCode": 3, "signal": None})
-    status, _ = await collect(
+    status, _ = await authed(
         http,
         "POST",
         base + "/v1/sessions",
         bodies,
         json={"options": {"cwd": "/definitely/not/here"}},
-        headers=AUTH,
     )
     assert status == 502
     fake = os.path.dirname(served.argv[0])
