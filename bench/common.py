@@ -182,6 +182,7 @@ class Section:
     figures: list[Figure] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     profile: str = ""
+    subject: str = "Bridge"  # what the figures' first column measures
 
     def add(self, name: str, unit: str, bridge: list[float], **kwargs: Any) -> Figure:
         figure = Figure(self.title, name, unit, bridge, **kwargs)

@@ -28,7 +28,7 @@ from bench.common import (
 )
 from scenarios.processes import machine_summary
 
-BENCHMARKS = ("calls", "events", "sessions", "idle", "turns")
+BENCHMARKS = ("fake", "calls", "events", "sessions", "idle", "turns")
 HERE = Path(__file__).resolve().parent
 DASH = "\u2013"  # en dash, for ranges
 BUSY = 0.25  # other load above which RESULTS.md warns
@@ -163,7 +163,7 @@ def render(
             "",
             f"## {section.title}",
             "",
-            "| Figure | Unit | Bridge | Baseline | Ratio | Target |",
+            f"| Figure | Unit | {section.subject} | Baseline | Ratio | Target |",
             "|---|---|---|---|---|---|",
         ]
         for figure in section.figures:

@@ -142,6 +142,14 @@ def _generate_json_schema(args: argparse.Namespace) -> int:
     return 0
 
 
+def fast_start_allowed() -> bool:
+    """The fast start is on unless `FAKE_CODEX_FAST=0`, and off while a report is kept
+    (`FAKE_CODEX_REPORT` records the whole session from the first byte)."""
+    return os.environ.get("FAKE_CODEX_FAST", "1").strip() != "0" and not os.environ.get(
+        "FAKE_CODEX_REPORT"
+    )
+
+
 def _app_server(args: argparse.Namespace) -> int:
     if args.tool == "generate-json-schema":
         return _generate_json_schema(args)
@@ -157,17 +165,28 @@ def _app_server(args: argparse.Namespace) -> int:
     seed = _env_seed()
     if seed is None and script is not None:
         seed = script.seed
+    version_output = _version_output(script)
+    if script is None and fast_start_allowed():
+        # Script-less: the opening is answered before asyncio is imported (fast.py).
+        from fakes.app_server.fast import serve_fast
+
+        return serve_fast(seed=seed, version_output=version_output)
     # Imported here so that `--version` does not pay for asyncio.
     from fakes.app_server.server import serve
 
-    return serve(script, seed=seed, version_output=_version_output(script))
+    return serve(script, seed=seed, version_output=version_output)
 
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the `fake-codex` console script; returns the exit status."""
-    parser = _parser()
-    args = parser.parse_args(argv)
+    argv = sys.argv[1:] if argv is None else argv
     try:
+        if argv == ["app-server"]:
+            # How bridges start it: nothing to parse, so the building of argparse's
+            # parser (which imports shutil) is not paid for.
+            return _app_server(_parser_defaults())
+        parser = _parser()
+        args = parser.parse_args(argv)
         if args.version:
             path = os.environ.get(SCRIPT_ENV)
             print(_version_output(_load(path) if path else None))
@@ -179,6 +198,25 @@ def main(argv: list[str] | None = None) -> int:
         return USAGE_ERROR
     parser.print_usage(sys.stderr)
     return USAGE_ERROR
+
+
+def _parser_defaults() -> argparse.Namespace:
+    """What `_parser()` makes of `app-server` alone."""
+    return argparse.Namespace(
+        version=False,
+        command="app-server",
+        tool=None,
+        listen="stdio://",
+        stdio=False,
+        strict_config=False,
+        analytics_default_enabled=False,
+        script=None,
+        **{
+            f"{level}_{kind}": []
+            for level in ("global", "server")
+            for kind in ("config", "enable", "disable")
+        },
+    )
 
 
 if __name__ == "__main__":

@@ -29,22 +29,22 @@ from fakes.app_server.replies import (
     invalid,
     missing_field,
 )
+from fakes.app_server.stdio import Output, read_lines
 from fakes.app_server.threads import ThreadMethods, check_input
 from fakes.app_server.turns import ThreadState, TurnRun, Usage
 from fakes.app_server.wire import (
     Message,
-    Output,
     RequestId,
     encode,
     log,
     notification,
-    read_lines,
     rpc_error,
     server_request,
     use_virtual_clock,
 )
 
 if TYPE_CHECKING:
+    from fakes.app_server.fast import FastStart
     from fakes.app_server.script import AppServerScript, MethodBehavior, ReplySpec, TurnScript
     from fakes.app_server.steps import StepRunner
 
@@ -89,20 +89,30 @@ class AppServer:
         *,
         seed: int | None,
         version_output: str,
+        resume: FastStart | None = None,
     ) -> None:
         self.script = script
-        use_virtual_clock(seed)
-        self.ids = IdFactory(seed)
         self.seed = seed
         self.version = shapes.cli_version(version_output)
         self.out: Output
         self.initialized = False
         self.client_info: dict[str, Any] = {}
+        self._saw_initialized = False
+        self._unread = b""
+        if resume is None:
+            use_virtual_clock(seed)
+            self.ids = IdFactory(seed)
+        else:
+            # Where the synchronous fast start (fast.py) stopped: same ids, same clock.
+            self.ids = resume.ids
+            self.initialized = resume.initialized
+            self.client_info = resume.client_info
+            self._saw_initialized = resume.saw_initialized
+            self._unread = resume.unread
         self.threads: dict[str, ThreadState] = {}
         self.pending: dict[RequestId, asyncio.Future[Message]] = {}
         self._stalled = False
         self._exit_on_eof = True
-        self._saw_initialized = False
         self._next_request_id = 0
         self._tasks: set[asyncio.Task[Any]] = set()
         self._exit_code: asyncio.Future[int]
@@ -179,7 +189,7 @@ class AppServer:
         await asyncio.get_running_loop().create_future()
 
     async def _read_loop(self) -> None:
-        async for line in read_lines(0):
+        async for line in read_lines(0, self._unread):
             if not self._stalled:
                 self._dispatch(line)
         if self._exit_on_eof:
@@ -408,9 +418,18 @@ class AppServer:
             self.resolved(turn.thread.id, request_id)
 
 
-def serve(script: AppServerScript | None, *, seed: int | None, version_output: str) -> int:
-    """Run the fake on this process's stdio; returns the exit status."""
+def serve(
+    script: AppServerScript | None,
+    *,
+    seed: int | None,
+    version_output: str,
+    resume: FastStart | None = None,
+) -> int:
+    """Run the fake on this process's stdio; returns the exit status.
+
+    ``resume`` takes over from the synchronous fast start (see `fast.py`).
+    """
     # Die from SIGINT like from SIGTERM, without a KeyboardInterrupt traceback.
     signal.signal(signal.SIGINT, signal.SIG_DFL)
-    server = AppServer(script, seed=seed, version_output=version_output)
+    server = AppServer(script, seed=seed, version_output=version_output, resume=resume)
     return asyncio.run(server.run())

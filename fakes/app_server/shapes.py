@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import os
 import shlex
-import socket
 import sys
 import time
 from typing import Any
@@ -193,7 +192,7 @@ def remote_control_status(installation_id: str) -> Json:
     """What `remoteControl/status/changed` says right after `initialize` (it is off)."""
     return {
         "status": "disabled",
-        "serverName": socket.gethostname(),
+        "serverName": os.uname().nodename,  # what socket.gethostname() reads
         "installationId": installation_id,
         "environmentId": None,
     }

@@ -13,7 +13,8 @@ from typing import Any
 
 from fakes.app_server import shapes
 from fakes.app_server.ids import IdFactory
-from fakes.app_server.wire import Output, RequestId, notification, now_ms
+from fakes.app_server.stdio import Output
+from fakes.app_server.wire import RequestId, notification, now_ms
 
 ITEM_EVENTS: tuple[str, ...] = ("started", "deltas", "completed")
 _DEFAULT_DELTAS = 4
