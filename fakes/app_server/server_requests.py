@@ -25,16 +25,20 @@ class RequestContext:
     cwd: str
     started_ms: int
 
+    def item(self, *, started: bool = True) -> Json:
+        """The keys most requests open with: thread, turn, item (and when it started)."""
+        ids: Json = {"threadId": self.thread_id, "turnId": self.turn_id, "itemId": self.item_id}
+        if started:
+            ids["startedAtMs"] = self.started_ms
+        return ids
+
 
 def command_approval_params(ctx: RequestContext, command: str, reason: str | None = None) -> Json:
     """`item/commandExecution/requestApproval` params, exactly as the real server sends them."""
     words = command_words(command)
     params: Json = {
         "kind": "command",
-        "threadId": ctx.thread_id,
-        "turnId": ctx.turn_id,
-        "itemId": ctx.item_id,
-        "startedAtMs": ctx.started_ms,
+        **ctx.item(),
         "environmentId": "local",
         "command": shell_command(command),
         "cwd": ctx.cwd,
@@ -54,10 +58,7 @@ def command_approval_params(ctx: RequestContext, command: str, reason: str | Non
 def file_change_approval_params(ctx: RequestContext, reason: str | None = None) -> Json:
     """`item/fileChange/requestApproval` params (the changes travel on the item)."""
     return {
-        "threadId": ctx.thread_id,
-        "turnId": ctx.turn_id,
-        "itemId": ctx.item_id,
-        "startedAtMs": ctx.started_ms,
+        **ctx.item(),
         "reason": reason,
         "grantRoot": None,
     }
@@ -65,10 +66,7 @@ def file_change_approval_params(ctx: RequestContext, reason: str | None = None) 
 
 def _permissions_params(ctx: RequestContext) -> Json:
     return {
-        "threadId": ctx.thread_id,
-        "turnId": ctx.turn_id,
-        "itemId": ctx.item_id,
-        "startedAtMs": ctx.started_ms,
+        **ctx.item(),
         "environmentId": "local",
         "cwd": ctx.cwd,
         "reason": "Write outside the workspace",
@@ -86,9 +84,7 @@ def _permissions_params(ctx: RequestContext) -> Json:
 
 def _user_input_params(ctx: RequestContext) -> Json:
     return {
-        "threadId": ctx.thread_id,
-        "turnId": ctx.turn_id,
-        "itemId": ctx.item_id,
+        **ctx.item(started=False),
         "isBlocking": True,
         "autoResolutionMs": None,
         "questions": [
