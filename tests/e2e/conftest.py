@@ -9,8 +9,6 @@ command itself stays the plain ``codex app-server``.
 
 from __future__ import annotations
 
-import os
-import shutil
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
@@ -22,31 +20,6 @@ from aiohttp import web
 from bridge.app import trusted_bridge_app
 from bridge.limits import RestLimits
 from fakes.model_provider import ModelProviderServer
-
-ROOT = Path(__file__).resolve().parents[2]
-PINNED_CODEX = ROOT / ".codex-npm" / "node_modules" / ".bin" / "codex"
-
-
-def find_codex() -> str | None:
-    """``$CODEX_BIN`` (a path or a name on PATH), else the copy ``make codex`` installs."""
-    candidate = os.environ.get("CODEX_BIN") or str(PINNED_CODEX)
-    return shutil.which(candidate)
-
-
-@pytest.fixture(scope="session")
-def codex_bin() -> str:
-    """The real codex executable; skips without it (fails instead when ``CI=true``)."""
-    found = find_codex()
-    if found is None:
-        where = os.environ.get("CODEX_BIN") or str(PINNED_CODEX)
-        message = (
-            f"the real codex is not installed (looked for {where!r}); run `make codex` "
-            "or point CODEX_BIN at a codex 0.169.0 binary"
-        )
-        if os.environ.get("CI", "").lower() == "true":
-            pytest.fail(f"CI=true: {message}", pytrace=False)
-        pytest.skip(message)
-    return found
 
 
 @pytest.fixture

@@ -10,7 +10,6 @@ import asyncio
 import json
 import os
 import re
-import shutil
 import signal
 import sys
 import textwrap
@@ -1189,16 +1188,6 @@ async def test_spawn_child_leaves_a_grandchild_in_the_process_group(spawn: Spawn
 # --- the real schema -----------------------------------------------------------------
 
 
-def real_codex() -> str | None:
-    """The pinned real codex binary, if this machine has it."""
-    candidates = [
-        os.environ.get("CODEX_BIN"),
-        str(REPO / ".codex-npm" / "node_modules" / ".bin" / "codex"),
-        shutil.which("codex"),
-    ]
-    return next((c for c in candidates if c and os.access(c, os.X_OK)), None)
-
-
 RESPONSE_SCHEMAS = {
     "initialize": "v1/InitializeResponse.json",
     "thread/start": "v2/ThreadStartResponse.json",
@@ -1229,11 +1218,12 @@ turns:
 
 
 @pytest.mark.real_codex
-async def test_every_message_matches_the_real_json_schema(spawn: Spawn, tmp_path: Path) -> None:
-    codex = real_codex()
-    if codex is None:
-        pytest.skip("the real codex binary is not installed (make test installs it)")
-    jsonschema = pytest.importorskip("jsonschema")
+async def test_every_message_matches_the_real_json_schema(
+    spawn: Spawn, tmp_path: Path, codex_bin: str
+) -> None:
+    codex = codex_bin
+    import jsonschema
+
     schema_dir = tmp_path / "schema"
     proc = await asyncio.create_subprocess_exec(
         codex, "app-server", "generate-json-schema", "--out", str(schema_dir)

@@ -65,7 +65,9 @@ def conversation(tmp_path: Path, fast: bool, opening: list[bytes]) -> tuple[list
     """``opening``, then (if it initialized) a thread and a turn to its end; stdout lines
     and stderr, after the fake exits at the end of its input."""
     proc = fake(tmp_path, fast)
-    assert proc.stdin is not None and proc.stdout is not None and proc.stderr is not None
+    assert proc.stdin is not None
+    assert proc.stdout is not None
+    assert proc.stderr is not None
     try:
         proc.stdin.write(b"".join(line + b"\n" for line in opening) + THREAD_START + b"\n")
         proc.stdin.flush()

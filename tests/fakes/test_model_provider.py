@@ -354,17 +354,6 @@ async def test_cli_serves_a_yaml_script(tmp_path, http):
 # --- against the real codex ------------------------------------------------------------
 
 
-def codex_binary() -> Path:
-    path = Path(
-        os.environ.get("CODEX_BIN") or REPO / ".codex-npm" / "node_modules" / ".bin" / "codex"
-    )
-    if not path.exists():
-        if os.environ.get("CI") == "true":
-            pytest.fail(f"the pinned codex binary is missing at {path}")
-        pytest.skip(f"no codex binary at {path} (set CODEX_BIN)")
-    return path
-
-
 class AppServer:
     """Just enough JSON-RPC over stdio to drive `codex app-server` through a turn."""
 
@@ -409,8 +398,8 @@ class AppServer:
 
 
 @pytest_asyncio.fixture
-async def codex_app_server(tmp_path) -> AsyncIterator[Any]:
-    binary = codex_binary()
+async def codex_app_server(tmp_path, codex_bin) -> AsyncIterator[Any]:
+    binary = codex_bin
 
     async def start(server: ModelProviderServer) -> AppServer:
         env = {k: v for k, v in os.environ.items() if not k.startswith(("CODEX_", "OPENAI_"))}
