@@ -31,7 +31,7 @@ INITIALIZE = (
 # The baseline app-server: read one line, answer it, wait for stdin to close.
 BARE = (
     "import sys; sys.stdin.buffer.readline(); "
-    "sys.stdout.buffer.write(b'{\"id\":1,\"result\":{}}\\n'); sys.stdout.flush(); "
+    'sys.stdout.buffer.write(b\'{"id":1,"result":{}}\\n\'); sys.stdout.flush(); '
     "sys.stdin.buffer.read()"
 )
 
@@ -42,7 +42,8 @@ def start_once(argv: list[str], env: dict[str, str]) -> tuple[float, float]:
     proc = subprocess.Popen(
         argv, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL
     )
-    assert proc.stdin is not None and proc.stdout is not None
+    assert proc.stdin is not None
+    assert proc.stdout is not None
     proc.stdin.write(INITIALIZE)
     proc.stdin.flush()
     answer = proc.stdout.readline()
