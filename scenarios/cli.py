@@ -229,6 +229,8 @@ def _record(args: argparse.Namespace, out: TextIO) -> int:
     for warning in recording.warnings:
         print(f"warning: {warning}", file=sys.stderr)
     print(f"recorded {args.source} → {args.output} ({recording.codex_version})", file=out)
+    if recording.directory is not None:
+        print(f"the recording's directory (wire logs) is kept: {recording.directory}", file=out)
     replay = recording.replay_result
     if replay is None:
         return 0

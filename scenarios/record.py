@@ -87,6 +87,8 @@ _DATE_PATH = re.compile(r"(?<=/sessions/)\d{4}/\d{2}/\d{2}(?=/)")
 _TIME_KEY = re.compile(r"^[a-z][A-Za-z0-9]*At(Ms)?$")
 _DURATION_KEY = re.compile(r"^([a-z][A-Za-z0-9]*D|d)urationMs$")
 _PROCESS_ID_KEYS = frozenset({"processId", "pid"})
+#: Ids the scripted model makes up (`fakes.model_provider` counts them across processes).
+_MODEL_ID = re.compile(r"^(msg|call|fc|resp)_(\d+)$")
 _FAKE_SENDS_ITSELF = "remoteControl/status/changed"
 #: Sent at start-up, after the `initialize` reply, at a moment that varies from run to
 #: run (before or after `initialized`, or during the first call): recorded as
@@ -119,6 +121,8 @@ class Recording:
     server_messages: list[list[dict[str, Any]]] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
     codex_version: str | None = None
+    #: The recording's directory (wire logs, the run), when kept (`keep_tmp`).
+    directory: Path | None = None
 
     @property
     def replay_passed(self) -> bool | None:
@@ -140,7 +144,9 @@ class Normaliser:
     - **UUIDs** (thread, turn and item ids, and inside strings such as rollout paths)
       become `<frozen time>-7000-8000-<n>` for UUIDv7 (else zeros), numbered by first
       appearance in the process, so references between messages still agree.
-    - **process ids** (`processId`, `pid`) become 1001, 1002, ... by first appearance.
+    - **process ids** (`processId`, `pid`) become 1001, 1002, ... by first appearance;
+      the ids the scripted model makes up (`msg_7`, `call_8`: whole strings) are
+      numbered again from 1 per prefix.
     - **timestamps** are frozen: `*AtMs` → `FROZEN_MS`, `*At` (seconds) →
       `FROZEN_S`, `*durationMs` → 0; date-times inside strings (and a rollout's
       `sessions/YYYY/MM/DD/` folder) → 2026-01-01T00:00:00.
@@ -162,6 +168,7 @@ class Normaliser:
         self._hostname = hostname
         self._uuids: dict[str, str] = {}
         self._process_ids: dict[str, int] = {}
+        self._model_ids: dict[str, str] = {}
 
     def value(self, value: Any, key: str | None = None) -> Any:
         """`value` normalised (a new object); `key` is the mapping key it sits under."""
@@ -185,6 +192,12 @@ class Normaliser:
     def string(self, text: str) -> str:
         if self._hostname and text == self._hostname:
             return "localhost"
+        if model_id := _MODEL_ID.match(text):
+            prefix = model_id.group(1)
+            if text not in self._model_ids:
+                taken = sum(1 for known in self._model_ids if known.startswith(f"{prefix}_"))
+                self._model_ids[text] = f"{prefix}_{taken + 1}"
+            return self._model_ids[text]
         text = text.replace("$", "$$")
         if self._paths is not None:
             text = self._paths.sub(lambda m: self._standins[m.group(0)], text)
@@ -291,9 +304,29 @@ def _active_before_declined_item(first: Any, second: Any) -> bool:
     return status.get("type") == "active" and item.get("status") == "declined"
 
 
+def _turn_news_before_its_reply(first: Any, second: Any) -> bool:
+    """The `turn/start` reply written after the turn's first notifications (the thread
+    active, `turn/started`; usually it comes before them)."""
+    if "method" in second or "id" not in second or "method" not in first:
+        return False
+    result = second.get("result")
+    turn = result.get("turn") if isinstance(result, dict) else None
+    params = first.get("params")
+    if not isinstance(turn, dict) or not isinstance(params, dict):
+        return False
+    if first["method"] == "thread/status/changed":
+        return (params.get("status") or {}).get("type") == "active"
+    named = params.get("turnId") or (params.get("turn") or {}).get("id")
+    return named is not None and named == turn.get("id")
+
+
 #: Pairs of adjacent server messages that codex 0.169.0 writes in either order from run
 #: to run; a recording always has them in the usual order (second one first).
-RACES = (_thread_started_before_its_reply, _active_before_declined_item)
+RACES = (
+    _thread_started_before_its_reply,
+    _turn_news_before_its_reply,
+    _active_before_declined_item,
+)
 
 
 def _canonical_order(lines: list[_Line]) -> list[_Line]:
@@ -322,6 +355,8 @@ class _ProcessScript:
     initialize: dict[str, Any] | None = None
     on_initialized: list[dict[str, Any]] = field(default_factory=list)
     methods: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
+    #: The (normalised) params of each call in `methods`, index for index.
+    method_params: dict[str, list[Any]] = field(default_factory=dict)
     server_messages: list[dict[str, Any]] = field(default_factory=list)
     unanswered_requests: int = 0
 
@@ -402,11 +437,12 @@ class _Translator:
         if isinstance(method, str) and has_id:
             behavior: dict[str, Any] = {"steps": self.prelude}
             self.prelude = []
+            params = message.get("params")
             if method == "initialize" and self.out.initialize is None:
                 self.out.initialize = behavior
             else:
                 self.out.methods.setdefault(method, []).append(behavior)
-            params = message.get("params")
+                self.out.method_params.setdefault(method, []).append(self.norm.value(params))
             self.calls[_id_key(message["id"])] = behavior
             self.call_params[_id_key(message["id"])] = params
             self.latest = behavior["steps"]
@@ -618,21 +654,60 @@ def _merge(scripts: list[_ProcessScript], warnings: list[str]) -> dict[str, Any]
     if on_initialized:
         script["onInitialized"] = on_initialized
     methods: dict[str, list[dict[str, Any]]] = {}
-    for number, process in enumerate(scripts, start=1):
-        for method, entries in process.methods.items():
-            merged = methods.setdefault(method, [])
-            for index, entry in enumerate(entries):
-                if index >= len(merged):
-                    merged.append(entry)
-                elif merged[index] != entry:
-                    warnings.append(
-                        f"process {number} answered `{method}` call {index + 1} differently "
-                        "from an earlier process; the replay gives every process the first "
-                        "answer"
-                    )
+    for method in dict.fromkeys(m for process in scripts for m in process.methods):
+        methods[method] = _merge_method(method, scripts, warnings)
     if methods:
         script["methods"] = methods
     return script
+
+
+def _merge_method(
+    method: str, scripts: list[_ProcessScript], warnings: list[str]
+) -> list[dict[str, Any]]:
+    """The entries of `method` for all processes.
+
+    In order, when every process got the same answers as far as it went. Otherwise
+    each entry gets a `match` on the request params that tell the calls apart (those
+    whose values differ and that the replay's client sends the same: not paths), so
+    that each process finds its own answer whatever its turn in the list.
+    """
+    sequences = [process.methods.get(method, []) for process in scripts]
+    longest = max(sequences, key=len)
+    if all(sequence == longest[: len(sequence)] for sequence in sequences):
+        return list(longest)
+    calls = [
+        (number, index, entry, process.method_params[method][index])
+        for number, process in enumerate(scripts, start=1)
+        for index, entry in enumerate(process.methods.get(method, []))
+    ]
+    keys = _telling_keys([params for _, _, _, params in calls])
+    merged: list[dict[str, Any]] = []
+    for number, index, entry, params in calls:
+        match = {key: params[key] for key in keys if isinstance(params, dict) and key in params}
+        keyed = {"match": match, **entry} if match else dict(entry)
+        if keyed in merged:
+            continue
+        if any(other.get("match", {}) == match for other in merged):
+            warnings.append(
+                f"process {number} answered `{method}` call {index + 1} differently from an "
+                "earlier call with the same params; the replay gives both the first answer"
+            )
+            continue
+        merged.append(keyed)
+    return merged
+
+
+def _telling_keys(all_params: list[Any]) -> list[str]:
+    """Param keys whose values differ between calls and hold no machine path."""
+    keys: dict[str, set[bytes]] = {}
+    for params in all_params:
+        for key, value in (params if isinstance(params, dict) else {}).items():
+            keys.setdefault(key, set()).add(orjson.dumps(value, option=orjson.OPT_SORT_KEYS))
+    return [
+        key
+        for key, values in keys.items()
+        if len(values) > 1 and not any(b"${" in v or b"$$" in v for v in values)
+    ]
 
 
 @dataclass
@@ -707,8 +782,8 @@ def _build_document(
     recorded = (
         f"Recorded from {source_name} against the real codex"
         + (f" ({codex_version})" if codex_version else "")
-        + " by `rest-bridge scenarios record`; replays on fake-codex. Re-record rather "
-        "than edit the appServer section."
+        + " by `rest-bridge scenarios record`; replays on fake-codex, without codex. "
+        "Re-record rather than edit the appServer section."
     )
     document: dict[str, Any] = {}
     for key, value in source_data.items():
@@ -717,7 +792,7 @@ def _build_document(
         elif key == "name":
             document["name"] = name
         elif key == "description":
-            document["description"] = f"{str(value).strip()}\n{recorded}"
+            document["description"] = f"{recorded}\nThe recorded scenario: {str(value).strip()}"
         elif key == "tags":
             kept = [tag for tag in value if tag != "real-codex"]
             document["tags"] = [*kept, *(t for t in REPLAY_TAGS if t not in kept)]
@@ -818,8 +893,15 @@ async def record_scenario(
     workspace = Path(tempfile.mkdtemp(prefix="scenario-record-", dir=tmp_root))
     keep = keep_tmp
     try:
-        return await _record(
-            loaded, found, codex_version, workspace, output, name=name, verify=verify
+        recording = await _record(
+            loaded,
+            found,
+            codex_version,
+            workspace,
+            output,
+            name=name,
+            verify=verify,
+            replay_root=tmp_root,
         )
     except _SourceFailed as failed:
         keep = True  # its report points into the directory: the run, the wire logs
@@ -827,6 +909,8 @@ async def record_scenario(
     finally:
         if not keep:
             shutil.rmtree(workspace, ignore_errors=True)
+    recording.directory = workspace if keep_tmp else None
+    return recording
 
 
 def _load(source: str | os.PathLike[str]) -> LoadedScenario:
@@ -845,6 +929,7 @@ async def _record(
     *,
     name: str | None,
     verify: bool,
+    replay_root: Path | None,
 ) -> Recording:
     from scenarios.reporting import format_result
 
@@ -905,11 +990,9 @@ async def _record(
         warnings=translated.warnings,
         codex_version=codex_version,
     )
-    shutil.rmtree(result.tmp, ignore_errors=True)
     if verify:
-        recording.replay_result = await run_scenario(
-            replay, RunOptions(tmp_root=workspace / "replay")
-        )
+        # Where `run` would put it: a failed replay's directory is kept and named.
+        recording.replay_result = await run_scenario(replay, RunOptions(tmp_root=replay_root))
     return recording
 
 
