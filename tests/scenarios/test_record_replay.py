@@ -414,6 +414,20 @@ async def test_a_wire_log_becomes_a_script_that_fake_codex_replays(
     assert b"$$" not in written
 
 
+def test_the_library_replay_is_a_recording_of_its_source() -> None:
+    """library/real-codex-scripted-model-replay.scenario.yaml was written by `record`
+    from its source (pytest and `make test` run it on fake-codex, with the library)."""
+    replay = load_scenario(LIBRARY / "real-codex-scripted-model-replay.scenario.yaml")
+    source = load_scenario(SCRIPTED_MODEL)
+    assert replay.scenario.app_server is not None
+    assert not replay.scenario.real_codex
+    for key in ("steps", "bridge", "checks"):
+        assert replay.data.get(key) == source.data.get(key), key
+    text = (LIBRARY / "real-codex-scripted-model-replay.scenario.yaml").read_text()
+    assert "/tmp/" not in text
+    assert "${cwd}" in text
+
+
 # -- errors -----------------------------------------------------------------------------
 
 
@@ -587,3 +601,38 @@ async def test_a_recording_is_stable_and_the_fake_says_what_codex_said(
             and m["params"]["item"]["type"] == "commandExecution"
         ]
         assert decisions == ["completed", "declined"]
+
+
+#: The text-turn preset: a codex process per turn, each running the recorded script
+#: from its start, so the replay tells the two turns apart by their prompts.
+TEXT_TURNS = """
+    scenario: 1
+    name: two-text-turns
+    bridge: {preset: text-turn}
+    model:
+      replies: [{text: First answer.}, {text: Second answer.}]
+    steps:
+      - http: {method: POST, path: /v1/text-turn, json: {text: one}}
+        expect: {jsonSubset: {text: First answer., status: completed}}
+      - http: {method: POST, path: /v1/text-turn, json: {text: two}}
+        expect: {jsonSubset: {text: Second answer., status: completed}}
+"""
+
+
+@pytest.mark.real_codex
+@pytest.mark.asyncio
+async def test_processes_that_were_asked_different_things_replay_their_own_answers(
+    real_codex: str, tmp_path: Path
+) -> None:
+    source = write(tmp_path / "text-turns.scenario.yaml", TEXT_TURNS)
+    recording = await record_scenario(source, None, codex=real_codex)
+    assert recording.warnings == []
+    assert len(recording.server_messages) == 2
+    assert recording.replay_passed, recording.replay_result
+    methods = recording.data["appServer"]["methods"]
+    assert [entry["match"] for entry in methods["turn/start"]] == [
+        {"input": [{"type": "text", "text": "one"}]},
+        {"input": [{"type": "text", "text": "two"}]},
+    ]
+    # The two processes started their threads alike: one entry serves both.
+    assert len(methods["thread/start"]) == 1
