@@ -414,6 +414,29 @@ async def test_a_wire_log_becomes_a_script_that_fake_codex_replays(
     assert b"$$" not in written
 
 
+def test_a_process_that_died_with_a_request_unanswered(tmp_path: Path) -> None:
+    lines: list[dict[str, Any]] = [
+        {"argv": ["codex"], "started": 1},
+        {"dir": "c", "line": json.dumps({"id": 1, "method": "x/ask", "params": {}})},
+        {"dir": "s", "line": json.dumps({"method": "item/tool/call", "id": 0, "params": {}})},
+        {"dir": "s", "line": "not json"},
+        {"exit": -signal.SIGKILL},
+    ]
+    (tmp_path / "wire-1.jsonl").write_bytes(b"\n".join(orjson.dumps(line) for line in lines))
+    translated = translate_wire_logs(tmp_path, {})
+    assert translated.unanswered_requests == 1
+    assert translated.script["methods"]["x/ask"] == [
+        {
+            "noReply": True,
+            "steps": [
+                {"request": {"method": "item/tool/call", "id": 0, "params": {}, "wait": False}},
+                {"raw": "not json"},
+                {"exit": {"signal": "SIGKILL"}},
+            ],
+        }
+    ]
+
+
 def test_the_library_replay_is_a_recording_of_its_source() -> None:
     """library/real-codex-scripted-model-replay.scenario.yaml was written by `record`
     from its source (pytest and `make test` run it on fake-codex, with the library)."""
