@@ -3,6 +3,7 @@
     rest-bridge scenarios run PATH... [--junit FILE] [-j N] [--codex PATH] [--keep-tmp]
     rest-bridge scenarios check PATH...
     rest-bridge scenarios schema
+    rest-bridge scenarios record IN.scenario.yaml -o OUT.scenario.yaml [--codex PATH]
 
 Folders are searched for `*.scenario.yaml` / `*.scenario.yml`; files are taken as they
 are. Every file is validated before anything runs (a malformed one: exit status 2).
@@ -208,6 +209,39 @@ def _schema(args: argparse.Namespace, out: TextIO) -> int:
     return 0
 
 
+def _record(args: argparse.Namespace, out: TextIO) -> int:
+    """Record a `model:` scenario on the real codex; write and replay its fake-codex twin."""
+    from scenarios.record import RecordError, record_scenario_sync
+
+    _quiet_logging()
+    try:
+        recording = record_scenario_sync(
+            args.source,
+            args.output,
+            codex=args.codex,
+            name=args.name,
+            verify=not args.no_verify,
+            keep_tmp=args.keep_tmp,
+        )
+    except RecordError as exc:
+        print(f"rest-bridge scenarios record: {exc}", file=sys.stderr)
+        return USAGE_ERROR
+    for warning in recording.warnings:
+        print(f"warning: {warning}", file=sys.stderr)
+    print(f"recorded {args.source} → {args.output} ({recording.codex_version})", file=out)
+    if recording.directory is not None:
+        print(f"the recording's directory (wire logs) is kept: {recording.directory}", file=out)
+    replay = recording.replay_result
+    if replay is None:
+        return 0
+    if replay.passed:
+        print(f"replayed {args.output} on fake-codex: passed", file=out)
+        return 0
+    print(f"replayed {args.output} on fake-codex: FAILED (the file is written)\n", file=out)
+    print(format_result(replay), file=out)
+    return 1
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="rest-bridge scenarios",
@@ -236,6 +270,20 @@ def build_parser() -> argparse.ArgumentParser:
     check.add_argument("paths", nargs="+", metavar="PATH")
     schema = commands.add_parser("schema", help="print the JSON Schema of the scenario format")
     schema.add_argument("--indent", type=int, default=2)
+    record = commands.add_parser(
+        "record",
+        help="run a `model:` scenario on the real codex and write it as a fake-codex scenario",
+    )
+    record.add_argument("source", metavar="IN", help="a scenario with a `model:` section")
+    record.add_argument("-o", "--output", required=True, metavar="OUT", help="the file to write")
+    record.add_argument("--codex", help="the real codex (default: as `run` finds it)")
+    record.add_argument("--name", help="the written scenario's name (default: IN's + -replay)")
+    record.add_argument(
+        "--no-verify", action="store_true", help="do not replay the written file on fake-codex"
+    )
+    record.add_argument(
+        "--keep-tmp", action="store_true", help="keep the recording's directory (wire logs)"
+    )
     return parser
 
 
@@ -243,7 +291,7 @@ def main(argv: Sequence[str] | None = None, out: TextIO | None = None) -> int:
     """Entry point of `rest-bridge scenarios`; returns the exit status."""
     args = build_parser().parse_args(argv)
     stream = out or sys.stdout
-    action = {"run": _run, "check": _check, "schema": _schema}[args.action]
+    action = {"run": _run, "check": _check, "schema": _schema, "record": _record}[args.action]
     return action(args, stream)
 
 

@@ -128,6 +128,8 @@ class RunOptions:
     keep_tmp: bool = False
     #: A missing real codex fails instead of skipping (default: when `CI=true`).
     require_codex: bool = field(default_factory=lambda: os.environ.get("CI", "").lower() == "true")
+    #: Put before the app-server command (e.g. `scenarios.wire_tee`, to record the wire).
+    app_server_prefix: list[str] | None = None
 
 
 class StepFailed(Exception):
@@ -804,6 +806,8 @@ async def _run(
             command = fake_app_server_command(
                 script, report_dir=reports, cwd=work, base=options.fake_codex
             )
+        if options.app_server_prefix:
+            command = [*options.app_server_prefix, *command]
         spec = scenario.bridge
         bridge = await start_bridge(
             command,

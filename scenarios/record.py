@@ -1,0 +1,1010 @@
+"""Record, then replay: a scenario run on the real codex, written as one for fake-codex.
+
+    recording = await record_scenario("x.scenario.yaml", "x-replay.scenario.yaml")
+
+runs a scenario that scripts the model (`model:`) through the bridge in front of the
+real codex, with `scenarios.wire_tee` between the bridge and each codex process so
+that every JSON-RPC line is logged both ways. From those logs it writes a scenario
+whose `appServer:` script makes fake-codex say what codex said, followed by the same
+client `steps:`; then it replays that scenario against fake-codex to check that it
+passes. `rest-bridge scenarios record` is the command line (`scenarios.cli`).
+
+How a process's log becomes a script (scenarios/README.md, "Record, then replay", has
+the whole story):
+
+- each client request becomes an entry of `methods.<method>` (`initialize:` for the
+  handshake), in the order they came, answered with the recorded result or error;
+- each server message becomes a step (`notify`, `request`, `respond`) of the entry it
+  belongs to: a turn's messages go to its `turn/start` entry, and after the client
+  answers one of the turn's server requests, to that request's `onReply.<key>` branch
+  (the key fake-codex branches on: the decision, `error`, ...); `_Translator` has the
+  rules;
+- what fake-codex writes by itself is left out: `emittedAtMs` (it stamps its own) and
+  the first `remoteControl/status/changed` (it sends one with the `initialize` reply);
+- volatile values are normalised (`Normaliser`): machine paths, UUIDs, process ids,
+  timestamps, the host name; and messages codex writes in either order from run to
+  run are put in one order (`RACES`), so that recording twice gives the same file.
+
+Several processes (sessions, sessionless calls, text turns) each run the script from
+its start in replay, so their entries are merged: the first process to make a call
+gives its answer; a later process that got a different answer to the same call is
+reported in `Recording.warnings` (its replay then gets the first answer).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import os
+import re
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import orjson
+import yaml
+
+from scenarios.format import LoadedScenario, ScenarioError, load_scenario, parse_scenario_text
+from scenarios.harness import find_codex
+from scenarios.runner import RunOptions, ScenarioResult, run_scenario
+
+__all__ = [
+    "FROZEN_MS",
+    "Normaliser",
+    "RecordError",
+    "Recording",
+    "Translation",
+    "record_scenario",
+    "record_scenario_sync",
+    "translate_wire_logs",
+]
+
+#: Every timestamp of a recording is frozen here: 2026-01-01T00:00:00Z, where a seeded
+#: fake-codex starts its clock too.
+FROZEN_MS = 1_767_225_600_000
+FROZEN_S = FROZEN_MS // 1000
+#: The seed written into recordings: fake-codex's own ids and `emittedAtMs` stamps are
+#: then the same on every replay.
+REPLAY_SEED = 1
+#: What machine directories of the recording become.
+CODEX_HOME_STANDIN = "/home/codex/.codex"
+HOME_STANDIN = "/home/codex"
+OTHER_STANDIN = "/recording"
+#: Replaced by fake-codex with its working directory: the replay run's `${tmp}/work`.
+CWD_PLACEHOLDER = "${cwd}"
+REPLAY_TAGS = ("recorded",)
+
+_UUID = re.compile(
+    r"\b[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-([0-9a-fA-F])[0-9a-fA-F]{3}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}\b"
+)
+_DATE_TIME = re.compile(r"\b\d{4}-\d{2}-\d{2}T\d{2}([:-])\d{2}\1\d{2}(\.\d+)?(Z|[+-]\d{2}:\d{2})?")
+_DATE_PATH = re.compile(r"(?<=/sessions/)\d{4}/\d{2}/\d{2}(?=/)")
+_TIME_KEY = re.compile(r"^[a-z][A-Za-z0-9]*At(Ms)?$")
+_DURATION_KEY = re.compile(r"^([a-z][A-Za-z0-9]*D|d)urationMs$")
+_PROCESS_ID_KEYS = frozenset({"processId", "pid"})
+#: Ids the scripted model makes up (`fakes.model_provider` counts them across processes).
+_MODEL_ID = re.compile(r"^(msg|call|fc|resp)_(\d+)$")
+_FAKE_SENDS_ITSELF = "remoteControl/status/changed"
+#: Sent at start-up, after the `initialize` reply, at a moment that varies from run to
+#: run (before or after `initialized`, or during the first call): recorded as
+#: `onInitialized` steps when they come before anything about a thread.
+STARTUP_NOTIFICATIONS = frozenset({"configWarning"})
+
+
+class RecordError(Exception):
+    """Recording cannot start or go on; the message says why and what to do."""
+
+
+class _SourceFailed(RecordError):
+    """The scenario failed on the real codex."""
+
+
+@dataclass
+class Recording:
+    """What `record_scenario` produced."""
+
+    #: The written scenario as data, and as the YAML text written.
+    data: dict[str, Any]
+    text: str
+    #: Where it was written (None: not written).
+    path: Path | None
+    #: The run of the source scenario on the real codex.
+    source_result: ScenarioResult
+    #: The run of the written scenario on fake-codex (None: not verified).
+    replay_result: ScenarioResult | None = None
+    #: Per codex process: the server's messages as normalised (what the replay says).
+    server_messages: list[list[dict[str, Any]]] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
+    codex_version: str | None = None
+    #: The recording's directory (wire logs, the run), when kept (`keep_tmp`).
+    directory: Path | None = None
+
+    @property
+    def replay_passed(self) -> bool | None:
+        return None if self.replay_result is None else self.replay_result.passed
+
+
+# -- normalising -------------------------------------------------------------------------
+
+
+class Normaliser:
+    """Makes one process's messages free of machine paths and run-to-run values.
+
+    - **paths**: the run's working directory becomes `${cwd}` (fake-codex puts its own
+      working directory there, which is the replay run's `${tmp}/work`, so the
+      paths a client sees stay consistent with the `cwd` it sent); `CODEX_HOME`
+      becomes `/home/codex/.codex`, `HOME` `/home/codex`, anything else under the
+      recording's directory `/recording`. A literal `$` is written `$$` (fake-codex
+      reads `${...}` placeholders in these strings).
+    - **UUIDs** (thread, turn and item ids, and inside strings such as rollout paths)
+      become `<frozen time>-7000-8000-<n>` for UUIDv7 (else zeros), numbered by first
+      appearance in the process, so references between messages still agree.
+    - **process ids** (`processId`, `pid`) become 1001, 1002, ... by first appearance;
+      the ids the scripted model makes up (`msg_7`, `call_8`: whole strings) are
+      numbered again from 1 per prefix.
+    - **timestamps** are frozen: `*AtMs` → `FROZEN_MS`, `*At` (seconds) →
+      `FROZEN_S`, `*durationMs` → 0; date-times inside strings (and a rollout's
+      `sessions/YYYY/MM/DD/` folder) → 2026-01-01T00:00:00.
+    - the machine's **host name**, as a whole string, becomes `localhost`.
+    """
+
+    def __init__(self, paths: dict[str, str], hostname: str | None = None) -> None:
+        variants: dict[str, str] = {}
+        for path, standin in paths.items():
+            for form in {path, os.path.realpath(path)}:
+                variants.setdefault(form.rstrip("/"), standin)
+        ordered = sorted(variants, key=len, reverse=True)
+        self._standins = variants
+        self._paths = (
+            re.compile("|".join(re.escape(p) for p in ordered) + r"(?=$|[/\s'\"`:;,)\]}\\])")
+            if ordered
+            else None
+        )
+        self._hostname = hostname
+        self._uuids: dict[str, str] = {}
+        self._process_ids: dict[str, int] = {}
+        self._model_ids: dict[str, str] = {}
+
+    def value(self, value: Any, key: str | None = None) -> Any:
+        """`value` normalised (a new object); `key` is the mapping key it sits under."""
+        if isinstance(value, dict):
+            return {k: self.value(v, k if isinstance(k, str) else None) for k, v in value.items()}
+        if isinstance(value, list):
+            return [self.value(item) for item in value]
+        if key is not None and value is not None and not isinstance(value, bool):
+            if key in _PROCESS_ID_KEYS and isinstance(value, int | str):
+                number = self._process_ids.setdefault(str(value), 1001 + len(self._process_ids))
+                return number if isinstance(value, int) else str(number)
+            if isinstance(value, int | float):
+                if _DURATION_KEY.match(key):
+                    return 0
+                if _TIME_KEY.match(key):
+                    return FROZEN_MS if key.endswith("Ms") else FROZEN_S
+        if isinstance(value, str):
+            return self.string(value)
+        return value
+
+    def string(self, text: str) -> str:
+        if self._hostname and text == self._hostname:
+            return "localhost"
+        if model_id := _MODEL_ID.match(text):
+            prefix = model_id.group(1)
+            if text not in self._model_ids:
+                taken = sum(1 for known in self._model_ids if known.startswith(f"{prefix}_"))
+                self._model_ids[text] = f"{prefix}_{taken + 1}"
+            return self._model_ids[text]
+        text = text.replace("$", "$$")
+        if self._paths is not None:
+            text = self._paths.sub(lambda m: self._standins[m.group(0)], text)
+        text = _UUID.sub(self._uuid, text)
+        text = _DATE_PATH.sub("2026/01/01", text)
+        return _DATE_TIME.sub(_frozen_date_time, text)
+
+    def _uuid(self, found: re.Match[str]) -> str:
+        original = found.group(0).lower()
+        canonical = self._uuids.get(original)
+        if canonical is None:
+            number = len(self._uuids) + 1
+            version = found.group(1).lower()
+            head = f"{FROZEN_MS:012x}" if version == "7" else "0" * 12
+            canonical = f"{head[:8]}-{head[8:]}-{version}000-8000-{number:012x}"
+            self._uuids[original] = canonical
+        return canonical
+
+
+def _frozen_date_time(found: re.Match[str]) -> str:
+    sep = found.group(1)
+    fraction = ".000" if found.group(2) else ""
+    zone = found.group(3)
+    suffix = "" if zone is None else ("Z" if zone == "Z" else "+00:00")
+    return f"2026-01-01T00{sep}00{sep}00{fraction}{suffix}"
+
+
+# -- reading the wire logs ----------------------------------------------------------------
+
+
+@dataclass
+class _Line:
+    direction: str  # "c": from the client (the bridge), "s": from the server
+    message: Any  # the parsed JSON, or None when the line is not JSON
+    raw: str = ""
+
+
+@dataclass
+class _ProcessLog:
+    name: str
+    started: int
+    lines: list[_Line]
+    client_eof: bool = False
+    exit: int | None = None
+
+    @property
+    def speaks_protocol(self) -> bool:
+        return any(line.direction == "c" and line.message is not None for line in self.lines)
+
+
+def _read_logs(directory: Path) -> list[_ProcessLog]:
+    logs = []
+    for path in sorted(directory.glob("wire-*.jsonl")):
+        log = _ProcessLog(path.name, 0, [])
+        for raw in path.read_bytes().splitlines():
+            try:
+                entry = orjson.loads(raw)
+            except orjson.JSONDecodeError:
+                continue  # a line cut by a kill
+            if "argv" in entry:
+                log.started = int(entry.get("started", 0))
+            elif "exit" in entry:
+                log.exit = entry["exit"]
+            elif entry.get("eof"):
+                log.client_eof = True
+            elif "line" in entry:
+                text = entry["line"]
+                try:
+                    message = orjson.loads(text) if text.strip() else None
+                except orjson.JSONDecodeError:
+                    message = None
+                if message is None and not text.strip():
+                    continue
+                log.lines.append(_Line(entry["dir"], message, text))
+        logs.append(log)
+    return sorted((log for log in logs if log.speaks_protocol), key=lambda log: log.started)
+
+
+# -- races: one order for messages codex writes in either order --------------------------
+
+
+def _thread_started_before_its_reply(first: Any, second: Any) -> bool:
+    """`thread/started` written before the `thread/start` reply (usually it follows)."""
+    if first.get("method") != "thread/started" or "method" in second or "id" not in second:
+        return False
+    result, params = second.get("result"), first.get("params")
+    if not isinstance(result, dict) or not isinstance(params, dict):
+        return False
+    thread, started = result.get("thread"), params.get("thread")
+    return (
+        isinstance(thread, dict)
+        and isinstance(started, dict)
+        and thread.get("id") == started.get("id")
+    )
+
+
+def _active_before_declined_item(first: Any, second: Any) -> bool:
+    """After a declined approval: the thread active again before the declined item
+    completes (usually it comes after)."""
+    if first.get("method") != "thread/status/changed" or second.get("method") != "item/completed":
+        return False
+    status = (first.get("params") or {}).get("status") or {}
+    item = (second.get("params") or {}).get("item") or {}
+    return status.get("type") == "active" and item.get("status") == "declined"
+
+
+def _turn_news_before_its_reply(first: Any, second: Any) -> bool:
+    """The `turn/start` reply written after the turn's first notifications (the thread
+    active, `turn/started`; usually it comes before them)."""
+    if "method" in second or "id" not in second or "method" not in first:
+        return False
+    result = second.get("result")
+    turn = result.get("turn") if isinstance(result, dict) else None
+    params = first.get("params")
+    if not isinstance(turn, dict) or not isinstance(params, dict):
+        return False
+    if first["method"] == "thread/status/changed":
+        return (params.get("status") or {}).get("type") == "active"
+    named = params.get("turnId") or (params.get("turn") or {}).get("id")
+    return named is not None and named == turn.get("id")
+
+
+#: Pairs of adjacent server messages that codex 0.169.0 writes in either order from run
+#: to run; a recording always has them in the usual order (second one first).
+RACES = (
+    _thread_started_before_its_reply,
+    _turn_news_before_its_reply,
+    _active_before_declined_item,
+)
+
+
+def _canonical_order(lines: list[_Line]) -> list[_Line]:
+    """`lines` with each racing pair (adjacent server messages) in its usual order."""
+    lines = list(lines)
+    changed = True
+    while changed:
+        changed = False
+        for index in range(len(lines) - 1):
+            first, second = lines[index], lines[index + 1]
+            if first.direction != "s" or second.direction != "s":
+                continue
+            if not isinstance(first.message, dict) or not isinstance(second.message, dict):
+                continue
+            if any(race(first.message, second.message) for race in RACES):
+                lines[index], lines[index + 1] = second, first
+                changed = True
+    return lines
+
+
+# -- from one process's log to script entries ---------------------------------------------
+
+
+@dataclass
+class _ProcessScript:
+    initialize: dict[str, Any] | None = None
+    on_initialized: list[dict[str, Any]] = field(default_factory=list)
+    methods: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
+    #: The (normalised) params of each call in `methods`, index for index.
+    method_params: dict[str, list[Any]] = field(default_factory=dict)
+    server_messages: list[dict[str, Any]] = field(default_factory=list)
+    unanswered_requests: int = 0
+
+
+Steps = list[dict[str, Any]]
+
+
+@dataclass
+class _Turn:
+    thread: str | None
+    #: Where the turn's next messages go: its `turn/start` entry, then the `onReply`
+    #: branch of its latest answered server request, or a later `turn/*` call on it.
+    sink: Steps
+
+
+@dataclass
+class _Request:
+    step: dict[str, Any]
+    turn: _Turn | None
+
+
+class _Translator:
+    """One process's log → script entries (see the module docstring).
+
+    Each server message goes where fake-codex will write it from:
+
+    - a response: as a `respond` step at the end of its own call's entry so far;
+    - `thread/started`: after the reply that carried that thread;
+    - a message about a turn (its `turnId`, or a `threadId` while a turn runs on that
+      thread, or none at all while a turn runs): the turn's current steps;
+    - start-up warnings (`STARTUP_NOTIFICATIONS`, before anything about a thread):
+      `onInitialized`;
+    - anything else: the entry of the latest client request (or answer).
+
+    So where a message lands does not depend on how it raced the client's next
+    request, only on what it is about; and nothing waits for a client action that
+    came after it in the recording.
+    """
+
+    def __init__(self, norm: Normaliser) -> None:
+        self.norm = norm
+        self.out = _ProcessScript()
+        self.latest: Steps | None = None
+        self.prelude: Steps = []
+        self.startup: Steps = []
+        self.calls: dict[Any, dict[str, Any]] = {}
+        self.requests: dict[Any, _Request] = {}
+        self.turns: dict[str, _Turn] = {}
+        self.active: dict[str | None, _Turn] = {}
+        self.done: set[str] = set()
+        self.call_params: dict[Any, Any] = {}
+        self.thread_replies: dict[str, Steps] = {}
+        self.saw_initialized = False
+        self.dropped_remote_control = False
+        self.thread_seen = False
+
+    def run(self, log: _ProcessLog) -> _ProcessScript:
+        for line in _canonical_order(log.lines):
+            if line.direction == "c":
+                if isinstance(line.message, dict):
+                    self.client(line.message)
+            elif isinstance(line.message, dict):
+                self.server(line.message)
+            else:
+                self.default_sink().append({"raw": self.norm.string(line.raw)})
+        if log.exit is not None and not log.client_eof:
+            # It ended before the client let it go: the replay ends there too.
+            self.default_sink().append(_exit_step(log.exit))
+        return self.finish()
+
+    def default_sink(self) -> Steps:
+        return self.latest if self.latest is not None else self.prelude
+
+    # -- the client
+
+    def client(self, message: dict[str, Any]) -> None:
+        method, has_id = message.get("method"), "id" in message
+        if isinstance(method, str) and has_id:
+            behavior: dict[str, Any] = {"steps": self.prelude}
+            self.prelude = []
+            params = message.get("params")
+            if method == "initialize" and self.out.initialize is None:
+                self.out.initialize = behavior
+            else:
+                self.out.methods.setdefault(method, []).append(behavior)
+                self.out.method_params.setdefault(method, []).append(self.norm.value(params))
+            self.calls[_id_key(message["id"])] = behavior
+            self.call_params[_id_key(message["id"])] = params
+            self.latest = behavior["steps"]
+            if method.startswith("turn/") and isinstance(params, dict):
+                turn = self.active.get(_text(params.get("threadId")))
+                if turn is not None:  # it acts on the running turn (interrupt, steer)
+                    turn.sink = behavior["steps"]
+        elif isinstance(method, str):
+            if method == "initialized" and not self.saw_initialized:
+                self.saw_initialized = True
+                self.latest = self.out.on_initialized
+        elif has_id:
+            request = self.requests.get(_id_key(message["id"]))
+            if request is not None and "onReply" not in request.step:
+                from fakes.app_server.steps import reply_key
+
+                branch: Steps = []
+                request.step["onReply"] = {reply_key(message): branch}
+                self.latest = branch
+                if request.turn is not None:
+                    request.turn.sink = branch
+
+    # -- the server
+
+    def server(self, message: dict[str, Any]) -> None:
+        method = message.get("method")
+        starting = not self.thread_seen
+        self.thread_seen = self.thread_seen or _about_a_thread(message)
+        if method is None and "id" in message:
+            self.response(message)
+            return
+        params = self.norm.value(message.get("params"))
+        if "id" in message:
+            request: dict[str, Any] = {"method": method, "id": message["id"]}
+            if params is not None:
+                request["params"] = params
+            step = {"request": request}
+            turn = self.turn_of(message.get("params"))
+            self.requests[_id_key(message["id"])] = _Request(step, turn)
+            (turn.sink if turn is not None else self.default_sink()).append(step)
+            self.out.server_messages.append(
+                {
+                    "method": method,
+                    "id": message["id"],
+                    **({"params": params} if params is not None else {}),
+                }
+            )
+            return
+        if method == _FAKE_SENDS_ITSELF and not self.dropped_remote_control:
+            self.dropped_remote_control = True
+            return
+        step = {"notify": {"method": method, "params": params}}
+        self.out.server_messages.append({"method": method, "params": params})
+        raw = message.get("params")
+        if method in STARTUP_NOTIFICATIONS and starting:
+            self.startup.append(step)
+        elif method == "thread/started" and (where := self._creator(raw)) is not None:
+            where.append(step)
+        elif (turn := self.turn_of(raw)) is not None:
+            turn.sink.append(step)
+            if method == "turn/completed":
+                self.done.update(t for t, known in self.turns.items() if known is turn)
+                self.active.pop(turn.thread, None)
+        else:
+            self.default_sink().append(step)
+
+    def response(self, message: dict[str, Any]) -> None:
+        norm = self.norm
+        reply = (
+            {"error": norm.value(message["error"])}
+            if "error" in message
+            else {"result": norm.value(message.get("result"))}
+        )
+        self.out.server_messages.append({"id": message["id"], **reply})
+        call = self.calls.pop(_id_key(message["id"]), None)
+        params = self.call_params.pop(_id_key(message["id"]), None)
+        if call is None:
+            self.default_sink().append({"respondUnknownId": {"id": message["id"], **reply}})
+            return
+        steps: Steps = call["steps"]
+        steps.append({"respond": reply})
+        result = message.get("result")
+        if isinstance(result, dict):
+            thread, turn = result.get("thread"), result.get("turn")
+            if isinstance(thread, dict) and isinstance(thread.get("id"), str):
+                self.thread_replies[thread["id"]] = steps
+            if isinstance(turn, dict) and isinstance(turn.get("id"), str):
+                thread_id = _text(params.get("threadId")) if isinstance(params, dict) else None
+                if turn["id"] not in self.turns:
+                    self._start_turn(turn["id"], thread_id, steps)
+                if thread_id is not None and turn["id"] not in self.done:
+                    self.active.setdefault(thread_id, self.turns[turn["id"]])
+
+    def _creator(self, params: Any) -> Steps | None:
+        thread = params.get("thread") if isinstance(params, dict) else None
+        thread_id = _text(thread.get("id")) if isinstance(thread, dict) else None
+        return self.thread_replies.get(thread_id) if thread_id is not None else None
+
+    def _start_turn(self, turn_id: str, thread: str | None, sink: Steps) -> _Turn:
+        turn = _Turn(thread, sink)
+        self.turns[turn_id] = turn
+        return turn
+
+    def turn_of(self, params: Any) -> _Turn | None:
+        """The turn a message's params are about (registering a turn seen first here)."""
+        if not isinstance(params, dict):
+            return next(iter(self.active.values())) if len(self.active) == 1 else None
+        thread = _text(params.get("threadId"))
+        turn_id = _text(params.get("turnId"))
+        if turn_id is None and isinstance(params.get("turn"), dict):
+            turn_id = _text(params["turn"].get("id"))
+        if turn_id is not None:
+            turn = self.turns.get(turn_id)
+            if turn is None:
+                turn = self._start_turn(turn_id, thread, self.default_sink())
+            if turn.thread is None:
+                turn.thread = thread
+            if thread is not None and turn_id not in self.done:
+                self.active.setdefault(thread, turn)
+            return turn
+        if thread is not None:
+            return self.active.get(thread)
+        if "thread" in params:
+            return None
+        # About nothing in particular (rate limits): the running turn, if exactly one.
+        return next(iter(self.active.values())) if len(self.active) == 1 else None
+
+    def finish(self) -> _ProcessScript:
+        out = self.out
+        out.on_initialized[:0] = self.startup
+        for call in self.calls.values():
+            call["noReply"] = True
+        out.unanswered_requests = sum(
+            1 for request in self.requests.values() if "onReply" not in request.step
+        )
+        for behavior in [out.initialize, *[b for bs in out.methods.values() for b in bs]]:
+            if behavior is not None:
+                _tidy(behavior)
+        _no_wait_before_more(out.on_initialized)
+        return out
+
+
+def _translate(log: _ProcessLog, norm: Normaliser) -> _ProcessScript:
+    """The script entries that make fake-codex say what this process said."""
+    return _Translator(norm).run(log)
+
+
+def _text(value: Any) -> str | None:
+    return value if isinstance(value, str) else None
+
+
+def _about_a_thread(message: dict[str, Any]) -> bool:
+    for key in ("params", "result"):
+        body = message.get(key)
+        if isinstance(body, dict) and ("threadId" in body or "thread" in body):
+            return True
+    return False
+
+
+def _id_key(value: Any) -> tuple[str, Any]:
+    return (type(value).__name__, value)
+
+
+def _exit_step(code: int) -> dict[str, Any]:
+    if code < 0:
+        import signal
+
+        return {"exit": {"signal": signal.Signals(-code).name}}
+    return {"exit": code}
+
+
+def _tidy(behavior: dict[str, Any]) -> None:
+    """A `respond` that is the last step becomes the entry's `result`/`error`; a request
+    followed by more steps in the same list does not wait."""
+    steps = behavior["steps"]
+    if steps and "respond" in steps[-1] and not ({"result", "error"} & behavior.keys()):
+        behavior.update(steps.pop()["respond"])
+    _no_wait_before_more(steps)
+    if not steps:
+        del behavior["steps"]
+    else:
+        behavior["steps"] = behavior.pop("steps")  # after result/error in the file
+
+
+def _no_wait_before_more(steps: list[dict[str, Any]]) -> None:
+    for index, step in enumerate(steps):
+        if "request" in step and index < len(steps) - 1:
+            step["request"]["wait"] = False
+        for branch in step.get("onReply", {}).values():
+            _no_wait_before_more(branch)
+
+
+# -- merging processes ----------------------------------------------------------------------
+
+
+def _merge(scripts: list[_ProcessScript], warnings: list[str]) -> dict[str, Any]:
+    """One `appServer:` script for all processes (each replays it from its start)."""
+    script: dict[str, Any] = {}
+    initialize = next((s.initialize for s in scripts if s.initialize is not None), None)
+    for number, other in enumerate(scripts[1:], start=2):
+        if other.initialize is not None and other.initialize != initialize:
+            warnings.append(
+                f"process {number} answered `initialize` differently from the first; "
+                "the replay gives every process the first answer"
+            )
+    if initialize is not None:
+        script["initialize"] = initialize
+    on_initialized = max((s.on_initialized for s in scripts), key=len, default=[])
+    if on_initialized:
+        script["onInitialized"] = on_initialized
+    methods: dict[str, list[dict[str, Any]]] = {}
+    for method in dict.fromkeys(m for process in scripts for m in process.methods):
+        methods[method] = _merge_method(method, scripts, warnings)
+    if methods:
+        script["methods"] = methods
+    return script
+
+
+def _merge_method(
+    method: str, scripts: list[_ProcessScript], warnings: list[str]
+) -> list[dict[str, Any]]:
+    """The entries of `method` for all processes.
+
+    In order, when every process got the same answers as far as it went. Otherwise
+    each entry gets a `match` on the request params that tell the calls apart (those
+    whose values differ and that the replay's client sends the same: not paths), so
+    that each process finds its own answer whatever its turn in the list.
+    """
+    sequences = [process.methods.get(method, []) for process in scripts]
+    longest = max(sequences, key=len)
+    if all(sequence == longest[: len(sequence)] for sequence in sequences):
+        return list(longest)
+    calls = [
+        (number, index, entry, process.method_params[method][index])
+        for number, process in enumerate(scripts, start=1)
+        for index, entry in enumerate(process.methods.get(method, []))
+    ]
+    keys = _telling_keys([params for _, _, _, params in calls])
+    merged: list[dict[str, Any]] = []
+    for number, index, entry, params in calls:
+        match = {key: params[key] for key in keys if isinstance(params, dict) and key in params}
+        keyed = {"match": match, **entry} if match else dict(entry)
+        if keyed in merged:
+            continue
+        if any(other.get("match", {}) == match for other in merged):
+            warnings.append(
+                f"process {number} answered `{method}` call {index + 1} differently from an "
+                "earlier call with the same params; the replay gives both the first answer"
+            )
+            continue
+        merged.append(keyed)
+    return merged
+
+
+def _telling_keys(all_params: list[Any]) -> list[str]:
+    """Param keys whose values differ between calls and hold no machine path."""
+    keys: dict[str, set[bytes]] = {}
+    for params in all_params:
+        for key, value in (params if isinstance(params, dict) else {}).items():
+            keys.setdefault(key, set()).add(orjson.dumps(value, option=orjson.OPT_SORT_KEYS))
+    return [
+        key
+        for key, values in keys.items()
+        if len(values) > 1 and not any(b"${" in v or b"$$" in v for v in values)
+    ]
+
+
+@dataclass
+class Translation:
+    """Wire logs as an `appServer:` script."""
+
+    script: dict[str, Any]
+    #: Per process (in start order): the server's messages, normalised, in the order
+    #: the replay writes them (`emittedAtMs` and what fake-codex sends itself left out).
+    server_messages: list[list[dict[str, Any]]]
+    warnings: list[str]
+    #: Server requests the client never answered.
+    unanswered_requests: int
+
+
+def translate_wire_logs(
+    directory: str | os.PathLike[str],
+    paths: dict[str, str],
+    *,
+    version_output: str | None = None,
+    hostname: str | None = None,
+) -> Translation:
+    """The `appServer:` script that replays the `scenarios.wire_tee` logs in `directory`.
+
+    `paths` maps machine directories to what they become (see `Normaliser`), e.g.
+    `{"/tmp/run/work": "${cwd}"}`; `hostname` defaults to this machine's.
+    """
+    logs = _read_logs(Path(directory))
+    host = socket.gethostname() if hostname is None else hostname
+    scripts = [_translate(log, Normaliser(paths, host)) for log in logs]
+    warnings: list[str] = []
+    script: dict[str, Any] = {"version": 1, "seed": REPLAY_SEED}
+    if version_output:
+        script["versionOutput"] = version_output
+    script.update(_merge(scripts, warnings))
+    return Translation(
+        script,
+        [s.server_messages for s in scripts],
+        warnings,
+        sum(s.unanswered_requests for s in scripts),
+    )
+
+
+# -- the recording ------------------------------------------------------------------------
+
+
+def _codex_version(codex: str) -> str | None:
+    try:
+        done = subprocess.run(
+            [codex, "--version"], capture_output=True, text=True, timeout=60, check=False
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    output = done.stdout.strip()
+    return output or None
+
+
+def _replay_name(name: str) -> str:
+    return f"{name}-replay"
+
+
+def _build_document(
+    loaded: LoadedScenario,
+    app_server: dict[str, Any],
+    *,
+    name: str,
+    codex_version: str | None,
+    unanswered: int,
+) -> dict[str, Any]:
+    source_data = loaded.data if isinstance(loaded.data, dict) else {}
+    source_name = loaded.path.name if loaded.path is not None else loaded.name
+    recorded = (
+        f"Recorded from {source_name} against the real codex"
+        + (f" ({codex_version})" if codex_version else "")
+        + " by `rest-bridge scenarios record`; replays on fake-codex, without codex. "
+        "Re-record rather than edit the appServer section."
+    )
+    document: dict[str, Any] = {}
+    for key, value in source_data.items():
+        if key == "model":
+            document["appServer"] = app_server
+        elif key == "name":
+            document["name"] = name
+        elif key == "description":
+            document["description"] = f"{recorded}\nThe recorded scenario: {str(value).strip()}"
+        elif key == "tags":
+            kept = [tag for tag in value if tag != "real-codex"]
+            document["tags"] = [*kept, *(t for t in REPLAY_TAGS if t not in kept)]
+        else:
+            document[key] = copy.deepcopy(value)
+    document.setdefault("name", name)
+    document.setdefault("description", recorded)
+    document.setdefault("tags", list(REPLAY_TAGS))
+    # Keys in the usual order: scenario, name, description, tags, then the rest.
+    head = ["scenario", "name", "description", "tags"]
+    ordered = {key: document[key] for key in head if key in document}
+    ordered.update({key: value for key, value in document.items() if key not in ordered})
+    if unanswered:
+        # A request codex sent and nobody answered (dropped by an interrupt, or left
+        # pending): fake-codex keeps it pending, which the end check would flag.
+        checks = dict(ordered.get("checks") or {})
+        checks["requestsAnswered"] = False
+        ordered["checks"] = checks
+    return ordered
+
+
+class _Dumper(yaml.SafeDumper):
+    """Block style, but short flat lists and mappings on one line."""
+
+
+def _represent_dict(dumper: yaml.SafeDumper, data: dict[Any, Any]) -> yaml.MappingNode:
+    return dumper.represent_mapping(
+        "tag:yaml.org,2002:map", data.items(), flow_style=_flat(data) or None
+    )
+
+
+def _represent_list(dumper: yaml.SafeDumper, data: list[Any]) -> yaml.SequenceNode:
+    return dumper.represent_sequence("tag:yaml.org,2002:seq", data, flow_style=_flat(data) or None)
+
+
+def _flat(data: dict[Any, Any] | list[Any]) -> bool:
+    items = list(data.values()) if isinstance(data, dict) else data
+    if any(isinstance(item, dict | list) for item in items):
+        return False
+    return len(orjson.dumps(data)) <= 60 and not any(
+        isinstance(item, str) and ("\n" in item or len(item) > 40) for item in items
+    )
+
+
+def _represent_str(dumper: yaml.SafeDumper, data: str) -> yaml.ScalarNode:
+    style = "|" if "\n" in data.rstrip("\n") else None
+    return dumper.represent_scalar("tag:yaml.org,2002:str", data, style=style)
+
+
+_Dumper.add_representer(dict, _represent_dict)
+_Dumper.add_representer(str, _represent_str)
+_Dumper.add_representer(list, _represent_list)
+
+
+def to_yaml(document: dict[str, Any]) -> str:
+    """The scenario as YAML text, with a header comment."""
+    body = yaml.dump(document, Dumper=_Dumper, sort_keys=False, allow_unicode=True, width=100)
+    header = (
+        "# Recorded by `rest-bridge scenarios record`: the appServer section is what the\n"
+        '# real codex said, normalised (see scenarios/README.md, "Record, then replay").\n'
+    )
+    return header + body
+
+
+async def record_scenario(
+    source: str | os.PathLike[str] | LoadedScenario,
+    output: str | os.PathLike[str] | None = None,
+    *,
+    codex: str | None = None,
+    name: str | None = None,
+    verify: bool = True,
+    tmp_root: Path | None = None,
+    keep_tmp: bool = False,
+) -> Recording:
+    """Run `source` (a scenario with `model:`) on the real codex and write its replay.
+
+    Raises `RecordError` when it cannot record: no real codex, a scenario without
+    `model:`, or a source run that fails (its report is in the message). With
+    `verify`, the written scenario is then run on fake-codex (`replay_result`).
+    """
+    loaded = source if isinstance(source, LoadedScenario) else _load(source)
+    if not loaded.scenario.real_codex:
+        raise RecordError(
+            f"{loaded.source}: nothing to record: a recording runs the real codex with a "
+            "scripted model, so the scenario needs a `model:` section (it has "
+            + ("`appServer:`" if loaded.scenario.app_server is not None else "neither")
+            + ")"
+        )
+    found = find_codex(codex)
+    if found is None:
+        looked = codex or os.environ.get("CODEX_BIN") or ".codex-npm/node_modules/.bin/codex"
+        raise RecordError(
+            f"cannot record {loaded.source}: the real codex is not installed (looked for "
+            f"{looked!r}, then `codex` on PATH). Install the pinned one with `make codex`, "
+            "or pass --codex PATH / set CODEX_BIN."
+        )
+    codex_version = await asyncio.to_thread(_codex_version, found)
+    workspace = Path(tempfile.mkdtemp(prefix="scenario-record-", dir=tmp_root))
+    keep = keep_tmp
+    try:
+        recording = await _record(
+            loaded,
+            found,
+            codex_version,
+            workspace,
+            output,
+            name=name,
+            verify=verify,
+            replay_root=tmp_root,
+        )
+    except _SourceFailed as failed:
+        keep = True  # its report points into the directory: the run, the wire logs
+        raise RecordError(f"{failed}\nThe recording's directory is kept: {workspace}") from None
+    finally:
+        if not keep:
+            shutil.rmtree(workspace, ignore_errors=True)
+    recording.directory = workspace if keep_tmp else None
+    return recording
+
+
+def _load(source: str | os.PathLike[str]) -> LoadedScenario:
+    try:
+        return load_scenario(source)
+    except ScenarioError as exc:
+        raise RecordError(str(exc)) from None
+
+
+async def _record(
+    loaded: LoadedScenario,
+    codex: str,
+    codex_version: str | None,
+    workspace: Path,
+    output: str | os.PathLike[str] | None,
+    *,
+    name: str | None,
+    verify: bool,
+    replay_root: Path | None,
+) -> Recording:
+    from scenarios.reporting import format_result
+
+    wire, home, runs = workspace / "wire", workspace / "home", workspace / "runs"
+    for directory in (wire, home, runs):
+        directory.mkdir()
+    # HOME is a fresh, empty directory: codex runs commands in a login shell, and the
+    # recording machine's dotfiles must not speak in the recording.
+    prefix = [sys.executable, "-m", "scenarios.wire_tee", str(wire), "--"]
+    prefix += ["env", f"HOME={home}"]
+    options = RunOptions(
+        codex=codex, tmp_root=runs, keep_tmp=True, require_codex=True, app_server_prefix=prefix
+    )
+    result = await run_scenario(loaded, options)
+    if not result.passed:
+        raise _SourceFailed(
+            f"cannot record {loaded.source}: it does not pass against the real codex, so "
+            "nothing was written.\n" + format_result(result)
+        )
+    assert result.tmp is not None
+    norm_paths = {
+        str(result.tmp / "work"): CWD_PLACEHOLDER,
+        str(result.tmp / "codex-home"): CODEX_HOME_STANDIN,
+        str(home): HOME_STANDIN,
+        str(workspace): OTHER_STANDIN,
+    }
+    translated = translate_wire_logs(wire, norm_paths, version_output=codex_version)
+    if not translated.server_messages:
+        raise RecordError(
+            f"cannot record {loaded.source}: the bridge started no codex process that "
+            "spoke the protocol (does the scenario make any call?)"
+        )
+    document = _build_document(
+        loaded,
+        translated.script,
+        name=name or _replay_name(loaded.name),
+        codex_version=codex_version,
+        unanswered=translated.unanswered_requests,
+    )
+    text = to_yaml(document)
+    leaks = _named_paths(text, workspace)
+    if leaks:  # pragma: no cover - a normalisation bug; never write such a file
+        raise RecordError(f"the recording still names the machine path {leaks[0]!r}")
+    path = Path(output) if output is not None else None
+    source = str(path) if path is not None else f"<recording of {loaded.source}>"
+    try:
+        replay = parse_scenario_text(text, source, path)
+    except ScenarioError as exc:  # pragma: no cover - a bug in the recorder
+        raise RecordError(f"the recorded scenario does not validate:\n{exc}") from None
+    if path is not None:
+        path.write_text(text, encoding="utf-8")
+    recording = Recording(
+        data=document,
+        text=text,
+        path=path,
+        source_result=result,
+        server_messages=translated.server_messages,
+        warnings=translated.warnings,
+        codex_version=codex_version,
+    )
+    if verify:
+        # Where `run` would put it: a failed replay's directory is kept and named.
+        recording.replay_result = await run_scenario(replay, RunOptions(tmp_root=replay_root))
+    return recording
+
+
+def _named_paths(text: str, directory: Path) -> list[str]:
+    """The forms of `directory` that `text` names."""
+    return [path for path in {str(directory), os.path.realpath(directory)} if path in text]
+
+
+def record_scenario_sync(
+    source: str | os.PathLike[str] | LoadedScenario,
+    output: str | os.PathLike[str] | None = None,
+    **kwargs: Any,
+) -> Recording:
+    """`record_scenario` in a fresh event loop."""
+    return asyncio.run(record_scenario(source, output, **kwargs))

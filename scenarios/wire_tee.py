@@ -1,0 +1,114 @@
+"""A transparent wrapper that logs an app-server's JSON-RPC lines, both ways.
+
+    python -m scenarios.wire_tee LOG_DIR -- COMMAND [ARG...]
+
+runs COMMAND with its stdin and stdout piped through this process (stderr is passed
+on untouched) and appends every line, in the order this process sees them, to
+``LOG_DIR/wire-<pid>.jsonl``: first ``{"argv": [...], "started": <monotonic ns>}``,
+then one ``{"dir": "c", "line": "..."}`` per line from the client (the bridge) and one
+``{"dir": "s", "line": "..."}`` per line from the server, ``{"dir": "c", "eof": true}``
+when the client closes stdin, and last ``{"exit": <status>}`` (negative: killed by that
+signal). A line is logged before it is passed on, so a reply the server wrote because
+of a client line is always logged after that line. `scenarios.record` reads these logs.
+
+The exit status is COMMAND's; when COMMAND dies by a signal, so does this process.
+SIGTERM and SIGINT are left to COMMAND (the bridge signals the whole process group):
+this process goes on relaying until COMMAND's stdout ends, so nothing it wrote is lost.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import IO
+
+import orjson
+
+LOG_PREFIX = "wire-"
+
+
+class _Log:
+    """One process's log file; lines from both threads, in the order they came."""
+
+    def __init__(self, path: Path) -> None:
+        self._file = open(path, "ab", buffering=0)  # noqa: SIM115 - closed by close()
+        self._lock = threading.Lock()
+
+    def write(self, entry: dict[str, object]) -> None:
+        data = orjson.dumps(entry) + b"\n"
+        with self._lock:
+            if not self._file.closed:  # the stdin thread may outlive the log
+                self._file.write(data)
+
+    def line(self, direction: str, raw: bytes) -> None:
+        text = raw.rstrip(b"\n").decode("utf-8", "replace")
+        self.write({"dir": direction, "line": text})
+
+    def close(self) -> None:
+        with self._lock:
+            self._file.close()
+
+
+def _pump(source: IO[bytes], sink: IO[bytes] | None, log: _Log, direction: str) -> None:
+    """Copy lines from `source` to `sink`, logging each; close `sink` at EOF."""
+    try:
+        for raw in iter(source.readline, b""):
+            log.line(direction, raw)
+            if sink is not None:
+                try:
+                    sink.write(raw)
+                    sink.flush()
+                except (BrokenPipeError, ValueError):
+                    sink = None
+    finally:
+        if direction == "c":
+            log.write({"dir": "c", "eof": True})
+        if sink is not None:
+            with contextlib.suppress(BrokenPipeError):
+                sink.close()
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = list(sys.argv[1:] if argv is None else argv)
+    if len(args) < 3 or args[1] != "--":
+        print("usage: python -m scenarios.wire_tee LOG_DIR -- COMMAND [ARG...]", file=sys.stderr)
+        return 2
+    log_dir, command = Path(args[0]), args[2:]
+    log_dir.mkdir(parents=True, exist_ok=True)
+    log = _Log(log_dir / f"{LOG_PREFIX}{os.getpid()}.jsonl")
+    log.write({"argv": command, "started": time.monotonic_ns()})
+    # The group's SIGTERM reaches COMMAND too; this process relays until it ends.
+    # A handler rather than SIG_IGN: COMMAND must not inherit an ignored signal.
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: None)
+    try:
+        child = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+    except OSError as exc:
+        print(f"wire_tee: cannot start {command[0]}: {exc.strerror}", file=sys.stderr)
+        log.close()
+        return 127
+    assert child.stdin is not None
+    assert child.stdout is not None
+    inbound = threading.Thread(
+        target=_pump, args=(sys.stdin.buffer, child.stdin, log, "c"), daemon=True
+    )
+    inbound.start()
+    _pump(child.stdout, sys.stdout.buffer, log, "s")
+    code = child.wait()
+    log.write({"exit": code})
+    log.close()
+    if code < 0:
+        signal.signal(-code, signal.SIG_DFL)
+        os.kill(os.getpid(), -code)
+    return code if code >= 0 else 128 - code
+
+
+if __name__ == "__main__":
+    sys.exit(main())
