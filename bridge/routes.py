@@ -70,6 +70,14 @@ async def read_body(request: web.Request, model: type[M]) -> M:
     except web.RequestPayloadError:
         # A body that cannot be decoded, e.g. `Content-Encoding: gzip` over plain bytes.
         raise errors.bad_request("The request body could not be read.") from None
+    return validate_body(model, raw)
+
+
+def validate_body(model: type[M], raw: bytes) -> M:
+    """``raw`` validated as ``model`` (empty counts as ``{}``), or the bridge's 400.
+
+    Shared with `scenarios.respx_mock`, whose mocks reject what the bridge rejects.
+    """
     if not raw.strip():
         raw = b"{}"
     try:
@@ -90,7 +98,11 @@ async def read_body(request: web.Request, model: type[M]) -> M:
 
 def check_options(request: web.Request, options: ClientOptions | None) -> None:
     """Refuse ClientOptions fields that this router's preset does not allow."""
-    allowed = request.app[CONFIG].allowed_client_options
+    refuse_options(options, request.app[CONFIG].allowed_client_options)
+
+
+def refuse_options(options: ClientOptions | None, allowed: frozenset[str] | None) -> None:
+    """Raise the bridge's 403 for ClientOptions fields outside ``allowed`` (None: all)."""
     if options is None or allowed is None:
         return
     refused = sorted(f for f in options.set_fields() if f not in allowed)
@@ -99,7 +111,11 @@ def check_options(request: web.Request, options: ClientOptions | None) -> None:
 
 
 def query_int(request: web.Request, name: str, default: int | None) -> int | None:
-    raw = request.query.get(name)
+    return parse_query_int(name, request.query.get(name), default)
+
+
+def parse_query_int(name: str, raw: str | None, default: int | None) -> int | None:
+    """A non-negative integer query parameter, ``default`` when absent, else the 400."""
     if raw is None:
         return default
     try:
@@ -201,9 +217,13 @@ def sse_frames(batch: Sequence[Event]) -> bytes:
 
 
 def sse_position(request: web.Request) -> int | None:
+    return parse_sse_position(request.query.get("after"), request.headers.get("Last-Event-ID"))
+
+
+def parse_sse_position(after_raw: str | None, header: str | None) -> int | None:
+    """Where a stream starts: ``Last-Event-ID`` over ``?after=``; a bad value is a 400."""
     # `after` is checked even when Last-Event-ID wins: a bad value is a 400 either way.
-    after = query_int(request, "after", None)
-    header = request.headers.get("Last-Event-ID")
+    after = parse_query_int("after", after_raw, None)
     if header is not None and header.strip():
         try:
             value = int(header.strip())
