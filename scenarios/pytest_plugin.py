@@ -24,7 +24,9 @@ Fixtures (async ones work with pytest-asyncio in strict and auto modes):
 - `run_scenario`: `await run_scenario(path or mapping)` runs a scenario and fails the
   test with its report;
 - `fake_codex`, `write_script`, `serve`, `http`, `contract_checkers`: the fake's
-  command, fake-codex script files, any aiohttp app served, a contract-checked client.
+  command, fake-codex script files, any aiohttp app served, a contract-checked client;
+- `respx_scenario`, `bridge_respx`: the bridge mocked for httpx (respx), from a
+  scenario or from an OpenAPI document, no process at all (`scenarios.respx_mock`).
 
 After a `codex_bridge` / `start_bridge` test, the bridge's fake-codex reports are
 checked like a scenario's end: no scripted reply unused, no server request
@@ -498,3 +500,91 @@ def run_scenario(
         return result
 
     return run_one
+
+
+# -- respx: the bridge mocked for httpx, no process at all ------------------------------------
+
+_CALL_REPORT = pytest.StashKey[pytest.TestReport]()
+
+
+@pytest.hookimpl(wrapper=True, tryfirst=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Any:
+    """Keep the call phase's report: a mock's end check stays quiet when the test failed."""
+    report = yield
+    if report.when == "call":
+        item.stash[_CALL_REPORT] = report
+    return report
+
+
+@pytest.fixture
+def respx_scenario(request: pytest.FixtureRequest) -> Iterator[Callable[..., Any]]:
+    """Mock the bridge for httpx as a scenario describes it: no process at all.
+
+        bridge = respx_scenario("approval.scenario.yaml")   # a path, or a mapping
+        client = MyBridgeClient(bridge.base_url, token=bridge.token)
+
+    Returns a started `scenarios.respx_mock.ScenarioRouter` (keywords as
+    `scenario_router`'s). A relative path is found from the test file's folder, then
+    the working directory. After the test, a step the host never made fails it (unless
+    the test failed already, or `assert_all_called=False`).
+    """
+    from scenarios.respx_mock import scenario_router
+
+    routers: list[Any] = []
+
+    def start(scenario: Any, **options: Any) -> Any:
+        if isinstance(scenario, str | os.PathLike):
+            scenario = _near_test(request, Path(scenario))
+        router = scenario_router(scenario, **options)
+        router.start()
+        routers.append(router)
+        return router
+
+    yield start
+    _stop_mocks(request, routers)
+
+
+@pytest.fixture
+def bridge_respx(request: pytest.FixtureRequest) -> Iterator[Callable[..., Any]]:
+    """Mock the bridge for httpx from its OpenAPI document: one route per operation.
+
+        bridge = bridge_respx("default", token="t0k3n", overrides={"list_sessions": {...}})
+
+    Returns a started `scenarios.respx_mock.OpenApiRouter` (keywords as
+    `openapi_router`'s: a preset name or an OpenAPI document, `token`, `overrides` per
+    operationId, `assert_all_called=True` to require every operation), stopped after
+    the test.
+    """
+    from scenarios.respx_mock import openapi_router
+
+    routers: list[Any] = []
+
+    def start(source: Any = "trusted", **options: Any) -> Any:
+        router = openapi_router(source, **options)
+        router.start()
+        routers.append(router)
+        return router
+
+    yield start
+    _stop_mocks(request, routers)
+
+
+def _near_test(request: pytest.FixtureRequest, path: Path) -> Path:
+    if path.is_absolute():
+        return path
+    beside = Path(request.node.path).parent / path
+    return beside if beside.exists() else path
+
+
+def _stop_mocks(request: pytest.FixtureRequest, routers: list[Any]) -> None:
+    """Stop respx routers; their end check runs only after a test that passed."""
+    report = request.node.stash.get(_CALL_REPORT, None)
+    quiet = report is None or report.failed
+    problems = []
+    for router in reversed(routers):
+        try:
+            router.stop(quiet=quiet)
+        except AssertionError as exc:
+            problems.append(str(exc))
+    if problems:
+        pytest.fail("\n".join(problems), pytrace=False)

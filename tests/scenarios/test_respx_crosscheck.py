@@ -59,9 +59,9 @@ def shape(value: Any) -> Any:
         return {key: shape(item) for key, item in sorted(value.items())}
     if isinstance(value, list):
         return [shape(value[0])] if value else []
-    return "number" if isinstance(value, int | float) and not isinstance(value, bool) else (
-        type(value).__name__
-    )
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        return "number"
+    return type(value).__name__
 
 
 @pytest.mark.parametrize("name", FAKE_CODEX_SCENARIOS)
