@@ -58,7 +58,7 @@ PRESETS: dict[str, tuple[frozenset[str], frozenset[str] | None]] = {
     "default": (DEFAULT_ROUTES, DEFAULT_CLIENT_OPTIONS),
     "text-turn": (TEXT_TURN_ROUTES, None),
 }
-JSON_CONTENT_TYPE = "application/json; charset=utf-8"
+JSON_CONTENT_TYPE = "application/json"
 SSE_HEADERS = {
     "Content-Type": "text/event-stream",
     "Cache-Control": "no-cache",
@@ -336,12 +336,6 @@ class BridgeFront:
 
 
 # -- responses ---------------------------------------------------------------------------
-
-
-def error_parts(error: RestError) -> tuple[int, dict[str, str], bytes]:
-    """Status, headers and body of the bridge's response for `error`."""
-    headers = {"Content-Type": JSON_CONTENT_TYPE, **error.headers}
-    return error.status, headers, orjson.dumps(error.payload())
 
 
 #: The status each error kind has (CONTRACT.md's table).

@@ -33,6 +33,7 @@ import orjson
 from multidict import CIMultiDict, CIMultiDictProxy
 
 from bridge.errors import RestError
+from bridge.wire import dumps as wire_dumps
 from fakes.app_server.script import AppServerScript, MethodBehavior
 from scenarios import format as f
 from scenarios.expectations import (
@@ -110,7 +111,8 @@ class Reply:
 
 
 def dumps(value: Any) -> bytes:
-    return orjson.dumps(value)
+    """JSON as the bridge writes it."""
+    return wire_dumps(value)
 
 
 class Release:
