@@ -309,10 +309,7 @@ class _Planner:
         spec = scenario.bridge
         self.token = spec.token
         self.limits = spec.rest_limits()
-        seed_value = seed
-        if scenario.app_server is not None and scenario.app_server.seed is not None:
-            seed_value = seed * 1_000_003 + scenario.app_server.seed
-        self.values = Values(seed_value)
+        self.values = Values(seed)
         self.front = BridgeFront.for_preset(
             spec.preset, token=spec.token, exempt_health=spec.exempt_health, limits=self.limits
         )
@@ -360,7 +357,7 @@ class _Planner:
             text = f.VARIABLE.sub(lambda m: as_text(self._variable(m.group(1))), value)
             return text.replace("$${", "${")
         if isinstance(value, dict):
-            return {self.sub(key): self.sub(item) for key, item in value.items()}
+            return {key: self.sub(item) for key, item in value.items()}
         if isinstance(value, list):
             return [self.sub(item) for item in value]
         return value
@@ -390,6 +387,13 @@ class _Planner:
                 handlers[type(self.step)](self.step)
             except SynthesisError as exc:
                 raise self.fail(str(exc)) from None
+        for entry, operation, params, incoming in self.background.values():
+            # Sent in the background and never awaited: what the bridge would answer.
+            self.index = entry.index
+            self.step = self.scenario.steps[entry.index]
+            verdict = self.front.check(incoming)
+            reply = self._respond(operation, params, incoming, verdict.body, None)
+            entry.reply = self._finish(reply, None, "2xx", incoming, operation)
         return ScenarioPlan(
             loaded=self.loaded,
             base_url=self.base_url,

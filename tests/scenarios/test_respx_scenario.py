@@ -505,3 +505,17 @@ def test_a_step_the_mock_cannot_answer_fails_at_build_time(
     with pytest.raises(MockBuildError, match=message) as raised:
         scenario_router(scenario)
     assert isinstance(raised.value, ScenarioError)
+
+
+def test_a_background_call_never_awaited_gets_what_the_script_answers() -> None:
+    scenario = {
+        "appServer": {"version": 1, "methods": {"x/later": {"result": {"done": True}}}},
+        "steps": [
+            {"createSession": "s"},
+            {"call": {"session": "${s}", "method": "x/later", "params": {}}, "background": "b"},
+        ],
+    }
+    with scenario_router(scenario) as bridge:
+        host = SyncHost(bridge.base_url)
+        session = host.create_session()
+        assert host.call(session, "x/later", {}).json() == {"result": {"done": True}}
