@@ -128,11 +128,6 @@ class Operation:
     body_model: type[BaseModel] | None
     body_schema: dict[str, Any] | None
     query: tuple[tuple[str, str], ...]
-    documented: frozenset[int]
-
-    @property
-    def title(self) -> str:
-        return f"{self.method} {self.path} ({self.operation_id})"
 
     def params(self, path: str) -> dict[str, str] | None:
         found = self.pattern.match(path)
@@ -192,7 +187,6 @@ def operations(document: Mapping[str, Any]) -> list[Operation]:
                     body_model=route.body if route is not None else None,
                     body_schema=body_schema,
                     query=query,
-                    documented=frozenset(statuses),
                 )
             )
     return found
