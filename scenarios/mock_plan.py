@@ -542,7 +542,11 @@ class _Planner:
         if isinstance(wanted, int):
             return wanted
         if isinstance(wanted, list) and wanted:
-            return natural if natural in wanted else int(wanted[0])
+            if natural in wanted:
+                return natural
+            if kind in KIND_STATUS and KIND_STATUS[kind] in wanted:
+                return KIND_STATUS[kind]
+            return int(wanted[0])
         if isinstance(wanted, str):
             if wanted.isdigit():
                 return int(wanted)

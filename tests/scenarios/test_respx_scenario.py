@@ -519,3 +519,37 @@ def test_a_background_call_never_awaited_gets_what_the_script_answers() -> None:
         host = SyncHost(bridge.base_url)
         session = host.create_session()
         assert host.call(session, "x/later", {}).json() == {"result": {"done": True}}
+
+
+@pytest.mark.parametrize(
+    ("scripted", "expect", "status", "kind"),
+    [
+        ({}, {"status": [400, 404], "error": "session_not_found"}, 404, "session_not_found"),
+        ({}, {"status": "5xx"}, 502, "app_server_error"),
+        ({}, {"status": "4xx", "error": "session_exited"}, 409, "session_exited"),
+        ({"error": {"code": -32001, "message": "m"}}, {"status": "5xx"}, 503, None),
+        ({"result": {}}, {}, 200, None),
+    ],
+)
+def test_the_status_a_step_allows_is_the_one_the_bridge_would_give(
+    scripted: dict[str, Any], expect: dict[str, Any], status: int, kind: str | None
+) -> None:
+    """A status class or list lets the bridge's plausible answer (here: the script's)
+    through; otherwise the expected error kind decides."""
+    scenario = {
+        "appServer": {"version": 1, "methods": {"x/m": scripted}} if scripted else None,
+        "steps": [
+            {"createSession": "s"},
+            {"call": {"session": "${s}", "method": "x/m", "params": {}}, "expect": expect},
+        ],
+    }
+    if not scripted:
+        del scenario["appServer"]
+    with scenario_router(scenario) as bridge:
+        host = SyncHost(bridge.base_url)
+        answer = host.call(host.create_session(), "x/m", {})
+    assert answer.status_code == status
+    if kind is not None:
+        assert answer.json()["error"] == kind
+    if status == 503:
+        assert answer.json() == {"error": "app_server_overloaded", "message": "m", "code": -32001}
