@@ -36,6 +36,7 @@ class RestError(Exception):
         code: int | None = None,
         data: Any = None,
         headers: Mapping[str, str] | None = None,
+        close_connection: bool = False,
     ) -> None:
         super().__init__(message)
         self.status = status
@@ -44,6 +45,8 @@ class RestError(Exception):
         self.code = code
         self.data = data
         self.headers = dict(headers or {})
+        #: The connection cannot carry another request (`Connection: close`).
+        self.close_connection = close_connection
 
     def payload(self) -> dict[str, Any]:
         """The spec's error payload; ``code`` and ``data`` only when set."""
@@ -55,12 +58,15 @@ class RestError(Exception):
         return body
 
     def to_response(self) -> web.Response:
-        return web.Response(
+        response = web.Response(
             status=self.status,
             body=dumps(self.payload()),
             content_type=JSON_CONTENT_TYPE,
             headers=self.headers,
         )
+        if self.close_connection:
+            response.force_close()
+        return response
 
     def __repr__(self) -> str:
         return f"RestError({self.status}, {self.kind!r}, {self.message!r})"
@@ -69,8 +75,8 @@ class RestError(Exception):
 # Constructors for every kind of CONTRACT.md's table, so a kind is spelled once.
 
 
-def bad_request(message: str, data: Any = None) -> RestError:
-    return RestError(400, "bad_request", message, data=data)
+def bad_request(message: str, data: Any = None, *, close_connection: bool = False) -> RestError:
+    return RestError(400, "bad_request", message, data=data, close_connection=close_connection)
 
 
 def unauthorized() -> RestError:

@@ -69,7 +69,11 @@ async def read_body(request: web.Request, model: type[M]) -> M:
         raw = await request.read()
     except web.RequestPayloadError:
         # A body that cannot be decoded, e.g. `Content-Encoding: gzip` over plain bytes.
-        raise errors.bad_request("The request body could not be read.") from None
+        # Its rest cannot be skipped, so aiohttp drops the connection after the response:
+        # say so, or a keep-alive client would send its next request into a closed one.
+        raise errors.bad_request(
+            "The request body could not be read.", close_connection=True
+        ) from None
     return validate_body(model, raw)
 
 

@@ -328,6 +328,34 @@ async def test_invalid_json_is_400(bridge, http):
     assert body["message"] == "The request body is not valid JSON."
 
 
+async def test_undecodable_body_is_400_and_closes_the_connection(bridge, http):
+    # The rest of such a body cannot be skipped safely, so aiohttp drops the connection
+    # after the response: the response must say so, or a keep-alive client sends its
+    # next request into a closed connection.
+    base = await bridge()
+    url = URL(base)
+    assert url.host is not None
+    assert url.port is not None
+    reader, writer = await asyncio.open_connection(url.host, url.port)
+    try:
+        body = b"not gzip at all"
+        writer.write(
+            b"POST /v1/sessions HTTP/1.1\r\nHost: bridge\r\nContent-Type: application/json\r\n"
+            b"Content-Encoding: gzip\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body)
+        )
+        await writer.drain()
+        async with asyncio.timeout(10):
+            head = (await reader.readuntil(b"\r\n\r\n")).decode().lower()
+            assert head.startswith("http/1.1 400 ")
+            assert "\r\nconnection: close\r\n" in head
+            rest = await reader.read()  # the body, then the server closes
+        assert b'"error":"bad_request"' in rest
+    finally:
+        writer.close()
+    async with http.post(f"{base}/v1/sessions", json={}) as response:
+        assert response.status == 201
+
+
 async def test_unknown_field_is_400_with_details(bridge, http):
     base = await bridge()
     async with http.post(f"{base}/v1/sessions", json={"optoins": {}}) as response:
