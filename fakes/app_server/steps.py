@@ -107,7 +107,8 @@ def reply_key(reply: Message) -> str:
     """The `onReply` branch a client response selects.
 
     `error` for an error response; else the `decision` (or elicitation `action`), a
-    decision object counting as its single key; else `result`.
+    decision object counting as its single key; else a permissions grant's `scope`
+    (`turn`, `session`); else `result`.
     """
     if "error" in reply:
         return "error"
@@ -119,6 +120,9 @@ def reply_key(reply: Message) -> str:
                 return value
             if isinstance(value, dict) and len(value) == 1:
                 return str(next(iter(value)))
+        scope = result.get("scope")
+        if "permissions" in result and isinstance(scope, str):
+            return scope
     return "result"
 
 

@@ -958,6 +958,38 @@ async def test_request_sends_any_server_request_and_waits(spawn: Spawn, method: 
     assert read[-1]["params"] == {"message": 0}
 
 
+@pytest.mark.parametrize(
+    ("result", "branch"),
+    [
+        ({"permissions": {"network": {"enabled": True}}, "scope": "turn"}, "turn"),
+        ({"permissions": {"network": {"enabled": True}}, "scope": "session"}, "session"),
+        ({"permissions": {}}, "result"),
+    ],
+)
+async def test_a_permissions_grant_selects_the_branch_of_its_scope(
+    spawn: Spawn, result: dict[str, Any], branch: str
+) -> None:
+    fake, thread_id = await ready(
+        spawn,
+        """
+        version: 1
+        turns:
+          - steps:
+              - request: {method: item/permissions/requestApproval}
+                onReply:
+                  turn: [{agentMessage: granted for the turn}]
+                  session: [{agentMessage: granted for the session}]
+                  result: [{agentMessage: not granted}]
+        """,
+    )
+    await fake.start_turn(thread_id)
+    request = (await fake.until_method("item/permissions/requestApproval"))[-1]
+    await fake.answer(request, result)
+    read = await fake.until_method("turn/completed")
+    texts = {"turn": "granted for the turn", "session": "granted for the session"}
+    assert read[-1]["params"]["turn"]["items"][0]["text"] == texts.get(branch, "not granted")
+
+
 async def test_request_params_are_laid_over_the_defaults(spawn: Spawn) -> None:
     fake, thread_id = await ready(
         spawn,
