@@ -291,6 +291,8 @@ class EventsExpect(_Model):
     count: NonNegativeInt | None = None
     quiet_ms: PositiveInt | None = None
     ended: bool | None = None
+    #: SSE only: how many keep-alive comments the read saw (a number or a matcher).
+    keep_alives: Expected = None
     #: Long-poll only: the read must fail with this error payload.
     error: str | dict[str, Expected] | None = None
 

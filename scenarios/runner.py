@@ -438,6 +438,10 @@ class _Run:
             ):
                 reached = True
         problems: list[Problem] = []
+        if expect.keep_alives is not None:
+            problems.append(
+                Problem(("expect", "keepAlives"), "`keepAlives` applies to `read` only")
+            )
         if failed is not None or expect.error is not None:
             problems += self._check_read_error(expect, failed)
         elif not reached:
@@ -533,7 +537,8 @@ class _Run:
             if expect is not None and (expect.given("json_body") or expect.json_subset):
                 raise StepFailed([Problem(("expect",), "a stream has no JSON body to match")])
             self._check_http(expect, ex, default_status=200)
-            reader = SseReader(response)
+            # Comments come through so that `read` can count keep-alives (then skips them).
+            reader = SseReader(response, comments=True)
         except (StepFailed, ValueError) as exc:
             response.close()
             if isinstance(exc, StepFailed):
@@ -559,6 +564,7 @@ class _Run:
         problems: list[Problem] = []
         timed_out = False
         reached = want == 0
+        keep_alives = 0
         loop = asyncio.get_running_loop()
         deadline = loop.time() + spec.timeout_ms / 1000
         while not reached and not stream.ended:
@@ -575,6 +581,9 @@ class _Run:
                 stream.ended = True
                 self.transcript.add("sse", f"⇠ [{stream.name}] (end of stream)")
                 break
+            if frame.comment is not None:
+                keep_alives += 1
+                continue
             frames.append(frame)
             event = frame_event(frame)
             events.append(event)
@@ -615,13 +624,8 @@ class _Run:
             kinds = [frame.event for frame in frames]
             problems += events_problems(expect, events, ids, kinds, self.sub)
         if not problems and expect.quiet_ms is not None and not stream.ended:
-            try:
-                frame = await stream.reader.next(timeout=expect.quiet_ms / 1000)
-            except TimeoutError:
-                frame = None
-            else:
-                if frame is None:
-                    stream.ended = True
+            frame, seen = await self._next_event_frame(stream, expect.quiet_ms / 1000)
+            keep_alives += seen
             if frame is not None:
                 self.transcript.add("sse", f"⇠ [{stream.name}] id={frame.id} {frame.event}")
                 problems.append(
@@ -633,30 +637,54 @@ class _Run:
                 )
         if not problems and expect.ended is not None:
             if expect.ended and not stream.ended:
-                try:
-                    frame = await stream.reader.next(timeout=spec.timeout_ms / 1000)
-                except TimeoutError:
+                frame, seen = await self._next_event_frame(stream, spec.timeout_ms / 1000)
+                keep_alives += seen
+                if frame is not None:
+                    problems.append(
+                        Problem(
+                            ("expect", "ended"),
+                            "expected the stream to end, received "
+                            f"{event_line(frame_event(frame))}",
+                        )
+                    )
+                elif not stream.ended:
                     problems.append(
                         Problem(("expect", "ended"), "expected the stream to end; it stays open")
                     )
-                else:
-                    if frame is None:
-                        stream.ended = True
-                    else:
-                        problems.append(
-                            Problem(
-                                ("expect", "ended"),
-                                "expected the stream to end, received "
-                                f"{event_line(frame_event(frame))}",
-                            )
-                        )
             elif not expect.ended and stream.ended:
                 problems.append(Problem(("expect", "ended"), "the stream ended"))
+        if expect.keep_alives is not None:
+            for mismatch in match(
+                self.sub(expect.keep_alives), keep_alives, subset=False, path="keepAlives"
+            ):
+                problems.append(
+                    Problem(("expect", "keepAlives"), f"keep-alive comments seen: {mismatch}")
+                )
         if expect.error is not None:
             problems.append(Problem(("expect", "error"), "`error` applies to `poll` only"))
         if problems:
             raise StepFailed(problems)
         self._capture_event(step, events)
+
+    async def _next_event_frame(
+        self, stream: OpenStream, timeout: float
+    ) -> tuple[SseFrame | None, int]:
+        """The next event frame within `timeout` (None: quiet, or the stream ended), and
+        the keep-alive comments read meanwhile."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        seen = 0
+        while True:
+            try:
+                frame = await stream.reader.next(timeout=max(0.0, deadline - loop.time()))
+            except TimeoutError:
+                return None, seen
+            if frame is None:
+                stream.ended = True
+                return None, seen
+            if frame.comment is None:
+                return frame, seen
+            seen += 1
 
     async def _close(self, step: f.CloseStep) -> None:
         stream = self.streams.pop(step.close, None)

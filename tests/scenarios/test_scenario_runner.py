@@ -246,6 +246,42 @@ def test_a_scenario_built_in_python_runs_from_a_temporary_script(tmp_path: Path)
     assert (result.tmp / "app-server.yaml").exists()
 
 
+def keep_alive_scenario(expect: dict[str, object], read: str = "read") -> dict[str, object]:
+    step = (
+        {"read": {"count": 0}, "expect": expect}
+        if read == "read"
+        else {"poll": {"session": "${s}", "after": 0, "count": 1}, "expect": expect}
+    )
+    return {
+        "scenario": 1,
+        "bridge": {"limits": {"sseKeepaliveMs": 50}},
+        "steps": [
+            {"createSession": "s"},
+            {"stream": {"session": "${s}"}},
+            {"read": {"count": 1}, "expect": {"methods": ["remoteControl/status/changed"]}},
+            step,
+        ],
+    }
+
+
+def test_keep_alive_comments_are_counted_and_never_read_as_events(tmp_path: Path) -> None:
+    options = RunOptions(tmp_root=tmp_path)
+    counted = parse_scenario(keep_alive_scenario({"quietMs": 300, "keepAlives": {"$gte": 1}}))
+    result = run_scenario_sync(counted, options)
+    assert result.passed, result.failures
+    wrong = parse_scenario(keep_alive_scenario({"quietMs": 300, "keepAlives": 0}))
+    result = run_scenario_sync(wrong, options)
+    assert not result.passed
+    (problem,) = result.failures[0].problems
+    assert problem.loc == ("expect", "keepAlives")
+    assert problem.message.startswith("keep-alive comments seen: at keepAlives: expected 0")
+    on_poll = parse_scenario(keep_alive_scenario({"keepAlives": 0}, read="poll"))
+    result = run_scenario_sync(on_poll, options)
+    assert [p.message for p in result.failures[0].problems] == [
+        "`keepAlives` applies to `read` only"
+    ]
+
+
 def test_a_real_codex_scenario_skips_without_codex_and_fails_under_ci(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
