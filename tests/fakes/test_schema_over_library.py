@@ -74,7 +74,11 @@ async def test_every_library_message_matches_the_real_schema(
             except ValueError:
                 scripted["<not JSON>"] = scripted.get("<not JSON>", 0) + 1
                 continue
-            method = message.get("method") if isinstance(message, dict) else None
+            broken = _not_json_rpc(message)
+            if broken is not None:
+                scripted[broken] = scripted.get(broken, 0) + 1
+                continue
+            method = message.get("method")
             if method is not None and "id" not in message and method not in known:
                 scripted[method] = scripted.get(method, 0) + 1
                 continue
@@ -86,4 +90,33 @@ async def test_every_library_message_matches_the_real_schema(
     assert problems == []
     assert checked > 50
     # What the library's scripts write on purpose, beyond the real protocol:
-    assert set(scripted) <= {"<not JSON>", "custom/hello", "custom/after"}, scripted
+    on_purpose = {"<not JSON>", *BROKEN_ON_PURPOSE.values(), *SCRIPTED_NOTIFICATIONS}
+    assert set(scripted) <= on_purpose, scripted
+
+
+#: Lines of app-server-protocol-errors.scenario.yaml that break the protocol on purpose.
+BROKEN_ON_PURPOSE = {
+    "object": "<JSON, not an object>",
+    "method": "<a method that is not a string>",
+    "message": "<an object that is no JSON-RPC message>",
+}
+#: Notifications the library's scripts invent (methods the real server does not have).
+SCRIPTED_NOTIFICATIONS = {
+    "custom/after",
+    "custom/answered",
+    "custom/hanging",
+    "custom/hello",
+    "custom/n",
+    "custom/tick",
+}
+
+
+def _not_json_rpc(message: Any) -> str | None:
+    """How a JSON line fails to be a JSON-RPC message at all, if it does."""
+    if not isinstance(message, dict):
+        return BROKEN_ON_PURPOSE["object"]
+    if "method" in message and not isinstance(message["method"], str):
+        return BROKEN_ON_PURPOSE["method"]
+    if "method" not in message and "id" not in message:
+        return BROKEN_ON_PURPOSE["message"]
+    return None
