@@ -57,6 +57,10 @@ ALLOWED_GAPS: dict[str, str] = {
     # The format builds its bridge from `bridge.preset` (trusted, default, text-turn).
     # tests/bridge/test_host_backend.py covers a host backend.
     "preset backend_app": "a caller-provided backend is host Python code; YAML cannot supply one",
+    # Spec section 5 rule 2 is about configuring, not serving: there is no bridge to send
+    # requests to, and the format refuses `token: " "` when it loads a scenario.
+    # tests/bridge/test_auth.py covers it.
+    "auth a blank configured token fails at construction": "no bridge exists to send requests to",
     # The error middleware's last line of defence: no request reaches it by design, and
     # tests/reliability/test_fuzz.py checks that none of its cases does.
     "error 500 internal_error": "only a bug in the bridge produces it",
@@ -636,6 +640,7 @@ def auth_cells() -> list[Cell]:
         )
 
     cells.append(on_requests("auth", "the 401 in full: WWW-Authenticate, exact payload", in_full))
+    cells.append(Cell("auth", "a blank configured token fails at construction", lambda lib: []))
     return cells
 
 
