@@ -26,6 +26,13 @@ from scenarios.respx_mock import scenario_router
 from scenarios.runner import RunOptions, ScenarioResult, run_scenario
 
 LIBRARY = Path(__file__).resolve().parents[2] / "scenarios" / "library"
+#: Library scenarios a respx mock cannot replay, and why (the library still runs them on
+#: the real bridge). A listed scenario that its mock does replay fails the test below.
+NOT_MOCKABLE = {
+    # The mock answers a route's requests in scenario order and meets `until` with its
+    # first answer: it cannot hold a slot with one request while refusing another.
+    "text-turn-busy.scenario.yaml": "two text turns at once (429 busy) need real concurrency",
+}
 #: Every library scenario on fake-codex (the real-codex one needs the real binary).
 FAKE_CODEX_SCENARIOS = sorted(
     path.name
@@ -67,6 +74,8 @@ def shape(value: Any) -> Any:
 @pytest.mark.parametrize("name", FAKE_CODEX_SCENARIOS)
 @pytest.mark.asyncio
 async def test_the_mock_answers_like_the_bridge(name: str, tmp_path: Path) -> None:
+    if name in NOT_MOCKABLE:
+        pytest.skip(NOT_MOCKABLE[name])
     loaded = load_scenario(LIBRARY / name)
     real = await run_scenario(loaded, RunOptions(tmp_root=tmp_path))
     assert real.passed, format_result(real)
@@ -105,8 +114,12 @@ async def test_every_library_scenario_replays_against_its_mock() -> None:
     """Including the one on the real codex: the mock needs no binary."""
     for path in sorted(LIBRARY.glob("*.scenario.yaml")):
         loaded = load_scenario(path)
-        with scenario_router(loaded) as bridge:
+        with scenario_router(loaded, assert_all_called=path.name not in NOT_MOCKABLE) as bridge:
             checker = OpenApiChecker(bridge.front.document)
             async with httpx.AsyncClient(base_url=bridge.base_url) as client:
                 outcomes, _ = await drive(loaded, client, token=bridge.token, checker=checker)
-        assert [o.problems for o in outcomes if o.problems] == [], path.name
+        problems = [o.problems for o in outcomes if o.problems]
+        if path.name in NOT_MOCKABLE:
+            assert problems, f"{path.name} replays now: drop it from NOT_MOCKABLE"
+        else:
+            assert problems == [], path.name
