@@ -267,16 +267,18 @@ def test_a_call_no_route_matches_fails_with_the_known_routes() -> None:
         ) as bridge,
         pytest.raises(UnmatchedRequest) as raised,
     ):
-        httpx.Client(base_url=bridge.base_url).get("/v1/compatibility")
+        httpx.Client(base_url=bridge.base_url).get("/v1/sessions/no-such-session/events")
     message = str(raised.value)
-    assert "GET http://bridge.test/v1/compatibility" in message
+    assert "GET http://bridge.test/v1/sessions/no-such-session/events" in message
     assert "known routes:" in message
     assert "POST http://bridge.test/v1/sessions  — step 2 (env is a process-shaping option)" in (
         message
     )
     assert "GET http://bridge.test/v1/openapi.json" in message
     assert isinstance(raised.value, AllMockedAssertionError)  # what respx users catch
-    assert [request.url.path for request in bridge.unmatched] == ["/v1/compatibility"]
+    assert [request.url.path for request in bridge.unmatched] == [
+        "/v1/sessions/no-such-session/events"
+    ]
 
 
 def test_another_host_is_not_the_bridge() -> None:
