@@ -26,7 +26,6 @@ import ast
 import dataclasses
 import inspect
 import re
-import sys
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from functools import cache
@@ -841,5 +840,4 @@ def print_matrix() -> None:
 
 
 if __name__ == "__main__":
-    sys.path.insert(0, str(ROOT))
     print_matrix()
