@@ -2,7 +2,10 @@
 
 The scenario runner checks every step with these; they take plain values (an
 `Exchange`, a list of event objects) and a `sub` that fills in `${variables}`, so
-another interpreter of the same step models can use them too.
+another interpreter of the same step models can use them too. So are what a step
+sends (`step_request`, `${variables}` filled in by `substitute`) and where a read
+stops (`ReadGoal`): the runner, the respx mock's planner and the tests' respx driver
+all read the steps with these.
 """
 
 from __future__ import annotations
@@ -135,11 +138,16 @@ def error_problems(expected: Any, ex: Exchange) -> list[Problem]:
 def events_problems(
     expect: f.EventsExpect,
     events: list[Any],
-    ids: list[Any],
-    kinds: list[Any],
+    ids: list[Any] | None = None,
+    kinds: list[Any] | None = None,
     sub: Sub = _same,
 ) -> list[Problem]:
-    """How the events read fail `expect`; `ids` and `kinds` are the frames' (or seqs/kinds)."""
+    """How the events read fail `expect`; `ids` and `kinds` are the SSE frames' (by
+    default the events' own `seq` and `kind`, as a long-poll reads them)."""
+    if ids is None:
+        ids = [event.get("seq") for event in events]
+    if kinds is None:
+        kinds = [event.get("kind") for event in events]
     problems: list[Problem] = []
     listing = event_list(events)
     if expect.count is not None and len(events) != expect.count:
@@ -259,6 +267,138 @@ def ids_problems(spec: Any, raw_ids: list[Any], sub: Sub = _same) -> list[Proble
                 )
                 break
     return problems
+
+
+# -- what a step sends, and where a read stops -----------------------------------------
+
+
+def substitute(value: Any, lookup: Callable[[str], Any]) -> Any:
+    """`value` with each `${name}` replaced by `lookup(name)` (`$${` stands for `${`); a
+    string that is one placeholder keeps the variable's type."""
+    if isinstance(value, str):
+        if "$" not in value:
+            return value
+        whole = f.VARIABLE.fullmatch(value)
+        if whole:
+            return lookup(whole.group(1))
+        text = f.VARIABLE.sub(lambda m: as_text(lookup(m.group(1))), value)
+        return text.replace("$${", "${")
+    if isinstance(value, dict):
+        return {key: substitute(item, lookup) for key, item in value.items()}
+    if isinstance(value, list):
+        return [substitute(item, lookup) for item in value]
+    return value
+
+
+@dataclass
+class StepRequest:
+    """An HTTP request a step sends, `${variables}` filled in; `auth` as a step gives it
+    (True: the bridge's token, False: none, a string: that token)."""
+
+    method: str
+    path: str
+    auth: Any = True
+    query: dict[str, Any] | None = None
+    headers: dict[str, str] | None = None
+    json_body: Any = NO_JSON
+    body: str | None = None
+
+    def encoded(self, token: str | None) -> tuple[dict[str, str], dict[str, str], bytes | None]:
+        """The headers, query parameters and body bytes sent (`token`: the bridge's)."""
+        bearer = (
+            None if self.auth is False else (self.auth if isinstance(self.auth, str) else token)
+        )
+        headers = {"Authorization": f"Bearer {bearer}"} if bearer else {}
+        headers.update(self.headers or {})
+        query = {key: as_text(value) for key, value in (self.query or {}).items()}
+        content = None
+        if self.json_body is not NO_JSON:
+            content = orjson.dumps(self.json_body)
+            headers.setdefault("Content-Type", "application/json")
+        elif self.body is not None:
+            content = self.body.encode()
+        return headers, query, content
+
+
+def step_request(step: Any, sub: Sub) -> StepRequest:
+    """The request an `http`, `call`, `createSession`, `reply` or `stream` step sends."""
+    if isinstance(step, f.HttpStep):
+        http = step.http
+        return StepRequest(
+            http.method.upper(),
+            as_text(sub(http.path)),
+            sub(http.auth),
+            query=sub(http.query),
+            headers=sub(http.headers),
+            json_body=sub(http.json_body) if http.given("json_body") else NO_JSON,
+            body=sub(http.body),
+        )
+    if isinstance(step, f.CallStep):
+        call = step.call
+        session = sub(call.session)
+        method = as_text(sub(call.method))
+        path = f"/v1/sessions/{session}/call/{method}" if session else f"/v1/call/{method}"
+        body: dict[str, Any] = {}
+        if call.given("params"):
+            body["params"] = sub(call.params)
+        if call.timeout_ms is not None:
+            body["timeoutMs"] = call.timeout_ms
+        if call.options is not None:
+            body["options"] = sub(call.options)
+        return StepRequest("POST", path, sub(call.auth), json_body=body)
+    if isinstance(step, f.CreateSessionStep):
+        create = step.create_session
+        body = {"options": sub(create.options)} if create.options is not None else {}
+        return StepRequest("POST", "/v1/sessions", sub(create.auth), json_body=body)
+    if isinstance(step, f.ReplyStep):
+        reply = step.reply
+        base = f"/v1/sessions/{sub(reply.session)}/requests/{sub(reply.request_key)}"
+        if reply.error is not None:
+            error = sub(reply.error.model_dump(exclude_unset=True))
+            return StepRequest("POST", f"{base}/error", sub(reply.auth), json_body=error)
+        result = {"result": sub(reply.result)}
+        return StepRequest("POST", f"{base}/result", sub(reply.auth), json_body=result)
+    if isinstance(step, f.StreamStep):
+        stream = step.stream
+        path = sub(stream.path) if stream.path else f"/v1/sessions/{sub(stream.session)}"
+        if stream.session is not None:
+            path += "/events/stream"
+        headers = dict(sub(stream.headers or {}))
+        if stream.last_event_id is not None:
+            headers["Last-Event-ID"] = as_text(sub(stream.last_event_id))
+        query = {"after": as_text(sub(stream.after))} if stream.after is not None else {}
+        return StepRequest("GET", as_text(path), sub(stream.auth), query=query, headers=headers)
+    raise TypeError(f"a {type(step).__name__} sends no single request")
+
+
+def default_status(step: Any) -> Any:
+    """The status a request step's response has when its `expect` names none."""
+    if isinstance(step, f.CreateSessionStep):
+        return 201
+    return 200 if isinstance(step, f.ReplyStep) else "2xx"
+
+
+@dataclass
+class ReadGoal:
+    """Where a `poll` or `read` step stops: at the first event matching `through`, after
+    `want` events, or (neither: `toEnd`) at the end of the stream."""
+
+    through: Any
+    want: int | None
+
+    @classmethod
+    def of(cls, spec: f.PollSpec | f.ReadSpec, sub: Sub) -> ReadGoal:
+        through = event_matcher(sub(spec.through)) if spec.through is not None else None
+        want = spec.count
+        if want is None and through is None and not getattr(spec, "to_end", False):
+            want = 1
+        return cls(through, want)
+
+    def reached(self, read: list[Any]) -> bool:
+        """Whether a read that got `read` (at least one event) stops there."""
+        if self.through is not None and not match(self.through, read[-1], subset=True):
+            return True
+        return self.want is not None and len(read) >= self.want
 
 
 # -- helpers ---------------------------------------------------------------------------

@@ -40,12 +40,17 @@ from scenarios.expectations import (
     NO_JSON,
     Exchange,
     Problem,
+    ReadGoal,
+    StepRequest,
     as_text,
+    default_status,
     error_problems,
     event_matcher,
     events_problems,
     http_problems,
     int_or_none,
+    step_request,
+    substitute,
 )
 from scenarios.format import LoadedScenario, ScenarioError
 from scenarios.matching import MISSING, find_jsonpath, is_matcher, match, render
@@ -58,6 +63,7 @@ from scenarios.mock_bridge import (
     Incoming,
     Operation,
     TurnContext,
+    Verdict,
     call_result,
     compatibility_body,
     error_of_kind,
@@ -326,7 +332,7 @@ class _Planner:
         self.event_sessions: dict[str, SessionPlan] = {}
         self.reads: list[ReadCheck] = []
         self.streams: dict[str, StreamInfo] = {}
-        self.background: dict[str, tuple[Entry, Operation | None, dict[str, str], Incoming]] = {}
+        self.background: dict[str, tuple[Entry, Verdict, Incoming]] = {}
         self.trigger: Entry | None = None
         self.index = 0
         self.step: Any = None
@@ -334,11 +340,15 @@ class _Planner:
 
     # -- errors and variables
 
+    def where(self) -> str:
+        """Where the current step is (file and line)."""
+        return self.loaded.where(("steps", self.index))
+
     def fail(self, message: str, problems: list[Problem] | None = None) -> MockBuildError:
-        where = self.loaded.where(("steps", self.index))
         title = self.step.title() if self.step is not None else "scenario"
         lines = [
-            f"cannot mock scenario {self.loaded.name}: step {self.index + 1} ({title}, {where}):",
+            f"cannot mock scenario {self.loaded.name}: step {self.index + 1} ({title}, "
+            f"{self.where()}):",
             f"  {message}",
         ]
         for problem in problems or []:
@@ -348,19 +358,7 @@ class _Planner:
         return MockBuildError("\n".join(lines))
 
     def sub(self, value: Any) -> Any:
-        if isinstance(value, str):
-            if "$" not in value:
-                return value
-            whole = f.VARIABLE.fullmatch(value)
-            if whole:
-                return self._variable(whole.group(1))
-            text = f.VARIABLE.sub(lambda m: as_text(self._variable(m.group(1))), value)
-            return text.replace("$${", "${")
-        if isinstance(value, dict):
-            return {key: self.sub(item) for key, item in value.items()}
-        if isinstance(value, list):
-            return [self.sub(item) for item in value]
-        return value
+        return substitute(value, self._variable)
 
     def _variable(self, name: str) -> Any:
         if name not in self.variables:
@@ -371,10 +369,10 @@ class _Planner:
 
     def run(self) -> ScenarioPlan:
         handlers: dict[type[Any], Callable[[Any], None]] = {
-            f.HttpStep: self._http,
-            f.CallStep: self._call,
-            f.CreateSessionStep: self._create_session,
-            f.ReplyStep: self._reply,
+            f.HttpStep: self._request,
+            f.CallStep: self._request,
+            f.CreateSessionStep: self._request,
+            f.ReplyStep: self._request,
             f.PollStep: self._poll,
             f.StreamStep: self._stream,
             f.ReadStep: self._read,
@@ -387,13 +385,11 @@ class _Planner:
                 handlers[type(self.step)](self.step)
             except SynthesisError as exc:
                 raise self.fail(str(exc)) from None
-        for entry, operation, params, incoming in self.background.values():
+        for entry, verdict, incoming in self.background.values():
             # Sent in the background and never awaited: what the bridge would answer.
             self.index = entry.index
             self.step = self.scenario.steps[entry.index]
-            verdict = self.front.check(incoming)
-            reply = self._respond(operation, params, incoming, verdict.body, None)
-            entry.reply = self._finish(reply, None, "2xx", incoming, operation)
+            entry.reply = self._respond(verdict, incoming, None, "2xx")
         return ScenarioPlan(
             loaded=self.loaded,
             base_url=self.base_url,
@@ -418,44 +414,20 @@ class _Planner:
             path = path[len(self.base_url) :] or "/"
         return path
 
-    def _incoming(
-        self,
-        method: str,
-        path: str,
-        *,
-        auth: Any = True,
-        headers: dict[str, str] | None = None,
-        query: dict[str, Any] | None = None,
-        json_body: Any = NO_JSON,
-        body: str | None = None,
-    ) -> tuple[Incoming, str]:
-        """The request as the front sees it, and the path as the host sends it."""
-        path = self._relative(path)
-        raw_path, _, raw_query = path.partition("?")
-        all_headers: dict[str, str] = {}
-        token = auth if isinstance(auth, str) else (self.token if auth else None)
-        if token:
-            all_headers["Authorization"] = f"Bearer {token}"
-        all_headers.update(headers or {})
-        params = {key: as_text(value) for key, value in (query or {}).items()}
+    def _incoming(self, request: StepRequest) -> Incoming:
+        """`request` as the front sees it (the path relative to the bridge, decoded)."""
+        raw_path, _, raw_query = self._relative(request.path).partition("?")
+        headers, query, content = request.encoded(self.token)
         for pair in filter(None, raw_query.split("&")):
             key, _, value = pair.partition("=")
-            params.setdefault(unquote(key), unquote(value))
-        payload = b""
-        if json_body is not NO_JSON:
-            payload = dumps(json_body)
-        elif body is not None:
-            payload = body.encode()
-        decoded = unquote(raw_path)
-        incoming = Incoming(method.upper(), decoded, all_headers, params, payload)
-        return incoming, decoded
+            query.setdefault(unquote(key), unquote(value))
+        return Incoming(request.method.upper(), unquote(raw_path), headers, query, content or b"")
 
     def _entry(self, incoming: Incoming, *, request_json: Any = NO_JSON) -> Entry:
-        step = self.step
         entry = Entry(
             self.index,
-            step.title(),
-            self.loaded.where(("steps", self.index)),
+            self.step.title(),
+            self.where(),
             incoming.method,
             incoming.path,
             request_json=request_json,
@@ -490,16 +462,10 @@ class _Planner:
             entry.reply = reply
             return entry, reply
         if background:
-            self.background[self.step.background] = (
-                entry,
-                verdict.operation,
-                verdict.params,
-                incoming,
-            )
+            self.background[self.step.background] = (entry, verdict, incoming)
             self._mutated(entry, None)
             return entry, Reply(0, {})
-        reply = self._respond(verdict.operation, verdict.params, incoming, verdict.body, expect)
-        reply = self._finish(reply, expect, default_status, incoming, verdict.operation)
+        reply = self._respond(verdict, incoming, expect, default_status)
         entry.reply = reply
         self._mutated(entry, reply)
         return entry, reply
@@ -587,6 +553,24 @@ class _Planner:
 
     def _respond(
         self,
+        verdict: Verdict,
+        incoming: Incoming,
+        expect: f.HttpExpect | None,
+        default_status: Any,
+    ) -> Reply:
+        """The answer to a request the front lets in: what the bridge would plausibly
+        answer, changed to satisfy `expect`, then checked against it and the contract."""
+        operation = verdict.operation
+        reply = self._plausible(operation, verdict.params, incoming, verdict.body, expect)
+        if expect is not None:
+            reply = self._apply(reply, expect, operation)
+        problems = self._http_problems(expect, reply, incoming, default_status)
+        if problems:
+            raise self.fail("no made-up response satisfies the step", problems)
+        return reply
+
+    def _plausible(
+        self,
         operation: Operation | None,
         params: dict[str, str],
         incoming: Incoming,
@@ -626,22 +610,6 @@ class _Planner:
             exit_params=None,
         )
         return Reply.of_error(error)
-
-    def _finish(
-        self,
-        reply: Reply,
-        expect: f.HttpExpect | None,
-        default_status: Any,
-        incoming: Incoming,
-        operation: Operation | None,
-    ) -> Reply:
-        """`reply` changed to satisfy `expect`, then checked against it and the contract."""
-        if expect is not None:
-            reply = self._apply(reply, expect, operation)
-        problems = self._http_problems(expect, reply, incoming, default_status)
-        if problems:
-            raise self.fail("no made-up response satisfies the step", problems)
-        return reply
 
     def _apply(self, reply: Reply, expect: f.HttpExpect, operation: Operation | None) -> Reply:
         body = reply.json()
@@ -871,93 +839,42 @@ class _Planner:
 
     # -- steps: requests
 
-    def _http(self, step: f.HttpStep) -> None:
-        spec = step.http
-        path = as_text(self.sub(spec.path))
-        json_body = self.sub(spec.json_body) if spec.given("json_body") else NO_JSON
-        incoming, decoded = self._incoming(
-            spec.method,
-            path,
-            auth=self.sub(spec.auth),
-            headers=self.sub(spec.headers),
-            query=self.sub(spec.query),
-            json_body=json_body,
-            body=self.sub(spec.body),
-        )
-        if self._events_path(decoded) is not None:
-            verdict = self.front.check(incoming)
-            if verdict.error is None:
-                raise self.fail(
-                    "an `http` step on an events route: read events with `poll` or `stream` "
-                    "steps (the mock serves events from the session's log)"
-                )
-        expect = step.expect if step.background is None else None
+    def _request(self, step: Any) -> None:
+        """An `http`, `call`, `createSession` or `reply` step: one request, one answer."""
+        request = step_request(step, self.sub)
+        incoming = self._incoming(request)
+        on_events = isinstance(step, f.HttpStep) and self._events_path(incoming.path) is not None
+        if on_events and self.front.check(incoming).error is None:
+            raise self.fail(
+                "an `http` step on an events route: read events with `poll` or `stream` "
+                "steps (the mock serves events from the session's log)"
+            )
+        background = getattr(step, "background", None) is not None
         entry, reply = self._answer(
-            incoming, expect, "2xx", request_json=json_body, background=step.background is not None
+            incoming,
+            None if background else step.expect,
+            default_status(step),
+            request_json=request.json_body,
+            background=background,
         )
-        if step.background is None:
-            self._after(entry, reply, incoming)
-            self._capture_http(step, reply)
-
-    def _call(self, step: f.CallStep) -> None:
-        spec = step.call
-        session = self.sub(spec.session)
-        method = as_text(self.sub(spec.method))
-        path = f"/v1/sessions/{session}/call/{method}" if session else f"/v1/call/{method}"
-        body: dict[str, Any] = {}
-        if spec.given("params"):
-            body["params"] = self.sub(spec.params)
-        if spec.timeout_ms is not None:
-            body["timeoutMs"] = spec.timeout_ms
-        if spec.options is not None:
-            body["options"] = self.sub(spec.options)
-        incoming, _ = self._incoming("POST", path, auth=self.sub(spec.auth), json_body=body)
-        expect = step.expect if step.background is None else None
-        entry, reply = self._answer(
-            incoming, expect, "2xx", request_json=body, background=step.background is not None
-        )
-        if step.background is None:
-            self._after(entry, reply, incoming)
-            self._capture_http(step, reply)
-
-    def _create_session(self, step: f.CreateSessionStep) -> None:
-        spec = step.create_session
-        body = {"options": self.sub(spec.options)} if spec.options is not None else {}
-        incoming, _ = self._incoming(
-            "POST", "/v1/sessions", auth=self.sub(spec.auth), json_body=body
-        )
-        entry, reply = self._answer(incoming, step.expect, 201, request_json=body)
+        if background:
+            return
         self._after(entry, reply, incoming)
         payload = reply.json()
-        if reply.status == 201 and isinstance(payload, dict):
-            self.variables[spec.as_] = payload.get("sessionId")
-        self._capture_http(step, reply)
-
-    def _reply(self, step: f.ReplyStep) -> None:
-        spec = step.reply
-        base = f"/v1/sessions/{self.sub(spec.session)}/requests/{self.sub(spec.request_key)}"
-        if spec.error is not None:
-            body: Any = self.sub(spec.error.model_dump(exclude_unset=True))
-            path = f"{base}/error"
-        else:
-            body = {"result": self.sub(spec.result)}
-            path = f"{base}/result"
-        incoming, _ = self._incoming("POST", path, auth=self.sub(spec.auth), json_body=body)
-        entry, reply = self._answer(incoming, step.expect, 200, request_json=body)
-        self._after(entry, reply, incoming)
-        self._capture_http(step, reply)
+        created = isinstance(step, f.CreateSessionStep) and reply.status == 201
+        if created and isinstance(payload, dict):
+            self.variables[step.create_session.as_] = payload.get("sessionId")
+        self._capture(step, payload, reply.headers)
 
     def _await(self, step: f.AwaitStep) -> None:
         name = step.await_.request
         if name not in self.background:
             raise self.fail(f"no request {name!r} is pending")
-        entry, operation, params, incoming = self.background.pop(name)
-        verdict = self.front.check(incoming)
-        reply = self._respond(operation, params, incoming, verdict.body, step.expect)
-        reply = self._finish(reply, step.expect, "2xx", incoming, operation)
+        entry, verdict, incoming = self.background.pop(name)
+        reply = self._respond(verdict, incoming, step.expect, "2xx")
         entry.reply = reply
         self._after(entry, reply, incoming)
-        self._capture_http(step, reply)
+        self._capture(step, reply.json(), reply.headers)
 
     def _after(self, entry: Entry, reply: Reply, incoming: Incoming) -> None:
         """What a planned answer changes: sessions created, deleted, requests answered."""
@@ -989,14 +906,15 @@ class _Planner:
                 if isinstance(turn, dict) and isinstance(turn.get("id"), str):
                     session.ctx.turn_id = turn["id"]
 
-    def _capture_http(self, step: Any, reply: Reply) -> None:
-        body = reply.json()
+    def _capture(self, step: Any, document: Any, headers: dict[str, str] | None) -> None:
+        """Set what `step` captures from a response (its JSON body and `headers`) or, with
+        `headers` None, from the last event a read got (NO_JSON: none)."""
         for name, spec in step.capture.items():
             if isinstance(spec, dict) and "header" in spec:
-                value = next(
-                    (v for k, v in reply.headers.items() if k.lower() == spec["header"].lower()),
-                    None,
-                )
+                if headers is None:
+                    raise self.fail(f"capture {name}: events have no headers")
+                wanted = spec["header"].lower()
+                value = next((v for k, v in headers.items() if k.lower() == wanted), None)
                 if value is None:
                     raise self.fail(
                         f"capture {name}: the response has no {spec['header']} header; give it "
@@ -1005,12 +923,17 @@ class _Planner:
                 self.variables[name] = value
                 continue
             expression = spec["jsonPath"] if isinstance(spec, dict) else spec
-            found = find_jsonpath(expression, body) if body is not NO_JSON else []
+            found = find_jsonpath(expression, document) if document is not NO_JSON else []
             if not found:
+                shown = render(document if document is not NO_JSON else None, 300)
+                if headers is None:
+                    where, advice = f"the last event read ({shown})", "the step's expectations"
+                else:
+                    where = f"the response {shown}"
+                    advice = "`expect` (e.g. `jsonPath: {" + expression + ": {$type: string}}`)"
                 raise self.fail(
-                    f"capture {name}: {expression} finds nothing in the response "
-                    f"{render(body if body is not NO_JSON else None, 300)}; say what is there "
-                    "in `expect` (e.g. `jsonPath: {" + expression + ": {$type: string}}`)"
+                    f"capture {name}: {expression} finds nothing in {where}; say what is there "
+                    f"in {advice}"
                 )
             self.variables[name] = found[0] if len(found) == 1 else found
 
@@ -1040,9 +963,8 @@ class _Planner:
         expect = step.expect or f.EventsExpect()
         session_id = as_text(self.sub(spec.session))
         path = f"/v1/sessions/{session_id}/events"
-        incoming, _ = self._incoming(
-            "GET", path, auth=self.sub(spec.auth), query={"waitMs": spec.wait_ms}
-        )
+        query = {"waitMs": spec.wait_ms}
+        incoming = self._incoming(StepRequest("GET", path, self.sub(spec.auth), query=query))
         verdict = self.front.check(incoming)
         session = self._session(session_id)
         if verdict.error is not None:
@@ -1058,25 +980,14 @@ class _Planner:
             return
         after = int_or_none(self.sub(spec.after))
         start = after if after is not None else session.cursor
-        through = event_matcher(self.sub(spec.through)) if spec.through is not None else None
-        want = spec.count if spec.count is not None else (None if through is not None else 1)
+        goal = ReadGoal.of(spec, self.sub)
         if expect.error is not None:
             self._poll_error(step, session, start, expect, incoming)
             return
-        events = self._read_events(session, start, through, want, False, expect)
+        events = self._read_events(session, start, goal, False, expect)
         if after is None:
             session.cursor = start + len(events)
-        if events:
-            self.reads.append(
-                ReadCheck(
-                    self.index,
-                    step.title(),
-                    self.loaded.where(("steps", self.index)),
-                    session,
-                    int(events[-1]["seq"]),
-                )
-            )
-        self._capture_events(step, events)
+        self._read_done(step, session, events)
 
     def _poll_error(
         self,
@@ -1100,13 +1011,9 @@ class _Planner:
             wanted = {"error": wanted} if isinstance(wanted, str) else wanted
             kind = wanted.get("error") if isinstance(wanted.get("error"), str) else None
             error = error_of_kind(kind or "session_not_found", session_id=session.id)
+            schema = self.schemas.named("ErrorPayload")
             payload = conform(
-                wanted,
-                error.payload(),
-                self.schemas.named("ErrorPayload"),
-                self.schemas,
-                self.values,
-                subset=True,
+                wanted, error.payload(), schema, self.schemas, self.values, subset=True
             )
             reply = Reply.of_json(error.status, payload, error.headers)
             session.end_error = reply
@@ -1119,25 +1026,18 @@ class _Planner:
 
     def _stream(self, step: f.StreamStep) -> None:
         spec = step.stream
+        request = step_request(step, self.sub)
+        incoming = self._incoming(request)
         if spec.session is not None:
             session_id = as_text(self.sub(spec.session))
-            path = f"/v1/sessions/{session_id}/events/stream"
         else:
-            path = self._relative(as_text(self.sub(spec.path)))
-            found = self._events_path(unquote(path.partition("?")[0]))
+            found = self._events_path(incoming.path)
             if found is None or not found[1]:
                 raise self.fail(
-                    f"a stream of {path}: the mock streams only a session's "
-                    "`/v1/sessions/{id}/events/stream`"
+                    f"a stream of {self._relative(request.path)}: the mock streams only a "
+                    "session's `/v1/sessions/{id}/events/stream`"
                 )
             session_id = found[0]
-        headers = dict(self.sub(spec.headers or {}))
-        if spec.last_event_id is not None:
-            headers["Last-Event-ID"] = as_text(self.sub(spec.last_event_id))
-        query = {"after": as_text(self.sub(spec.after))} if spec.after is not None else None
-        incoming, _ = self._incoming(
-            "GET", path, auth=self.sub(spec.auth), headers=headers, query=query
-        )
         session = self._session(session_id)
         verdict = self.front.check(incoming)
         entry = self._entry(incoming)
@@ -1161,9 +1061,7 @@ class _Planner:
             expect.error is not None or (isinstance(expect.status, int) and expect.status != 200)
         )
         if wants_error:
-            reply = self._respond(verdict.operation, verdict.params, incoming, None, expect)
-            reply = self._finish(reply, expect, 200, incoming, verdict.operation)
-            entry.reply = reply
+            entry.reply = self._respond(verdict, incoming, expect, 200)
             entry.stream = StreamInfo(session, position, 0, error=True)
             return
         entry.reply = Reply(200, dict(_sse_headers()))
@@ -1182,51 +1080,31 @@ class _Planner:
         if info is None:
             raise self.fail(f"stream {spec.stream!r} is not open")
         session = info.session
-        through = event_matcher(self.sub(spec.through)) if spec.through is not None else None
-        want = spec.count
-        if want is None and through is None and not spec.to_end:
-            want = 1
+        goal = ReadGoal.of(spec, self.sub)
         to_end = spec.to_end or bool(expect.ended)
         if expect.error is not None:
             raise self.fail("`error` applies to `poll` only")
         exit_seq = session.exit_seq
         if exit_seq is not None and info.stop >= exit_seq:
             events: list[dict[str, Any]] = []
-            if want not in (None, 0) or through is not None:
+            if goal.want not in (None, 0) or goal.through is not None:
                 raise self.fail("the stream already ended (after the session's exit event)")
         else:
-            events = self._read_events(session, info.stop, through, want, to_end, expect, sse=True)
+            events = self._read_events(session, info.stop, goal, to_end, expect)
         if info.start is None:
             session.cursor = info.stop + len(events)
         info.stop += len(events)
-        if events:
-            self.reads.append(
-                ReadCheck(
-                    self.index,
-                    step.title(),
-                    self.loaded.where(("steps", self.index)),
-                    session,
-                    int(events[-1]["seq"]),
-                )
-            )
-        self._capture_events(step, events)
+        self._read_done(step, session, events)
 
     def _close(self, step: f.CloseStep) -> None:
         self.streams.pop(step.close, None)
 
-    def _capture_events(self, step: Any, events: list[dict[str, Any]]) -> None:
-        last = events[-1] if events else None
-        for name, spec in step.capture.items():
-            if isinstance(spec, dict) and "header" in spec:
-                raise self.fail(f"capture {name}: events have no headers")
-            expression = spec["jsonPath"] if isinstance(spec, dict) else spec
-            found = find_jsonpath(expression, last) if last is not None else []
-            if not found:
-                raise self.fail(
-                    f"capture {name}: {expression} finds nothing in the last event read "
-                    f"({render(last, 300)}); say what is there in the step's expectations"
-                )
-            self.variables[name] = found[0] if len(found) == 1 else found
+    def _read_done(self, step: Any, session: SessionPlan, events: list[dict[str, Any]]) -> None:
+        """What a `poll` or `read` got: for the end check to see delivered, and to capture."""
+        if events:
+            last = int(events[-1]["seq"])
+            self.reads.append(ReadCheck(self.index, step.title(), self.where(), session, last))
+        self._capture(step, events[-1] if events else NO_JSON, None)
 
     # -- the events a read gets
 
@@ -1234,23 +1112,20 @@ class _Planner:
         self,
         session: SessionPlan,
         start: int,
-        through: Any,
-        want: int | None,
+        goal: ReadGoal,
         to_end: bool,
         expect: f.EventsExpect,
-        *,
-        sse: bool = False,
     ) -> list[dict[str, Any]]:
         """The events a read from `start` gets; new ones are added to the session's log."""
         existing: list[dict[str, Any]] = []
-        done = want == 0
+        done = goal.want == 0
         for planned in session.events[start:]:
             if done:
                 break
             existing.append(planned.event)
-            done = self._stops(existing, through, want)
+            done = goal.reached(existing) or planned.event.get("kind") == "exit"
         if done:
-            problems = self._read_problems(existing, through, want, to_end, expect)
+            problems = self._read_problems(existing, goal, to_end, expect)
             if problems:
                 raise self.fail(
                     f"the read gets events #{start + 1}.. that earlier steps put in the log, "
@@ -1259,43 +1134,30 @@ class _Planner:
                 )
             return existing
         absent = [event_matcher(self.sub(item)) for item in expect.absent or []]
-        attempts: list[bool] = [True, False]
-        last_problems: list[Problem] = []
-        for companions in attempts:
+        problems = []
+        for companions in (True, False):
             scratch = _Scratch(session)
-            specs = self._specs(existing, through, want, to_end, expect)
-            if specs is None:
-                break
+            specs = self._specs(existing, goal, to_end, expect)
             made = self._make_events(
-                scratch.session, specs, companions=companions, through=through, absent=absent
+                session, specs, companions=companions, through=goal.through, absent=absent
             )
             candidate = existing + [planned.event for planned in made]
-            problems = self._read_problems(candidate, through, want, to_end, expect)
+            problems = self._read_problems(candidate, goal, to_end, expect)
             if not problems:
                 for planned in made:
                     planned.trigger = self.trigger
                 session.events.extend(made)
                 return candidate
-            last_problems = problems
             scratch.rollback()
-        raise self.fail("no events satisfy the read", last_problems)
-
-    def _stops(self, read: list[dict[str, Any]], through: Any, want: int | None) -> bool:
-        last = read[-1]
-        if through is not None and not match(through, last, subset=True):
-            return True
-        if want is not None and len(read) >= want:
-            return True
-        return last.get("kind") == "exit"
+        raise self.fail("no events satisfy the read", problems)
 
     def _specs(
         self,
         existing: list[dict[str, Any]],
-        through: Any,
-        want: int | None,
+        goal: ReadGoal,
         to_end: bool,
         expect: f.EventsExpect,
-    ) -> list[Any] | None:
+    ) -> list[Any]:
         """What the new events must match, in order (matchers, subset semantics)."""
         done = len(existing)
         specs: list[Any] = []
@@ -1321,10 +1183,11 @@ class _Planner:
                 if position < len(items) and not match(items[position], event, subset=True):
                     position += 1
             specs = items[position:]
-        total = want if want is not None else expect.count
+        total = goal.want if goal.want is not None else expect.count
         if total is not None:
             while done + len(specs) < total:
                 specs.append(_FILLER)
+        through = goal.through
         if through is not None and (
             not specs or specs[-1] is _FILLER or not _implies(specs[-1], through)
         ):
@@ -1342,13 +1205,9 @@ class _Planner:
         return specs
 
     def _read_problems(
-        self,
-        read: list[dict[str, Any]],
-        through: Any,
-        want: int | None,
-        to_end: bool,
-        expect: f.EventsExpect,
+        self, read: list[dict[str, Any]], goal: ReadGoal, to_end: bool, expect: f.EventsExpect
     ) -> list[Problem]:
+        through, want = goal.through, goal.want
         problems: list[Problem] = []
         for event in read[:-1]:
             if through is not None and not match(through, event, subset=True):
@@ -1365,10 +1224,7 @@ class _Planner:
             problems.append(Problem(("count",), f"the read gets {len(read)} events, not {want}"))
         if to_end and (not read or read[-1].get("kind") != "exit"):
             problems.append(Problem(("toEnd",), "the read does not end with the exit event"))
-        seqs = [event.get("seq") for event in read]
-        kinds = [event.get("kind") for event in read]
-        problems += events_problems(expect, read, seqs, kinds, self.sub)
-        return problems
+        return problems + events_problems(expect, read, sub=self.sub)
 
     def _make_events(
         self,

@@ -34,17 +34,20 @@ from scenarios.expectations import (
     NO_JSON,
     Exchange,
     Problem,
-    as_text,
+    ReadGoal,
+    StepRequest,
     cut,
+    default_status,
     error_problems,
     event_line,
     event_list,
-    event_matcher,
     events_problems,
     fake_report_problems,
     frame_event,
     http_problems,
     int_or_none,
+    step_request,
+    substitute,
 )
 from scenarios.format import LoadedScenario
 from scenarios.harness import (
@@ -54,11 +57,7 @@ from scenarios.harness import (
     read_reports,
     start_bridge,
 )
-from scenarios.matching import (
-    find_jsonpath,
-    match,
-    render,
-)
+from scenarios.matching import find_jsonpath, match, render
 from scenarios.openapi_check import ContractViolation
 from scenarios.sse import SseFrame, SseReader
 
@@ -206,19 +205,7 @@ class _Run:
 
     def sub(self, value: Any) -> Any:
         """`value` with `${name}` replaced; a string that is one placeholder keeps its type."""
-        if isinstance(value, str):
-            if "$" not in value:
-                return value
-            whole = f.VARIABLE.fullmatch(value)
-            if whole:
-                return self._variable(whole.group(1))
-            text = f.VARIABLE.sub(lambda m: as_text(self._variable(m.group(1))), value)
-            return text.replace("$${", "${")
-        if isinstance(value, dict):
-            return {key: self.sub(item) for key, item in value.items()}
-        if isinstance(value, list):
-            return [self.sub(item) for item in value]
-        return value
+        return substitute(value, self._variable)
 
     def _variable(self, name: str) -> Any:
         if name not in self.variables:
@@ -227,30 +214,17 @@ class _Run:
 
     # -- requests
 
-    async def exchange(
-        self,
-        method: str,
-        path: str,
-        *,
-        query: dict[str, Any] | None = None,
-        headers: dict[str, str] | None = None,
-        json_body: Any = NO_JSON,
-        body: str | None = None,
-        auth: bool | str = True,
-        timeout_ms: int = 30_000,
-    ) -> Exchange:
+    async def exchange(self, request: StepRequest, timeout_ms: int = 30_000) -> Exchange:
         """Send one request and read the whole response."""
-        all_headers = {**self.bridge.auth_headers(auth), **(headers or {})}
-        params = {key: as_text(value) for key, value in (query or {}).items()}
+        method, path = request.method, request.path
+        headers, params, content = request.encoded(self.bridge.token)
         shown = path + (f"?{'&'.join(f'{k}={v}' for k, v in params.items())}" if params else "")
-        sent = render(json_body, 500) if json_body is not NO_JSON else (body or "")
+        json_body = request.json_body
+        sent = render(json_body, 500) if json_body is not NO_JSON else (request.body or "")
         self.transcript.add("http", f"→ {method} {shown} {sent}".rstrip())
-        kwargs: dict[str, Any] = {"params": params, "headers": all_headers}
-        if json_body is not NO_JSON:
-            kwargs["data"] = orjson.dumps(json_body)
-            all_headers.setdefault("Content-Type", "application/json")
-        elif body is not None:
-            kwargs["data"] = body.encode()
+        kwargs: dict[str, Any] = {"params": params, "headers": headers}
+        if content is not None:
+            kwargs["data"] = content
         try:
             async with (
                 asyncio.timeout(timeout_ms / 1000),
@@ -287,7 +261,7 @@ class _Run:
     async def run_step(self, step: Any) -> None:
         handlers: dict[type[Any], Callable[[Any], Awaitable[None]]] = {
             f.HttpStep: self._http,
-            f.CallStep: self._call,
+            f.CallStep: self._http,
             f.CreateSessionStep: self._create_session,
             f.ReplyStep: self._reply,
             f.PollStep: self._poll,
@@ -331,76 +305,29 @@ class _Run:
                     raise
             await asyncio.sleep(until.interval_ms / 1000)
 
-    async def _http(self, step: f.HttpStep) -> None:
-        spec = step.http
+    async def _http(self, step: f.HttpStep | f.CallStep) -> None:
+        """An `http` or `call` step (a call may take long: it waits up to 10 minutes)."""
+        timeout_ms = step.http.timeout_ms if isinstance(step, f.HttpStep) else 600_000
 
         async def attempt() -> Exchange:
-            ex = await self.exchange(
-                spec.method.upper(),
-                as_text(self.sub(spec.path)),
-                query=self.sub(spec.query),
-                headers=self.sub(spec.headers),
-                json_body=self.sub(spec.json_body) if spec.given("json_body") else NO_JSON,
-                body=self.sub(spec.body),
-                auth=self.sub(spec.auth),
-                timeout_ms=spec.timeout_ms,
-            )
+            ex = await self.exchange(step_request(step, self.sub), timeout_ms)
             if step.background is None:
-                self._check_http(step.expect, ex, default_status="2xx")
-            return ex
-
-        ex = await self._repeat(step, attempt, step.until)
-        self._capture_http(step, ex)
-
-    async def _call(self, step: f.CallStep) -> None:
-        spec = step.call
-        session = self.sub(spec.session)
-        method = as_text(self.sub(spec.method))
-        path = f"/v1/sessions/{session}/call/{method}" if session else f"/v1/call/{method}"
-        body: dict[str, Any] = {}
-        if spec.given("params"):
-            body["params"] = self.sub(spec.params)
-        if spec.timeout_ms is not None:
-            body["timeoutMs"] = spec.timeout_ms
-        if spec.options is not None:
-            body["options"] = self.sub(spec.options)
-
-        async def attempt() -> Exchange:
-            ex = await self.exchange(
-                "POST", path, json_body=body, auth=self.sub(spec.auth), timeout_ms=600_000
-            )
-            if step.background is None:
-                self._check_http(step.expect, ex, default_status="2xx")
+                self._check_http(step.expect, ex, default_status(step))
             return ex
 
         ex = await self._repeat(step, attempt, step.until)
         self._capture_http(step, ex)
 
     async def _create_session(self, step: f.CreateSessionStep) -> None:
-        spec = step.create_session
-        body = {"options": self.sub(spec.options)} if spec.options is not None else {}
-        ex = await self.exchange("POST", "/v1/sessions", json_body=body, auth=self.sub(spec.auth))
-        self._check_http(step.expect, ex, default_status=201)
+        ex = await self.exchange(step_request(step, self.sub))
+        self._check_http(step.expect, ex, default_status(step))
         if ex.status == 201 and isinstance(ex.json, dict):
-            self.variables[spec.as_] = ex.json.get("sessionId")
+            self.variables[step.create_session.as_] = ex.json.get("sessionId")
         self._capture_http(step, ex)
 
     async def _reply(self, step: f.ReplyStep) -> None:
-        spec = step.reply
-        base = f"/v1/sessions/{self.sub(spec.session)}/requests/{self.sub(spec.request_key)}"
-        if spec.error is not None:
-            error = spec.error.model_dump(exclude_unset=True)
-            ex = await self.exchange(
-                "POST", f"{base}/error", json_body=self.sub(error), auth=self.sub(spec.auth)
-            )
-        else:
-            ex = await self.exchange(
-                "POST",
-                f"{base}/result",
-                json_body={"result": self.sub(spec.result)},
-                auth=self.sub(spec.auth),
-            )
-        self._check_http(step.expect, ex, default_status=200)
+        ex = await self.exchange(step_request(step, self.sub))
+        self._check_http(step.expect, ex, default_status(step))
         self._capture_http(step, ex)
 
     async def _poll(self, step: f.PollStep) -> None:
@@ -409,14 +336,13 @@ class _Run:
         session = self.sub(spec.session)
         path = f"/v1/sessions/{session}/events"
         after = int_or_none(self.sub(spec.after))
-        through = event_matcher(self.sub(spec.through)) if spec.through is not None else None
-        want = spec.count if spec.count is not None else (None if through is not None else 1)
+        goal = ReadGoal.of(spec, self.sub)
         auth = self.sub(spec.auth)
         events: list[dict[str, Any]] = []
         loop = asyncio.get_running_loop()
         deadline = loop.time() + spec.timeout_ms / 1000
         failed: Exchange | None = None
-        reached = want == 0
+        reached = goal.want == 0
         while not reached:
             remaining = deadline - loop.time()
             if remaining <= 0:
@@ -424,7 +350,7 @@ class _Run:
             query: dict[str, Any] = {"waitMs": max(1, min(spec.wait_ms, int(remaining * 1000)))}
             if after is not None:
                 query["after"] = after
-            ex = await self.exchange("GET", path, query=query, auth=auth, timeout_ms=60_000)
+            ex = await self.exchange(StepRequest("GET", path, auth, query=query), 60_000)
             if ex.status == 204:
                 continue
             if ex.status != 200 or not isinstance(ex.json, dict):
@@ -433,10 +359,7 @@ class _Run:
             events.append(ex.json)
             if after is not None:
                 after = ex.json.get("seq", after)
-            if (through is not None and not match(through, ex.json, subset=True)) or (
-                want is not None and len(events) >= want
-            ):
-                reached = True
+            reached = goal.reached(events)
         problems: list[Problem] = []
         if expect.keep_alives is not None:
             problems.append(
@@ -445,23 +368,25 @@ class _Run:
         if failed is not None or expect.error is not None:
             problems += self._check_read_error(expect, failed)
         elif not reached:
-            goal = f"{want} events" if want is not None else f"an event matching {render(through)}"
+            wanted = (
+                f"{goal.want} events"
+                if goal.want is not None
+                else f"an event matching {render(goal.through)}"
+            )
             problems.append(
                 Problem(
                     ("poll",),
-                    f"waited {spec.timeout_ms} ms for {goal}; read {len(events)}",
+                    f"waited {spec.timeout_ms} ms for {wanted}; read {len(events)}",
                     detail=event_list(events),
                 )
             )
         if failed is None:
-            seqs = [event.get("seq") for event in events]
-            kinds = [event.get("kind") for event in events]
-            problems += events_problems(expect, events, seqs, kinds, self.sub)
+            problems += events_problems(expect, events, sub=self.sub)
             if expect.quiet_ms is not None and not problems:
                 query = {"waitMs": expect.quiet_ms}
                 if after is not None:
                     query["after"] = after
-                ex = await self.exchange("GET", path, query=query, auth=auth)
+                ex = await self.exchange(StepRequest("GET", path, auth, query=query))
                 if ex.status == 200:
                     problems.append(
                         Problem(
@@ -500,13 +425,9 @@ class _Run:
 
     async def _stream(self, step: f.StreamStep) -> None:
         spec = step.stream
-        path = self.sub(spec.path) if spec.path else f"/v1/sessions/{self.sub(spec.session)}"
-        if spec.session is not None:
-            path += "/events/stream"
-        headers = {**self.bridge.auth_headers(self.sub(spec.auth)), **self.sub(spec.headers or {})}
-        if spec.last_event_id is not None:
-            headers["Last-Event-ID"] = as_text(self.sub(spec.last_event_id))
-        params = {"after": as_text(self.sub(spec.after))} if spec.after is not None else {}
+        request = step_request(step, self.sub)
+        path = request.path
+        headers, params, _ = request.encoded(self.bridge.token)
         self.transcript.add(
             "http", f"→ GET {path} (stream {spec.as_}) {render(headers.get('Last-Event-ID', ''))}"
         )
@@ -555,15 +476,12 @@ class _Run:
         stream = self.streams.get(spec.stream)
         if stream is None:
             raise StepFailed([Problem(("read", "stream"), f"stream {spec.stream!r} is not open")])
-        through = event_matcher(self.sub(spec.through)) if spec.through is not None else None
-        want = spec.count
-        if want is None and through is None and not spec.to_end:
-            want = 1
+        goal = ReadGoal.of(spec, self.sub)
         frames: list[SseFrame] = []
         events: list[Any] = []
         problems: list[Problem] = []
         timed_out = False
-        reached = want == 0
+        reached = goal.want == 0
         keep_alives = 0
         loop = asyncio.get_running_loop()
         deadline = loop.time() + spec.timeout_ms / 1000
@@ -590,10 +508,7 @@ class _Run:
             self.transcript.add(
                 "sse", f"⇠ [{stream.name}] id={frame.id} {frame.event} {cut(frame.data, 1000)}"
             )
-            if (through is not None and not match(through, event, subset=True)) or (
-                want is not None and len(frames) >= want
-            ):
-                reached = True
+            reached = goal.reached(events)
         if spec.to_end and not stream.ended:
             problems.append(
                 Problem(
@@ -603,12 +518,16 @@ class _Run:
                 )
             )
         elif not spec.to_end and not reached:
-            goal = f"{want} frames" if want is not None else f"a frame matching {render(through)}"
+            wanted = (
+                f"{goal.want} frames"
+                if goal.want is not None
+                else f"a frame matching {render(goal.through)}"
+            )
             why = f"waited {spec.timeout_ms} ms" if timed_out else "the stream ended"
             problems.append(
                 Problem(
                     ("read",),
-                    f"{why} before {goal}; read {len(frames)}",
+                    f"{why} before {wanted}; read {len(frames)}",
                     detail=event_list(events),
                 )
             )
@@ -928,7 +847,7 @@ async def _model_checks(run: _Run, model_server: Any, result: ScenarioResult) ->
         route.name for route in run.bridge.app.get(_mounted_key(), ())
     }:
         try:
-            ex = await run.exchange("GET", "/v1/sessions")
+            ex = await run.exchange(StepRequest("GET", "/v1/sessions"))
         except StepFailed:
             ex = None
         if ex is not None and isinstance(ex.json, dict):

@@ -23,15 +23,18 @@ from scenarios.expectations import (
     NO_JSON,
     Exchange,
     Problem,
-    as_text,
+    ReadGoal,
+    StepRequest,
+    default_status,
     error_problems,
-    event_matcher,
     events_problems,
     http_problems,
     int_or_none,
+    step_request,
+    substitute,
 )
 from scenarios.format import LoadedScenario
-from scenarios.matching import find_jsonpath, match
+from scenarios.matching import find_jsonpath
 from scenarios.openapi_check import ContractViolation, OpenApiChecker
 
 #: Long-polls one poll step may make before the driver gives up (the mock never waits).
@@ -102,47 +105,14 @@ class Driver:
         self.background: dict[str, asyncio.Task[Exchange]] = {}
 
     def sub(self, value: Any) -> Any:
-        if isinstance(value, str):
-            whole = f.VARIABLE.fullmatch(value)
-            if whole:
-                return self.variables[whole.group(1)]
-            text = f.VARIABLE.sub(lambda m: as_text(self.variables[m.group(1)]), value)
-            return text.replace("$${", "${")
-        if isinstance(value, dict):
-            return {self.sub(k): self.sub(v) for k, v in value.items()}
-        if isinstance(value, list):
-            return [self.sub(v) for v in value]
-        return value
+        return substitute(value, self.variables.__getitem__)
 
-    def _headers(self, auth: Any, extra: dict[str, str] | None = None) -> dict[str, str]:
-        headers: dict[str, str] = {}
-        token = auth if isinstance(auth, str) else (self.token if auth else None)
-        if token:
-            headers["Authorization"] = f"Bearer {token}"
-        headers.update(extra or {})
-        return headers
-
-    async def send(
-        self,
-        method: str,
-        path: str,
-        *,
-        auth: Any = True,
-        headers: dict[str, str] | None = None,
-        query: dict[str, Any] | None = None,
-        json_body: Any = NO_JSON,
-        body: str | None = None,
-    ) -> Exchange:
-        kwargs: dict[str, Any] = {
-            "headers": self._headers(auth, headers),
-            "params": {k: as_text(v) for k, v in (query or {}).items()},
-        }
-        if json_body is not NO_JSON:
-            kwargs["content"] = orjson.dumps(json_body)
-            kwargs["headers"].setdefault("Content-Type", "application/json")
-        elif body is not None:
-            kwargs["content"] = body.encode()
-        response = await self.client.request(method, path, **kwargs)
+    async def send(self, request: StepRequest) -> Exchange:
+        headers, params, content = request.encoded(self.token)
+        method, path = request.method, request.path
+        response = await self.client.request(
+            method, path, headers=headers, params=params, content=content
+        )
         self._check_contract(method, response, response.content)
         return _exchange(method, path, response)
 
@@ -177,51 +147,16 @@ class Driver:
         return outcomes
 
     async def _step(self, step: Any, outcome: StepOutcome) -> None:
-        if isinstance(step, f.HttpStep):
-            spec = step.http
-            send = self.send(
-                spec.method.upper(),
-                as_text(self.sub(spec.path)),
-                auth=self.sub(spec.auth),
-                headers=self.sub(spec.headers),
-                query=self.sub(spec.query),
-                json_body=self.sub(spec.json_body) if spec.given("json_body") else NO_JSON,
-                body=self.sub(spec.body),
-            )
-            await self._http(step, outcome, send, "2xx")
-        elif isinstance(step, f.CallStep):
-            spec = step.call
-            session = self.sub(spec.session)
-            method = as_text(self.sub(spec.method))
-            path = f"/v1/sessions/{session}/call/{method}" if session else f"/v1/call/{method}"
-            body: dict[str, Any] = {}
-            if spec.given("params"):
-                body["params"] = self.sub(spec.params)
-            if spec.timeout_ms is not None:
-                body["timeoutMs"] = spec.timeout_ms
-            if spec.options is not None:
-                body["options"] = self.sub(spec.options)
-            send = self.send("POST", path, auth=self.sub(spec.auth), json_body=body)
-            await self._http(step, outcome, send, "2xx")
-        elif isinstance(step, f.CreateSessionStep):
-            spec_c = step.create_session
-            body = {"options": self.sub(spec_c.options)} if spec_c.options is not None else {}
-            ex = await self.send("POST", "/v1/sessions", auth=self.sub(spec_c.auth), json_body=body)
-            self._check(step.expect, ex, 201, outcome)
-            if ex.status == 201 and isinstance(ex.json, dict):
-                self.variables[spec_c.as_] = ex.json.get("sessionId")
-            self._capture(step, ex.json, ex)
-        elif isinstance(step, f.ReplyStep):
-            spec_r = step.reply
-            base = f"/v1/sessions/{self.sub(spec_r.session)}/requests/"
-            base += as_text(self.sub(spec_r.request_key))
-            if spec_r.error is not None:
-                payload: Any = self.sub(spec_r.error.model_dump(exclude_unset=True))
-                path = f"{base}/error"
-            else:
-                payload, path = {"result": self.sub(spec_r.result)}, f"{base}/result"
-            ex = await self.send("POST", path, auth=self.sub(spec_r.auth), json_body=payload)
-            self._check(step.expect, ex, 200, outcome)
+        if isinstance(step, f.HttpStep | f.CallStep | f.CreateSessionStep | f.ReplyStep):
+            send = self.send(step_request(step, self.sub))
+            if getattr(step, "background", None) is not None:
+                self.background[step.background] = asyncio.ensure_future(send)
+                return
+            ex = await send
+            self._check(step.expect, ex, default_status(step), outcome)
+            created = isinstance(step, f.CreateSessionStep) and ex.status == 201
+            if created and isinstance(ex.json, dict):
+                self.variables[step.create_session.as_] = ex.json.get("sessionId")
             self._capture(step, ex.json, ex)
         elif isinstance(step, f.AwaitStep):
             ex = await self.background.pop(step.await_.request)
@@ -237,14 +172,6 @@ class Driver:
             stream = self.streams.pop(step.close, None)
             if stream is not None:
                 await stream.response.aclose()
-
-    async def _http(self, step: Any, outcome: StepOutcome, send: Any, default: Any) -> None:
-        if step.background is not None:
-            self.background[step.background] = asyncio.ensure_future(send)
-            return
-        ex = await send
-        self._check(step.expect, ex, default, outcome)
-        self._capture(step, ex.json, ex)
 
     def _check(self, expect: Any, ex: Exchange, default: Any, outcome: StepOutcome) -> None:
         outcome.status, outcome.body = ex.status, ex.json
@@ -265,19 +192,18 @@ class Driver:
         expect = step.expect or f.EventsExpect()
         path = f"/v1/sessions/{self.sub(spec.session)}/events"
         after = int_or_none(self.sub(spec.after))
-        through = event_matcher(self.sub(spec.through)) if spec.through is not None else None
-        want = spec.count if spec.count is not None else (None if through is not None else 1)
+        goal = ReadGoal.of(spec, self.sub)
         auth = self.sub(spec.auth)
         events: list[Any] = []
         failed: Exchange | None = None
-        reached = want == 0
+        reached = goal.want == 0
         polls = 0
         while not reached and polls < MAX_POLLS:
             polls += 1
             query: dict[str, Any] = {"waitMs": spec.wait_ms}
             if after is not None:
                 query["after"] = after
-            ex = await self.send("GET", path, auth=auth, query=query)
+            ex = await self.send(StepRequest("GET", path, auth, query=query))
             outcome.status = ex.status
             if ex.status == 204:
                 continue
@@ -287,10 +213,7 @@ class Driver:
             events.append(ex.json)
             if after is not None:
                 after = ex.json.get("seq", after)
-            if (through is not None and not match(through, ex.json, subset=True)) or (
-                want is not None and len(events) >= want
-            ):
-                reached = True
+            reached = goal.reached(events)
         outcome.events = events
         if failed is not None or expect.error is not None:
             if failed is None:
@@ -301,31 +224,23 @@ class Driver:
             return
         if not reached:
             outcome.problems.append(Problem(("poll",), f"gave up after {polls} polls"))
-        seqs = [event.get("seq") for event in events]
-        kinds = [event.get("kind") for event in events]
-        outcome.problems += events_problems(expect, events, seqs, kinds, self.sub)
+        outcome.problems += events_problems(expect, events, sub=self.sub)
         if expect.quiet_ms is not None:
             query = {"waitMs": expect.quiet_ms}
             if after is not None:
                 query["after"] = after
-            ex = await self.send("GET", path, auth=auth, query=query)
+            ex = await self.send(StepRequest("GET", path, auth, query=query))
             if ex.status not in (204, 409):
                 outcome.problems.append(Problem(("expect", "quietMs"), f"got {ex.status}"))
         self._capture(step, events[-1] if events else NO_JSON)
 
     async def _stream(self, step: f.StreamStep, outcome: StepOutcome) -> None:
         spec = step.stream
-        path = self.sub(spec.path) if spec.path else f"/v1/sessions/{self.sub(spec.session)}"
-        if spec.session is not None:
-            path += "/events/stream"
-        extra = dict(self.sub(spec.headers or {}))
-        if spec.last_event_id is not None:
-            extra["Last-Event-ID"] = as_text(self.sub(spec.last_event_id))
-        params = {"after": as_text(self.sub(spec.after))} if spec.after is not None else {}
-        request = self.client.build_request(
-            "GET", path, headers=self._headers(self.sub(spec.auth), extra), params=params
-        )
-        response = await self.client.send(request, stream=True)
+        request = step_request(step, self.sub)
+        path = request.path
+        headers, params, _ = request.encoded(self.token)
+        built = self.client.build_request("GET", path, headers=headers, params=params)
+        response = await self.client.send(built, stream=True)
         outcome.status = response.status_code
         if response.status_code != 200:
             await response.aread()
@@ -343,13 +258,10 @@ class Driver:
         spec = step.read
         expect = step.expect or f.EventsExpect()
         stream = self.streams[spec.stream]
-        through = event_matcher(self.sub(spec.through)) if spec.through is not None else None
-        want = spec.count
-        if want is None and through is None and not spec.to_end:
-            want = 1
+        goal = ReadGoal.of(spec, self.sub)
         frames: list[dict[str, Any]] = []
         events: list[Any] = []
-        reached = want == 0
+        reached = goal.want == 0
         while not reached and not stream.ended:
             async with asyncio.timeout(10):
                 frame = await stream.next_frame()
@@ -358,10 +270,7 @@ class Driver:
             frames.append(frame)
             event = orjson.loads(frame["data"])
             events.append(event)
-            if (through is not None and not match(through, event, subset=True)) or (
-                want is not None and len(frames) >= want
-            ):
-                reached = True
+            reached = goal.reached(events)
         outcome.events = events
         if spec.to_end and not stream.ended:
             with contextlib.suppress(TimeoutError):
