@@ -27,13 +27,14 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
-from urllib.parse import unquote, urlsplit
+from urllib.parse import unquote
 
 import orjson
 from multidict import CIMultiDict, CIMultiDictProxy
 
 from bridge.errors import RestError
 from bridge.wire import dumps as wire_dumps
+from fakes.app_server.known_methods import KNOWN_METHODS
 from fakes.app_server.script import AppServerScript, MethodBehavior
 from scenarios import format as f
 from scenarios.expectations import (
@@ -58,6 +59,7 @@ from scenarios.mock_bridge import (
     APP_SERVER_VERSION,
     JSON_CONTENT_TYPE,
     KIND_STATUS,
+    SSE_HEADERS,
     STATUS_KIND,
     BridgeFront,
     Incoming,
@@ -311,7 +313,6 @@ class _Planner:
         self.loaded = loaded
         self.scenario = scenario
         self.base_url = base_url
-        self.base_path = urlsplit(base_url).path.rstrip("/")
         spec = scenario.bridge
         self.token = spec.token
         self.limits = spec.rest_limits()
@@ -597,7 +598,6 @@ class _Planner:
             return Reply(204, {})
         kind = kind or STATUS_KIND.get(status, "internal_error")
         allowed = self.front.route(incoming.method, incoming.path)[2]
-        session = self.sessions.get(params.get("sessionId", ""))
         error = error_of_kind(
             kind,
             status=status if KIND_STATUS.get(kind) != status else None,
@@ -606,8 +606,7 @@ class _Planner:
             method=incoming.method,
             allowed=allowed,
             limits=self.limits,
-            rpc_error=self._scripted_error(session, params.get("method")),
-            exit_params=None,
+            rpc_error=self._scripted_error(params.get("method")),
         )
         return Reply.of_error(error)
 
@@ -736,24 +735,17 @@ class _Planner:
                 if not behavior.repeat and len(entries) > 1:
                     del entries[index]
                 return behavior
-        if self.script is not None and self.script.unknown_methods is not None:
-            from fakes.app_server.known_methods import KNOWN_METHODS
+        unknown = self.script.unknown_methods if self.script is not None else None
+        return unknown if method not in KNOWN_METHODS else None
 
-            if method not in KNOWN_METHODS:
-                return self.script.unknown_methods
-        return None
-
-    def _scripted_error(self, session: SessionPlan | None, method: str | None) -> dict[str, Any]:
+    def _scripted_error(self, method: str | None) -> dict[str, Any]:
         if method is None or self.script is None:
             return {}
         for behavior in self.script.methods.get(method, []):
             if behavior.error is not None:
                 return behavior.error.to_wire()
-        if method not in _known_methods():
-            return {
-                "code": -32600,
-                "message": f"Invalid request: unknown variant `{method}`",
-            }
+        if method not in KNOWN_METHODS:
+            return {"code": -32600, "message": f"Invalid request: unknown variant `{method}`"}
         return {}
 
     def _call_outcome(
@@ -793,10 +785,10 @@ class _Planner:
                 return Reply.of_error(error_of_kind(kind, rpc_error=error))
             if behavior.has_result:
                 return Reply.of_json(status, {"result": behavior.result})
-        if method not in _known_methods() and not (
+        if method not in KNOWN_METHODS and not (
             self.script is not None and method in self.script.methods
         ):
-            rpc = self._scripted_error(session, method)
+            rpc = self._scripted_error(method)
             return Reply.of_error(error_of_kind("app_server_error", rpc_error=rpc))
         return Reply.of_json(status, {"result": call_result(method, params, ctx)})
 
@@ -982,7 +974,7 @@ class _Planner:
         start = after if after is not None else session.cursor
         goal = ReadGoal.of(spec, self.sub)
         if expect.error is not None:
-            self._poll_error(step, session, start, expect, incoming)
+            self._poll_error(session, start, expect, incoming)
             return
         events = self._read_events(session, start, goal, False, expect)
         if after is None:
@@ -990,12 +982,7 @@ class _Planner:
         self._read_done(step, session, events)
 
     def _poll_error(
-        self,
-        step: f.PollStep,
-        session: SessionPlan,
-        start: int,
-        expect: f.EventsExpect,
-        incoming: Incoming,
+        self, session: SessionPlan, start: int, expect: f.EventsExpect, incoming: Incoming
     ) -> None:
         """A long-poll expected to fail: reads past the log answer the error."""
         exit_seq = session.exit_seq
@@ -1064,7 +1051,7 @@ class _Planner:
             entry.reply = self._respond(verdict, incoming, expect, 200)
             entry.stream = StreamInfo(session, position, 0, error=True)
             return
-        entry.reply = Reply(200, dict(_sse_headers()))
+        entry.reply = Reply(200, dict(SSE_HEADERS))
         problems = self._http_problems(expect, entry.reply, incoming, 200)
         if problems:
             raise self.fail("the stream's response does not match", problems)
@@ -1357,18 +1344,6 @@ class _Planner:
             if key not in session.pending:
                 session.pending.append(key)
         return ordered
-
-
-def _known_methods() -> frozenset[str]:
-    from fakes.app_server.known_methods import KNOWN_METHODS
-
-    return frozenset(KNOWN_METHODS)
-
-
-def _sse_headers() -> dict[str, str]:
-    from scenarios.mock_bridge import SSE_HEADERS
-
-    return SSE_HEADERS
 
 
 #: A new event the scenario says nothing about (to reach a `count`).
