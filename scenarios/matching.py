@@ -34,6 +34,7 @@ __all__ = [
     "diff",
     "find_jsonpath",
     "is_matcher",
+    "json_type",
     "match",
     "render",
     "view",
@@ -79,7 +80,8 @@ def render(value: Any, limit: int = 200) -> str:
     return text if len(text) <= limit else f"{text[: limit - 3]}..."
 
 
-def _type_name(value: Any) -> str:
+def json_type(value: Any) -> str:
+    """The JSON type of `value` (`integer` for ints; a Python type's name if not JSON)."""
     if isinstance(value, bool):
         return "boolean"
     if value is None:
@@ -200,7 +202,7 @@ def _op(op: str, arg: Any, actual: Any, *, subset: bool, path: str) -> Mismatch 
         if any(_has_type(actual, name) for name in types):
             return None
         wanted = " or ".join(types)
-        return Mismatch(path, f"expected type {wanted}, received {_type_name(actual)} {received}")
+        return Mismatch(path, f"expected type {wanted}, received {json_type(actual)} {received}")
     if op == "$len":
         if not isinstance(actual, str | list | dict):
             return Mismatch(path, f"expected something with a length, received {received}")

@@ -28,6 +28,7 @@ from scenarios.matching import (
     MISSING,
     compile_jsonpath,
     is_matcher,
+    json_type,
     match,
     match_jsonpath,
     render,
@@ -64,7 +65,6 @@ class Values:
     def __init__(self, seed: int = 0) -> None:
         self.rng = random.Random(f"codex-rest-bridge respx mock {seed}")
         self._ms = EPOCH_MS
-        self._counter = 0
 
     def now_ms(self) -> int:
         """A clock that moves a few milliseconds per reading."""
@@ -93,7 +93,6 @@ class Values:
 
     def string(self, hint: str = "value") -> str:
         """A made-up string, recognisable as such: `<hint>-<8 hex digits>`."""
-        self._counter += 1
         stem = re.sub(r"[^A-Za-z0-9_]+", "-", hint).strip("-") or "value"
         return f"{stem}-{self.hex(8)}"
 
@@ -149,16 +148,9 @@ def _emit(items: Any, groups: dict[int, str], minimum: bool) -> str:
     out: list[str] = []
     for op, arg in items:
         name = str(op)
-        if name == "LITERAL":
-            out.append(chr(arg))
-        elif name == "NOT_LITERAL":
-            out.append(next(c for c in _FALLBACK_CHARS if ord(c) != arg))
-        elif name == "ANY":
-            out.append("x")
-        elif name == "IN":
-            out.append(_class_char(arg))
-        elif name == "CATEGORY":
-            out.append(_CATEGORY_CHARS.get(str(arg), "a"))
+        char = _char(name, arg)
+        if char is not None:
+            out.append(char)
         elif name == "BRANCH":
             out.append(_emit(arg[1][0], groups, minimum))
         elif name == "SUBPATTERN":
@@ -179,17 +171,26 @@ def _emit(items: Any, groups: dict[int, str], minimum: bool) -> str:
     return "".join(out)
 
 
+def _char(name: str, arg: Any) -> str | None:
+    """The character an item that stands for one character is made into (None: not one)."""
+    if name == "LITERAL":
+        return chr(arg)
+    if name == "NOT_LITERAL":
+        return next(c for c in _FALLBACK_CHARS if ord(c) != arg)
+    if name == "ANY":
+        return "x"
+    if name == "IN":
+        return _class_char(arg)
+    if name == "RANGE":
+        return chr(arg[0])
+    if name == "CATEGORY":
+        return _CATEGORY_CHARS.get(str(arg), "a")
+    return None
+
+
 def _class_char(items: Any) -> str:
     negate = any(str(op) == "NEGATE" for op, _ in items)
-    allowed: list[str] = []
-    for op, arg in items:
-        name = str(op)
-        if name == "LITERAL":
-            allowed.append(chr(arg))
-        elif name == "RANGE":
-            allowed.append(chr(arg[0]))
-        elif name == "CATEGORY":
-            allowed.append(_CATEGORY_CHARS.get(str(arg), "a"))
+    allowed = [char for op, arg in items if (char := _char(str(op), arg)) is not None]
     if not negate:
         return allowed[0] if allowed else "a"
     # A negated class: the first fallback character that none of its members is.
@@ -237,7 +238,7 @@ class Schemas:
                 found.add(kind)
             elif "const" in option or "enum" in option:
                 values = [option["const"]] if "const" in option else option["enum"]
-                found.update(_json_type(value) for value in values)
+                found.update(json_type(value) for value in values)
             elif option:
                 return set()
         return found
@@ -258,22 +259,6 @@ class Schemas:
             if isinstance(option.get("items"), dict):
                 return option["items"]  # type: ignore[no-any-return]
         return None
-
-
-def _json_type(value: Any) -> str:
-    if isinstance(value, bool):
-        return "boolean"
-    if value is None:
-        return "null"
-    if isinstance(value, int):
-        return "integer"
-    if isinstance(value, float):
-        return "number"
-    if isinstance(value, str):
-        return "string"
-    if isinstance(value, list):
-        return "array"
-    return "object"
 
 
 def fill(schema: Schema, schemas: Schemas, values: Values, hint: str = "value") -> Any:
@@ -458,7 +443,7 @@ def _wanted_types(ops: dict[str, Any], schema: Schema, schemas: Schemas, base: A
     if allowed:
         return sorted(allowed, key=lambda t: (t == "null", t))
     if base is not MISSING:
-        return [_json_type(base)]
+        return [json_type(base)]
     return []
 
 
@@ -552,7 +537,7 @@ def _typed(
     candidates: list[Any] = []
     filled = fill(schema, schemas, values, hint) if schema else MISSING
     for kind in wanted:
-        if filled is not MISSING and _json_type(filled) == kind:
+        if filled is not MISSING and json_type(filled) == kind:
             candidates.append(filled)
         if kind == "string":
             candidates.append(values.string(hint))
