@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import copy
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -1413,30 +1414,24 @@ def _could_be_exit(spec: dict[str, Any]) -> bool:
     return spec.get("kind") in (None, "exit") and spec.get("method") is None
 
 
+#: What a tentative read may change: of the session, and of its turn context.
+_TENTATIVE = (
+    ("pending", "next_request_id", "in_turn", "need_user"),
+    ("thread_id", "turn_id", "agent_item"),
+)
+
+
 class _Scratch:
     """Session state a tentative read may change, restored if the attempt is dropped."""
 
     def __init__(self, session: SessionPlan) -> None:
-        self.session = session
-        ctx = session.ctx
-        self._saved = (
-            list(session.pending),
-            session.next_request_id,
-            session.in_turn,
-            session.need_user,
-            ctx.thread_id,
-            ctx.turn_id,
-            ctx.agent_item,
-        )
+        owners = (session, session.ctx)
+        self._saved = [
+            (owner, name, copy.copy(getattr(owner, name)))
+            for owner, names in zip(owners, _TENTATIVE, strict=True)
+            for name in names
+        ]
 
     def rollback(self) -> None:
-        session, ctx = self.session, self.session.ctx
-        (
-            session.pending,
-            session.next_request_id,
-            session.in_turn,
-            session.need_user,
-            ctx.thread_id,
-            ctx.turn_id,
-            ctx.agent_item,
-        ) = self._saved
+        for owner, name, value in self._saved:
+            setattr(owner, name, value)
