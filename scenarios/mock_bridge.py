@@ -41,6 +41,7 @@ from bridge.limits import RestLimits
 from bridge.models import ClientOptions
 from bridge.openapi import build_openapi
 from bridge.routes import parse_query_int, parse_sse_position, refuse_options, validate_body
+from bridge.wire import dumps
 from scenarios.synth import Schemas, Values
 
 __all__ = [
@@ -444,6 +445,11 @@ def error_of_kind(
     return error
 
 
+def sse_frame(event: Mapping[str, Any]) -> bytes:
+    """`event` framed as the bridge's SSE route frames it."""
+    return b"id: %d\nevent: %s\ndata: %s\n\n" % (event["seq"], event["kind"].encode(), dumps(event))
+
+
 def health_body() -> dict[str, Any]:
     return {"status": "ok", "version": __version__}
 
@@ -454,6 +460,22 @@ def compatibility_body(version: str = APP_SERVER_VERSION) -> dict[str, Any]:
         "apiVersion": "v1",
         "openapi": "3.1.0",
         "appServer": {"command": ["codex", "app-server"], "version": version, "versionError": None},
+    }
+
+
+def text_turn_body(text: str, ctx: TurnContext) -> dict[str, Any]:
+    """A completed text turn's answer (without `events`) in `ctx`'s thread and turn."""
+    from fakes.app_server import shapes
+
+    usage = shapes.token_usage_breakdown(100, 20, 0, 0)
+    return {
+        "text": text,
+        "threadId": ctx.thread(),
+        "turnId": ctx.turn(),
+        "status": "completed",
+        "error": None,
+        "usage": shapes.thread_token_usage(usage, usage),
+        "approvals": [],
     }
 
 

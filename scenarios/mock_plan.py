@@ -34,7 +34,7 @@ import orjson
 from multidict import CIMultiDict, CIMultiDictProxy
 
 from bridge.errors import RestError
-from bridge.wire import dumps as wire_dumps
+from bridge.wire import dumps
 from fakes.app_server.known_methods import KNOWN_METHODS
 from fakes.app_server.script import AppServerScript, MethodBehavior
 from scenarios import format as f
@@ -73,6 +73,8 @@ from scenarios.mock_bridge import (
     event_params,
     health_body,
     session_created,
+    sse_frame,
+    text_turn_body,
 )
 from scenarios.openapi_check import ContractViolation, OpenApiChecker
 from scenarios.synth import Schemas, SynthesisError, Values, conform, write_jsonpath
@@ -117,11 +119,6 @@ class Reply:
         headers = CIMultiDictProxy(CIMultiDict(self.headers))
         text = self.body.decode("utf-8", "replace")
         return Exchange(method, path, self.status, headers, text, self.json())
-
-
-def dumps(value: Any) -> bytes:
-    """JSON as the bridge writes it."""
-    return wire_dumps(value)
 
 
 class Release:
@@ -209,8 +206,7 @@ class PlannedEvent:
         return self.trigger is None or self.trigger.release.is_set()
 
     def frame(self) -> bytes:
-        data = dumps(self.event)
-        return b"id: %d\nevent: %s\ndata: %s\n\n" % (self.seq, self.event["kind"].encode(), data)
+        return sse_frame(self.event)
 
 
 @dataclass
@@ -794,7 +790,6 @@ class _Planner:
         return Reply.of_json(status, {"result": call_result(method, params, ctx)})
 
     def _text_turn(self, request: dict[str, Any]) -> dict[str, Any]:
-        from fakes.app_server import shapes
         from fakes.app_server.server import default_reply_text
 
         text = default_reply_text([{"type": "text", "text": request.get("text", "")}])
@@ -804,17 +799,7 @@ class _Planner:
                 if message is not None and message.text:
                     text = message.text
         ctx = TurnContext(self.values)
-        ctx.thread_id, ctx.turn_id = self.values.uuid7(), self.values.uuid7()
-        usage = shapes.token_usage_breakdown(100, 20, 0, 0)
-        body: dict[str, Any] = {
-            "text": text,
-            "threadId": ctx.thread_id,
-            "turnId": ctx.turn_id,
-            "status": "completed",
-            "error": None,
-            "usage": shapes.thread_token_usage(usage, usage),
-            "approvals": [],
-        }
+        body = text_turn_body(text, ctx)
         if request.get("includeEvents"):
             scratch = SessionPlan("text-turn", ctx, known=False)
             specs = [

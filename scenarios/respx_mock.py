@@ -37,14 +37,16 @@ from urllib.parse import urlsplit
 
 import httpx
 import respx
+from pydantic.alias_generators import to_snake
 from respx.models import AllMockedAssertionError
 from respx.patterns import Lookup, Match, Pattern
 
 from bridge.errors import RestError
 from bridge.limits import RestLimits
+from bridge.routes import parse_sse_position
 from scenarios.expectations import NO_JSON
 from scenarios.format import LoadedScenario, load_scenario, parse_scenario
-from scenarios.matching import MISSING
+from scenarios.matching import MISSING, diff, match
 from scenarios.mock_bridge import (
     PRESETS,
     SSE_HEADERS,
@@ -58,6 +60,8 @@ from scenarios.mock_bridge import (
     event_params,
     health_body,
     session_created,
+    sse_frame,
+    text_turn_body,
 )
 from scenarios.mock_plan import (
     DEFAULT_BASE_URL,
@@ -67,7 +71,6 @@ from scenarios.mock_plan import (
     Reply,
     ScenarioPlan,
     SessionPlan,
-    dumps,
     plan,
 )
 from scenarios.synth import Values, conform
@@ -272,22 +275,29 @@ class ScenarioRouter(BridgeMockRouter):
 
     # -- answers
 
-    def _reject(self, entries: list[Entry], error: RestError) -> httpx.Response:
-        """The front's rejection; it serves the first step that planned it."""
-        for entry in entries:
-            planned = entry.reply
-            if entry.layer and entry.served == 0 and planned and planned.status == error.status:
-                entry.mark_served()
-                break
-        return _error_response(error)
+    def _admit(
+        self, request: httpx.Request, entries: list[Entry]
+    ) -> tuple[Incoming, httpx.Response | None]:
+        """`request` as the front sees it, and the front's rejection (None: it lets it in),
+        which serves the first step that planned it."""
+        incoming = self.incoming(request)
+        error = self.front.check(incoming).error
+        if error is None:
+            return incoming, None
+        with self._lock:
+            for entry in entries:
+                planned = entry.reply
+                if entry.layer and entry.served == 0 and planned and planned.status == error.status:
+                    entry.mark_served()
+                    break
+        return incoming, _error_response(error)
 
     def _static(self, request: httpx.Request, entries: list[Entry]) -> httpx.Response:
-        incoming = self.incoming(request)
+        incoming, rejected = self._admit(request, entries)
+        if rejected is not None:
+            return rejected
         with self._lock:
-            verdict = self.front.check(incoming)
-            if verdict.error is not None:
-                return self._reject(entries, verdict.error)
-            entry = next((e for e in entries if not e.layer and e.served == 0), None)
+            entry = _unserved(entries)
             if entry is None:
                 answered = [e.describe() for e in entries if not e.layer]
                 raise ScenarioMockError(
@@ -303,8 +313,6 @@ class ScenarioRouter(BridgeMockRouter):
         return _response(reply)
 
     def _check_body(self, entry: Entry, incoming: Incoming) -> None:
-        from scenarios.matching import diff, match
-
         if entry.request_json is NO_JSON:
             return
         sent = incoming.json()
@@ -320,11 +328,9 @@ class ScenarioRouter(BridgeMockRouter):
     def _poll(
         self, request: httpx.Request, session: SessionPlan, entries: list[Entry]
     ) -> httpx.Response | Any:
-        incoming = self.incoming(request)
-        verdict = self.front.check(incoming)
-        if verdict.error is not None:
-            with self._lock:
-                return self._reject(entries, verdict.error)
+        incoming, rejected = self._admit(request, entries)
+        if rejected is not None:
+            return rejected
         after_raw = incoming.query.get("after")
         after = int(after_raw) if after_raw is not None else None
         limits = self.front.limits
@@ -396,14 +402,11 @@ class ScenarioRouter(BridgeMockRouter):
     def _stream(
         self, request: httpx.Request, session: SessionPlan, entries: list[Entry]
     ) -> httpx.Response:
-        from bridge.routes import parse_sse_position
-
-        incoming = self.incoming(request)
+        incoming, rejected = self._admit(request, entries)
+        if rejected is not None:
+            return rejected
         with self._lock:
-            verdict = self.front.check(incoming)
-            if verdict.error is not None:
-                return self._reject(entries, verdict.error)
-            entry = next((e for e in entries if not e.layer and e.served == 0), None)
+            entry = _unserved(entries)
             if entry is not None:
                 entry.mark_served()
                 if entry.stream is not None and entry.stream.error and entry.reply is not None:
@@ -462,6 +465,11 @@ class ScenarioRouter(BridgeMockRouter):
             ]
             lines += [f"  {line}" for line in missing]
             raise AssertionError("\n".join(lines))
+
+
+def _unserved(entries: list[Entry]) -> Entry | None:
+    """The first of `entries` the host has not made yet (the front's rejections aside)."""
+    return next((entry for entry in entries if not entry.layer and entry.served == 0), None)
 
 
 def _bind(handler: Callable[..., Any], *args: Any) -> Callable[[httpx.Request], Any]:
@@ -569,19 +577,14 @@ class OpenApiRouter(BridgeMockRouter):
             raise ValueError(
                 f"overrides for unknown operations {unknown}; the document has {sorted(known)}"
             )
-        self._lines: list[str] = []
         for operation in front.operations:
             label = f"{operation.method} {self.base_url}{operation.path} ({operation.operation_id})"
-            self._lines.append(label)
             self._add(
                 operation.method,
                 _regex_for(self._base_path, operation),
                 label,
                 _bind(self._answer, operation),
             )
-
-    def known_routes(self) -> list[str]:
-        return list(self._lines)
 
     def describe(self) -> str:
         return f"mock of the bridge's OpenAPI document at {self.base_url}"
@@ -639,17 +642,10 @@ class OpenApiRouter(BridgeMockRouter):
         return _response(Reply.of_json(status, body))
 
     def _summary(self) -> dict[str, Any]:
+        """A running session's, with no events yet."""
         created = self.values.timestamp()
-        return {
-            "sessionId": self.values.uuid4(),
-            "createdAt": created,
-            "lastActivityAt": created,
-            "state": "running",
-            "exitCode": None,
-            "pendingRequests": [],
-            "nextSeq": 1,
-            "bufferedEvents": 0,
-        }
+        session_id = self.values.uuid4()
+        return SessionPlan(session_id, TurnContext(self.values), created_at=created).summary()
 
     def _event(self, ctx: TurnContext, seq: int, kind: str = "notification") -> dict[str, Any]:
         method = None if kind == "exit" else "thread/status/changed"
@@ -663,26 +659,14 @@ class OpenApiRouter(BridgeMockRouter):
         }
 
     def _example_frames(self, ctx: TurnContext) -> bytes:
-        frames = []
-        for seq, kind in ((1, "notification"), (2, "exit")):
-            event = self._event(ctx, seq, kind)
-            frames.append(b"id: %d\nevent: %s\ndata: %s\n\n" % (seq, kind.encode(), dumps(event)))
-        return b"".join(frames)
+        kinds = ((1, "notification"), (2, "exit"))
+        return b"".join(sse_frame(self._event(ctx, seq, kind)) for seq, kind in kinds)
 
     def _text_turn(self, request: dict[str, Any], ctx: TurnContext) -> dict[str, Any]:
-        from fakes.app_server import shapes
         from fakes.app_server.server import default_reply_text
 
-        usage = shapes.token_usage_breakdown(100, 20, 0, 0)
-        body: dict[str, Any] = {
-            "text": default_reply_text([{"type": "text", "text": request.get("text", "")}]),
-            "threadId": ctx.thread(),
-            "turnId": ctx.turn(),
-            "status": "completed",
-            "error": None,
-            "usage": shapes.thread_token_usage(usage, usage),
-            "approvals": [],
-        }
+        text = default_reply_text([{"type": "text", "text": request.get("text", "")}])
+        body = text_turn_body(text, ctx)
         if request.get("includeEvents"):
             body["events"] = [self._event(ctx, 1)]
         return body
@@ -732,8 +716,6 @@ def openapi_router(
 
 
 def _limits(limits: RestLimits | Mapping[str, Any] | None) -> RestLimits | None:
-    from pydantic.alias_generators import to_snake
-
     if limits is None or isinstance(limits, RestLimits):
         return limits
     return RestLimits(**{to_snake(key): value for key, value in dict(limits).items()})
