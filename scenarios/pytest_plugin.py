@@ -530,18 +530,12 @@ def respx_scenario(request: pytest.FixtureRequest) -> Iterator[Callable[..., Any
     """
     from scenarios.respx_mock import scenario_router
 
-    routers: list[Any] = []
-
-    def start(scenario: Any, **options: Any) -> Any:
+    def make(scenario: Any, **options: Any) -> Any:
         if isinstance(scenario, str | os.PathLike):
             scenario = _near_test(request, Path(scenario))
-        router = scenario_router(scenario, **options)
-        router.start()
-        routers.append(router)
-        return router
+        return scenario_router(scenario, **options)
 
-    yield start
-    _stop_mocks(request, routers)
+    yield from _started_mocks(request, make)
 
 
 @pytest.fixture
@@ -557,16 +551,7 @@ def bridge_respx(request: pytest.FixtureRequest) -> Iterator[Callable[..., Any]]
     """
     from scenarios.respx_mock import openapi_router
 
-    routers: list[Any] = []
-
-    def start(source: Any = "trusted", **options: Any) -> Any:
-        router = openapi_router(source, **options)
-        router.start()
-        routers.append(router)
-        return router
-
-    yield start
-    _stop_mocks(request, routers)
+    yield from _started_mocks(request, openapi_router)
 
 
 def _near_test(request: pytest.FixtureRequest, path: Path) -> Path:
@@ -576,8 +561,20 @@ def _near_test(request: pytest.FixtureRequest, path: Path) -> Path:
     return beside if beside.exists() else path
 
 
-def _stop_mocks(request: pytest.FixtureRequest, routers: list[Any]) -> None:
-    """Stop respx routers; their end check runs only after a test that passed."""
+def _started_mocks(
+    request: pytest.FixtureRequest, make: Callable[..., Any]
+) -> Iterator[Callable[..., Any]]:
+    """A fixture's value: `make` a router and start it; after the test, stop them all
+    (their end check runs only after a test that passed)."""
+    routers: list[Any] = []
+
+    def start(*args: Any, **options: Any) -> Any:
+        router = make(*args, **options)
+        router.start()
+        routers.append(router)
+        return router
+
+    yield start
     report = request.node.stash.get(_CALL_REPORT, None)
     quiet = report is None or report.failed
     problems = []
