@@ -36,7 +36,15 @@ from multidict import CIMultiDict, CIMultiDictProxy
 from bridge.errors import RestError
 from bridge.wire import dumps
 from fakes.app_server.known_methods import KNOWN_METHODS
-from fakes.app_server.script import AppServerScript, MethodBehavior
+from fakes.app_server.script import (
+    AppServerScript,
+    BigLineStep,
+    ExitStep,
+    MethodBehavior,
+    RawStep,
+    RespondStep,
+    StallStep,
+)
 from scenarios import format as f
 from scenarios.expectations import (
     NO_JSON,
@@ -498,7 +506,7 @@ class _Planner:
     # -- made-up responses
 
     def _choose_status(
-        self, expect: f.HttpExpect | None, natural: int, default: Any, operation: Operation | None
+        self, expect: f.HttpExpect | None, natural: int, operation: Operation | None
     ) -> int:
         expect = expect or f.HttpExpect()
         wanted = expect.status
@@ -529,13 +537,9 @@ class _Planner:
                 return KIND_STATUS.get(kind, 500)
             error = expect.error if isinstance(expect.error, dict) else {}
             return 502 if "code" in error else 500
-        if default == "2xx":
-            return (
-                natural
-                if 200 <= natural < 300
-                else (operation.success_status if operation else 200)
-            )
-        return int(default)
+        if 200 <= natural < 300:
+            return natural
+        return operation.success_status if operation else 200
 
     def _expected_kind(self, expect: f.HttpExpect) -> str | None:
         error = self.sub(expect.error)
@@ -577,7 +581,7 @@ class _Planner:
     ) -> Reply:
         """What the bridge would plausibly answer (before the step's expectations)."""
         natural = self._natural(operation, params, incoming, body)
-        status = self._choose_status(expect, natural.status, "2xx", operation)
+        status = self._choose_status(expect, natural.status, operation)
         kind = self._expected_kind(expect or f.HttpExpect())
         natural_kind = None
         if natural.status >= 400:
@@ -586,11 +590,9 @@ class _Planner:
         if status == natural.status and (kind is None or kind == natural_kind):
             return natural
         if 200 <= status < 300:
-            schema = operation.response_schema if operation else None
             if operation is not None and 200 <= natural.status < 300:
                 return Reply(status, natural.headers, natural.body)
-            filled = conform({}, MISSING, schema, self.schemas, self.values, subset=True)
-            return Reply.of_json(status, filled)
+            return Reply.of_json(status, self._filled(operation))
         if status == 204:
             return Reply(204, {})
         kind = kind or STATUS_KIND.get(status, "internal_error")
@@ -659,6 +661,7 @@ class _Planner:
         name = operation.operation_id if operation is not None else ""
         status = operation.success_status if operation is not None else 200
         request = incoming.json()
+        request = request if isinstance(request, dict) else {}
         session = self.sessions.get(params.get("sessionId", ""))
         if name in ("health", "v1_health"):
             return Reply.of_json(status, health_body())
@@ -672,42 +675,34 @@ class _Planner:
         if name == "create_session":
             options = getattr(body, "options", None)
             return Reply.of_json(status, session_created(self.values, options))
-        if name == "delete_session":
+        if name in ("delete_session", "reply_result", "reply_error", "session_call"):
             if session is None or session.deleted:
-                return Reply.of_error(
-                    error_of_kind("session_not_found", session_id=params["sessionId"])
+                error = error_of_kind("session_not_found", session_id=params["sessionId"])
+                return Reply.of_error(error)
+            if name == "delete_session":
+                return Reply.of_json(
+                    status, {"status": "deleted", "sessionId": params["sessionId"]}
                 )
-            return Reply.of_json(status, {"status": "deleted", "sessionId": params["sessionId"]})
-        if name in ("reply_result", "reply_error"):
+            if name == "session_call":
+                if session.exit_seq is not None:
+                    return Reply.of_error(error_of_kind("session_exited", session_id=session.id))
+                return self._call_outcome(session, params["method"], request.get("params"), status)
             key = params["requestKey"]
-            if session is None or session.deleted:
-                return Reply.of_error(
-                    error_of_kind("session_not_found", session_id=params["sessionId"])
-                )
             if key in session.answered:
                 return Reply.of_error(error_of_kind("request_already_answered", request_key=key))
             if key not in session.pending:
                 return Reply.of_error(error_of_kind("request_not_found", request_key=key))
             return Reply.of_json(status, {"status": "sent", "requestKey": key})
-        if name == "session_call":
-            if session is None or session.deleted:
-                return Reply.of_error(
-                    error_of_kind("session_not_found", session_id=params["sessionId"])
-                )
-            if session.exit_seq is not None:
-                return Reply.of_error(error_of_kind("session_exited", session_id=session.id))
-            call_params = request.get("params") if isinstance(request, dict) else None
-            return self._call_outcome(session, params["method"], call_params, status)
         if name == "call":
-            call_params = request.get("params") if isinstance(request, dict) else None
-            return self._call_outcome(None, params["method"], call_params, status)
+            return self._call_outcome(None, params["method"], request.get("params"), status)
         if name == "text_turn":
-            return Reply.of_json(
-                status, self._text_turn(request if isinstance(request, dict) else {})
-            )
+            return Reply.of_json(status, self._text_turn(request))
+        return Reply.of_json(status, self._filled(operation))
+
+    def _filled(self, operation: Operation | None) -> Any:
+        """A made-up success body of `operation`, valid against its schema."""
         schema = operation.response_schema if operation is not None else None
-        filled = conform({}, MISSING, schema, self.schemas, self.values, subset=True)
-        return Reply.of_json(status, filled)
+        return conform({}, MISSING, schema, self.schemas, self.values, subset=True)
 
     def _app_server_version(self) -> str:
         output = self.script.version_output if self.script is not None else None
@@ -752,12 +747,10 @@ class _Planner:
         ctx = session.ctx if session is not None else self.sessionless_ctx
         behavior = self._next_behavior(session, method, params)
         if behavior is not None:
-            from fakes.app_server import script as s
-
             if behavior.no_reply:
                 return Reply.of_error(error_of_kind("timeout"))
             for step in behavior.steps:
-                if isinstance(step, s.RespondStep):
+                if isinstance(step, RespondStep):
                     if step.respond.error is not None:
                         return Reply.of_error(
                             error_of_kind(
@@ -767,14 +760,14 @@ class _Planner:
                     if step.respond.has_result:
                         return Reply.of_json(status, {"result": step.respond.result})
                     break
-                if isinstance(step, s.ExitStep):
+                if isinstance(step, ExitStep):
                     exit_params = {"exitCode": step.exit.code, "signal": step.exit.signal}
                     return Reply.of_error(
                         error_of_kind("app_server_exited", exit_params=exit_params)
                     )
-                if isinstance(step, s.RawStep | s.BigLineStep):
+                if isinstance(step, RawStep | BigLineStep):
                     return Reply.of_error(error_of_kind("protocol_error"))
-                if isinstance(step, s.StallStep):
+                if isinstance(step, StallStep):
                     return Reply.of_error(error_of_kind("timeout"))
             if behavior.error is not None:
                 error = behavior.error.to_wire()
