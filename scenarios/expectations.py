@@ -2,10 +2,10 @@
 
 The scenario runner checks every step with these; they take plain values (an
 `Exchange`, a list of event objects) and a `sub` that fills in `${variables}`, so
-another interpreter of the same step models can use them too. So are what a step
-sends (`step_request`, `${variables}` filled in by `substitute`) and where a read
-stops (`ReadGoal`): the runner, the respx mock's planner and the tests' respx driver
-all read the steps with these.
+another interpreter of the same step models can use them too. What a step sends
+(`step_request`, its `${variables}` filled in by `substitute`) and where a read stops
+(`ReadGoal`) are here as well, so that the runner, the respx mock's planner and the
+tests' respx driver read the steps alike.
 """
 
 from __future__ import annotations
