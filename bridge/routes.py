@@ -84,6 +84,19 @@ def validate_body(model: type[M], raw: bytes) -> M:
     """
     if not raw.strip():
         raw = b"{}"
+    if b"NaN" in raw or b"Infinity" in raw:
+        # pydantic's parser takes these bare words as numbers; JSON has no such numbers,
+        # and they would reach the app-server as null. Only a body that has the words
+        # (a string may) pays for the second parse.
+        try:
+            orjson.loads(raw)
+        except orjson.JSONDecodeError as exc:
+            raise errors.bad_request(
+                "The request body is not valid JSON.",
+                data={
+                    "errors": [{"loc": [], "msg": f"Invalid JSON: {exc}", "type": "json_invalid"}]
+                },
+            ) from None
     try:
         return model.model_validate_json(raw)
     except ValidationError as exc:

@@ -8,12 +8,12 @@ on every wait, so a test never hangs on a stream that went quiet.
 from __future__ import annotations
 
 import asyncio
-import json
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
 
 import aiohttp
+import orjson
 
 
 @dataclass
@@ -28,7 +28,8 @@ class SseFrame:
     raw: list[str] = field(default_factory=list)
 
     def json(self) -> Any:
-        return json.loads(self.data)
+        # orjson reads as deep as the bridge writes (1,000+ levels; json stops short).
+        return orjson.loads(self.data)
 
 
 class SseReader:

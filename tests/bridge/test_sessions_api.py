@@ -328,6 +328,22 @@ async def test_invalid_json_is_400(bridge, http):
     assert body["message"] == "The request body is not valid JSON."
 
 
+@pytest.mark.parametrize("number", [b"NaN", b"Infinity", b"-Infinity"])
+async def test_nan_and_infinity_are_not_json(bridge, http, write_script, number):
+    script = write_script({"methods": {"x/echo": {"result": {"ok": True}}}})
+    base = await bridge()
+    url = f"{base}/v1/call/x/echo"
+    body = b'{"params": {"x": [%s]}, "options": {"env": {"FAKE_CODEX_SCRIPT": "%s"}}}'
+    async with http.post(url, data=body % (number, script.encode())) as response:
+        assert response.status == 400
+        answer = await response.json()
+    assert answer["message"] == "The request body is not valid JSON."
+    assert answer["data"]["errors"][0]["type"] == "json_invalid"
+    # The words inside a string are just text.
+    async with http.post(url, data=body % (b'"' + number + b'"', script.encode())) as response:
+        assert response.status == 200, await response.text()
+
+
 async def test_undecodable_body_is_400_and_closes_the_connection(bridge, http):
     # The rest of such a body cannot be skipped safely, so aiohttp drops the connection
     # after the response: the response must say so, or a keep-alive client sends its
