@@ -90,16 +90,7 @@ class Event:
     def json(self) -> bytes:
         """The event's JSON encoding, computed once."""
         if self._json is None:
-            encoded = dumps(
-                {
-                    "seq": self.seq,
-                    "kind": self.kind,
-                    "method": self.method,
-                    "params": self.params,
-                    "requestKey": self.request_key,
-                    "receivedAt": rfc3339(self.received_at),
-                }
-            )
+            encoded = dumps(self.to_wire())
             # Kept as a copy: orjson shrinks its ~4 KB output buffer in place, and the
             # freed tail of every event kept in the log would stay behind as a hole
             # (4.1 KB of resident memory per buffered event instead of 0.3 KB).
