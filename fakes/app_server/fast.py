@@ -29,6 +29,7 @@ from fakes.app_server.wire import (
     encode,
     notification,
     open_wire_log,
+    request_id_of,
     response,
     use_virtual_clock,
     write_all,
@@ -107,13 +108,12 @@ def _answer(line: bytes, state: FastStart, version: str) -> bytes | None:
             state.saw_initialized = True
             return b""
         return None
-    request_id = message.get("id")
+    request_id = request_id_of(message)
     params = message.get("params")
     if (
         method != "initialize"
         or state.initialized
-        or isinstance(request_id, bool)
-        or not isinstance(request_id, int | str)
+        or request_id is None
         or not isinstance(params, dict)
         or "clientInfo" not in params
     ):
@@ -123,7 +123,12 @@ def _answer(line: bytes, state: FastStart, version: str) -> bytes | None:
     state.initialized = True
     state.client_info = info
     # As AppServer.answer writes it: the reply and the remote control status, one write.
-    status = shapes.remote_control_status(state.ids.uuid4())
-    return encode(response(request_id, shapes.initialize_result(info, version))) + encode(
-        notification("remoteControl/status/changed", status)
-    )
+    reply = encode(response(request_id, shapes.initialize_result(info, version)))
+    return reply + remote_control_line(state.ids)
+
+
+def remote_control_line(ids: IdFactory) -> bytes:
+    """What follows a successful `initialize` reply at once, as from the real server:
+    its remote control status (off)."""
+    status = shapes.remote_control_status(ids.uuid4())
+    return encode(notification("remoteControl/status/changed", status))

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 import orjson
 
 from fakes.app_server import report, shapes
+from fakes.app_server.fast import FastStart, remote_control_line
 from fakes.app_server.ids import IdFactory
 from fakes.app_server.known_methods import KNOWN_METHODS
 from fakes.app_server.replies import (
@@ -38,13 +39,13 @@ from fakes.app_server.wire import (
     encode,
     log,
     notification,
+    request_id_of,
     rpc_error,
     server_request,
     use_virtual_clock,
 )
 
 if TYPE_CHECKING:
-    from fakes.app_server.fast import FastStart
     from fakes.app_server.script import AppServerScript, MethodBehavior, ReplySpec, TurnScript
     from fakes.app_server.steps import StepRunner
 
@@ -61,14 +62,6 @@ def default_reply_text(inputs: list[Any]) -> str:
         if isinstance(entry, dict) and entry.get("type") == "text"
     )
     return f"Hello from fake-codex. You said: {said}"
-
-
-def _request_id(message: Message) -> RequestId | None:
-    """The message's id if it is a valid JSON-RPC id (string or integer)."""
-    value = message.get("id")
-    if isinstance(value, bool) or not isinstance(value, int | str):
-        return None
-    return value
 
 
 def _matches(match: dict[str, Any] | None, params: Any) -> bool:
@@ -208,7 +201,7 @@ class AppServer:
         if not isinstance(message, dict):
             log("Failed to deserialize JSONRPCMessage: not an object")
             return
-        request_id = _request_id(message)
+        request_id = request_id_of(message)
         method = message.get("method")
         if isinstance(method, str) and "id" not in message:
             self._on_notification(method)
@@ -290,11 +283,9 @@ class AppServer:
             params = call.params if isinstance(call.params, dict) else {}
             client_info = params.get("clientInfo")
             self.client_info = client_info if isinstance(client_info, dict) else {}
-            # The real server announces its remote control status (off) at once. Written
-            # with the reply, in one write: a client that reads whole chunks sees both
-            # before it acts on the reply, rather than racing the second line.
-            status = shapes.remote_control_status(self.ids.uuid4())
-            data += encode(notification("remoteControl/status/changed", status))
+            # Written with the reply, in one write: a client that reads whole chunks sees
+            # both before it acts on the reply, rather than racing the second line.
+            data += remote_control_line(self.ids)
         self.out.write(data)
         if reply.after is not None:
             reply.after()

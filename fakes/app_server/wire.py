@@ -96,6 +96,14 @@ def notification(method: str, params: Any) -> Message:
     return {"method": method, "params": params, "emittedAtMs": now_ms()}
 
 
+def request_id_of(message: Message) -> RequestId | None:
+    """The message's id if it is a valid JSON-RPC id (string or integer)."""
+    value = message.get("id")
+    if isinstance(value, bool) or not isinstance(value, int | str):
+        return None
+    return value
+
+
 def server_request(request_id: RequestId, method: str, params: Any) -> Message:
     """A request from the server to the client."""
     return {"method": method, "id": request_id, "params": params}
