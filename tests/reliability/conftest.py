@@ -381,8 +381,7 @@ async def eventually(
     for _ in range(max(1, int(timeout / POLL_SECONDS))):
         if predicate():
             return True
-        # sync-ok: /proc tables and another process's state have no event to wait on
-        await asyncio.sleep(POLL_SECONDS)
+        await asyncio.sleep(POLL_SECONDS)  # sync-ok: /proc counts have no event to wait on
     if predicate():
         return True
     if raises:
