@@ -93,21 +93,16 @@ def run(repeats: int, options: dict[str, Any]) -> Section:
         bare.append(starts(bare_argv, fake_env(script=False)))
         for kind, env in kinds.items():
             fake[kind].append(starts(fake_argv(), env))
+    figures = ("spawn until the initialize answer", "CPU per life (spawn, initialize, exit)")
     for kind in kinds:
-        section.add(
-            f"start-up ({kind}): spawn until the initialize answer",
-            "ms",
-            [r[0] for r in fake[kind]],
-            baseline=[r[0] for r in bare],
-            baseline_name="bare interpreter",
-        )
-        section.add(
-            f"start-up ({kind}): CPU per life (spawn, initialize, exit)",
-            "ms",
-            [r[1] for r in fake[kind]],
-            baseline=[r[1] for r in bare],
-            baseline_name="bare interpreter",
-        )
+        for index, figure in enumerate(figures):
+            section.add(
+                f"start-up ({kind}): {figure}",
+                "ms",
+                [r[index] for r in fake[kind]],
+                baseline=[r[index] for r in bare],
+                baseline_name="bare interpreter",
+            )
     for in_flight in (1, 64):
         section.add(
             f"fake-codex CPU per call, {in_flight} in flight (bench script)",
