@@ -24,6 +24,24 @@ from bridge.process.backend import DEFAULT_COMMAND, ProcessBackend
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
+#: How the bridge's HTTP server is run (``web.AppRunner(app, **SERVER_SETTINGS)``), by
+#: `rest-bridge serve` and the test harness alike. Embedding a preset in your own runner,
+#: pass the same:
+#:
+#: - ``handler_cancellation``: a client that disconnects stops its handler at once (a
+#:   long-poll does not wait out its ``waitMs``, a call's process is not left behind);
+#: - ``auto_decompress=False``: the bridge decodes request bodies itself, bounded by
+#:   MAX_BODY_BYTES, and answers a coding it does not decode with 415 after
+#:   authentication (aiohttp's own decoder answers ``br`` and ``zstd`` with a plain-text
+#:   400 before any application code runs);
+#: - ``keepalive_timeout``: a connection that sends no complete request is closed after
+#:   75 s (aiohttp's default is an hour).
+SERVER_SETTINGS: dict[str, Any] = {
+    "handler_cancellation": True,
+    "auto_decompress": False,
+    "keepalive_timeout": 75.0,
+}
+
 
 @dataclass(frozen=True, slots=True)
 class QueryParam:
@@ -166,7 +184,7 @@ ROUTES: tuple[Route, ...] = (
     Route(
         "reply_result",
         "POST",
-        "/v1/sessions/{sessionId}/requests/{requestKey}/result",
+        "/v1/sessions/{sessionId}/requests/{requestKey:.+}/result",
         routes.reply_result,
         "Answer a server-originated request with a result",
         body=models.ReplyResult,
@@ -176,7 +194,7 @@ ROUTES: tuple[Route, ...] = (
     Route(
         "reply_error",
         "POST",
-        "/v1/sessions/{sessionId}/requests/{requestKey}/error",
+        "/v1/sessions/{sessionId}/requests/{requestKey:.+}/error",
         routes.reply_error,
         "Answer a server-originated request with a JSON-RPC error",
         body=models.ReplyError,

@@ -28,6 +28,46 @@ from bridge.models import (
 )
 
 
+class EventStream:
+    """The source of one SSE stream: batches of events from a position on.
+
+    :meth:`Backend.open_stream` returns one; the route writes each batch, then reports
+    it with :meth:`delivered`, and calls :meth:`close` when the stream ends.
+    """
+
+    async def next_batch(self, wait: float, limit: int) -> Sequence[Event]:
+        """Up to ``limit`` events after the position, waiting up to ``wait`` seconds.
+
+        Empty on timeout; raises ``session_exited`` once the log has ended and the
+        stream is past its end.
+        """
+        raise NotImplementedError
+
+    def delivered(self, seq: int) -> None:
+        """Every event through ``seq`` has been written to the client."""
+
+    def close(self) -> None:
+        """The stream has ended."""
+
+
+class PollingEventStream(EventStream):
+    """A stream made of :meth:`Backend.read_events` calls (for backends that have no other)."""
+
+    def __init__(self, backend: Backend, session_id: str, after: int | None) -> None:
+        self._backend = backend
+        self._session_id = session_id
+        self._after = after
+
+    async def next_batch(self, wait: float, limit: int) -> Sequence[Event]:
+        return await self._backend.read_events(
+            self._session_id, after=self._after, wait_ms=int(wait * 1000), limit=limit
+        )
+
+    def delivered(self, seq: int) -> None:
+        if self._after is not None:
+            self._after = seq
+
+
 def _unsupported(what: str) -> errors.RestError:
     return errors.not_found(f"This bridge's backend does not support {what}.")
 
@@ -80,6 +120,14 @@ class Backend:
         once the log has ended and the reader is past its end.
         """
         raise _unsupported("events")
+
+    async def open_stream(self, session_id: str, after: int | None) -> EventStream:
+        """The source of an SSE stream that starts after ``after`` (None: the cursor).
+
+        By default, :meth:`read_events` calls; raise ``session_not_found`` here or from
+        the first batch.
+        """
+        return PollingEventStream(self, session_id, after)
 
     async def reply_result(self, session_id: str, request_key: str, result: Any) -> None:
         """Answer a server-originated request with a success result."""

@@ -14,7 +14,13 @@ from collections.abc import Sequence
 from aiohttp import web
 
 from bridge import __version__
-from bridge.app import default_app, mounted_routes, text_turn_app, trusted_bridge_app
+from bridge.app import (
+    SERVER_SETTINGS,
+    default_app,
+    mounted_routes,
+    text_turn_app,
+    trusted_bridge_app,
+)
 from bridge.auth import AuthSettings, with_bearer_auth
 from bridge.limits import RestLimits, RestLimitsEnvError
 from bridge.openapi import build_openapi
@@ -26,7 +32,6 @@ PRESETS = {
     "text-turn": text_turn_app,
 }
 TOKEN_VARIABLE = "REST_ADAPTER_TOKEN"
-KEEPALIVE_SECONDS = 75.0
 SHUTDOWN_HANDLER_SECONDS = 2.0
 
 
@@ -115,14 +120,11 @@ async def serve(preset: str, command: list[str], host: str, port: int) -> None:
         loop.add_signal_handler(sig, stop.set)
     runner = web.AppRunner(
         app,
-        handler_cancellation=True,
         access_log=None,
-        # A connection that sends no complete request is closed after this long
-        # (aiohttp's own default is an hour).
-        keepalive_timeout=KEEPALIVE_SECONDS,
         # Shutdown closes the backend first, which ends every stream, long-poll and
         # call; a handler still running this long after that is cancelled.
         shutdown_timeout=SHUTDOWN_HANDLER_SECONDS,
+        **SERVER_SETTINGS,
     )
     await runner.setup()
     site = web.TCPSite(runner, host, port)

@@ -13,7 +13,6 @@ import logging
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
-import orjson
 from aiohttp import web
 from aiohttp.typedefs import Middleware
 
@@ -135,6 +134,27 @@ def request_already_answered(request_key: str) -> RestError:
     )
 
 
+def request_timeout(limit_ms: int) -> RestError:
+    """The request body did not arrive in time; the connection cannot be used again."""
+    return RestError(
+        408,
+        "request_timeout",
+        f"The request body did not arrive within {limit_ms} ms.",
+        data={"limitMs": limit_ms},
+        close_connection=True,
+    )
+
+
+def unsupported_media_type(encoding: str) -> RestError:
+    return RestError(
+        415,
+        "unsupported_media_type",
+        "The request body's Content-Encoding is not one the bridge decodes "
+        "(identity, gzip, deflate).",
+        data={"contentEncoding": encoding[:100]},
+    )
+
+
 def payload_too_large(limit: int) -> RestError:
     return RestError(
         413,
@@ -197,7 +217,7 @@ _HTTP_KINDS = {
     403: "forbidden",
     404: "not_found",
     405: "method_not_allowed",
-    408: "timeout",
+    408: "request_timeout",
     413: "payload_too_large",
     429: "busy",
 }
@@ -231,12 +251,6 @@ def make_error_middleware(max_body_bytes: int | None = None) -> Middleware:
             if exc.status < 400:
                 raise
             return from_http_exception(exc, max_body_bytes).to_response()
-        except orjson.JSONEncodeError:
-            # Only what a caller sent is encoded without a fallback: the JSON-RPC message
-            # for the app-server, where an integer past 64 bits cannot go.
-            return bad_request(
-                "The request holds a value JSON-RPC cannot carry (integers must fit in 64 bits)."
-            ).to_response()
         except Exception as exc:  # the last line of defence: no traceback leaves the bridge
             log.error(
                 "internal error on %s %s: %s", request.method, request.path, type(exc).__name__

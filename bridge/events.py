@@ -14,10 +14,11 @@ from __future__ import annotations
 import asyncio
 import math
 import time
+from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any, Literal
 
-from bridge.wire import dumps
+from bridge.wire import dumps, loads
 
 EventKind = Literal["notification", "request", "exit", "gap"]
 
@@ -56,9 +57,23 @@ def rfc3339(epoch_seconds: float) -> str:
 
 
 class Event:
-    """One entry of a session's log (the Event response record)."""
+    """One entry of a session's log (the Event response record).
 
-    __slots__ = ("_json", "kind", "method", "params", "received_at", "request_key", "seq")
+    An event kept in a bounded log is *frozen*: encoded to JSON at once and its parsed
+    ``params`` dropped, so that what the log holds is exactly the bytes it counts.
+    """
+
+    __slots__ = (
+        "_json",
+        "_params",
+        "end",
+        "kind",
+        "method",
+        "received_at",
+        "request_key",
+        "seq",
+        "size",
+    )
 
     def __init__(
         self,
@@ -72,17 +87,29 @@ class Event:
         self.seq = seq
         self.kind = kind
         self.method = method
-        self.params = params
+        self._params = params
         self.request_key = request_key
         self.received_at = time.time() if received_at is None else received_at
         self._json: bytes | None = None
+        #: The size of the JSON encoding once frozen, and the log's running total through it.
+        self.size = 0
+        self.end = 0
+
+    @property
+    def params(self) -> Any:
+        if self._params is _FROZEN:
+            return loads(self.json())["params"]
+        return self._params
 
     def to_wire(self) -> dict[str, Any]:
+        if self._params is _FROZEN:
+            wire: dict[str, Any] = loads(self.json())
+            return wire
         return {
             "seq": self.seq,
             "kind": self.kind,
             "method": self.method,
-            "params": self.params,
+            "params": self._params,
             "requestKey": self.request_key,
             "receivedAt": rfc3339(self.received_at),
         }
@@ -97,17 +124,65 @@ class Event:
             self._json = bytes(memoryview(encoded))
         return self._json
 
+    def freeze(self) -> int:
+        """Encode now and drop the parsed params; returns the encoding's size."""
+        self.size = len(self.json())
+        self._params = _FROZEN
+        return self.size
+
     def __repr__(self) -> str:
         return f"Event(seq={self.seq}, kind={self.kind!r}, method={self.method!r})"
 
 
-class EventLog:
-    """Ordered, bounded log of one session's events, with waiting readers."""
+_FROZEN: Any = object()
 
-    def __init__(self, capacity: int) -> None:
+
+class LogReader:
+    """An attached reader of a log (an SSE stream): where it is, and when it last moved.
+
+    While an attached reader is behind, :meth:`EventLog.must_wait` asks the producer to
+    wait rather than drop what the reader has not read; a reader that stops moving is
+    cut *loose* (:meth:`EventLog.cut_loose`) and is then owed a ``gap`` like any other.
+    """
+
+    __slots__ = ("_log", "loose", "position", "progress_at")
+
+    def __init__(self, log: EventLog, position: int) -> None:
+        self._log = log
+        self.position = position
+        self.progress_at = time.monotonic()
+        self.loose = False
+
+    def advance(self, seq: int) -> None:
+        """The reader has taken every event through ``seq``."""
+        if seq <= self.position:
+            return
+        self.position = seq
+        self.progress_at = time.monotonic()
+        log = self._log
+        if self.loose and seq >= log.next_seq - 1:
+            self.loose = False
+        if log.on_progress is not None:
+            log.on_progress()
+
+    def detach(self) -> None:
+        self._log.detach(self)
+
+
+class EventLog:
+    """Ordered, bounded log of one session's events, with waiting readers.
+
+    Bounded by ``capacity`` events and, when ``max_bytes`` is set, by the bytes of the
+    events' JSON encodings (the newest event is always kept, whatever its size).
+    """
+
+    def __init__(self, capacity: int, max_bytes: int | None = None) -> None:
         if capacity < 1:
             raise ValueError("capacity must be positive")
+        if max_bytes is not None and max_bytes < 1:
+            raise ValueError("max_bytes must be positive")
         self._capacity = capacity
+        self._max_bytes = max_bytes
         # A list read by slicing, its dropped head skipped by an offset and cut off
         # every ``_compact_at`` drops: reading k events costs O(k) wherever they are
         # (a deque walks from its end to the reader's position on every read).
@@ -117,7 +192,14 @@ class EventLog:
         self._next_seq = 1
         self._closed = False
         self._changed: asyncio.Future[None] | None = None
-        #: The last seq handed to a cursor reader (long-poll or SSE without a position).
+        #: Bytes of the retained events, and the running total through the last dropped one.
+        self._bytes = 0
+        self._total = 0
+        self._dropped_end = 0
+        self._readers: list[LogReader] = []
+        #: Called when an attached reader moves on (the producer may be waiting for it).
+        self.on_progress: Callable[[], None] | None = None
+        #: The last seq handed to a cursor reader (long-poll without a position).
         self.cursor = 0
 
     @property
@@ -128,6 +210,10 @@ class EventLog:
     def closed(self) -> bool:
         """True once the ``exit`` event is in the log."""
         return self._closed
+
+    @property
+    def retained_bytes(self) -> int:
+        return self._bytes
 
     def __len__(self) -> int:
         return len(self._events) - self._head
@@ -145,12 +231,24 @@ class EventLog:
             return None
         event = Event(self._next_seq, kind, method, params, request_key, received_at)
         self._next_seq += 1
-        self._events.append(event)
-        if len(self._events) - self._head > self._capacity:
+        events = self._events
+        events.append(event)
+        if self._max_bytes is not None:
+            self._bytes += event.freeze()
+            self._total += event.size
+            event.end = self._total
+        while len(events) - self._head > self._capacity or (
+            self._max_bytes is not None
+            and self._bytes > self._max_bytes
+            and len(events) - self._head > 1
+        ):
+            dropped = events[self._head]
+            self._bytes -= dropped.size
+            self._dropped_end = dropped.end
             self._head += 1
-            if self._head >= self._compact_at:
-                del self._events[: self._head]
-                self._head = 0
+        if self._head >= self._compact_at:
+            del events[: self._head]
+            self._head = 0
         if kind == "exit":
             self._closed = True
         self._wake()
@@ -197,3 +295,70 @@ class EventLog:
         changed, self._changed = self._changed, None
         if changed is not None and not changed.done():
             changed.set_result(None)
+
+    # -- attached readers and flow control ------------------------------------------
+
+    def attach(self, position: int) -> LogReader:
+        """A reader that will read from ``position`` on and report its progress."""
+        reader = LogReader(self, position)
+        self._readers.append(reader)
+        return reader
+
+    def detach(self, reader: LogReader) -> None:
+        if reader in self._readers:
+            self._readers.remove(reader)
+            if self.on_progress is not None:
+                self.on_progress()
+
+    @property
+    def readers(self) -> int:
+        return len(self._readers)
+
+    def _end_through(self, seq: int) -> int:
+        """The running byte total through ``seq`` (through the last dropped event if older)."""
+        events, head = self._events, self._head
+        first = events[head].seq if head < len(events) else self._next_seq
+        if seq < first:
+            return self._dropped_end
+        return events[head + seq - first].end
+
+    def must_wait(self, incoming: int) -> bool:
+        """Would one more event of about ``incoming`` bytes drop one an attached reader lacks?
+
+        Readers cut loose do not count. The producer should hold the event back (and stop
+        reading its source) until a reader moves on or is cut loose.
+        """
+        lowest = -1
+        for reader in self._readers:
+            if not reader.loose and (lowest < 0 or reader.position < lowest):
+                lowest = reader.position
+        if lowest < 0:
+            return False
+        last = self._next_seq - 1
+        unread = last - lowest
+        if unread <= 0:
+            return False
+        if unread + 1 > self._capacity:
+            return True
+        if self._max_bytes is None:
+            return False
+        return self._total - self._end_through(lowest) + incoming > self._max_bytes
+
+    def cut_loose(self, stalled_since: float) -> int:
+        """Stop waiting for readers that are behind and have not moved since ``stalled_since``.
+
+        Returns how many were cut loose; each is owed a ``gap`` if events it lacks are dropped.
+        """
+        last = self._next_seq - 1
+        count = 0
+        for reader in self._readers:
+            if not reader.loose and reader.position < last and reader.progress_at <= stalled_since:
+                reader.loose = True
+                count += 1
+        return count
+
+    def oldest_progress(self) -> float | None:
+        """When the slowest attached reader that is behind last moved, or None."""
+        last = self._next_seq - 1
+        times = [r.progress_at for r in self._readers if not r.loose and r.position < last]
+        return min(times) if times else None

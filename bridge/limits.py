@@ -40,6 +40,14 @@ class RestLimits:
     max_concurrent_text_turns: int = 8
     max_line_bytes: int = 16_777_216
     shutdown_grace_ms: int = 3000
+    #: The bytes of one session's event log (the events' JSON), as EVENT_BUFFER bounds
+    #: their number; what either drops is announced by a ``gap`` event.
+    event_buffer_bytes: int = 33_554_432
+    #: How long a request body may take to arrive (408 ``request_timeout``).
+    body_timeout_ms: int = 30_000
+    #: How long an SSE stream that is behind may stop reading before the app-server's
+    #: output is no longer held back for it (it then gets a ``gap``).
+    reader_stall_ms: int = 10_000
 
     def __post_init__(self) -> None:
         for field in dataclasses.fields(self):

@@ -6,7 +6,10 @@ come from the application (:data:`BACKEND`, :data:`CONFIG`).
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import re
+import zlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -60,13 +63,29 @@ def dump(model: BaseModel) -> Any:
     return model.model_dump(mode="json", by_alias=True, exclude_none=False)
 
 
+#: The content codings a request body may use (``Content-Encoding``).
+DECODED_ENCODINGS = frozenset({"", "identity", "gzip", "x-gzip", "deflate"})
+
+
 async def read_body(request: web.Request, model: type[M]) -> M:
-    """The request body validated as ``model``; an empty body counts as ``{}``."""
-    limit = request.app[CONFIG].limits.max_body_bytes
+    """The request body validated as ``model``; an empty body counts as ``{}``.
+
+    It must arrive within BODY_TIMEOUT_MS (else 408, and the connection is closed) and
+    use a content coding the bridge decodes (else 415); decoded, it must fit
+    MAX_BODY_BYTES like any other body (413).
+    """
+    limits = request.app[CONFIG].limits
+    limit = limits.max_body_bytes
+    encoding = request.headers.get("Content-Encoding", "").strip().lower()
+    if encoding not in DECODED_ENCODINGS:
+        raise errors.unsupported_media_type(encoding)
     if request.content_length is not None and request.content_length > limit:
         raise errors.payload_too_large(limit)
     try:
-        raw = await request.read()
+        async with asyncio.timeout(limits.body_timeout_ms / 1000):
+            raw = await request.read()
+    except TimeoutError:
+        raise errors.request_timeout(limits.body_timeout_ms) from None
     except web.RequestPayloadError:
         # A body that cannot be decoded, e.g. `Content-Encoding: gzip` over plain bytes.
         # Its rest cannot be skipped, so aiohttp drops the connection after the response:
@@ -74,7 +93,35 @@ async def read_body(request: web.Request, model: type[M]) -> M:
         raise errors.bad_request(
             "The request body could not be read.", close_connection=True
         ) from None
+    if encoding not in ("", "identity") and request.content.total_compressed_bytes is None:
+        # The server was run without automatic decompression (as `rest-bridge serve`
+        # runs it): decode here, never past the limit.
+        raw = decompress_body(raw, encoding, limit)
     return validate_body(model, raw)
+
+
+def decompress_body(raw: bytes, encoding: str, limit: int) -> bytes:
+    """``raw`` decoded from gzip or deflate: a 413 past ``limit`` bytes, a 400 if broken."""
+    wbits = zlib.MAX_WBITS | 16 if encoding in ("gzip", "x-gzip") else zlib.MAX_WBITS
+    if encoding == "deflate" and raw[:1] and raw[0] & 0x0F != 8:
+        wbits = -zlib.MAX_WBITS  # a raw deflate stream, as some clients send
+    decoder = zlib.decompressobj(wbits)
+    try:
+        body = decoder.decompress(raw, limit + 1)
+        if len(body) > limit:
+            raise errors.payload_too_large(limit)
+        if not decoder.eof or decoder.unused_data:
+            raise zlib.error("truncated or trailing data")
+    except zlib.error:
+        raise errors.bad_request(
+            f"The request body is not valid {encoding} data.", close_connection=True
+        ) from None
+    return body
+
+
+#: What makes pydantic's parser take a number JSON does not have: NaN, Infinity, and
+#: values that overflow a double (an exponent, or a run of digits) end up infinite.
+_SUSPECT_NUMBERS = re.compile(rb"NaN|Infinity|[0-9][eE]|[0-9]{300}")
 
 
 def validate_body(model: type[M], raw: bytes) -> M:
@@ -84,10 +131,10 @@ def validate_body(model: type[M], raw: bytes) -> M:
     """
     if not raw.strip():
         raw = b"{}"
-    if b"NaN" in raw or b"Infinity" in raw:
-        # pydantic's parser takes these bare words as numbers; JSON has no such numbers,
-        # and they would reach the app-server as null. Only a body that has the words
-        # (a string may) pays for the second parse.
+    if _SUSPECT_NUMBERS.search(raw) is not None:
+        # pydantic's parser takes these as numbers (infinite, or NaN); JSON has no such
+        # numbers, and they would reach the app-server as null. Only a body that has
+        # such text (a string may) pays for the second parse.
         try:
             orjson.loads(raw)
         except orjson.JSONDecodeError as exc:
@@ -255,34 +302,33 @@ def parse_sse_position(after_raw: str | None, header: str | None) -> int | None:
 async def events_stream(request: web.Request) -> web.StreamResponse:
     """Server-Sent Events: every event from the position on, until the ``exit`` event."""
     limits = request.app[CONFIG].limits
-    session_id = request.match_info["sessionId"]
-    source = backend(request)
     after = sse_position(request)
-    # Read once before answering, so an unknown or finished session is a JSON error.
-    batch = await source.read_events(session_id, after=after, wait_ms=0, limit=SSE_BATCH)
-    response = web.StreamResponse(
-        headers={
-            "Content-Type": "text/event-stream",
-            "Cache-Control": "no-cache",
-            "X-Accel-Buffering": "no",
-        }
-    )
-    await response.prepare(request)
-    keepalive_ms = limits.sse_keepalive_ms
-    with contextlib.suppress(ConnectionError, errors.RestError):
-        while True:
-            if batch:
-                await response.write(sse_frames(batch))
-                if batch[-1].kind == "exit":
-                    break
-                if after is not None:
-                    after = batch[-1].seq
-            else:
-                await response.write(b": keep-alive\n\n")
-            batch = await source.read_events(
-                session_id, after=after, wait_ms=keepalive_ms, limit=SSE_BATCH
-            )
-    return response
+    stream = await backend(request).open_stream(request.match_info["sessionId"], after)
+    try:
+        # Read once before answering, so an unknown or finished session is a JSON error.
+        batch = await stream.next_batch(0, SSE_BATCH)
+        response = web.StreamResponse(
+            headers={
+                "Content-Type": "text/event-stream",
+                "Cache-Control": "no-cache",
+                "X-Accel-Buffering": "no",
+            }
+        )
+        await response.prepare(request)
+        keepalive = limits.sse_keepalive_ms / 1000
+        with contextlib.suppress(ConnectionError, errors.RestError):
+            while True:
+                if batch:
+                    await response.write(sse_frames(batch))
+                    stream.delivered(batch[-1].seq)
+                    if batch[-1].kind == "exit":
+                        break
+                else:
+                    await response.write(b": keep-alive\n\n")
+                batch = await stream.next_batch(keepalive, SSE_BATCH)
+        return response
+    finally:
+        stream.close()
 
 
 class OpenApiSource:

@@ -1,15 +1,25 @@
-"""JSON encoding of what the bridge sends: orjson, and the standard library as a fallback.
+"""JSON in and out of the bridge: orjson, and the standard library where orjson falls short.
 
-orjson refuses values nested deeper than 254 levels, but decodes up to 1024, so an
-app-server message can be read and then not written back. Such values go through
-the standard library instead, with the interpreter's recursion limit raised for the
-call so that anything orjson could read (a few more than 1,000 levels: more than the
-default limit allows) can be written.
+Two gaps of orjson's are closed here, so that numbers and depth pass through unchanged:
+
+- **Integers beyond 64 bits.** orjson reads them as floats (precision lost) and refuses
+  to write them. :func:`loads` reads a text that holds a long run of digits with the
+  standard library, which keeps every integer exact; :func:`dumps` writes such values
+  with the standard library too.
+- **Depth.** orjson refuses to write values nested deeper than 254 levels but reads up
+  to 1024, so an app-server message could be read and then not written back. Such
+  values go through the standard library, with the interpreter's recursion limit raised
+  for the call so that anything orjson could read can be written.
+
+Numbers JSON cannot carry (``NaN``, ``Infinity``, ``1e400``, which overflows a double)
+are refused on the way in, by both paths.
 """
 
 from __future__ import annotations
 
 import json
+import math
+import re
 import sys
 from typing import Any
 
@@ -17,6 +27,10 @@ import orjson
 
 #: Enough for a value of orjson's maximum read depth (1024), with room for the caller.
 _DEEP_RECURSION_LIMIT = 4096
+#: The longest 64-bit integer has 20 digits; a run of 19 may already be out of range.
+_LONG_DIGITS = re.compile(rb"[0-9]{19}")
+
+JSONDecodeError = orjson.JSONDecodeError
 
 
 def dumps(value: Any) -> bytes:
@@ -29,5 +43,44 @@ def dumps(value: Any) -> bytes:
     sys.setrecursionlimit(max(limit, _DEEP_RECURSION_LIMIT))
     try:
         return json.dumps(value, ensure_ascii=False, separators=(",", ":")).encode()
+    finally:
+        sys.setrecursionlimit(limit)
+
+
+def dumps_line(value: Any) -> bytes:
+    """``value`` as one line of JSON (a JSON-RPC message for the app-server's stdin)."""
+    try:
+        return orjson.dumps(value, option=orjson.OPT_APPEND_NEWLINE)
+    except orjson.JSONEncodeError:
+        return dumps(value) + b"\n"
+
+
+def _finite(text: str) -> float:
+    number = float(text)
+    if math.isinf(number):
+        raise ValueError("number is infinity when parsed as double")
+    return number
+
+
+def _no_constant(text: str) -> Any:
+    raise ValueError(f"{text} is not JSON")
+
+
+def loads(data: bytes) -> Any:
+    """Parse one JSON text; integers of any size stay exact.
+
+    Raises :class:`JSONDecodeError` (a ``ValueError``) for anything that is not JSON,
+    including numbers that overflow a double.
+    """
+    if _LONG_DIGITS.search(data) is None:
+        return orjson.loads(data)
+    # Checked by orjson first: it refuses what JSON refuses, and knows the depth limit.
+    orjson.loads(data)
+    limit = sys.getrecursionlimit()
+    sys.setrecursionlimit(max(limit, _DEEP_RECURSION_LIMIT))
+    try:
+        return json.loads(data, parse_float=_finite, parse_constant=_no_constant)
+    except (ValueError, RecursionError) as exc:
+        raise JSONDecodeError(str(exc), "", 0) from None
     finally:
         sys.setrecursionlimit(limit)

@@ -17,7 +17,7 @@ import aiohttp
 import orjson
 from aiohttp import web
 
-from bridge.app import default_app, text_turn_app, trusted_bridge_app
+from bridge.app import SERVER_SETTINGS, default_app, text_turn_app, trusted_bridge_app
 from bridge.auth import with_bearer_auth
 from bridge.limits import RestLimits
 from bridge.routes import OPENAPI
@@ -126,7 +126,7 @@ def checker_for(app: web.Application) -> OpenApiChecker | None:
 
 async def serve_app(app: web.Application, host: str = "127.0.0.1") -> tuple[web.AppRunner, str]:
     """Serve `app` on a free loopback port; returns the runner and the base URL."""
-    runner = web.AppRunner(app, handler_cancellation=True, access_log=None)
+    runner = web.AppRunner(app, access_log=None, **SERVER_SETTINGS)
     await runner.setup()
     site = web.TCPSite(runner, host, 0)
     await site.start()

@@ -8,12 +8,11 @@ import logging
 import os
 import shlex
 import time
-from collections import OrderedDict
 from collections.abc import Sequence
 from typing import Any
 
 from bridge import __version__, errors
-from bridge.backend import Backend
+from bridge.backend import Backend, EventStream
 from bridge.events import Event, rfc3339
 from bridge.limits import RestLimits
 from bridge.models import (
@@ -26,7 +25,7 @@ from bridge.models import (
     TextTurnResponse,
 )
 from bridge.process.rpc import AppServerProcess, ProcessGone, RpcError, StdinFull
-from bridge.process.session import Session, rpc_failure
+from bridge.process.session import Session, SessionStream, rpc_failure
 from bridge.process.text_turn import TextTurn
 
 log = logging.getLogger("bridge")
@@ -39,10 +38,6 @@ DEFAULT_CLIENT_INFO = {
 }
 #: Variables of the bridge's own environment that a child process must never see.
 SECRET_ENV = ("REST_ADAPTER_TOKEN",)
-#: How many deleted sessions keep their event logs readable, and for how long: long
-#: enough for a stream to write the ``exit`` event, short enough to hold little memory.
-DELETED_MEMORY = 16
-DELETED_SECONDS = 30.0
 _VERSION_TIMEOUT = 10.0
 _VERSION_RETRY_AFTER = 30.0
 
@@ -74,10 +69,10 @@ class ProcessBackend(Backend):
         self.command = parse_command(command)
         self.limits = limits or RestLimits()
         self._sessions: dict[str, Session] = {}
-        #: Recently deleted sessions: their logs stay readable, so a stream that was
-        #: reading when the session was deleted still ends with its ``exit`` event.
-        self._deleted: OrderedDict[str, Session] = OrderedDict()
+        #: Slots of MAX_SESSIONS held by sessions being created and sessionless calls...
         self._reserved = 0
+        #: ...and by deleted (or reaped) sessions whose processes are not gone yet.
+        self._stopping = 0
         self._reaper: asyncio.Task[None] | None = None
         self._version: tuple[str | None, str | None] | None = None
         self._version_checked_at = 0.0
@@ -106,7 +101,7 @@ class ProcessBackend(Backend):
             with contextlib.suppress(asyncio.CancelledError):
                 await self._reaper
             self._reaper = None
-        await asyncio.gather(*(self._stop(p) for p in list(self._processes)))
+        await asyncio.gather(*(self._stop_fully(p) for p in list(self._processes)))
         self._sessions.clear()
         if self._background:
             await asyncio.gather(*self._background, return_exceptions=True)
@@ -118,10 +113,9 @@ class ProcessBackend(Backend):
             await asyncio.sleep(interval)
             now = time.time()
             for session in list(self._sessions.values()):
-                if session.readers == 0 and now - session.last_activity_at > idle:
+                if not session.busy() and now - session.last_activity_at > idle:
                     log.info("reaping idle session %s", session.id)
-                    self._sessions.pop(session.id, None)
-                    self._run_in_background(self._stop(session.process))
+                    self._run_in_background(self._remove(session))
 
     def _run_in_background(self, coroutine: Any) -> None:
         task = asyncio.create_task(coroutine)
@@ -199,17 +193,46 @@ class ProcessBackend(Backend):
             process.notify("initialized")
             return result
         except (RpcError, ProcessGone, StdinFull, TimeoutError) as exc:
-            await self._stop(process)
+            await self._stop_fully(process)
             raise rpc_failure(exc, "Starting the app-server") from None
         except BaseException:
-            await self._stop(process)
+            await self._stop_fully(process)
             raise
 
     async def _stop(self, process: AppServerProcess) -> None:
         await process.shutdown(self.limits.shutdown_grace_ms / 1000)
 
+    async def _stop_fully(self, process: AppServerProcess) -> None:
+        """Stop ``process`` and wait until it is gone, even when the caller is cancelled.
+
+        A client that disconnects cancels its handler; the process it was using must
+        still be stopped, and its slot held until it is gone. The cancellation is
+        re-raised once it is.
+        """
+        stopping = asyncio.ensure_future(self._stop(process))
+        cancelled = False
+        while not stopping.done():
+            try:
+                await asyncio.shield(stopping)
+            except asyncio.CancelledError:
+                cancelled = True
+        stopping.result()
+        if cancelled:
+            raise asyncio.CancelledError
+
+    async def _remove(self, session: Session) -> None:
+        """Forget ``session`` at once; its slot is free when its process is gone."""
+        if self._sessions.pop(session.id, None) is None:
+            return
+        self._stopping += 1
+        try:
+            await self._stop_fully(session.process)
+        finally:
+            self._stopping -= 1
+
     def _reserve_slot(self) -> None:
-        if len(self._sessions) + self._reserved >= self.limits.max_sessions:
+        held = len(self._sessions) + self._reserved + self._stopping
+        if held >= self.limits.max_sessions:
             raise errors.session_limit_reached(self.limits.max_sessions)
         self._reserved += 1
 
@@ -254,7 +277,7 @@ class ProcessBackend(Backend):
                 except (RpcError, ProcessGone, StdinFull, TimeoutError) as exc:
                     raise rpc_failure(exc, f"The call to {method!r}") from None
             finally:
-                await self._stop(process)
+                await self._stop_fully(process)
         finally:
             self._reserved -= 1
 
@@ -264,7 +287,12 @@ class ProcessBackend(Backend):
         self._reserve_slot()
         try:
             process = await self._spawn(options)
-            session = Session(process, event_buffer=self.limits.event_buffer)
+            session = Session(
+                process,
+                event_buffer=self.limits.event_buffer,
+                event_buffer_bytes=self.limits.event_buffer_bytes,
+                reader_stall=self.limits.reader_stall_ms / 1000,
+            )
             session.initialize_result = await self._initialize(process, options)
             self._sessions[session.id] = session
         finally:
@@ -285,21 +313,12 @@ class ProcessBackend(Backend):
         return [SessionSummary.model_validate(s.summary()) for s in self._sessions.values()]
 
     async def delete_session(self, session_id: str) -> None:
-        session = self._sessions.pop(session_id, None)
+        """Gone at once: every new request on the id is a 404; open streams read on to
+        the ``exit`` event. Answers once the process is gone."""
+        session = self._sessions.get(session_id)
         if session is None:
             raise errors.session_not_found(session_id)
-        self._remember_deleted(session)
-        await self._stop(session.process)
-
-    def _remember_deleted(self, session: Session) -> None:
-        session.touch()
-        self._deleted[session.id] = session
-        horizon = time.time() - DELETED_SECONDS
-        while self._deleted and (
-            len(self._deleted) > DELETED_MEMORY
-            or next(iter(self._deleted.values())).last_activity_at < horizon
-        ):
-            self._deleted.popitem(last=False)
+        await self._remove(session)
 
     async def session_call(
         self, session_id: str, method: str, params: Any, *, timeout_ms: int | None
@@ -311,10 +330,10 @@ class ProcessBackend(Backend):
         self, session_id: str, *, after: int | None, wait_ms: int, limit: int
     ) -> Sequence[Event]:
         wait = min(wait_ms, self.limits.max_wait_ms) / 1000
-        session = self._sessions.get(session_id) or self._deleted.get(session_id)
-        if session is None:
-            raise errors.session_not_found(session_id)
-        return await session.read_events(after, wait, limit)
+        return await self.session(session_id).read_events(after, wait, limit)
+
+    async def open_stream(self, session_id: str, after: int | None) -> EventStream:
+        return _SessionEventStream(self.session(session_id).open_stream(after))
 
     async def reply_result(self, session_id: str, request_key: str, result: Any) -> None:
         self.session(session_id).reply(request_key, result=result)
@@ -336,7 +355,9 @@ class ProcessBackend(Backend):
             deadline = (request.timeout_ms or self.limits.text_turn_timeout_ms) / 1000
             process = await self._spawn(request.options)
             try:
-                turn = TextTurn(process, request, self.limits.event_buffer)
+                turn = TextTurn(
+                    process, request, self.limits.event_buffer, self.limits.event_buffer_bytes
+                )
                 async with asyncio.timeout(deadline):
                     await self._initialize(process, request.options)
                     return await turn.run(self.limits.call_timeout_ms / 1000)
@@ -348,9 +369,23 @@ class ProcessBackend(Backend):
                     data={"reason": "deadline"},
                 ) from None
             finally:
-                await self._stop(process)
+                await self._stop_fully(process)
         finally:
             self._turns_active -= 1
+
+
+class _SessionEventStream(EventStream):
+    def __init__(self, stream: SessionStream) -> None:
+        self._stream = stream
+
+    async def next_batch(self, wait: float, limit: int) -> Sequence[Event]:
+        return await self._stream.next_batch(wait, limit)
+
+    def delivered(self, seq: int) -> None:
+        self._stream.delivered(seq)
+
+    def close(self) -> None:
+        self._stream.close()
 
 
 def _refuse_server_request(process: AppServerProcess) -> Any:

@@ -24,7 +24,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, cast
 
-import orjson
+from bridge.wire import JSONDecodeError, dumps_line, loads
 
 log = logging.getLogger("bridge.process")
 
@@ -33,10 +33,22 @@ STDERR_TAIL_BYTES = 8192
 MAX_STDIN_BUFFER = 16 * 1024 * 1024
 #: How long to wait for the pipes to close after the child itself exited.
 _PIPE_DRAIN_SECONDS = 0.5
+#: How long a child may live on after closing its stdout before it counts as broken.
+_EOF_GRACE_SECONDS = 1.0
 _ANSI = re.compile(r"\x1b\[[0-9;?]*[ -/]*[@-~]")
 
 NotificationHandler = Callable[[str, Any], None]
 RequestHandler = Callable[[Any, str, Any], None]
+#: Asked before each line from the child is taken, with its size: True holds it back.
+FlowGate = Callable[[int], bool]
+
+
+def _ignore_notification(method: str, params: Any) -> None:
+    pass
+
+
+def _ignore_request(request_id: Any, method: str, params: Any) -> None:
+    pass
 
 
 class RpcError(Exception):
@@ -95,26 +107,33 @@ def _expire(future: asyncio.Future[Any]) -> None:
 
 
 class _StdioProtocol(asyncio.SubprocessProtocol):
+    """Hands the child's output to its owner; let go of it once the process is finished."""
+
     def __init__(self, owner: AppServerProcess) -> None:
-        self._owner = owner
+        self.owner: AppServerProcess | None = owner
 
     def pipe_data_received(self, fd: int, data: bytes | str) -> None:
+        owner = self.owner
+        if owner is None:
+            return
         if isinstance(data, str):
             data = data.encode()
         if fd == 1:
-            self._owner._feed_stdout(data)
+            owner._feed_stdout(data)
         elif fd == 2:
-            self._owner._feed_stderr(data)
+            owner._feed_stderr(data)
 
     def pipe_connection_lost(self, fd: int, exc: Exception | None) -> None:
-        if fd == 1:
-            self._owner._stdout_eof()
+        if fd == 1 and self.owner is not None:
+            self.owner._stdout_eof()
 
     def process_exited(self) -> None:
-        self._owner._process_exited()
+        if self.owner is not None:
+            self.owner._process_exited()
 
     def connection_lost(self, exc: Exception | None) -> None:
-        self._owner._finish()
+        if self.owner is not None:
+            self.owner._finish()
 
 
 class AppServerProcess:
@@ -128,11 +147,20 @@ class AppServerProcess:
         on_request: RequestHandler | None = None,
     ) -> None:
         self._max_line_bytes = max_line_bytes
-        self.on_notification: NotificationHandler = on_notification or (lambda m, p: None)
-        self.on_request: RequestHandler = on_request or (lambda i, m, p: None)
+        self.on_notification: NotificationHandler = on_notification or _ignore_notification
+        self.on_request: RequestHandler = on_request or _ignore_request
         self.exit_callbacks: list[Callable[[ExitInfo], None]] = []
+        #: Flow control: asked before each line is taken (see :meth:`resume`).
+        self.flow_gate: FlowGate | None = None
         self._loop = asyncio.get_running_loop()
         self._transport: asyncio.SubprocessTransport | None = None
+        self._protocol: _StdioProtocol | None = None
+        #: Output read but held back by the flow gate, and whether reading is paused.
+        self._held = b""
+        self._paused = False
+        self._finish_deferred = False
+        #: Set once the bridge itself is stopping the process.
+        self._stopping = False
         self._stdin: asyncio.WriteTransport | None = None
         #: Lines written while other calls are in flight, sent in one write at the
         #: next turn of the loop (one syscall for many calls under load).
@@ -164,7 +192,7 @@ class AppServerProcess:
         Raises ``OSError`` when it cannot be started.
         """
         self = cls(max_line_bytes=max_line_bytes)
-        transport, _ = await self._loop.subprocess_exec(
+        transport, protocol = await self._loop.subprocess_exec(
             lambda: _StdioProtocol(self),
             *command,
             stdin=asyncio.subprocess.PIPE,
@@ -175,6 +203,7 @@ class AppServerProcess:
             start_new_session=True,
         )
         self._transport = transport
+        self._protocol = protocol
         self.pid = transport.get_pid()
         stdin = transport.get_pipe_transport(0)
         assert stdin is not None
@@ -190,6 +219,11 @@ class AppServerProcess:
     @property
     def running(self) -> bool:
         return self._exit_info is None
+
+    @property
+    def paused(self) -> bool:
+        """True while the flow gate holds the child's output back."""
+        return self._paused
 
     @property
     def exit_info(self) -> ExitInfo | None:
@@ -250,7 +284,7 @@ class AppServerProcess:
             raise ProcessGone(self._gone_info())
         if self._stdin.get_write_buffer_size() + self._outgoing_bytes > MAX_STDIN_BUFFER:
             raise StdinFull("the app-server is not reading its input")
-        line = orjson.dumps(message, option=orjson.OPT_APPEND_NEWLINE)
+        line = dumps_line(message)
         if not self._outgoing and len(self._pending) == 0:
             # Nothing else in flight: no reason to wait for company.
             self._stdin.write(line)
@@ -277,6 +311,9 @@ class AppServerProcess:
     def _feed_stdout(self, data: bytes) -> None:
         if self._protocol_error is not None:
             return
+        if self._paused:
+            self._held += data
+            return
         self.received_at = time.time()
         buffer = self._buffer
         if b"\n" not in data:
@@ -290,9 +327,13 @@ class AppServerProcess:
                 buffer.clear()
             limit = self._max_line_bytes
             dispatch = self._dispatch_line
-            for line in lines:
+            gate = self.flow_gate
+            for index, line in enumerate(lines):
                 if len(line) > limit:
                     self._break_protocol(f"a line of {len(line)} bytes exceeds MAX_LINE_BYTES")
+                    return
+                if gate is not None and gate(len(line)):
+                    self._hold(b"\n".join(lines[index:]) + b"\n" + rest)
                     return
                 dispatch(line)
                 if self._protocol_error is not None:
@@ -303,8 +344,8 @@ class AppServerProcess:
 
     def _dispatch_line(self, line: bytes) -> None:
         try:
-            message = orjson.loads(line)
-        except orjson.JSONDecodeError:
+            message = loads(line)
+        except JSONDecodeError:
             if line.strip():
                 self._break_protocol("the app-server wrote a line that is not JSON")
             return
@@ -316,7 +357,14 @@ class AppServerProcess:
             if not isinstance(method, str):
                 self._break_protocol("the app-server wrote a message whose method is not a string")
             elif "id" in message:
-                self.on_request(message["id"], method, message.get("params"))
+                request_id = message["id"]
+                if isinstance(request_id, bool) or not isinstance(request_id, str | int):
+                    # JSON-RPC ids are strings or integers: nothing else can be answered.
+                    self._break_protocol(
+                        "the app-server wrote a request whose id is neither a string nor an integer"
+                    )
+                else:
+                    self.on_request(request_id, method, message.get("params"))
             else:
                 self.on_notification(method, message.get("params"))
             return
@@ -362,6 +410,60 @@ class AppServerProcess:
             line = bytes(self._buffer)
             self._buffer.clear()
             self._dispatch_line(line)
+        if not self._exited and not self._stopping:
+            # Nothing more can be answered: a child that lives on without its stdout is
+            # as broken as one that writes garbage (unless it is merely about to exit).
+            self._loop.call_later(_EOF_GRACE_SECONDS, self._check_alive_after_eof)
+
+    def _check_alive_after_eof(self) -> None:
+        if self._exited or self._stopping or self._exit_info is not None:
+            return
+        if self.pid is not None:
+            try:
+                exited = os.waitid(os.P_PID, self.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+            except ChildProcessError:
+                return  # already reaped: its exit is on its way to us
+            if exited is not None:
+                return
+        self._break_protocol("the app-server closed its stdout but kept running")
+
+    # -- flow control ------------------------------------------------------------
+
+    def _hold(self, data: bytes) -> None:
+        """Keep ``data`` for later and stop reading the child's stdout."""
+        self._held = data
+        self._paused = True
+        pipe = self._stdout_pipe()
+        if pipe is not None:
+            pipe.pause_reading()
+
+    def resume(self) -> None:
+        """Take what was held back, if the flow gate now allows it, and read on."""
+        if not self._paused:
+            return
+        self._paused = False
+        held, self._held = self._held, b""
+        if held:
+            self._feed_stdout(held)
+            if self._paused:
+                return
+        pipe = self._stdout_pipe()
+        if pipe is not None and not pipe.is_closing():
+            pipe.resume_reading()
+        if self._finish_deferred:
+            self._finish_deferred = False
+            self._loop.call_later(_PIPE_DRAIN_SECONDS, self._finish)
+
+    def release_flow(self) -> None:
+        """No more holding back: take everything (for shutdown)."""
+        self.flow_gate = None
+        self.resume()
+
+    def _stdout_pipe(self) -> asyncio.ReadTransport | None:
+        if self._transport is None:
+            return None
+        pipe = self._transport.get_pipe_transport(1)
+        return cast(asyncio.ReadTransport, pipe) if pipe is not None else None
 
     def _break_protocol(self, reason: str) -> None:
         """The stream can no longer be trusted: stop the process."""
@@ -386,6 +488,11 @@ class AppServerProcess:
         if not self._exited and self._transport.get_returncode() is None:
             # The pipes closed before the process exited: wait for the exit itself.
             return
+        if self._paused and self._protocol_error is None:
+            # Its last words are still in the pipe, held back for a reader: finish once
+            # they are taken (or the reader is cut loose).
+            self._finish_deferred = True
+            return
         code = self._transport.get_returncode()
         sig: str | None = None
         if code is not None and code < 0:
@@ -405,6 +512,18 @@ class AppServerProcess:
                 callback(self._exit_info)
             except Exception as exc:
                 log.error("exit callback failed: %s", type(exc).__name__)
+        # Let go of everything that points back at the owners (a session, a turn), so
+        # that nothing but plain references keeps them: they go as soon as they are dropped.
+        self.exit_callbacks = []
+        self.on_notification = _ignore_notification
+        self.on_request = _ignore_request
+        self.flow_gate = None
+        self._held = b""
+        if self._protocol is not None:
+            self._protocol.owner = None
+        self._protocol = None
+        self._transport = None
+        self._stdin = None
 
     def _kill_group(self, sig: signal.Signals) -> None:
         if self.pid is None:
@@ -419,6 +538,8 @@ class AppServerProcess:
         """
         if self._exit_info is not None:
             return self._exit_info
+        self._stopping = True
+        self.release_flow()
         self._flush()
         if self._stdin is not None and not self._stdin.is_closing():
             self._stdin.close()

@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import json
+import logging
+import re
 import time
 import uuid
 from collections import OrderedDict
@@ -10,8 +13,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from bridge import errors
-from bridge.events import Event, EventLog, rfc3339
+from bridge.events import Event, EventLog, LogReader, rfc3339
 from bridge.process.rpc import AppServerProcess, ExitInfo, ProcessGone, RpcError, StdinFull
+
+log = logging.getLogger("bridge")
 
 #: How many answered request keys a session remembers, to tell "already answered"
 #: from "never existed".
@@ -28,11 +33,22 @@ class ServerRequest:
     params: Any
 
 
-def request_key(request_id: Any) -> str:
-    """The HTTP-facing key of a JSON-RPC id: the id as a string."""
+_INTEGER_TEXT = re.compile(r"-?[0-9]+")
+
+
+def request_key(request_id: str | int) -> str:
+    """The HTTP-facing key of a JSON-RPC id, one key per id.
+
+    An integer's key is its decimal digits, whatever its size. A string's key is the
+    string itself, unless that could be taken for another id's key or cannot be a path
+    segment (empty, integer digits, or a leading double quote): then it is the string's
+    JSON text, quotes included. So ``1`` and ``"1"`` are two keys, ``"abc"`` is ``abc``.
+    """
     if isinstance(request_id, str):
-        return request_id
-    return str(request_id) if not isinstance(request_id, bool) else str(request_id).lower()
+        if request_id and request_id[0] != '"' and not _INTEGER_TEXT.fullmatch(request_id):
+            return request_id
+        return json.dumps(request_id, ensure_ascii=False)
+    return str(request_id)
 
 
 def rpc_failure(exc: Exception, what: str) -> errors.RestError:
@@ -56,20 +72,34 @@ def rpc_failure(exc: Exception, what: str) -> errors.RestError:
 class Session:
     """A live (or exited) app-server process, addressed by its ``sessionId``."""
 
-    def __init__(self, process: AppServerProcess, *, event_buffer: int) -> None:
-        self.id = str(uuid.uuid4())
+    def __init__(
+        self,
+        process: AppServerProcess,
+        *,
+        event_buffer: int,
+        event_buffer_bytes: int | None = None,
+        reader_stall: float = 10.0,
+        session_id: str | None = None,
+    ) -> None:
+        self.id = session_id or str(uuid.uuid4())
         self.process = process
-        self.events = EventLog(event_buffer)
+        self.events = EventLog(event_buffer, event_buffer_bytes)
         self.created_at = time.time()
         self.last_activity_at = self.created_at
         self.initialize_result: Any = None
         #: Readers (SSE streams, long-polls) currently attached; a read session is not idle.
         self.readers = 0
+        #: Calls waiting for the app-server's answer; a session with one is not idle.
+        self.calls = 0
         self._pending: dict[str, ServerRequest] = {}
         self._answered: OrderedDict[str, None] = OrderedDict()
+        self._reader_stall = reader_stall
+        self._stall_timer: asyncio.TimerHandle | None = None
         process.on_notification = self._on_notification
         process.on_request = self._on_request
+        process.flow_gate = self._flow_gate
         process.exit_callbacks.append(self._on_exit)
+        self.events.on_progress = self._on_reader_progress
 
     # -- state -----------------------------------------------------------------
 
@@ -79,6 +109,10 @@ class Session:
 
     def touch(self) -> None:
         self.last_activity_at = time.time()
+
+    def busy(self) -> bool:
+        """True while something waits on the session: a call, a reader, or the server."""
+        return bool(self.calls or self.readers or self._pending)
 
     def pending_request_keys(self) -> list[str]:
         return list(self._pending)
@@ -102,11 +136,13 @@ class Session:
         self.touch()
         if not self.running:
             raise errors.session_exited(self.id)
+        self.calls += 1
         try:
             return await self.process.call(method, params, timeout)
         except (RpcError, ProcessGone, StdinFull, TimeoutError) as exc:
             raise rpc_failure(exc, f"The call to {method!r}") from None
         finally:
+            self.calls -= 1
             self.touch()
 
     def reply(self, key: str, *, result: Any = None, error: dict[str, Any] | None = None) -> None:
@@ -182,6 +218,100 @@ class Session:
         self._answered.pop(key, None)
         self.events.append("request", method, params, key, self.process.received_at)
 
+    def open_stream(self, after: int | None) -> SessionStream:
+        """An SSE reader from ``after`` (or the cursor, which it leaves where it is)."""
+        return SessionStream(self, self.events.cursor if after is None else after)
+
+    # -- flow control ----------------------------------------------------------------
+
+    def _flow_gate(self, incoming: int) -> bool:
+        """Hold the app-server's output back while an attached stream would lose events."""
+        if not self.events.must_wait(incoming):
+            return False
+        if self._stall_timer is None:
+            self._stall_timer = asyncio.get_running_loop().call_later(
+                self._reader_stall, self._check_stalled
+            )
+        return True
+
+    def _on_reader_progress(self) -> None:
+        if self.process.paused:
+            self.process.resume()
+            if not self.process.paused and self._stall_timer is not None:
+                self._stall_timer.cancel()
+                self._stall_timer = None
+
+    def _check_stalled(self) -> None:
+        """Cut loose the streams that have not read for the stall time, then read on."""
+        self._stall_timer = None
+        if not self.process.paused:
+            return
+        now = time.monotonic()
+        cut = self.events.cut_loose(now - self._reader_stall)
+        if cut:
+            log.info(
+                "session %s: %d event stream(s) stopped reading for %g s; reading on "
+                "(they will get a gap)",
+                self.id,
+                cut,
+                self._reader_stall,
+            )
+        self.process.resume()
+        if self.process.paused:
+            oldest = self.events.oldest_progress()
+            delay = self._reader_stall if oldest is None else oldest + self._reader_stall - now
+            self._stall_timer = asyncio.get_running_loop().call_later(
+                max(delay, 0.01), self._check_stalled
+            )
+
     def _on_exit(self, info: ExitInfo) -> None:
         self._pending.clear()
+        if self._stall_timer is not None:
+            self._stall_timer.cancel()
+            self._stall_timer = None
+        self.events.on_progress = None
         self.events.close(info.to_event_params())
+
+
+class SessionStream:
+    """One SSE stream's hold on a session: it reads on after a delete, to the ``exit`` event.
+
+    It is attached to the session's log, so that while it keeps reading nothing it lacks
+    is dropped (the app-server is held back instead); see :meth:`EventLog.must_wait`.
+    """
+
+    def __init__(self, session: Session, position: int) -> None:
+        self.session = session
+        self._reader: LogReader | None = session.events.attach(position)
+        session.readers += 1
+
+    @property
+    def position(self) -> int:
+        return self._reader.position if self._reader is not None else 0
+
+    async def next_batch(self, wait: float, limit: int) -> list[Event]:
+        """Events after the position (a ``gap`` first if some were dropped), waiting up to ``wait``.
+
+        Raises ``session_exited`` once the log has ended and the stream is past its end.
+        """
+        log = self.session.events
+        position = self.position
+        batch = log.read(position, limit)
+        if batch:
+            return batch
+        if log.closed:
+            raise errors.session_exited(self.session.id)
+        await log.wait(position, wait)
+        return log.read(position, limit)
+
+    def delivered(self, seq: int) -> None:
+        """Everything through ``seq`` has been written to the client."""
+        if self._reader is not None:
+            self._reader.advance(seq)
+
+    def close(self) -> None:
+        if self._reader is not None:
+            self._reader.detach()
+            self._reader = None
+            self.session.readers -= 1
+            self.session.touch()

@@ -53,6 +53,10 @@ def approval_answer(method: str, params: Any, policy: ApprovalPolicy) -> Any | N
 class _TurnState:
     policy: ApprovalPolicy
     events: EventLog | None
+    #: Bounds on what a turn keeps of the deltas (bytes) and of the approvals (entries).
+    max_delta_bytes: int = 1 << 25
+    max_approvals: int = 4096
+    delta_bytes: int = 0
     thread_id: str | None = None
     turn_id: str | None = None
     last_agent_text: str | None = None
@@ -72,9 +76,11 @@ class _TurnState:
         if not isinstance(params, dict):
             return
         if method == "item/agentMessage/delta":
-            self.deltas.setdefault(str(params.get("itemId")), []).append(
-                str(params.get("delta", ""))
-            )
+            delta = str(params.get("delta", ""))
+            self.delta_bytes += len(delta)
+            if self.delta_bytes <= self.max_delta_bytes:
+                # Only a fallback for an item/completed without text: bounded like the log.
+                self.deltas.setdefault(str(params.get("itemId")), []).append(delta)
         elif method == "item/completed":
             item = params.get("item")
             if isinstance(item, dict) and item.get("type") == "agentMessage":
@@ -105,11 +111,20 @@ class _TurnState:
 class TextTurn:
     """One text turn on its own process (see :meth:`run`)."""
 
-    def __init__(self, process: AppServerProcess, request: TextTurnRequest, event_buffer: int):
+    def __init__(
+        self,
+        process: AppServerProcess,
+        request: TextTurnRequest,
+        event_buffer: int,
+        event_buffer_bytes: int | None = None,
+    ):
         self.process = process
         self.request = request
-        events = EventLog(event_buffer) if request.include_events else None
+        events = EventLog(event_buffer, event_buffer_bytes) if request.include_events else None
         self.state = _TurnState(policy=request.approval_policy, events=events)
+        if event_buffer_bytes is not None:
+            self.state.max_delta_bytes = event_buffer_bytes
+        self.state.max_approvals = event_buffer
         process.on_notification = self.state.on_notification
         process.on_request = self._on_request
 
@@ -129,9 +144,10 @@ class TextTurn:
             self.process.respond(request_id, answer)
         except (ProcessGone, StdinFull):
             return
-        self.state.approvals.append(
-            {"method": method, "requestKey": key, "decision": self.state.policy}
-        )
+        if len(self.state.approvals) < self.state.max_approvals:
+            self.state.approvals.append(
+                {"method": method, "requestKey": key, "decision": self.state.policy}
+            )
 
     async def run(self, call_timeout: float) -> TextTurnResponse:
         """Start the thread and the turn, then wait for ``turn/completed``.

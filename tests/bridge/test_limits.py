@@ -20,6 +20,10 @@ CONTRACT_DEFAULTS = {
     "MAX_CONCURRENT_TEXT_TURNS": 8,
     "MAX_LINE_BYTES": 16777216,
     "SHUTDOWN_GRACE_MS": 3000,
+    # The project's own additions, documented with the others.
+    "EVENT_BUFFER_BYTES": 33554432,
+    "BODY_TIMEOUT_MS": 30000,
+    "READER_STALL_MS": 10000,
 }
 
 

@@ -548,7 +548,8 @@ async def test_string_request_ids_colliding_with_client_ids(bridge, http, write_
     base = await bridge()
     session_id = (await create_session(http, base, script))["sessionId"]
     await start_turn(http, base, session_id)
-    for key in ("1", "2"):
+    # The string "1" cannot share the key of the integer 1: its key is its JSON text.
+    for key in ('"1"', "2"):
         request = (await events_until(http, base, session_id, "item/tool/call"))[-1]
         assert request["requestKey"] == key
         url = f"{base}/v1/sessions/{session_id}/requests/{key}/result"
@@ -666,15 +667,28 @@ async def test_concurrent_deletes_exactly_one_wins(bridge, http):
     assert sorted(statuses) == [200, 404, 404, 404, 404]
 
 
-async def test_a_deleted_sessions_log_stays_readable_to_the_end(bridge, http):
+async def test_a_deleted_session_is_gone_for_every_new_request(bridge, http, write_script):
+    script = write_script({"turns": [{"steps": [{"request": {"method": "item/tool/call"}}]}]})
     base = await bridge()
-    session_id = (await create_session(http, base))["sessionId"]
+    session_id = (await create_session(http, base, script))["sessionId"]
     await start_turn(http, base, session_id)
+    key = (await events_until(http, base, session_id, "item/tool/call"))[-1]["requestKey"]
     async with http.delete(f"{base}/v1/sessions/{session_id}") as response:
         assert response.status == 200
-    url = f"{base}/v1/sessions/{session_id}/events/stream?after=0"
-    async with http.get(url) as response:
-        frames = await SseReader(response).rest()
-    assert frames[-1].event == "exit"
-    status, _ = await call(http, base, session_id, "thread/start")
-    assert status == 404
+    prefix = f"{base}/v1/sessions/{session_id}"
+    requests = [
+        ("GET", f"{prefix}/events?after=0&waitMs=0", None),
+        ("GET", f"{prefix}/events?waitMs=0", None),
+        ("GET", f"{prefix}/events/stream?after=0", None),
+        ("GET", f"{prefix}/events/stream", None),
+        ("POST", f"{prefix}/call/thread/start", {"params": {}}),
+        ("POST", f"{prefix}/requests/{key}/result", {"result": {}}),
+        ("POST", f"{prefix}/requests/{key}/error", {"code": 1, "message": "no"}),
+        ("DELETE", prefix, None),
+    ]
+    for method, url, body in requests:
+        async with http.request(method, url, json=body) as response:
+            assert response.status == 404, (method, url)
+            assert (await response.json())["error"] == "session_not_found"
+    async with http.get(f"{base}/v1/sessions") as response:
+        assert session_id not in [s["sessionId"] for s in (await response.json())["sessions"]]

@@ -98,6 +98,26 @@ class Bench:
         self.row.nothing_lost = True
         return events
 
+    async def delete(self, session_id: str) -> dict[str, Any]:
+        """DELETE the session while a stream reads its log; the stream's ``exit`` event.
+
+        Once deleted the session answers nothing new, so its log is read by a stream
+        opened before the delete; the log is checked whole (seqs from 1, no gap).
+        """
+        url = f"{self.base}/v1/sessions/{session_id}/events/stream?after=0"
+        async with self.http.get(url) as response:
+            assert response.status == 200
+            reader = SseReader(response)
+            status, body, _ = await self.request("DELETE", f"/v1/sessions/{session_id}")
+            assert status == 200, body
+            frames = await reader.rest(timeout=60)
+        events = [frame.json() for frame in frames]
+        assert [e["seq"] for e in events] == list(range(1, len(events) + 1))
+        assert "gap" not in [e["kind"] for e in events]
+        assert events[-1]["kind"] == "exit"
+        self.row.nothing_lost = True
+        return events[-1]
+
     async def exit_event(self, session_id: str) -> dict[str, Any]:
         event = (await self.log(session_id))[-1]
         assert event["kind"] == "exit"
@@ -323,9 +343,7 @@ async def test_stderr_flood_of_50_mb(bench, write_script):
     status, body, _ = await bridge.call(session_id, "x/noisy", timeoutMs=120_000)
     assert (status, body) == (200, {"result": {}})
     rss_after = resident_kib()
-    status, body, _ = await bridge.request("DELETE", f"/v1/sessions/{session_id}")
-    assert status == 200
-    exit_event = await bridge.exit_event(session_id)
+    exit_event = await bridge.delete(session_id)
     tail = exit_event["params"]["stderrTail"]
     assert 0 < len(tail.encode()) <= 8192
     bridge.row.figures.update(
@@ -360,9 +378,7 @@ async def test_stall_past_every_deadline(bench, write_script):
     assert (status, body["error"]) == (504, "timeout")
     status, body, _ = await bridge.call(session_id, "thread/start", timeoutMs=300)
     assert (status, body["error"]) == (504, "timeout")
-    status, body, _ = await bridge.request("DELETE", f"/v1/sessions/{session_id}")
-    assert status == 200
-    exit_event = await bridge.exit_event(session_id)
+    exit_event = await bridge.delete(session_id)
     assert exit_event["params"]["signal"] == "SIGKILL"
     options = {"env": {"FAKE_CODEX_SCRIPT": script}}
     status, body, _ = await bridge.request(
@@ -569,9 +585,7 @@ async def test_grandchild_dies_with_the_session(bench, write_script):
     exited = await bridge.session(script)
     status, body, _ = await bridge.call(exited, "x/forkexit")
     session_gone(status, body)
-    status, body, _ = await bridge.request("DELETE", f"/v1/sessions/{deleted}")
-    assert status == 200
-    assert (await bridge.exit_event(deleted))["kind"] == "exit"
+    assert (await bridge.delete(deleted))["kind"] == "exit"
     assert (await bridge.exit_event(exited))["params"]["exitCode"] == 0
     turn_script = write_script(
         {

@@ -19,7 +19,7 @@ import pytest
 import pytest_asyncio
 from aiohttp import web
 
-from bridge.app import trusted_bridge_app
+from bridge.app import SERVER_SETTINGS, trusted_bridge_app
 from bridge.limits import RestLimits
 from bridge.routes import BACKEND
 from scenarios.harness import checker_for
@@ -78,7 +78,7 @@ async def bridge(
         app = trusted_bridge_app(fake_codex, RestLimits(**limits))
         tracker = RequestTracker()
         app.middlewares.append(tracker.middleware)
-        app_runner = web.AppRunner(app, **{"handler_cancellation": True, **(runner or {})})
+        app_runner = web.AppRunner(app, **{**SERVER_SETTINGS, **(runner or {})})
         await app_runner.setup()
         site = web.TCPSite(app_runner, "127.0.0.1", 0)
         await site.start()
@@ -417,10 +417,16 @@ UNCARRIABLE = {
     "config override without =": ("/v1/sessions", {"options": {"configOverrides": ["a"]}}),
     "0 for a boolean": ("/v1/text-turn", {"text": "hi", "includeEvents": 0}),
     "string for an integer": ("/v1/text-turn", {"text": "hi", "timeoutMs": "5"}),
-    "integer over 64 bits in params": ("SESSION/call/x", {"params": {"n": 2**70}}),
-    "integer over 64 bits in a reply": (
+    "integer over 64 bits for an error code": (
         "SESSION/requests/0/error",
         {"code": 2**70, "message": "x"},
+    ),
+    # JSON numbers that overflow a double: no JSON-RPC message can carry them.
+    "1e400 in params": ("SESSION/call/x", b'{"params": {"n": 1e400}}'),
+    "-1E+400 in a reply result": ("SESSION/requests/0/result", b'{"result": [-1E+400]}'),
+    "400 digits and a fraction in params": (
+        "SESSION/call/x",
+        b'{"params": ' + b"9" * 400 + b".5}",
     ),
 }
 
@@ -432,7 +438,8 @@ async def test_values_no_process_or_json_rpc_can_take(bridge, http, resources, r
     before = resources.snapshot().processes
     for name, (path, body) in UNCARRIABLE.items():
         url = served.base + path.replace("SESSION", f"/v1/sessions/{session_id}")
-        status, payload = await json_request(http, "POST", url, json=body)
+        sent = {"data": body} if isinstance(body, bytes) else {"json": body}
+        status, payload = await json_request(http, "POST", url, **sent)
         assert (status, payload["error"]) == (400, "bad_request"), (name, payload)
     assert resources.snapshot().processes == before
     status, payload = await json_request(
@@ -548,12 +555,13 @@ async def test_concurrent_replies_to_one_request(bridge, http, write_script, res
         if event["method"] == "turn/completed":
             break
     assert [e["method"] for e in events].count("turn/completed") == 1
-    status, _ = await json_request(http, "DELETE", base)
-    exit_event = events[-1]
-    for _ in range(1000):
-        status, exit_event = await json_request(http, "GET", base + "/events?waitMs=10000")
-        if exit_event["kind"] == "exit":
-            break
+    # Read to the end by a stream opened before the delete: after it, nothing answers.
+    async with http.get(f"{base}/events/stream?after={events[-1]['seq']}") as response:
+        reader = SseReader(response)
+        status, _ = await json_request(http, "DELETE", base)
+        assert status == 200
+        exit_event = (await reader.rest(timeout=60))[-1].json()
+    assert exit_event["kind"] == "exit"
     assert "ignoring a response" not in exit_event["params"]["stderrTail"]
     report.nothing_lost = True
     await still_serving(http, served, report)
