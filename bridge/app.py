@@ -73,8 +73,14 @@ class Route:
     response_schema: dict[str, Any] | None = None
 
 
+#: Path parameters whose values may hold a `/` (`thread/start`, a request key `a/b`):
+#: in the route table they are `{name:.+}`.
+SLASHED_PARAMS = frozenset({"method", "requestKey"})
+
 _SESSION = (404, 409)
-_SPAWN = (403, 413, 429, 502, 503, 504)
+#: What any route that reads a body can answer about it.
+_BODY = (400, 408, 413, 415)
+_SPAWN = (403, 429, 502, 503, 504)
 
 ROUTES: tuple[Route, ...] = (
     Route(
@@ -103,7 +109,7 @@ ROUTES: tuple[Route, ...] = (
         "Run one text turn on a fresh app-server process",
         body=models.TextTurnRequest,
         response=models.TextTurnResponse,
-        errors=(400, *_SPAWN),
+        errors=(*_BODY, *_SPAWN),
     ),
     Route(
         "call",
@@ -113,7 +119,7 @@ ROUTES: tuple[Route, ...] = (
         "Call a raw method on an app-server process spawned for this call",
         body=models.SessionlessCallBody,
         response=models.CallResponse,
-        errors=(400, *_SPAWN),
+        errors=(*_BODY, *_SPAWN),
     ),
     Route(
         "list_sessions",
@@ -132,7 +138,7 @@ ROUTES: tuple[Route, ...] = (
         body=models.SessionCreateRequest,
         status=201,
         response=models.SessionCreated,
-        errors=(400, *_SPAWN),
+        errors=(*_BODY, *_SPAWN),
     ),
     Route(
         "delete_session",
@@ -151,7 +157,7 @@ ROUTES: tuple[Route, ...] = (
         "Call a raw method in a session",
         body=models.CallBody,
         response=models.CallResponse,
-        errors=(400, 413, 429, 502, 503, 504, *_SESSION),
+        errors=(*_BODY, 429, 502, 503, 504, *_SESSION),
     ),
     Route(
         "events",
@@ -189,7 +195,7 @@ ROUTES: tuple[Route, ...] = (
         "Answer a server-originated request with a result",
         body=models.ReplyResult,
         response=models.StatusResponse,
-        errors=(400, 413, 429, 502, 404, 409),
+        errors=(*_BODY, 429, 502, 404, 409),
     ),
     Route(
         "reply_error",
@@ -199,7 +205,7 @@ ROUTES: tuple[Route, ...] = (
         "Answer a server-originated request with a JSON-RPC error",
         body=models.ReplyError,
         response=models.StatusResponse,
-        errors=(400, 413, 429, 502, 404, 409),
+        errors=(*_BODY, 429, 502, 404, 409),
     ),
 )
 

@@ -46,8 +46,8 @@ class EventStream:
     def delivered(self, seq: int) -> None:
         """Every event through ``seq`` has been written to the client."""
 
-    def close(self) -> None:
-        """The stream has ended."""
+    def close(self, completed: bool = False) -> None:
+        """The stream has ended: after its ``exit`` event (``completed``), or cut short."""
 
 
 class PollingEventStream(EventStream):

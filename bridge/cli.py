@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import ctypes
 import json
 import logging
 import os
@@ -49,6 +50,29 @@ class QuietParserErrors(logging.Filter):
             record.exc_info = None
             record.exc_text = None
         return True
+
+
+#: Allocations at least this big are mapped from the OS and returned to it when freed.
+MMAP_THRESHOLD = 1 << 20
+
+
+def return_big_buffers_to_the_os() -> None:
+    """Have glibc map big allocations (app-server lines, events) and unmap them when freed.
+
+    By default glibc raises its mmap threshold to the size of the biggest buffer freed so
+    far (up to 32 MiB), after which buffers of a few MiB come from the heap and their
+    memory stays with the process after a session is deleted: resident memory then creeps
+    up with every burst of big events. A fixed threshold keeps it honest.
+    """
+    if not sys.platform.startswith("linux"):
+        return
+    try:
+        libc = ctypes.CDLL(None)
+        mallopt = libc.mallopt
+    except (OSError, AttributeError):
+        return
+    m_mmap_threshold = -3
+    mallopt(m_mmap_threshold, MMAP_THRESHOLD)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -159,6 +183,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         except (RestLimitsEnvError, ValueError) as exc:
             print(f"rest-bridge: {exc}", file=sys.stderr)
             return 2
+        return_big_buffers_to_the_os()
         loop_factory = None
         if args.loop == "uvloop":
             try:

@@ -8,6 +8,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 ENV_PREFIX = "REST_ADAPTER_"
+#: Past this much unsent data on an app-server's stdin, new calls are refused.
+MAX_STDIN_BUFFER = 16 * 1024 * 1024
+#: What one buffered event costs beyond its JSON bytes (the event object, its list slot).
+EVENT_OVERHEAD = 200
 
 
 class RestLimitsEnvError(ValueError):
@@ -54,6 +58,32 @@ class RestLimits:
             value = getattr(self, field.name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise ValueError(f"RestLimits.{field.name} must be a positive integer")
+
+    def memory_bound(self) -> int:
+        """The most memory (bytes) the bridge's sessions, calls and text turns can hold.
+
+        Beyond the bridge's own baseline (about 50 MB) and the requests in flight (each at
+        most ``2 * MAX_BODY_BYTES`` while its body is read and decoded). Each slot of
+        MAX_SESSIONS (a session or a sessionless call) holds at most its event log
+        (EVENT_BUFFER_BYTES, plus :data:`EVENT_OVERHEAD` per event), a partial line
+        (MAX_LINE_BYTES), input queued for the app-server (:data:`MAX_STDIN_BUFFER`)
+        and an 8 KiB stderr tail; a text turn the same plus its deltas
+        (EVENT_BUFFER_BYTES) and its response, built from its log (3 * EVENT_BUFFER_BYTES).
+        One line at a time is being parsed, which costs up to 6 * MAX_LINE_BYTES.
+        """
+        slot = (
+            self.event_buffer_bytes
+            + self.event_buffer * EVENT_OVERHEAD
+            + self.max_line_bytes
+            + MAX_STDIN_BUFFER
+            + 8192
+        )
+        turn = slot + 4 * self.event_buffer_bytes
+        return (
+            self.max_sessions * slot
+            + self.max_concurrent_text_turns * turn
+            + 6 * self.max_line_bytes
+        )
 
     @classmethod
     def env_variable(cls, field_name: str) -> str:

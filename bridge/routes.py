@@ -114,7 +114,7 @@ def decompress_body(raw: bytes, encoding: str, limit: int) -> bytes:
             raise zlib.error("truncated or trailing data")
     except zlib.error:
         raise errors.bad_request(
-            f"The request body is not valid {encoding} data.", close_connection=True
+            "The request body could not be read.", close_connection=True
         ) from None
     return body
 
@@ -304,6 +304,7 @@ async def events_stream(request: web.Request) -> web.StreamResponse:
     limits = request.app[CONFIG].limits
     after = sse_position(request)
     stream = await backend(request).open_stream(request.match_info["sessionId"], after)
+    completed = False
     try:
         # Read once before answering, so an unknown or finished session is a JSON error.
         batch = await stream.next_batch(0, SSE_BATCH)
@@ -322,13 +323,14 @@ async def events_stream(request: web.Request) -> web.StreamResponse:
                     await response.write(sse_frames(batch))
                     stream.delivered(batch[-1].seq)
                     if batch[-1].kind == "exit":
+                        completed = True
                         break
                 else:
                     await response.write(b": keep-alive\n\n")
                 batch = await stream.next_batch(keepalive, SSE_BATCH)
         return response
     finally:
-        stream.close()
+        stream.close(completed)
 
 
 class OpenApiSource:

@@ -32,6 +32,7 @@ from bridge.app import (
     DEFAULT_CLIENT_OPTIONS,
     DEFAULT_ROUTES,
     ROUTES,
+    SLASHED_PARAMS,
     TEXT_TURN_ROUTES,
     Route,
 )
@@ -141,7 +142,7 @@ def _path_pattern(path: str) -> re.Pattern[str]:
         name = part[1:-1] if part.startswith("{") else None
         if name is None:
             regex += re.escape(part)
-        elif name == "method":
+        elif name in SLASHED_PARAMS:
             regex += f"(?P<{name}>.+)"
         else:
             regex += f"(?P<{name}>[^/]+)"

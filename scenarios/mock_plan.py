@@ -197,6 +197,9 @@ class StreamInfo:
     start: int | None
     stop: int
     error: bool = False
+    #: Where a stream without a position found the cursor, and where it last set it.
+    cursor_from: int = 0
+    cursor_set: int | None = None
 
 
 @dataclass(eq=False)
@@ -964,6 +967,11 @@ class _Planner:
         self, session: SessionPlan, start: int, expect: f.EventsExpect, incoming: Incoming
     ) -> None:
         """A long-poll expected to fail: reads past the log answer the error."""
+        if session.deleted:
+            # Deleted means gone: every new request on the id is a 404.
+            reply = Reply.of_error(error_of_kind("session_not_found", session_id=session.id))
+            self._check_read_error(expect, reply, incoming)
+            return
         exit_seq = session.exit_seq
         if start < session.last_seq:
             raise self.fail(
@@ -1035,7 +1043,7 @@ class _Planner:
         if problems:
             raise self.fail("the stream's response does not match", problems)
         start = position if position is not None else session.cursor
-        info = StreamInfo(session, position, start)
+        info = StreamInfo(session, position, start, cursor_from=session.cursor)
         entry.stream = info
         self.streams[spec.as_] = info
 
@@ -1057,13 +1065,21 @@ class _Planner:
                 raise self.fail("the stream already ended (after the session's exit event)")
         else:
             events = self._read_events(session, info.stop, goal, to_end, expect)
-        if info.start is None:
-            session.cursor = info.stop + len(events)
+        if info.start is None and events:
+            session.cursor = info.cursor_set = info.stop + len(events)
         info.stop += len(events)
         self._read_done(step, session, events)
 
     def _close(self, step: f.CloseStep) -> None:
-        self.streams.pop(step.close, None)
+        info = self.streams.pop(step.close, None)
+        if info is None or info.cursor_set is None:
+            return
+        # A stream cut short before the exit event gives the cursor back (the bridge's
+        # SessionStream.close), unless another reader moved it since.
+        session = info.session
+        ended = session.exit_seq is not None and info.stop >= session.exit_seq
+        if not ended and session.cursor == info.cursor_set:
+            session.cursor = info.cursor_from
 
     def _read_done(self, step: Any, session: SessionPlan, events: list[dict[str, Any]]) -> None:
         """What a `poll` or `read` got: for the end check to see delivered, and to capture."""

@@ -17,6 +17,8 @@ import orjson
 from referencing import Registry, Resource
 from referencing.jsonschema import DRAFT202012
 
+from bridge.app import SLASHED_PARAMS
+
 
 class ContractViolation(AssertionError):
     """A response that the OpenAPI document does not allow."""
@@ -32,7 +34,8 @@ class _Operation:
 
 def _path_pattern(path: str) -> re.Pattern[str]:
     regex = re.escape(path)
-    regex = regex.replace(r"\{method\}", ".+")
+    for name in SLASHED_PARAMS:
+        regex = regex.replace(re.escape("{" + name + "}"), ".+")
     regex = re.sub(r"\\\{\w+\\\}", "[^/]+", regex)
     return re.compile(f"^{regex}$")
 

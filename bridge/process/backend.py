@@ -303,6 +303,10 @@ class ProcessBackend(Backend):
             initialize=session.initialize_result,
         )
 
+    def sessions(self) -> dict[str, Session]:
+        """The sessions held now, by id (a copy)."""
+        return dict(self._sessions)
+
     def session(self, session_id: str) -> Session:
         session = self._sessions.get(session_id)
         if session is None:
@@ -384,8 +388,8 @@ class _SessionEventStream(EventStream):
     def delivered(self, seq: int) -> None:
         self._stream.delivered(seq)
 
-    def close(self) -> None:
-        self._stream.close()
+    def close(self, completed: bool = False) -> None:
+        self._stream.close(completed)
 
 
 def _refuse_server_request(process: AppServerProcess) -> Any:

@@ -24,13 +24,12 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, cast
 
+from bridge.limits import MAX_STDIN_BUFFER
 from bridge.wire import JSONDecodeError, dumps_line, loads
 
 log = logging.getLogger("bridge.process")
 
 STDERR_TAIL_BYTES = 8192
-#: Past this much unsent data on the child's stdin, new calls are refused.
-MAX_STDIN_BUFFER = 16 * 1024 * 1024
 #: How long to wait for the pipes to close after the child itself exited.
 _PIPE_DRAIN_SECONDS = 0.5
 #: How long a child may live on after closing its stdout before it counts as broken.

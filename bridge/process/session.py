@@ -219,8 +219,8 @@ class Session:
         self.events.append("request", method, params, key, self.process.received_at)
 
     def open_stream(self, after: int | None) -> SessionStream:
-        """An SSE reader from ``after`` (or the cursor, which it leaves where it is)."""
-        return SessionStream(self, self.events.cursor if after is None else after)
+        """An SSE reader from ``after``, or from the cursor (which it then moves)."""
+        return SessionStream(self, after)
 
     # -- flow control ----------------------------------------------------------------
 
@@ -278,11 +278,21 @@ class SessionStream:
 
     It is attached to the session's log, so that while it keeps reading nothing it lacks
     is dropped (the app-server is held back instead); see :meth:`EventLog.must_wait`.
+
+    A stream without a position starts at the session's cursor and moves it as it
+    delivers. Delivered means written to the connection, not received: if the stream
+    ends before its ``exit`` event (the client went away), the cursor goes back to where
+    the stream started, unless another reader has moved it since. Events that were in
+    flight are then read again rather than lost.
     """
 
-    def __init__(self, session: Session, position: int) -> None:
+    def __init__(self, session: Session, after: int | None) -> None:
         self.session = session
-        self._reader: LogReader | None = session.events.attach(position)
+        log = session.events
+        self._moves_cursor = after is None
+        self._start = log.cursor if after is None else after
+        self._cursor_set: int | None = None
+        self._reader: LogReader | None = log.attach(self._start)
         session.readers += 1
 
     @property
@@ -308,10 +318,19 @@ class SessionStream:
         """Everything through ``seq`` has been written to the client."""
         if self._reader is not None:
             self._reader.advance(seq)
+        log = self.session.events
+        if self._moves_cursor and seq > log.cursor:
+            log.cursor = seq
+            self._cursor_set = seq
 
-    def close(self) -> None:
-        if self._reader is not None:
-            self._reader.detach()
-            self._reader = None
-            self.session.readers -= 1
-            self.session.touch()
+    def close(self, completed: bool = False) -> None:
+        """The stream ended: at its ``exit`` event (``completed``), or cut short."""
+        if self._reader is None:
+            return
+        log = self.session.events
+        if not completed and self._cursor_set is not None and log.cursor == self._cursor_set:
+            log.cursor = self._start
+        self._reader.detach()
+        self._reader = None
+        self.session.readers -= 1
+        self.session.touch()

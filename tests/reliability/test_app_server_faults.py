@@ -8,11 +8,15 @@ and once everything is deleted, no process, zombie, descriptor or task is left o
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import stat
+import sys
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
+from urllib.parse import quote
 
 import aiohttp
 import orjson
@@ -641,3 +645,108 @@ async def test_deeply_nested_notification_is_delivered(bench, write_script, dept
     assert frame is not None
     assert frame.json()["method"] == "x/deep"
     await bridge.finish("the event reaches long-poll and SSE readers intact")
+
+
+# -- the wire itself -------------------------------------------------------------------
+
+PROBE = [sys.executable, str(Path(__file__).with_name("wire_probe.py"))]
+
+
+async def probe_bench(bench: Any) -> Bench:
+    bridge = await bench(command=PROBE)
+    bridge.witness = await bridge.session()
+    return bridge
+
+
+async def raw_json(bridge: Bench, method: str, path: str, body: Any = None) -> tuple[int, Any]:
+    """A request whose answer is parsed by the standard library: big integers stay exact."""
+    async with bridge.http.request(method, bridge.base + path, json=body) as response:
+        text = await response.text()
+        return response.status, (json.loads(text) if text else None)
+
+
+async def test_stdout_closed_while_alive(bench):
+    """Closes its stdout but stays alive"""
+    bridge = await probe_bench(bench)
+    session_id = await bridge.session()
+    status, body, _ = await bridge.call(session_id, "probe/closeStdout", timeoutMs=60_000)
+    session_gone(status, body, "protocol_error")
+    exit_event = await bridge.exit_event(session_id)
+    assert "closed its stdout" in exit_event["params"]["protocolError"]
+    assert exit_event["params"]["signal"] == "SIGKILL"
+    status, body, _ = await bridge.call(session_id, "x/after")
+    assert (status, body["error"]) == (409, "session_exited")
+    await bridge.finish(
+        "the pending call is a 502 protocol_error within a second, not at its timeout; "
+        "the process group is killed and the log ends with its exit event"
+    )
+
+
+#: Request ids JSON-RPC allows, as the app-server writes them, and the keys they get.
+GOOD_IDS = {
+    "1": "1",
+    '"1"': '"1"',
+    '""': '""',
+    '"abc"': "abc",
+    '"a/b c"': "a/b c",
+    '"\\"q"': '"\\"q"',
+    "-7": "-7",
+    "123456789012345678901234567890": "123456789012345678901234567890",
+}
+BIG = 123456789012345678901234567890
+
+
+async def test_request_ids_each_get_their_own_key(bench):
+    """Sends server requests with ids `1`, `"1"`, `""`, `"a/b c"` and one past 64 bits"""
+    bridge = await probe_bench(bench)
+    session_id = await bridge.session()
+    lines = [
+        json.dumps({"id": json.loads(text), "method": "item/tool/call", "params": {"n": BIG}})
+        for text in GOOD_IDS
+    ]
+    lines.append(json.dumps({"method": "x/big", "params": {"n": BIG, "m": -BIG}}))
+    status, body, _ = await bridge.call(session_id, "probe/send", {"lines": lines})
+    assert status == 200, body
+    events = await bridge.log(session_id, until="x/big")
+    requests = [e for e in events if e["kind"] == "request"]
+    assert [e["requestKey"] for e in requests] == list(GOOD_IDS.values())
+    # Big integers pass through unchanged, in requests and notifications alike.
+    status, notified = await raw_json(
+        bridge, "GET", f"/v1/sessions/{session_id}/events?after={events[-2]['seq']}&waitMs=0"
+    )
+    assert notified["params"] == {"n": BIG, "m": -BIG}
+    status, request = await raw_json(
+        bridge, "GET", f"/v1/sessions/{session_id}/events?after={requests[-1]['seq'] - 1}"
+    )
+    assert request["params"] == {"n": BIG}
+    for text, key in GOOD_IDS.items():
+        path = f"/v1/sessions/{session_id}/requests/{quote(key, safe='')}/result"
+        status, body = await raw_json(bridge, "POST", path, {"result": {"echo": key}})
+        assert (status, body) == (200, {"status": "sent", "requestKey": key}), text
+    # The probe reads its stdin in order: once it has written x/done, every reply is in.
+    done = [json.dumps({"method": "x/done"})]
+    assert (await bridge.call(session_id, "probe/send", {"lines": done}))[0] == 200
+    replies = await bridge.log(session_id, until="x/done")
+    raw = [json.loads(e["params"]["raw"]) for e in replies if e["method"] == "probe/reply"]
+    # Each reply carries its id back exactly as the app-server sent it (type and value).
+    assert [(type(r["id"]), r["id"]) for r in raw] == [
+        (type(json.loads(t)), json.loads(t)) for t in GOOD_IDS
+    ]
+    bridge.row.figures["ids"] = len(GOOD_IDS)
+    await bridge.finish(
+        "each id its own key, every reply routed with the id as sent; "
+        "integers past 64 bits unchanged in params"
+    )
+
+
+@pytest.mark.parametrize("bad_id", ["null", "true", '{"o": 1}', "1.5", "[1]"])
+async def test_request_id_json_rpc_does_not_allow(bench, bad_id):
+    """Sends a server request whose id JSON-RPC does not allow"""
+    bridge = await probe_bench(bench)
+    session_id = await bridge.session()
+    line = f'{{"id": {bad_id}, "method": "item/tool/call", "params": {{}}}}'
+    status, body, _ = await bridge.call(session_id, "probe/send", {"lines": [line]})
+    session_gone(status, body, "protocol_error")
+    exit_event = await bridge.exit_event(session_id)
+    assert "neither a string nor an integer" in exit_event["params"]["protocolError"]
+    await bridge.finish("a protocol error, like any broken line: 502, the process is stopped")

@@ -32,6 +32,8 @@ NOT_MOCKABLE = {
     # The mock answers a route's requests in scenario order and meets `until` with its
     # first answer: it cannot hold a slot with one request while refusing another.
     "text-turn-busy.scenario.yaml": "two text turns at once (429 busy) need real concurrency",
+    # The mock's log keeps EVENT_BUFFER events; it does not weigh them.
+    "event-buffer-bytes.scenario.yaml": "the mock does not model the log's byte bound",
 }
 #: Every library scenario on fake-codex (the real-codex one needs the real binary) that
 #: a mock can replay (the test after this one holds NOT_MOCKABLE to its word).
