@@ -33,14 +33,31 @@ AUTH = web.AppKey("bridge.auth", AuthSettings)
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
+def token_problem(token: object) -> str | None:
+    """Why ``token`` can never be presented in an ``Authorization`` header, or None.
+
+    A presented token is trimmed (spec section 5), and a header cannot carry control
+    characters: a secret that is blank, has spaces around it, or holds such characters
+    would refuse every request.
+    """
+    if not isinstance(token, str) or not token.strip():
+        return "is empty or blank"
+    if token != token.strip():
+        return "has leading or trailing whitespace"
+    if any(ord(c) < 0x20 or ord(c) == 0x7F for c in token):
+        return "holds control characters"
+    return None
+
+
 class BearerToken:
     """The one shared secret. Its repr never shows it."""
 
     __slots__ = ("_digest",)
 
     def __init__(self, token: str) -> None:
-        if not isinstance(token, str) or not token.strip():
-            raise ValueError("the bearer token must not be empty or blank")
+        problem = token_problem(token)
+        if problem is not None:
+            raise ValueError(f"the bearer token {problem}")
         self._digest = hashlib.sha256(token.encode()).digest()
 
     def matches(self, presented: str) -> bool:

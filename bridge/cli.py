@@ -22,7 +22,7 @@ from bridge.app import (
     text_turn_app,
     trusted_bridge_app,
 )
-from bridge.auth import AuthSettings, with_bearer_auth
+from bridge.auth import AuthSettings, token_problem, with_bearer_auth
 from bridge.limits import RestLimits, RestLimitsEnvError
 from bridge.openapi import build_openapi
 from bridge.process.backend import DEFAULT_COMMAND, parse_command
@@ -178,8 +178,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             command = parse_command(args.app_server)
             RestLimits.from_env()
             token = os.environ.get(TOKEN_VARIABLE)
-            if token is not None and not token.strip():
-                raise ValueError(f"{TOKEN_VARIABLE} is set but blank")
+            problem = None if token is None else token_problem(token)
+            if problem is not None:
+                raise ValueError(f"{TOKEN_VARIABLE} {problem}: no request could match it")
         except (RestLimitsEnvError, ValueError) as exc:
             print(f"rest-bridge: {exc}", file=sys.stderr)
             return 2

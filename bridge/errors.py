@@ -238,6 +238,21 @@ def from_http_exception(exc: web.HTTPException, max_body_bytes: int | None) -> R
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
+async def _answer_and_close(request: web.Request, error: RestError) -> web.StreamResponse:
+    """Send ``error`` and close the connection at once.
+
+    aiohttp would otherwise linger up to ten seconds reading the rest of a body nobody
+    wants (one that never arrives, or cannot be decoded).
+    """
+    response = error.to_response()
+    await response.prepare(request)
+    await response.write_eof()
+    protocol = request.protocol
+    if protocol is not None:
+        protocol.force_close()
+    return response
+
+
 def make_error_middleware(max_body_bytes: int | None = None) -> Middleware:
     """A middleware that renders every failure as the spec's error payload."""
 
@@ -246,6 +261,8 @@ def make_error_middleware(max_body_bytes: int | None = None) -> Middleware:
         try:
             return await handler(request)
         except RestError as exc:
+            if exc.close_connection:
+                return await _answer_and_close(request, exc)
             return exc.to_response()
         except web.HTTPException as exc:
             if exc.status < 400:

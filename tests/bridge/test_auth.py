@@ -125,6 +125,15 @@ def test_blank_token_is_refused_at_construction(token):
         with_bearer_auth(backend_app(CountingBackend()), token)
 
 
+@pytest.mark.parametrize(
+    ("token", "problem"),
+    [("  tok  ", "leading or trailing whitespace"), ("tok\n", "whitespace"), ("a\x00b", "control")],
+)
+def test_a_token_no_header_can_carry_is_refused_at_construction(token, problem):
+    with pytest.raises(ValueError, match=problem):
+        with_bearer_auth(backend_app(CountingBackend()), token)
+
+
 def test_header_parsing_splits_at_the_first_space_and_trims():
     assert presented_token("Bearer  abc  ") == "abc"
     assert presented_token("bearer a b") == "a b"

@@ -251,6 +251,7 @@ class BridgeProcess:
         env: dict[str, str] | None = None,
         token: str | None = None,
         mark: str | None = None,
+        extra_args: list[str] | None = None,
     ) -> None:
         self.mark = mark or uuid.uuid4().hex
         environment = {k: v for k, v in os.environ.items() if not k.startswith("REST_ADAPTER_")}
@@ -268,6 +269,7 @@ class BridgeProcess:
             "0",
             "--app-server",
             command,
+            *(extra_args or []),
         ]
         self._output = bytearray()
         self._lock = threading.Lock()

@@ -10,8 +10,10 @@ from __future__ import annotations
 import asyncio
 import gc
 import gzip
+import json
 import resource
 import weakref
+import zlib
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
@@ -649,3 +651,91 @@ async def test_a_thousand_simultaneous_connections(
     report.nothing_lost = True
     report.no_leak = True
     report.outcome = "all 1,000 get the one event; the bridge's descriptors back to the baseline"
+
+
+# -- bodies that do not arrive, and codings the bridge does not decode ------------------
+
+
+async def test_a_body_that_never_arrives_is_408(bridge_process, report, http):
+    """Announces 100 bytes of body, sends `{` and waits, authenticated"""
+    served = bridge_process(token="tok", env={"REST_ADAPTER_BODY_TIMEOUT_MS": "500"})
+    port = int(served.base.rsplit(":", 1)[1])
+    head = (
+        "POST /v1/sessions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer tok\r\n"
+        "Content-Type: application/json\r\nContent-Length: 100\r\n\r\n{"
+    )
+    stalled = [asyncio.ensure_future(raw_exchange(port, head.encode(), 30)) for _ in range(5)]
+    answers = await asyncio.gather(*stalled)
+    for answer in answers:
+        status_line, _, rest = answer.partition(b"\r\n")
+        assert status_line == b"HTTP/1.1 408 Request Timeout", answer
+        body = json.loads(rest.split(b"\r\n\r\n", 1)[1])
+        assert body["error"] == "request_timeout", body
+        assert b"Connection: close" in answer
+    # Without the token, the same is a 401 at once: the body is never waited for.
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    writer.write(head.replace("Bearer tok", "Bearer x").encode())
+    async with asyncio.timeout(30):
+        assert (await reader.readline()).startswith(b"HTTP/1.1 401 ")
+    writer.close()
+    status, body = await json_request(
+        http, "GET", served.base + "/v1/sessions", headers={"Authorization": "Bearer tok"}
+    )
+    assert status == 200, body
+    assert body == {"sessions": []}
+    assert "Traceback" not in served.output
+    report.survived = True
+    report.nothing_lost = True
+    report.no_leak = True
+    report.outcome = "408 request_timeout (error payload, connection closed) for each of 5"
+
+
+CODINGS = {
+    "br": (b"{}", 415),
+    "zstd": (b"{}", 415),
+    "compress": (b"{}", 415),
+    "gzip, br": (b"{}", 415),
+    "gzip": (gzip.compress(b'{"options": {}}'), 201),
+    "deflate": (zlib.compress(b"{}"), 201),
+    "identity": (b"{}", 201),
+}
+
+
+async def test_content_codings(bridge_process, report, http):
+    """Sends bodies in every content coding, and a gzip bomb"""
+    served = bridge_process(token="tok")
+    auth = {"Authorization": "Bearer tok"}
+    for coding, (body, expected) in CODINGS.items():
+        headers = {"Content-Encoding": coding}
+        # Authentication first: without the token every one of them is a 401.
+        status, payload = await json_request(
+            http, "POST", served.base + "/v1/sessions", data=body, headers=headers
+        )
+        assert (status, payload["error"]) == (401, "unauthorized"), coding
+        status, payload = await json_request(
+            http, "POST", served.base + "/v1/sessions", data=body, headers={**headers, **auth}
+        )
+        assert status == expected, (coding, payload)
+        if expected == 415:
+            assert payload["error"] == "unsupported_media_type", payload
+        else:
+            url = f"{served.base}/v1/sessions/{payload['sessionId']}"
+            assert (await json_request(http, "DELETE", url, headers=auth))[0] == 200
+    bomb = gzip.compress(b'{"options": {"env": {"A": "' + b"x" * 50_000_000 + b'"}}}')
+    status, payload = await json_request(
+        http,
+        "POST",
+        served.base + "/v1/sessions",
+        data=bomb,
+        headers={"Content-Encoding": "gzip", **auth},
+    )
+    assert (status, payload["error"]) == (413, "payload_too_large"), payload
+    assert "Traceback" not in served.output
+    assert "Unhandled exception" not in served.output
+    report.figures.update({"codings": len(CODINGS), "bombBytes": len(bomb)})
+    report.survived = True
+    report.nothing_lost = True
+    report.outcome = (
+        "gzip and deflate decoded; br, zstd and others 415 after auth; "
+        "a 48 KB gzip of 50 MB is a 413"
+    )

@@ -9,6 +9,9 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
+import subprocess
+import sys
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -18,6 +21,7 @@ from scenarios.openapi_check import OpenApiChecker
 pytestmark = pytest.mark.asyncio
 
 THEME = "Security"
+REST_BRIDGE = str(Path(sys.executable).with_name("rest-bridge"))
 TOKEN = "tok-3f1c9e2a-reliability-SECRET"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
 STDERR_SECRET = "stderr-says-SECRET-4242"
@@ -257,3 +261,25 @@ async def test_conservative_preset_refuses_every_process_shaping_option(
         "403 options_not_allowed naming the field, nothing spawned; no sessionless call route; "
         "clientInfo and optOutNotificationMethods accepted"
     )
+
+
+@pytest.mark.parametrize("token", ["  tok  ", "tok\t", "to\x01k"], ids=["spaces", "tab", "control"])
+def test_a_token_no_request_could_match_is_refused_at_start(token, report):
+    """Starts `rest-bridge serve` with a token no header can carry"""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("REST_ADAPTER_")}
+    env["REST_ADAPTER_TOKEN"] = token
+    done = subprocess.run(
+        [REST_BRIDGE, "serve", "--port", "0"],
+        env=env,
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 2, done
+    assert "REST_ADAPTER_TOKEN" in done.stderr
+    assert "no request could match it" in done.stderr
+    assert token.strip() not in done.stderr + done.stdout  # the token itself is never shown
+    assert "Traceback" not in done.stderr
+    report.survived = True
+    report.outcome = "exit 2 naming the variable and the problem, never the token"
