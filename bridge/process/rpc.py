@@ -123,8 +123,12 @@ class _StdioProtocol(asyncio.SubprocessProtocol):
             owner._feed_stderr(data)
 
     def pipe_connection_lost(self, fd: int, exc: Exception | None) -> None:
-        if fd == 1 and self.owner is not None:
+        if self.owner is None:
+            return
+        if fd == 1:
             self.owner._stdout_eof()
+        elif fd == 0:
+            self.owner._pipe_gone("stdin")
 
     def process_exited(self) -> None:
         if self.owner is not None:
@@ -409,12 +413,18 @@ class AppServerProcess:
             line = bytes(self._buffer)
             self._buffer.clear()
             self._dispatch_line(line)
-        if not self._exited and not self._stopping:
-            # Nothing more can be answered: a child that lives on without its stdout is
-            # as broken as one that writes garbage (unless it is merely about to exit).
-            self._loop.call_later(_EOF_GRACE_SECONDS, self._check_alive_after_eof)
+        self._pipe_gone("stdout")
 
-    def _check_alive_after_eof(self) -> None:
+    def _pipe_gone(self, name: str) -> None:
+        """The child closed one of its pipes: unless it is on its way out, it is broken.
+
+        Without its stdout nothing more can be answered, without its stdin nothing more
+        can be asked: such a child is as broken as one that writes garbage.
+        """
+        if not self._exited and not self._stopping:
+            self._loop.call_later(_EOF_GRACE_SECONDS, self._check_alive_after, name)
+
+    def _check_alive_after(self, name: str) -> None:
         if self._exited or self._stopping or self._exit_info is not None:
             return
         if self.pid is not None:
@@ -424,7 +434,7 @@ class AppServerProcess:
                 return  # already reaped: its exit is on its way to us
             if exited is not None:
                 return
-        self._break_protocol("the app-server closed its stdout but kept running")
+        self._break_protocol(f"the app-server closed its {name} but kept running")
 
     # -- flow control ------------------------------------------------------------
 

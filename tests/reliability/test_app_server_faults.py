@@ -665,14 +665,16 @@ async def raw_json(bridge: Bench, method: str, path: str, body: Any = None) -> t
         return response.status, (json.loads(text) if text else None)
 
 
-async def test_stdout_closed_while_alive(bench):
-    """Closes its stdout but stays alive"""
+@pytest.mark.parametrize("pipe", ["stdout", "stdin"])
+async def test_a_pipe_closed_while_alive(bench, pipe):
+    """Closes its stdout (or its stdin) but stays alive"""
     bridge = await probe_bench(bench)
     session_id = await bridge.session()
-    status, body, _ = await bridge.call(session_id, "probe/closeStdout", timeoutMs=60_000)
+    method = "probe/closeStdout" if pipe == "stdout" else "probe/closeStdin"
+    status, body, _ = await bridge.call(session_id, method, timeoutMs=60_000)
     session_gone(status, body, "protocol_error")
     exit_event = await bridge.exit_event(session_id)
-    assert "closed its stdout" in exit_event["params"]["protocolError"]
+    assert f"closed its {pipe}" in exit_event["params"]["protocolError"]
     assert exit_event["params"]["signal"] == "SIGKILL"
     status, body, _ = await bridge.call(session_id, "x/after")
     assert (status, body["error"]) == (409, "session_exited")

@@ -5,7 +5,8 @@ standard library's json (integers of any size stay exact) and:
 
 - answers ``initialize`` (and takes ``initialized``);
 - ``probe/send {"lines": [TEXT, ...]}``: writes each TEXT as one raw line, then answers ``{}``;
-- ``probe/closeStdout``: closes its stdout without answering, and lives on (until killed);
+- ``probe/closeStdout``, ``probe/closeStdin``: closes that pipe without answering, and
+  lives on (until killed);
 - reports every reply the client sends to one of its own requests as a notification
   ``probe/reply {"raw": LINE}``, the line exactly as it arrived.
 """
@@ -37,8 +38,8 @@ def main() -> None:
             for text in message["params"]["lines"]:
                 os.write(1, text.encode() + b"\n")
             write({"id": message["id"], "result": {}})
-        elif method == "probe/closeStdout":
-            os.close(1)
+        elif method in ("probe/closeStdout", "probe/closeStdin"):
+            os.close(1 if method == "probe/closeStdout" else 0)
             while True:
                 time.sleep(3600)
         elif "id" in message:
