@@ -29,15 +29,22 @@ LONG_POLL_BUFFER = 131_072
 #: its time on a busy machine. A run cut off reports the drain time its rate projects.
 LONG_POLL_RUNS = 2
 LONG_POLL_SECONDS = 25
+#: A reader that stops reading for STALL_PAUSE seconds against READER_STALL_MS: it is
+#: cut loose, the flood's call answers, and the reader is told what it missed by a gap.
+STALL_MS = 1000
+STALL_PAUSE = 3.0
 
 
-def flood_through(bridge: Bridge, session: str, client: str) -> dict[str, Any]:
-    """Flood once with one reader attached; the reader's report plus timings."""
+def flood_through(bridge: Bridge, session: str, client: str, pause: float = 0.0) -> dict[str, Any]:
+    """Flood once with one reader attached; the reader's report plus timings.
+
+    ``pause``: the SSE reader stops reading that long first (a stalled reader).
+    """
     after = bridge.next_seq(session) - 1
     target = after + COUNT
     args = [client, str(bridge.port), session]
     if client == "sse":
-        args += [str(after), str(target)]
+        args += [str(after), str(target), str(pause)]
     else:
         args += [str(target), str(LONG_POLL_SECONDS)]
     with client_process(args) as reader:
@@ -93,6 +100,12 @@ def run(repeats: int, options: dict[str, Any]) -> Section:
                 if index < repeats:
                     sse[loop].append(report)
 
+    log("events: a reader that stops reading")
+    stall_ms = STALL_MS
+    with Bridge({"reader_stall_ms": stall_ms}, loop=loops[0]) as bridge:
+        session = bridge.create_session()
+        stalled = flood_through(bridge, session, "sse", pause=STALL_PAUSE)
+
     log("events: long-poll")
     polls: list[dict[str, Any]] = []
     with Bridge({"event_buffer": LONG_POLL_BUFFER}, loop=loops[0]) as bridge:
@@ -132,6 +145,15 @@ def run(repeats: int, options: dict[str, Any]) -> Section:
             target="0, no reader cut off",
             met=gaps == 0 and incomplete == 0,
         )
+        if loop == loops[0]:
+            section.add(
+                f"SSE: a reader that stops reading for {STALL_PAUSE:g} s: the flood's call "
+                f"answers after (READER_STALL_MS {stall_ms})" + suffix,
+                "ms",
+                [stalled["replied"] * 1000],
+                target=f"≈ READER_STALL_MS, then a gap ({stalled['gaps']} received)",
+                met=stalled["gaps"] >= 1 and stalled["complete"],
+            )
         total = COUNT * (repeats + EXTRA_FLOODS + 1)
         growth = (rss[loop][-1] - rss[loop][1]) / 1024
         section.add(

@@ -66,8 +66,11 @@ def read_head(sock: socket.socket, buffer: bytearray) -> tuple[int, int | None]:
 # -- SSE --------------------------------------------------------------------------------
 
 
-def sse(port: int, session: str, after: int, target: int) -> None:
-    """Read one event stream until the event with seq ``target`` has arrived."""
+def sse(port: int, session: str, after: int, target: int, pause: float = 0.0) -> None:
+    """Read one event stream until the event with seq ``target`` has arrived.
+
+    With ``pause``, stop reading for that many seconds first (a reader that stalls).
+    """
     sock = connect(port)
     sock.sendall(get(f"/v1/sessions/{session}/events/stream?after={after}"))
     buffer = bytearray()
@@ -76,6 +79,8 @@ def sse(port: int, session: str, after: int, target: int) -> None:
         emit(error=f"status {status}")
         return
     emit(ready=True)
+    if pause:
+        time.sleep(pause)
     events = gaps = 0
     last_seq = after
     pending = b"\n" + bytes(buffer)  # frames start after a newline: "\nid: N\nevent: K\n"
@@ -256,7 +261,7 @@ async def _sessions(port: int, count: int) -> None:
 def main(argv: list[str]) -> None:
     kind, port = argv[0], int(argv[1])
     if kind == "sse":
-        sse(port, argv[2], int(argv[3]), int(argv[4]))
+        sse(port, argv[2], int(argv[3]), int(argv[4]), float(argv[5]) if len(argv) > 5 else 0.0)
     elif kind == "longpoll":
         longpoll(port, argv[2], int(argv[3]), float(argv[4]))
     elif kind == "idle":
