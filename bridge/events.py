@@ -126,9 +126,22 @@ class Event:
 
     def freeze(self) -> int:
         """Encode now and drop the parsed params; returns the encoding's size."""
-        self.size = len(self.json())
+        if self._json is None:
+            encoded = dumps(
+                {
+                    "seq": self.seq,
+                    "kind": self.kind,
+                    "method": self.method,
+                    "params": self._params,
+                    "requestKey": self.request_key,
+                    "receivedAt": rfc3339(self.received_at),
+                }
+            )
+            # A copy: see json().
+            self._json = bytes(memoryview(encoded))
         self._params = _FROZEN
-        return self.size
+        self.size = size = len(self._json)
+        return size
 
     def __repr__(self) -> str:
         return f"Event(seq={self.seq}, kind={self.kind!r}, method={self.method!r})"
@@ -233,26 +246,36 @@ class EventLog:
         self._next_seq += 1
         events = self._events
         events.append(event)
-        if self._max_bytes is not None:
-            self._bytes += event.freeze()
-            self._total += event.size
+        max_bytes = self._max_bytes
+        if max_bytes is not None:
+            size = event.freeze()
+            self._bytes += size
+            self._total += size
             event.end = self._total
-        while len(events) - self._head > self._capacity or (
-            self._max_bytes is not None
-            and self._bytes > self._max_bytes
-            and len(events) - self._head > 1
-        ):
-            dropped = events[self._head]
-            self._bytes -= dropped.size
-            self._dropped_end = dropped.end
-            self._head += 1
-        if self._head >= self._compact_at:
-            del events[: self._head]
-            self._head = 0
+            if self._bytes > max_bytes or len(events) - self._head > self._capacity:
+                self._trim()
+        elif len(events) - self._head > self._capacity:
+            self._trim()
         if kind == "exit":
             self._closed = True
         self._wake()
         return event
+
+    def _trim(self) -> None:
+        """Drop the oldest events until both bounds hold (the newest always stays)."""
+        events, capacity, max_bytes = self._events, self._capacity, self._max_bytes
+        head = self._head
+        while len(events) - head > capacity or (
+            max_bytes is not None and self._bytes > max_bytes and len(events) - head > 1
+        ):
+            dropped = events[head]
+            self._bytes -= dropped.size
+            self._dropped_end = dropped.end
+            head += 1
+        if head >= self._compact_at:
+            del events[:head]
+            head = 0
+        self._head = head
 
     def close(self, params: Any) -> Event | None:
         """Append the ``exit`` event that ends the log."""
