@@ -18,6 +18,7 @@ from bridge.app import default_app, mounted_routes, text_turn_app, trusted_bridg
 from bridge.auth import AuthSettings, with_bearer_auth
 from bridge.limits import RestLimits, RestLimitsEnvError
 from bridge.openapi import build_openapi
+from bridge.process import descendants
 from bridge.process.backend import DEFAULT_COMMAND, parse_command
 
 PRESETS = {
@@ -28,6 +29,8 @@ PRESETS = {
 TOKEN_VARIABLE = "REST_ADAPTER_TOKEN"
 KEEPALIVE_SECONDS = 75.0
 SHUTDOWN_HANDLER_SECONDS = 2.0
+#: At exit, how long to wait for the last descendants to die once killed.
+DESCENDANTS_EXIT_SECONDS = 5.0
 
 
 class QuietParserErrors(logging.Filter):
@@ -113,6 +116,8 @@ async def serve(preset: str, command: list[str], host: str, port: int) -> None:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
+    # Orphaned descendants of app-servers come to the bridge, not init (descendants.py).
+    subreaper = descendants.become_subreaper()
     runner = web.AppRunner(
         app,
         handler_cancellation=True,
@@ -131,11 +136,18 @@ async def serve(preset: str, command: list[str], host: str, port: int) -> None:
     auth = "on" if token is not None else f"off (set {TOKEN_VARIABLE} to require a token)"
     print(f"rest-bridge {__version__} listening on http://{bound[0]}:{bound[1]}", flush=True)
     print(f"  preset: {preset}; app-server: {' '.join(command)}; auth: {auth}", flush=True)
+    orphans = asyncio.create_task(descendants.reap_every()) if subreaper else None
     try:
         await stop.wait()
     finally:
         print("rest-bridge: stopping", flush=True)
         await runner.cleanup()
+        if orphans is not None:
+            orphans.cancel()
+        # Every app-server is stopped: whatever still runs below the bridge is a leftover.
+        killed = await descendants.end_all(DESCENDANTS_EXIT_SECONDS)
+        if killed:
+            print(f"rest-bridge: killed {killed} leftover processes", flush=True)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
