@@ -9,13 +9,14 @@ import logging
 import os
 import signal
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from aiohttp import web
 
 from bridge import __version__
 from bridge.app import default_app, mounted_routes, text_turn_app, trusted_bridge_app
 from bridge.auth import AuthSettings, with_bearer_auth
+from bridge.descriptors import BridgeEventLoop, ShortageReporter, budget_line, raise_soft_limit
 from bridge.limits import RestLimits, RestLimitsEnvError
 from bridge.openapi import build_openapi
 from bridge.process import descendants
@@ -116,6 +117,9 @@ async def serve(preset: str, command: list[str], host: str, port: int) -> None:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
+    descriptors = budget_line(*raise_soft_limit())
+    shortage = ShortageReporter()
+    loop.set_exception_handler(shortage)
     # Orphaned descendants of app-servers come to the bridge, not init (descendants.py).
     subreaper = descendants.become_subreaper()
     runner = web.AppRunner(
@@ -136,6 +140,7 @@ async def serve(preset: str, command: list[str], host: str, port: int) -> None:
     auth = "on" if token is not None else f"off (set {TOKEN_VARIABLE} to require a token)"
     print(f"rest-bridge {__version__} listening on http://{bound[0]}:{bound[1]}", flush=True)
     print(f"  preset: {preset}; app-server: {' '.join(command)}; auth: {auth}", flush=True)
+    print(f"  {descriptors}", flush=True)
     orphans = asyncio.create_task(descendants.reap_every()) if subreaper else None
     try:
         await stop.wait()
@@ -148,6 +153,7 @@ async def serve(preset: str, command: list[str], host: str, port: int) -> None:
         killed = await descendants.end_all(DESCENDANTS_EXIT_SECONDS)
         if killed:
             print(f"rest-bridge: killed {killed} leftover processes", flush=True)
+        shortage.close()
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -169,7 +175,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         except (RestLimitsEnvError, ValueError) as exc:
             print(f"rest-bridge: {exc}", file=sys.stderr)
             return 2
-        loop_factory = None
+        loop_factory: Callable[[], asyncio.AbstractEventLoop] = BridgeEventLoop
         if args.loop == "uvloop":
             try:
                 import uvloop
