@@ -125,6 +125,7 @@ async def test_descriptor_exhaustion_is_reported_not_flooded_and_survived(
         for writer in idle:
             writer.close()
         await http.close()
+    assert "Traceback" not in served.output, served.output[-2000:]
     startup = served.output.split("rest-bridge: stopping")[0]
     assert f"file descriptors: soft limit {HARD} (raised from {SOFT}), hard limit {HARD}" in (
         startup
