@@ -231,6 +231,7 @@ async def test_escaped_descendants_die_with_their_app_server(
         "setsid + double fork during the session, after the app-server's exit, with a "
         "cleared environment, and from a sessionless call: all SIGKILLed with their app-server"
     )
+    report.figures = {"escapeesKilled": 4, "waitedOnWith": "pidfd"}
     report.survived = True
     report.nothing_lost = True
     # Whatever the late helper forked after the exit carries the test's mark: none remains.
@@ -274,6 +275,7 @@ async def test_rest_bridge_serve_adopts_reaps_and_outlives_no_escapee(
     assert await asyncio.to_thread(served.wait, 60) == 0
     outcomes = [await gone(fd) for fd in fds]
     assert outcomes == [True, True], "an escapee outlived `rest-bridge serve`"
+    report.figures = {"adoptedByTheBridge": 3, "zombiesLeft": 0, "exitCode": 0}
     report.outcome = (
         "escapees re-parented to the bridge (child subreaper), reaped when killed with "
         "their session, and killed at SIGTERM, an unmarked orphan included; exit 0"
