@@ -10,7 +10,7 @@ import logging
 import os
 import signal
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from aiohttp import web
 
@@ -23,8 +23,10 @@ from bridge.app import (
     trusted_bridge_app,
 )
 from bridge.auth import AuthSettings, token_problem, with_bearer_auth
+from bridge.descriptors import BridgeEventLoop, ShortageReporter, budget_line, raise_soft_limit
 from bridge.limits import RestLimits, RestLimitsEnvError
 from bridge.openapi import build_openapi
+from bridge.process import descendants
 from bridge.process.backend import DEFAULT_COMMAND, parse_command
 
 PRESETS = {
@@ -34,6 +36,8 @@ PRESETS = {
 }
 TOKEN_VARIABLE = "REST_ADAPTER_TOKEN"
 SHUTDOWN_HANDLER_SECONDS = 2.0
+#: At exit, how long to wait for the last descendants to die once killed.
+DESCENDANTS_EXIT_SECONDS = 5.0
 
 
 class QuietParserErrors(logging.Filter):
@@ -142,6 +146,11 @@ async def serve(preset: str, command: list[str], host: str, port: int) -> None:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
+    descriptors = budget_line(*raise_soft_limit())
+    shortage = ShortageReporter()
+    loop.set_exception_handler(shortage)
+    # Orphaned descendants of app-servers come to the bridge, not init (descendants.py).
+    subreaper = descendants.become_subreaper()
     runner = web.AppRunner(
         app,
         access_log=None,
@@ -157,11 +166,20 @@ async def serve(preset: str, command: list[str], host: str, port: int) -> None:
     auth = "on" if token is not None else f"off (set {TOKEN_VARIABLE} to require a token)"
     print(f"rest-bridge {__version__} listening on http://{bound[0]}:{bound[1]}", flush=True)
     print(f"  preset: {preset}; app-server: {' '.join(command)}; auth: {auth}", flush=True)
+    print(f"  {descriptors}", flush=True)
+    orphans = asyncio.create_task(descendants.reap_every()) if subreaper else None
     try:
         await stop.wait()
     finally:
         print("rest-bridge: stopping", flush=True)
         await runner.cleanup()
+        if orphans is not None:
+            orphans.cancel()
+        # Every app-server is stopped: whatever still runs below the bridge is a leftover.
+        killed = await descendants.end_all(DESCENDANTS_EXIT_SECONDS)
+        if killed:
+            print(f"rest-bridge: killed {killed} leftover processes", flush=True)
+        shortage.close()
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -185,7 +203,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"rest-bridge: {exc}", file=sys.stderr)
             return 2
         return_big_buffers_to_the_os()
-        loop_factory = None
+        loop_factory: Callable[[], asyncio.AbstractEventLoop] = BridgeEventLoop
         if args.loop == "uvloop":
             try:
                 import uvloop

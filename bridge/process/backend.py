@@ -24,6 +24,7 @@ from bridge.models import (
     TextTurnRequest,
     TextTurnResponse,
 )
+from bridge.process import descendants
 from bridge.process.rpc import AppServerProcess, ProcessGone, RpcError, StdinFull
 from bridge.process.session import Session, SessionStream, rpc_failure
 from bridge.process.text_turn import TextTurn
@@ -407,13 +408,15 @@ def _refuse_server_request(process: AppServerProcess) -> Any:
 async def _probe_version(argv: list[str]) -> tuple[str | None, str | None]:
     """Run ``<server> --version`` without blocking the loop: (version, error)."""
     try:
-        proc = await asyncio.create_subprocess_exec(
-            *argv,
-            stdin=asyncio.subprocess.DEVNULL,
-            stdout=asyncio.subprocess.PIPE,
-            stderr=asyncio.subprocess.DEVNULL,
-            start_new_session=True,
-        )
+        with descendants.spawning() as own:
+            proc = await asyncio.create_subprocess_exec(
+                *argv,
+                stdin=asyncio.subprocess.DEVNULL,
+                stdout=asyncio.subprocess.PIPE,
+                stderr=asyncio.subprocess.DEVNULL,
+                start_new_session=True,
+            )
+            own(proc.pid)
     except OSError as exc:
         return None, f"could not run the app-server: {exc.strerror or type(exc).__name__}"
     try:
@@ -424,6 +427,9 @@ async def _probe_version(argv: list[str]) -> tuple[str | None, str | None]:
             proc.kill()
         await proc.wait()
         return None, "the app-server did not report its version in time"
+    finally:
+        if proc.returncode is not None:
+            descendants.released(proc.pid)
     text = out.decode("utf-8", "replace").strip()
     if proc.returncode != 0 or not text:
         return None, f"`--version` exited with code {proc.returncode}"

@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from typing import Any, cast
 
 from bridge.limits import MAX_STDIN_BUFFER
+from bridge.process import descendants
 from bridge.wire import JSONDecodeError, dumps_line, loads
 
 log = logging.getLogger("bridge.process")
@@ -178,6 +179,8 @@ class AppServerProcess:
         self._exit_info: ExitInfo | None = None
         self._finished: asyncio.Future[ExitInfo] = self._loop.create_future()
         self.pid: int | None = None
+        #: Everything this process starts, killed when it ends (descendants.py).
+        self.lineage = descendants.Lineage()
         #: When the bytes being dispatched were read (one clock read per chunk).
         self.received_at = 0.0
 
@@ -195,19 +198,26 @@ class AppServerProcess:
         Raises ``OSError`` when it cannot be started.
         """
         self = cls(max_line_bytes=max_line_bytes)
-        transport, protocol = await self._loop.subprocess_exec(
-            lambda: _StdioProtocol(self),
-            *command,
-            stdin=asyncio.subprocess.PIPE,
-            stdout=asyncio.subprocess.PIPE,
-            stderr=asyncio.subprocess.PIPE,
-            env=dict(env) if env is not None else None,
-            cwd=cwd,
-            start_new_session=True,
-        )
+        with descendants.spawning() as own:
+            transport, protocol = await self._loop.subprocess_exec(
+                lambda: _StdioProtocol(self),
+                *command,
+                stdin=asyncio.subprocess.PIPE,
+                stdout=asyncio.subprocess.PIPE,
+                stderr=asyncio.subprocess.PIPE,
+                env=self.lineage.environment(env),
+                cwd=cwd,
+                start_new_session=True,
+            )
+            own(transport.get_pid())
         self._transport = transport
         self._protocol = protocol
         self.pid = transport.get_pid()
+        self.lineage.spawned(self.pid)
+        if self._exited:
+            # It exited before its pid was known here: what it left is killed now.
+            self._kill_group(signal.SIGKILL)
+            self.lineage.end()
         stdin = transport.get_pipe_transport(0)
         assert stdin is not None
         # A WriteTransport in behaviour; uvloop's does not subclass asyncio's.
@@ -489,6 +499,9 @@ class AppServerProcess:
         # The app-server's own children must not outlive it, and one of them
         # holding our pipes open would otherwise delay the end of the session.
         self._kill_group(signal.SIGKILL)
+        # And so must those that left the group (setsid, a daemon's double fork).
+        if self.pid is not None:
+            self.lineage.end()
         self._loop.call_later(_PIPE_DRAIN_SECONDS, self._finish)
 
     def _finish(self) -> None:
@@ -549,6 +562,8 @@ class AppServerProcess:
             return self._exit_info
         self._stopping = True
         self.release_flow()
+        if not self._exited:
+            self.lineage.remember_tree()
         self._flush()
         if self._stdin is not None and not self._stdin.is_closing():
             self._stdin.close()

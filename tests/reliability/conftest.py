@@ -236,6 +236,13 @@ def resources(mark: str) -> Resources:
 # -- a bridge in a process of its own --------------------------------------------------
 
 
+_WITH_NOFILE = (
+    "import os, resource, sys; "
+    "resource.setrlimit(resource.RLIMIT_NOFILE, (int(sys.argv[1]), int(sys.argv[2]))); "
+    "os.execv(sys.argv[3], sys.argv[3:])"
+)
+
+
 class BridgeProcess:
     """`rest-bridge serve` as a child process: its URL, its output, and its end.
 
@@ -252,6 +259,7 @@ class BridgeProcess:
         token: str | None = None,
         mark: str | None = None,
         extra_args: list[str] | None = None,
+        nofile: tuple[int, int] | None = None,
     ) -> None:
         self.mark = mark or uuid.uuid4().hex
         environment = {k: v for k, v in os.environ.items() if not k.startswith("REST_ADAPTER_")}
@@ -271,6 +279,9 @@ class BridgeProcess:
             command,
             *(extra_args or []),
         ]
+        if nofile is not None:
+            # RLIMIT_NOFILE (soft, hard), set by a small exec wrapper: same pid, no preexec_fn.
+            self.argv = [sys.executable, "-c", _WITH_NOFILE, *map(str, nofile), *self.argv]
         self._output = bytearray()
         self._lock = threading.Lock()
         self._listening = threading.Event()

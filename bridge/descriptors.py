@@ -1,0 +1,180 @@
+"""File descriptors for `rest-bridge serve`: the budget, and running out of it.
+
+At start the soft ``RLIMIT_NOFILE`` is raised to the hard limit (:func:`raise_soft_limit`).
+When the bridge still runs out, asyncio's accept loop would log a traceback for every
+failed ``accept()``: up to the listen backlog per pass, each pass scheduling its own
+retry, so the retries (and the log) multiply every second. Two parts stop that:
+
+- :class:`ShortageReporter`, the loop's exception handler, turns those failures into
+  one line when they start, one line per :data:`REPORT_SECONDS` while they last (how
+  many, and the limit), and one line when connections are accepted again; every other
+  context goes to the loop's default handler.
+- :class:`BridgeEventLoop` (the ``asyncio`` loop of ``rest-bridge serve``) ends an
+  accept pass at its first such failure, so each pass schedules exactly one retry
+  (asyncio's own, a second later), which is also how accepting resumes once
+  descriptors are free again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import errno
+import logging
+import resource
+import socket
+import time
+from collections.abc import Callable
+from typing import Any
+
+log = logging.getLogger("bridge")
+
+#: accept() errors that mean "no descriptor (or memory) to spare right now".
+SHORTAGE_ERRNOS = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM})
+#: At most one line per this many seconds while accepting keeps failing.
+REPORT_SECONDS = 10.0
+_ACCEPT_MESSAGE = "socket.accept() out of system resource"
+
+
+def raise_soft_limit() -> tuple[int, int, int]:
+    """Raise the soft RLIMIT_NOFILE to the hard one: (soft before, soft, hard)."""
+    before, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    target = hard
+    if target == resource.RLIM_INFINITY:
+        # Linux refuses an infinite soft limit; fs.nr_open is the most it allows.
+        try:
+            with open("/proc/sys/fs/nr_open") as handle:
+                target = int(handle.read())
+        except (OSError, ValueError):
+            target = before
+    if before != resource.RLIM_INFINITY and before < target:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+        except (OSError, ValueError) as exc:
+            log.warning("could not raise the descriptor limit to %d: %s", target, exc)
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    return before, soft, hard
+
+
+def describe_limit(value: int) -> str:
+    return "unlimited" if value == resource.RLIM_INFINITY else str(value)
+
+
+def budget_line(before: int, soft: int, hard: int) -> str:
+    """The start-up line: ``file descriptors: soft limit S (raised from B), hard limit H``."""
+    raised = f" (raised from {describe_limit(before)})" if soft != before else ""
+    return (
+        f"file descriptors: soft limit {describe_limit(soft)}{raised}, "
+        f"hard limit {describe_limit(hard)}"
+    )
+
+
+def is_accept_shortage(context: dict[str, Any]) -> bool:
+    exc = context.get("exception")
+    return (
+        isinstance(exc, OSError)
+        and exc.errno in SHORTAGE_ERRNOS
+        and context.get("message") == _ACCEPT_MESSAGE
+    )
+
+
+class ShortageReporter:
+    """A loop exception handler: accept failures for want of descriptors, summarised.
+
+    ``loop.set_exception_handler(ShortageReporter())``. Lines: one when failures
+    begin, one per ``interval`` with the count while they go on, one when an interval
+    passes without any (accepting again). Nothing else is changed.
+    """
+
+    def __init__(
+        self, interval: float = REPORT_SECONDS, clock: Callable[[], float] = time.monotonic
+    ) -> None:
+        self.interval = interval
+        self._clock = clock
+        #: Failures since the last line, and since the shortage began.
+        self.recent = 0
+        self.total = 0
+        self._short_since: float | None = None
+        self._timer: asyncio.TimerHandle | None = None
+
+    def __call__(self, loop: asyncio.AbstractEventLoop, context: dict[str, Any]) -> None:
+        if not is_accept_shortage(context):
+            loop.default_exception_handler(context)
+            return
+        self.recent += 1
+        self.total += 1
+        if self._short_since is None:
+            self._short_since = self._clock()
+            self.recent = 0
+            exc = context["exception"]
+            log.error(
+                "out of file descriptors: cannot accept connections (%s); limit %s",
+                exc.strerror or errno.errorcode.get(exc.errno, exc.errno),
+                _soft_limit(),
+            )
+            self._timer = loop.call_later(self.interval, self._report, loop)
+
+    def _report(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._timer = None
+        if self.recent:
+            log.error(
+                "out of file descriptors: %d accept failures in the last %g s; limit %s",
+                self.recent,
+                self.interval,
+                _soft_limit(),
+            )
+            self.recent = 0
+            self._timer = loop.call_later(self.interval, self._report, loop)
+            return
+        since = self._short_since or self._clock()
+        log.warning(
+            "accepting connections again after %d accept failures over %.0f s "
+            "for want of file descriptors",
+            self.total,
+            self._clock() - since,
+        )
+        self._short_since = None
+        self.total = 0
+
+    def close(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+
+
+def _soft_limit() -> str:
+    return describe_limit(resource.getrlimit(resource.RLIMIT_NOFILE)[0])
+
+
+class _OnePass:
+    """A listening socket as one accept pass sees it: after a shortage, nothing to accept.
+
+    asyncio's pass goes on calling ``accept()`` after a failure for want of
+    descriptors, up to the backlog, reporting and scheduling a retry each time.
+    """
+
+    def __init__(self, sock: socket.socket) -> None:
+        self.raw = sock
+        self._short = False
+
+    def accept(self) -> tuple[socket.socket, Any]:
+        if self._short:
+            raise BlockingIOError(errno.EAGAIN, "stopped after a shortage")
+        try:
+            return self.raw.accept()
+        except OSError as exc:
+            if exc.errno in SHORTAGE_ERRNOS:
+                self._short = True
+            raise
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.raw, name)
+
+
+class BridgeEventLoop(asyncio.SelectorEventLoop):
+    """asyncio's loop, with an accept pass that stops at its first descriptor shortage."""
+
+    def _accept_connection(
+        self, protocol_factory: Any, sock: Any, *args: Any, **kwargs: Any
+    ) -> None:
+        raw = sock.raw if isinstance(sock, _OnePass) else sock
+        super()._accept_connection(protocol_factory, _OnePass(raw), *args, **kwargs)  # type: ignore[misc]

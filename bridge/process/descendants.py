@@ -1,0 +1,426 @@
+"""What an app-server starts dies with it, wherever it went (Linux).
+
+Killing an app-server's process group misses every descendant that left the group
+(``setsid``, ``setpgid``, a daemon's double fork). So each app-server gets a random
+*mark* in its environment, ``REST_ADAPTER_PROCESS_MARK``, which everything it starts
+inherits. When the app-server has ended, :meth:`Lineage.end` SIGKILLs every live
+process that carries its mark, every descendant of those, and whatever was under the
+app-server when the bridge began to stop it, repeating the search until a round finds
+nothing new (a process forking while the bridge kills stays a step behind).
+
+Processes are signalled through pidfds, after checking that the pid still names the
+process that was found (same start time), so a recycled pid is never hit.
+
+``rest-bridge serve`` also makes the bridge a *child subreaper*
+(:func:`become_subreaper`): an orphaned descendant is re-parented to the bridge rather
+than to init, so none leaves the bridge's process tree, and the bridge reaps what it
+adopted. It reaps only zombies that are not its own children in the usual sense (those
+it spawned itself, which asyncio waits for by pid: they are registered through
+:func:`spawning`), so no exit status is ever taken from under asyncio's child watcher.
+An embedding host keeps the mark-based kill but not the subreaper, which is a setting
+of the whole process.
+
+Elsewhere than Linux (no ``/proc``, pidfds or subreapers) this module does nothing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import ctypes
+import errno
+import logging
+import os
+import secrets
+import signal
+import sys
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass
+
+log = logging.getLogger("bridge.process")
+
+#: The variable that marks everything one app-server starts.
+MARK_VARIABLE = "REST_ADAPTER_PROCESS_MARK"
+#: How often `rest-bridge serve` reaps adopted orphans that exited on their own.
+ORPHAN_REAP_SECONDS = 5.0
+LINUX = sys.platform.startswith("linux") and hasattr(os, "pidfd_open")
+
+_PR_SET_CHILD_SUBREAPER = 36
+#: Rounds of search-and-kill before giving up on a lineage that keeps forking.
+_MAX_ROUNDS = 64
+#: When /proc cannot be read (no descriptor left), how often and how long to retry.
+_RETRY_SECONDS = 1.0
+_RETRIES = 60
+_GONE = (errno.ENOENT, errno.ESRCH)
+
+
+@dataclass(frozen=True, slots=True)
+class _Stat:
+    ppid: int
+    state: str
+    start: int
+
+    @property
+    def alive(self) -> bool:
+        return self.state not in ("Z", "X", "x")
+
+
+def _read(path: str) -> bytes:
+    """A whole /proc file (os.read, without a file object: a scan reads hundreds)."""
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        chunks = []
+        while chunk := os.read(fd, 65536):
+            chunks.append(chunk)
+        return b"".join(chunks)
+    finally:
+        os.close(fd)
+
+
+def _stat(pid: int) -> _Stat | None:
+    """``/proc/<pid>/stat``: parent, state and start time; None if the pid is gone.
+
+    Raises OSError for anything but a vanished process (no descriptor left, say).
+    """
+    try:
+        data = _read(f"/proc/{pid}/stat")
+    except OSError as exc:
+        if exc.errno in _GONE:
+            return None
+        raise
+    fields = data.rsplit(b")", 1)[1].split()
+    if len(fields) < 20:
+        return None
+    return _Stat(int(fields[1]), fields[0].decode(), int(fields[19]))
+
+
+def _table() -> dict[int, _Stat]:
+    table: dict[int, _Stat] = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            stat = _stat(int(entry))
+            if stat is not None:
+                table[int(entry)] = stat
+    return table
+
+
+def _environ_has(pid: int, needle: bytes) -> bool:
+    try:
+        return needle in _read(f"/proc/{pid}/environ").split(b"\0")
+    except PermissionError:
+        return False
+    except OSError as exc:
+        if exc.errno in _GONE:
+            return False
+        raise
+
+
+def _descendants(table: Mapping[int, _Stat], roots: set[int]) -> set[int]:
+    children: dict[int, list[int]] = {}
+    for pid, stat in table.items():
+        if stat.alive:
+            children.setdefault(stat.ppid, []).append(pid)
+    found: set[int] = set()
+    stack = list(roots)
+    while stack:
+        pid = stack.pop()
+        for child in children.get(pid, ()):
+            if child not in found:
+                found.add(child)
+                stack.append(child)
+    return found
+
+
+def _kill(pid: int, start: int) -> int | None:
+    """SIGKILL the process ``pid`` started at ``start``; its pidfd, if one could be had."""
+    try:
+        fd = os.pidfd_open(pid)
+    except ProcessLookupError:
+        return None
+    except OSError:
+        # No descriptor to spare: check and signal by pid (a far narrower window).
+        stat = _stat(pid)
+        if stat is not None and stat.start == start and stat.alive:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        return None
+    try:
+        stat = _stat(pid)
+        if stat is None or stat.start != start:
+            os.close(fd)
+            return None
+        signal.pidfd_send_signal(fd, signal.SIGKILL)
+    except ProcessLookupError:
+        os.close(fd)
+        return None
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+# -- the bridge's own children, and the orphans it adopted ---------------------------------
+
+
+class _Registry:
+    def __init__(self) -> None:
+        self.subreaper = False
+        #: Children this process spawned itself: asyncio waits for them by pid.
+        self.own: set[int] = set()
+        #: Spawns under way, whose pid is not known yet: no reaping meanwhile.
+        self.spawning = 0
+        self.deferred = False
+        #: The last reaping failed (and said so).
+        self.failing = False
+
+
+_registry = _Registry()
+
+
+def become_subreaper() -> bool:
+    """Make this process the reaper of its orphaned descendants (Linux; True if so)."""
+    if not LINUX:
+        return False
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) != 0:
+        log.warning("could not become a child subreaper: %s", os.strerror(ctypes.get_errno()))
+        return False
+    _registry.subreaper = True
+    return True
+
+
+def is_subreaper() -> bool:
+    return _registry.subreaper
+
+
+@contextlib.contextmanager
+def spawning() -> Iterator[Callable[[int], None]]:
+    """Around a spawn of this process's own child: hands out ``register(pid)``.
+
+    Until the spawn is over, no orphan is reaped, since a new child that died at once
+    could not yet be told apart from one; call :func:`released` once the child has
+    been waited for.
+    """
+    _registry.spawning += 1
+    try:
+        yield _registry.own.add
+    finally:
+        _registry.spawning -= 1
+        if _registry.spawning == 0 and _registry.deferred:
+            _registry.deferred = False
+            _reap_quietly()
+
+
+def released(pid: int | None) -> None:
+    """``pid``, a child registered by :func:`spawning`, has been waited for."""
+    _registry.own.discard(pid or -1)
+
+
+def reap_orphans() -> int:
+    """Reap the adopted orphans that have exited; how many (only as a subreaper)."""
+    if not _registry.subreaper:
+        return 0
+    if _registry.spawning:
+        _registry.deferred = True
+        return 0
+    me = os.getpid()
+    reaped = 0
+    for pid, stat in _table().items():
+        if stat.ppid == me and not stat.alive and pid not in _registry.own:
+            with contextlib.suppress(ChildProcessError):
+                if os.waitpid(pid, os.WNOHANG)[0] == pid:
+                    reaped += 1
+    return reaped
+
+
+def _reap_quietly() -> None:
+    try:
+        reap_orphans()
+    except OSError as exc:
+        # Out of descriptors, most likely: said once, tried again at the next occasion.
+        if not _registry.failing:
+            log.warning("could not reap orphaned processes: %s", exc.strerror or exc)
+        _registry.failing = True
+    else:
+        _registry.failing = False
+
+
+async def reap_every(seconds: float = ORPHAN_REAP_SECONDS) -> None:
+    """Reap adopted orphans that exited on their own, every ``seconds``, until cancelled."""
+    while True:
+        await asyncio.sleep(seconds)
+        _reap_quietly()
+
+
+def _wait_then_reap(fds: list[int]) -> None:
+    """Close the pidfds once their processes have exited, then reap what was adopted."""
+    if not fds:
+        return
+    if not _registry.subreaper:
+        for fd in fds:
+            os.close(fd)
+        return
+    loop = asyncio.get_running_loop()
+    waiting = set(fds)
+
+    def exited(fd: int) -> None:
+        loop.remove_reader(fd)
+        os.close(fd)
+        waiting.discard(fd)
+        if not waiting:
+            _reap_quietly()
+
+    for fd in fds:
+        loop.add_reader(fd, exited, fd)
+
+
+def _settle(future: asyncio.Future[None]) -> None:
+    if not future.done():
+        future.set_result(None)
+
+
+async def end_all(timeout: float) -> int:
+    """Kill every descendant of this process and reap them: `rest-bridge serve`'s last act.
+
+    Returns how many were killed. Only for a process that is the bridge alone: it
+    spares nothing below it.
+    """
+    if not LINUX:
+        return 0
+    killed: set[tuple[int, int]] = set()
+    fds: list[int] = []
+    try:
+        for _ in range(_MAX_ROUNDS):
+            table = _table()
+            found = {(p, table[p].start) for p in _descendants(table, {os.getpid()})} - killed
+            if not found:
+                break
+            for pid, start in found:
+                killed.add((pid, start))
+                fd = _kill(pid, start)
+                if fd is not None:
+                    fds.append(fd)
+        if fds:
+            loop = asyncio.get_running_loop()
+            pending = []
+            for fd in fds:
+                done: asyncio.Future[None] = loop.create_future()
+                loop.add_reader(fd, _settle, done)
+                pending.append(done)
+            await asyncio.wait(pending, timeout=timeout)
+        _reap_quietly()
+    except OSError as exc:
+        log.warning("could not stop every descendant: %s", exc.strerror or exc)
+    finally:
+        loop = asyncio.get_running_loop()
+        for fd in fds:
+            loop.remove_reader(fd)
+            os.close(fd)
+    return len(killed)
+
+
+# -- one app-server's lineage -----------------------------------------------------------------
+
+
+class Lineage:
+    """One app-server and everything it starts: marked, remembered and killed with it."""
+
+    def __init__(self) -> None:
+        self.mark = secrets.token_hex(16)
+        self._needle = f"{MARK_VARIABLE}={self.mark}".encode()
+        self.pid: int | None = None
+        self._start = 0
+        #: Descendants seen under the app-server while it lived, by pid: start time.
+        self._tree: dict[int, int] = {}
+
+    def environment(self, env: Mapping[str, str] | None) -> dict[str, str]:
+        """The app-server's environment (``env``, or this process's) with the mark."""
+        environment = dict(os.environ if env is None else env)
+        environment[MARK_VARIABLE] = self.mark
+        return environment
+
+    def spawned(self, pid: int) -> None:
+        self.pid = pid
+        if LINUX:
+            with contextlib.suppress(OSError):
+                stat = _stat(pid)
+                self._start = stat.start if stat is not None else 0
+
+    def remember_tree(self) -> None:
+        """Note what lives under the app-server now, before it is asked to stop.
+
+        What it started with a cleared environment is then killed with it too,
+        provided it was still under the app-server at this moment.
+        """
+        if not LINUX or self.pid is None:
+            return
+        try:
+            table = _table()
+        except OSError:
+            return
+        mine = table.get(self.pid)
+        if mine is None or not mine.alive or mine.start != self._start:
+            return
+        for pid in _descendants(table, {self.pid}):
+            self._tree[pid] = table[pid].start
+
+    def end(self) -> None:
+        """The app-server has exited and been waited for: kill everything it left."""
+        released(self.pid)
+        if LINUX:
+            self._attempt(_RETRIES)
+
+    def _attempt(self, retries: int) -> None:
+        try:
+            killed, fds = self._sweep()
+        except OSError as exc:
+            if retries == _RETRIES:
+                log.warning(
+                    "cannot look for what app-server pid %s left running (%s); retrying",
+                    self.pid,
+                    exc.strerror or exc,
+                )
+            if retries > 0:
+                asyncio.get_running_loop().call_later(_RETRY_SECONDS, self._attempt, retries - 1)
+            else:
+                log.error("gave up looking for what app-server pid %s left running", self.pid)
+            return
+        if killed:
+            log.info("app-server pid %s left %d processes running: killed", self.pid, killed)
+        _wait_then_reap(fds)
+
+    def _targets(self, table: Mapping[int, _Stat]) -> set[tuple[int, int]]:
+        me = os.getpid()
+        roots: set[int] = set()
+        for pid, stat in table.items():
+            if pid == me or pid in _registry.own or not stat.alive or stat.start < self._start:
+                continue
+            if self._tree.get(pid) == stat.start or _environ_has(pid, self._needle):
+                roots.add(pid)
+        found = roots | _descendants(table, roots)
+        found -= _registry.own
+        found.discard(me)
+        return {(pid, table[pid].start) for pid in found}
+
+    def _sweep(self) -> tuple[int, list[int]]:
+        killed: set[tuple[int, int]] = set()
+        fds: list[int] = []
+        try:
+            for _ in range(_MAX_ROUNDS):
+                found = self._targets(_table()) - killed
+                if not found:
+                    break
+                for pid, start in found:
+                    killed.add((pid, start))
+                    fd = _kill(pid, start)
+                    if fd is not None:
+                        fds.append(fd)
+            else:
+                log.warning("app-server pid %s left processes that keep forking", self.pid)
+        except BaseException:
+            # The kills so far stand; the next attempt finds the rest.
+            for fd in fds:
+                os.close(fd)
+            raise
+        self._tree.clear()
+        return len(killed), fds
