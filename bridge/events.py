@@ -175,6 +175,7 @@ class LogReader:
         log = self._log
         if self.loose and seq >= log.next_seq - 1:
             self.loose = False
+        log._update_lowest()
         if log.on_progress is not None:
             log.on_progress()
 
@@ -210,6 +211,9 @@ class EventLog:
         self._total = 0
         self._dropped_end = 0
         self._readers: list[LogReader] = []
+        #: The lowest position of the readers not cut loose (-1: none), kept up to date
+        #: as they move, so that the producer's question per line costs O(1).
+        self._lowest = -1
         #: Called when an attached reader moves on (the producer may be waiting for it).
         self.on_progress: Callable[[], None] | None = None
         #: The last seq handed to a cursor reader (long-poll without a position).
@@ -325,11 +329,13 @@ class EventLog:
         """A reader that will read from ``position`` on and report its progress."""
         reader = LogReader(self, position)
         self._readers.append(reader)
+        self._update_lowest()
         return reader
 
     def detach(self, reader: LogReader) -> None:
         if reader in self._readers:
             self._readers.remove(reader)
+            self._update_lowest()
             if self.on_progress is not None:
                 self.on_progress()
 
@@ -345,16 +351,17 @@ class EventLog:
             return self._dropped_end
         return events[head + seq - first].end
 
+    def _update_lowest(self) -> None:
+        positions = [r.position for r in self._readers if not r.loose]
+        self._lowest = min(positions) if positions else -1
+
     def must_wait(self, incoming: int) -> bool:
         """Would one more event of about ``incoming`` bytes drop one an attached reader lacks?
 
         Readers cut loose do not count. The producer should hold the event back (and stop
         reading its source) until a reader moves on or is cut loose.
         """
-        lowest = -1
-        for reader in self._readers:
-            if not reader.loose and (lowest < 0 or reader.position < lowest):
-                lowest = reader.position
+        lowest = self._lowest
         if lowest < 0:
             return False
         last = self._next_seq - 1
@@ -378,6 +385,7 @@ class EventLog:
             if not reader.loose and reader.position < last and reader.progress_at <= stalled_since:
                 reader.loose = True
                 count += 1
+        self._update_lowest()
         return count
 
     def oldest_progress(self) -> float | None:

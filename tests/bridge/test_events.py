@@ -88,3 +88,49 @@ async def test_wait_times_out_without_events():
     log = EventLog(5)
     await log.wait(0, 0.01)
     assert log.read(0, 5) == []
+
+
+def test_the_byte_bound_drops_the_oldest_and_keeps_the_newest():
+    log = EventLog(100, max_bytes=1000)
+    for _ in range(10):
+        log.append("notification", "m", "x" * 200)
+    assert log.retained_bytes <= 1000
+    assert 1 <= len(log) < 10
+    gap = log.read(0, 1)[0]
+    assert gap.kind == "gap"
+    assert gap.params["toSeq"] == 10 - len(log)
+    huge = log.append("notification", "m", "y" * 5000)
+    assert huge is not None
+    assert [e.seq for e in log.read(10, 5)] == [11]  # alone, over the bound, but kept
+
+
+def test_a_frozen_event_holds_only_its_json():
+    log = EventLog(5, max_bytes=10_000)
+    event = log.append("notification", "m", {"n": 123456789012345678901234567890})
+    assert event is not None
+    assert event.params == {"n": 123456789012345678901234567890}
+    assert event.size == len(event.json())
+    assert b"123456789012345678901234567890" in event.json()
+
+
+def test_an_attached_reader_holds_the_producer_back_until_it_moves_or_is_cut_loose():
+    log = EventLog(4, max_bytes=10_000)
+    reader = log.attach(0)
+    moved: list[int] = []
+    log.on_progress = lambda: moved.append(reader.position)
+    for _ in range(3):
+        assert not log.must_wait(10)
+        log.append("notification", "m", None)
+    assert not log.must_wait(10)
+    log.append("notification", "m", None)
+    assert log.must_wait(10)  # a fifth event would drop one the reader lacks
+    reader.advance(2)
+    assert moved == [2]
+    assert not log.must_wait(10)
+    assert log.must_wait(20_000)  # the byte bound counts too
+    assert log.cut_loose(stalled_since=reader.progress_at) == 1
+    assert not log.must_wait(20_000)
+    reader.advance(log.next_seq - 1)  # caught up: held for again
+    assert not reader.loose
+    reader.detach()
+    assert log.readers == 0
