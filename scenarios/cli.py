@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import TextIO
 
 from scenarios.format import LoadedScenario, ScenarioError, load_scenario
+from scenarios.harness import CodexNotFound, find_codex
 from scenarios.reporting import format_result, write_junit
 from scenarios.runner import RunOptions, ScenarioResult, run_scenario_sync
 
@@ -159,6 +160,12 @@ def _run(args: argparse.Namespace, out: TextIO) -> int:
             )
             return USAGE_ERROR
         names[scenario.name] = scenario.source
+    if any(scenario.scenario.real_codex for scenario in loaded):
+        try:
+            find_codex(args.codex, option="--codex")
+        except CodexNotFound as exc:
+            print(f"rest-bridge scenarios: {exc}; nothing was run", file=sys.stderr)
+            return USAGE_ERROR
     _quiet_logging()
     options = RunOptions(
         codex=args.codex,
@@ -206,6 +213,7 @@ def _schema(args: argparse.Namespace, out: TextIO) -> int:
     from scenarios.schema import scenario_schema
 
     print(json.dumps(scenario_schema(), indent=args.indent), file=out)
+    out.flush()
     return 0
 
 
@@ -292,7 +300,27 @@ def main(argv: Sequence[str] | None = None, out: TextIO | None = None) -> int:
     args = build_parser().parse_args(argv)
     stream = out or sys.stdout
     action = {"run": _run, "check": _check, "schema": _schema, "record": _record}[args.action]
-    return action(args, stream)
+    try:
+        return action(args, stream)
+    except BrokenPipeError:
+        # The reader went away (`... | head`): what it wanted it has; no traceback.
+        return reader_gone(stream, finished=args.action == "schema")
+
+
+def reader_gone(stream: TextIO, *, finished: bool) -> int:
+    """After a `BrokenPipeError` on `stream`: exit quietly.
+
+    Whatever is still buffered for the closed pipe is dropped (Python would otherwise
+    try to flush it at exit and complain). The status is 0 when the command had
+    nothing left to do but print (`finished`), else 1: a run cut short did not finish.
+    """
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, stream.fileno())
+        os.close(devnull)
+    except (OSError, ValueError):  # not a real file (a StringIO in tests)
+        pass
+    return 0 if finished else 1
 
 
 if __name__ == "__main__":

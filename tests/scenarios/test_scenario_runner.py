@@ -14,6 +14,7 @@ import pytest
 
 from scenarios.cli import run_all
 from scenarios.format import load_scenario, parse_scenario
+from scenarios.harness import NO_CODEX
 from scenarios.processes import live_children
 from scenarios.runner import RunOptions, run_scenario_sync
 
@@ -291,7 +292,72 @@ def test_a_real_codex_scenario_skips_without_codex_and_fails_under_ci(
     loaded = load_scenario(LIBRARY / "real-codex-scripted-model.scenario.yaml")
     skipped = run_scenario_sync(loaded, RunOptions(require_codex=False))
     assert skipped.outcome == "skipped"
-    assert "real codex is not installed" in (skipped.skip_reason or "")
+    assert skipped.skip_reason == NO_CODEX
     failed = run_scenario_sync(loaded, RunOptions(require_codex=True))
     assert failed.outcome == "failed"
-    assert "CI=true" in failed.failures[0].problems[0].message
+    assert failed.failures[0].problems[0].message == f"CI=true: {NO_CODEX}"
+
+
+MODEL_SCENARIO = """
+    scenario: 1
+    name: needs-the-real-codex
+    model: {replies: [{text: hi}]}
+    steps:
+      - http: {method: POST, path: /v1/text-turn, json: {text: hi}}
+"""
+
+
+@pytest.mark.parametrize("given", ["--codex", "CODEX_BIN"])
+@pytest.mark.parametrize("problem", ["missing", "directory", "not executable"])
+def test_a_codex_path_given_that_does_not_work_is_exit_2_naming_it(
+    tmp_path: Path, given: str, problem: str
+) -> None:
+    scenario = write(tmp_path, "model.scenario.yaml", MODEL_SCENARIO)
+    codex = tmp_path / "bin" / "codex"
+    if problem == "directory":
+        codex.mkdir(parents=True)
+    elif problem == "not executable":
+        codex.parent.mkdir()
+        codex.write_text("#!/bin/sh\n")
+    args, env = ["run", str(scenario)], {}
+    if given == "--codex":
+        args += ["--codex", str(codex)]
+    else:
+        env["CODEX_BIN"] = str(codex)
+    done = run_cli(*args, **env)
+    assert done.returncode == 2, done.stdout + done.stderr
+    (line,) = done.stderr.splitlines()
+    assert str(codex) in line
+    setting = f"--codex {codex}" if given == "--codex" else f"CODEX_BIN={codex}"
+    why = {"missing": "no such file", "directory": "a directory"}.get(problem, problem)
+    assert line.startswith(f"rest-bridge scenarios: {setting}: {why}"), line
+    assert line.endswith("nothing was run"), line
+    assert "SKIPPED" not in done.stdout
+    assert "PASSED" not in done.stdout
+
+
+def test_without_any_codex_the_cli_skips_with_the_plugins_words(tmp_path: Path) -> None:
+    scenario = write(tmp_path, "model.scenario.yaml", MODEL_SCENARIO)
+    env = {"PATH": f"{Path(sys.executable).parent}:/usr/bin:/bin", "CODEX_BIN": "", "CI": ""}
+    done = run_cli("run", str(scenario), cwd=tmp_path, **env)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert f"SKIPPED needs-the-real-codex ({scenario})" in done.stdout
+    assert done.stdout.count(NO_CODEX) == 1, done.stdout
+
+
+def test_schema_into_a_pipe_whose_reader_is_gone_exits_quietly() -> None:
+    """`rest-bridge scenarios schema | head`: no BrokenPipeError traceback."""
+    read, write = os.pipe()
+    os.close(read)  # the reader is gone before the first byte is written
+    try:
+        done = subprocess.run(
+            [REST_BRIDGE, "scenarios", "schema"],
+            stdout=write,
+            stderr=subprocess.PIPE,
+            text=True,
+            timeout=120,
+            check=False,
+        )
+    finally:
+        os.close(write)
+    assert (done.returncode, done.stderr) == (0, "")
