@@ -29,6 +29,7 @@ THEMES = (
     "Fuzzing from the contract",
     "Soak",
     "Shutdown",
+    "Start-up",
     "Security",
 )
 
