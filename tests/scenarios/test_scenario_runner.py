@@ -78,9 +78,13 @@ def test_a_broken_scenario_shows_the_step_expected_received_and_the_transcripts(
 ) -> None:
     path = write(tmp_path, "broken.scenario.yaml", BROKEN)
     junit = tmp_path / "junit.xml"
-    done = run_cli("run", str(path), "--junit", str(junit))
+    runs = tmp_path / "runs"
+    done = run_cli("run", str(path), "--junit", str(junit), "--tmp-dir", str(runs))
     out = done.stdout
     assert done.returncode == 1, out + done.stderr
+    # The failed run's directory is kept, named, and where it was asked to go.
+    (kept,) = runs.iterdir()
+    assert f"run directory (kept): {kept}" in out
     expected_in_order = [
         "FAILED  broken-on-purpose",
         f"step 2 of 2: expects the wrong code  ({path}:9)",
@@ -138,9 +142,12 @@ def test_the_end_checks_report_unused_script_entries_and_unanswered_requests(
           - call: {session: "${s}", method: x/ask, params: {}}
         """,
     )
-    done = run_cli("run", str(path))
+    runs = tmp_path / "runs"
+    done = run_cli("run", str(path), "--tmp-dir", str(runs))
     out = done.stdout
     assert done.returncode == 1, out
+    (kept,) = runs.iterdir()
+    assert f"run directory (kept): {kept}" in out
     assert "end of run checks" in out
     assert "sent the server request item/tool/call (id 0), and it was never answered" in out
     assert f"({path}:9)" in out  # x/unused[0]
