@@ -105,8 +105,8 @@ def run_scenarios(argv: Sequence[str]) -> int:
         from scenarios.cli import main as scenarios_main
     except ImportError as exc:
         print(
-            f"rest-bridge scenarios: {exc}; install the harness extra: "
-            "pip install 'codex-rest-bridge[harness]'",
+            f"rest-bridge scenarios: {exc}; install codex-rest-bridge with its `harness` "
+            'extra, e.g. from a clone: pip install "/path/to/codex-rest-bridge[harness]"',
             file=sys.stderr,
         )
         return 2

@@ -71,8 +71,8 @@ def _async_fixture(func: Callable[..., Any]) -> Any:
     @pytest.fixture(name=func.__name__)
     def missing() -> None:
         raise pytest.UsageError(
-            f"the {func.__name__!r} fixture needs pytest-asyncio: "
-            "pip install 'codex-rest-bridge[harness]'"
+            f"the {func.__name__!r} fixture needs pytest-asyncio: install codex-rest-bridge "
+            'with its `harness` extra, e.g. pip install "/path/to/codex-rest-bridge[harness]"'
         )
 
     return missing

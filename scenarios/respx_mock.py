@@ -45,7 +45,8 @@ try:
 except ModuleNotFoundError as exc:  # the `harness` extra alone does not bring them
     raise ModuleNotFoundError(
         f"the respx mocks of the bridge need respx and httpx (no module named {exc.name!r}): "
-        "pip install 'codex-rest-bridge[respx]'",
+        "install codex-rest-bridge with its `respx` extra, e.g. from a clone: "
+        'pip install "/path/to/codex-rest-bridge[respx]"',
         name=exc.name,
     ) from None
 

@@ -323,7 +323,8 @@ def test_the_respx_fixtures_name_the_extra_to_install(pytester: pytest.Pytester)
     result.assert_outcomes(errors=1)
     assert (
         "the respx mocks of the bridge need respx and httpx (no module named 'httpx'): "
-        "pip install 'codex-rest-bridge[respx]'"
+        "install codex-rest-bridge with its `respx` extra, e.g. from a clone: "
+        'pip install "/path/to/codex-rest-bridge[respx]"'
     ) in result.outlines
     assert "Traceback" not in result.stdout.str()
     assert "During handling" not in result.stdout.str()
