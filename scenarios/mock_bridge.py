@@ -333,7 +333,7 @@ class BridgeFront:
 # -- responses ---------------------------------------------------------------------------
 
 
-#: The status each error kind has (CONTRACT.md's table).
+#: The status each error kind has (docs/API.md, Errors).
 KIND_STATUS: dict[str, int] = {
     "bad_request": 400,
     "unauthorized": 401,
