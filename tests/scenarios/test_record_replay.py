@@ -27,9 +27,9 @@ import pytest
 import yaml
 
 from fakes.app_server.wire import WIRE_LOG_ENV
+from scenarios import harness
 from scenarios.cli import main as scenarios_main
 from scenarios.format import load_scenario
-from scenarios.harness import NO_CODEX
 from scenarios.record import (
     FROZEN_MS,
     FROZEN_S,
@@ -464,7 +464,7 @@ def test_recording_without_codex_says_so_and_writes_nothing(
     status = scenarios_main(["record", str(SCRIPTED_MODEL), "-o", str(out)])
     assert status == 2
     error = capsys.readouterr().err
-    assert NO_CODEX in error
+    assert harness.NO_CODEX in error
     assert "make codex" in error
     assert not out.exists()
     nope = tmp_path / "nope"

@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
+from scenarios import harness
 from scenarios.cli import run_all
 from scenarios.format import load_scenario, parse_scenario
-from scenarios.harness import NO_CODEX
 from scenarios.processes import live_children
 from scenarios.runner import RunOptions, run_scenario_sync
 
@@ -299,10 +299,10 @@ def test_a_real_codex_scenario_skips_without_codex_and_fails_under_ci(
     loaded = load_scenario(LIBRARY / "real-codex-scripted-model.scenario.yaml")
     skipped = run_scenario_sync(loaded, RunOptions(require_codex=False))
     assert skipped.outcome == "skipped"
-    assert skipped.skip_reason == NO_CODEX
+    assert skipped.skip_reason == harness.NO_CODEX
     failed = run_scenario_sync(loaded, RunOptions(require_codex=True))
     assert failed.outcome == "failed"
-    assert failed.failures[0].problems[0].message == f"CI=true: {NO_CODEX}"
+    assert failed.failures[0].problems[0].message == f"CI=true: {harness.NO_CODEX}"
 
 
 MODEL_SCENARIO = """
@@ -349,7 +349,7 @@ def test_without_any_codex_the_cli_skips_with_the_plugins_words(tmp_path: Path) 
     done = run_cli("run", str(scenario), cwd=tmp_path, **env)
     assert done.returncode == 0, done.stdout + done.stderr
     assert f"SKIPPED needs-the-real-codex ({scenario})" in done.stdout
-    assert done.stdout.count(NO_CODEX) == 1, done.stdout
+    assert done.stdout.count(harness.NO_CODEX) == 1, done.stdout
 
 
 def test_schema_into_a_pipe_whose_reader_is_gone_exits_quietly() -> None:
