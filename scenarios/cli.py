@@ -5,8 +5,9 @@
     rest-bridge scenarios schema
     rest-bridge scenarios record IN.scenario.yaml -o OUT.scenario.yaml [--codex PATH]
 
-Folders are searched for `*.scenario.yaml` / `*.scenario.yml`; files are taken as they
-are. Every file is validated before anything runs (a malformed one: exit status 2).
+Folders are searched for `*.scenario.yaml` / `*.scenario.yml`, skipping what pytest
+skips (hidden folders, virtual environments, node_modules, build, dist); files are taken
+as they are. Every file is validated before anything runs (a malformed one: exit status 2).
 Scenarios run in parallel, each in its own thread, event loop, bridge and temporary
 directory, except those with `parallel: false`, which run alone afterwards. Exit
 status 0 only when none failed; skipped ones (the real codex missing) do not fail
@@ -16,6 +17,7 @@ unless `CI=true`.
 from __future__ import annotations
 
 import argparse
+import fnmatch
 import json
 import logging
 import os
@@ -36,6 +38,34 @@ PATTERNS = ("*.scenario.yaml", "*.scenario.yml")
 USAGE_ERROR = 2
 
 
+#: Folders a search does not enter, as pytest does not: virtual environments (a
+#: project's `.venv` holds the installed package's own library of scenarios), hidden
+#: folders, build output and installed JavaScript.
+SKIPPED_FOLDERS = frozenset(
+    {"node_modules", "__pycache__", "build", "dist", "venv", "site-packages"}
+)
+
+
+def scenario_files(folder: Path) -> list[Path]:
+    """The scenario files under `folder`, sorted, outside the folders a search skips."""
+    found: set[Path] = set()
+    for directory, subdirectories, files in os.walk(folder):
+        subdirectories[:] = [
+            name
+            for name in subdirectories
+            if not name.startswith(".")
+            and name not in SKIPPED_FOLDERS
+            and not name.endswith(".egg-info")
+            and not (Path(directory, name, "pyvenv.cfg")).exists()
+        ]
+        found.update(
+            Path(directory, name)
+            for name in files
+            if any(fnmatch.fnmatch(name, pattern) for pattern in PATTERNS)
+        )
+    return sorted(found)
+
+
 def collect(paths: Iterable[str]) -> tuple[list[Path], list[tuple[str, str]]]:
     """Scenario files under `paths` (sorted, no repeats), and paths that do not exist."""
     files: list[Path] = []
@@ -43,7 +73,7 @@ def collect(paths: Iterable[str]) -> tuple[list[Path], list[tuple[str, str]]]:
     for raw in paths:
         path = Path(raw)
         if path.is_dir():
-            found = sorted({p for pattern in PATTERNS for p in path.rglob(pattern)})
+            found = scenario_files(path)
             if not found:
                 missing.append((raw, f"{raw}: no *.scenario.yaml files in this folder"))
             files.extend(found)

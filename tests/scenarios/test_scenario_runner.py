@@ -368,3 +368,30 @@ def test_schema_into_a_pipe_whose_reader_is_gone_exits_quietly() -> None:
     finally:
         os.close(write)
     assert (done.returncode, done.stderr) == (0, "")
+
+
+def test_a_folder_search_skips_virtual_environments_and_hidden_folders(tmp_path: Path) -> None:
+    """`rest-bridge scenarios run .` in a project whose venv is `.venv` runs the project's
+    scenarios, not the library the installed package carries in site-packages."""
+    good = "scenario: 1\nsteps: [{http: {path: /health}}]\n"
+    wanted = [tmp_path / "a.scenario.yaml", tmp_path / "sub" / "b.scenario.yml"]
+    skipped = [
+        tmp_path / ".venv" / "lib" / "site-packages" / "library" / "x.scenario.yaml",
+        tmp_path / "env" / "lib" / "y.scenario.yaml",  # a venv by its pyvenv.cfg
+        tmp_path / ".hidden" / "z.scenario.yaml",
+        tmp_path / "node_modules" / "pkg" / "z.scenario.yaml",
+        tmp_path / "build" / "z.scenario.yaml",
+    ]
+    for path in wanted + skipped:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(good)
+    (tmp_path / ".venv" / "pyvenv.cfg").write_text("home = /usr/bin\n")
+    (tmp_path / "env" / "pyvenv.cfg").write_text("home = /usr/bin\n")
+    done = run_cli("check", ".", cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    listed = [line.split()[1] for line in done.stdout.splitlines()]
+    assert listed == ["a.scenario.yaml", "sub/b.scenario.yml"]
+    # Named on the command line, a file is taken wherever it is.
+    done = run_cli("check", str(skipped[2]), cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith(f"ok {skipped[2]} ")
