@@ -118,8 +118,11 @@ def test_the_documented_install_then_a_scenario_and_a_test_run_green(
     env = host_environment()
     timings: dict[str, float] = {}
 
+    # The project keeps its venv inside, as `.venv`, the way most do.
+    project = tmp_path / "host-project"
+    project.mkdir()
     started = time.monotonic()
-    venv = tmp_path / "venv"
+    venv = project / ".venv"
     run([sys.executable, "-m", "venv", str(venv)], tmp_path, env)
     timings["make the venv"] = time.monotonic() - started
     env["PATH"] = f"{venv / 'bin'}{os.pathsep}{env.get('PATH', '')}"
@@ -136,8 +139,6 @@ def test_the_documented_install_then_a_scenario_and_a_test_run_green(
     )
     assert where.stdout.startswith(str(venv)), where.stdout  # installed, not the clone's
 
-    project = tmp_path / "host-project"
-    project.mkdir()
     (project / "hello.scenario.yaml").write_text(documented_file("hello.scenario.yaml"))
     (project / "test_bridge.py").write_text(documented_file("test_bridge.py"))
 
@@ -153,7 +154,7 @@ def test_the_documented_install_then_a_scenario_and_a_test_run_green(
     started = time.monotonic()
     done = run(["rest-bridge", "scenarios", "run", "."], project, env)
     timings["rest-bridge scenarios run"] = time.monotonic() - started
-    assert "1 passed, 0 failed" in done.stdout, done.stdout
+    assert "1 passed, 0 failed" in done.stdout, done.stdout  # not the venv's library
 
     # The `respx` extra is not installed: its fixtures say which extra to install.
     mocked = tmp_path / "respx-project"
