@@ -102,11 +102,17 @@ async def describe_command(command: Sequence[str]) -> str:
     shown = shlex.join(command)
     problem = unstartable(command)
     if problem is not None:
-        return (
+        line = (
             f"app-server: {shown}: cannot start: {problem}; every request that starts an "
             "app-server will fail (502 app_server_spawn_failed) until --app-server names "
             "a command that exists"
         )
+        if os.path.basename(command[0]) == "codex":
+            line += (
+                " (install codex: npm install -g @openai/codex; or serve the bundled fake: "
+                "--app-server 'fake-codex app-server')"
+            )
+        return line
     found = _absolute(shutil.which(command[0]) or command[0])
     version, error = await _probe_version(version_command(command))
     details = [version or f"version unknown: {error}"]

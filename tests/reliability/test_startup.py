@@ -142,7 +142,7 @@ async def test_an_app_server_that_does_not_exist_is_said_at_start_and_logged(
 ):
     """`--app-server` names a program that is nowhere"""
     served = bridge_process(app_server=["fake-codx", "app-server"])
-    started = served.output
+    started = served.wait_for_output("  app-server: ")
     assert (
         "  app-server: fake-codx app-server: cannot start: fake-codx: not found on PATH; "
         "every request that starts an app-server will fail (502 app_server_spawn_failed) "
@@ -184,7 +184,7 @@ async def test_an_app_server_that_does_not_exist_is_said_at_start_and_logged(
 async def test_an_app_server_that_exits_at_start_is_logged_with_its_stderr(bridge_process, report):
     """`--app-server` starts a program that exits before `initialize` (no subcommand)"""
     served = bridge_process(app_server=[FAKE_CODEX])
-    started = served.output
+    started = served.wait_for_output("  app-server: ")
     assert (
         f"  app-server: {FAKE_CODEX} (codex-cli 0.169.0; note: no `app-server` in the "
         "command, which codex needs to serve)"
@@ -222,11 +222,13 @@ async def test_an_app_server_that_exits_at_start_is_logged_with_its_stderr(bridg
 async def test_the_default_command_without_codex_says_so_at_start(bridge_process, report):
     """Plain `serve` (`codex app-server`) where no codex is installed"""
     served = bridge_process(app_server=["codex", "app-server"], env={"PATH": "/usr/bin:/bin"})
+    started = served.wait_for_output("  app-server: ")
     assert (
         "  app-server: codex app-server: cannot start: codex: not found on PATH; every request "
         "that starts an app-server will fail (502 app_server_spawn_failed) until --app-server "
-        "names a command that exists"
-    ) in served.output.splitlines(), served.output
+        "names a command that exists (install codex: npm install -g @openai/codex; or serve "
+        "the bundled fake: --app-server 'fake-codex app-server')"
+    ) in started.splitlines(), started
     served.signal(signal.SIGTERM)
     assert served.wait(30) == 0
     report.survived = report.nothing_lost = report.no_leak = True
