@@ -11,7 +11,7 @@ PORT ?= 8787
 PRESET ?= trusted
 APP_SERVER ?= $(abspath $(BIN))/fake-codex app-server
 
-.PHONY: serve test lint typecheck pytest codex bench reliability clean
+.PHONY: serve test lint typecheck pytest codex dist bench reliability clean
 
 # openai-codex (the official SDK, an independent client for tests/fakes/test_sdk_dropin.py)
 # goes in with --no-deps: its only other dependency is openai-codex-cli-bin, a 142 MB
@@ -36,10 +36,29 @@ $(CODEX_BIN):
 
 codex: $(CODEX_BIN)
 
+# What `make serve` says first: the fake by default, else the command it was given.
+ifeq ($(origin APP_SERVER),file)
+SERVE_NOTE := Serving on the bundled fake app-server. To front the real Codex instead: make serve APP_SERVER='codex app-server'
+else
+SERVE_NOTE := Serving on the app-server command you gave: $(APP_SERVER)
+endif
+
 serve: $(STAMP)
-	@echo "Serving on the bundled fake app-server. To front the real Codex instead:"
-	@echo "    make serve APP_SERVER='codex app-server'"
+	@echo "$(SERVE_NOTE)"
 	$(BIN)/rest-bridge serve --preset $(PRESET) --host $(HOST) --port $(PORT) --app-server "$(APP_SERVER)"
+
+# An sdist and a wheel in dist/, for `pip install` elsewhere (README.md, "Install").
+# PyPA's `build` runs in a small venv of its own, so this needs neither `make test`'s
+# development install nor anything installed in the system's Python.
+BUILD_VENV := .venv-build
+$(BUILD_VENV)/.installed:
+	$(PYTHON) -m venv $(BUILD_VENV)
+	$(BUILD_VENV)/bin/pip install --quiet build
+	touch $@
+
+dist: $(BUILD_VENV)/.installed
+	rm -rf dist
+	$(BUILD_VENV)/bin/python -m build --outdir dist .
 
 lint: $(STAMP)
 	$(BIN)/ruff check .
@@ -72,4 +91,4 @@ reliability: $(STAMP)
 		&& exit $$status
 
 clean:
-	rm -rf $(VENV) $(CODEX_DIR) .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) $(BUILD_VENV) $(CODEX_DIR) dist build *.egg-info .pytest_cache .mypy_cache .ruff_cache

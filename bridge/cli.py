@@ -9,6 +9,7 @@ import json
 import logging
 import os
 import signal
+import socket
 import sys
 from collections.abc import Callable, Sequence
 
@@ -28,6 +29,7 @@ from bridge.limits import RestLimits, RestLimitsEnvError
 from bridge.openapi import build_openapi
 from bridge.process import descendants
 from bridge.process.backend import DEFAULT_COMMAND, parse_command
+from bridge.process.startup import describe_command
 
 PRESETS = {
     "trusted": trusted_bridge_app,
@@ -79,6 +81,21 @@ def return_big_buffers_to_the_os() -> None:
     mallopt(m_mmap_threshold, MMAP_THRESHOLD)
 
 
+class StartupError(Exception):
+    """`serve` cannot start; the message is the one line it prints (exit status 2)."""
+
+
+def port_number(text: str) -> int:
+    """A TCP port, 0 to 65535 (0: the system picks a free one)."""
+    try:
+        port = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a port number") from None
+    if not 0 <= port <= 65535:
+        raise argparse.ArgumentTypeError(f"{port} is not a port number (0 to 65535)")
+    return port
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="rest-bridge", description=__doc__)
     parser.add_argument("--version", action="version", version=f"rest-bridge {__version__}")
@@ -91,7 +108,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="command that starts an app-server on stdio (default: %(default)s)",
     )
     serve.add_argument("--host", default="127.0.0.1")
-    serve.add_argument("--port", type=int, default=8787)
+    serve.add_argument("--port", type=port_number, default=8787, help="0 picks a free port")
     serve.add_argument(
         "--loop",
         choices=("asyncio", "uvloop"),
@@ -121,8 +138,8 @@ def run_scenarios(argv: Sequence[str]) -> int:
         from scenarios.cli import main as scenarios_main
     except ImportError as exc:
         print(
-            f"rest-bridge scenarios: {exc}; install the harness extra: "
-            "pip install 'codex-rest-bridge[harness]'",
+            f"rest-bridge scenarios: {exc}; install codex-rest-bridge with its `harness` "
+            'extra, e.g. from a clone: pip install "/path/to/codex-rest-bridge[harness]"',
             file=sys.stderr,
         )
         return 2
@@ -134,6 +151,21 @@ def print_openapi(preset: str, auth: bool) -> None:
     settings = AuthSettings(exempt_health=True) if auth else None
     document = build_openapi(mounted_routes(app), auth=settings)
     sys.stdout.write(json.dumps(document, indent=2) + "\n")
+    sys.stdout.flush()
+
+
+def _reason(exc: Exception) -> str:
+    """The system's words for a failed bind or lookup, without Python's decoration."""
+    if isinstance(exc, socket.gaierror) and exc.strerror:
+        return exc.strerror
+    errno = getattr(exc, "errno", None)
+    if errno:
+        return os.strerror(errno)
+    return str(exc)
+
+
+def address(host: str, port: int) -> str:
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
 
 async def serve(preset: str, command: list[str], host: str, port: int) -> None:
@@ -159,13 +191,19 @@ async def serve(preset: str, command: list[str], host: str, port: int) -> None:
         shutdown_timeout=SHUTDOWN_HANDLER_SECONDS,
         **SERVER_SETTINGS,
     )
+    app_server = await describe_command(command)
     await runner.setup()
     site = web.TCPSite(runner, host, port)
-    await site.start()
+    try:
+        await site.start()
+    except (OSError, OverflowError) as exc:
+        await runner.cleanup()
+        raise StartupError(f"cannot listen on {address(host, port)}: {_reason(exc)}") from None
     bound = runner.addresses[0] if runner.addresses else (host, port)
     auth = "on" if token is not None else f"off (set {TOKEN_VARIABLE} to require a token)"
-    print(f"rest-bridge {__version__} listening on http://{bound[0]}:{bound[1]}", flush=True)
-    print(f"  preset: {preset}; app-server: {' '.join(command)}; auth: {auth}", flush=True)
+    print(f"rest-bridge {__version__} listening on http://{address(*bound[:2])}", flush=True)
+    print(f"  preset: {preset}; auth: {auth}", flush=True)
+    print(f"  {app_server}", flush=True)
     print(f"  {descriptors}", flush=True)
     orphans = asyncio.create_task(descendants.reap_every()) if subreaper else None
     try:
@@ -190,10 +228,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
     logging.getLogger("aiohttp.server").addFilter(QuietParserErrors())
     if args.command == "openapi":
-        print_openapi(args.preset, args.auth)
+        try:
+            print_openapi(args.preset, args.auth)
+        except BrokenPipeError:  # `rest-bridge openapi | head`: the reader has what it wanted
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, sys.stdout.fileno())
+            os.close(devnull)
     elif args.command == "serve":
         try:
-            command = parse_command(args.app_server)
+            try:
+                command = parse_command(args.app_server)
+            except ValueError as exc:
+                raise ValueError(f"--app-server {args.app_server!r}: {exc}") from None
             RestLimits.from_env()
             token = os.environ.get(TOKEN_VARIABLE)
             problem = None if token is None else token_problem(token)
@@ -211,8 +257,12 @@ def main(argv: Sequence[str] | None = None) -> int:
                 print("rest-bridge: --loop uvloop needs the uvloop package", file=sys.stderr)
                 return 2
             loop_factory = uvloop.new_event_loop
-        with asyncio.Runner(loop_factory=loop_factory) as runner:
-            runner.run(serve(args.preset, command, args.host, args.port))
+        try:
+            with asyncio.Runner(loop_factory=loop_factory) as runner:
+                runner.run(serve(args.preset, command, args.host, args.port))
+        except StartupError as exc:
+            print(f"rest-bridge: {exc}", file=sys.stderr)
+            return 2
     return 0
 
 

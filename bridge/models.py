@@ -1,4 +1,4 @@
-"""Wire records of the HTTP API (CONTRACT.md), the single source of the OpenAPI schemas.
+"""Wire records of the HTTP API (docs/API.md), the single source of the OpenAPI schemas.
 
 Field names are camelCase on the wire and snake_case in Python. Request records
 forbid unknown fields, so a typo is a 400 rather than a silently ignored option.

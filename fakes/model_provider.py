@@ -58,6 +58,7 @@ __all__ = [
     "ScriptedModel",
     "StallReply",
     "TextReply",
+    "codex_config_overrides",
 ]
 
 
@@ -363,24 +364,9 @@ class ModelProviderServer:
         by default each scripted failure fails the turn at once; None keeps codex's own
         retry policy (each retry then consumes the next scripted reply).
         """
-        provider = f"model_providers.{provider_id}"
-        retries = (
-            []
-            if max_retries is None
-            else [
-                f"{provider}.request_max_retries={max_retries}",
-                f"{provider}.stream_max_retries={max_retries}",
-            ]
+        return codex_config_overrides(
+            self.base_url, provider_id=provider_id, model=model, max_retries=max_retries
         )
-        return [
-            f"model_provider={_toml(provider_id)}",
-            f"{provider}.name={_toml(provider_id)}",
-            f"{provider}.base_url={_toml(self.base_url)}",
-            f'{provider}.wire_api="responses"',
-            f'{provider}.env_key="OPENAI_API_KEY"',
-            *retries,
-            f"model={_toml(model)}",
-        ]
 
     def codex_cli_args(self, **overrides: Any) -> list[str]:
         """`codex_config_overrides` as command-line arguments: `["-c", "k=v", ...]`."""
@@ -506,6 +492,35 @@ def _error_response(error: HttpError) -> web.Response:
     return web.json_response(body, status=error.status)
 
 
+def codex_config_overrides(
+    base_url: str,
+    *,
+    provider_id: str = "fake",
+    model: str = "gpt-fake",
+    max_retries: int | None = 0,
+) -> list[str]:
+    """The `-c key=value` overrides that point codex at a model endpoint at `base_url`
+    (see `ModelProviderServer.codex_config_overrides`)."""
+    provider = f"model_providers.{provider_id}"
+    retries = (
+        []
+        if max_retries is None
+        else [
+            f"{provider}.request_max_retries={max_retries}",
+            f"{provider}.stream_max_retries={max_retries}",
+        ]
+    )
+    return [
+        f"model_provider={_toml(provider_id)}",
+        f"{provider}.name={_toml(provider_id)}",
+        f"{provider}.base_url={_toml(base_url)}",
+        f'{provider}.wire_api="responses"',
+        f'{provider}.env_key="OPENAI_API_KEY"',
+        *retries,
+        f"model={_toml(model)}",
+    ]
+
+
 def _toml(value: str) -> str:
     # A JSON string literal is a valid TOML basic string for what we quote here.
     return json.dumps(value)
@@ -523,14 +538,29 @@ async def _serve(script: ModelScript, host: str, port: int) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """`python -m fakes.model_provider --port N --script FILE`: serve until interrupted."""
+    """`python -m fakes.model_provider --port N --script FILE`: serve until interrupted.
+
+    With `--print-codex-args`, print the `-c` arguments that point codex at `--host` and
+    `--port` (one line, quoted for a shell) and exit, serving nothing.
+    """
     parser = argparse.ArgumentParser(
         prog="python -m fakes.model_provider", description=__doc__.splitlines()[0]
     )
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=0, help="0 picks a free port")
     parser.add_argument("--script", type=Path, help="YAML script of replies")
+    parser.add_argument(
+        "--print-codex-args",
+        action="store_true",
+        help="print the codex -c arguments for --host and --port, then exit",
+    )
     args = parser.parse_args(argv)
+    if args.print_codex_args:
+        if not args.port:
+            parser.error("--print-codex-args needs the --port the server listens on")
+        overrides = codex_config_overrides(f"http://{args.host}:{args.port}/v1")
+        print(shlex.join([arg for item in overrides for arg in ("-c", item)]))
+        return 0
     script = ModelScript.load(args.script) if args.script else ModelScript()
     asyncio.run(_serve(script, args.host, args.port))
     return 0

@@ -5,8 +5,9 @@
     rest-bridge scenarios schema
     rest-bridge scenarios record IN.scenario.yaml -o OUT.scenario.yaml [--codex PATH]
 
-Folders are searched for `*.scenario.yaml` / `*.scenario.yml`; files are taken as they
-are. Every file is validated before anything runs (a malformed one: exit status 2).
+Folders are searched for `*.scenario.yaml` / `*.scenario.yml`, skipping what pytest
+skips (hidden folders, virtual environments, node_modules, build, dist); files are taken
+as they are. Every file is validated before anything runs (a malformed one: exit status 2).
 Scenarios run in parallel, each in its own thread, event loop, bridge and temporary
 directory, except those with `parallel: false`, which run alone afterwards. Exit
 status 0 only when none failed; skipped ones (the real codex missing) do not fail
@@ -16,6 +17,7 @@ unless `CI=true`.
 from __future__ import annotations
 
 import argparse
+import fnmatch
 import json
 import logging
 import os
@@ -28,11 +30,40 @@ from pathlib import Path
 from typing import TextIO
 
 from scenarios.format import LoadedScenario, ScenarioError, load_scenario
+from scenarios.harness import CodexNotFound, find_codex
 from scenarios.reporting import format_result, write_junit
 from scenarios.runner import RunOptions, ScenarioResult, run_scenario_sync
 
 PATTERNS = ("*.scenario.yaml", "*.scenario.yml")
 USAGE_ERROR = 2
+
+
+#: Folders a search does not enter, as pytest does not: virtual environments (a
+#: project's `.venv` holds the installed package's own library of scenarios), hidden
+#: folders, build output and installed JavaScript.
+SKIPPED_FOLDERS = frozenset(
+    {"node_modules", "__pycache__", "build", "dist", "venv", "site-packages"}
+)
+
+
+def scenario_files(folder: Path) -> list[Path]:
+    """The scenario files under `folder`, sorted, outside the folders a search skips."""
+    found: set[Path] = set()
+    for directory, subdirectories, files in os.walk(folder):
+        subdirectories[:] = [
+            name
+            for name in subdirectories
+            if not name.startswith(".")
+            and name not in SKIPPED_FOLDERS
+            and not name.endswith(".egg-info")
+            and not (Path(directory, name, "pyvenv.cfg")).exists()
+        ]
+        found.update(
+            Path(directory, name)
+            for name in files
+            if any(fnmatch.fnmatch(name, pattern) for pattern in PATTERNS)
+        )
+    return sorted(found)
 
 
 def collect(paths: Iterable[str]) -> tuple[list[Path], list[tuple[str, str]]]:
@@ -42,7 +73,7 @@ def collect(paths: Iterable[str]) -> tuple[list[Path], list[tuple[str, str]]]:
     for raw in paths:
         path = Path(raw)
         if path.is_dir():
-            found = sorted({p for pattern in PATTERNS for p in path.rglob(pattern)})
+            found = scenario_files(path)
             if not found:
                 missing.append((raw, f"{raw}: no *.scenario.yaml files in this folder"))
             files.extend(found)
@@ -159,6 +190,12 @@ def _run(args: argparse.Namespace, out: TextIO) -> int:
             )
             return USAGE_ERROR
         names[scenario.name] = scenario.source
+    if any(scenario.scenario.real_codex for scenario in loaded):
+        try:
+            find_codex(args.codex, option="--codex")
+        except CodexNotFound as exc:
+            print(f"rest-bridge scenarios: {exc}; nothing was run", file=sys.stderr)
+            return USAGE_ERROR
     _quiet_logging()
     options = RunOptions(
         codex=args.codex,
@@ -206,6 +243,7 @@ def _schema(args: argparse.Namespace, out: TextIO) -> int:
     from scenarios.schema import scenario_schema
 
     print(json.dumps(scenario_schema(), indent=args.indent), file=out)
+    out.flush()
     return 0
 
 
@@ -292,7 +330,27 @@ def main(argv: Sequence[str] | None = None, out: TextIO | None = None) -> int:
     args = build_parser().parse_args(argv)
     stream = out or sys.stdout
     action = {"run": _run, "check": _check, "schema": _schema, "record": _record}[args.action]
-    return action(args, stream)
+    try:
+        return action(args, stream)
+    except BrokenPipeError:
+        # The reader went away (`... | head`): what it wanted it has; no traceback.
+        return reader_gone(stream, finished=args.action == "schema")
+
+
+def reader_gone(stream: TextIO, *, finished: bool) -> int:
+    """After a `BrokenPipeError` on `stream`: exit quietly.
+
+    Whatever is still buffered for the closed pipe is dropped (Python would otherwise
+    try to flush it at exit and complain). The status is 0 when the command had
+    nothing left to do but print (`finished`), else 1: a run cut short did not finish.
+    """
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, stream.fileno())
+        os.close(devnull)
+    except (OSError, ValueError):  # not a real file (a StringIO in tests)
+        pass
+    return 0 if finished else 1
 
 
 if __name__ == "__main__":

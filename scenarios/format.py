@@ -14,6 +14,7 @@ file, the line and the problem.
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import os
 import re
 from collections.abc import Iterator
@@ -761,11 +762,47 @@ def _describe(exc: ValidationError, source: str, text: str | None) -> str:
         mark = _mark(root, loc) if root else None
         where = f"{source}:{mark[0]}:{mark[1]}" if mark else source
         message = str(error["msg"]).removeprefix("Value error, ")
+        if error["type"] == "step_kind":
+            message = _step_kind_problem(error.get("input"))
         line = f"  {where}: {_format_path(loc) or '(top level)'}: {message}"
         if line not in seen:
             seen.add(line)
             lines.append(line)
     return "\n".join(lines)
+
+
+#: The keys a step may have besides its kind.
+_STEP_EXTRAS = frozenset({"name", "expect", "capture", "until", "background"})
+
+
+def _step_kind_problem(step: Any) -> str:
+    """Why `step` has no kind: the keys it has instead, named, and the kinds there are."""
+    kinds = ", ".join(sorted(STEP_KINDS))
+    if not isinstance(step, dict):
+        what = _json_type(step)
+        return f"a step is a mapping with exactly one of the keys {kinds}; this is a {what}"
+    present = [key for key in step if key in STEP_KINDS]
+    if len(present) > 1:
+        return f"a step has exactly one kind; this one has {', '.join(present)}"
+    unknown = [str(key) for key in step if key not in _STEP_EXTRAS]
+    if not unknown:
+        return f"the step has no kind: add one of the keys {kinds}"
+    guesses = []
+    for key in unknown:
+        close = difflib.get_close_matches(key, sorted(STEP_KINDS), n=1, cutoff=0.6)
+        guesses.append(f"{key!r} (did you mean {close[0]!r}?)" if close else repr(key))
+    noun = "kind" if len(unknown) == 1 else "kinds"
+    return f"unknown step {noun} {', '.join(guesses)}; a step's kind is one of {kinds}"
+
+
+def _json_type(value: Any) -> str:
+    if isinstance(value, list):
+        return "list"
+    if isinstance(value, str):
+        return "string"
+    if value is None:
+        return "null"
+    return type(value).__name__
 
 
 def _without_tags(loc: tuple[Any, ...]) -> tuple[Any, ...]:

@@ -76,20 +76,65 @@ def fake_app_server_command(
     return command
 
 
-def find_codex(explicit: str | None = None, root: Path | None = None) -> str | None:
-    """The real codex: `explicit`, `$CODEX_BIN`, `.codex-npm` (in `root`, then the working
-    directory; where `make codex` installs the pinned one), or `codex` on PATH."""
-    candidates = [explicit, os.environ.get("CODEX_BIN")]
+#: What a run says when it needs the real codex and none was configured or found: the
+#: same words from `rest-bridge scenarios` and from pytest.
+NO_CODEX = (
+    "no real codex: none configured (CODEX_BIN, or `--codex PATH` for `rest-bridge "
+    "scenarios`, `--codex-bin PATH` for pytest) and none found (.codex-npm/ of the "
+    "project, `codex` on PATH)"
+)
+
+
+class CodexNotFound(Exception):
+    """A codex the user named (an option or `$CODEX_BIN`) cannot be run.
+
+    Never a skip: a path given on purpose that does not work is a mistake to fix.
+    """
+
+
+def find_codex(
+    explicit: str | None = None, root: Path | None = None, *, option: str = "--codex"
+) -> str | None:
+    """The real codex, as an absolute path.
+
+    A codex the user named, `explicit` (given as `option`) or else `$CODEX_BIN`, is used as
+    given: when it cannot be run, `CodexNotFound` names it. With neither, the pinned copy
+    `make codex` installs (`.codex-npm/` in `root`, then in the working directory), then
+    `codex` on PATH; None when there is none.
+    """
+    for source, value in ((option, explicit), ("CODEX_BIN", os.environ.get("CODEX_BIN"))):
+        if value:
+            return _named_codex(source, value)
+    candidates = []
     for base in (root, Path.cwd()):
         if base is not None:
             candidates.append(str(base / ".codex-npm" / "node_modules" / ".bin" / "codex"))
     candidates.append("codex")
     for candidate in candidates:
-        if candidate:
-            found = shutil.which(candidate)
-            if found:
-                return found
+        found = shutil.which(candidate)
+        if found:
+            return os.path.abspath(found)
     return None
+
+
+def _named_codex(source: str, value: str) -> str:
+    found = shutil.which(value)
+    if found:
+        return os.path.abspath(found)
+    path = Path(value)
+    if "/" not in value and not path.exists():
+        why = "not found on PATH"
+    elif not path.exists():
+        why = "no such file"
+    elif path.is_dir():
+        why = "a directory, not the codex executable"
+    else:
+        why = "not executable"
+    setting = f"CODEX_BIN={value}" if source == "CODEX_BIN" else f"{source} {value}"
+    raise CodexNotFound(
+        f"{setting}: {why} (a codex you name is used as given; fix the path, or drop it "
+        "to use the one in .codex-npm/ or on PATH)"
+    )
 
 
 def contract_middleware(checkers: Mapping[str, OpenApiChecker]) -> aiohttp.ClientMiddlewareType:

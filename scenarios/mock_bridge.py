@@ -41,6 +41,7 @@ from bridge.errors import RestError
 from bridge.limits import RestLimits
 from bridge.models import ClientOptions
 from bridge.openapi import build_openapi
+from bridge.process.startup import CHECK_COMMAND
 from bridge.routes import parse_query_int, parse_sse_position, refuse_options, validate_body
 from bridge.wire import dumps
 from scenarios.synth import Schemas, Values
@@ -334,7 +335,7 @@ class BridgeFront:
 # -- responses ---------------------------------------------------------------------------
 
 
-#: The status each error kind has (CONTRACT.md's table).
+#: The status each error kind has (docs/API.md, Errors).
 KIND_STATUS: dict[str, int] = {
     "bad_request": 400,
     "unauthorized": 401,
@@ -423,7 +424,7 @@ def error_of_kind(
             data={"exitCode": code, "signal": exited.get("signal")},
         ),
         "app_server_spawn_failed": lambda: errors.app_server_spawn_failed(
-            "The app-server could not be started."
+            f"Could not start the app-server (No such file or directory); {CHECK_COMMAND}."
         ),
         "protocol_error": lambda: errors.protocol_error(
             "the app-server broke the protocol: the app-server wrote a line that is not JSON"

@@ -71,8 +71,8 @@ def _async_fixture(func: Callable[..., Any]) -> Any:
     @pytest.fixture(name=func.__name__)
     def missing() -> None:
         raise pytest.UsageError(
-            f"the {func.__name__!r} fixture needs pytest-asyncio: "
-            "pip install 'codex-rest-bridge[harness]'"
+            f"the {func.__name__!r} fixture needs pytest-asyncio: install codex-rest-bridge "
+            'with its `harness` extra, e.g. pip install "/path/to/codex-rest-bridge[harness]"'
         )
 
     return missing
@@ -98,7 +98,9 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     )
 
 
+@pytest.hookimpl(tryfirst=True)
 def pytest_configure(config: pytest.Config) -> None:
+    _settle_fixture_loop_scope(config)
     config.addinivalue_line(
         "markers",
         f"{MARKER}(script=None, preset='trusted', token=None, limits=None, model=None, "
@@ -107,6 +109,38 @@ def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line(
         "markers", "real_codex: needs the real codex (skips without it; fails when CI=true)"
     )
+
+
+LOOP_SCOPE_OPTION = "asyncio_default_fixture_loop_scope"
+
+
+def _settle_fixture_loop_scope(config: pytest.Config) -> None:
+    """Spare every host project pytest-asyncio's warning about an unset loop scope.
+
+    When the host's configuration leaves `asyncio_default_fixture_loop_scope` unset,
+    pytest-asyncio (1.5 and later) is told `fixture-scope`: what it does anyway when the
+    option is unset, so no fixture changes loop, and the `PytestDeprecationWarning` that
+    asks for a choice is not printed. A value the host sets always wins. Runs before
+    pytest-asyncio reads the option (`tryfirst`).
+    """
+    if pytest_asyncio is None or _version(pytest_asyncio.__version__) < (1, 5):
+        return
+    try:
+        if config.getini(LOOP_SCOPE_OPTION):
+            return
+    except ValueError:  # pytest-asyncio is installed but turned off (-p no:asyncio)
+        return
+    cache = getattr(config, "_inicache", None)
+    if isinstance(cache, dict):
+        cache[LOOP_SCOPE_OPTION] = "fixture-scope"
+
+
+def _version(text: str) -> tuple[int, ...]:
+    numbers = []
+    for part in text.split(".")[:2]:
+        digits = "".join(c for c in part if c.isdigit())
+        numbers.append(int(digits or 0))
+    return tuple(numbers)
 
 
 def pytest_collect_file(file_path: Path, parent: pytest.Collector) -> pytest.Collector | None:
@@ -150,7 +184,11 @@ class ScenarioItem(pytest.Item):
     def runtest(self) -> None:
         from scenarios.runner import RunOptions, run_scenario_sync
 
-        options = RunOptions(codex=self.config.getoption("codex_bin"), tmp_root=_tmp_root(self))
+        options = RunOptions(
+            codex=self.config.getoption("codex_bin"),
+            codex_option="--codex-bin",
+            tmp_root=_tmp_root(self),
+        )
         result = run_scenario_sync(self.loaded, options)
         if result.outcome == "skipped":
             pytest.skip(result.skip_reason or "skipped")
@@ -261,18 +299,23 @@ StartBridge = Callable[..., Awaitable["RunningBridge"]]
 
 @pytest.fixture(scope="session")
 def real_codex(pytestconfig: pytest.Config) -> str:
-    """The real codex executable; skips without one (fails instead when `CI=true`)."""
-    from scenarios.harness import find_codex
+    """The real codex executable; skips when none is configured or found (fails instead
+    when `CI=true`), fails when the one configured (`--codex-bin`, `$CODEX_BIN`) cannot run."""
+    from scenarios.harness import NO_CODEX, CodexNotFound, find_codex
 
-    found = find_codex(pytestconfig.getoption("codex_bin"), root=pytestconfig.rootpath)
-    if found is None:
-        message = (
-            "the real codex is not installed: pass --codex-bin, set CODEX_BIN, or put "
-            "codex on PATH (this project: `make codex`)"
+    unusable: str | None = None
+    try:
+        found = find_codex(
+            pytestconfig.getoption("codex_bin"), root=pytestconfig.rootpath, option="--codex-bin"
         )
+    except CodexNotFound as exc:
+        unusable = str(exc)
+    if unusable is not None:
+        pytest.fail(unusable, pytrace=False)
+    if found is None:
         if os.environ.get("CI", "").lower() == "true":
-            pytest.fail(f"CI=true: {message}", pytrace=False)
-        pytest.skip(message)
+            pytest.fail(f"CI=true: {NO_CODEX}", pytrace=False)
+        pytest.skip(NO_CODEX)
     return found
 
 
@@ -491,7 +534,11 @@ def run_scenario(
             )
         else:
             loaded = load_scenario(scenario)
-        options = RunOptions(codex=request.config.getoption("codex_bin"), tmp_root=tmp_path)
+        options = RunOptions(
+            codex=request.config.getoption("codex_bin"),
+            codex_option="--codex-bin",
+            tmp_root=tmp_path,
+        )
         result = await run(loaded, options)
         if result.outcome == "skipped":
             pytest.skip(result.skip_reason or "skipped")
@@ -528,7 +575,7 @@ def respx_scenario(request: pytest.FixtureRequest) -> Iterator[Callable[..., Any
     the working directory. After the test, a step the host never made fails it (unless
     the test failed already, or `assert_all_called=False`).
     """
-    from scenarios.respx_mock import scenario_router
+    scenario_router = _respx_mock().scenario_router
 
     def make(scenario: Any, **options: Any) -> Any:
         if isinstance(scenario, str | os.PathLike):
@@ -549,9 +596,18 @@ def bridge_respx(request: pytest.FixtureRequest) -> Iterator[Callable[..., Any]]
     operationId, `assert_all_called=True` to require every operation), stopped after
     the test.
     """
-    from scenarios.respx_mock import openapi_router
+    yield from _started_mocks(request, _respx_mock().openapi_router)
 
-    yield from _started_mocks(request, openapi_router)
+
+def _respx_mock() -> Any:
+    """`scenarios.respx_mock`, or a failed test that names the extra to install."""
+    try:
+        from scenarios import respx_mock
+    except ModuleNotFoundError as exc:
+        missing = str(exc)
+    else:
+        return respx_mock
+    pytest.fail(missing, pytrace=False)
 
 
 def _near_test(request: pytest.FixtureRequest, path: Path) -> Path:

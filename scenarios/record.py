@@ -50,7 +50,7 @@ import orjson
 import yaml
 
 from scenarios.format import LoadedScenario, ScenarioError, load_scenario, parse_scenario_text
-from scenarios.harness import find_codex
+from scenarios.harness import NO_CODEX, CodexNotFound, find_codex
 from scenarios.runner import RunOptions, ScenarioResult, run_scenario
 
 __all__ = [
@@ -869,10 +869,13 @@ async def record_scenario(
 ) -> Recording:
     """Run `source` (a scenario with `model:`) on the real codex and write its replay.
 
-    Raises `RecordError` when it cannot record: no real codex, a scenario without
-    `model:`, or a source run that fails (its report is in the message). With
+    Raises `RecordError` when it cannot record: an `output` that could not be written
+    (checked first), no real codex, a scenario without `model:`, or a source run that
+    fails (its report is in the message). With
     `verify`, the written scenario is then run on fake-codex (`replay_result`).
     """
+    if output is not None:
+        _check_output(Path(output))
     loaded = source if isinstance(source, LoadedScenario) else _load(source)
     if not loaded.scenario.real_codex:
         raise RecordError(
@@ -881,13 +884,14 @@ async def record_scenario(
             + ("`appServer:`" if loaded.scenario.app_server is not None else "neither")
             + ")"
         )
-    found = find_codex(codex)
+    try:
+        found = find_codex(codex, option="--codex")
+    except CodexNotFound as exc:
+        raise RecordError(f"cannot record {loaded.source}: {exc}") from None
     if found is None:
-        looked = codex or os.environ.get("CODEX_BIN") or ".codex-npm/node_modules/.bin/codex"
         raise RecordError(
-            f"cannot record {loaded.source}: the real codex is not installed (looked for "
-            f"{looked!r}, then `codex` on PATH). Install the pinned one with `make codex`, "
-            "or pass --codex PATH / set CODEX_BIN."
+            f"cannot record {loaded.source}: {NO_CODEX}. In a checkout of codex-rest-bridge "
+            "`make codex` installs the pinned one; elsewhere `npm install -g @openai/codex`."
         )
     codex_version = await asyncio.to_thread(_codex_version, found)
     workspace = Path(tempfile.mkdtemp(prefix="scenario-record-", dir=tmp_root))
@@ -911,6 +915,24 @@ async def record_scenario(
             shutil.rmtree(workspace, ignore_errors=True)
     recording.directory = workspace if keep_tmp else None
     return recording
+
+
+def _check_output(path: Path) -> None:
+    """Refuse, before anything runs, an output file that could not be written at the end."""
+    folder = path.parent
+    if path.is_dir():
+        problem = "is a directory"
+    elif not folder.exists():
+        problem = f"cannot be written: its folder {str(folder)!r} does not exist"
+    elif not folder.is_dir():
+        problem = f"cannot be written: {str(folder)!r} is not a folder"
+    elif not os.access(folder, os.W_OK | os.X_OK) or (
+        path.exists() and not os.access(path, os.W_OK)
+    ):
+        problem = "cannot be written: permission denied"
+    else:
+        return
+    raise RecordError(f"the output {str(path)!r} {problem}; nothing was recorded")
 
 
 def _load(source: str | os.PathLike[str]) -> LoadedScenario:

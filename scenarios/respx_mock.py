@@ -35,11 +35,20 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
-import httpx
-import respx
 from pydantic.alias_generators import to_snake
-from respx.models import AllMockedAssertionError
-from respx.patterns import Lookup, Match, Pattern
+
+try:
+    import httpx
+    import respx
+    from respx.models import AllMockedAssertionError
+    from respx.patterns import Lookup, Match, Pattern
+except ModuleNotFoundError as exc:  # the `harness` extra alone does not bring them
+    raise ModuleNotFoundError(
+        f"the respx mocks of the bridge need respx and httpx (no module named {exc.name!r}): "
+        "install codex-rest-bridge with its `respx` extra, e.g. from a clone: "
+        'pip install "/path/to/codex-rest-bridge[respx]"',
+        name=exc.name,
+    ) from None
 
 from bridge.errors import RestError
 from bridge.limits import RestLimits

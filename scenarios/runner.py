@@ -51,6 +51,8 @@ from scenarios.expectations import (
 )
 from scenarios.format import LoadedScenario
 from scenarios.harness import (
+    NO_CODEX,
+    CodexNotFound,
     RunningBridge,
     fake_app_server_command,
     find_codex,
@@ -119,6 +121,8 @@ class RunOptions:
 
     #: The real codex, for scenarios that script the model (found when None).
     codex: str | None = None
+    #: How the user gave `codex`, for messages: `--codex` (the CLI), `--codex-bin` (pytest).
+    codex_option: str = "--codex"
     #: How to start fake-codex (default: the installed console script).
     fake_codex: list[str] | None = None
     #: Where run directories go (default: the system's temporary directory).
@@ -696,14 +700,18 @@ async def run_scenario(loaded: LoadedScenario, options: RunOptions | None = None
     started = time.monotonic()
     codex = None
     if scenario.real_codex:
-        codex = find_codex(options.codex)
+        try:
+            codex = find_codex(options.codex, option=options.codex_option)
+        except CodexNotFound as exc:
+            result.outcome = "failed"
+            result.failures.append(Failure("setup", (), [Problem((), str(exc))]))
+            return result
         if codex is None:
-            reason = "the real codex is not installed (set CODEX_BIN or put codex on PATH)"
             if not options.require_codex:
-                result.outcome, result.skip_reason = "skipped", reason
+                result.outcome, result.skip_reason = "skipped", NO_CODEX
                 return result
             result.outcome = "failed"
-            result.failures.append(Failure("setup", (), [Problem((), f"CI=true: {reason}")]))
+            result.failures.append(Failure("setup", (), [Problem((), f"CI=true: {NO_CODEX}")]))
             return result
     if options.tmp_root is not None:
         options.tmp_root.mkdir(parents=True, exist_ok=True)

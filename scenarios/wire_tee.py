@@ -111,4 +111,9 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    status = main()
+    with contextlib.suppress(OSError, ValueError):  # stdout is closed once relayed
+        sys.stdout.flush()
+    # Not sys.exit: the stdin thread may be blocked in a read holding sys.stdin's lock,
+    # and the interpreter's shutdown would then abort (SIGABRT) flushing sys.stdin.
+    os._exit(status)

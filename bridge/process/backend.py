@@ -24,7 +24,7 @@ from bridge.models import (
     TextTurnRequest,
     TextTurnResponse,
 )
-from bridge.process import descendants
+from bridge.process import descendants, startup
 from bridge.process.rpc import AppServerProcess, ProcessGone, RpcError, StdinFull
 from bridge.process.session import Session, SessionStream, rpc_failure
 from bridge.process.text_turn import TextTurn
@@ -169,10 +169,8 @@ class ProcessBackend(Backend):
                 cwd=options.cwd if options else None,
             )
         except OSError as exc:
-            reason = exc.strerror or type(exc).__name__
-            raise errors.app_server_spawn_failed(
-                f"Could not start the app-server: {reason}."
-            ) from None
+            cwd = options.cwd if options else None
+            raise startup.spawn_failed(self.command, exc, cwd) from None
         except ValueError:
             # A NUL byte, or `=` in a variable name: the request's options cannot be used.
             raise errors.bad_request("The client options cannot be given to a process.") from None
@@ -195,6 +193,9 @@ class ProcessBackend(Backend):
             return result
         except (RpcError, ProcessGone, StdinFull, TimeoutError) as exc:
             await self._stop_fully(process)
+            if isinstance(exc, ProcessGone) and not self._closing:
+                info = process.exit_info or exc.exit_info
+                raise startup.exited_at_startup(self.command, info) from None
             raise rpc_failure(exc, "Starting the app-server") from None
         except BaseException:
             await self._stop_fully(process)

@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
 from openapi_spec_validator import validate
 
@@ -139,3 +144,21 @@ async def test_openapi_is_served_with_bearer_scheme_exactly_when_auth_is_on(
 
 def test_route_table_covers_every_route_of_the_spec():
     assert {(r.method, openapi_path(r.path)) for r in ROUTES} == SPEC_ROUTES | OPENAPI_ROUTE
+
+
+def test_openapi_into_a_pipe_whose_reader_is_gone_exits_quietly() -> None:
+    """`rest-bridge openapi | head`: no BrokenPipeError traceback."""
+    read, write = os.pipe()
+    os.close(read)  # the reader is gone before the first byte is written
+    try:
+        done = subprocess.run(
+            [str(Path(sys.executable).with_name("rest-bridge")), "openapi"],
+            stdout=write,
+            stderr=subprocess.PIPE,
+            text=True,
+            timeout=120,
+            check=False,
+        )
+    finally:
+        os.close(write)
+    assert (done.returncode, done.stderr) == (0, "")

@@ -504,3 +504,52 @@ async def test_real_codex_runs_an_approved_command_and_returns_its_output(
     assert len(server.requests) == 2
     (output,) = server.requests[1].function_call_outputs()
     assert "exited with code 0" in output["output"]
+
+
+@pytest.mark.real_codex
+@pytest.mark.asyncio
+async def test_the_readme_example_runs_a_scripted_text_turn_through_the_bridge(
+    codex_bin, tmp_path, http
+):
+    """README.md, "The scripted model endpoint": the CLI serves the script and prints the
+    `-c` arguments (`--print-codex-args` prints the same), and `rest-bridge serve` with
+    them runs the real codex through a text turn offline."""
+    script = tmp_path / "replies.yaml"
+    script.write_text("replies:\n  - text: Hello from the scripted model.\n")
+    model = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "fakes.model_provider", "--port", "0", "--script", str(script),
+        stdout=asyncio.subprocess.PIPE,
+    )  # fmt: skip
+    bridge = None
+    try:
+        assert model.stdout is not None
+        banner = (await model.stdout.readline()).decode().strip()
+        printed = (await model.stdout.readline()).decode().strip()
+        port = banner.rsplit(":", 1)[1].removesuffix("/v1")
+        done = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "fakes.model_provider", "--port", port, "--print-codex-args",
+            stdout=asyncio.subprocess.PIPE,
+        )  # fmt: skip
+        out, _ = await done.communicate()
+        assert out.decode().strip() == printed
+        home = tmp_path / "codex-home"
+        home.mkdir()
+        app_server = f"env CODEX_HOME={home} OPENAI_API_KEY=unused {codex_bin} app-server {printed}"
+        bridge = await asyncio.create_subprocess_exec(
+            str(Path(sys.executable).with_name("rest-bridge")), "serve", "--port", "0",
+            "--app-server", app_server,
+            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
+        )  # fmt: skip
+        assert bridge.stdout is not None
+        async with asyncio.timeout(60):
+            listening = (await bridge.stdout.readline()).decode()
+        base = listening.rsplit(" ", 1)[1].strip()
+        response = await http.post(f"{base}/v1/text-turn", json={"text": "hi"})
+        body = await response.json()
+    finally:
+        for process in (bridge, model):
+            if process is not None and process.returncode is None:
+                process.terminate()
+                await process.wait()
+    assert response.status == 200, body
+    assert (body["text"], body["status"]) == ("Hello from the scripted model.", "completed")

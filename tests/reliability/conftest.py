@@ -283,7 +283,8 @@ class BridgeProcess:
             # RLIMIT_NOFILE (soft, hard), set by a small exec wrapper: same pid, no preexec_fn.
             self.argv = [sys.executable, "-c", _WITH_NOFILE, *map(str, nofile), *self.argv]
         self._output = bytearray()
-        self._lock = threading.Lock()
+        #: Guards the output; notified for each line the drain thread appends.
+        self._lock = threading.Condition()
         self._listening = threading.Event()
         self.process = subprocess.Popen(
             self.argv,
@@ -306,6 +307,7 @@ class BridgeProcess:
         for line in self.process.stdout:
             with self._lock:
                 self._output += line
+                self._lock.notify_all()
             if not self._listening.is_set() and b" listening on " in line:
                 self.base = line.decode().rsplit(" ", 1)[1].strip()
                 self._listening.set()
@@ -313,6 +315,14 @@ class BridgeProcess:
     @property
     def output(self) -> str:
         with self._lock:
+            return self._output.decode("utf-8", "replace")
+
+    def wait_for_output(self, text: str, timeout: float = 30) -> str:
+        """The output, once it holds ``text`` (woken by each line read, no polling)."""
+        needle = text.encode()
+        with self._lock:
+            if not self._lock.wait_for(lambda: needle in self._output, timeout):
+                raise AssertionError(f"{text!r} not in the bridge's output:\n{self.output}")
             return self._output.decode("utf-8", "replace")
 
     def signal(self, sig: signal.Signals) -> None:

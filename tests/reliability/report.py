@@ -29,6 +29,7 @@ THEMES = (
     "Fuzzing from the contract",
     "Soak",
     "Shutdown",
+    "Start-up",
     "Security",
 )
 
@@ -180,7 +181,7 @@ def render(data: dict[str, Any], timing: str | None) -> str:
                 f"Schemathesis, {total:,} generated requests in all (valid and invalid, "
                 "examples and coverage phases), seeded and derandomized; checks: every built-in "
                 "one but `not_a_server_error`, plus no 500 and gateway statuses only with "
-                "their documented kinds, plus every error body exactly the spec's payload.",
+                "their documented kinds, plus every error body exactly the error payload.",
                 "",
                 *fuzz_table(fuzz),
                 "",

@@ -105,13 +105,17 @@ def load(preset: str, auth: bool) -> Any:
 def fuzz_test(preset: str, auth: bool) -> Callable[..., None]:
     schema = load(preset, auth)
 
+    # The parametrization names each item: pytest 9 builds an unparametrized item's id
+    # from its original name, which schemathesis sets to the bare function name, so the
+    # operation label would otherwise be lost and every operation share one node id.
+    @pytest.mark.parametrize("examples", [EXAMPLES], ids=[f"{EXAMPLES} examples"])
     @schema.parametrize()
     @hypothesis.settings(
         deadline=None,
         suppress_health_check=list(hypothesis.HealthCheck),
         print_blob=False,
     )
-    def test(case: Any, shared_bridge_process: Any, report: Any) -> None:
+    def test(case: Any, shared_bridge_process: Any, report: Any, examples: int) -> None:
         served = shared_bridge_process(preset=preset, token=TOKEN if auth else None, env=BRIDGE_ENV)
         report.case = f"{preset} preset, auth {'on' if auth else 'off'}: {case.operation.label}"
         headers = {"Authorization": f"Bearer {TOKEN}"} if auth else {}
@@ -166,3 +170,29 @@ def test_served_document_is_the_one_fuzzed_and_the_bridge_ends_clean(
     assert "Traceback" not in served.output
     report.survived = report.nothing_lost = report.no_leak = True
     report.outcome = "same document; after the fuzzing: exit 0, no process left, no traceback"
+
+
+def test_every_generated_case_has_a_node_id_of_its_own(request, report):
+    """Each operation of each preset and auth mode is an item with a node id of its own"""
+
+    def items(node: pytest.Collector) -> list[pytest.Item]:
+        found: list[pytest.Item] = []
+        for child in node.collect():
+            found += [child] if isinstance(child, pytest.Item) else items(child)
+        return found
+
+    # This module collected afresh, whatever `-k` or `--lf` selected this run.
+    ids = [item.nodeid for item in items(request.node.parent)]
+    assert len(ids) == len(set(ids)), sorted({i for i in ids if ids.count(i) > 1})[:5]
+    operations = 0
+    for preset in PRESETS:
+        for auth in (False, True):
+            paths = document(preset, auth)["paths"].values()
+            operations += sum(len(methods) for methods in paths)
+    generated = [i for i in ids if "_auth_o" in i.split("::", 1)[1].split("[", 1)[0]]
+    assert len(generated) == operations
+    report.survived = report.nothing_lost = report.no_leak = True
+    report.figures["items"] = len(ids)
+    report.outcome = (
+        "unique node ids, one per operation (so -k, --lf, xdist and the progress count see each)"
+    )

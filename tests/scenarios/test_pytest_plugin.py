@@ -3,7 +3,9 @@ entry point, with pytest-asyncio in strict and auto modes, xdist and rerunfailur
 
 from __future__ import annotations
 
+import sys
 import textwrap
+from pathlib import Path
 
 import pytest
 
@@ -188,3 +190,141 @@ def test_a_conftest_registering_it_too_is_harmless(
         args += ["-p", "pytest_asyncio.plugin"]
     result = pytester.runpytest_subprocess(*args)
     result.assert_outcomes(passed=1)
+
+
+# -- what a new host project meets first ---------------------------------------------------
+
+
+def test_a_host_project_hears_nothing_about_the_loop_scope_and_its_fixtures_keep_their_loop(
+    pytester: pytest.Pytester,
+) -> None:
+    """pytest-asyncio warns when `asyncio_default_fixture_loop_scope` is unset; the plugin
+    settles it without changing any fixture's loop (a session fixture keeps its own)."""
+    pytester.makepyfile(
+        """
+        import asyncio
+
+        import pytest
+        import pytest_asyncio
+
+        @pytest_asyncio.fixture(scope="session")
+        async def session_loop():
+            return asyncio.get_running_loop()
+
+        @pytest.mark.asyncio(loop_scope="session")
+        async def test_one(session_loop):
+            assert session_loop is asyncio.get_running_loop()
+
+        @pytest.mark.asyncio(loop_scope="session")
+        async def test_two(session_loop):
+            assert session_loop is asyncio.get_running_loop()
+
+        @pytest.mark.asyncio
+        async def test_the_plugins_fixtures(bridge_client):
+            async with bridge_client.get("/health") as response:
+                assert response.status == 200
+        """
+    )
+    result = pytester.runpytest_subprocess(*QUIET, "-W", "error::DeprecationWarning")
+    result.assert_outcomes(passed=3)
+    output = "\n".join(result.outlines + result.errlines)
+    assert "asyncio_default_fixture_loop_scope" not in output.replace(
+        "asyncio_default_fixture_loop_scope=fixture-scope", ""
+    ), output
+    assert "PytestDeprecationWarning" not in output
+    # A value the host sets is the one used.
+    chosen = pytester.runpytest_subprocess(
+        *QUIET, "--collect-only", "-o", "asyncio_default_fixture_loop_scope=function"
+    )
+    chosen.stdout.fnmatch_lines(["asyncio: *asyncio_default_fixture_loop_scope=function,*"])
+
+
+MODEL_SCENARIO = """
+scenario: 1
+name: needs-the-real-codex
+model: {replies: [{text: hi}]}
+steps:
+  - http: {method: POST, path: /v1/text-turn, json: {text: hi}}
+"""
+
+REAL_CODEX_TEST = """
+def test_uses_the_real_codex(real_codex):
+    assert real_codex
+"""
+
+
+def no_codex_anywhere(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> None:
+    """No CODEX_BIN, no .codex-npm/ in the project, no codex on PATH, not under CI."""
+    monkeypatch.delenv("CODEX_BIN", raising=False)
+    monkeypatch.delenv("CI", raising=False)
+    monkeypatch.setenv("PATH", f"{Path(sys.executable).parent}:/usr/bin:/bin")
+    (pytester.path / "model.scenario.yaml").write_text(MODEL_SCENARIO.lstrip())
+    pytester.makepyfile(test_real=REAL_CODEX_TEST)
+
+
+@pytest.mark.parametrize("given", ["--codex-bin", "CODEX_BIN"])
+def test_a_codex_path_given_that_does_not_work_fails_naming_it(
+    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch, given: str
+) -> None:
+    no_codex_anywhere(pytester, monkeypatch)
+    codex = "/nonexistent/codex"
+    args = list(QUIET)
+    if given == "--codex-bin":
+        args += ["--codex-bin", codex]
+    else:
+        monkeypatch.setenv("CODEX_BIN", codex)
+    result = pytester.runpytest_subprocess(*args, "-rA")
+    # The fixture's test errors in setup, the scenario fails; nothing is skipped.
+    result.assert_outcomes(failed=1, errors=1)
+    setting = f"--codex-bin {codex}" if given == "--codex-bin" else f"CODEX_BIN={codex}"
+    result.stdout.fnmatch_lines(
+        [
+            "*ERROR at setup of test_uses_the_real_codex*",
+            f"{setting}: no such file (a codex you name is used as given*",
+            "FAILED  needs-the-real-codex*",
+            "*setup*",
+            f"*{setting}: no such file*",
+            "ERROR test_real.py::test_uses_the_real_codex*",
+            "FAILED model.scenario.yaml::needs-the-real-codex*",
+        ]
+    )
+
+
+def test_without_any_codex_both_skip_with_the_clis_words(
+    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from scenarios.harness import NO_CODEX
+
+    no_codex_anywhere(pytester, monkeypatch)
+    result = pytester.runpytest_subprocess(*QUIET, "-rs")
+    result.assert_outcomes(skipped=2)
+    reasons = [line for line in result.outlines if line.startswith("SKIPPED")]
+    assert len(reasons) == 2, result.outlines
+    assert all(line.endswith(NO_CODEX) for line in reasons), reasons
+
+
+def test_the_respx_fixtures_name_the_extra_to_install(pytester: pytest.Pytester) -> None:
+    """Installed with the `harness` extra alone, respx and httpx are missing."""
+    pytester.makeconftest(
+        """
+        import sys
+
+        # What an environment without the `respx` extra looks like to an import.
+        sys.modules["httpx"] = None
+        """
+    )
+    pytester.makepyfile(
+        """
+        def test_mocked(respx_scenario):
+            respx_scenario({"scenario": 1, "steps": [{"http": {"path": "/health"}}]})
+        """
+    )
+    result = pytester.runpytest_subprocess(*QUIET)
+    result.assert_outcomes(errors=1)
+    assert (
+        "the respx mocks of the bridge need respx and httpx (no module named 'httpx'): "
+        "install codex-rest-bridge with its `respx` extra, e.g. from a clone: "
+        'pip install "/path/to/codex-rest-bridge[respx]"'
+    ) in result.outlines
+    assert "Traceback" not in result.stdout.str()
+    assert "During handling" not in result.stdout.str()

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -26,6 +27,7 @@ import pytest
 import yaml
 
 from fakes.app_server.wire import WIRE_LOG_ENV
+from scenarios import harness
 from scenarios.cli import main as scenarios_main
 from scenarios.format import load_scenario
 from scenarios.record import (
@@ -462,12 +464,30 @@ def test_recording_without_codex_says_so_and_writes_nothing(
     status = scenarios_main(["record", str(SCRIPTED_MODEL), "-o", str(out)])
     assert status == 2
     error = capsys.readouterr().err
-    assert "the real codex is not installed" in error
+    assert harness.NO_CODEX in error
     assert "make codex" in error
     assert not out.exists()
-    with pytest.raises(RecordError, match="not installed"):
-        asyncio.run(record_scenario(SCRIPTED_MODEL, out, codex=str(tmp_path / "nope")))
+    nope = tmp_path / "nope"
+    with pytest.raises(RecordError, match=re.escape(f"--codex {nope}: no such file")):
+        asyncio.run(record_scenario(SCRIPTED_MODEL, out, codex=str(nope)))
     assert not out.exists()
+
+
+def test_an_output_that_cannot_be_written_is_refused_before_recording(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    missing = tmp_path / "missing" / "dir" / "out.scenario.yaml"
+    # A codex that would fail the run at once: the output is checked before it is asked.
+    status = scenarios_main(["record", str(SCRIPTED_MODEL), "-o", str(missing), "--codex", "/"])
+    assert status == 2
+    (line,) = capsys.readouterr().err.splitlines()
+    assert line == (
+        f"rest-bridge scenarios record: the output {str(missing)!r} cannot be written: its "
+        f"folder {str(missing.parent)!r} does not exist; nothing was recorded"
+    )
+    assert not (tmp_path / "missing").exists()
+    with pytest.raises(RecordError, match="is a directory; nothing was recorded"):
+        asyncio.run(record_scenario(SCRIPTED_MODEL, tmp_path))
 
 
 @pytest.mark.asyncio

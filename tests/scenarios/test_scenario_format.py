@@ -128,7 +128,28 @@ MALFORMED = {
           - http: {path: /health}
           - teleport: {to: /v1}
         """,
-        [":5:", "steps[1]", "a step is a mapping with exactly one of the keys"],
+        [":5:", "steps[1]", "unknown step kind 'teleport'; a step's kind is one of await, call"],
+    ),
+    "misspelt-step": (
+        """
+        scenario: 1
+        steps:
+          - creatSession: s
+        """,
+        [
+            ":4:",
+            "steps[0]: unknown step kind 'creatSession' (did you mean 'createSession'?); "
+            "a step's kind is one of await, call, close, createSession, http, poll, read, "
+            "reply, stream",
+        ],
+    ),
+    "two-step-kinds": (
+        """
+        scenario: 1
+        steps:
+          - {http: {path: /health}, poll: {session: s}}
+        """,
+        [":4:", "steps[0]: a step has exactly one kind; this one has http, poll"],
     ),
     "unknown-key": (
         """

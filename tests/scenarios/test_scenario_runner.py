@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from scenarios import harness
 from scenarios.cli import run_all
 from scenarios.format import load_scenario, parse_scenario
 from scenarios.processes import live_children
@@ -77,9 +78,13 @@ def test_a_broken_scenario_shows_the_step_expected_received_and_the_transcripts(
 ) -> None:
     path = write(tmp_path, "broken.scenario.yaml", BROKEN)
     junit = tmp_path / "junit.xml"
-    done = run_cli("run", str(path), "--junit", str(junit))
+    runs = tmp_path / "runs"
+    done = run_cli("run", str(path), "--junit", str(junit), "--tmp-dir", str(runs))
     out = done.stdout
     assert done.returncode == 1, out + done.stderr
+    # The failed run's directory is kept, named, and where it was asked to go.
+    (kept,) = runs.iterdir()
+    assert f"run directory (kept): {kept}" in out
     expected_in_order = [
         "FAILED  broken-on-purpose",
         f"step 2 of 2: expects the wrong code  ({path}:9)",
@@ -137,9 +142,12 @@ def test_the_end_checks_report_unused_script_entries_and_unanswered_requests(
           - call: {session: "${s}", method: x/ask, params: {}}
         """,
     )
-    done = run_cli("run", str(path))
+    runs = tmp_path / "runs"
+    done = run_cli("run", str(path), "--tmp-dir", str(runs))
     out = done.stdout
     assert done.returncode == 1, out
+    (kept,) = runs.iterdir()
+    assert f"run directory (kept): {kept}" in out
     assert "end of run checks" in out
     assert "sent the server request item/tool/call (id 0), and it was never answered" in out
     assert f"({path}:9)" in out  # x/unused[0]
@@ -291,7 +299,99 @@ def test_a_real_codex_scenario_skips_without_codex_and_fails_under_ci(
     loaded = load_scenario(LIBRARY / "real-codex-scripted-model.scenario.yaml")
     skipped = run_scenario_sync(loaded, RunOptions(require_codex=False))
     assert skipped.outcome == "skipped"
-    assert "real codex is not installed" in (skipped.skip_reason or "")
+    assert skipped.skip_reason == harness.NO_CODEX
     failed = run_scenario_sync(loaded, RunOptions(require_codex=True))
     assert failed.outcome == "failed"
-    assert "CI=true" in failed.failures[0].problems[0].message
+    assert failed.failures[0].problems[0].message == f"CI=true: {harness.NO_CODEX}"
+
+
+MODEL_SCENARIO = """
+    scenario: 1
+    name: needs-the-real-codex
+    model: {replies: [{text: hi}]}
+    steps:
+      - http: {method: POST, path: /v1/text-turn, json: {text: hi}}
+"""
+
+
+@pytest.mark.parametrize("given", ["--codex", "CODEX_BIN"])
+@pytest.mark.parametrize("problem", ["missing", "directory", "not executable"])
+def test_a_codex_path_given_that_does_not_work_is_exit_2_naming_it(
+    tmp_path: Path, given: str, problem: str
+) -> None:
+    scenario = write(tmp_path, "model.scenario.yaml", MODEL_SCENARIO)
+    codex = tmp_path / "bin" / "codex"
+    if problem == "directory":
+        codex.mkdir(parents=True)
+    elif problem == "not executable":
+        codex.parent.mkdir()
+        codex.write_text("#!/bin/sh\n")
+    args, env = ["run", str(scenario)], {}
+    if given == "--codex":
+        args += ["--codex", str(codex)]
+    else:
+        env["CODEX_BIN"] = str(codex)
+    done = run_cli(*args, **env)
+    assert done.returncode == 2, done.stdout + done.stderr
+    (line,) = done.stderr.splitlines()
+    assert str(codex) in line
+    setting = f"--codex {codex}" if given == "--codex" else f"CODEX_BIN={codex}"
+    why = {"missing": "no such file", "directory": "a directory"}.get(problem, problem)
+    assert line.startswith(f"rest-bridge scenarios: {setting}: {why}"), line
+    assert line.endswith("nothing was run"), line
+    assert "SKIPPED" not in done.stdout
+    assert "PASSED" not in done.stdout
+
+
+def test_without_any_codex_the_cli_skips_with_the_plugins_words(tmp_path: Path) -> None:
+    scenario = write(tmp_path, "model.scenario.yaml", MODEL_SCENARIO)
+    env = {"PATH": f"{Path(sys.executable).parent}:/usr/bin:/bin", "CODEX_BIN": "", "CI": ""}
+    done = run_cli("run", str(scenario), cwd=tmp_path, **env)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert f"SKIPPED needs-the-real-codex ({scenario})" in done.stdout
+    assert done.stdout.count(harness.NO_CODEX) == 1, done.stdout
+
+
+def test_schema_into_a_pipe_whose_reader_is_gone_exits_quietly() -> None:
+    """`rest-bridge scenarios schema | head`: no BrokenPipeError traceback."""
+    read, write = os.pipe()
+    os.close(read)  # the reader is gone before the first byte is written
+    try:
+        done = subprocess.run(
+            [REST_BRIDGE, "scenarios", "schema"],
+            stdout=write,
+            stderr=subprocess.PIPE,
+            text=True,
+            timeout=120,
+            check=False,
+        )
+    finally:
+        os.close(write)
+    assert (done.returncode, done.stderr) == (0, "")
+
+
+def test_a_folder_search_skips_virtual_environments_and_hidden_folders(tmp_path: Path) -> None:
+    """`rest-bridge scenarios run .` in a project whose venv is `.venv` runs the project's
+    scenarios, not the library the installed package carries in site-packages."""
+    good = "scenario: 1\nsteps: [{http: {path: /health}}]\n"
+    wanted = [tmp_path / "a.scenario.yaml", tmp_path / "sub" / "b.scenario.yml"]
+    skipped = [
+        tmp_path / ".venv" / "lib" / "site-packages" / "library" / "x.scenario.yaml",
+        tmp_path / "env" / "lib" / "y.scenario.yaml",  # a venv by its pyvenv.cfg
+        tmp_path / ".hidden" / "z.scenario.yaml",
+        tmp_path / "node_modules" / "pkg" / "z.scenario.yaml",
+        tmp_path / "build" / "z.scenario.yaml",
+    ]
+    for path in wanted + skipped:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(good)
+    (tmp_path / ".venv" / "pyvenv.cfg").write_text("home = /usr/bin\n")
+    (tmp_path / "env" / "pyvenv.cfg").write_text("home = /usr/bin\n")
+    done = run_cli("check", ".", cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    listed = [line.split()[1] for line in done.stdout.splitlines()]
+    assert listed == ["a.scenario.yaml", "sub/b.scenario.yml"]
+    # Named on the command line, a file is taken wherever it is.
+    done = run_cli("check", str(skipped[2]), cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith(f"ok {skipped[2]} ")

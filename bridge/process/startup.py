@@ -1,0 +1,127 @@
+"""When an app-server cannot start: what the operator reads, and what the client is told.
+
+The operator chose the command, so the bridge's log names it, with the reason (the
+``OSError``, or the exit and the tail of what the process wrote on stderr). The client
+gets the error payload with what to check, never the command, a path or the stderr: those
+are the operator's to show (the threat model is docs/SECURITY.md).
+
+``rest-bridge serve`` also resolves the command once at start-up and reports it on one
+line (:func:`describe_command`), so a misspelt ``--app-server`` shows before the first
+request.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shlex
+import shutil
+from collections.abc import Sequence
+
+from bridge import errors
+from bridge.process.rpc import ExitInfo
+
+log = logging.getLogger("bridge")
+
+#: The part of the client's message that says what to check.
+CHECK_COMMAND = "check the bridge's app-server command (`rest-bridge serve --app-server`)"
+#: How much of a start-up failure's stderr one log line carries (its end).
+LOG_STDERR_CHARS = 1000
+
+
+def spawn_failed(command: Sequence[str], exc: OSError, cwd: str | None) -> errors.RestError:
+    """The process could not be created: 502 ``app_server_spawn_failed``, and a log line.
+
+    A ``cwd`` that does not exist fails the same way as a missing executable; the
+    exception names which (``filename``), and the client hears which of the two to check.
+    """
+    reason = exc.strerror or type(exc).__name__
+    if cwd is not None and exc.filename == cwd:
+        log.warning("could not start the app-server in the requested cwd %r: %s", cwd, reason)
+        return errors.app_server_spawn_failed(
+            f"Could not start the app-server in the requested working directory ({reason}); "
+            "check options.cwd."
+        )
+    log.error("could not start the app-server `%s`: %s", shlex.join(command), reason)
+    return errors.app_server_spawn_failed(
+        f"Could not start the app-server ({reason}); {CHECK_COMMAND}."
+    )
+
+
+def exited_at_startup(command: Sequence[str], info: ExitInfo) -> errors.RestError:
+    """The process ended before answering ``initialize``: a log line with its stderr, and
+    502 ``app_server_exited`` (``protocol_error`` when the bridge stopped it for that)."""
+    log.error(
+        "the app-server `%s` ended during start-up: %s; stderr: %s",
+        shlex.join(command),
+        info.describe().removeprefix("the app-server "),
+        stderr_summary(info.stderr_tail),
+    )
+    if info.protocol_error:
+        return errors.protocol_error(info.describe())
+    how = f"was killed by {info.signal}" if info.signal else f"exited with code {info.exit_code}"
+    return errors.app_server_exited(
+        f"The app-server {how} during start-up, before answering `initialize`; "
+        f"{CHECK_COMMAND}. The bridge's log has the process's stderr.",
+        data={"exitCode": info.exit_code, "signal": info.signal},
+    )
+
+
+def stderr_summary(tail: str) -> str:
+    """The end of a stderr tail on one line: lines joined by `` | ``, at most
+    :data:`LOG_STDERR_CHARS` characters."""
+    text = " | ".join(line.strip() for line in tail.splitlines() if line.strip())
+    if not text:
+        return "(nothing)"
+    if len(text) > LOG_STDERR_CHARS:
+        text = "…" + text[-LOG_STDERR_CHARS:]
+    return text
+
+
+def unstartable(command: Sequence[str]) -> str | None:
+    """Why ``command`` cannot be started from here (its program missing, a directory,
+    not executable), or None when its program resolves as ``PATH`` stands now."""
+    program = command[0]
+    if shutil.which(program):
+        return None
+    if "/" not in program:
+        return f"{program}: not found on PATH"
+    if not os.path.exists(program):
+        return f"{program}: no such file"
+    if os.path.isdir(program):
+        return f"{program}: is a directory"
+    return f"{program}: not executable"
+
+
+async def describe_command(command: Sequence[str]) -> str:
+    """One line for ``rest-bridge serve``'s start: the command, where its program is, and
+    the version it reports, or why it cannot start (the bridge serves anyway: a request's
+    ``options.cwd`` or ``options.env`` may still make it startable)."""
+    from bridge.process.backend import _probe_version, version_command
+
+    shown = shlex.join(command)
+    problem = unstartable(command)
+    if problem is not None:
+        line = (
+            f"app-server: {shown}: cannot start: {problem}; every request that starts an "
+            "app-server will fail (502 app_server_spawn_failed) until --app-server names "
+            "a command that exists"
+        )
+        if os.path.basename(command[0]) == "codex":
+            line += (
+                " (install codex: npm install -g @openai/codex; or serve the bundled fake: "
+                "--app-server 'fake-codex app-server')"
+            )
+        return line
+    found = _absolute(shutil.which(command[0]) or command[0])
+    version, error = await _probe_version(version_command(command))
+    details = [version or f"version unknown: {error}"]
+    if found != command[0]:
+        details.insert(0, found)
+    if "app-server" not in command:
+        details.append("note: no `app-server` in the command, which codex needs to serve")
+    return f"app-server: {shown} ({'; '.join(details)})"
+
+
+def _absolute(path: str) -> str:
+    return os.path.abspath(path)

@@ -1,0 +1,235 @@
+"""Start-up and configuration mistakes: what `rest-bridge serve` says, and when.
+
+A port already taken, an address that does not resolve, an `--app-server` that names
+nothing or a program that exits at once: each is said on one line, at start where it
+can be known, with exit status 2 where the bridge cannot serve at all. When an
+app-server fails to start, the operator's log names the command and its stderr; the
+client's error payload says what to check, and no more.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import pytest
+
+from scenarios.processes import marked_processes
+
+pytestmark = pytest.mark.asyncio
+
+THEME = "Start-up"
+REST_BRIDGE = str(Path(sys.executable).with_name("rest-bridge"))
+FAKE_CODEX = str(Path(sys.executable).with_name("fake-codex"))
+#: The variable the `mark` fixture sets, so that the bridge's children can be found.
+MARK_VARIABLE = "RELIABILITY_MARK"
+#: The words every failed start tells the client to check.
+CHECK = "check the bridge's app-server command (`rest-bridge serve --app-server`)"
+
+
+@contextlib.contextmanager
+def listening_socket() -> Iterator[int]:
+    """A port somebody else is listening on."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        sock.listen()
+        yield sock.getsockname()[1]
+
+
+def serve(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    """`rest-bridge serve ARGS` expected to refuse to start (it would serve forever)."""
+    environment = {k: v for k, v in os.environ.items() if not k.startswith("REST_ADAPTER_")}
+    environment.update(env or {})
+    return subprocess.run(
+        [REST_BRIDGE, "serve", *args],
+        env=environment,
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+
+
+async def post(url: str, body: dict[str, Any]) -> tuple[int, Any, str]:
+    async with (
+        aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=60)) as http,
+        http.post(url, json=body) as response,
+    ):
+        text = await response.text()
+        return response.status, await response.json(content_type=None), text
+
+
+async def test_a_port_in_use_is_one_line_naming_the_address(report, mark):
+    """`serve` on a port another process listens on"""
+    with listening_socket() as port:
+        done = serve("--port", str(port), "--app-server", f"{FAKE_CODEX} app-server")
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert done.stderr == (
+        f"rest-bridge: cannot listen on 127.0.0.1:{port}: Address already in use\n"
+    )
+    assert "listening on" not in done.stdout
+    assert "Traceback" not in done.stdout + done.stderr
+    # Whatever it started (the app-server's `--version` probe) is gone with it.
+    assert marked_processes(MARK_VARIABLE, mark) == set()
+    report.survived = report.nothing_lost = True
+    report.no_leak = True
+    report.figures["stderr"] = done.stderr.strip()
+    report.outcome = "exit 2, one line naming the address, no traceback, no process left"
+
+
+MISTAKES = {
+    "an address that does not resolve": (
+        ["--host", "no-such-host.invalid", "--port", "0"],
+        {},
+        "rest-bridge: cannot listen on no-such-host.invalid:0: ",
+    ),
+    "a port out of range": (
+        ["--port", "65536"],
+        {},
+        "rest-bridge serve: error: argument --port: 65536 is not a port number (0 to 65535)",
+    ),
+    "an --app-server that cannot be split": (
+        ["--app-server", 'codex "app-server', "--port", "0"],
+        {},
+        "rest-bridge: --app-server 'codex \"app-server': No closing quotation",
+    ),
+    "an empty --app-server": (
+        ["--app-server", " ", "--port", "0"],
+        {},
+        "rest-bridge: --app-server ' ': the app-server command is empty",
+    ),
+    "a blank token": (
+        ["--port", "0"],
+        {"REST_ADAPTER_TOKEN": "  "},
+        "rest-bridge: REST_ADAPTER_TOKEN is set but blank",
+    ),
+    "a limit that is not a number": (
+        ["--port", "0"],
+        {"REST_ADAPTER_MAX_SESSIONS": "many"},
+        "rest-bridge: REST_ADAPTER_MAX_SESSIONS='many' is not a valid positive integer",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", sorted(MISTAKES))
+async def test_other_start_up_mistakes_are_one_line_and_exit_2(report, case):
+    """Every other way `serve` cannot start"""
+    args, env, expected = MISTAKES[case]
+    done = serve(*args, env=env)
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert "Traceback" not in done.stdout + done.stderr
+    assert "listening on" not in done.stdout
+    last = done.stderr.splitlines()[-1]
+    assert last.startswith(expected), done.stderr
+    if not case.startswith("a port"):  # argparse prints its usage first
+        assert done.stderr.count("\n") == 1, done.stderr
+    report.survived = report.nothing_lost = report.no_leak = True
+    report.figures["stderr"] = last
+    report.outcome = "exit 2, one line, no traceback"
+
+
+async def test_an_app_server_that_does_not_exist_is_said_at_start_and_logged(
+    bridge_process, report
+):
+    """`--app-server` names a program that is nowhere"""
+    served = bridge_process(app_server=["fake-codx", "app-server"])
+    started = served.wait_for_output("  app-server: ")
+    assert (
+        "  app-server: fake-codx app-server: cannot start: fake-codx: not found on PATH; "
+        "every request that starts an app-server will fail (502 app_server_spawn_failed) "
+        "until --app-server names a command that exists"
+    ) in started.splitlines(), started
+    bodies = []
+    for path, body in (
+        ("/v1/sessions", {}),
+        ("/v1/call/model/list", {}),
+        ("/v1/text-turn", {"text": "hi"}),
+    ):
+        status, payload, text = await post(served.base + path, body)
+        bodies.append(text)
+        assert status == 502, text
+        assert payload == {
+            "error": "app_server_spawn_failed",
+            "message": f"Could not start the app-server (No such file or directory); {CHECK}.",
+        }
+    served.signal(signal.SIGTERM)
+    assert served.wait(30) == 0
+    logs = served.output
+    assert (
+        logs.count(
+            "ERROR bridge could not start the app-server `fake-codx app-server`: "
+            "No such file or directory"
+        )
+        == 3
+    ), logs
+    assert "Traceback" not in logs
+    assert served.resources.processes() == frozenset()
+    report.survived = report.nothing_lost = report.no_leak = True
+    report.figures["requests"] = len(bodies)
+    report.outcome = (
+        "said at start on one line; each spawning route 502 app_server_spawn_failed saying "
+        "what to check, the command only in the log"
+    )
+
+
+async def test_an_app_server_that_exits_at_start_is_logged_with_its_stderr(bridge_process, report):
+    """`--app-server` starts a program that exits before `initialize` (no subcommand)"""
+    served = bridge_process(app_server=[FAKE_CODEX])
+    started = served.wait_for_output("  app-server: ")
+    assert (
+        f"  app-server: {FAKE_CODEX} (codex-cli 0.169.0; note: no `app-server` in the "
+        "command, which codex needs to serve)"
+    ) in started.splitlines(), started
+    for path, body in (
+        ("/v1/sessions", {}),
+        ("/v1/call/model/list", {}),
+        ("/v1/text-turn", {"text": "hi"}),
+    ):
+        status, payload, text = await post(served.base + path, body)
+        assert status == 502, text
+        assert payload == {
+            "error": "app_server_exited",
+            "message": "The app-server exited with code 2 during start-up, before answering "
+            f"`initialize`; {CHECK}. The bridge's log has the process's stderr.",
+            "data": {"exitCode": 2, "signal": None},
+        }
+        assert "usage" not in text
+        assert FAKE_CODEX not in text
+    served.signal(signal.SIGTERM)
+    assert served.wait(30) == 0
+    logs = served.output
+    line = f"ERROR bridge the app-server `{FAKE_CODEX}` ended during start-up: "
+    line += "process exited with code 2; stderr: usage: fake-codex [-h]"
+    assert logs.count(line) == 3, logs
+    assert "Traceback" not in logs
+    assert served.resources.processes() == frozenset()
+    report.survived = report.nothing_lost = report.no_leak = True
+    report.outcome = (
+        "its version said at start, with a note; each spawning route 502 app_server_exited "
+        "saying what to check; the command and its stderr tail in one log line each"
+    )
+
+
+async def test_the_default_command_without_codex_says_so_at_start(bridge_process, report):
+    """Plain `serve` (`codex app-server`) where no codex is installed"""
+    served = bridge_process(app_server=["codex", "app-server"], env={"PATH": "/usr/bin:/bin"})
+    started = served.wait_for_output("  app-server: ")
+    assert (
+        "  app-server: codex app-server: cannot start: codex: not found on PATH; every request "
+        "that starts an app-server will fail (502 app_server_spawn_failed) until --app-server "
+        "names a command that exists (install codex: npm install -g @openai/codex; or serve "
+        "the bundled fake: --app-server 'fake-codex app-server')"
+    ) in started.splitlines(), started
+    served.signal(signal.SIGTERM)
+    assert served.wait(30) == 0
+    report.survived = report.nothing_lost = report.no_leak = True
+    report.outcome = "said at start, on one line"
