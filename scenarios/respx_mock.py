@@ -423,10 +423,12 @@ class ScenarioRouter(BridgeMockRouter):
             position = parse_sse_position(
                 incoming.query.get("after"), incoming.header("Last-Event-ID")
             )
-            advance = position is None
             start = session.rt_cursor if position is None else position
             stop = entry.stream.stop if entry is not None and entry.stream else session.last_seq
             frames = [planned for planned in session.events if start < planned.seq <= stop]
+            # A stream from the cursor moves it for good only if it ends with the exit
+            # event: one its client cuts short gives the cursor back (the bridge's rule).
+            advance = position is None and bool(frames) and frames[-1].event["kind"] == "exit"
         return httpx.Response(
             200, headers=SSE_HEADERS, stream=_SseStream(self, session, frames, advance)
         )

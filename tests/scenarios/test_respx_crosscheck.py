@@ -20,6 +20,7 @@ import pytest
 from respx_driver import drive
 
 from scenarios.format import load_scenario
+from scenarios.mock_plan import MockBuildError
 from scenarios.openapi_check import OpenApiChecker
 from scenarios.reporting import format_result
 from scenarios.respx_mock import scenario_router
@@ -115,7 +116,15 @@ async def test_every_library_scenario_replays_against_its_mock() -> None:
     """Including the one on the real codex: the mock needs no binary."""
     for path in sorted(LIBRARY.glob("*.scenario.yaml")):
         loaded = load_scenario(path)
-        with scenario_router(loaded, assert_all_called=path.name not in NOT_MOCKABLE) as bridge:
+        if path.name in NOT_MOCKABLE:
+            # Not replayable: either the mock cannot even be built, or it replays wrong.
+            try:
+                router = scenario_router(loaded, assert_all_called=False)
+            except MockBuildError:
+                continue
+        else:
+            router = scenario_router(loaded, assert_all_called=True)
+        with router as bridge:
             checker = OpenApiChecker(bridge.front.document)
             async with httpx.AsyncClient(base_url=bridge.base_url) as client:
                 outcomes, _ = await drive(loaded, client, token=bridge.token, checker=checker)
