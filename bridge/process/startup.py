@@ -12,6 +12,7 @@ request.
 
 from __future__ import annotations
 
+import errno
 import logging
 import os
 import shlex
@@ -25,6 +26,8 @@ log = logging.getLogger("bridge")
 
 #: The part of the client's message that says what to check.
 CHECK_COMMAND = "check the bridge's app-server command (`rest-bridge serve --app-server`)"
+#: Spawn failures that say nothing about the command: descriptors, processes, memory.
+OUT_OF_RESOURCES = frozenset({errno.EMFILE, errno.ENFILE, errno.EAGAIN, errno.ENOMEM})
 #: How much of a start-up failure's stderr one log line carries (its end).
 LOG_STDERR_CHARS = 1000
 
@@ -41,6 +44,13 @@ def spawn_failed(command: Sequence[str], exc: OSError, cwd: str | None) -> error
         return errors.app_server_spawn_failed(
             f"Could not start the app-server in the requested working directory ({reason}); "
             "check options.cwd."
+        )
+    if exc.errno in OUT_OF_RESOURCES:
+        # Nothing to check in the command: the bridge (or the machine) is out of room.
+        log.error("could not start the app-server: %s", reason)
+        return errors.app_server_spawn_failed(
+            f"Could not start the app-server ({reason}); the bridge is out of resources, "
+            "retry later."
         )
     log.error("could not start the app-server `%s`: %s", shlex.join(command), reason)
     return errors.app_server_spawn_failed(

@@ -83,7 +83,10 @@ async def test_descriptor_exhaustion_is_reported_not_flooded_and_survived(
         assert spawn[0] == 502, spawn
         assert spawn[1] == {
             "error": "app_server_spawn_failed",
-            "message": "Could not start the app-server: Too many open files.",
+            "message": (
+                "Could not start the app-server (Too many open files); "
+                "the bridge is out of resources, retry later."
+            ),
         }
 
         # The flood: every descriptor taken, the backlog full, accept() failing.

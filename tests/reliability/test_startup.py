@@ -110,7 +110,7 @@ MISTAKES = {
     "a blank token": (
         ["--port", "0"],
         {"REST_ADAPTER_TOKEN": "  "},
-        "rest-bridge: REST_ADAPTER_TOKEN is set but blank",
+        "rest-bridge: REST_ADAPTER_TOKEN is empty or blank: no request could match it",
     ),
     "a limit that is not a number": (
         ["--port", "0"],
