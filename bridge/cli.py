@@ -1,10 +1,11 @@
-"""``rest-bridge``: run the bridge."""
+"""rest-bridge: OpenAI Codex's app-server behind JSON-over-HTTP."""
 
 from __future__ import annotations
 
 import argparse
 import asyncio
 import ctypes
+import dataclasses
 import json
 import logging
 import os
@@ -37,6 +38,9 @@ PRESETS = {
     "text-turn": text_turn_app,
 }
 TOKEN_VARIABLE = "REST_ADAPTER_TOKEN"
+#: REST_ADAPTER_* variables that are not limits and that rest-bridge reads or sets.
+OTHER_VARIABLES = frozenset({TOKEN_VARIABLE, "REST_ADAPTER_PROCESS_MARK"})
+LIMIT_FIELDS = tuple(f.name for f in dataclasses.fields(RestLimits))
 SHUTDOWN_HANDLER_SECONDS = 2.0
 #: At exit, how long to wait for the last descendants to die once killed.
 DESCENDANTS_EXIT_SECONDS = 5.0
@@ -100,7 +104,18 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="rest-bridge", description=__doc__)
     parser.add_argument("--version", action="version", version=f"rest-bridge {__version__}")
     commands = parser.add_subparsers(dest="command", required=True)
-    serve = commands.add_parser("serve", help="serve the HTTP API")
+    serve = commands.add_parser(
+        "serve",
+        help="serve the HTTP API",
+        description="Serve the HTTP API (docs/API.md) in front of app-server processes.",
+        epilog=(
+            f"Environment: {TOKEN_VARIABLE} turns bearer auth on (never a command-line "
+            "option); REST_ADAPTER_<LIMIT> sets a limit, e.g. REST_ADAPTER_MAX_SESSIONS=16 "
+            f"({', '.join(RestLimits.env_variable(f) for f in LIMIT_FIELDS)}). "
+            "A limit that is not a positive integer stops serve with exit status 2; an "
+            "unknown REST_ADAPTER_* variable is reported at start."
+        ),
+    )
     serve.add_argument("--preset", choices=sorted(PRESETS), default="trusted")
     serve.add_argument(
         "--app-server",
@@ -203,6 +218,10 @@ async def serve(preset: str, command: list[str], host: str, port: int) -> None:
     auth = "on" if token is not None else f"off (set {TOKEN_VARIABLE} to require a token)"
     print(f"rest-bridge {__version__} listening on http://{address(*bound[:2])}", flush=True)
     print(f"  preset: {preset}; auth: {auth}", flush=True)
+    changed = ", ".join(f"{name}={value}" for name, value in limits.changed().items())
+    print(f"  limits: {changed or 'the defaults'}", flush=True)
+    for variable in RestLimits.unknown_variables(others=OTHER_VARIABLES):
+        print(f"  ignoring {variable}: not a variable rest-bridge reads (misspelt?)", flush=True)
     print(f"  {app_server}", flush=True)
     print(f"  {descriptors}", flush=True)
     orphans = asyncio.create_task(descendants.reap_every()) if subreaper else None

@@ -86,6 +86,27 @@ class RestLimits:
         )
 
     @classmethod
+    def unknown_variables(
+        cls, environ: Mapping[str, str] | None = None, others: frozenset[str] = frozenset()
+    ) -> list[str]:
+        """``REST_ADAPTER_*`` variables that are neither a limit nor one of ``others``.
+
+        A misspelt limit would otherwise be ignored without a word.
+        """
+        env = os.environ if environ is None else environ
+        known = {cls.env_variable(f.name) for f in dataclasses.fields(cls)} | set(others)
+        return sorted(k for k in env if k.startswith(ENV_PREFIX) and k not in known)
+
+    def changed(self) -> dict[str, int]:
+        """The limits that differ from their defaults, by variable name."""
+        default = type(self)()
+        return {
+            self.env_variable(f.name): getattr(self, f.name)
+            for f in dataclasses.fields(self)
+            if getattr(self, f.name) != getattr(default, f.name)
+        }
+
+    @classmethod
     def env_variable(cls, field_name: str) -> str:
         return ENV_PREFIX + field_name.upper()
 
@@ -103,11 +124,10 @@ class RestLimits:
             raw = env.get(variable)
             if raw is None:
                 continue
-            try:
-                parsed = int(raw, 10)
-            except ValueError:
-                raise RestLimitsEnvError(variable, raw, "positive integer") from None
-            if parsed < 1:
+            # ASCII digits only: not " 5 ", "+5", "1_000" or other scripts' digits, which
+            # int() takes, so that what the environment says is what the docs show.
+            if not raw.isascii() or not raw.isdigit() or int(raw) < 1:
                 raise RestLimitsEnvError(variable, raw, "positive integer")
+            parsed = int(raw)
             values[field.name] = parsed
         return cls(**values)

@@ -189,8 +189,6 @@ class ProcessBackend(Backend):
                 self._initialize_params(options),
                 self.limits.spawn_timeout_ms / 1000,
             )
-            process.notify("initialized")
-            return result
         except (RpcError, ProcessGone, StdinFull, TimeoutError) as exc:
             await self._stop_fully(process)
             if isinstance(exc, ProcessGone) and not self._closing:
@@ -200,6 +198,17 @@ class ProcessBackend(Backend):
         except BaseException:
             await self._stop_fully(process)
             raise
+        try:
+            process.notify("initialized")
+            return result
+        except (ProcessGone, StdinFull) as exc:
+            # It answered `initialize`, then stopped taking input: broken, not unstarted.
+            await self._stop_fully(process)
+            if isinstance(exc, StdinFull):
+                raise rpc_failure(exc, "Starting the app-server") from None
+            raise errors.protocol_error(
+                "the app-server stopped taking input after answering `initialize`"
+            ) from None
 
     async def _stop(self, process: AppServerProcess) -> None:
         await process.shutdown(self.limits.shutdown_grace_ms / 1000)

@@ -484,6 +484,10 @@ class AppServerProcess:
         pipe = self._transport.get_pipe_transport(1)
         return cast(asyncio.ReadTransport, pipe) if pipe is not None else None
 
+    def break_protocol(self, reason: str) -> None:
+        """The owner found the conversation broken: stop the process as for a bad line."""
+        self._break_protocol(reason)
+
     def _break_protocol(self, reason: str) -> None:
         """The stream can no longer be trusted: stop the process."""
         if self._protocol_error is None:

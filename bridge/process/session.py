@@ -214,6 +214,12 @@ class Session:
 
     def _on_request(self, request_id: Any, method: str, params: Any) -> None:
         key = request_key(request_id)
+        if key in self._pending:
+            # Two requests with one id: a reply could only ever reach one of them.
+            self.process.break_protocol(
+                "the app-server reused the id of a request still awaiting its reply"
+            )
+            return
         self._pending[key] = ServerRequest(key, request_id, method, params)
         self._answered.pop(key, None)
         self.events.append("request", method, params, key, self.process.received_at)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 
 import pytest
+from multidict import CIMultiDict
 
 from bridge.app import backend_app
 from bridge.auth import BearerToken, presented_token, with_bearer_auth
@@ -132,6 +133,16 @@ def test_blank_token_is_refused_at_construction(token):
 def test_a_token_no_header_can_carry_is_refused_at_construction(token, problem):
     with pytest.raises(ValueError, match=problem):
         with_bearer_auth(backend_app(CountingBackend()), token)
+
+
+@pytest.mark.asyncio
+async def test_two_authorization_headers_are_refused(protected, http):
+    base, _ = await protected()
+    good, bad = f"Bearer {TOKEN}", "Bearer nope"
+    for pair in ((good, bad), (bad, good), (good, good)):
+        headers = CIMultiDict([("Authorization", pair[0]), ("Authorization", pair[1])])
+        async with http.get(base + "/v1/sessions", headers=headers) as response:
+            assert response.status == 401, pair
 
 
 def test_header_parsing_splits_at_the_first_space_and_trims():

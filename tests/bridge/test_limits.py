@@ -70,3 +70,21 @@ def test_serve_exits_non_zero_with_the_message(tmp_path: Path):
     assert done.returncode == 2
     assert "REST_ADAPTER_EVENT_BUFFER='lots' is not a valid positive integer" in done.stderr
     assert "Traceback" not in done.stderr
+
+
+@pytest.mark.parametrize("raw", [" 5 ", "+5", "1_000", "\u0665", "5\n"])
+def test_only_plain_ascii_digits_are_a_limit(raw):
+    with pytest.raises(RestLimitsEnvError):
+        RestLimits.from_env({"REST_ADAPTER_MAX_SESSIONS": raw})
+
+
+def test_a_misspelt_variable_is_named_and_changed_limits_are_listed():
+    env = {
+        "REST_ADAPTER_MAX_SESION": "3",
+        "REST_ADAPTER_TOKEN": "t",
+        "REST_ADAPTER_MAX_SESSIONS": "4",
+    }
+    assert RestLimits.unknown_variables(env, frozenset({"REST_ADAPTER_TOKEN"})) == [
+        "REST_ADAPTER_MAX_SESION"
+    ]
+    assert RestLimits.from_env(env).changed() == {"REST_ADAPTER_MAX_SESSIONS": 4}

@@ -752,3 +752,38 @@ async def test_request_id_json_rpc_does_not_allow(bench, bad_id):
     exit_event = await bridge.exit_event(session_id)
     assert "neither a string nor an integer" in exit_event["params"]["protocolError"]
     await bridge.finish("a protocol error, like any broken line: 502, the process is stopped")
+
+
+async def test_a_request_id_reused_while_pending(bench):
+    """Sends a second server request with the id of one still awaiting its reply"""
+    bridge = await probe_bench(bench)
+    session_id = await bridge.session()
+    line = json.dumps({"id": 5, "method": "item/tool/call", "params": {}})
+    status, body, _ = await bridge.call(session_id, "probe/send", {"lines": [line, line]})
+    session_gone(status, body, "protocol_error")
+    exit_event = await bridge.exit_event(session_id)
+    assert "reused the id" in exit_event["params"]["protocolError"]
+    await bridge.finish("a protocol error: two requests with one id could not both be answered")
+
+
+async def test_stdin_closed_right_after_answering_initialize(bench):
+    """Answers `initialize`, then closes its stdin at once"""
+    bridge = await probe_bench(bench)
+    status, body, _ = await bridge.request(
+        "POST",
+        "/v1/sessions",
+        {"options": {"env": {"WIRE_PROBE_CLOSE_STDIN_AFTER_INITIALIZE": "1"}}},
+    )
+    if status == 201:
+        # `initialized` was taken before the pipe closed: the session ends on its own.
+        exit_event = await bridge.exit_event(body["sessionId"])
+        assert "closed its stdin" in exit_event["params"]["protocolError"]
+    else:
+        # `initialized` could not be sent: never a session, and never "did not start".
+        assert (status, body["error"]) == (502, "protocol_error"), body
+        assert "after answering `initialize`" in body["message"]
+        bridge.row.nothing_lost = True
+    await bridge.finish(
+        "502 protocol_error at creation, or a session whose exit event names the closed "
+        "stdin; the process is stopped either way"
+    )

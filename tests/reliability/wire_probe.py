@@ -3,7 +3,8 @@
 Run as ``python wire_probe.py``; it speaks the app-server's JSON-RPC over stdio with the
 standard library's json (integers of any size stay exact) and:
 
-- answers ``initialize`` (and takes ``initialized``);
+- answers ``initialize`` (and takes ``initialized``); with
+  ``WIRE_PROBE_CLOSE_STDIN_AFTER_INITIALIZE`` set, then closes its stdin and lives on;
 - ``probe/send {"lines": [TEXT, ...]}``: writes each TEXT as one raw line, then answers ``{}``;
 - ``probe/closeStdout``, ``probe/closeStdin``: closes that pipe without answering, and
   lives on (until killed);
@@ -34,6 +35,10 @@ def main() -> None:
             write({"method": "probe/reply", "params": {"raw": line.decode()}})
         elif method == "initialize":
             write({"id": message["id"], "result": {"userAgent": "wire-probe/0"}})
+            if os.environ.get("WIRE_PROBE_CLOSE_STDIN_AFTER_INITIALIZE"):
+                os.close(0)
+                while True:
+                    time.sleep(3600)
         elif method == "probe/send":
             for text in message["params"]["lines"]:
                 os.write(1, text.encode() + b"\n")
