@@ -45,6 +45,7 @@ def script_env(script: str) -> dict[str, Any]:
 # -- memory ----------------------------------------------------------------------------
 
 
+@pytest.mark.timeout(900)  # 36 cycles of 80 MB each at full size, on a shared machine
 async def test_memory_stays_within_the_formula_under_churn_of_big_events(
     bridge_process, http, report, write_script, eventually
 ):
