@@ -71,7 +71,7 @@ class RestError(Exception):
         return f"RestError({self.status}, {self.kind!r}, {self.message!r})"
 
 
-# Constructors for every kind of CONTRACT.md's table, so a kind is spelled once.
+# Constructors for every kind of docs/API.md's error table, so a kind is spelled once.
 
 
 def bad_request(message: str, data: Any = None, *, close_connection: bool = False) -> RestError:
