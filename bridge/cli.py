@@ -14,7 +14,7 @@ from collections.abc import Callable, Sequence
 
 from aiohttp import web
 
-from bridge import __version__
+from bridge import __version__, front, replica
 from bridge.app import (
     SERVER_SETTINGS,
     default_app,
@@ -28,6 +28,8 @@ from bridge.limits import RestLimits, RestLimitsEnvError
 from bridge.openapi import build_openapi
 from bridge.process import descendants
 from bridge.process.backend import DEFAULT_COMMAND, parse_command
+from bridge.replica import ReplicaSettings, ReplicaSettingsError
+from bridge.routes import BACKEND
 
 PRESETS = {
     "trusted": trusted_bridge_app,
@@ -98,6 +100,38 @@ def build_parser() -> argparse.ArgumentParser:
         default="asyncio",
         help="event loop; uvloop (a separate package) serves more requests per second",
     )
+    front = commands.add_parser(
+        "front-config",
+        help="print nginx's configuration for a front over several replicas",
+        description="nginx.conf routing each session to the replica named in its id and "
+        "balancing the rest; read timeouts come from the REST_ADAPTER_* limits.",
+    )
+    front.add_argument(
+        "--replica",
+        action="append",
+        required=True,
+        metavar="ID=HOST:PORT",
+        help="a replica (repeat for each); ID is its REST_ADAPTER_REPLICA_ID",
+    )
+    front.add_argument("--listen", default="127.0.0.1:8787", help="nginx's listen address")
+    front.add_argument("--workers", default="1", help="nginx worker processes (or auto)")
+    front.add_argument(
+        "--runtime-dir", default="", help="pid and temporary files (default: nginx's prefix)"
+    )
+    front.add_argument("--error-log", default="", help="stderr or a path (default: error.log)")
+    cluster = commands.add_parser(
+        "cluster", help="run N replicas behind nginx on this machine (Ctrl-C stops them all)"
+    )
+    cluster.add_argument("--replicas", type=int, default=0, help="how many (default: one per core)")
+    cluster.add_argument("--preset", choices=sorted(PRESETS), default="trusted")
+    cluster.add_argument("--app-server", default=" ".join(DEFAULT_COMMAND))
+    cluster.add_argument("--host", default="127.0.0.1")
+    cluster.add_argument("--port", type=int, default=8787, help="the front's port (0: any)")
+    cluster.add_argument("--nginx", help="the nginx binary (default: from PATH)")
+    cluster.add_argument("--dir", help="nginx's prefix directory (default: a temporary one)")
+    cluster.add_argument("--workers", default="1", help="nginx worker processes (or auto)")
+    cluster.add_argument("--id-prefix", default="replica", help="replica ids are PREFIX-N")
+    cluster.add_argument("--loop", choices=("asyncio", "uvloop"), default="asyncio")
     openapi = commands.add_parser("openapi", help="print a preset's OpenAPI 3.1.0 document")
     openapi.add_argument("--preset", choices=sorted(PRESETS), default="trusted")
     openapi.add_argument(
@@ -136,9 +170,31 @@ def print_openapi(preset: str, auth: bool) -> None:
     sys.stdout.write(json.dumps(document, indent=2) + "\n")
 
 
+def print_front_config(args: argparse.Namespace) -> int:
+    try:
+        replicas = [front.parse_replica(text) for text in args.replica]
+        config = front.render(
+            replicas,
+            RestLimits.from_env(),
+            front.FrontSettings(
+                listen=args.listen,
+                workers=args.workers,
+                runtime_dir=args.runtime_dir,
+                error_log=args.error_log,
+            ),
+        )
+    except (RestLimitsEnvError, ValueError) as exc:
+        print(f"rest-bridge front-config: {exc}", file=sys.stderr)
+        return 2
+    sys.stdout.write(config)
+    return 0
+
+
 async def serve(preset: str, command: list[str], host: str, port: int) -> None:
     limits = RestLimits.from_env()
     app = PRESETS[preset](command, limits)
+    settings = ReplicaSettings.from_env()
+    drain = replica.configure(app, app[BACKEND], settings)
     token = os.environ.get(TOKEN_VARIABLE)
     if token is not None:
         with_bearer_auth(app, token)
@@ -146,6 +202,8 @@ async def serve(preset: str, command: list[str], host: str, port: int) -> None:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
+    # SIGUSR1: drain (no new work; exit once the last session has ended).
+    loop.add_signal_handler(signal.SIGUSR1, drain.start, stop)
     descriptors = budget_line(*raise_soft_limit())
     shortage = ShortageReporter()
     loop.set_exception_handler(shortage)
@@ -167,11 +225,17 @@ async def serve(preset: str, command: list[str], host: str, port: int) -> None:
     print(f"rest-bridge {__version__} listening on http://{bound[0]}:{bound[1]}", flush=True)
     print(f"  preset: {preset}; app-server: {' '.join(command)}; auth: {auth}", flush=True)
     print(f"  {descriptors}", flush=True)
+    if settings.replica_id is not None:
+        print(
+            f"  replica: {settings.replica_id}; peers: {', '.join(settings.peers) or 'none'}",
+            flush=True,
+        )
     orphans = asyncio.create_task(descendants.reap_every()) if subreaper else None
     try:
         await stop.wait()
     finally:
         print("rest-bridge: stopping", flush=True)
+        drain.cancel()
         await runner.cleanup()
         if orphans is not None:
             orphans.cancel()
@@ -191,15 +255,22 @@ def main(argv: Sequence[str] | None = None) -> int:
     logging.getLogger("aiohttp.server").addFilter(QuietParserErrors())
     if args.command == "openapi":
         print_openapi(args.preset, args.auth)
+    elif args.command == "front-config":
+        return print_front_config(args)
+    elif args.command == "cluster":
+        from bridge import cluster
+
+        return cluster.main(args)
     elif args.command == "serve":
         try:
             command = parse_command(args.app_server)
             RestLimits.from_env()
+            ReplicaSettings.from_env()
             token = os.environ.get(TOKEN_VARIABLE)
             problem = None if token is None else token_problem(token)
             if problem is not None:
                 raise ValueError(f"{TOKEN_VARIABLE} {problem}: no request could match it")
-        except (RestLimitsEnvError, ValueError) as exc:
+        except (RestLimitsEnvError, ReplicaSettingsError, ValueError) as exc:
             print(f"rest-bridge: {exc}", file=sys.stderr)
             return 2
         return_big_buffers_to_the_os()
