@@ -95,6 +95,19 @@ def _payload(kind: str, message: str, extra: str = "") -> str:
     return _json(f'{{"error":"{kind}","message":"{message}"{extra}}}')
 
 
+def _error_pages(indent: str, unreachable: str) -> list[str]:
+    """nginx's own errors as the payload; ``unreachable`` answers when no replica did."""
+    pages = [
+        ("400", "@bad_request"),
+        ("413", "@payload_too_large"),
+        ("414 494", "@too_large_head"),
+        ("500", "@internal_error"),
+        ("502", unreachable),
+        ("504", "@front_timeout"),
+    ]
+    return [f"{indent}error_page {codes} = {target};" for codes, target in pages]
+
+
 def seconds(milliseconds: int) -> int:
     return -(-milliseconds // 1000) + MARGIN_SECONDS
 
@@ -182,19 +195,16 @@ def render(
         "        proxy_send_timeout 60s;",
         "        proxy_intercept_errors off;",
         "",
-        "        # Errors nginx itself answers: the error payload, never an HTML page.",
-        "        error_page 400 = @bad_request;",
-        "        error_page 413 = @payload_too_large;",
-        "        error_page 414 494 = @too_large_head;",
-        "        error_page 500 = @internal_error;",
-        "        error_page 504 = @front_timeout;",
+        # Errors nginx itself answers: the error payload, never an HTML page. (A
+        # location with an error_page of its own inherits none: each repeats them.)
+        *_error_pages("        ", "@no_replica"),
         "",
         "        # Sessions: the replica named in the id, never another.",
         "        location ~ ^/v1/sessions/[^/]+/events/stream$ {",
         '            if ($session_replica = "") { return 404 '
         + _payload("session_not_found", "No session with this id.")
         + "; }",
-        "            error_page 502 = @session_replica_down;",
+        *_error_pages("            ", "@session_replica_down"),
         "            proxy_next_upstream off;",
         "            proxy_buffering off;",
         "            proxy_cache off;",
@@ -205,7 +215,7 @@ def render(
         '            if ($session_replica = "") { return 404 '
         + _payload("session_not_found", "No session with this id.")
         + "; }",
-        "            error_page 502 = @session_replica_down;",
+        *_error_pages("            ", "@session_replica_down"),
         "            proxy_next_upstream off;",
         "            proxy_buffering off;",
         f"            proxy_read_timeout {seconds(limits.max_wait_ms)}s;",
@@ -215,7 +225,7 @@ def render(
         '            if ($session_replica = "") { return 404 '
         + _payload("session_not_found", "No session with this id.")
         + "; }",
-        "            error_page 502 = @session_replica_down;",
+        *_error_pages("            ", "@session_replica_down"),
         "            proxy_next_upstream off;",
         f"            proxy_read_timeout {call}s;",
         "            proxy_pass http://$session_replica;",
@@ -223,21 +233,21 @@ def render(
         "",
         "        # Balanced: the next replica when one is full (429), draining (503) or down.",
         "        location = /v1/sessions {",
-        "            error_page 502 = @no_replica;",
+        *_error_pages("            ", "@no_replica"),
         "            proxy_next_upstream error timeout http_429 http_503 non_idempotent;",
         f"            proxy_next_upstream_tries {tries};",
         f"            proxy_read_timeout {seconds(limits.spawn_timeout_ms)}s;",
         "            proxy_pass http://bridge_replicas;",
         "        }",
         "        location = /v1/text-turn {",
-        "            error_page 502 = @no_replica;",
+        *_error_pages("            ", "@no_replica"),
         "            proxy_next_upstream error timeout http_429 http_503 non_idempotent;",
         f"            proxy_next_upstream_tries {tries};",
         f"            proxy_read_timeout {seconds(limits.text_turn_timeout_ms)}s;",
         "            proxy_pass http://bridge_replicas;",
         "        }",
         "        location / {",
-        "            error_page 502 = @no_replica;",
+        *_error_pages("            ", "@no_replica"),
         "            proxy_next_upstream error timeout http_429 http_503 non_idempotent;",
         f"            proxy_next_upstream_tries {tries};",
         f"            proxy_read_timeout {call}s;",
