@@ -271,8 +271,9 @@ class Drain:
 def configure(app: web.Application, backend: Any, settings: ReplicaSettings) -> Drain:
     """Make ``app`` (served from ``backend``) the replica ``settings`` describe."""
     backend.replica_id = settings.replica_id
-    if settings.peers:
-        peers = Peers(settings.peers)
+    others = {name: url for name, url in settings.peers.items() if name != settings.replica_id}
+    if others:
+        peers = Peers(others)
         app[PEERS] = peers
 
         async def close_peers(app: web.Application) -> None:
