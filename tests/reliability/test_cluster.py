@@ -64,7 +64,9 @@ def nginx_binary() -> str:
 class ClusterProcess:
     """`rest-bridge cluster` as a child process: the front, the replicas, the output."""
 
-    def __init__(self, directory: Path, env: dict[str, str] | None = None) -> None:
+    def __init__(
+        self, directory: Path, env: dict[str, str] | None = None, app_server: str = ""
+    ) -> None:
         self.mark = uuid.uuid4().hex
         environment = {k: v for k, v in os.environ.items() if not k.startswith("REST_ADAPTER_")}
         environment.update(env or {})
@@ -74,7 +76,7 @@ class ClusterProcess:
             "cluster",
             *("--replicas", str(REPLICAS), "--port", "0", "--id-prefix", "bridge"),
             *("--nginx", nginx_binary(), "--dir", str(directory)),
-            *("--app-server", f"{FAKE_CODEX} app-server"),
+            *("--app-server", app_server or f"{FAKE_CODEX} app-server"),
         ]
         self.lines: list[str] = []
         self._lock = threading.Lock()
@@ -177,6 +179,15 @@ class _suppress:
 @pytest.fixture
 def cluster(tmp_path: Path) -> Iterator[ClusterProcess]:
     started = ClusterProcess(tmp_path / "front")
+    yield started
+    started.stop()
+
+
+@pytest.fixture
+def lingering_cluster(tmp_path: Path) -> Iterator[ClusterProcess]:
+    """App-servers that leave a process behind which outlives them unless killed."""
+    command = f"sh -c 'sleep 600 & exec {FAKE_CODEX} app-server'"
+    started = ClusterProcess(tmp_path / "front", app_server=command)
     yield started
     started.stop()
 
@@ -352,8 +363,9 @@ async def test_creation_is_spread_over_the_replicas(cluster, http, report):
     report.figures.update(dict(sorted(spread.items())))
 
 
-async def test_a_killed_replica(cluster, http, report, eventually):
-    """SIGKILL to one replica holding sessions"""
+async def test_a_killed_replica(lingering_cluster, http, report, eventually):
+    """SIGKILL to one replica holding sessions (each app-server with a child of its own)"""
+    cluster = lingering_cluster
     front = cluster.front
     by_replica: dict[str, list[str]] = {}
     for _ in range(3 * REPLICAS):
@@ -366,7 +378,9 @@ async def test_a_killed_replica(cluster, http, report, eventually):
     doomed = cluster.replica_processes(victim)
     pid = cluster.replicas[victim]["pid"]
     assert pid in doomed
-    assert len(doomed) >= 1 + len(by_replica[victim])  # the replica and its app-servers
+    # The replica, and for each session its app-server and the `sleep` that app-server
+    # started, which nothing but the mark would stop once the replica is gone.
+    assert len(doomed) >= 1 + 2 * len(by_replica[victim])
     os.kill(pid, signal.SIGKILL)
     line = await cluster.line(f"replica {victim} exited")
     assert "signal 9" in line
@@ -402,7 +416,7 @@ async def test_a_killed_replica(cluster, http, report, eventually):
     assert not any(s["sessionId"].startswith(victim + ".") for s in listed["sessions"])
     report.outcome = (
         f"{len(by_replica[victim])} sessions of {victim}: 503 replica_unavailable (JSON, "
-        f"Retry-After); its {len(doomed) - 1} app-servers died with it; "
+        f"Retry-After); its {len(doomed) - 1} app-servers and their children died with it; "
         f"{len(survivors)} others served on; 6 new sessions on the others; listing names it"
     )
     report.survived = cluster.process.poll() is None
@@ -500,3 +514,50 @@ async def test_the_cluster_stops_on_sigint_and_leaves_nothing(cluster, http, rep
     report.outcome = f"{len(running)} processes stopped, exit 0, none left"
     report.survived = True
     report.no_leak = left == 0
+
+
+async def test_full_replicas_are_passed_over(tmp_path, http, report):
+    """MAX_SESSIONS=1 on each of three replicas, two of them full"""
+    cluster = ClusterProcess(tmp_path / "front", env={"REST_ADAPTER_MAX_SESSIONS": "1"})
+    try:
+        front = cluster.front
+        free = "bridge-2"
+        for name, replica in cluster.replicas.items():
+            if name != free:
+                status, created, _ = await request(http, "POST", f"{replica['url']}/v1/sessions")
+                assert status == 201, created
+        # Whichever replica nginx asks first, a full one's 429 is passed over: every
+        # creation lands on the free one.
+        for _ in range(2 * REPLICAS):
+            status, created, _ = await request(http, "POST", f"{front}/v1/sessions")
+            assert status == 201, created
+            assert created["sessionId"].startswith(free + "."), created
+            url = f"{front}/v1/sessions/{created['sessionId']}"
+            status, body, _ = await request(http, "DELETE", url)
+            assert status == 200, body
+        status, created, _ = await request(http, "POST", f"{front}/v1/sessions")
+        assert status == 201, created
+        # All full: the last replica's 429, or, once the refusals have marked every
+        # replica as failed for a moment (max_fails), 503 replica_unavailable.
+        status, body, headers = await request(http, "POST", f"{front}/v1/sessions")
+        assert (status, body["error"]) in (
+            (429, "session_limit_reached"),
+            (503, "replica_unavailable"),
+        )
+        assert headers["Retry-After"] == "1"
+        # nginx's own refusals are the payload too: a request head too large for it.
+        status, body, headers = await request(
+            http, "GET", f"{front}/health", headers={"X-Big": "x" * 20_000}
+        )
+        assert status == 400
+        assert headers["Content-Type"].startswith("application/json")
+        assert body["error"] == "bad_request"
+        report.outcome = (
+            "2 of 3 replicas full: 6 creations in a row all on the free one (429s passed "
+            "over); all full: 429 session_limit_reached or 503 replica_unavailable; a 20 kB "
+            "header: 400 JSON"
+        )
+        report.survived = cluster.process.poll() is None
+        report.nothing_lost = True
+    finally:
+        assert cluster.stop() == 0
