@@ -11,6 +11,7 @@ import os
 import signal
 import sys
 from collections.abc import Callable, Sequence
+from pathlib import Path
 
 from aiohttp import web
 
@@ -119,6 +120,11 @@ def build_parser() -> argparse.ArgumentParser:
         "--runtime-dir", default="", help="pid and temporary files (default: nginx's prefix)"
     )
     front.add_argument("--error-log", default="", help="stderr or a path (default: error.log)")
+    front.add_argument(
+        "--write-config-map",
+        metavar="FILE",
+        help="instead of printing it, replace the `nginx.conf: |` block of this manifest",
+    )
     cluster = commands.add_parser(
         "cluster", help="run N replicas behind nginx on this machine (Ctrl-C stops them all)"
     )
@@ -186,6 +192,14 @@ def print_front_config(args: argparse.Namespace) -> int:
     except (RestLimitsEnvError, ValueError) as exc:
         print(f"rest-bridge front-config: {exc}", file=sys.stderr)
         return 2
+    if args.write_config_map:
+        path = Path(args.write_config_map)
+        try:
+            path.write_text(front.replace_config_map(path.read_text(), config))
+        except (OSError, ValueError) as exc:
+            print(f"rest-bridge front-config: {exc}", file=sys.stderr)
+            return 2
+        return 0
     sys.stdout.write(config)
     return 0
 

@@ -13,7 +13,7 @@ import pytest
 import yaml
 
 from bridge.cluster import free_port
-from bridge.front import FrontSettings, Replica, parse_replica, render
+from bridge.front import FrontSettings, Replica, parse_replica, render, replace_config_map
 from bridge.limits import RestLimits
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -160,3 +160,24 @@ def test_kubernetes_manifests_match_the_generated_configuration(tmp_path):
         ),
         tmp_path / "k8s",
     )
+
+
+def test_write_config_map_replaces_only_the_block(tmp_path):
+    manifest = tmp_path / "m.yaml"
+    manifest.write_text(
+        "kind: ConfigMap\ndata:\n  nginx.conf: |\n    old\n\n    stale\n---\nkind: Service\n"
+    )
+    done = subprocess.run(
+        [REST_BRIDGE, "front-config", "--replica", "a=h:1", "--write-config-map", str(manifest)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 0, done.stderr
+    text = manifest.read_text()
+    expected = render([Replica("a", "h:1")], RestLimits.from_env({}))
+    assert yaml.safe_load_all(text).__next__()["data"]["nginx.conf"] == expected
+    assert text.endswith("---\nkind: Service\n")
+    assert replace_config_map(text, expected) == text
+    with pytest.raises(ValueError, match="exactly one"):
+        replace_config_map("kind: Service\n", expected)
