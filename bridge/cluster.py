@@ -41,6 +41,8 @@ from bridge.replica import PEERS_VARIABLE, REPLICA_ID_VARIABLE
 #: Marks every process a replica starts, so that none outlives the replica.
 CLUSTER_MARK_VARIABLE = "REST_ADAPTER_CLUSTER_MARK"
 START_SECONDS = 60.0
+#: Starts tried before giving up (the ports are chosen again each time).
+START_ATTEMPTS = 3
 STOP_SECONDS = 15.0
 _PR_SET_PDEATHSIG = 1
 
@@ -120,6 +122,10 @@ async def bury(mark: str, timeout: float = STOP_SECONDS) -> int:
     return len(killed)
 
 
+class FrontError(RuntimeError):
+    """nginx did not start (its port taken, most likely)."""
+
+
 @dataclass
 class Member:
     """One child process of the cluster: a replica or nginx."""
@@ -151,6 +157,8 @@ class Cluster:
         self.count = replicas
         self.host = host
         self.port = port or free_port(host)
+        #: The front's port was chosen here (``--port 0``), and may be chosen again.
+        self.chosen_port = not port
         self.preset = preset
         self.app_server = app_server
         self.nginx = nginx
@@ -240,23 +248,36 @@ class Cluster:
             raise RuntimeError(f"{member.name} did not start")
 
     async def _front_ready(self, front: Member) -> None:
-        """Until nginx accepts connections (it prints nothing when it does)."""
+        """Until nginx answers ``GET /health`` from a replica (it prints nothing at start).
+
+        Asked over HTTP, not just connected to: whatever else holds the port does not
+        answer as nginx does.
+        """
         loop = asyncio.get_running_loop()
         deadline = loop.time() + START_SECONDS
         while loop.time() < deadline:
             if front.process.returncode is not None:
-                raise RuntimeError(f"nginx exited with status {front.process.returncode}")
-            try:
-                _, writer = await asyncio.open_connection(self.host, self.port)
-            except OSError:
-                await asyncio.sleep(0.05)
-                continue
-            writer.close()
-            with contextlib.suppress(OSError):
-                await writer.wait_closed()
-            front.ready.set()
-            return
-        raise RuntimeError("nginx did not start")
+                raise FrontError(f"nginx exited with status {front.process.returncode}")
+            if await self._health_through_front():
+                front.ready.set()
+                return
+            await asyncio.sleep(0.05)
+        raise FrontError("nginx did not answer in time")
+
+    async def _health_through_front(self) -> bool:
+        try:
+            async with asyncio.timeout(2.0):
+                reader, writer = await asyncio.open_connection(self.host, self.port)
+                try:
+                    writer.write(b"GET /health HTTP/1.0\r\nHost: front\r\n\r\n")
+                    head = await reader.read(4096)
+                finally:
+                    writer.close()
+                    with contextlib.suppress(OSError):
+                        await writer.wait_closed()
+        except (OSError, TimeoutError):
+            return False
+        return head.startswith(b"HTTP/1.1 200") and b"\r\nServer: nginx" in head
 
     async def watch(self) -> None:
         """Until every member has exited: report each exit, and bury dead replicas."""
@@ -274,6 +295,16 @@ class Cluster:
                 else:
                     say(f"{member.name} exited ({how})")
                 descendants.released(member.process.pid)
+
+    def reset(self) -> None:
+        """Forget the members of a failed start, and choose new ports."""
+        for reader in self._readers:
+            reader.cancel()
+        self._readers.clear()
+        self.members.clear()
+        self.stopping = False
+        if self.chosen_port:
+            self.port = free_port(self.host)
 
     async def stop(self) -> None:
         if self.stopping:
@@ -293,14 +324,20 @@ async def run(cluster: Cluster) -> int:
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
     descendants.become_subreaper()
-    try:
-        await cluster.start()
-    except (RuntimeError, OSError) as exc:
-        say(f"could not start: {exc}")
-        await cluster.stop()
-        await asyncio.wait_for(cluster.watch(), STOP_SECONDS)
-        await descendants.end_all(5.0)
-        return 1
+    for attempt in range(1, START_ATTEMPTS + 1):
+        try:
+            await cluster.start()
+            break
+        except (RuntimeError, OSError) as exc:
+            # Most likely a port taken between choosing it and binding it: new ports.
+            say(f"could not start (attempt {attempt} of {START_ATTEMPTS}): {exc}")
+            await cluster.stop()
+            await asyncio.wait_for(cluster.watch(), STOP_SECONDS)
+            await descendants.end_all(5.0)
+            given_port_taken = isinstance(exc, FrontError) and not cluster.chosen_port
+            if attempt == START_ATTEMPTS or stop.is_set() or given_port_taken:
+                return 1
+            cluster.reset()
     say("ready")
     orphans = asyncio.ensure_future(descendants.reap_every(1.0))
     watching = asyncio.ensure_future(cluster.watch())

@@ -16,6 +16,7 @@ import asyncio
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -561,3 +562,37 @@ async def test_full_replicas_are_passed_over(tmp_path, http, report):
         report.nothing_lost = True
     finally:
         assert cluster.stop() == 0
+
+
+async def test_a_front_port_already_taken(tmp_path, report):
+    """`rest-bridge cluster --port P` with P held by another program"""
+    mark = uuid.uuid4().hex
+    with socket.socket() as holder:
+        holder.bind(("127.0.0.1", 0))
+        holder.listen()
+        port = holder.getsockname()[1]
+        done = await asyncio.to_thread(
+            subprocess.run,
+            [
+                REST_BRIDGE,
+                "cluster",
+                *("--replicas", "1", "--port", str(port), "--dir", str(tmp_path / "front")),
+                *("--nginx", nginx_binary(), "--app-server", f"{FAKE_CODEX} app-server"),
+            ],
+            env={**os.environ, MARK_VARIABLE: mark},
+            stdin=subprocess.DEVNULL,
+            capture_output=True,
+            text=True,
+            timeout=START_SECONDS * 3,
+        )
+    # The port answers, but not as nginx: the launcher does not take it for its front.
+    assert done.returncode == 1, done.stdout[-2000:]
+    assert "rest-bridge cluster: ready" not in done.stdout
+    # Another attempt could only find the same port taken: one is enough.
+    assert "could not start (attempt 1 of 3)" in done.stdout
+    assert "attempt 2" not in done.stdout
+    left = marked_processes(MARK_VARIABLE, mark)
+    assert not left
+    report.outcome = "one attempt, stopped cleanly; exit 1, never 'ready'; nothing left"
+    report.survived = True
+    report.no_leak = not left
