@@ -101,43 +101,47 @@ def build_parser() -> argparse.ArgumentParser:
         default="asyncio",
         help="event loop; uvloop (a separate package) serves more requests per second",
     )
-    front = commands.add_parser(
+    front_config = commands.add_parser(
         "front-config",
         help="print nginx's configuration for a front over several replicas",
         description="nginx.conf routing each session to the replica named in its id and "
         "balancing the rest; read timeouts come from the REST_ADAPTER_* limits.",
     )
-    front.add_argument(
+    front_config.add_argument(
         "--replica",
         action="append",
         required=True,
         metavar="ID=HOST:PORT",
         help="a replica (repeat for each); ID is its REST_ADAPTER_REPLICA_ID",
     )
-    front.add_argument("--listen", default="127.0.0.1:8787", help="nginx's listen address")
-    front.add_argument("--workers", default="1", help="nginx worker processes (or auto)")
-    front.add_argument(
+    front_config.add_argument("--listen", default="127.0.0.1:8787", help="nginx's listen address")
+    front_config.add_argument("--workers", default="1", help="nginx worker processes (or auto)")
+    front_config.add_argument(
         "--runtime-dir", default="", help="pid and temporary files (default: nginx's prefix)"
     )
-    front.add_argument("--error-log", default="", help="stderr or a path (default: error.log)")
-    front.add_argument(
+    front_config.add_argument(
+        "--error-log", default="", help="stderr or a path (default: error.log)"
+    )
+    front_config.add_argument(
         "--write-config-map",
         metavar="FILE",
         help="instead of printing it, replace the `nginx.conf: |` block of this manifest",
     )
-    cluster = commands.add_parser(
+    cluster_parser = commands.add_parser(
         "cluster", help="run N replicas behind nginx on this machine (Ctrl-C stops them all)"
     )
-    cluster.add_argument("--replicas", type=int, default=0, help="how many (default: one per core)")
-    cluster.add_argument("--preset", choices=sorted(PRESETS), default="trusted")
-    cluster.add_argument("--app-server", default=" ".join(DEFAULT_COMMAND))
-    cluster.add_argument("--host", default="127.0.0.1")
-    cluster.add_argument("--port", type=int, default=8787, help="the front's port (0: any)")
-    cluster.add_argument("--nginx", help="the nginx binary (default: from PATH)")
-    cluster.add_argument("--dir", help="nginx's prefix directory (default: a temporary one)")
-    cluster.add_argument("--workers", default="1", help="nginx worker processes (or auto)")
-    cluster.add_argument("--id-prefix", default="replica", help="replica ids are PREFIX-N")
-    cluster.add_argument("--loop", choices=("asyncio", "uvloop"), default="asyncio")
+    cluster_parser.add_argument(
+        "--replicas", type=int, default=0, help="how many (default: one per core)"
+    )
+    cluster_parser.add_argument("--preset", choices=sorted(PRESETS), default="trusted")
+    cluster_parser.add_argument("--app-server", default=" ".join(DEFAULT_COMMAND))
+    cluster_parser.add_argument("--host", default="127.0.0.1")
+    cluster_parser.add_argument("--port", type=int, default=8787, help="the front's port (0: any)")
+    cluster_parser.add_argument("--nginx", help="the nginx binary (default: from PATH)")
+    cluster_parser.add_argument("--dir", help="nginx's prefix directory (default: a temporary one)")
+    cluster_parser.add_argument("--workers", default="1", help="nginx worker processes (or auto)")
+    cluster_parser.add_argument("--id-prefix", default="replica", help="replica ids are PREFIX-N")
+    cluster_parser.add_argument("--loop", choices=("asyncio", "uvloop"), default="asyncio")
     openapi = commands.add_parser("openapi", help="print a preset's OpenAPI 3.1.0 document")
     openapi.add_argument("--preset", choices=sorted(PRESETS), default="trusted")
     openapi.add_argument(
