@@ -184,3 +184,21 @@ async def test_a_draining_backend_takes_no_new_work(serve, http):
     async with http.delete(f"{base}/v1/sessions/{session_id}") as response:
         assert response.status == 200
     await asyncio.wait_for(done.wait(), 30)
+
+
+@pytest.mark.asyncio
+async def test_a_drain_ends_at_its_deadline_with_sessions_left(serve, http, capsys):
+    app = trusted_bridge_app(FAKE_CODEX, RestLimits())
+    drain = configure(app, app[BACKEND], ReplicaSettings(replica_id="r", drain_timeout_ms=200))
+    base = await serve(app)
+    async with http.post(f"{base}/v1/sessions") as response:
+        assert response.status == 201
+    done = asyncio.Event()
+    drain.start(done)
+    drain.start(done)  # a second signal changes nothing
+    await asyncio.wait_for(done.wait(), 30)
+    out = capsys.readouterr().out
+    assert out.count("rest-bridge: draining (1 held") == 1
+    assert "drain deadline reached with 1 still held" in out
+    # The session is still served until the bridge stops (stopping is serve's job).
+    assert len(app[BACKEND].sessions()) == 1
