@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -181,3 +182,18 @@ def test_write_config_map_replaces_only_the_block(tmp_path):
     assert replace_config_map(text, expected) == text
     with pytest.raises(ValueError, match="exactly one"):
         replace_config_map("kind: Service\n", expected)
+
+
+def test_the_map_never_confuses_replicas_whose_ids_share_a_prefix():
+    config = render([Replica("b-1", "h:1"), Replica("b-10", "h:2")], RestLimits())
+    rules = re.findall(r"^\s+~(\S+) (replica_\S+);$", config, re.MULTILINE)
+    assert [upstream for _, upstream in rules] == ["replica_b-1", "replica_b-10"]
+
+    def route(path: str) -> list[str]:
+        return [upstream for pattern, upstream in rules if re.search(pattern, path)]
+
+    assert route("/v1/sessions/b-1.0b8e/call/x") == ["replica_b-1"]
+    assert route("/v1/sessions/b-10.0b8e/events/stream") == ["replica_b-10"]
+    assert route("/v1/sessions/b-1.0b8e") == ["replica_b-1"]
+    assert route("/v1/sessions/b-100.0b8e") == []
+    assert route("/v1/sessions/x/b-1.0b8e") == []
