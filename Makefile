@@ -11,7 +11,9 @@ PORT ?= 8787
 PRESET ?= trusted
 APP_SERVER ?= $(abspath $(BIN))/fake-codex app-server
 
-.PHONY: serve test lint typecheck pytest codex dist bench reliability clean
+REPLICAS ?= 0
+
+.PHONY: serve test lint typecheck pytest codex dist nginx cluster bench reliability clean
 
 # openai-codex (the official SDK, an independent client for tests/fakes/test_sdk_dropin.py)
 # goes in with --no-deps: its only other dependency is openai-codex-cli-bin, a 142 MB
@@ -43,6 +45,21 @@ else
 SERVE_NOTE := Serving on the app-server command you gave: $(APP_SERVER)
 endif
 
+# nginx, the front of `make cluster` and of the cluster tests: Debian's package, installed
+# when missing and we are root (the tests skip without it, and fail when CI=true).
+nginx:
+	@if command -v nginx >/dev/null 2>&1 || test -x /usr/sbin/nginx; then :; \
+	elif [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq nginx; \
+	else \
+		echo "nginx not found: make cluster needs it, and tests that need it will skip (they fail when CI=true)"; \
+	fi
+
+# N replicas (one per core unless REPLICAS=N) behind nginx on loopback; Ctrl-C stops all.
+cluster: $(STAMP) nginx
+	$(BIN)/rest-bridge cluster --replicas $(REPLICAS) --preset $(PRESET) --host $(HOST) \
+		--port $(PORT) --app-server "$(APP_SERVER)"
+
 serve: $(STAMP)
 	@echo "$(SERVE_NOTE)"
 	$(BIN)/rest-bridge serve --preset $(PRESET) --host $(HOST) --port $(PORT) --app-server "$(APP_SERVER)"
@@ -67,7 +84,7 @@ lint: $(STAMP)
 typecheck: $(STAMP)
 	$(BIN)/mypy
 
-pytest: $(STAMP) codex
+pytest: $(STAMP) codex nginx
 	$(BIN)/pytest
 
 test: lint typecheck pytest
@@ -77,6 +94,7 @@ test: lint typecheck pytest
 # Options: make bench BENCH_ARGS="--only calls,events --repeats 1 --loops uvloop"
 bench: $(STAMP)
 	@command -v wrk >/dev/null 2>&1 || { apt-get update -qq && apt-get install -y -qq wrk; }
+	@$(MAKE) --no-print-directory nginx
 	$(BIN)/python -m bench.run $(BENCH_ARGS)
 
 # The reliability suite at full size (10,000 session cycles, 1,000 text turns, 100 fuzz

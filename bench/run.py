@@ -28,7 +28,7 @@ from bench.common import (
 )
 from scenarios.processes import machine_summary
 
-BENCHMARKS = ("fake", "calls", "events", "sessions", "idle", "turns")
+BENCHMARKS = ("fake", "calls", "events", "sessions", "idle", "turns", "cluster")
 HERE = Path(__file__).resolve().parent
 DASH = "\u2013"  # en dash, for ranges
 BUSY = 0.25  # other load above which RESULTS.md warns

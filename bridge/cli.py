@@ -13,10 +13,11 @@ import signal
 import socket
 import sys
 from collections.abc import Callable, Sequence
+from pathlib import Path
 
 from aiohttp import web
 
-from bridge import __version__
+from bridge import __version__, front, replica
 from bridge.app import (
     SERVER_SETTINGS,
     default_app,
@@ -31,6 +32,14 @@ from bridge.openapi import build_openapi
 from bridge.process import descendants
 from bridge.process.backend import DEFAULT_COMMAND, parse_command
 from bridge.process.startup import describe_command
+from bridge.replica import (
+    DRAIN_TIMEOUT_VARIABLE,
+    PEERS_VARIABLE,
+    REPLICA_ID_VARIABLE,
+    ReplicaSettings,
+    ReplicaSettingsError,
+)
+from bridge.routes import BACKEND
 
 PRESETS = {
     "trusted": trusted_bridge_app,
@@ -39,7 +48,16 @@ PRESETS = {
 }
 TOKEN_VARIABLE = "REST_ADAPTER_TOKEN"
 #: REST_ADAPTER_* variables that are not limits and that rest-bridge reads or sets.
-OTHER_VARIABLES = frozenset({TOKEN_VARIABLE, "REST_ADAPTER_PROCESS_MARK"})
+OTHER_VARIABLES = frozenset(
+    {
+        TOKEN_VARIABLE,
+        descendants.MARK_VARIABLE,
+        REPLICA_ID_VARIABLE,
+        PEERS_VARIABLE,
+        DRAIN_TIMEOUT_VARIABLE,
+        "REST_ADAPTER_CLUSTER_MARK",  # set by `rest-bridge cluster` on its replicas
+    }
+)
 LIMIT_FIELDS = tuple(f.name for f in dataclasses.fields(RestLimits))
 SHUTDOWN_HANDLER_SECONDS = 2.0
 #: At exit, how long to wait for the last descendants to die once killed.
@@ -130,6 +148,47 @@ def build_parser() -> argparse.ArgumentParser:
         default="asyncio",
         help="event loop; uvloop (a separate package) serves more requests per second",
     )
+    front_config = commands.add_parser(
+        "front-config",
+        help="print nginx's configuration for a front over several replicas",
+        description="nginx.conf routing each session to the replica named in its id and "
+        "balancing the rest; read timeouts come from the REST_ADAPTER_* limits.",
+    )
+    front_config.add_argument(
+        "--replica",
+        action="append",
+        required=True,
+        metavar="ID=HOST:PORT",
+        help="a replica (repeat for each); ID is its REST_ADAPTER_REPLICA_ID",
+    )
+    front_config.add_argument("--listen", default="127.0.0.1:8787", help="nginx's listen address")
+    front_config.add_argument("--workers", default="1", help="nginx worker processes (or auto)")
+    front_config.add_argument(
+        "--runtime-dir", default="", help="pid and temporary files (default: nginx's prefix)"
+    )
+    front_config.add_argument(
+        "--error-log", default="", help="stderr or a path (default: error.log)"
+    )
+    front_config.add_argument(
+        "--write-config-map",
+        metavar="FILE",
+        help="instead of printing it, replace the `nginx.conf: |` block of this manifest",
+    )
+    cluster_parser = commands.add_parser(
+        "cluster", help="run N replicas behind nginx on this machine (Ctrl-C stops them all)"
+    )
+    cluster_parser.add_argument(
+        "--replicas", type=int, default=0, help="how many (default: one per core)"
+    )
+    cluster_parser.add_argument("--preset", choices=sorted(PRESETS), default="trusted")
+    cluster_parser.add_argument("--app-server", default=" ".join(DEFAULT_COMMAND))
+    cluster_parser.add_argument("--host", default="127.0.0.1")
+    cluster_parser.add_argument("--port", type=int, default=8787, help="the front's port (0: any)")
+    cluster_parser.add_argument("--nginx", help="the nginx binary (default: from PATH)")
+    cluster_parser.add_argument("--dir", help="nginx's prefix directory (default: a temporary one)")
+    cluster_parser.add_argument("--workers", default="1", help="nginx worker processes (or auto)")
+    cluster_parser.add_argument("--id-prefix", default="replica", help="replica ids are PREFIX-N")
+    cluster_parser.add_argument("--loop", choices=("asyncio", "uvloop"), default="asyncio")
     openapi = commands.add_parser("openapi", help="print a preset's OpenAPI 3.1.0 document")
     openapi.add_argument("--preset", choices=sorted(PRESETS), default="trusted")
     openapi.add_argument(
@@ -183,9 +242,39 @@ def address(host: str, port: int) -> str:
     return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
 
+def print_front_config(args: argparse.Namespace) -> int:
+    try:
+        replicas = [front.parse_replica(text) for text in args.replica]
+        config = front.render(
+            replicas,
+            RestLimits.from_env(),
+            front.FrontSettings(
+                listen=args.listen,
+                workers=args.workers,
+                runtime_dir=args.runtime_dir,
+                error_log=args.error_log,
+            ),
+        )
+    except (RestLimitsEnvError, ValueError) as exc:
+        print(f"rest-bridge front-config: {exc}", file=sys.stderr)
+        return 2
+    if args.write_config_map:
+        path = Path(args.write_config_map)
+        try:
+            path.write_text(front.replace_config_map(path.read_text(), config))
+        except (OSError, ValueError) as exc:
+            print(f"rest-bridge front-config: {exc}", file=sys.stderr)
+            return 2
+        return 0
+    sys.stdout.write(config)
+    return 0
+
+
 async def serve(preset: str, command: list[str], host: str, port: int) -> None:
     limits = RestLimits.from_env()
     app = PRESETS[preset](command, limits)
+    settings = ReplicaSettings.from_env()
+    drain = replica.configure(app, app[BACKEND], settings)
     token = os.environ.get(TOKEN_VARIABLE)
     if token is not None:
         with_bearer_auth(app, token)
@@ -193,6 +282,8 @@ async def serve(preset: str, command: list[str], host: str, port: int) -> None:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
+    # SIGUSR1: drain (no new work; exit once the last session has ended).
+    loop.add_signal_handler(signal.SIGUSR1, drain.start, stop)
     descriptors = budget_line(*raise_soft_limit())
     shortage = ShortageReporter()
     loop.set_exception_handler(shortage)
@@ -224,11 +315,17 @@ async def serve(preset: str, command: list[str], host: str, port: int) -> None:
         print(f"  ignoring {variable}: not a variable rest-bridge reads (misspelt?)", flush=True)
     print(f"  {app_server}", flush=True)
     print(f"  {descriptors}", flush=True)
+    if settings.replica_id is not None:
+        print(
+            f"  replica: {settings.replica_id}; peers: {', '.join(settings.peers) or 'none'}",
+            flush=True,
+        )
     orphans = asyncio.create_task(descendants.reap_every()) if subreaper else None
     try:
         await stop.wait()
     finally:
         print("rest-bridge: stopping", flush=True)
+        drain.cancel()
         await runner.cleanup()
         if orphans is not None:
             orphans.cancel()
@@ -253,6 +350,12 @@ def main(argv: Sequence[str] | None = None) -> int:
             devnull = os.open(os.devnull, os.O_WRONLY)
             os.dup2(devnull, sys.stdout.fileno())
             os.close(devnull)
+    elif args.command == "front-config":
+        return print_front_config(args)
+    elif args.command == "cluster":
+        from bridge import cluster
+
+        return cluster.main(args)
     elif args.command == "serve":
         try:
             try:
@@ -260,11 +363,12 @@ def main(argv: Sequence[str] | None = None) -> int:
             except ValueError as exc:
                 raise ValueError(f"--app-server {args.app_server!r}: {exc}") from None
             RestLimits.from_env()
+            ReplicaSettings.from_env()
             token = os.environ.get(TOKEN_VARIABLE)
             problem = None if token is None else token_problem(token)
             if problem is not None:
                 raise ValueError(f"{TOKEN_VARIABLE} {problem}: no request could match it")
-        except (RestLimitsEnvError, ValueError) as exc:
+        except (RestLimitsEnvError, ReplicaSettingsError, ValueError) as exc:
             print(f"rest-bridge: {exc}", file=sys.stderr)
             return 2
         return_big_buffers_to_the_os()

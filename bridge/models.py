@@ -134,6 +134,11 @@ class SessionSummary(_Wire):
 
 class SessionList(_Wire):
     sessions: list[SessionSummary]
+    unavailable_replicas: list[str] | None = Field(
+        default=None,
+        description="Behind a front with several replicas (REST_ADAPTER_PEERS set): the "
+        "replicas whose sessions could not be listed.",
+    )
 
 
 class StatusResponse(_Wire):

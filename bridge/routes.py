@@ -18,7 +18,7 @@ import orjson
 from aiohttp import web
 from pydantic import BaseModel, ValidationError
 
-from bridge import __version__, errors
+from bridge import __version__, errors, replica
 from bridge.backend import Backend
 from bridge.events import Event
 from bridge.limits import RestLimits
@@ -225,7 +225,10 @@ async def call(request: web.Request) -> web.Response:
 
 async def list_sessions(request: web.Request) -> web.Response:
     sessions = await backend(request).list_sessions()
-    return json_response({"sessions": [dump(s) for s in sessions]})
+    body: dict[str, Any] = {"sessions": [dump(s) for s in sessions]}
+    # Behind a front with several replicas: every replica's sessions (bridge.replica).
+    await replica.list_with_peers(request, body)
+    return json_response(body)
 
 
 async def create_session(request: web.Request) -> web.Response:

@@ -8,6 +8,7 @@ import logging
 import os
 import shlex
 import time
+import uuid
 from collections.abc import Sequence
 from typing import Any
 
@@ -28,6 +29,7 @@ from bridge.process import descendants, startup
 from bridge.process.rpc import AppServerProcess, ProcessGone, RpcError, StdinFull
 from bridge.process.session import Session, SessionStream, rpc_failure
 from bridge.process.text_turn import TextTurn
+from bridge.replica import draining_error, new_session_id
 
 log = logging.getLogger("bridge")
 
@@ -78,6 +80,12 @@ class ProcessBackend(Backend):
         self._version: tuple[str | None, str | None] | None = None
         self._version_checked_at = 0.0
         self._version_lock = asyncio.Lock()
+        #: REST_ADAPTER_REPLICA_ID: session ids are then `<replica>.<uuid4>`.
+        self.replica_id: str | None = None
+        #: A draining replica takes no new sessions, calls or text turns (bridge.replica).
+        self.draining = False
+        #: Set while draining once nothing is held any more.
+        self.drained = asyncio.Event()
         self._turns_active = 0
         self._background: set[asyncio.Task[Any]] = set()
         #: Every running process: sessions', sessionless calls' and text turns'.
@@ -240,8 +248,19 @@ class ProcessBackend(Backend):
             await self._stop_fully(session.process)
         finally:
             self._stopping -= 1
+            self.check_drained()
+
+    def held(self) -> int:
+        """Sessions, sessionless calls and text turns held now (a drain waits for 0)."""
+        return len(self._sessions) + self._reserved + self._stopping + self._turns_active
+
+    def check_drained(self) -> None:
+        if self.draining and not self.held():
+            self.drained.set()
 
     def _reserve_slot(self) -> None:
+        if self.draining:
+            raise draining_error()
         held = len(self._sessions) + self._reserved + self._stopping
         if held >= self.limits.max_sessions:
             raise errors.session_limit_reached(self.limits.max_sessions)
@@ -291,6 +310,7 @@ class ProcessBackend(Backend):
                 await self._stop_fully(process)
         finally:
             self._reserved -= 1
+            self.check_drained()
 
     # -- sessions --------------------------------------------------------------
 
@@ -300,6 +320,7 @@ class ProcessBackend(Backend):
             process = await self._spawn(options)
             session = Session(
                 process,
+                session_id=new_session_id(self.replica_id, str(uuid.uuid4())),
                 event_buffer=self.limits.event_buffer,
                 event_buffer_bytes=self.limits.event_buffer_bytes,
                 reader_stall=self.limits.reader_stall_ms / 1000,
@@ -308,6 +329,7 @@ class ProcessBackend(Backend):
             self._sessions[session.id] = session
         finally:
             self._reserved -= 1
+            self.check_drained()
         return SessionCreated.model_construct(
             session_id=session.id,
             created_at=rfc3339(session.created_at),
@@ -362,6 +384,8 @@ class ProcessBackend(Backend):
     # -- text turns ------------------------------------------------------------
 
     async def text_turn(self, request: TextTurnRequest) -> TextTurnResponse:
+        if self.draining:
+            raise draining_error()
         limit = self.limits.max_concurrent_text_turns
         if self._turns_active >= limit:
             raise errors.busy(f"The bridge is already running {limit} text turns; retry later.")
@@ -387,6 +411,7 @@ class ProcessBackend(Backend):
                 await self._stop_fully(process)
         finally:
             self._turns_active -= 1
+            self.check_drained()
 
 
 class _SessionEventStream(EventStream):

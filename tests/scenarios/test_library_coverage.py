@@ -69,6 +69,10 @@ ALLOWED_GAPS: dict[str, str] = {
     # A step sends its whole body at once; tests/reliability/test_misbehaving_clients.py
     # sends one that never completes.
     "error 408 request_timeout": "a scenario cannot send a body slowly",
+    # A draining replica (SIGUSR1) or a front whose replica is down: a scenario runs one
+    # bridge and cannot signal it. tests/bridge/test_replica.py (draining) and
+    # tests/reliability/test_cluster.py (nginx, a replica killed or drained) cover it.
+    "error 503 replica_unavailable": "a scenario cannot drain its bridge or stop a replica",
     "limit bodyTimeoutMs": "a scenario cannot send a body slowly",
     # tests/reliability/test_streams.py has a client that stops reading its socket.
     "limit readerStallMs": "a scenario's streams are always read as fast as they come",

@@ -1,0 +1,391 @@
+"""``rest-bridge cluster``: N replicas and nginx in front of them, on one machine.
+
+The replicas are ``rest-bridge serve`` processes on loopback ports, each with its id
+(``<prefix>-<n>``), the others as peers, and a mark of its own in its environment
+(:data:`CLUSTER_MARK_VARIABLE`), which its app-servers and everything they start
+inherit. nginx runs with its own prefix directory (configuration, pid file, logs,
+temporary files) and the configuration :mod:`bridge.front` generates.
+
+The launcher is a child subreaper: when a replica dies (SIGKILL, a crash), its
+app-servers are re-parented to the launcher, which then kills every process carrying
+the replica's mark and reaps them, so none outlives its replica; the other replicas
+serve on, and the front answers the dead replica's sessions with 503
+``replica_unavailable``. A replica that exits after draining (SIGUSR1) is let go the
+same way. Replicas and nginx get SIGTERM if the launcher itself dies
+(``PR_SET_PDEATHSIG``). On SIGINT or SIGTERM the launcher stops the replicas (which stop
+their app-servers) and nginx, and exits.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import ctypes
+import os
+import secrets
+import shutil
+import signal
+import socket
+import sys
+import tempfile
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from bridge.front import FrontSettings, Replica, render
+from bridge.limits import RestLimits
+from bridge.process import descendants
+from bridge.replica import PEERS_VARIABLE, REPLICA_ID_VARIABLE
+
+#: Marks every process a replica starts, so that none outlives the replica.
+CLUSTER_MARK_VARIABLE = "REST_ADAPTER_CLUSTER_MARK"
+START_SECONDS = 60.0
+#: Starts tried before giving up (the ports are chosen again each time).
+START_ATTEMPTS = 3
+STOP_SECONDS = 15.0
+_PR_SET_PDEATHSIG = 1
+
+
+def _die_with_parent() -> None:  # pragma: no cover - runs in the child
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
+
+
+def free_port(host: str) -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        probe.bind((host, 0))
+        return int(probe.getsockname()[1])
+
+
+def say(text: str) -> None:
+    print(f"rest-bridge cluster: {text}", flush=True)
+
+
+def marked(mark: str) -> set[int]:
+    """Live processes whose environment carries ``CLUSTER_MARK_VARIABLE=mark``."""
+    needle = f"{CLUSTER_MARK_VARIABLE}={mark}".encode()
+    found = set()
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/environ", "rb") as handle:
+                if needle in handle.read().split(b"\0"):
+                    found.add(int(entry))
+        except OSError:
+            continue
+    return found
+
+
+def _settle(future: asyncio.Future[None]) -> None:
+    if not future.done():
+        future.set_result(None)
+
+
+async def bury(mark: str, timeout: float = STOP_SECONDS) -> int:
+    """SIGKILL every process carrying ``mark``, wait until they are gone, reap them.
+
+    Searches again until a search finds nothing new (one may fork meanwhile). Returns
+    how many were killed.
+    """
+    loop = asyncio.get_running_loop()
+    killed: set[int] = set()
+    gone: list[asyncio.Future[None]] = []
+    fds: list[int] = []
+    try:
+        for _ in range(64):
+            found = marked(mark) - killed
+            if not found:
+                break
+            for pid in found:
+                try:
+                    fd = os.pidfd_open(pid)
+                except OSError:
+                    continue
+                fds.append(fd)
+                try:
+                    signal.pidfd_send_signal(fd, signal.SIGKILL)
+                except OSError:
+                    continue
+                killed.add(pid)
+                done: asyncio.Future[None] = loop.create_future()
+                loop.add_reader(fd, _settle, done)
+                gone.append(done)
+        if gone:
+            await asyncio.wait(gone, timeout=timeout)
+    finally:
+        for fd in fds:
+            loop.remove_reader(fd)
+            os.close(fd)
+    descendants.reap_orphans()
+    return len(killed)
+
+
+class FrontError(RuntimeError):
+    """nginx did not start (its port taken, most likely)."""
+
+
+@dataclass
+class Member:
+    """One child process of the cluster: a replica or nginx."""
+
+    name: str
+    process: asyncio.subprocess.Process
+    url: str = ""
+    mark: str = ""
+    ready: asyncio.Event = field(default_factory=asyncio.Event)
+
+
+class Cluster:
+    """The replicas and the front, started and stopped together."""
+
+    def __init__(
+        self,
+        *,
+        replicas: int,
+        host: str,
+        port: int,
+        preset: str,
+        app_server: str,
+        nginx: str,
+        directory: Path,
+        workers: str,
+        id_prefix: str,
+        loop_name: str,
+    ) -> None:
+        self.count = replicas
+        self.host = host
+        self.port = port or free_port(host)
+        #: The front's port was chosen here (``--port 0``), and may be chosen again.
+        self.chosen_port = not port
+        self.preset = preset
+        self.app_server = app_server
+        self.nginx = nginx
+        self.directory = directory
+        self.workers = workers
+        self.id_prefix = id_prefix
+        self.loop_name = loop_name
+        self.members: dict[str, Member] = {}
+        self.stopping = False
+        self._readers: list[asyncio.Task[None]] = []
+
+    async def _spawn(self, name: str, argv: Sequence[str], env: dict[str, str]) -> Member:
+        with descendants.spawning() as own:
+            process = await asyncio.create_subprocess_exec(
+                *argv,
+                env=env,
+                stdin=asyncio.subprocess.DEVNULL,
+                stdout=asyncio.subprocess.PIPE,
+                stderr=asyncio.subprocess.STDOUT,
+                preexec_fn=_die_with_parent,
+            )
+            own(process.pid)
+        member = Member(name, process)
+        self.members[name] = member
+        return member
+
+    async def _forward(self, member: Member) -> None:
+        """Print a member's output, prefixed with its name."""
+        assert member.process.stdout is not None
+        async for raw in member.process.stdout:
+            line = raw.decode("utf-8", "replace").rstrip("\n")
+            if not member.ready.is_set() and " listening on " in line:
+                member.ready.set()
+            print(f"[{member.name}] {line}", flush=True)
+
+    async def start(self) -> None:
+        ids = [f"{self.id_prefix}-{n}" for n in range(self.count)]
+        ports = {name: free_port(self.host) for name in ids}
+        peers = ",".join(f"{name}=http://{self.host}:{ports[name]}" for name in ids)
+        base = {k: v for k, v in os.environ.items() if k != CLUSTER_MARK_VARIABLE}
+        for name in ids:
+            mark = secrets.token_hex(16)
+            env = {
+                **base,
+                REPLICA_ID_VARIABLE: name,
+                PEERS_VARIABLE: peers,
+                CLUSTER_MARK_VARIABLE: mark,
+            }
+            argv = [
+                *(sys.executable, "-m", "bridge.cli", "serve"),
+                *("--preset", self.preset, "--app-server", self.app_server),
+                *("--host", self.host, "--port", str(ports[name]), "--loop", self.loop_name),
+            ]
+            member = await self._spawn(name, argv, env)
+            member.url = f"http://{self.host}:{ports[name]}"
+            member.mark = mark
+            self._readers.append(asyncio.create_task(self._forward(member)))
+        for name in ids:
+            member = self.members[name]
+            await self._ready(member)
+            say(f"replica {name} {member.url} pid {member.process.pid} mark {member.mark}")
+        replicas = [Replica(name, f"{self.host}:{ports[name]}") for name in ids]
+        config = render(
+            replicas,
+            RestLimits.from_env(),
+            FrontSettings(listen=f"{self.host}:{self.port}", workers=self.workers),
+        )
+        self.directory.mkdir(parents=True, exist_ok=True)
+        (self.directory / "nginx.conf").write_text(config)
+        prefix = str(self.directory)
+        argv = [self.nginx, "-p", prefix + "/", "-c", f"{prefix}/nginx.conf", "-e", "stderr"]
+        front = await self._spawn("nginx", [*argv, "-g", "daemon off;"], dict(base))
+        front.url = f"http://{self.host}:{self.port}"
+        self._readers.append(asyncio.create_task(self._forward(front)))
+        await self._front_ready(front)
+        say(f"front {front.url} pid {front.process.pid} config {prefix}/nginx.conf")
+
+    async def _ready(self, member: Member) -> None:
+        waiting = asyncio.ensure_future(member.ready.wait())
+        exited = asyncio.ensure_future(member.process.wait())
+        done, _ = await asyncio.wait(
+            {waiting, exited}, timeout=START_SECONDS, return_when=asyncio.FIRST_COMPLETED
+        )
+        waiting.cancel()
+        exited.cancel()
+        if waiting not in done:
+            raise RuntimeError(f"{member.name} did not start")
+
+    async def _front_ready(self, front: Member) -> None:
+        """Until nginx answers ``GET /health`` from a replica (it prints nothing at start).
+
+        Asked over HTTP, not just connected to: whatever else holds the port does not
+        answer as nginx does.
+        """
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + START_SECONDS
+        while loop.time() < deadline:
+            if front.process.returncode is not None:
+                raise FrontError(f"nginx exited with status {front.process.returncode}")
+            if await self._health_through_front():
+                front.ready.set()
+                return
+            await asyncio.sleep(0.05)
+        raise FrontError("nginx did not answer in time")
+
+    async def _health_through_front(self) -> bool:
+        try:
+            async with asyncio.timeout(2.0):
+                reader, writer = await asyncio.open_connection(self.host, self.port)
+                try:
+                    writer.write(b"GET /health HTTP/1.0\r\nHost: front\r\n\r\n")
+                    head = await reader.read(4096)
+                finally:
+                    writer.close()
+                    with contextlib.suppress(OSError):
+                        await writer.wait_closed()
+        except (OSError, TimeoutError):
+            return False
+        return head.startswith(b"HTTP/1.1 200") and b"\r\nServer: nginx" in head
+
+    async def watch(self) -> None:
+        """Until every member has exited: report each exit, and bury dead replicas."""
+        waits = {asyncio.ensure_future(m.process.wait()): m for m in self.members.values()}
+        while waits:
+            done, _ = await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+            for finished in done:
+                member = waits.pop(finished)
+                code = member.process.returncode
+                how = f"signal {-code}" if code is not None and code < 0 else f"status {code}"
+                if member.mark:
+                    killed = await bury(member.mark)
+                    left = f"; killed {killed} of its processes" if killed else ""
+                    say(f"replica {member.name} exited ({how}){left}")
+                else:
+                    say(f"{member.name} exited ({how})")
+                descendants.released(member.process.pid)
+
+    def reset(self) -> None:
+        """Forget the members of a failed start, and choose new ports."""
+        for reader in self._readers:
+            reader.cancel()
+        self._readers.clear()
+        self.members.clear()
+        self.stopping = False
+        if self.chosen_port:
+            self.port = free_port(self.host)
+
+    async def stop(self) -> None:
+        if self.stopping:
+            return
+        self.stopping = True
+        say("stopping")
+        for member in self.members.values():
+            if member.process.returncode is None:
+                sig = signal.SIGQUIT if not member.mark else signal.SIGTERM
+                with contextlib.suppress(ProcessLookupError):
+                    member.process.send_signal(sig)
+
+
+async def run(cluster: Cluster) -> int:
+    loop = asyncio.get_running_loop()
+    stop = asyncio.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    descendants.become_subreaper()
+    for attempt in range(1, START_ATTEMPTS + 1):
+        try:
+            await cluster.start()
+            break
+        except (RuntimeError, OSError) as exc:
+            # Most likely a port taken between choosing it and binding it: new ports.
+            say(f"could not start (attempt {attempt} of {START_ATTEMPTS}): {exc}")
+            await cluster.stop()
+            await asyncio.wait_for(cluster.watch(), STOP_SECONDS)
+            await descendants.end_all(5.0)
+            given_port_taken = isinstance(exc, FrontError) and not cluster.chosen_port
+            if attempt == START_ATTEMPTS or stop.is_set() or given_port_taken:
+                return 1
+            cluster.reset()
+    say("ready")
+    orphans = asyncio.ensure_future(descendants.reap_every(1.0))
+    watching = asyncio.ensure_future(cluster.watch())
+    stopping = asyncio.ensure_future(stop.wait())
+    await asyncio.wait({watching, stopping}, return_when=asyncio.FIRST_COMPLETED)
+    await cluster.stop()
+    try:
+        await asyncio.wait_for(watching, STOP_SECONDS)
+    except TimeoutError:
+        say("members still running after the grace period: killing them")
+    stopping.cancel()
+    orphans.cancel()
+    killed = await descendants.end_all(5.0)
+    if killed:
+        say(f"killed {killed} leftover processes")
+    say("stopped")
+    return 0
+
+
+def main(args: argparse.Namespace) -> int:
+    """`rest-bridge cluster` with parsed arguments (see bridge.cli)."""
+    nginx = getattr(args, "nginx", None) or shutil.which("nginx") or "/usr/sbin/nginx"
+    if not os.access(nginx, os.X_OK):
+        print(
+            "rest-bridge cluster: nginx not found (Debian: apt-get install nginx-light; "
+            "or pass --nginx PATH)",
+            file=sys.stderr,
+        )
+        return 2
+    replicas = int(getattr(args, "replicas", 0) or os.cpu_count() or 1)
+    directory = getattr(args, "dir", None)
+    made = directory is None
+    path = Path(directory or tempfile.mkdtemp(prefix="rest-bridge-cluster-"))
+    cluster = Cluster(
+        replicas=replicas,
+        host=str(getattr(args, "host", "127.0.0.1")),
+        port=int(getattr(args, "port", 8787)),
+        preset=str(getattr(args, "preset", "trusted")),
+        app_server=str(getattr(args, "app_server", "codex app-server")),
+        nginx=nginx,
+        directory=path,
+        workers=str(getattr(args, "workers", "1")),
+        id_prefix=str(getattr(args, "id_prefix", "replica")),
+        loop_name=str(getattr(args, "loop", "asyncio")),
+    )
+    try:
+        with asyncio.Runner() as runner:
+            return runner.run(run(cluster))
+    finally:
+        if made:
+            shutil.rmtree(path, ignore_errors=True)

@@ -1,0 +1,283 @@
+"""One bridge among several: its replica id, its peers, and draining.
+
+A bridge is one event loop: one core, and one machine for all its sessions. Several
+bridges (*replicas*) behind a proxy scale that out, and since a session is a live
+process, every request about a session must reach the replica that holds it. So:
+
+- ``REST_ADAPTER_REPLICA_ID`` names the replica (a DNS label, as a Kubernetes
+  StatefulSet's pod names are), and the replica's session ids then read
+  ``<replica>.<uuid4>``: a proxy routes ``/v1/sessions/<replica>.…`` with a regular
+  expression (``bridge.front`` generates nginx's configuration). Without it the ids stay
+  plain uuid4s and nothing changes.
+- ``REST_ADAPTER_PEERS`` (``id=url,id=url``) lists the other replicas, so that
+  ``GET /v1/sessions`` on any one of them lists every replica's sessions. The replica
+  asks each peer with :data:`PEER_QUERY_HEADER` (a peer asked so answers with its own
+  sessions only, so the question never travels further) and the caller's
+  ``Authorization`` header, and names in ``unavailableReplicas`` the peers that could
+  not be asked.
+- ``SIGUSR1`` drains a replica (:class:`Drain`): it answers new sessions, sessionless
+  calls and text turns with 503 ``replica_unavailable`` (so the proxy tries another
+  replica), serves the sessions it has, and exits once the last one has ended, or at
+  ``REST_ADAPTER_DRAIN_TIMEOUT_MS``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import aiohttp
+import orjson
+from aiohttp import web
+
+from bridge import errors
+
+log = logging.getLogger("bridge.replica")
+
+REPLICA_ID_VARIABLE = "REST_ADAPTER_REPLICA_ID"
+PEERS_VARIABLE = "REST_ADAPTER_PEERS"
+DRAIN_TIMEOUT_VARIABLE = "REST_ADAPTER_DRAIN_TIMEOUT_MS"
+#: Sent by a replica that asks a peer for its sessions: answer with your own only.
+PEER_QUERY_HEADER = "X-Rest-Bridge-Peer-Query"
+#: A replica id: a DNS label (lower-case letters, digits, inner hyphens; 1-63 characters).
+REPLICA_ID = re.compile(r"[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?")
+#: Separates the replica id from the uuid in a session id (a DNS label has no dot).
+SEPARATOR = "."
+DEFAULT_DRAIN_TIMEOUT_MS = 600_000
+#: How long a replica waits for a peer's list of sessions.
+PEER_TIMEOUT_SECONDS = 5.0
+
+
+class ReplicaSettingsError(ValueError):
+    """A replica variable is set to something the bridge cannot use."""
+
+
+def validate_replica_id(value: str) -> str:
+    if not REPLICA_ID.fullmatch(value):
+        raise ReplicaSettingsError(
+            f"{REPLICA_ID_VARIABLE}={value[:80]!r} is not a valid replica id: a DNS label "
+            "(1-63 lower-case letters, digits and inner hyphens, e.g. bridge-0)"
+        )
+    return value
+
+
+def parse_peers(text: str) -> dict[str, str]:
+    """``id=url,id=url`` (whitespace ignored) as a mapping; a bad entry raises."""
+    peers: dict[str, str] = {}
+    for entry in text.replace("\n", ",").split(","):
+        entry = entry.strip()
+        if not entry:
+            continue
+        name, equals, url = entry.partition("=")
+        name, url = name.strip(), url.strip().rstrip("/")
+        if not equals or not url.startswith(("http://", "https://")):
+            raise ReplicaSettingsError(
+                f"{PEERS_VARIABLE}: {entry[:120]!r} is not of the form id=http://host:port"
+            )
+        try:
+            validate_replica_id(name)
+        except ReplicaSettingsError:
+            raise ReplicaSettingsError(
+                f"{PEERS_VARIABLE}: {name[:80]!r} is not a valid replica id"
+            ) from None
+        if name in peers:
+            raise ReplicaSettingsError(f"{PEERS_VARIABLE}: replica {name!r} is listed twice")
+        peers[name] = url
+    return peers
+
+
+@dataclass(frozen=True, slots=True)
+class ReplicaSettings:
+    """What the environment says about this replica (all optional)."""
+
+    replica_id: str | None = None
+    #: The other replicas, by id (this replica's own id is left out if listed).
+    peers: Mapping[str, str] = field(default_factory=dict)
+    drain_timeout_ms: int = DEFAULT_DRAIN_TIMEOUT_MS
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] | None = None) -> ReplicaSettings:
+        env = os.environ if environ is None else environ
+        replica_id = env.get(REPLICA_ID_VARIABLE)
+        if replica_id is not None:
+            validate_replica_id(replica_id)
+        peers = parse_peers(env.get(PEERS_VARIABLE, ""))
+        if peers and replica_id is None:
+            raise ReplicaSettingsError(f"{PEERS_VARIABLE} needs {REPLICA_ID_VARIABLE} too")
+        peers.pop(replica_id or "", None)
+        raw = env.get(DRAIN_TIMEOUT_VARIABLE)
+        timeout = DEFAULT_DRAIN_TIMEOUT_MS
+        if raw is not None:
+            try:
+                timeout = int(raw)
+            except ValueError:
+                timeout = 0
+            if timeout < 1:
+                raise ReplicaSettingsError(
+                    f"{DRAIN_TIMEOUT_VARIABLE}={raw[:80]!r} is not a valid positive integer"
+                )
+        return cls(replica_id=replica_id, peers=peers, drain_timeout_ms=timeout)
+
+
+def new_session_id(replica_id: str | None, uuid_text: str) -> str:
+    """``<replica>.<uuid>`` with a replica id, the uuid alone without."""
+    return uuid_text if replica_id is None else f"{replica_id}{SEPARATOR}{uuid_text}"
+
+
+def replica_of(session_id: str) -> str | None:
+    """The replica a session id names, if it names one."""
+    name, separator, _ = session_id.partition(SEPARATOR)
+    return name if separator and REPLICA_ID.fullmatch(name) else None
+
+
+def replica_unavailable(message: str) -> errors.RestError:
+    return errors.RestError(503, "replica_unavailable", message, headers={"Retry-After": "1"})
+
+
+def draining_error() -> errors.RestError:
+    return replica_unavailable("This replica is draining: it takes no new work; retry elsewhere.")
+
+
+# -- the sessions of every replica --------------------------------------------------------
+
+
+class Peers:
+    """Asks the other replicas for their sessions, on behalf of ``GET /v1/sessions``."""
+
+    def __init__(self, peers: Mapping[str, str], timeout: float = PEER_TIMEOUT_SECONDS) -> None:
+        self.peers = dict(peers)
+        self._timeout = timeout
+        self._client: aiohttp.ClientSession | None = None
+
+    def client(self) -> aiohttp.ClientSession:
+        if self._client is None or self._client.closed:
+            self._client = aiohttp.ClientSession(
+                timeout=aiohttp.ClientTimeout(total=self._timeout),
+                connector=aiohttp.TCPConnector(limit=0, keepalive_timeout=30),
+            )
+        return self._client
+
+    async def close(self) -> None:
+        if self._client is not None:
+            await self._client.close()
+            self._client = None
+
+    async def _ask(self, url: str, authorization: str | None) -> list[Any]:
+        headers = {PEER_QUERY_HEADER: "1"}
+        if authorization is not None:
+            headers["Authorization"] = authorization
+        async with self.client().get(f"{url}/v1/sessions", headers=headers) as response:
+            if response.status != 200:
+                raise ValueError(f"status {response.status}")
+            body = orjson.loads(await response.read())
+            sessions = body["sessions"]
+            if not isinstance(sessions, list):
+                raise ValueError("not a list")
+            return sessions
+
+    async def extend(self, request: web.Request, body: dict[str, Any]) -> None:
+        """Add the peers' sessions to ``body``, and ``unavailableReplicas``.
+
+        A request that is itself a peer's question is answered with this replica's own
+        sessions only.
+        """
+        if request.headers.get(PEER_QUERY_HEADER) is not None:
+            return
+        authorization = request.headers.get("Authorization")
+        names = sorted(self.peers)
+        answers = await asyncio.gather(
+            *(self._ask(self.peers[name], authorization) for name in names),
+            return_exceptions=True,
+        )
+        unavailable = []
+        for name, answer in zip(names, answers, strict=True):
+            if isinstance(answer, BaseException):
+                if not isinstance(answer, Exception):
+                    raise answer
+                log.warning("replica %s could not list its sessions: %s", name, _why(answer))
+                unavailable.append(name)
+            else:
+                body["sessions"].extend(answer)
+        body["unavailableReplicas"] = unavailable
+
+
+def _why(exc: Exception) -> str:
+    if isinstance(exc, TimeoutError | asyncio.TimeoutError):
+        return "timed out"
+    return type(exc).__name__ if not isinstance(exc, ValueError) else str(exc)
+
+
+PEERS = web.AppKey("bridge.replica.peers", Peers)
+
+
+async def list_with_peers(request: web.Request, body: dict[str, Any]) -> None:
+    """The hook of ``GET /v1/sessions``: every replica's sessions, when peers are set."""
+    peers = request.app.get(PEERS)
+    if peers is not None:
+        await peers.extend(request, body)
+
+
+# -- draining -----------------------------------------------------------------------------
+
+
+class Drain:
+    """Stop taking new work, serve what is held, and say when the replica may exit."""
+
+    def __init__(self, backend: Any, timeout_ms: int) -> None:
+        self.backend = backend
+        self.timeout = timeout_ms / 1000
+        self._task: asyncio.Task[None] | None = None
+
+    @property
+    def started(self) -> bool:
+        return self._task is not None
+
+    def start(self, done: asyncio.Event) -> None:
+        """Begin draining (once); ``done`` is set when the replica may exit."""
+        if self._task is not None:
+            return
+        self.backend.draining = True
+        held = self.backend.held()
+        log.info("draining: no new work; %d sessions and calls held", held)
+        print(
+            f"rest-bridge: draining ({held} held; exiting when the last ends, "
+            f"at most {self.timeout:g} s)",
+            flush=True,
+        )
+        self._task = asyncio.create_task(self._wait(done))
+
+    async def _wait(self, done: asyncio.Event) -> None:
+        self.backend.check_drained()
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self.backend.drained.wait(), self.timeout)
+        left = self.backend.held()
+        if left:
+            print(f"rest-bridge: drain deadline reached with {left} still held", flush=True)
+        else:
+            print("rest-bridge: drained", flush=True)
+        done.set()
+
+    def cancel(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+
+
+def configure(app: web.Application, backend: Any, settings: ReplicaSettings) -> Drain:
+    """Make ``app`` (served from ``backend``) the replica ``settings`` describe."""
+    backend.replica_id = settings.replica_id
+    others = {name: url for name, url in settings.peers.items() if name != settings.replica_id}
+    if others:
+        peers = Peers(others)
+        app[PEERS] = peers
+
+        async def close_peers(app: web.Application) -> None:
+            await peers.close()
+
+        app.on_cleanup.append(close_peers)
+    return Drain(backend, settings.drain_timeout_ms)

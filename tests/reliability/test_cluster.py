@@ -1,0 +1,598 @@
+"""Replicas behind real nginx: `rest-bridge cluster` with three replicas on fake-codex.
+
+Every route through the front (SSE resumed with Last-Event-ID, long-poll, replies to
+server requests), creation spread over the replicas, the listing of every replica's
+sessions, a replica killed (its sessions get 503 `replica_unavailable` as JSON, its
+app-servers die with it, the others serve on) and a replica drained (no new work,
+its sessions served to their end, then it exits).
+
+nginx is Debian's package (`make cluster` installs it when missing); without it these
+tests skip, unless `CI=true`, where they fail.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import uuid
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import pytest
+
+from bridge.app import mounted_routes, trusted_bridge_app
+from bridge.cluster import CLUSTER_MARK_VARIABLE
+from bridge.openapi import build_openapi
+from scenarios.openapi_check import OpenApiChecker
+from scenarios.processes import marked_processes, zombie_children
+from scenarios.sse import SseReader
+
+pytestmark = pytest.mark.asyncio
+
+THEME = "Replicas behind nginx"
+REST_BRIDGE = str(Path(sys.executable).with_name("rest-bridge"))
+FAKE_CODEX = str(Path(sys.executable).with_name("fake-codex"))
+MARK_VARIABLE = "RELIABILITY_MARK"
+REPLICAS = 3
+START_SECONDS = 90.0
+
+APPROVAL_SCRIPT = {
+    "turns": [
+        {"steps": [{"commandApproval": {"command": "touch marker"}}, {"agentMessage": "done"}]}
+    ]
+}
+
+
+def nginx_binary() -> str:
+    found = shutil.which("nginx") or ("/usr/sbin/nginx" if Path("/usr/sbin/nginx").exists() else "")
+    if not found:
+        message = "nginx is not installed (make cluster installs Debian's package)"
+        if os.environ.get("CI", "").lower() == "true":
+            pytest.fail(message)
+        pytest.skip(message)
+    return found
+
+
+class ClusterProcess:
+    """`rest-bridge cluster` as a child process: the front, the replicas, the output."""
+
+    def __init__(
+        self, directory: Path, env: dict[str, str] | None = None, app_server: str = ""
+    ) -> None:
+        self.mark = uuid.uuid4().hex
+        environment = {k: v for k, v in os.environ.items() if not k.startswith("REST_ADAPTER_")}
+        environment.update(env or {})
+        environment[MARK_VARIABLE] = self.mark
+        argv = [
+            REST_BRIDGE,
+            "cluster",
+            *("--replicas", str(REPLICAS), "--port", "0", "--id-prefix", "bridge"),
+            *("--nginx", nginx_binary(), "--dir", str(directory)),
+            *("--app-server", app_server or f"{FAKE_CODEX} app-server"),
+        ]
+        self.lines: list[str] = []
+        self._lock = threading.Lock()
+        self._seen = threading.Condition(self._lock)
+        self.process = subprocess.Popen(
+            argv,
+            env=environment,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        self._reader = threading.Thread(target=self._drain, daemon=True)
+        self._reader.start()
+        self.wait_for_line("rest-bridge cluster: ready", START_SECONDS)
+        self.replicas: dict[str, dict[str, Any]] = {}
+        self.front = ""
+        self.nginx_pid = 0
+        for line in self.output_lines():
+            words = line.split()
+            if line.startswith("rest-bridge cluster: replica ") and "mark" in words:
+                self.replicas[words[3]] = {
+                    "url": words[4],
+                    "pid": int(words[6]),
+                    "mark": words[8],
+                }
+            elif line.startswith("rest-bridge cluster: front "):
+                self.front = words[3]
+                self.nginx_pid = int(words[5])
+
+    def _drain(self) -> None:
+        assert self.process.stdout is not None
+        for line in self.process.stdout:
+            with self._seen:
+                self.lines.append(line.rstrip("\n"))
+                self._seen.notify_all()
+        with self._seen:
+            self.lines.append("<eof>")
+            self._seen.notify_all()
+
+    def output_lines(self) -> list[str]:
+        with self._lock:
+            return list(self.lines)
+
+    def wait_for_line(self, text: str, timeout: float = 60.0) -> str:
+        """The first output line containing ``text`` (waits on the reader, no polling)."""
+
+        def found() -> str | None:
+            for line in self.lines:
+                if text in line:
+                    return line
+            return "<eof>" if self.lines[-1:] == ["<eof>"] else None
+
+        with self._seen:
+            if not self._seen.wait_for(lambda: found() is not None, timeout):
+                raise AssertionError(f"no line with {text!r} in {timeout} s: {self.lines[-20:]}")
+            line = found()
+        assert line is not None
+        if line == "<eof>":
+            raise AssertionError(f"the cluster ended before {text!r}: {self.lines[-30:]}")
+        return line
+
+    async def line(self, text: str, timeout: float = 60.0) -> str:
+        return await asyncio.to_thread(self.wait_for_line, text, timeout)
+
+    def processes(self) -> set[int]:
+        """Every process the cluster runs (its launcher excluded)."""
+        return marked_processes(MARK_VARIABLE, self.mark) - {self.process.pid}
+
+    def replica_processes(self, name: str) -> set[int]:
+        """The replica and everything it started (its app-servers)."""
+        return marked_processes(CLUSTER_MARK_VARIABLE, self.replicas[name]["mark"])
+
+    def stop(self) -> int:
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGINT)
+            try:
+                self.process.wait(60)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait(10)
+        self._reader.join(10)
+        if self.process.stdout is not None:
+            self.process.stdout.close()
+        left = self.processes()
+        for pid in left:
+            with _suppress():
+                os.kill(pid, signal.SIGKILL)
+        return len(left)
+
+
+class _suppress:
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, *exc: object) -> bool:
+        return exc[0] is ProcessLookupError
+
+
+@pytest.fixture
+def cluster(tmp_path: Path) -> Iterator[ClusterProcess]:
+    started = ClusterProcess(tmp_path / "front")
+    yield started
+    started.stop()
+
+
+@pytest.fixture
+def lingering_cluster(tmp_path: Path) -> Iterator[ClusterProcess]:
+    """App-servers that leave a process behind which outlives them unless killed."""
+    command = f"sh -c 'sleep 600 & exec {FAKE_CODEX} app-server'"
+    started = ClusterProcess(tmp_path / "front", app_server=command)
+    yield started
+    started.stop()
+
+
+@pytest.fixture
+def front_checker(contract_checkers: dict[str, OpenApiChecker]) -> Any:
+    """Check every response from the front against the replicas' own OpenAPI document."""
+
+    def register(front: str) -> None:
+        app = trusted_bridge_app([FAKE_CODEX, "app-server"])
+        contract_checkers[front] = OpenApiChecker(build_openapi(mounted_routes(app)))
+
+    return register
+
+
+async def request(
+    http: aiohttp.ClientSession, method: str, url: str, body: Any = None, **kwargs: Any
+) -> tuple[int, Any, Any]:
+    async with http.request(method, url, json=body, **kwargs) as response:
+        raw = await response.read()
+        payload = await response.json(content_type=None) if raw else None
+        return response.status, payload, response.headers
+
+
+def alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+def live_children_of(pid: int) -> list[int]:
+    children = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
+    return [int(child) for child in children]
+
+
+def script_body(write_script: Any, script: dict[str, Any]) -> dict[str, Any]:
+    return {"options": {"env": {"FAKE_CODEX_SCRIPT": write_script(script)}}}
+
+
+async def events_until(http, session: str, method: str) -> list[dict[str, Any]]:
+    seen = []
+    while True:
+        status, event, _ = await request(http, "GET", f"{session}/events?waitMs=30000")
+        assert status == 200, (status, event)
+        seen.append(event)
+        if event["method"] == method or event["kind"] == "exit":
+            return seen
+
+
+async def start_turn(http, session: str) -> None:
+    status, started, _ = await request(http, "POST", f"{session}/call/thread/start", {"params": {}})
+    assert status == 200, started
+    thread = started["result"]["thread"]["id"]
+    params = {"threadId": thread, "input": [{"type": "text", "text": "hello"}]}
+    status, turn, _ = await request(http, "POST", f"{session}/call/turn/start", {"params": params})
+    assert status == 200, turn
+
+
+# -- every route -------------------------------------------------------------------------
+
+
+async def test_every_route_through_the_front(cluster, http, front_checker, report, write_script):
+    """Every route of the trusted preset through nginx, checked against the OpenAPI document"""
+    front = cluster.front
+    front_checker(front)
+    for path in ("/health", "/v1/health", "/v1/compatibility", "/v1/openapi.json"):
+        status, body, _ = await request(http, "GET", f"{front}{path}")
+        assert status == 200, (path, body)
+    status, body, _ = await request(http, "POST", f"{front}/v1/call/thread/start", {"params": {}})
+    assert status == 200, body
+    status, body, _ = await request(http, "POST", f"{front}/v1/text-turn", {"text": "hello"})
+    assert status == 200, body
+    assert body["status"] == "completed"
+
+    status, created, _ = await request(
+        http, "POST", f"{front}/v1/sessions", script_body(write_script, APPROVAL_SCRIPT)
+    )
+    assert status == 201, created
+    session_id = created["sessionId"]
+    replica = session_id.split(".", 1)[0]
+    assert replica in cluster.replicas
+    session = f"{front}/v1/sessions/{session_id}"
+    await start_turn(http, session)
+
+    # Long-poll to the server's request, then the reply through the front.
+    seen = await events_until(http, session, "item/commandExecution/requestApproval")
+    approval = seen[-1]
+    assert approval["kind"] == "request"
+    reply = f"{session}/requests/{approval['requestKey']}/result"
+    status, body, _ = await request(http, "POST", reply, {"result": {"decision": "accept"}})
+    assert status == 200, body
+    status, body, _ = await request(http, "POST", reply, {"result": {"decision": "accept"}})
+    assert (status, body["error"]) == (409, "request_already_answered")
+    rest = await events_until(http, session, "turn/completed")
+    last = rest[-1]["seq"]
+
+    # SSE from the start: three frames, then resumed with Last-Event-ID to the end.
+    async with http.get(f"{session}/events/stream?after=0") as response:
+        assert response.status == 200
+        assert response.headers["Content-Type"].startswith("text/event-stream")
+        first = await SseReader(response).collect(3, timeout=30)
+    assert [int(f.id) for f in first] == [1, 2, 3]
+    headers = {"Last-Event-ID": first[-1].id}
+    async with http.get(f"{session}/events/stream", headers=headers) as response:
+        assert response.status == 200
+        resumed = await SseReader(response).collect(last - 3, timeout=30)
+    assert [int(f.id) for f in resumed] == list(range(4, last + 1))
+    status, body, _ = await request(http, "GET", f"{session}/events?after={last}&waitMs=0")
+    assert status == 204
+
+    status, listed, _ = await request(http, "GET", f"{front}/v1/sessions")
+    assert status == 200
+    assert [s["sessionId"] for s in listed["sessions"]] == [session_id]
+    assert listed["unavailableReplicas"] == []
+
+    status, body, _ = await request(http, "DELETE", session)
+    assert (status, body) == (200, {"status": "deleted", "sessionId": session_id})
+    status, body, _ = await request(http, "DELETE", session)
+    assert (status, body["error"]) == (404, "session_not_found")
+    # An id that names no replica of the front, and errors nginx itself answers: JSON.
+    status, body, _ = await request(http, "GET", f"{front}/v1/sessions/elsewhere.x/events")
+    assert (status, body["error"]) == (404, "session_not_found")
+    huge = {"params": {"blob": "x" * (1_048_576 + 10)}}
+    status, body, _ = await request(http, "POST", f"{front}/v1/call/thread/start", huge)
+    assert (status, body["error"]) == (413, "payload_too_large")
+    report.outcome = (
+        "health, compatibility, OpenAPI, sessionless call, text turn, create, long-poll, "
+        "reply (twice: 409), SSE resumed with Last-Event-ID, listing, delete: all through "
+        "nginx, every answer as the OpenAPI document says"
+    )
+    report.survived = cluster.process.poll() is None
+    report.nothing_lost = True
+    report.figures.update({"replicas": REPLICAS, "events": last})
+
+
+async def test_creation_is_spread_over_the_replicas(cluster, http, report):
+    """Twelve sessions created through the front, six of them at once"""
+    front = cluster.front
+    ids = []
+    for _ in range(6):
+        status, created, _ = await request(http, "POST", f"{front}/v1/sessions")
+        assert status == 201, created
+        ids.append(created["sessionId"])
+    answers = await asyncio.gather(
+        *(request(http, "POST", f"{front}/v1/sessions") for _ in range(6))
+    )
+    for status, created, _ in answers:
+        assert status == 201, created
+        ids.append(created["sessionId"])
+    spread = Counter(i.split(".", 1)[0] for i in ids)
+    assert set(spread) == set(cluster.replicas), spread
+    status, listed, _ = await request(http, "GET", f"{front}/v1/sessions")
+    assert status == 200
+    assert sorted(s["sessionId"] for s in listed["sessions"]) == sorted(ids)
+    assert listed["unavailableReplicas"] == []
+    # Each replica alone knows only its own; asked as a peer, it answers for itself.
+    for name, replica in cluster.replicas.items():
+        status, own, _ = await request(
+            http,
+            "GET",
+            f"{replica['url']}/v1/sessions",
+            headers={"X-Rest-Bridge-Peer-Query": "1"},
+        )
+        assert status == 200
+        assert sorted(s["sessionId"] for s in own["sessions"]) == sorted(
+            i for i in ids if i.startswith(name + ".")
+        )
+    report.outcome = f"sessions per replica: {dict(sorted(spread.items()))}; listed: all 12"
+    report.survived = True
+    report.nothing_lost = True
+    report.figures.update(dict(sorted(spread.items())))
+
+
+async def test_a_killed_replica(lingering_cluster, http, report, eventually):
+    """SIGKILL to one replica holding sessions (each app-server with a child of its own)"""
+    cluster = lingering_cluster
+    front = cluster.front
+    by_replica: dict[str, list[str]] = {}
+    for _ in range(3 * REPLICAS):
+        status, created, _ = await request(http, "POST", f"{front}/v1/sessions")
+        assert status == 201, created
+        session_id = created["sessionId"]
+        by_replica.setdefault(session_id.split(".", 1)[0], []).append(session_id)
+    victim = "bridge-1"
+    assert by_replica.get(victim), by_replica
+    doomed = cluster.replica_processes(victim)
+    pid = cluster.replicas[victim]["pid"]
+    assert pid in doomed
+    # The replica, and for each session its app-server and the `sleep` that app-server
+    # started, which nothing but the mark would stop once the replica is gone.
+    assert len(doomed) >= 1 + 2 * len(by_replica[victim])
+    os.kill(pid, signal.SIGKILL)
+    line = await cluster.line(f"replica {victim} exited")
+    assert "signal 9" in line
+    # Everything it started died with it, and nothing is left unreaped.
+    assert cluster.replica_processes(victim) == set()
+    await eventually(lambda: not zombie_children(cluster.process.pid), what="zombies")
+
+    for session_id in by_replica[victim]:
+        status, body, headers = await request(
+            http, "POST", f"{front}/v1/sessions/{session_id}/call/thread/start", {"params": {}}
+        )
+        assert status == 503, body
+        assert body["error"] == "replica_unavailable"
+        assert headers["Content-Type"].startswith("application/json")
+        assert headers["Retry-After"] == "1"
+        status, body, _ = await request(
+            http, "GET", f"{front}/v1/sessions/{session_id}/events/stream"
+        )
+        assert (status, body["error"]) == (503, "replica_unavailable")
+    survivors = [s for name, ids in by_replica.items() if name != victim for s in ids]
+    for session_id in survivors:
+        status, body, _ = await request(
+            http, "POST", f"{front}/v1/sessions/{session_id}/call/thread/start", {"params": {}}
+        )
+        assert status == 200, body
+    for _ in range(2 * REPLICAS):
+        status, created, _ = await request(http, "POST", f"{front}/v1/sessions")
+        assert status == 201, created
+        assert not created["sessionId"].startswith(victim + ".")
+    status, listed, _ = await request(http, "GET", f"{front}/v1/sessions")
+    assert status == 200
+    assert listed["unavailableReplicas"] == [victim]
+    assert not any(s["sessionId"].startswith(victim + ".") for s in listed["sessions"])
+    report.outcome = (
+        f"{len(by_replica[victim])} sessions of {victim}: 503 replica_unavailable (JSON, "
+        f"Retry-After); its {len(doomed) - 1} app-servers and their children died with it; "
+        f"{len(survivors)} others served on; 6 new sessions on the others; listing names it"
+    )
+    report.survived = cluster.process.poll() is None
+    report.nothing_lost = True
+    report.no_leak = cluster.replica_processes(victim) == set()
+    report.figures.update({"killed_app_servers": len(doomed) - 1, "survivors": len(survivors)})
+
+
+async def test_a_drained_replica(cluster, http, report):
+    """SIGUSR1 to one replica holding a session with an open stream"""
+    front = cluster.front
+    held: dict[str, str] = {}
+    while len(held) < REPLICAS:
+        status, created, _ = await request(http, "POST", f"{front}/v1/sessions")
+        assert status == 201, created
+        held.setdefault(created["sessionId"].split(".", 1)[0], created["sessionId"])
+    victim = "bridge-0"
+    replica = cluster.replicas[victim]
+    session = f"{front}/v1/sessions/{held[victim]}"
+    os.kill(replica["pid"], signal.SIGUSR1)
+    await cluster.line(f"[{victim}] rest-bridge: draining")
+
+    # No new work on it, asked directly: 503 replica_unavailable with Retry-After.
+    for method, path, body in (
+        ("POST", "/v1/sessions", {}),
+        ("POST", "/v1/call/thread/start", {"params": {}}),
+        ("POST", "/v1/text-turn", {"text": "hello"}),
+    ):
+        status, answer, headers = await request(http, method, f"{replica['url']}{path}", body)
+        assert (status, answer["error"]) == (503, "replica_unavailable"), (path, answer)
+        assert headers["Retry-After"] == "1"
+    # Through the front, new work goes elsewhere and never fails.
+    for _ in range(2 * REPLICAS):
+        status, created, _ = await request(http, "POST", f"{front}/v1/sessions")
+        assert status == 201, created
+        assert not created["sessionId"].startswith(victim + ".")
+        status, answer, _ = await request(
+            http, "POST", f"{front}/v1/call/thread/start", {"params": {}}
+        )
+        assert status == 200, answer
+    # Its session is served on: calls, and a stream that ends with the exit event.
+    status, answer, _ = await request(http, "POST", f"{session}/call/thread/start", {"params": {}})
+    assert status == 200, answer
+    assert cluster.process.poll() is None
+    async with http.get(f"{session}/events/stream?after=0") as response:
+        assert response.status == 200
+        reader = SseReader(response)
+        await reader.collect(1, timeout=30)
+        status, answer, _ = await request(http, "DELETE", session)
+        assert status == 200, answer
+        frames = []
+        while True:
+            frame = await reader.next(timeout=30)
+            assert frame is not None
+            frames.append(frame)
+            if frame.event == "exit":
+                break
+    line = await cluster.line(f"replica {victim} exited")
+    assert "status 0" in line
+    assert cluster.replica_processes(victim) == set()
+    assert any(f"[{victim}] rest-bridge: drained" in x for x in cluster.output_lines())
+    status, answer, _ = await request(http, "POST", f"{session}/call/thread/start", {"params": {}})
+    assert (status, answer["error"]) == (503, "replica_unavailable")
+    for name, session_id in held.items():
+        if name != victim:
+            url = f"{front}/v1/sessions/{session_id}/call/thread/start"
+            status, answer, _ = await request(http, "POST", url, {"params": {}})
+            assert status == 200, answer
+    report.outcome = (
+        "draining: 503 replica_unavailable for new sessions, calls and text turns asked "
+        "directly; through the front all went elsewhere; its session was served to its "
+        "exit event; then it exited 0 and the others served on"
+    )
+    report.survived = True
+    report.nothing_lost = True
+    report.no_leak = cluster.replica_processes(victim) == set()
+
+
+async def test_the_cluster_stops_on_sigint_and_leaves_nothing(cluster, http, report):
+    """SIGINT to `rest-bridge cluster` with sessions on every replica"""
+    for _ in range(REPLICAS):
+        status, created, _ = await request(http, "POST", f"{cluster.front}/v1/sessions")
+        assert status == 201, created
+    # nginx rewrites its environment (its process titles), so it carries no mark.
+    running = cluster.processes()
+    assert len(running) >= 2 * REPLICAS  # replicas and their app-servers
+    nginx = [cluster.nginx_pid, *live_children_of(cluster.nginx_pid)]
+    assert len(nginx) >= 2  # master and worker
+    left = cluster.stop()
+    assert cluster.process.returncode == 0
+    assert left == 0
+    assert not [pid for pid in nginx if alive(pid)]
+    running |= set(nginx)
+    assert "rest-bridge cluster: stopped" in cluster.output_lines()
+    report.outcome = f"{len(running)} processes stopped, exit 0, none left"
+    report.survived = True
+    report.no_leak = left == 0
+
+
+async def test_full_replicas_are_passed_over(tmp_path, http, report):
+    """MAX_SESSIONS=1 on each of three replicas, two of them full"""
+    cluster = ClusterProcess(tmp_path / "front", env={"REST_ADAPTER_MAX_SESSIONS": "1"})
+    try:
+        front = cluster.front
+        free = "bridge-2"
+        for name, replica in cluster.replicas.items():
+            if name != free:
+                status, created, _ = await request(http, "POST", f"{replica['url']}/v1/sessions")
+                assert status == 201, created
+        # Whichever replica nginx asks first, a full one's 429 is passed over: every
+        # creation lands on the free one.
+        for _ in range(2 * REPLICAS):
+            status, created, _ = await request(http, "POST", f"{front}/v1/sessions")
+            assert status == 201, created
+            assert created["sessionId"].startswith(free + "."), created
+            url = f"{front}/v1/sessions/{created['sessionId']}"
+            status, body, _ = await request(http, "DELETE", url)
+            assert status == 200, body
+        status, created, _ = await request(http, "POST", f"{front}/v1/sessions")
+        assert status == 201, created
+        # All full: the last replica's 429, or, once the refusals have marked every
+        # replica as failed for a moment (max_fails), 503 replica_unavailable.
+        status, body, headers = await request(http, "POST", f"{front}/v1/sessions")
+        assert (status, body["error"]) in (
+            (429, "session_limit_reached"),
+            (503, "replica_unavailable"),
+        )
+        assert headers["Retry-After"] == "1"
+        # nginx's own refusals are the payload too: a request head too large for it.
+        status, body, headers = await request(
+            http, "GET", f"{front}/health", headers={"X-Big": "x" * 20_000}
+        )
+        assert status == 400
+        assert headers["Content-Type"].startswith("application/json")
+        assert body["error"] == "bad_request"
+        report.outcome = (
+            "2 of 3 replicas full: 6 creations in a row all on the free one (429s passed "
+            "over); all full: 429 session_limit_reached or 503 replica_unavailable; a 20 kB "
+            "header: 400 JSON"
+        )
+        report.survived = cluster.process.poll() is None
+        report.nothing_lost = True
+    finally:
+        assert cluster.stop() == 0
+
+
+async def test_a_front_port_already_taken(tmp_path, report):
+    """`rest-bridge cluster --port P` with P held by another program"""
+    mark = uuid.uuid4().hex
+    with socket.socket() as holder:
+        holder.bind(("127.0.0.1", 0))
+        holder.listen()
+        port = holder.getsockname()[1]
+        done = await asyncio.to_thread(
+            subprocess.run,
+            [
+                REST_BRIDGE,
+                "cluster",
+                *("--replicas", "1", "--port", str(port), "--dir", str(tmp_path / "front")),
+                *("--nginx", nginx_binary(), "--app-server", f"{FAKE_CODEX} app-server"),
+            ],
+            env={**os.environ, MARK_VARIABLE: mark},
+            stdin=subprocess.DEVNULL,
+            capture_output=True,
+            text=True,
+            timeout=START_SECONDS * 3,
+        )
+    # The port answers, but not as nginx: the launcher does not take it for its front.
+    assert done.returncode == 1, done.stdout[-2000:]
+    assert "rest-bridge cluster: ready" not in done.stdout
+    # Another attempt could only find the same port taken: one is enough.
+    assert "could not start (attempt 1 of 3)" in done.stdout
+    assert "attempt 2" not in done.stdout
+    left = marked_processes(MARK_VARIABLE, mark)
+    assert not left
+    report.outcome = "one attempt, stopped cleanly; exit 1, never 'ready'; nothing left"
+    report.survived = True
+    report.no_leak = not left
