@@ -91,6 +91,41 @@ def descriptor_kinds(pid: int | None = None) -> dict[str, int]:
     return kinds
 
 
+#: The TCP states of /proc/net/tcp that tests look for (hex code: name).
+TCP_STATES = {"01": "established", "08": "close_wait", "0A": "listen"}
+
+
+def tcp_sockets(pid: int | None = None) -> list[tuple[str, int]]:
+    """``(state, unread bytes)`` of each TCP socket ``pid`` (default: this process) holds.
+
+    The state is a name of TCP_STATES, or the kernel's hex code for the others; the
+    unread bytes are the receive queue: what arrived and the process has not read yet.
+    Linux only (reads ``/proc``).
+    """
+    where = "self" if pid is None else str(pid)
+    inodes: set[str] = set()
+    for fd in os.listdir(f"/proc/{where}/fd"):
+        try:
+            target = os.readlink(f"/proc/{where}/fd/{fd}")
+        except OSError:
+            continue
+        if target.startswith("socket:["):
+            inodes.add(target[len("socket:[") : -1])
+    found: list[tuple[str, int]] = []
+    for table in ("tcp", "tcp6"):
+        try:
+            with open(f"/proc/{where}/net/{table}") as handle:
+                rows = handle.read().splitlines()[1:]
+        except OSError:
+            continue
+        for row in rows:
+            fields = row.split()
+            if len(fields) > 9 and fields[9] in inodes:
+                unread = int(fields[4].split(":")[1], 16)
+                found.append((TCP_STATES.get(fields[3], fields[3]), unread))
+    return found
+
+
 def resident_kib(pid: int | None = None) -> int:
     """Resident memory of ``pid`` (default: this process) in KiB."""
     with open(f"/proc/{'self' if pid is None else pid}/status") as status:

@@ -25,9 +25,8 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import IO
 
 import orjson
 
@@ -56,23 +55,52 @@ class _Log:
             self._file.close()
 
 
-def _pump(source: IO[bytes], sink: IO[bytes] | None, log: _Log, direction: str) -> None:
-    """Copy lines from `source` to `sink`, logging each; close `sink` at EOF."""
+#: Bytes asked of the kernel per read; a longer line is gathered over several reads.
+CHUNK_BYTES = 65536
+
+
+def _lines(fd: int) -> Iterator[bytes]:
+    """The lines read from `fd` (each with its newline; the last one maybe without)."""
+    pending = bytearray()
+    while chunk := os.read(fd, CHUNK_BYTES):
+        searched = len(pending)
+        pending += chunk
+        start = 0
+        while (end := pending.find(b"\n", searched)) >= 0:
+            yield bytes(pending[start : end + 1])
+            start = searched = end + 1
+        del pending[:start]
+    if pending:
+        yield bytes(pending)
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view) :]
+
+
+def _pump(source: int, sink: int | None, log: _Log, direction: str) -> None:
+    """Copy lines from fd `source` to fd `sink`, logging each; close `sink` at EOF.
+
+    Raw file descriptors, not `sys.stdin.buffer` and friends: the stdin pump is a daemon
+    thread that may still be blocked in a read when this process exits, and a buffered
+    stream's lock held by such a thread makes the interpreter abort at shutdown.
+    """
     try:
-        for raw in iter(source.readline, b""):
+        for raw in _lines(source):
             log.line(direction, raw)
             if sink is not None:
                 try:
-                    sink.write(raw)
-                    sink.flush()
-                except (BrokenPipeError, ValueError):
+                    _write_all(sink, raw)
+                except OSError:  # the reader is gone (EPIPE) or the fd is unusable
                     sink = None
     finally:
         if direction == "c":
             log.write({"dir": "c", "eof": True})
         if sink is not None:
-            with contextlib.suppress(BrokenPipeError):
-                sink.close()
+            with contextlib.suppress(OSError):
+                os.close(sink)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -88,19 +116,27 @@ def main(argv: Sequence[str] | None = None) -> int:
     # A handler rather than SIG_IGN: COMMAND must not inherit an ignored signal.
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: None)
+    # Pipes of our own rather than Popen's buffered file objects, so that both pumps
+    # work on plain fds (os.pipe() fds are not inherited by COMMAND).
+    to_child_r, to_child_w = os.pipe()
+    from_child_r, from_child_w = os.pipe()
     try:
-        child = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+        child = subprocess.Popen(command, stdin=to_child_r, stdout=from_child_w)
     except OSError as exc:
         print(f"wire_tee: cannot start {command[0]}: {exc.strerror}", file=sys.stderr)
+        os.close(to_child_w)
+        os.close(from_child_r)
         log.close()
         return 127
-    assert child.stdin is not None
-    assert child.stdout is not None
+    finally:  # COMMAND's ends: only COMMAND holds them now
+        os.close(to_child_r)
+        os.close(from_child_w)
     inbound = threading.Thread(
-        target=_pump, args=(sys.stdin.buffer, child.stdin, log, "c"), daemon=True
+        target=_pump, args=(sys.stdin.fileno(), to_child_w, log, "c"), daemon=True
     )
     inbound.start()
-    _pump(child.stdout, sys.stdout.buffer, log, "s")
+    _pump(from_child_r, sys.stdout.fileno(), log, "s")
+    os.close(from_child_r)
     code = child.wait()
     log.write({"exit": code})
     log.close()

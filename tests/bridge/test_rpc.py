@@ -135,11 +135,13 @@ async def test_final_line_without_newline_is_still_delivered():
     process = await spawn(
         """
         import json, sys
+        sys.stdin.readline()
         sys.stdout.write(json.dumps({"method": "last", "params": 1}))
         """
     )
     notes = []
     process.on_notification = lambda m, p: notes.append(m)
+    process.notify("go")  # it speaks only once the handler is in place
     await process.wait()
     assert notes == ["last"]
 
@@ -149,6 +151,7 @@ async def test_shutdown_kills_a_process_that_ignores_eof_and_sigterm_and_its_chi
         """
         import signal, subprocess, sys, time
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        sys.stdin.readline()
         sleeper = "import time; time.sleep(600)"  # sync-ok: the grandchild idles
         child = subprocess.Popen([sys.executable, "-c", sleeper])
         print('{"method": "child", "params": %d}' % child.pid, flush=True)
@@ -158,6 +161,7 @@ async def test_shutdown_kills_a_process_that_ignores_eof_and_sigterm_and_its_chi
     )
     child_pid = asyncio.get_running_loop().create_future()
     process.on_notification = lambda m, p: child_pid.set_result(p)
+    process.notify("go")  # it speaks only once the handler is in place
     pid = await asyncio.wait_for(child_pid, 30)
     info = await process.shutdown(0.3)
     assert info.signal == "SIGKILL"
@@ -168,6 +172,7 @@ async def test_grandchild_dies_when_the_app_server_exits_on_its_own():
     process = await spawn(
         """
         import subprocess, sys
+        sys.stdin.readline()
         sleeper = "import time; time.sleep(600)"  # sync-ok: the grandchild idles
         child = subprocess.Popen([sys.executable, "-c", sleeper])
         print('{"method": "child", "params": %d}' % child.pid, flush=True)
@@ -176,6 +181,7 @@ async def test_grandchild_dies_when_the_app_server_exits_on_its_own():
     )
     child_pid = asyncio.get_running_loop().create_future()
     process.on_notification = lambda m, p: child_pid.set_result(p)
+    process.notify("go")  # it speaks only once the handler is in place
     pid = await asyncio.wait_for(child_pid, 30)
     process.notify("bye")
     info = await process.wait()

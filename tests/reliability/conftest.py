@@ -34,6 +34,7 @@ from scenarios.processes import (
     descriptor_kinds,
     marked_processes,
     resident_kib,
+    tcp_sockets,
     zombie_children,
 )
 
@@ -180,6 +181,32 @@ class Resources:
             tasks=tasks,
             rss_kib=resident_kib(self.pid),
         )
+
+    def requests_read(self) -> int:
+        """Open connections whose bytes the bridge has all read (for a bridge process).
+
+        With one request per connection, the requests the bridge is handling: a
+        connection it has not accepted, or whose request it has not read, is not counted,
+        nor one its client has closed.
+        """
+        return sum(
+            1 for state, unread in tcp_sockets(self.pid) if state == "established" and not unread
+        )
+
+    async def idle(self, timeout: float = SETTLE_SECONDS) -> Snapshot:
+        """A snapshot taken once the bridge holds no connection, only its listening socket.
+
+        The baseline for a bridge process that has served requests already: their
+        connections close on the bridge's side a moment after the client has its answer
+        (later still on a loaded machine), and a baseline counting one of them is never
+        reached again. Waits up to ``timeout``, then raises AssertionError.
+        """
+        await eventually(
+            lambda: all(state == "listen" for state, _ in tcp_sockets(self.pid)),
+            timeout,
+            what="the bridge to close its connections",
+        )
+        return self.snapshot()
 
     async def quiet(self, reference: Snapshot) -> Snapshot:
         """A snapshot taken once the sockets are back to ``reference``'s count.
@@ -400,8 +427,11 @@ async def eventually(
     """Wait until ``predicate()`` holds, for states that have no event to wait on.
 
     Polls every POLL_SECONDS; at ``timeout`` raises AssertionError (or returns False).
+    The deadline is on the clock, not a number of polls: a predicate that reads a large
+    /proc table on a loaded machine takes a while itself.
     """
-    for _ in range(max(1, int(timeout / POLL_SECONDS))):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
         if predicate():
             return True
         await asyncio.sleep(POLL_SECONDS)  # sync-ok: /proc counts have no event to wait on

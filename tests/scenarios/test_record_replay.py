@@ -176,6 +176,54 @@ def test_the_tee_exits_as_its_command_does(tmp_path: Path) -> None:
     assert b"cannot start" in missing.stderr
 
 
+def test_the_tee_exits_as_its_command_does_while_its_client_holds_stdin_open(
+    tmp_path: Path,
+) -> None:
+    """The bridge keeps the tee's stdin open; COMMAND exits on its own meanwhile.
+
+    The tee's stdin pump is then blocked in a read of its stdin while the tee exits.
+    It must still exit with COMMAND's status, having relayed and logged everything,
+    rather than abort at interpreter shutdown over a lock that read holds. Several
+    rounds, each either exiting at once or after echoing one line relayed through it.
+    """
+    for attempt in range(6):
+        logs = tmp_path / f"wire-{attempt}"
+        echo = attempt % 2 == 1
+        script = 'read line; echo "$line"; exit 3' if echo else "exit 3"
+        tee = subprocess.Popen(
+            [sys.executable, "-m", "scenarios.wire_tee", str(logs), "--", "sh", "-c", script],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+        )
+        assert tee.stdin is not None
+        assert tee.stdout is not None
+        assert tee.stderr is not None
+        try:
+            if echo:
+                tee.stdin.write(b'{"id":1}\n')
+                tee.stdin.flush()
+            out = tee.stdout.read()  # to EOF: COMMAND's stdout ended and the tee exited
+            err = tee.stderr.read()
+            code = tee.wait(timeout=60)
+        finally:
+            tee.stdin.close()
+            tee.stdout.close()
+            tee.stderr.close()
+            if tee.poll() is None:
+                tee.kill()
+                tee.wait()
+        assert (code, err) == (3, b""), err.decode(errors="replace")
+        assert out == (b'{"id":1}\n' if echo else b"")
+        entries = read_log(logs)
+        assert entries[-1] == {"exit": 3}
+        if echo:
+            assert [(e["dir"], e["line"]) for e in entries if "line" in e] == [
+                ("c", '{"id":1}'),
+                ("s", '{"id":1}'),
+            ]
+
+
 # -- normalising -------------------------------------------------------------------------
 
 
