@@ -166,12 +166,25 @@ class _Registry:
     def __init__(self) -> None:
         self.subreaper = False
         #: Children this process spawned itself: asyncio waits for them by pid.
-        self.own: set[int] = set()
+        #: By pid, with its start time: a pid the system gives again later (one left here
+        #: by mistake, or reused while the entry lives) is then never taken for ours.
+        self.own: dict[int, int] = {}
         #: Spawns under way, whose pid is not known yet: no reaping meanwhile.
         self.spawning = 0
         self.deferred = False
         #: The last reaping failed (and said so).
         self.failing = False
+
+    def register(self, pid: int) -> None:
+        try:
+            stat = _stat(pid)
+        except OSError:
+            stat = None
+        self.own[pid] = stat.start if stat is not None else -1
+
+    def is_own(self, pid: int, stat: _Stat) -> bool:
+        start = self.own.get(pid)
+        return start is not None and start in (stat.start, -1)
 
 
 _registry = _Registry()
@@ -203,7 +216,7 @@ def spawning() -> Iterator[Callable[[int], None]]:
     """
     _registry.spawning += 1
     try:
-        yield _registry.own.add
+        yield _registry.register
     finally:
         _registry.spawning -= 1
         if _registry.spawning == 0 and _registry.deferred:
@@ -213,7 +226,7 @@ def spawning() -> Iterator[Callable[[int], None]]:
 
 def released(pid: int | None) -> None:
     """``pid``, a child registered by :func:`spawning`, has been waited for."""
-    _registry.own.discard(pid or -1)
+    _registry.own.pop(pid or -1, None)
 
 
 def reap_orphans() -> int:
@@ -226,7 +239,7 @@ def reap_orphans() -> int:
     me = os.getpid()
     reaped = 0
     for pid, stat in _table().items():
-        if stat.ppid == me and not stat.alive and pid not in _registry.own:
+        if stat.ppid == me and not stat.alive and not _registry.is_own(pid, stat):
             with contextlib.suppress(ChildProcessError):
                 if os.waitpid(pid, os.WNOHANG)[0] == pid:
                     reaped += 1
@@ -393,12 +406,14 @@ class Lineage:
         me = os.getpid()
         roots: set[int] = set()
         for pid, stat in table.items():
-            if pid == me or pid in _registry.own or not stat.alive or stat.start < self._start:
+            if pid == me or _registry.is_own(pid, stat) or not stat.alive:
+                continue
+            if stat.start < self._start:
                 continue
             if self._tree.get(pid) == stat.start or _environ_has(pid, self._needle):
                 roots.add(pid)
         found = roots | _descendants(table, roots)
-        found -= _registry.own
+        found = {pid for pid in found if not _registry.is_own(pid, table[pid])}
         found.discard(me)
         return {(pid, table[pid].start) for pid in found}
 
