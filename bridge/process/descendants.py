@@ -41,6 +41,8 @@ log = logging.getLogger("bridge.process")
 
 #: The variable that marks everything one app-server starts.
 MARK_VARIABLE = "REST_ADAPTER_PROCESS_MARK"
+#: When to look again for what an app-server left, after the sweep at its exit.
+_SWEEP_AGAIN = (0.1, 1.0)
 #: How often `rest-bridge serve` reaps adopted orphans that exited on their own.
 ORPHAN_REAP_SECONDS = 5.0
 LINUX = sys.platform.startswith("linux") and hasattr(os, "pidfd_open")
@@ -378,10 +380,20 @@ class Lineage:
             self._tree[pid] = table[pid].start
 
     def end(self) -> None:
-        """The app-server has exited and been waited for: kill everything it left."""
+        """The app-server has exited and been waited for: kill everything it left.
+
+        A sweep reads the process table one entry at a time, so a descendant caught
+        between its parent's exit and its own fork (a daemon's double fork, woken by the
+        app-server's exit) can be in no entry it reads. Later sweeps, at
+        :data:`_SWEEP_AGAIN` seconds, find it: it still carries the mark.
+        """
         released(self.pid)
         if LINUX:
             self._attempt(_RETRIES)
+            with contextlib.suppress(RuntimeError):  # no running loop: nothing to schedule
+                loop = asyncio.get_running_loop()
+                for delay in _SWEEP_AGAIN:
+                    loop.call_later(delay, self._attempt, 0)
 
     def _attempt(self, retries: int) -> None:
         try:
