@@ -120,11 +120,16 @@ class ProcessBackend(Backend):
         interval = max(0.05, min(idle / 4, 30.0))
         while True:
             await asyncio.sleep(interval)
-            now = time.time()
-            for session in list(self._sessions.values()):
-                if not session.busy() and now - session.last_activity_at > idle:
-                    log.info("reaping idle session %s", session.id)
-                    self._run_in_background(self._remove(session))
+            self._reap_once(idle)
+
+    def _reap_once(self, idle: float) -> None:
+        # A function of its own: a loop variable left in the reaper's frame would keep the
+        # last session it looked at (and its whole log) alive until the next round.
+        now = time.time()
+        for session in list(self._sessions.values()):
+            if not session.busy() and now - session.last_activity_at > idle:
+                log.info("reaping idle session %s", session.id)
+                self._run_in_background(self._remove(session))
 
     def _run_in_background(self, coroutine: Any) -> None:
         task = asyncio.create_task(coroutine)
