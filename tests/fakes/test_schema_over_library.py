@@ -33,6 +33,9 @@ def _validator(schema_dir: Path, name: str) -> jsonschema.Draft7Validator:
 
 
 @pytest.mark.asyncio
+# The whole library, one scenario after another: a minute on a busy machine, more on a
+# very busy one; the default guard of 120 s is for a single case.
+@pytest.mark.timeout(600)
 async def test_every_library_message_matches_the_real_schema(
     codex_bin: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
