@@ -94,10 +94,11 @@ async def test_memory_stays_within_the_formula_under_churn_of_big_events(
     report.outcome = "resident memory stays within the documented bound of the limits"
 
 
-async def test_a_deleted_session_is_released_at_once(serve, http, report, write_script):
+async def test_a_deleted_session_is_released_at_once(serve, http, report, write_script, eventually):
     """A deleted session's memory goes at once, with the garbage collector off"""
     # The idle reaper looks at the sessions every 0.3 s meanwhile (a stream keeps this one
-    # busy): nothing it looked at may stay alive in its frame either.
+    # busy): nothing it looked at may stay alive in its frame either. A decoy session,
+    # created first and left idle, is reaped in a round that looked at this one last.
     limits = RestLimits(shutdown_grace_ms=1000, session_idle_timeout_ms=1200)
     from scenarios.harness import fake_codex_command
 
@@ -105,6 +106,8 @@ async def test_a_deleted_session_is_released_at_once(serve, http, report, write_
     base = await serve(app)
     backend = app[BACKEND]
     assert isinstance(backend, ProcessBackend)
+    status, decoy = await json_request(http, "POST", f"{base}/v1/sessions", {})
+    assert status == 201, decoy
     flood = {"steps": [{"flood": {"count": 500, "method": "x/tick"}}], "result": {}}
     script = write_script({"methods": {"x/flood": flood}})
     status, created = await json_request(http, "POST", f"{base}/v1/sessions", script_env(script))
@@ -116,6 +119,8 @@ async def test_a_deleted_session_is_released_at_once(serve, http, report, write_
     async with http.get(f"{url}/events/stream?after=0") as response:
         reader = SseReader(response)
         await reader.until(lambda f: f.event == "notification" and f.json()["seq"] > 100)
+        assert list(backend.sessions()) == [decoy["sessionId"], session_id]
+        await eventually(lambda: decoy["sessionId"] not in backend.sessions(), 60, what="reaping")
         session = weakref.ref(backend.session(session_id))
         log = weakref.ref(backend.session(session_id).events)
         gc.disable()
