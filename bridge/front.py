@@ -8,9 +8,9 @@ What the configuration does:
   (``location ^~ /v1/sessions/<replica>.``) sends it to the replica's own upstream,
   found in nginx's tree of locations rather than by a regular expression per replica,
   and a request for an id that names no replica of the list is a 404
-  ``session_not_found``. A session never moves: no retry
-  on another replica (``proxy_next_upstream off``). When its replica cannot be reached,
-  the answer is a 503 ``replica_unavailable`` error payload.
+  ``session_not_found``. A session never moves: no retry on another replica
+  (``proxy_next_upstream off``). When its replica cannot be reached, the answer is a
+  503 ``replica_unavailable`` error payload.
 - **Everything else is balanced** (least connections) over every replica: session
   creation, text turns, sessionless calls, the listing, health, the OpenAPI document.
   A replica that answers 429 (full) or 503 (draining, or its app-server overloaded),
