@@ -235,10 +235,11 @@ for line in sys.stdin:
 async def test_a_short_timeout_fires_before_a_longer_one_already_in_flight():
     """One timer serves every call's deadline: a new, earlier deadline moves it forward."""
     process = await spawn(STALLS)
+    # Tasks start in the order they were created: the long call's deadline comes first.
     long = asyncio.create_task(process.call("stall", None, 600))
-    await asyncio.sleep(0)  # one turn of the loop: the long call registers its deadline
+    short = asyncio.create_task(process.call("stall", None, 0.2))
     with pytest.raises(TimeoutError):
-        await process.call("stall", None, 0.2)
+        await short
     assert not long.done()
     assert await process.call("x", None, 10) == 3  # the process still answers
     await process.shutdown(5)
