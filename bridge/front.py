@@ -4,11 +4,13 @@
 What the configuration does:
 
 - **Sessions go to their replica.** A session id names its replica
-  (``<replica>.<uuid4>``, :mod:`bridge.replica`); a ``map`` of regular expressions over
-  the path picks the replica's own upstream, and a request for an id that names no
-  replica of the list is a 404 ``session_not_found``. A session never moves: no retry
-  on another replica (``proxy_next_upstream off``). When its replica cannot be reached,
-  the answer is a 503 ``replica_unavailable`` error payload.
+  (``<replica>.<uuid4>``, :mod:`bridge.replica`); one prefix location per replica
+  (``location ^~ /v1/sessions/<replica>.``) sends it to the replica's own upstream,
+  found in nginx's tree of locations rather than by a regular expression per replica,
+  and a request for an id that names no replica of the list is a 404
+  ``session_not_found``. A session never moves: no retry on another replica
+  (``proxy_next_upstream off``). When its replica cannot be reached, the answer is a
+  503 ``replica_unavailable`` error payload.
 - **Everything else is balanced** (least connections) over every replica: session
   creation, text turns, sessionless calls, the listing, health, the OpenAPI document.
   A replica that answers 429 (full) or 503 (draining, or its app-server overloaded),
@@ -179,14 +181,6 @@ def render(
         ]
     out += [
         "",
-        "    # A session id reads <replica>.<uuid>: its replica's upstream, or none.",
-        "    map $uri $session_replica {",
-        '        default "";',
-    ]
-    out += [f"        ~^/v1/sessions/{r.id}\\.[^/]+(/|$) {r.upstream};" for r in replicas]
-    out += [
-        "    }",
-        "",
         "    server {",
         f"        listen {settings.listen}{reuseport};",
         "        proxy_http_version 1.1;",
@@ -200,36 +194,35 @@ def render(
         # location with an error_page of its own inherits none: each repeats them.)
         *_error_pages("        ", "@no_replica"),
         "",
-        "        # Sessions: the replica named in the id, never another.",
-        "        location ~ ^/v1/sessions/[^/]+/events/stream$ {",
-        '            if ($session_replica = "") { return 404 '
-        + _payload("session_not_found", "No session with this id.")
-        + "; }",
-        *_error_pages("            ", "@session_replica_down"),
-        "            proxy_next_upstream off;",
-        "            proxy_buffering off;",
-        "            proxy_cache off;",
-        f"            proxy_read_timeout {2 * seconds(limits.sse_keepalive_ms)}s;",
-        "            proxy_pass http://$session_replica;",
-        "        }",
-        "        location ~ ^/v1/sessions/[^/]+/events$ {",
-        '            if ($session_replica = "") { return 404 '
-        + _payload("session_not_found", "No session with this id.")
-        + "; }",
-        *_error_pages("            ", "@session_replica_down"),
-        "            proxy_next_upstream off;",
-        "            proxy_buffering off;",
-        f"            proxy_read_timeout {seconds(limits.max_wait_ms)}s;",
-        "            proxy_pass http://$session_replica;",
-        "        }",
+        "        # Sessions: a session id reads <replica>.<uuid>, and goes to that replica,",
+        "        # never another. One prefix location per replica: a lookup in nginx's tree",
+        "        # of locations, not a regular expression per replica; `^~` keeps the",
+        "        # server's regex locations out, so a call tries only the two nested ones.",
+    ]
+    for r in replicas:
+        out += [
+            f"        location ^~ /v1/sessions/{r.id}. {{",
+            *_error_pages("            ", "@session_replica_down"),
+            "            proxy_next_upstream off;",
+            f"            proxy_read_timeout {call}s;",
+            f"            proxy_pass http://{r.upstream};",
+            "            location ~ ^/v1/sessions/[^/]+/events/stream$ {",
+            "                proxy_buffering off;",
+            "                proxy_cache off;",
+            f"                proxy_read_timeout {2 * seconds(limits.sse_keepalive_ms)}s;",
+            f"                proxy_pass http://{r.upstream};",
+            "            }",
+            "            location ~ ^/v1/sessions/[^/]+/events$ {",
+            "                proxy_buffering off;",
+            f"                proxy_read_timeout {seconds(limits.max_wait_ms)}s;",
+            f"                proxy_pass http://{r.upstream};",
+            "            }",
+            "        }",
+        ]
+    out += [
+        "        # Any other session id names no replica of this front.",
         "        location ~ ^/v1/sessions/[^/]+ {",
-        '            if ($session_replica = "") { return 404 '
-        + _payload("session_not_found", "No session with this id.")
-        + "; }",
-        *_error_pages("            ", "@session_replica_down"),
-        "            proxy_next_upstream off;",
-        f"            proxy_read_timeout {call}s;",
-        "            proxy_pass http://$session_replica;",
+        "            return 404 " + _payload("session_not_found", "No session with this id.") + ";",
         "        }",
         "",
         "        # Balanced: the next replica when one is full (429), draining (503) or down.",

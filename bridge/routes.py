@@ -82,8 +82,13 @@ async def read_body(request: web.Request, model: type[M]) -> M:
     if request.content_length is not None and request.content_length > limit:
         raise errors.payload_too_large(limit)
     try:
-        async with asyncio.timeout(limits.body_timeout_ms / 1000):
+        if request.content.is_eof():
+            # The whole body has arrived (a small body comes with its headers): reading
+            # it cannot wait, so it needs no deadline (and no timer per request).
             raw = await request.read()
+        else:
+            async with asyncio.timeout(limits.body_timeout_ms / 1000):
+                raw = await request.read()
     except TimeoutError:
         raise errors.request_timeout(limits.body_timeout_ms) from None
     except web.RequestPayloadError:

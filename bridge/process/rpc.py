@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import heapq
 import itertools
 import logging
 import os
@@ -101,11 +102,6 @@ class ExitInfo:
         return params
 
 
-def _expire(future: asyncio.Future[Any]) -> None:
-    if not future.done():
-        future.set_exception(TimeoutError())
-
-
 class _StdioProtocol(asyncio.SubprocessProtocol):
     """Hands the child's output to its owner; let go of it once the process is finished."""
 
@@ -174,6 +170,11 @@ class AppServerProcess:
         self._stderr_tail = bytearray()
         self._ids = itertools.count(1)
         self._pending: dict[int, asyncio.Future[Any]] = {}
+        #: (deadline, request id) of calls, earliest first, and one timer for the earliest
+        #: call still in flight: a heap push per call instead of a timer handle per call.
+        #: An answered call's entry stays until it comes up or the heap is compacted.
+        self._deadlines: list[tuple[float, int]] = []
+        self._deadline_timer: asyncio.TimerHandle | None = None
         self._protocol_error: str | None = None
         self._exited = False
         self._exit_info: ExitInfo | None = None
@@ -267,13 +268,41 @@ class AppServerProcess:
         self._write(message)
         future: asyncio.Future[Any] = self._loop.create_future()
         self._pending[request_id] = future
-        # One timer handle, rather than asyncio.timeout's context and cancellation.
-        timer = self._loop.call_later(timeout, _expire, future)
+        self._add_deadline(self._loop.time() + timeout, request_id)
         try:
             return await future
         finally:
-            timer.cancel()
             self._pending.pop(request_id, None)
+
+    def _add_deadline(self, deadline: float, request_id: int) -> None:
+        deadlines = self._deadlines
+        if len(deadlines) > 2 * len(self._pending) + 64:
+            # Mostly answered calls: keep those in flight (bounded, amortised O(1)).
+            pending = self._pending
+            deadlines[:] = [entry for entry in deadlines if entry[1] in pending]
+            heapq.heapify(deadlines)
+        heapq.heappush(deadlines, (deadline, request_id))
+        timer = self._deadline_timer
+        if timer is None or deadline < timer.when():
+            if timer is not None:
+                timer.cancel()
+            self._deadline_timer = self._loop.call_at(deadline, self._expire_due)
+
+    def _expire_due(self) -> None:
+        """Time out the calls whose deadline has come; wait for the next in flight."""
+        self._deadline_timer = None
+        deadlines = self._deadlines
+        pending = self._pending
+        now = self._loop.time()
+        while deadlines:
+            deadline, request_id = deadlines[0]
+            future = pending.get(request_id)
+            if future is not None and not future.done():
+                if deadline > now:
+                    self._deadline_timer = self._loop.call_at(deadline, self._expire_due)
+                    return
+                future.set_exception(TimeoutError())
+            heapq.heappop(deadlines)
 
     def notify(self, method: str, params: Any = None) -> None:
         message: dict[str, Any] = {"method": method}
@@ -527,6 +556,10 @@ class AppServerProcess:
             code = None
         self._exit_info = ExitInfo(code, sig, self.stderr_tail(), self._protocol_error)
         self._transport.close()
+        if self._deadline_timer is not None:
+            self._deadline_timer.cancel()
+            self._deadline_timer = None
+        self._deadlines.clear()
         gone = ProcessGone(self._exit_info)
         for future in self._pending.values():
             if not future.done():

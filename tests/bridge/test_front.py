@@ -67,7 +67,7 @@ def test_front_config_is_accepted_by_nginx(tmp_path):
         timeout=60,
         check=True,
     ).stdout
-    assert "~^/v1/sessions/bridge-0\\.[^/]+(/|$) replica_bridge-0;" in printed
+    assert "location ^~ /v1/sessions/bridge-0. {" in printed
     assert "least_conn;" in printed
     assert "proxy_next_upstream error timeout http_429 http_503 non_idempotent;" in printed
     # The long-poll's read timeout follows MAX_WAIT_MS (45 s) plus the margin.
@@ -184,16 +184,114 @@ def test_write_config_map_replaces_only_the_block(tmp_path):
         replace_config_map("kind: Service\n", expected)
 
 
-def test_the_map_never_confuses_replicas_whose_ids_share_a_prefix():
-    config = render([Replica("b-1", "h:1"), Replica("b-10", "h:2")], RestLimits())
-    rules = re.findall(r"^\s+~(\S+) (replica_\S+);$", config, re.MULTILINE)
-    assert [upstream for _, upstream in rules] == ["replica_b-1", "replica_b-10"]
+def parse_nginx(text: str) -> list[Block]:
+    """nginx.conf as a tree of directives: enough of its grammar for what we generate."""
+    tokens = re.findall(r"'[^']*'|\"[^\"]*\"|[{};]|[^\s{};]+", re.sub(r"#[^\n]*", "", text))
+    root: list[Block] = []
+    stack = [root]
+    words: list[str] = []
+    for token in tokens:
+        if token == "{":
+            block = Block(words, [])
+            stack[-1].append(block)
+            stack.append(block.children)
+            words = []
+        elif token == "}":
+            stack.pop()
+        elif token == ";":
+            stack[-1].append(Block(words, []))
+            words = []
+        else:
+            words.append(token.strip("'\""))
+    assert len(stack) == 1, "unbalanced braces"
+    return root
 
-    def route(path: str) -> list[str]:
-        return [upstream for pattern, upstream in rules if re.search(pattern, path)]
 
-    assert route("/v1/sessions/b-1.0b8e/call/x") == ["replica_b-1"]
-    assert route("/v1/sessions/b-10.0b8e/events/stream") == ["replica_b-10"]
-    assert route("/v1/sessions/b-1.0b8e") == ["replica_b-1"]
-    assert route("/v1/sessions/b-100.0b8e") == []
-    assert route("/v1/sessions/x/b-1.0b8e") == []
+class Block:
+    def __init__(self, words: list[str], children: list[Block]) -> None:
+        self.words = words
+        self.children = children
+
+    def all(self, name: str) -> list[Block]:
+        return [c for c in self.children if c.words[0] == name]
+
+    def value(self, name: str) -> list[str] | None:
+        found = self.all(name)
+        return found[-1].words[1:] if found else None
+
+
+def generated(replicas: list[Replica]) -> tuple[Block, Block]:
+    tree = Block(["main"], parse_nginx(render(replicas, RestLimits())))
+    http = tree.all("http")[0]
+    return http, http.all("server")[0]
+
+
+def session_locations(server: Block) -> dict[str, Block]:
+    """The `location ^~ /v1/sessions/<id>.` blocks, by prefix."""
+    return {
+        loc.words[2]: loc
+        for loc in server.all("location")
+        if loc.words[1] == "^~" and loc.words[2].startswith("/v1/sessions/")
+    }
+
+
+def nginx_route(server: Block, path: str) -> str | None:
+    """The upstream nginx picks for a session path: its longest matching `^~` prefix."""
+    prefixes = [p for p in session_locations(server) if path.startswith(p)]
+    if not prefixes:
+        return None
+    chosen = session_locations(server)[max(prefixes, key=len)]
+    return chosen.value("proxy_pass")[0].removeprefix("http://")
+
+
+def test_replicas_whose_ids_share_a_prefix_are_never_confused():
+    _, server = generated([Replica("b-1", "h:1"), Replica("b-10", "h:2")])
+    assert sorted(session_locations(server)) == ["/v1/sessions/b-1.", "/v1/sessions/b-10."]
+    assert nginx_route(server, "/v1/sessions/b-1.0b8e/call/x") == "replica_b-1"
+    assert nginx_route(server, "/v1/sessions/b-10.0b8e/events/stream") == "replica_b-10"
+    assert nginx_route(server, "/v1/sessions/b-1.0b8e") == "replica_b-1"
+    assert nginx_route(server, "/v1/sessions/b-100.0b8e") is None
+    assert nginx_route(server, "/v1/sessions/x/b-1.0b8e") is None
+    # An id that names no replica: nginx's own 404, the error payload.
+    unknown = [
+        loc for loc in server.all("location") if loc.words[1:] == ["~", "^/v1/sessions/[^/]+"]
+    ]
+    assert unknown[0].value("return")[0] == "404"
+    assert "session_not_found" in unknown[0].value("return")[1]
+
+
+def test_buffering_keepalive_and_routing_choices_of_the_generated_configuration():
+    """What keeps nginx's CPU per call low, and streams flowing (bench/FINDINGS.md)."""
+    replicas = [Replica(f"bridge-{n}", f"127.0.0.1:{8001 + n}") for n in range(3)]
+    http, server = generated(replicas)
+    assert http.value("access_log") == ["off"]
+    assert int(http.value("keepalive_requests")[0]) >= 10_000
+    # No per-request regular expressions over the replica list, no `if`.
+    assert http.all("map") == []
+    # HTTP/1.1 with keep-alive to the replicas: more idle connections than in flight.
+    assert server.value("proxy_http_version") == ["1.1"]
+    assert ["Connection", ""] in [d.words[1:] for d in server.all("proxy_set_header")]
+    for upstream in http.all("upstream"):
+        assert int(upstream.value("keepalive")[0]) >= 256
+        assert int(upstream.value("keepalive_requests")[0]) >= 10_000
+    locations = session_locations(server)
+    assert sorted(locations) == [f"/v1/sessions/bridge-{n}." for n in range(3)]
+    for n, location in enumerate(locations.values()):
+        # Plain session routes keep nginx's buffering (on by default), never retried.
+        assert location.value("proxy_buffering") is None
+        assert location.value("proxy_next_upstream") == ["off"]
+        assert location.value("proxy_pass") == [f"http://replica_bridge-{n}"]
+        nested = {loc.words[2]: loc for loc in location.all("location")}
+        assert sorted(nested) == [
+            "^/v1/sessions/[^/]+/events$",
+            "^/v1/sessions/[^/]+/events/stream$",
+        ]
+        for stream in nested.values():  # SSE and long-poll: unbuffered, same replica
+            assert stream.value("proxy_buffering") == ["off"]
+            assert stream.value("proxy_pass") == [f"http://replica_bridge-{n}"]
+            # Without the error pages of their own, they inherit the session's.
+            assert stream.all("error_page") == []
+    for location in server.all("location"):
+        assert location.all("if") == [], location.words
+        if location.words[1] in ("=", "/") or location.words[1:] == ["/"]:
+            assert location.value("proxy_buffering") is None  # balanced routes: buffered

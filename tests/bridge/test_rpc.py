@@ -221,3 +221,42 @@ async def test_writing_after_exit_raises_process_gone():
     await process.wait()
     with pytest.raises(ProcessGone):
         process.notify("late")
+
+
+STALLS = """
+import json, sys
+for line in sys.stdin:
+    msg = json.loads(line)
+    if "id" in msg and msg.get("method") != "stall":
+        print(json.dumps({"id": msg["id"], "result": msg["id"]}), flush=True)
+"""
+
+
+async def test_a_short_timeout_fires_before_a_longer_one_already_in_flight():
+    """One timer serves every call's deadline: a new, earlier deadline moves it forward."""
+    process = await spawn(STALLS)
+    # Tasks start in the order they were created: the long call's deadline comes first.
+    long = asyncio.create_task(process.call("stall", None, 600))
+    short = asyncio.create_task(process.call("stall", None, 0.2))
+    with pytest.raises(TimeoutError):
+        await short
+    assert not long.done()
+    assert await process.call("x", None, 10) == 3  # the process still answers
+    await process.shutdown(5)
+    with pytest.raises(ProcessGone):
+        await long
+
+
+async def test_answered_calls_leave_a_bounded_deadline_heap_and_a_stall_still_times_out():
+    process = await spawn(STALLS)
+    for batch in range(20):
+        results = await asyncio.gather(*(process.call("x", None, 60) for _ in range(50)))
+        assert results == list(range(batch * 50 + 1, batch * 50 + 51))
+        # Compacted past twice the calls in flight (50) plus 64: never all 1,000 entries.
+        assert len(process._deadlines) <= 2 * 50 + 64 + 1
+    # A stalled call among a thousand answered ones (whose deadlines are later).
+    with pytest.raises(TimeoutError):
+        await process.call("stall", None, 0.2)
+    await process.shutdown(5)
+    assert process._deadline_timer is None
+    assert process._deadlines == []
