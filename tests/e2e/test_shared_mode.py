@@ -104,7 +104,8 @@ async def test_command_approval_answered_over_http_in_shared_mode(
     session_id = await create_session(http, shared_bridge, None)
     async with http.get(f"{shared_bridge}/v1/sessions/{session_id}/events/stream") as stream:
         reader = SseReader(stream)
-        thread_id = await start_thread(http, shared_bridge, session_id, **untrusted_thread(workspace))
+        thread_params = untrusted_thread(workspace)
+        thread_id = await start_thread(http, shared_bridge, session_id, **thread_params)
         turn_id = await start_turn(http, shared_bridge, session_id, thread_id, "Touch the file.")
         before = await reader.until(lambda f: f.event == "request", timeout=WAIT)
         request = before[-1].json()
@@ -130,7 +131,10 @@ async def test_command_approval_answered_over_http_in_shared_mode(
         ({"env": {"A": "b"}}, ["env"]),
         ({"cwd": "/"}, ["cwd"]),
         ({"configOverrides": ["model=x"]}, ["configOverrides"]),
-        ({"env": {"A": "b"}, "cwd": "/", "clientInfo": {"name": "n", "version": "1"}}, ["cwd", "env"]),
+        (
+            {"env": {"A": "b"}, "cwd": "/", "clientInfo": {"name": "n", "version": "1"}},
+            ["cwd", "env"],
+        ),
     ],
 )
 async def test_options_that_need_a_process_of_their_own_are_403(
@@ -174,7 +178,7 @@ async def test_delete_closes_that_connection_alone(shared_bridge, http, workspac
         "connection": "closed by the bridge",
     }
     status, body = await call(http, shared_bridge, first, "thread/start", {})
-    assert status == 404
+    assert status == 404, body
     assert await start_thread(http, shared_bridge, second, cwd=str(workspace))
     state = await shared_state(http, shared_bridge)
     assert state["pid"] == pid
