@@ -146,8 +146,12 @@ class AppServerConnection(AppServerProcess):
         if ended_by_server:
             await self._server.closed_by_server(self)
         if self._exit_info is None:
-            how = CLOSED_BY_SERVER if ended_by_server else CLOSED_BY_BRIDGE
-            self._end(ExitInfo(None, None, "", None, how))
+            if not ended_by_server:
+                self._end(ExitInfo(0, None, "", None, CLOSED_BY_BRIDGE))
+                return
+            # A normal closure is what a clean exit of a process of its own would be.
+            clean = self._ws.close_code == aiohttp.WSCloseCode.OK
+            self._end(ExitInfo(0 if clean else None, None, "", None, CLOSED_BY_SERVER))
 
     def _take(self, data: bytes) -> bool:
         """One frame from the app-server: dispatch it, or hold it back; False to stop."""
@@ -231,7 +235,7 @@ class AppServerConnection(AppServerProcess):
             self._reader.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._reader
-        self._end(ExitInfo(None, None, "", None, CLOSED_BY_BRIDGE))
+        self._end(ExitInfo(0, None, "", None, CLOSED_BY_BRIDGE))
         return await self.wait()
 
 
@@ -431,7 +435,9 @@ class SharedAppServer:
                 await process.shutdown(self._shutdown_grace)
                 self._failed(loop)
                 log.error("the shared app-server `%s` did not listen in time", shlex.join(argv))
-                raise errors.timeout("Starting the shared app-server did not complete in time.")
+                raise errors.timeout(
+                    "Starting the app-server did not complete before its deadline."
+                )
             await asyncio.sleep(delay)
             delay = min(delay * 2, 0.1)
         self._socket_target = _real_path(self._socket)

@@ -185,8 +185,9 @@ async def test_a_connection_the_server_closes_ends_that_session_alone(serve, htt
         assert status == 502, body
         assert body["error"] == "app_server_exited"
         frames = await reader.until(lambda f: f.event == "exit", timeout=WAIT)
+    # A normal closure (1000) reads as a clean exit, as a process's exit 0 would.
     assert frames[-1].json()["params"] == {
-        "exitCode": None,
+        "exitCode": 0,
         "signal": None,
         "stderrTail": "",
         "connection": "closed by the app-server",

@@ -172,7 +172,7 @@ async def test_delete_closes_that_connection_alone(shared_bridge, http, workspac
         frames = await reader.until(lambda f: f.event == "exit", timeout=WAIT)
     exit_event = frames[-1].json()
     assert exit_event["params"] == {
-        "exitCode": None,
+        "exitCode": 0,
         "signal": None,
         "stderrTail": "",
         "connection": "closed by the bridge",
