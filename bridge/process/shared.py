@@ -24,6 +24,7 @@ import shlex
 import shutil
 import tempfile
 import time
+from collections import deque
 from collections.abc import Sequence
 from typing import Any
 
@@ -54,7 +55,9 @@ log = logging.getLogger("bridge")
 
 #: After a connection the app-server closed, how long to wait for the shared process's
 #: own exit, so that a session ended by a crash says so rather than "closed".
-_CLOSE_TO_EXIT_SECONDS = 0.5
+_CLOSE_TO_EXIT_SECONDS = 1.0
+#: Once it has exited, how long its pipes may take to close (rpc.py waits 0.5 s).
+_EXIT_TO_FINISH_SECONDS = 2.0
 #: Restart backoff of the supervised app-server: first delay, cap, and how long it must
 #: have run for the next failure to start over from the first delay.
 BACKOFF_FIRST = 0.5
@@ -81,7 +84,7 @@ class AppServerConnection(AppServerProcess):
         self._ws = ws
         self._server = server
         #: Frames waiting for the writer (bounded like a child's stdin).
-        self._frames: list[str] = []
+        self._frames: deque[str] = deque()
         self._frames_bytes = 0
         self._writer: asyncio.Task[None] | None = None
         #: The frame the flow gate held back, and what wakes the reader once it is taken.
@@ -107,7 +110,7 @@ class AppServerConnection(AppServerProcess):
         """Send the queued frames in order; exits when the queue is empty (no idle task)."""
         try:
             while self._frames:
-                frame = self._frames.pop(0)
+                frame = self._frames.popleft()
                 self._frames_bytes -= len(frame)
                 await self._ws.send_str(frame)
         except (ConnectionError, RuntimeError, aiohttp.ClientError):
@@ -129,6 +132,12 @@ class AppServerConnection(AppServerProcess):
                     data: bytes = message.data.encode()
                 elif message.type is aiohttp.WSMsgType.BINARY:
                     data = message.data
+                elif message.type is aiohttp.WSMsgType.ERROR:
+                    # A frame over max_msg_size (MAX_LINE_BYTES), or one that is not
+                    # WebSocket: the conversation cannot go on.
+                    problem = type(message.data).__name__
+                    self._break_protocol(f"the app-server sent an unreadable frame ({problem})")
+                    break
                 else:
                     ended_by_server = not self._stopping
                     break
@@ -178,6 +187,10 @@ class AppServerConnection(AppServerProcess):
             return
         if not self._paused:
             self._readable.set()
+
+    def _gone_info(self) -> ExitInfo:
+        how = CLOSED_BY_BRIDGE if self._stopping else CLOSED_BY_SERVER
+        return self._exit_info or ExitInfo(None, None, "", self._protocol_error, how)
 
     def _break_protocol(self, reason: str) -> None:
         if self._protocol_error is None:
@@ -241,6 +254,16 @@ class AppServerConnection(AppServerProcess):
 
 class _ListeningProcess(AppServerProcess):
     """The supervised app-server: it speaks on its socket, so stdout is only a log."""
+
+    def __init__(self, *, max_line_bytes: int) -> None:
+        super().__init__(max_line_bytes=max_line_bytes)
+        #: Set as soon as the process has exited (its exit info follows once the
+        #: pipes are closed).
+        self.dead = asyncio.Event()
+
+    def _process_exited(self) -> None:
+        self.dead.set()
+        super()._process_exited()
 
     def _feed_stdout(self, data: bytes) -> None:
         self._feed_stderr(data)
@@ -307,6 +330,11 @@ class SharedAppServer:
     def supervised(self) -> bool:
         return self.url is None
 
+    @property
+    def socket_dir(self) -> str | None:
+        """The private (0700) directory of the supervised app-server's socket."""
+        return self._dir
+
     # -- connections -----------------------------------------------------------
 
     async def connect(self) -> AppServerConnection:
@@ -321,15 +349,21 @@ class SharedAppServer:
             await self._ensure_running()
         client, url, headers = self._target()
         try:
-            ws = await client.ws_connect(
-                url,
-                headers=headers,
-                max_msg_size=self._max_line_bytes,
-                autoclose=False,
-                autoping=True,
-                timeout=aiohttp.ClientWSTimeout(ws_close=self._shutdown_grace),
-            )
-        except (aiohttp.ClientError, OSError, TimeoutError) as exc:
+            async with asyncio.timeout(self._spawn_timeout):
+                ws = await client.ws_connect(
+                    url,
+                    headers=headers,
+                    max_msg_size=self._max_line_bytes,
+                    autoclose=False,
+                    autoping=True,
+                    timeout=aiohttp.ClientWSTimeout(ws_close=self._shutdown_grace),
+                )
+        except TimeoutError:
+            log.error("the shared app-server did not accept a connection in time")
+            raise errors.timeout(
+                "Starting the app-server did not complete before its deadline."
+            ) from None
+        except (aiohttp.ClientError, OSError) as exc:
             reason = type(exc).__name__
             if isinstance(exc, aiohttp.WSServerHandshakeError):
                 reason = f"the WebSocket handshake was answered {exc.status}"
@@ -369,11 +403,15 @@ class SharedAppServer:
         """A connection the app-server closed: wait a moment for the process's exit, so
         that a crash ends the session as a crash (:meth:`AppServerConnection.server_exited`)."""
         process = self.process
-        if process is None or not process.running:
+        if not isinstance(process, _ListeningProcess) or not process.running:
             return
         with contextlib.suppress(TimeoutError):
             async with asyncio.timeout(_CLOSE_TO_EXIT_SECONDS):
-                await process.wait()
+                await process.dead.wait()
+        if process.dead.is_set():
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(_EXIT_TO_FINISH_SECONDS):
+                    await process.wait()
 
     def note_initialize(self, result: Any) -> None:
         if isinstance(result, dict) and isinstance(result.get("userAgent"), str):
