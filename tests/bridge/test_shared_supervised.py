@@ -209,3 +209,13 @@ async def test_a_sigkilled_shared_process_is_an_exit_with_its_signal(serve, http
         frames = await SseReader(stream).until(lambda f: f.event == "exit", timeout=WAIT)
     params = frames[-1].json()["params"]
     assert (params["signal"], params["connection"]) == ("SIGKILL", "the shared app-server exited")
+
+
+async def test_concurrent_first_requests_start_one_process(serve, http):
+    base = await serve(trusted_bridge_app(fake_app_server_command(), RestLimits(), SHARED))
+    before = live_children()
+    results = await asyncio.gather(*(post(http, f"{base}/v1/sessions") for _ in range(20)))
+    assert [status for status, _ in results] == [201] * 20
+    state = await shared_state(http, base)
+    assert state["connections"] == 20
+    assert {os.getpgid(pid) for pid in live_children() - before} == {state["pid"]}
