@@ -70,6 +70,22 @@ SERVER_EXITED = "the shared app-server exited"
 _SOCKET_NAME = "app-server.sock"
 
 
+#: Closes in flight, kept so that none is collected before it is done.
+_closing_tasks: set[asyncio.Task[None]] = set()
+
+
+async def _close_quietly(ws: aiohttp.ClientWebSocketResponse) -> None:
+    with contextlib.suppress(ConnectionError, RuntimeError, aiohttp.ClientError, TimeoutError):
+        await ws.close()
+
+
+def _close_soon(ws: aiohttp.ClientWebSocketResponse) -> None:
+    """Close ``ws`` without waiting for it (from a callback)."""
+    task = asyncio.get_running_loop().create_task(_close_quietly(ws))
+    _closing_tasks.add(task)
+    task.add_done_callback(_closing_tasks.discard)
+
+
 class AppServerConnection(AppServerProcess):
     """One session's (or call's, or text turn's) connection to the shared app-server."""
 
@@ -197,7 +213,7 @@ class AppServerConnection(AppServerProcess):
             self._protocol_error = reason
             log.warning("closing a connection to the shared app-server: %s", reason)
             self._readable.set()
-            self._loop.create_task(self._ws.close())
+            _close_soon(self._ws)
 
     # -- lifecycle -------------------------------------------------------------
 
@@ -227,7 +243,7 @@ class AppServerConnection(AppServerProcess):
         self._held_frame = None
         self._readable.set()
         if not self._ws.closed:
-            self._loop.create_task(self._ws.close())
+            _close_soon(self._ws)
 
     def server_exited(self, info: ExitInfo) -> None:
         """The shared process died: the session ends with its exit code and signal."""
@@ -243,7 +259,7 @@ class AppServerConnection(AppServerProcess):
             async with asyncio.timeout(grace):
                 if self._writer is not None:
                     await asyncio.shield(self._writer)
-                await self._ws.close()
+                await _close_quietly(self._ws)
         if self._exit_info is None:
             self._reader.cancel()
             with contextlib.suppress(asyncio.CancelledError):
