@@ -7,6 +7,8 @@ in shared mode those ClientOptions are refused, so they cannot come per request.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import os
 import signal
 from collections.abc import Callable
@@ -259,3 +261,51 @@ async def test_whether_connections_resume_each_others_threads(
     # Both connections are subscribed to the thread now: the owner hears the other's turn.
     assert seen.count("turn/completed") == 2
     assert seen.count("turn/started") == 2
+
+
+async def test_a_running_codex_over_ws_with_its_token(
+    model, codex_home, workspace, serve, codex_bin, http, tmp_path
+):
+    """`--app-server-url ws://...`: the bridge connects to a codex it did not start, with
+    the token of `--ws-auth capability-token`; a wrong token is a 502, never shown."""
+    token = "capability-" + os.urandom(8).hex()
+    token_file = tmp_path / "ws-token"
+    token_file.write_text(token)
+    command = model.codex_command(codex_bin, codex_home=codex_home, cwd=workspace)
+    listen = ["--listen", "ws://127.0.0.1:0", "--ws-auth", "capability-token"]
+    codex = await asyncio.create_subprocess_exec(
+        *command,
+        *listen,
+        "--ws-token-file",
+        str(token_file),
+        stdin=asyncio.subprocess.DEVNULL,
+        stdout=asyncio.subprocess.DEVNULL,
+        stderr=asyncio.subprocess.PIPE,
+        start_new_session=True,
+    )
+    try:
+        assert codex.stderr is not None
+        url = None
+        async with asyncio.timeout(WAIT):
+            while url is None:
+                line = (await codex.stderr.readline()).decode()
+                assert line, "codex ended before it listened"
+                if "listening on: ws://" in line:
+                    url = line.split("listening on: ", 1)[1].strip()
+        good = AppServerSettings(mode="shared", url=url, token=token)
+        base = await serve(trusted_bridge_app(["unused"], RestLimits(), good))
+        session_id = await create_session(http, base, None)
+        assert await start_thread(http, base, session_id, cwd=str(workspace))
+        state = await shared_state(http, base)
+        assert (state["source"], state["state"], state["connections"]) == ("url", "external", 1)
+        wrong = AppServerSettings(mode="shared", url=url, token="not-" + token)
+        refused = await serve(trusted_bridge_app(["unused"], RestLimits(), wrong))
+        async with http.post(f"{refused}/v1/sessions", json={}) as response:
+            body = await response.text()
+            assert response.status == 502, body
+        assert "app_server_spawn_failed" in body
+        assert token not in body
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(codex.pid, signal.SIGKILL)
+        await codex.wait()
