@@ -476,6 +476,10 @@ class SharedAppServer:
             raise startup.spawn_failed(self.command, exc, None) from None
         self.process = process
         process.exit_callbacks.append(lambda info: self._exited(process, info))
+        if self._closing:
+            # close() ran while this was starting: it must not outlive the bridge.
+            await process.shutdown(self._shutdown_grace)
+            raise errors.app_server_spawn_failed("The bridge is shutting down.")
         deadline = loop.time() + self._spawn_timeout
         delay = 0.005
         while True:
