@@ -23,6 +23,7 @@ from aiohttp import WSMsgType, web
 
 from bridge.app import default_app, trusted_bridge_app
 from bridge.limits import AppServerSettings, RestLimits, RestLimitsEnvError
+from scenarios.processes import open_descriptors
 from scenarios.sse import SseReader
 
 TOKEN = "s3cret-app-server-token"
@@ -79,6 +80,10 @@ class WsAppServer:
                     await ws.send_str(json.dumps({"id": ident, "result": {}}))
                 elif method == "close/me":
                     await ws.close()
+                elif method == "big":
+                    blob = "x" * int(body["params"])
+                    await ws.send_str(json.dumps({"method": "big", "params": blob}))
+                    await ws.send_str(json.dumps({"id": ident, "result": {}}))
                 elif method == "garbage":
                     await ws.send_str("this is not JSON")
                 elif method == "ask":
@@ -315,3 +320,41 @@ def test_serve_refuses_bad_app_server_settings(env, args, says):
     assert result.returncode == 2, result.stderr
     assert says in result.stderr
     assert "Traceback" not in result.stderr
+
+
+@pytest.mark.asyncio
+async def test_a_message_over_max_line_bytes_is_a_protocol_error(serve, http, ws_server):
+    _, url = await ws_server("unix")
+    base = await bridge_on(serve, url, max_line_bytes=100_000)
+    session = await new_session(http, base)
+    status, body = await post(http, f"{base}/v1/sessions/{session}/call/big", {"params": 50_000})
+    assert status == 200, body
+    status, body = await post(http, f"{base}/v1/sessions/{session}/call/big", {"params": 200_000})
+    assert status == 502, body
+    assert body["error"] == "protocol_error"
+    other = await new_session(http, base)
+    status, body = await post(http, f"{base}/v1/sessions/{other}/call/echo", {"params": 1})
+    assert (status, body) == (200, {"result": 1})
+
+
+@pytest.mark.asyncio
+async def test_connections_leave_no_descriptor_behind(serve, http, ws_server):
+    server, url = await ws_server("unix")
+    base = await bridge_on(serve, url)
+
+    async def cycle() -> None:
+        session = await new_session(http, base)
+        status, _ = await post(http, f"{base}/v1/sessions/{session}/call/echo", {"params": 1})
+        assert status == 200
+        async with http.delete(f"{base}/v1/sessions/{session}") as response:
+            assert response.status == 200
+
+    await cycle()
+    await asyncio.wait_for(server.ended.get(), WAIT)
+    baseline = open_descriptors()
+    for _ in range(30):
+        await cycle()
+        await asyncio.wait_for(server.ended.get(), WAIT)
+    assert not server.open
+    # The test process holds both ends (bridge and server): nothing may pile up.
+    assert open_descriptors() <= baseline + 2
