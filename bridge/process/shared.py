@@ -55,7 +55,7 @@ log = logging.getLogger("bridge")
 
 #: After a connection the app-server closed, how long to wait for the shared process's
 #: own exit, so that a session ended by a crash says so rather than "closed".
-_CLOSE_TO_EXIT_SECONDS = 1.0
+_CLOSE_TO_EXIT_SECONDS = 3.0
 #: Once it has exited, how long its pipes may take to close (rpc.py waits 0.5 s).
 _EXIT_TO_FINISH_SECONDS = 2.0
 #: Restart backoff of the supervised app-server: first delay, cap, and how long it must
@@ -139,6 +139,8 @@ class AppServerConnection(AppServerProcess):
 
     async def _read(self) -> None:
         ended_by_server = False
+        #: The app-server said goodbye (a close frame): it is alive, not crashed.
+        farewell = False
         try:
             while True:
                 if not self._readable.is_set():
@@ -148,14 +150,17 @@ class AppServerConnection(AppServerProcess):
                     data: bytes = message.data.encode()
                 elif message.type is aiohttp.WSMsgType.BINARY:
                     data = message.data
-                elif message.type is aiohttp.WSMsgType.ERROR:
+                elif message.type is aiohttp.WSMsgType.ERROR and isinstance(
+                    message.data, aiohttp.WebSocketError
+                ):
                     # A frame over max_msg_size (MAX_LINE_BYTES), or one that is not
                     # WebSocket: the conversation cannot go on.
-                    problem = type(message.data).__name__
+                    problem = message.data.code
                     self._break_protocol(f"the app-server sent an unreadable frame ({problem})")
                     break
                 else:
                     ended_by_server = not self._stopping
+                    farewell = message.type is aiohttp.WSMsgType.CLOSE
                     break
                 if not self._take(data):
                     break
@@ -168,7 +173,8 @@ class AppServerConnection(AppServerProcess):
         if self._protocol_error is not None:
             self._end(ExitInfo(None, None, "", self._protocol_error, CLOSED_BY_BRIDGE))
             return
-        if ended_by_server:
+        if ended_by_server and not farewell:
+            # Dropped without a close frame: perhaps the whole process died.
             await self._server.closed_by_server(self)
         if self._exit_info is None:
             if not ended_by_server:
