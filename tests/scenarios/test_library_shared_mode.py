@@ -35,11 +35,13 @@ NOT_IN_SHARED_MODE: dict[str, str] = {
 
 
 def run_library(files: list[Path], tmp_path: Path) -> subprocess.CompletedProcess[str]:
+    # From the project's root, as test_scenario_runner.py runs it: the real codex of
+    # .codex-npm/ is found there (and must be, under CI=true).
     return subprocess.run(
         [REST_BRIDGE, "scenarios", "run", *map(str, files), "-j", "3"],
         capture_output=True,
         text=True,
-        cwd=tmp_path,
+        cwd=ROOT,
         env={**os.environ, "REST_ADAPTER_APP_SERVER_MODE": "shared"},
         timeout=300,
         check=False,
