@@ -358,3 +358,28 @@ async def test_connections_leave_no_descriptor_behind(serve, http, ws_server):
     assert not server.open
     # The test process holds both ends (bridge and server): nothing may pile up.
     assert open_descriptors() <= baseline + 2
+
+
+@pytest.mark.asyncio
+async def test_a_drain_waits_for_the_connections(serve, http, ws_server):
+    from bridge.replica import ReplicaSettings, configure
+    from bridge.routes import BACKEND
+
+    server, url = await ws_server("unix")
+    settings = AppServerSettings(mode="shared", url=url)
+    app = trusted_bridge_app(["unused"], RestLimits(), settings)
+    drain = configure(app, app[BACKEND], ReplicaSettings(replica_id="shared-1"))
+    base = await serve(app)
+    session = await new_session(http, base)
+    assert session.startswith("shared-1.")
+    done = asyncio.Event()
+    drain.start(done)
+    status, body = await post(http, f"{base}/v1/sessions", {})
+    assert (status, body["error"]) == (503, "replica_unavailable")
+    status, body = await post(http, f"{base}/v1/sessions/{session}/call/echo", {"params": 3})
+    assert (status, body) == (200, {"result": 3})
+    assert not done.is_set()
+    async with http.delete(f"{base}/v1/sessions/{session}") as response:
+        assert response.status == 200
+    await asyncio.wait_for(done.wait(), WAIT)
+    assert not server.open
