@@ -44,6 +44,7 @@ from bridge.process.backend import DEFAULT_COMMAND, SECRET_ENV, ProcessBackend
 from bridge.process.rpc import (
     AppServerProcess,
     ExitInfo,
+    NotificationHandler,
     ProcessGone,
     StdinFull,
     _ignore_notification,
@@ -64,6 +65,10 @@ BACKOFF_FIRST = 0.5
 BACKOFF_MAX = 30.0
 BACKOFF_RESET_AFTER = 60.0
 #: How the ends of a connection are told in the ``exit`` event (``params.connection``).
+#: Calls whose answer is a thread this connection then follows ({"thread": {"id"}}).
+THREAD_OPENERS = frozenset({"thread/start", "thread/resume", "thread/fork"})
+#: Fields of a thread that name the thread it came from (a fork, a sub-agent).
+_THREAD_ORIGINS = ("parentThreadId", "forkedFromId", "attachedToThreadId")
 CLOSED_BY_BRIDGE = "closed by the bridge"
 CLOSED_BY_SERVER = "closed by the app-server"
 SERVER_EXITED = "the shared app-server exited"
@@ -107,7 +112,46 @@ class AppServerConnection(AppServerProcess):
         self._held_frame: bytes | None = None
         self._readable = asyncio.Event()
         self._readable.set()
+        #: The threads this connection opened (or that came from them), and the ids of
+        #: its calls that open one; see :meth:`_notify`.
+        self._threads: set[str] = set()
+        self._opening: set[int] = set()
+        #: How many other connections' `thread/started` were kept from this one.
+        self.foreign_threads_hidden = 0
         self._reader = self._loop.create_task(self._read())
+
+    # -- other connections' threads ----------------------------------------------
+
+    @property
+    def on_notification(self) -> NotificationHandler:
+        return self._notify
+
+    @on_notification.setter
+    def on_notification(self, handler: NotificationHandler) -> None:
+        self._notification_handler = handler
+
+    def _notify(self, method: str, params: Any) -> None:
+        """codex announces every new thread (`thread/started`) to every connection:
+        pass on only this connection's own (which codex answers before announcing)."""
+        if method == "thread/started" and isinstance(params, dict):
+            thread = params.get("thread")
+            if isinstance(thread, dict) and isinstance(thread.get("id"), str):
+                origins = {thread.get(key) for key in _THREAD_ORIGINS}
+                if thread["id"] not in self._threads and self._threads.isdisjoint(origins):
+                    self.foreign_threads_hidden += 1
+                    return
+                self._threads.add(thread["id"])
+        self._notification_handler(method, params)
+
+    def _resolve(self, message: dict[str, Any]) -> None:
+        request_id = message["id"]
+        if request_id in self._opening:
+            self._opening.discard(request_id)
+            result = message.get("result")
+            thread = result.get("thread") if isinstance(result, dict) else None
+            if isinstance(thread, dict) and isinstance(thread.get("id"), str):
+                self._threads.add(thread["id"])
+        super()._resolve(message)
 
     # -- outgoing --------------------------------------------------------------
 
@@ -117,6 +161,8 @@ class AppServerConnection(AppServerProcess):
         if self._frames_bytes > MAX_STDIN_BUFFER:
             raise StdinFull("the app-server is not reading its input")
         frame = dumps(message).decode()
+        if message.get("method") in THREAD_OPENERS and "id" in message:
+            self._opening.add(message["id"])
         self._frames.append(frame)
         self._frames_bytes += len(frame)
         if self._writer is None:

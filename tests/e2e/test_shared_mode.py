@@ -99,6 +99,33 @@ async def test_sessions_calls_and_text_turns_share_one_codex_process(
     assert state["userAgent"].startswith("codex_rest_bridge/0.169.0")
 
 
+async def events_of(http, base, session_id) -> list[dict[str, Any]]:
+    """Every event the session's log holds now (long-polls with `after`, cursor kept)."""
+    seen: list[dict[str, Any]] = []
+    while True:
+        after = seen[-1]["seq"] if seen else 0
+        url = f"{base}/v1/sessions/{session_id}/events?after={after}&waitMs=1"
+        async with http.get(url) as response:
+            if response.status == 204:
+                return seen
+            seen.append(await response.json())
+
+
+async def test_a_session_hears_of_its_own_threads_only(shared_bridge, http, workspace):
+    """codex 0.169.0 sends every connection a `thread/started` for every new thread; the
+    bridge keeps other sessions' thread ids from a session (and its event log)."""
+    sessions = [await create_session(http, shared_bridge, None) for _ in range(4)]
+    threads = [await start_thread(http, shared_bridge, s, cwd=str(workspace)) for s in sessions]
+    # A thread/start on the last session, answered after every other: all are announced.
+    for session_id, thread_id in zip(sessions, threads, strict=True):
+        started = [
+            e["params"]["thread"]["id"]
+            for e in await events_of(http, shared_bridge, session_id)
+            if e["method"] == "thread/started"
+        ]
+        assert started == [thread_id]
+
+
 async def test_command_approval_answered_over_http_in_shared_mode(
     shared_bridge, http, model, workspace
 ):
