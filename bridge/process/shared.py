@@ -69,6 +69,8 @@ BACKOFF_RESET_AFTER = 60.0
 THREAD_OPENERS = frozenset({"thread/start", "thread/resume", "thread/fork"})
 #: Fields of a thread that name the thread it came from (a fork, a sub-agent).
 _THREAD_ORIGINS = ("parentThreadId", "forkedFromId", "attachedToThreadId")
+#: Thread-opening calls remembered at most (those in flight are always kept).
+_MAX_OPENING = 1024
 CLOSED_BY_BRIDGE = "closed by the bridge"
 CLOSED_BY_SERVER = "closed by the app-server"
 SERVER_EXITED = "the shared app-server exited"
@@ -162,6 +164,9 @@ class AppServerConnection(AppServerProcess):
             raise StdinFull("the app-server is not reading its input")
         frame = dumps(message).decode()
         if message.get("method") in THREAD_OPENERS and "id" in message:
+            if len(self._opening) >= _MAX_OPENING:
+                # Calls that were never answered (timed out): forget them.
+                self._opening.intersection_update(self._pending)
             self._opening.add(message["id"])
         self._frames.append(frame)
         self._frames_bytes += len(frame)
