@@ -461,7 +461,13 @@ def compatibility_body(version: str = APP_SERVER_VERSION) -> dict[str, Any]:
         "bridgeVersion": __version__,
         "apiVersion": "v1",
         "openapi": "3.1.0",
-        "appServer": {"command": ["codex", "app-server"], "version": version, "versionError": None},
+        "appServer": {
+            "command": ["codex", "app-server"],
+            "version": version,
+            "versionError": None,
+            "mode": "process",
+            "shared": None,
+        },
     }
 
 

@@ -1,7 +1,8 @@
 """`fake-codex`: a command line shaped like the real `codex` binary's.
 
     fake-codex --version
-    fake-codex [-c key=value]... app-server [--listen stdio://] [-c key=value]... [--script PATH]
+    fake-codex [-c key=value]... app-server [--listen URL] [-c key=value]... [--script PATH]
+        [--ws-auth capability-token (--ws-token-file PATH | --ws-token-sha256 HEX)]
     fake-codex [-c key=value]... app-server generate-json-schema [--experimental] --out DIR
 
 As with the real CLI, `-c`/`--config`, `--enable` and `--disable` go before the
@@ -70,12 +71,20 @@ def _parser() -> argparse.ArgumentParser:
     _config_options(parser, "global")
     commands = parser.add_subparsers(dest="command")
     server = commands.add_parser("app-server", help="serve the app-server protocol on stdio")
-    server.add_argument("--listen", default="stdio://", help="only stdio:// is supported")
+    server.add_argument(
+        "--listen",
+        default="stdio://",
+        help="stdio:// (default), unix://, unix://PATH or ws://IP:PORT (see listen.py)",
+    )
     server.add_argument("--stdio", action="store_true", help="same as --listen stdio://")
     _config_options(server, "server")
     server.add_argument("--strict-config", action="store_true")
     server.add_argument("--analytics-default-enabled", action="store_true")
     server.add_argument("--script", help="the YAML/JSON script to follow")
+    server.add_argument("--ws-auth", choices=("capability-token", "signed-bearer-token"))
+    server.add_argument("--ws-token-file", metavar="PATH")
+    server.add_argument("--ws-token-sha256", metavar="HEX")
+    server.add_argument("--ws-shared-secret-file", metavar="PATH")
     tools = server.add_subparsers(dest="tool")
     schema = tools.add_parser(
         "generate-json-schema", help="write the JSON Schema of the params the fake knows"
@@ -159,17 +168,25 @@ def _app_server(args: argparse.Namespace) -> int:
         return _generate_json_schema(args)
     if args.stdio:
         args.listen = "stdio://"
+    endpoint = None
     if args.listen != "stdio://":
-        raise UsageError(
-            f"error: invalid value '{args.listen}' for '--listen <URL>': "
-            "fake-codex supports only `stdio://`"
-        )
+        from fakes.app_server.listen import ListenError, parse_listen, token_digest
+
+        try:
+            endpoint = parse_listen(args.listen)
+            token = token_digest(args.ws_auth, args.ws_token_file, args.ws_token_sha256)
+        except ListenError as exc:
+            raise UsageError(str(exc)) from None
     path = args.script or os.environ.get(SCRIPT_ENV) or config_script(_overrides(args))
     script = _load(path) if path else None
     seed = _env_seed()
     if seed is None and script is not None:
         seed = script.seed
     version_output = _version_output(script)
+    if endpoint is not None:
+        from fakes.app_server.listen import serve_listen
+
+        return serve_listen(endpoint, script, seed=seed, version_output=version_output, token=token)
     if script is None and fast_start_allowed():
         # Script-less: the opening is answered before asyncio is imported (fast.py).
         from fakes.app_server.fast import serve_fast
@@ -215,6 +232,10 @@ def _parser_defaults() -> argparse.Namespace:
         strict_config=False,
         analytics_default_enabled=False,
         script=None,
+        ws_auth=None,
+        ws_token_file=None,
+        ws_token_sha256=None,
+        ws_shared_secret_file=None,
         **{
             f"{level}_{kind}": []
             for level in ("global", "server")

@@ -123,14 +123,17 @@ class Report:
         self.changed()
 
 
-def attach(server: AppServer) -> Report | None:
-    """Start reporting on `server` if ``$FAKE_CODEX_REPORT`` names a directory."""
+def attach(server: AppServer, name: str | None = None) -> Report | None:
+    """Start reporting on `server` if ``$FAKE_CODEX_REPORT`` names a directory.
+
+    ``name``: the report's file name (``fake-codex-<pid>.json`` by default; a listening
+    server names one per connection)."""
     directory = os.environ.get(REPORT_ENV)
     if not directory:
         return None
     with contextlib.suppress(OSError):
         os.makedirs(directory, exist_ok=True)
-    report = Report(server, os.path.join(directory, f"fake-codex-{os.getpid()}.json"))
+    report = Report(server, os.path.join(directory, name or f"fake-codex-{os.getpid()}.json"))
     _observe(server, report)
     atexit.register(report.flush)
     report.flush()

@@ -196,10 +196,14 @@ class FloodSpec(_Model):
 
 
 class ExitSpec(_Model):
-    """Exit with `code`, or die by `signal` (a name such as `KILL` or `SIGKILL`)."""
+    """Exit with `code`, or die by `signal` (a name such as `KILL` or `SIGKILL`).
+
+    Under `--listen` an exit ends this connection only, unless `server` is true: then
+    the whole process exits (on stdio the two are the same)."""
 
     code: int = 0
     signal: str | None = None
+    server: bool = False
 
     @field_validator("signal")
     @classmethod

@@ -13,8 +13,8 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
-from collections.abc import Callable, Coroutine
-from typing import TYPE_CHECKING, Any
+from collections.abc import AsyncIterator, Callable, Coroutine
+from typing import TYPE_CHECKING, Any, Protocol
 
 import orjson
 
@@ -54,6 +54,16 @@ __all__ = ["INTERNAL_ERROR", "INVALID_REQUEST", "AppServer", "Call", "Reply", "s
 _KNOWN = frozenset(KNOWN_METHODS)
 
 
+class Sink(Protocol):
+    """Where the server's protocol lines go: stdout (`stdio.Output`) or a WebSocket
+    connection (`listen.FrameOutput`)."""
+
+    def send(self, message: Message) -> None: ...
+    def write(self, data: bytes) -> None: ...
+    async def drain(self) -> None: ...
+    async def close(self) -> None: ...
+
+
 def default_reply_text(inputs: list[Any]) -> str:
     """What the fake answers when no script says otherwise."""
     said = " ".join(
@@ -83,16 +93,20 @@ class AppServer:
         seed: int | None,
         version_output: str,
         resume: FastStart | None = None,
+        ids: IdFactory | None = None,
     ) -> None:
         self.script = script
         self.seed = seed
         self.version = shapes.cli_version(version_output)
-        self.out: Output
+        self.out: Sink
         self.initialized = False
         self.client_info: dict[str, Any] = {}
         self._saw_initialized = False
         self._unread = b""
-        if resume is None:
+        if ids is not None:
+            # One connection of a listening server (listen.py): the server owns the clock.
+            self.ids = ids
+        elif resume is None:
             use_virtual_clock(seed)
             self.ids = IdFactory(seed)
         else:
@@ -130,11 +144,20 @@ class AppServer:
 
     async def run(self) -> int:
         """Serve stdin/stdout until EOF, an `exit` step or the client going away."""
-        loop = asyncio.get_running_loop()
-        self._exit_code = loop.create_future()
-        self.out = await Output.open(1, on_lost=lambda: self.exit(0))
-        report.attach(self)  # only with $FAKE_CODEX_REPORT: see report.py
-        self._reader = self.spawn(self._read_loop())
+        self._exit_code = asyncio.get_running_loop().create_future()
+        out = await Output.open(1, on_lost=lambda: self.exit(0))
+        return await self.serve(out, read_lines(0, self._unread))
+
+    async def serve(
+        self, out: Sink, messages: AsyncIterator[bytes], report_name: str | None = None
+    ) -> int:
+        """Serve `messages` (one JSON-RPC message each), writing to `out`, until they end,
+        an `exit` step or the client going away; returns the exit status."""
+        if not hasattr(self, "_exit_code"):
+            self._exit_code = asyncio.get_running_loop().create_future()
+        self.out = out
+        report.attach(self, report_name)  # only with $FAKE_CODEX_REPORT: see report.py
+        self._reader = self.spawn(self._read_loop(messages))
         code = await self._exit_code
         for task in list(self._tasks):
             task.cancel()
@@ -167,6 +190,13 @@ class AppServer:
         os.kill(os.getpid(), signal.Signals[signame])
         self.exit(128 + signal.Signals[signame])
 
+    async def end_process(self, code: int, signame: str | None) -> None:
+        """The `exit` step with `server: true`: on stdio the process is the connection."""
+        if signame is not None:
+            await self.kill_self(signame)
+        else:
+            self.exit(code)
+
     async def stall(self, *, ignore_term: bool, exit_on_eof: bool) -> None:
         """Stop everything else and never do anything again."""
         if ignore_term:
@@ -181,8 +211,8 @@ class AppServer:
         log("stalled")
         await asyncio.get_running_loop().create_future()
 
-    async def _read_loop(self) -> None:
-        async for line in read_lines(0, self._unread):
+    async def _read_loop(self, messages: AsyncIterator[bytes]) -> None:
+        async for line in messages:
             if not self._stalled:
                 self._dispatch(line)
         if self._exit_on_eof:

@@ -459,7 +459,9 @@ class StepRunner:
         self.server.out.send(ctx.substitute(message))
 
     async def _exit(self, step: s.ExitStep, ctx: StepContext) -> None:
-        if step.exit.signal is not None:
+        if step.exit.server:
+            await self.server.end_process(step.exit.code, step.exit.signal)
+        elif step.exit.signal is not None:
             await self.server.kill_self(step.exit.signal)
         else:
             self.server.exit(step.exit.code)

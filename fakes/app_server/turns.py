@@ -9,12 +9,14 @@ from __future__ import annotations
 
 import asyncio
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from fakes.app_server import shapes
 from fakes.app_server.ids import IdFactory
-from fakes.app_server.stdio import Output
 from fakes.app_server.wire import RequestId, notification, now_ms
+
+if TYPE_CHECKING:
+    from fakes.app_server.server import Sink
 
 ITEM_EVENTS: tuple[str, ...] = ("started", "deltas", "completed")
 _DEFAULT_DELTAS = 4
@@ -97,7 +99,7 @@ class TurnRun:
 
     def __init__(
         self,
-        out: Output,
+        out: Sink,
         ids: IdFactory,
         thread: ThreadState,
         usage: Usage,

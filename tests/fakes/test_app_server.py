@@ -256,10 +256,24 @@ async def test_generate_json_schema_needs_an_output_directory(tmp_path: Path) ->
     assert "--out" in err
 
 
-async def test_listen_other_than_stdio_is_a_usage_error(tmp_path: Path) -> None:
-    code, _, err = await run_cli(tmp_path, "app-server", "--listen", "ws://127.0.0.1:1")
-    assert code == 2
-    assert "--listen" in err
+async def test_a_listen_url_the_fake_does_not_serve_is_a_usage_error(tmp_path: Path) -> None:
+    for url in ("off", "tcp://127.0.0.1:1", "ws://127.0.0.1", "ws://127.0.0.1:99999"):
+        code, _, err = await run_cli(tmp_path, "app-server", "--listen", url)
+        assert code == 2, url
+        assert "--listen" in err
+
+
+async def test_a_listen_address_that_cannot_be_bound_exits_1_without_a_traceback(
+    tmp_path: Path,
+) -> None:
+    (tmp_path / "file").write_text("")
+    code, _, err = await run_cli(tmp_path, "app-server", "--listen", f"unix://{tmp_path}/file/s")
+    assert code == 1
+    assert "Traceback" not in err
+    code, _, err = await run_cli(tmp_path, "app-server", "--listen", "ws://192.0.2.1:9")
+    assert code == 1
+    assert err.startswith("fake-codex: cannot listen on ws://192.0.2.1:9")
+    assert "Traceback" not in err
 
 
 async def test_a_bad_seed_is_a_usage_error(tmp_path: Path) -> None:

@@ -16,11 +16,13 @@ import asyncio
 import difflib
 import json
 import os
+import socket
 import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import aiohttp
 import pytest
 
 from fakes.model_provider import ModelProviderServer
@@ -176,23 +178,28 @@ async def converse(command: list[str], workspace: Path, env: dict[str, str]) -> 
     )
     talk = Conversation(proc)
     try:
-        assert "result" in await talk.request("initialize", {"clientInfo": CLIENT_INFO})
-        await talk.send({"method": "initialized"})
-        started = await talk.request(
-            "thread/start",
-            {"cwd": str(workspace), "approvalPolicy": "untrusted", "sandbox": "workspace-write"},
-        )
-        thread_id = started["result"]["thread"]["id"]
-        await talk.turn(thread_id, "Say hi")
-        await talk.turn(thread_id, "Create accepted.txt", "accept")
-        await talk.turn(thread_id, "Create declined.txt", "decline")
-        assert "error" in await talk.request("no/such/method", {})
-        assert await talk.finish() == 0
+        await _converse(talk, workspace)
     finally:
         if proc.returncode is None:
             proc.kill()
             await proc.wait()
     return talk
+
+
+async def _converse(talk: Conversation, workspace: Path) -> None:
+    """The conversation itself, on whichever transport `talk` speaks."""
+    assert "result" in await talk.request("initialize", {"clientInfo": CLIENT_INFO})
+    await talk.send({"method": "initialized"})
+    started = await talk.request(
+        "thread/start",
+        {"cwd": str(workspace), "approvalPolicy": "untrusted", "sandbox": "workspace-write"},
+    )
+    thread_id = started["result"]["thread"]["id"]
+    await talk.turn(thread_id, "Say hi")
+    await talk.turn(thread_id, "Create accepted.txt", "accept")
+    await talk.turn(thread_id, "Create declined.txt", "decline")
+    assert "error" in await talk.request("no/such/method", {})
+    assert await talk.finish() == 0
 
 
 def token(message: dict[str, Any], methods: dict[Any, str]) -> str:
@@ -284,3 +291,102 @@ async def test_the_fake_says_what_the_real_codex_says(codex_bin: str, tmp_path: 
         if real_keys != fake_keys
     ]
     assert shapes == [], "payload keys differ:\n" + "\n".join(shapes)
+
+
+class SocketConversation(Conversation):
+    """The same client over one WebSocket connection to a `--listen unix://` server."""
+
+    def __init__(self, ws: aiohttp.ClientWebSocketResponse) -> None:
+        self.ws = ws
+        self.received = []
+        self.methods = {}
+        self.answered = set()
+        self._arrived = asyncio.Condition()
+        self._next_id = 0
+        self._reader = asyncio.create_task(self._read())
+
+    async def _read(self) -> None:
+        async for frame in self.ws:
+            if frame.type == aiohttp.WSMsgType.TEXT:
+                async with self._arrived:
+                    self.received.append(json.loads(frame.data))
+                    self._arrived.notify_all()
+
+    async def send(self, message: dict[str, Any]) -> None:
+        await self.ws.send_str(json.dumps(message))
+
+    async def finish(self) -> int:
+        await self.ws.close()
+        await asyncio.wait_for(self._reader, WAIT)
+        return 0
+
+
+def _accepts(link: Path) -> bool:
+    """Whether the socket `link` points to accepts connections."""
+    with socket.socket(socket.AF_UNIX) as probe:
+        try:
+            probe.connect(os.readlink(link))
+        except OSError:
+            return False
+    return True
+
+
+async def converse_over_socket(
+    command: list[str], workspace: Path, env: dict[str, str]
+) -> Conversation:
+    """Run the whole conversation over `command --listen unix://...`, then stop it."""
+    link = workspace.parent / "app.sock"
+    proc = await asyncio.create_subprocess_exec(
+        *command,
+        "--listen",
+        f"unix://{link}",
+        stdin=asyncio.subprocess.DEVNULL,
+        stdout=asyncio.subprocess.DEVNULL,
+        stderr=asyncio.subprocess.DEVNULL,
+        cwd=workspace,
+        env=env,
+    )
+    try:
+        async with asyncio.timeout(WAIT):
+            while not _accepts(link):  # noqa: ASYNC110 (nothing announces the socket)
+                await asyncio.sleep(0.02)  # sync-ok: polled, see above
+        connector = aiohttp.UnixConnector(path=os.readlink(link))
+        async with aiohttp.ClientSession(connector=connector) as session:
+            ws = await session.ws_connect("http://localhost/", max_msg_size=1 << 24)
+            talk = SocketConversation(ws)
+            await _converse(talk, workspace)
+        proc.terminate()
+        assert await asyncio.wait_for(proc.wait(), WAIT) == 0
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+            await proc.wait()
+    return talk
+
+
+async def test_the_fake_says_what_the_real_codex_says_over_a_unix_socket(
+    codex_bin: str, tmp_path: Path
+) -> None:
+    real_dir, fake_dir = tmp_path / "real", tmp_path / "fake"
+    for workspace in (real_dir, fake_dir):
+        (workspace / "home").mkdir(parents=True)
+        (workspace / "work").mkdir()
+    base_env = {k: v for k, v in os.environ.items() if not k.startswith(("CODEX_", "FAKE_CODEX"))}
+    async with ModelProviderServer(MODEL_SCRIPT) as model:
+        env = {**base_env, "CODEX_HOME": str(real_dir / "home"), "OPENAI_API_KEY": "x"}
+        command = [codex_bin, "app-server", *model.codex_cli_args(model=MODEL)]
+        real = await converse_over_socket(command, real_dir / "work", env)
+    assert (real_dir / "work" / "accepted.txt").exists()
+    script = fake_dir / "script.yaml"
+    script.write_text(FAKE_SCRIPT % {"workspace": fake_dir / "work"})
+    env = {**base_env, "CODEX_HOME": str(fake_dir / "home")}
+    fake = await converse_over_socket(
+        [FAKE_CODEX, "app-server", "--script", str(script)], fake_dir / "work", env
+    )
+    assert (fake_dir / "work" / "accepted.txt").exists()
+    tokens = {
+        name: [pair[0] for pair in normalized(talk)]
+        for name, talk in (("real", real), ("fake", fake))
+    }
+    diff = "\n".join(difflib.unified_diff(tokens["real"], tokens["fake"], "real", "fake", n=2))
+    assert tokens["fake"] == tokens["real"], f"the message sequences differ:\n{diff}"

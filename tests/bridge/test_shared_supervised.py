@@ -1,0 +1,221 @@
+"""Shared mode with the app-server the bridge starts itself: fake-codex `--listen`.
+
+The bridge appends `--listen unix://PATH` to the command and supervises the process:
+floods held back for a reader, the whole process dying (every session ends, a new one
+starts for new sessions), what it started swept with it, and nothing left at the end.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+from collections.abc import Iterable
+from typing import Any
+
+import aiohttp
+import pytest
+
+from bridge.app import trusted_bridge_app
+from bridge.limits import AppServerSettings, RestLimits
+from bridge.routes import BACKEND
+from scenarios.harness import fake_app_server_command
+from scenarios.processes import live_children
+from scenarios.sse import SseReader
+
+pytestmark = pytest.mark.asyncio
+
+SHARED = AppServerSettings(mode="shared")
+WAIT = 60.0
+NO_PARAMS = {"params": {}}
+
+
+async def post(http: aiohttp.ClientSession, url: str, body: Any = None) -> tuple[int, Any]:
+    async with http.post(url, json=body or {}) as response:
+        return response.status, await response.json()
+
+
+async def shared_state(http: aiohttp.ClientSession, base: str) -> dict[str, Any]:
+    async with http.get(f"{base}/v1/compatibility") as response:
+        return dict((await response.json())["appServer"]["shared"])
+
+
+async def new_session(http: aiohttp.ClientSession, base: str) -> str:
+    status, body = await post(http, f"{base}/v1/sessions")
+    assert status == 201, body
+    return str(body["sessionId"])
+
+
+async def gone(pids: Iterable[int], timeout: float) -> set[int]:
+    """Wait (on pidfds, no polling) until every pid has exited; those still alive."""
+    pids = list(pids)
+    loop = asyncio.get_running_loop()
+    waits: list[asyncio.Future[None]] = []
+    fds: list[int] = []
+    for pid in pids:
+        try:
+            fd = os.pidfd_open(pid)
+        except ProcessLookupError:
+            continue
+        done: asyncio.Future[None] = loop.create_future()
+        loop.add_reader(fd, lambda f=done: f.done() or f.set_result(None))
+        waits.append(done)
+        fds.append(fd)
+    try:
+        if waits:
+            await asyncio.wait(waits, timeout=timeout)
+    finally:
+        for fd in fds:
+            loop.remove_reader(fd)
+            os.close(fd)
+    return {pid for pid in pids if _alive(pid)}
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def _exists(path: str) -> bool:
+    return os.path.exists(path)
+
+
+async def test_a_flood_is_held_back_for_a_reader_that_keeps_reading(serve, http, write_script):
+    count = 20_000
+    flood = {"steps": [{"flood": {"count": count, "method": "x/tick"}}], "result": {}}
+    command = fake_app_server_command(write_script({"methods": {"x/f": flood}}))
+    limits = RestLimits(event_buffer=64, event_buffer_bytes=65_536)
+    base = await serve(trusted_bridge_app(command, limits, SHARED))
+    session = f"{base}/v1/sessions/{await new_session(http, base)}"
+    async with http.get(f"{session}/events/stream?after=0") as response:
+        reader = SseReader(response)
+        call = asyncio.ensure_future(
+            post(http, f"{session}/call/x/f", {"params": {}, "timeoutMs": 300_000})
+        )
+        ticks = last = 0
+        kinds: set[str] = set()
+        async with asyncio.timeout(300):
+            while ticks < count:
+                frame = await reader.next(timeout=WAIT)
+                assert frame is not None
+                assert int(frame.id) == last + 1, (frame.id, last)
+                last = int(frame.id)
+                kinds.add(frame.event or "")
+                ticks += '"x/tick"' in frame.data
+        assert (await call)[0] == 200
+    assert "gap" not in kinds
+
+
+async def test_the_shared_process_dying_ends_every_session_and_a_new_one_starts(
+    serve, http, write_script
+):
+    die = {"steps": [{"exit": {"code": 5, "server": True}}]}
+    child = {"steps": [{"spawnChild": True}], "result": {}}
+    command = fake_app_server_command(write_script({"methods": {"x/die": die, "x/child": child}}))
+    base = await serve(trusted_bridge_app(command, RestLimits(), SHARED))
+    before = live_children()
+    sessions = [await new_session(http, base) for _ in range(3)]
+    first = await shared_state(http, base)
+    assert (first["state"], first["connections"], first["restarts"]) == ("running", 3, 0)
+    status, body = await post(http, f"{base}/v1/sessions/{sessions[0]}/call/x/child", NO_PARAMS)
+    assert status == 200, body
+    started = live_children() - before
+    assert first["pid"] in started
+    assert len(started) >= 2  # the shared process and the child it started
+    waiting = asyncio.ensure_future(
+        post(http, f"{base}/v1/sessions/{sessions[1]}/call/thread/list", NO_PARAMS)
+    )
+    status, body = await post(http, f"{base}/v1/sessions/{sessions[2]}/call/x/die", NO_PARAMS)
+    assert status == 502, body
+    assert body["error"] == "app_server_exited"
+    assert body["data"] == {"exitCode": 5, "signal": None}
+    await waiting  # answered or failed: not left hanging
+    for session in sessions:
+        url = f"{base}/v1/sessions/{session}/events/stream?after=0"
+        async with http.get(url) as response:
+            frames = await SseReader(response).until(lambda f: f.event == "exit", timeout=WAIT)
+        assert frames[-1].json()["params"] == {
+            "exitCode": 5,
+            "signal": None,
+            "stderrTail": "",
+            "connection": "the shared app-server exited",
+        }
+    # What the dead process started is swept with it.
+    assert await gone(started, WAIT) == set()
+    # New sessions get a new process, after the backoff.
+    fresh = await new_session(http, base)
+    status, body = await post(http, f"{base}/v1/sessions/{fresh}/call/thread/start", NO_PARAMS)
+    assert status == 200, body
+    state = await shared_state(http, base)
+    assert state["restarts"] == 1
+    assert state["lastExit"]["exitCode"] == 5
+    assert state["pid"] not in (None, first["pid"])
+    assert state["connections"] == 1
+
+
+async def test_a_process_that_cannot_start_is_reported_and_retried(serve, http, tmp_path):
+    script = tmp_path / "broken.sh"
+    script.write_text("#!/bin/sh\necho 'no good' >&2\nexit 3\n")
+    script.chmod(0o755)
+    base = await serve(trusted_bridge_app([str(script), "app-server"], RestLimits(), SHARED))
+    for _ in range(2):
+        status, body = await post(http, f"{base}/v1/sessions")
+        assert status == 502, body
+        assert body["error"] == "app_server_exited"
+        assert "no good" not in str(body)
+        assert str(script) not in str(body)
+    state = await shared_state(http, base)
+    assert state["state"] == "failed"
+    assert state["pid"] is None
+    assert state["restartInMs"] is not None
+
+
+async def test_nothing_is_left_when_the_bridge_stops(http, write_script):
+    from scenarios.harness import serve_app
+
+    child = {"steps": [{"spawnChild": True}], "result": {}}
+    command = fake_app_server_command(write_script({"methods": {"x/child": child}}))
+    app = trusted_bridge_app(command, RestLimits(), SHARED)
+    runner, base = await serve_app(app)
+    before = live_children()
+    try:
+        session = await new_session(http, base)
+        status, _ = await post(http, f"{base}/v1/sessions/{session}/call/x/child", NO_PARAMS)
+        assert status == 200
+        socket_dir = app[BACKEND].server.socket_dir
+        assert socket_dir is not None
+        assert os.stat(socket_dir).st_mode & 0o777 == 0o700
+        async with http.get(f"{base}/v1/sessions/{session}/events/stream") as stream:
+            started = live_children() - before
+            assert len(started) >= 2
+            await runner.cleanup()
+            frames = await SseReader(stream).until(lambda f: f.event == "exit", timeout=WAIT)
+            assert frames[-1].json()["params"]["connection"] == "closed by the bridge"
+    finally:
+        await runner.cleanup()
+    assert await gone(started, WAIT) == set()
+    assert not _exists(socket_dir)
+
+
+async def test_a_sigkilled_shared_process_is_an_exit_with_its_signal(serve, http):
+    base = await serve(trusted_bridge_app(fake_app_server_command(), RestLimits(), SHARED))
+    session = await new_session(http, base)
+    pid = (await shared_state(http, base))["pid"]
+    async with http.get(f"{base}/v1/sessions/{session}/events/stream") as stream:
+        os.kill(pid, signal.SIGKILL)
+        frames = await SseReader(stream).until(lambda f: f.event == "exit", timeout=WAIT)
+    params = frames[-1].json()["params"]
+    assert (params["signal"], params["connection"]) == ("SIGKILL", "the shared app-server exited")
+
+
+async def test_concurrent_first_requests_start_one_process(serve, http):
+    base = await serve(trusted_bridge_app(fake_app_server_command(), RestLimits(), SHARED))
+    before = live_children()
+    results = await asyncio.gather(*(post(http, f"{base}/v1/sessions") for _ in range(20)))
+    assert [status for status, _ in results] == [201] * 20
+    state = await shared_state(http, base)
+    assert state["connections"] == 20
+    assert {os.getpgid(pid) for pid in live_children() - before} == {state["pid"]}
