@@ -18,9 +18,10 @@ from bridge import models, routes
 from bridge.auth import AUTH
 from bridge.backend import Backend
 from bridge.errors import make_error_middleware
-from bridge.limits import RestLimits
+from bridge.limits import AppServerSettings, RestLimits
 from bridge.openapi import build_openapi
 from bridge.process.backend import DEFAULT_COMMAND, ProcessBackend
+from bridge.process.shared import SharedBackend
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
@@ -277,33 +278,46 @@ def create_app(backend: Backend, options: RouterOptions | None = None) -> web.Ap
 
 
 def _process_backend(
-    app_server_command: str | Sequence[str], limits: RestLimits | None
+    app_server_command: str | Sequence[str],
+    limits: RestLimits | None,
+    app_server: AppServerSettings | None,
 ) -> tuple[ProcessBackend, RestLimits]:
+    """The bundled backend in the mode ``app_server`` says (None: the environment's,
+    ``REST_ADAPTER_APP_SERVER_MODE``, so harnesses and tests switch modes from outside)."""
     limits = limits or RestLimits()
+    settings = app_server or AppServerSettings.from_env()
+    if settings.shared:
+        return SharedBackend(app_server_command, limits, settings), limits
     return ProcessBackend(app_server_command, limits), limits
 
 
 def trusted_bridge_app(
-    app_server_command: str | Sequence[str] = DEFAULT_COMMAND, limits: RestLimits | None = None
+    app_server_command: str | Sequence[str] = DEFAULT_COMMAND,
+    limits: RestLimits | None = None,
+    app_server: AppServerSettings | None = None,
 ) -> web.Application:
     """Every route of spec section 4, every ClientOptions field, real processes."""
-    backend, limits = _process_backend(app_server_command, limits)
+    backend, limits = _process_backend(app_server_command, limits, app_server)
     return create_app(backend, RouterOptions(limits=limits))
 
 
 def text_turn_app(
-    app_server_command: str | Sequence[str] = DEFAULT_COMMAND, limits: RestLimits | None = None
+    app_server_command: str | Sequence[str] = DEFAULT_COMMAND,
+    limits: RestLimits | None = None,
+    app_server: AppServerSettings | None = None,
 ) -> web.Application:
     """Health, compatibility and the one-shot text turn only."""
-    backend, limits = _process_backend(app_server_command, limits)
+    backend, limits = _process_backend(app_server_command, limits, app_server)
     return create_app(backend, RouterOptions(routes=TEXT_TURN_ROUTES, limits=limits))
 
 
 def default_app(
-    app_server_command: str | Sequence[str] = DEFAULT_COMMAND, limits: RestLimits | None = None
+    app_server_command: str | Sequence[str] = DEFAULT_COMMAND,
+    limits: RestLimits | None = None,
+    app_server: AppServerSettings | None = None,
 ) -> web.Application:
     """The conservative router: no sessionless calls, no process-shaping options."""
-    backend, limits = _process_backend(app_server_command, limits)
+    backend, limits = _process_backend(app_server_command, limits, app_server)
     return create_app(
         backend,
         RouterOptions(

@@ -27,7 +27,13 @@ from bridge.app import (
 )
 from bridge.auth import AuthSettings, token_problem, with_bearer_auth
 from bridge.descriptors import BridgeEventLoop, ShortageReporter, budget_line, raise_soft_limit
-from bridge.limits import RestLimits, RestLimitsEnvError
+from bridge.limits import (
+    APP_SERVER_MODES,
+    APP_SERVER_VARIABLES,
+    AppServerSettings,
+    RestLimits,
+    RestLimitsEnvError,
+)
 from bridge.openapi import build_openapi
 from bridge.process import descendants
 from bridge.process.backend import DEFAULT_COMMAND, parse_command
@@ -56,6 +62,7 @@ OTHER_VARIABLES = frozenset(
         PEERS_VARIABLE,
         DRAIN_TIMEOUT_VARIABLE,
         "REST_ADAPTER_CLUSTER_MARK",  # set by `rest-bridge cluster` on its replicas
+        *APP_SERVER_VARIABLES,
     }
 )
 LIMIT_FIELDS = tuple(f.name for f in dataclasses.fields(RestLimits))
@@ -140,6 +147,20 @@ def build_parser() -> argparse.ArgumentParser:
         default=" ".join(DEFAULT_COMMAND),
         help="command that starts an app-server on stdio (default: %(default)s)",
     )
+    serve.add_argument(
+        "--app-server-mode",
+        choices=APP_SERVER_MODES,
+        default=None,
+        help="process: an app-server per session (default); shared: one app-server, each "
+        "session a connection to it (default: $REST_ADAPTER_APP_SERVER_MODE)",
+    )
+    serve.add_argument(
+        "--app-server-url",
+        default=None,
+        metavar="URL",
+        help="shared mode: connect to a running app-server (unix://PATH or ws://HOST:PORT, "
+        "its token in $REST_ADAPTER_APP_SERVER_TOKEN) instead of starting one",
+    )
     serve.add_argument("--host", default="127.0.0.1")
     serve.add_argument("--port", type=port_number, default=8787, help="0 picks a free port")
     serve.add_argument(
@@ -221,7 +242,7 @@ def run_scenarios(argv: Sequence[str]) -> int:
 
 
 def print_openapi(preset: str, auth: bool) -> None:
-    app = PRESETS[preset](DEFAULT_COMMAND, None)
+    app = PRESETS[preset](DEFAULT_COMMAND, None, AppServerSettings())
     settings = AuthSettings(exempt_health=True) if auth else None
     document = build_openapi(mounted_routes(app), auth=settings)
     sys.stdout.write(json.dumps(document, indent=2) + "\n")
@@ -270,9 +291,16 @@ def print_front_config(args: argparse.Namespace) -> int:
     return 0
 
 
-async def serve(preset: str, command: list[str], host: str, port: int) -> None:
+async def serve(
+    preset: str,
+    command: list[str],
+    host: str,
+    port: int,
+    app_server: AppServerSettings | None = None,
+) -> None:
     limits = RestLimits.from_env()
-    app = PRESETS[preset](command, limits)
+    app_server = app_server or AppServerSettings.from_env()
+    app = PRESETS[preset](command, limits, app_server)
     settings = ReplicaSettings.from_env()
     drain = replica.configure(app, app[BACKEND], settings)
     token = os.environ.get(TOKEN_VARIABLE)
@@ -297,7 +325,14 @@ async def serve(preset: str, command: list[str], host: str, port: int) -> None:
         shutdown_timeout=SHUTDOWN_HANDLER_SECONDS,
         **SERVER_SETTINGS,
     )
-    app_server = await describe_command(command)
+    if app_server.url is not None:
+        described = f"app-server: shared, connecting to {app_server.url} (not started here)"
+    else:
+        described = await describe_command(command)
+        if app_server.shared:
+            described = described.replace(
+                "app-server: ", "app-server (shared, one process on a private socket): ", 1
+            )
     await runner.setup()
     site = web.TCPSite(runner, host, port)
     try:
@@ -313,7 +348,7 @@ async def serve(preset: str, command: list[str], host: str, port: int) -> None:
     print(f"  limits: {changed or 'the defaults'}", flush=True)
     for variable in RestLimits.unknown_variables(others=OTHER_VARIABLES):
         print(f"  ignoring {variable}: not a variable rest-bridge reads (misspelt?)", flush=True)
-    print(f"  {app_server}", flush=True)
+    print(f"  {described}", flush=True)
     print(f"  {descriptors}", flush=True)
     if settings.replica_id is not None:
         print(
@@ -363,6 +398,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             except ValueError as exc:
                 raise ValueError(f"--app-server {args.app_server!r}: {exc}") from None
             RestLimits.from_env()
+            app_server = AppServerSettings.from_env(
+                mode=args.app_server_mode, url=args.app_server_url
+            )
             ReplicaSettings.from_env()
             token = os.environ.get(TOKEN_VARIABLE)
             problem = None if token is None else token_problem(token)
@@ -382,7 +420,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             loop_factory = uvloop.new_event_loop
         try:
             with asyncio.Runner(loop_factory=loop_factory) as runner:
-                runner.run(serve(args.preset, command, args.host, args.port))
+                runner.run(serve(args.preset, command, args.host, args.port, app_server))
         except StartupError as exc:
             print(f"rest-bridge: {exc}", file=sys.stderr)
             return 2

@@ -131,3 +131,84 @@ class RestLimits:
             parsed = int(raw)
             values[field.name] = parsed
         return cls(**values)
+
+
+#: ``process`` (one app-server per session, the default) or ``shared`` (one for all).
+APP_SERVER_MODES = ("process", "shared")
+MODE_VARIABLE = ENV_PREFIX + "APP_SERVER_MODE"
+URL_VARIABLE = ENV_PREFIX + "APP_SERVER_URL"
+#: The token of an app-server the bridge connects to over ``ws://`` (never logged).
+APP_SERVER_TOKEN_VARIABLE = ENV_PREFIX + "APP_SERVER_TOKEN"
+APP_SERVER_VARIABLES = frozenset({MODE_VARIABLE, URL_VARIABLE, APP_SERVER_TOKEN_VARIABLE})
+
+
+@dataclass(frozen=True, slots=True)
+class AppServerSettings:
+    """How the bridge reaches app-servers.
+
+    ``process``: every session, sessionless call and text turn spawns its own app-server
+    on stdio. ``shared``: one app-server serves them all, each over a connection of its
+    own; the bridge starts and supervises it on a private unix socket, or, with ``url``
+    (``unix://PATH`` or ``ws://HOST:PORT``), connects to one that is already running.
+    """
+
+    mode: str = "process"
+    url: str | None = None
+    #: Sent as ``Authorization: Bearer`` to a ``url`` app-server; kept out of reprs.
+    token: str | None = dataclasses.field(default=None, repr=False)
+
+    def __post_init__(self) -> None:
+        if self.mode not in APP_SERVER_MODES:
+            raise ValueError(f"the app-server mode must be one of {', '.join(APP_SERVER_MODES)}")
+        if self.url is not None:
+            if self.mode != "shared":
+                raise ValueError("an app-server URL needs the shared mode")
+            if url_problem(self.url) is not None:
+                raise ValueError(f"the app-server URL {url_problem(self.url)}")
+
+    @property
+    def shared(self) -> bool:
+        return self.mode == "shared"
+
+    @classmethod
+    def from_env(
+        cls,
+        environ: Mapping[str, str] | None = None,
+        *,
+        mode: str | None = None,
+        url: str | None = None,
+    ) -> AppServerSettings:
+        """From ``REST_ADAPTER_APP_SERVER_MODE``, ``_URL`` and ``_TOKEN``; ``mode`` and
+        ``url`` (command-line options) win over the variables.
+
+        Raises :class:`RestLimitsEnvError` for a variable that is set to something else
+        than what it can be, naming it (a token's value is never repeated).
+        """
+        env = os.environ if environ is None else environ
+        raw_mode = env.get(MODE_VARIABLE)
+        if mode is None and raw_mode is not None:
+            if raw_mode not in APP_SERVER_MODES:
+                raise RestLimitsEnvError(MODE_VARIABLE, raw_mode, "mode (process or shared)")
+            mode = raw_mode
+        raw_url = env.get(URL_VARIABLE)
+        if url is None and raw_url is not None:
+            if url_problem(raw_url) is not None:
+                raise RestLimitsEnvError(URL_VARIABLE, raw_url, "unix://PATH or ws://HOST:PORT")
+            url = raw_url
+        if url is not None and mode is None:
+            mode = "shared"
+        token = env.get(APP_SERVER_TOKEN_VARIABLE) or None
+        return cls(mode=mode or "process", url=url, token=token)
+
+
+def url_problem(url: str) -> str | None:
+    """What is wrong with an app-server URL, or None for ``unix://PATH``/``ws://HOST:PORT``."""
+    if url.startswith("unix://"):
+        return None if url[len("unix://") :].startswith("/") else "needs an absolute path"
+    if url.startswith("ws://"):
+        rest = url[len("ws://") :]
+        host, _, port = rest.partition("/")[0].rpartition(":")
+        if host and port.isascii() and port.isdigit() and 0 < int(port) < 65536:
+            return None
+        return "needs a host and a port (ws://HOST:PORT)"
+    return "must start with unix:// or ws://"

@@ -56,10 +56,36 @@ class Health(_Wire):
     version: str
 
 
+class SharedAppServerState(_Wire):
+    """Shared mode: the one app-server every session is a connection to."""
+
+    source: Literal["supervised", "url"] = Field(
+        description="`supervised`: started by the bridge; `url`: one it connects to."
+    )
+    state: Literal["idle", "starting", "running", "restarting", "failed", "stopped", "external"]
+    pid: int | None = Field(default=None, description="The supervised process, while it runs.")
+    connections: int = Field(description="Open connections: sessions, calls and text turns.")
+    restarts: int = Field(description="How many times it died and was started again.")
+    last_exit: dict[str, Any] | None = Field(
+        default=None, description="`{exitCode, signal, at}` of its last death."
+    )
+    restart_in_ms: int | None = Field(
+        default=None, description="While restarting (or after a failed start): when it starts."
+    )
+    user_agent: str | None = Field(
+        default=None, description="The `userAgent` of the last `initialize` answered."
+    )
+
+
 class AppServerInfo(_Wire):
     command: list[str]
     version: str | None
     version_error: str | None
+    mode: Literal["process", "shared"] = Field(
+        default="process",
+        description="`process`: an app-server per session; `shared`: one for all of them.",
+    )
+    shared: SharedAppServerState | None = None
 
 
 class Compatibility(_Wire):

@@ -82,10 +82,15 @@ class ExitInfo:
     stderr_tail: str
     #: Set when the bridge ended the process because it broke the protocol.
     protocol_error: str | None = None
+    #: Shared mode: how the session's connection to the shared app-server ended (the
+    #: code and signal are then the shared process's, when it was its exit that ended it).
+    connection: str | None = None
 
     def describe(self) -> str:
         if self.protocol_error:
             return f"the app-server broke the protocol: {self.protocol_error}"
+        if self.connection:
+            return f"the connection to the shared app-server ended: {self.connection}"
         if self.signal:
             return f"the app-server process was killed by {self.signal}"
         return f"the app-server process exited with code {self.exit_code}"
@@ -98,6 +103,8 @@ class ExitInfo:
         }
         if self.protocol_error:
             params["protocolError"] = self.protocol_error
+        if self.connection:
+            params["connection"] = self.connection
         return params
 
 

@@ -61,6 +61,16 @@ def spawn_failed(command: Sequence[str], exc: OSError, cwd: str | None) -> error
 def exited_at_startup(command: Sequence[str], info: ExitInfo) -> errors.RestError:
     """The process ended before answering ``initialize``: a log line with its stderr, and
     502 ``app_server_exited`` (``protocol_error`` when the bridge stopped it for that)."""
+    if info.connection:
+        # Shared mode: a connection, not a process, ended before `initialize`.
+        log.error("a connection to the shared app-server ended at start-up: %s", info.connection)
+        if info.protocol_error:
+            return errors.protocol_error(info.describe())
+        return errors.app_server_exited(
+            "The connection to the shared app-server ended before `initialize` was "
+            f"answered ({info.connection}).",
+            data={"exitCode": info.exit_code, "signal": info.signal},
+        )
     log.error(
         "the app-server `%s` ended during start-up: %s; stderr: %s",
         shlex.join(command),

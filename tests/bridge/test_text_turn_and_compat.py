@@ -200,7 +200,13 @@ async def test_compatibility_reports_the_app_server_version(serve, fake_codex, h
         "bridgeVersion": body["bridgeVersion"],
         "apiVersion": "v1",
         "openapi": "3.1.0",
-        "appServer": {"command": fake_codex, "version": "codex-cli 0.169.0", "versionError": None},
+        "appServer": {
+            "command": fake_codex,
+            "version": "codex-cli 0.169.0",
+            "versionError": None,
+            "mode": "process",
+            "shared": None,
+        },
     }
 
 

@@ -1,0 +1,637 @@
+"""Shared mode: one app-server for every session, each session a connection to it.
+
+``codex app-server --listen unix://PATH`` (or ``ws://IP:PORT``) serves many clients from
+one process: each connection speaks WebSocket, one JSON-RPC message per text frame, and
+does its own ``initialize``. Here:
+
+- :class:`AppServerConnection` is one such conversation. It is an
+  :class:`~bridge.process.rpc.AppServerProcess` whose transport is a WebSocket instead of
+  a child's stdio: calls, replies, the id rules, the flow gate and the exit callbacks are
+  the same code, so :class:`~bridge.process.session.Session` and the text turn run on it
+  unchanged. Its "exit" is the end of the connection.
+- :class:`SharedAppServer` starts and supervises the one process (on a unix socket in a
+  private 0700 directory), restarts it with a backoff when it dies, and opens the
+  connections; or, given a URL, only connects to an app-server that runs already.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import shlex
+import shutil
+import tempfile
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import aiohttp
+
+from bridge import __version__, errors
+from bridge.events import rfc3339
+from bridge.limits import (
+    APP_SERVER_TOKEN_VARIABLE,
+    MAX_STDIN_BUFFER,
+    AppServerSettings,
+    RestLimits,
+)
+from bridge.models import AppServerInfo, ClientOptions, Compatibility, SharedAppServerState
+from bridge.process import startup
+from bridge.process.backend import DEFAULT_COMMAND, SECRET_ENV, ProcessBackend
+from bridge.process.rpc import (
+    AppServerProcess,
+    ExitInfo,
+    ProcessGone,
+    StdinFull,
+    _ignore_notification,
+    _ignore_request,
+)
+from bridge.wire import dumps
+
+log = logging.getLogger("bridge")
+
+#: After a connection the app-server closed, how long to wait for the shared process's
+#: own exit, so that a session ended by a crash says so rather than "closed".
+_CLOSE_TO_EXIT_SECONDS = 0.5
+#: Restart backoff of the supervised app-server: first delay, cap, and how long it must
+#: have run for the next failure to start over from the first delay.
+BACKOFF_FIRST = 0.5
+BACKOFF_MAX = 30.0
+BACKOFF_RESET_AFTER = 60.0
+#: How the ends of a connection are told in the ``exit`` event (``params.connection``).
+CLOSED_BY_BRIDGE = "closed by the bridge"
+CLOSED_BY_SERVER = "closed by the app-server"
+SERVER_EXITED = "the shared app-server exited"
+_SOCKET_NAME = "app-server.sock"
+
+
+class AppServerConnection(AppServerProcess):
+    """One session's (or call's, or text turn's) connection to the shared app-server."""
+
+    def __init__(
+        self,
+        ws: aiohttp.ClientWebSocketResponse,
+        *,
+        max_line_bytes: int,
+        server: SharedAppServer,
+    ) -> None:
+        super().__init__(max_line_bytes=max_line_bytes)
+        self._ws = ws
+        self._server = server
+        #: Frames waiting for the writer (bounded like a child's stdin).
+        self._frames: list[str] = []
+        self._frames_bytes = 0
+        self._writer: asyncio.Task[None] | None = None
+        #: The frame the flow gate held back, and what wakes the reader once it is taken.
+        self._held_frame: bytes | None = None
+        self._readable = asyncio.Event()
+        self._readable.set()
+        self._reader = self._loop.create_task(self._read())
+
+    # -- outgoing --------------------------------------------------------------
+
+    def _write(self, message: dict[str, Any]) -> None:
+        if self._exit_info is not None or self._stopping or self._ws.closed:
+            raise ProcessGone(self._gone_info())
+        if self._frames_bytes > MAX_STDIN_BUFFER:
+            raise StdinFull("the app-server is not reading its input")
+        frame = dumps(message).decode()
+        self._frames.append(frame)
+        self._frames_bytes += len(frame)
+        if self._writer is None:
+            self._writer = self._loop.create_task(self._send_frames())
+
+    async def _send_frames(self) -> None:
+        """Send the queued frames in order; exits when the queue is empty (no idle task)."""
+        try:
+            while self._frames:
+                frame = self._frames.pop(0)
+                self._frames_bytes -= len(frame)
+                await self._ws.send_str(frame)
+        except (ConnectionError, RuntimeError, aiohttp.ClientError):
+            self._frames.clear()
+            self._frames_bytes = 0
+        finally:
+            self._writer = None
+
+    # -- incoming --------------------------------------------------------------
+
+    async def _read(self) -> None:
+        ended_by_server = False
+        try:
+            while True:
+                if not self._readable.is_set():
+                    await self._readable.wait()
+                message = await self._ws.receive()
+                if message.type is aiohttp.WSMsgType.TEXT:
+                    data: bytes = message.data.encode()
+                elif message.type is aiohttp.WSMsgType.BINARY:
+                    data = message.data
+                else:
+                    ended_by_server = not self._stopping
+                    break
+                if not self._take(data):
+                    break
+        except (ConnectionError, aiohttp.ClientError):
+            ended_by_server = not self._stopping
+        except asyncio.CancelledError:
+            pass
+        if self._exit_info is not None:
+            return
+        if self._protocol_error is not None:
+            self._end(ExitInfo(None, None, "", self._protocol_error, CLOSED_BY_BRIDGE))
+            return
+        if ended_by_server:
+            await self._server.closed_by_server(self)
+        if self._exit_info is None:
+            how = CLOSED_BY_SERVER if ended_by_server else CLOSED_BY_BRIDGE
+            self._end(ExitInfo(None, None, "", None, how))
+
+    def _take(self, data: bytes) -> bool:
+        """One frame from the app-server: dispatch it, or hold it back; False to stop."""
+        if len(data) > self._max_line_bytes:
+            self._break_protocol(f"a message of {len(data)} bytes exceeds MAX_LINE_BYTES")
+            return False
+        self.received_at = time.time()
+        gate = self.flow_gate
+        if gate is not None and gate(len(data)):
+            self._held_frame = data
+            self._paused = True
+            self._readable.clear()
+            return True
+        self._dispatch_line(data)
+        return self._protocol_error is None
+
+    def resume(self) -> None:
+        if not self._paused:
+            return
+        self._paused = False
+        held, self._held_frame = self._held_frame, None
+        if held is not None and not self._take(held):
+            self._readable.set()
+            return
+        if not self._paused:
+            self._readable.set()
+
+    def _break_protocol(self, reason: str) -> None:
+        if self._protocol_error is None:
+            self._protocol_error = reason
+            log.warning("closing a connection to the shared app-server: %s", reason)
+            self._readable.set()
+            self._loop.create_task(self._ws.close())
+
+    # -- lifecycle -------------------------------------------------------------
+
+    def _end(self, info: ExitInfo) -> None:
+        """The conversation is over: fail what waits, tell the owners, let go of them."""
+        if self._exit_info is not None:
+            return
+        self._exit_info = info
+        self._exited = True
+        gone = ProcessGone(info)
+        for future in self._pending.values():
+            if not future.done():
+                future.set_exception(gone)
+        self._pending.clear()
+        self._frames.clear()
+        self._frames_bytes = 0
+        self._finished.set_result(info)
+        for callback in self.exit_callbacks:
+            try:
+                callback(info)
+            except Exception as exc:
+                log.error("exit callback failed: %s", type(exc).__name__)
+        self.exit_callbacks = []
+        self.on_notification = _ignore_notification
+        self.on_request = _ignore_request
+        self.flow_gate = None
+        self._held_frame = None
+        self._readable.set()
+        if not self._ws.closed:
+            self._loop.create_task(self._ws.close())
+
+    def server_exited(self, info: ExitInfo) -> None:
+        """The shared process died: the session ends with its exit code and signal."""
+        self._end(ExitInfo(info.exit_code, info.signal, "", None, SERVER_EXITED))
+
+    async def shutdown(self, grace: float) -> ExitInfo:
+        """Close the connection (the app-server keeps running for the others)."""
+        if self._exit_info is not None:
+            return self._exit_info
+        self._stopping = True
+        self.release_flow()
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(grace):
+                if self._writer is not None:
+                    await asyncio.shield(self._writer)
+                await self._ws.close()
+        if self._exit_info is None:
+            self._reader.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._reader
+        self._end(ExitInfo(None, None, "", None, CLOSED_BY_BRIDGE))
+        return await self.wait()
+
+
+class _ListeningProcess(AppServerProcess):
+    """The supervised app-server: it speaks on its socket, so stdout is only a log."""
+
+    def _feed_stdout(self, data: bytes) -> None:
+        self._feed_stderr(data)
+
+    def _stdout_eof(self) -> None:
+        pass
+
+    def _pipe_gone(self, name: str) -> None:
+        pass
+
+
+def _real_path(path: str) -> str | None:
+    """Where a symlink leads (codex's ``unix://PATH`` is a link to its own socket)."""
+    try:
+        return os.path.realpath(path, strict=True)
+    except OSError:
+        return None
+
+
+def _env_without(secrets: Sequence[str]) -> dict[str, str]:
+    return {k: v for k, v in os.environ.items() if k not in secrets}
+
+
+class SharedAppServer:
+    """The one app-server of shared mode: started, supervised and connected to here."""
+
+    def __init__(
+        self,
+        command: Sequence[str],
+        settings: AppServerSettings,
+        *,
+        max_line_bytes: int,
+        spawn_timeout: float,
+        shutdown_grace: float,
+        secret_env: Sequence[str] = (),
+    ) -> None:
+        self.command = list(command)
+        self.url = settings.url
+        self._token = settings.token
+        self._max_line_bytes = max_line_bytes
+        self._spawn_timeout = spawn_timeout
+        self._shutdown_grace = shutdown_grace
+        self._secret_env = tuple(secret_env)
+        self.process: AppServerProcess | None = None
+        self._client: aiohttp.ClientSession | None = None
+        self._dir: str | None = None
+        self._socket: str | None = None
+        #: The socket codex really listens on (PATH is a symlink to it), removed at exit.
+        self._socket_target: str | None = None
+        self._lock = asyncio.Lock()
+        self._connections: set[AppServerConnection] = set()
+        self.state = "idle" if self.url is None else "external"
+        self.restarts = 0
+        self.last_exit: dict[str, Any] | None = None
+        self._started_at = 0.0
+        self._backoff = BACKOFF_FIRST
+        #: Not started again before this (loop time), after it died or failed to start.
+        self._next_start = 0.0
+        self._restart_task: asyncio.Task[None] | None = None
+        self.last_user_agent: str | None = None
+        self._closing = False
+
+    @property
+    def supervised(self) -> bool:
+        return self.url is None
+
+    # -- connections -----------------------------------------------------------
+
+    async def connect(self) -> AppServerConnection:
+        """A new connection (starting the app-server first if it is not running).
+
+        Raises the bridge's 502 ``app_server_spawn_failed`` (or ``app_server_exited``)
+        when there is no app-server to connect to.
+        """
+        if self._closing:
+            raise errors.app_server_spawn_failed("The bridge is shutting down.")
+        if self.supervised:
+            await self._ensure_running()
+        client, url, headers = self._target()
+        try:
+            ws = await client.ws_connect(
+                url,
+                headers=headers,
+                max_msg_size=self._max_line_bytes,
+                autoclose=False,
+                autoping=True,
+                timeout=aiohttp.ClientWSTimeout(ws_close=self._shutdown_grace),
+            )
+        except (aiohttp.ClientError, OSError, TimeoutError) as exc:
+            reason = type(exc).__name__
+            if isinstance(exc, aiohttp.WSServerHandshakeError):
+                reason = f"the WebSocket handshake was answered {exc.status}"
+            log.error("could not connect to the shared app-server: %s", reason)
+            raise errors.app_server_spawn_failed(
+                f"Could not connect to the shared app-server ({reason}); check the bridge's "
+                "app-server settings."
+            ) from None
+        connection = AppServerConnection(ws, max_line_bytes=self._max_line_bytes, server=self)
+        self._connections.add(connection)
+        connection.exit_callbacks.append(lambda _: self._connections.discard(connection))
+        if self._closing:
+            await connection.shutdown(self._shutdown_grace)
+            raise errors.app_server_spawn_failed("The bridge is shutting down.")
+        return connection
+
+    def _target(self) -> tuple[aiohttp.ClientSession, str, dict[str, str]]:
+        if self._client is None or self._client.closed:
+            if self.url is not None and self.url.startswith("unix://"):
+                connector: aiohttp.BaseConnector = aiohttp.UnixConnector(
+                    path=self.url[len("unix://") :], limit=0
+                )
+            elif self.url is not None:
+                connector = aiohttp.TCPConnector(limit=0)
+            else:
+                assert self._socket is not None
+                connector = aiohttp.UnixConnector(path=self._socket, limit=0)
+            self._client = aiohttp.ClientSession(connector=connector)
+        headers: dict[str, str] = {}
+        if self.url is not None and self.url.startswith("ws://"):
+            if self._token:
+                headers["Authorization"] = f"Bearer {self._token}"
+            return self._client, self.url, headers
+        return self._client, "http://localhost/", headers
+
+    async def closed_by_server(self, connection: AppServerConnection) -> None:
+        """A connection the app-server closed: wait a moment for the process's exit, so
+        that a crash ends the session as a crash (:meth:`AppServerConnection.server_exited`)."""
+        process = self.process
+        if process is None or not process.running:
+            return
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(_CLOSE_TO_EXIT_SECONDS):
+                await process.wait()
+
+    def note_initialize(self, result: Any) -> None:
+        if isinstance(result, dict) and isinstance(result.get("userAgent"), str):
+            self.last_user_agent = str(result["userAgent"])[:200]
+
+    # -- the supervised process ------------------------------------------------
+
+    async def _ensure_running(self) -> None:
+        if self.process is not None and self.process.running and self.state == "running":
+            return
+        async with self._lock:
+            if self.process is not None and self.process.running and self.state == "running":
+                return
+            if self._closing:
+                raise errors.app_server_spawn_failed("The bridge is shutting down.")
+            loop = asyncio.get_running_loop()
+            wait = self._next_start - loop.time()
+            if wait > self._spawn_timeout:
+                raise errors.RestError(
+                    502,
+                    "app_server_spawn_failed",
+                    f"The shared app-server is restarting after a failure; retry in {wait:.0f} s.",
+                    headers={"Retry-After": str(max(1, round(wait)))},
+                )
+            if wait > 0:
+                await asyncio.sleep(wait)
+            await self._start()
+
+    async def _start(self) -> None:
+        loop = asyncio.get_running_loop()
+        self.state = "starting"
+        if self._dir is None:
+            self._dir = tempfile.mkdtemp(prefix="rest-bridge-app-server-")
+        self._remove_socket()
+        self._socket = os.path.join(self._dir, _SOCKET_NAME)
+        if self._client is not None:
+            await self._client.close()
+            self._client = None
+        argv = [*self.command, "--listen", f"unix://{self._socket}"]
+        try:
+            process = await _ListeningProcess.spawn(
+                argv, max_line_bytes=self._max_line_bytes, env=_env_without(self._secret_env)
+            )
+        except OSError as exc:
+            self._failed(loop)
+            raise startup.spawn_failed(self.command, exc, None) from None
+        self.process = process
+        process.exit_callbacks.append(lambda info: self._exited(process, info))
+        deadline = loop.time() + self._spawn_timeout
+        delay = 0.005
+        while True:
+            if not process.running:
+                self._failed(loop)
+                assert process.exit_info is not None
+                raise startup.exited_at_startup(self.command, process.exit_info)
+            if await self._listening():
+                break
+            if loop.time() > deadline:
+                await process.shutdown(self._shutdown_grace)
+                self._failed(loop)
+                log.error("the shared app-server `%s` did not listen in time", shlex.join(argv))
+                raise errors.timeout("Starting the shared app-server did not complete in time.")
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, 0.1)
+        self._socket_target = _real_path(self._socket)
+        self._started_at = loop.time()
+        self.state = "running"
+        log.info(
+            "shared app-server started (pid %s, restart %d): %s",
+            process.pid,
+            self.restarts,
+            shlex.join(self.command),
+        )
+
+    async def _listening(self) -> bool:
+        assert self._socket is not None
+        try:
+            _, writer = await asyncio.open_unix_connection(self._socket)
+        except OSError:
+            return False
+        writer.close()
+        with contextlib.suppress(OSError):
+            await writer.wait_closed()
+        return True
+
+    def _failed(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.state = "failed"
+        self._next_start = loop.time() + self._backoff
+        self._backoff = min(self._backoff * 2, BACKOFF_MAX)
+
+    def _exited(self, process: AppServerProcess, info: ExitInfo) -> None:
+        if process is not self.process:
+            return
+        loop = asyncio.get_running_loop()
+        was_running = self.state == "running"
+        self._remove_socket()
+        for connection in list(self._connections):
+            connection.server_exited(info)
+        if self._closing:
+            self.state = "stopped"
+            return
+        if not was_running:
+            return  # failed while starting: _start reports it
+        self.restarts += 1
+        self.last_exit = {
+            "exitCode": info.exit_code,
+            "signal": info.signal,
+            "at": rfc3339(time.time()),
+        }
+        if loop.time() - self._started_at > BACKOFF_RESET_AFTER:
+            self._backoff = BACKOFF_FIRST
+        delay = self._backoff
+        self._next_start = loop.time() + delay
+        self._backoff = min(self._backoff * 2, BACKOFF_MAX)
+        self.state = "restarting"
+        log.error(
+            "shared app-server (pid %s) %s; its sessions ended; restarting it in %g s for "
+            "new sessions; stderr: %s",
+            process.pid,
+            info.describe().removeprefix("the app-server "),
+            delay,
+            startup.stderr_summary(info.stderr_tail),
+        )
+        self._restart_task = loop.create_task(self._restart_later())
+
+    async def _restart_later(self) -> None:
+        with contextlib.suppress(errors.RestError):
+            await self._ensure_running()
+
+    def _remove_socket(self) -> None:
+        """What a dead app-server left: its socket (and codex's lock beside it)."""
+        for path in (self._socket, self._socket_target):
+            if path:
+                with contextlib.suppress(OSError):
+                    os.unlink(path)
+        if self._socket_target:
+            with contextlib.suppress(OSError):
+                os.unlink(self._socket_target + ".lock")
+        self._socket_target = None
+
+    # -- state and shutdown ------------------------------------------------------
+
+    def describe(self) -> dict[str, Any]:
+        """What ``/v1/compatibility`` says about the shared app-server."""
+        retry_in: float | None = None
+        if self.state in ("restarting", "failed"):
+            retry_in = max(0.0, self._next_start - asyncio.get_running_loop().time())
+        process = self.process
+        return {
+            "source": "supervised" if self.supervised else "url",
+            "state": self.state,
+            "pid": process.pid if process is not None and process.running else None,
+            "connections": len(self._connections),
+            "restarts": self.restarts,
+            "lastExit": self.last_exit,
+            "restartInMs": None if retry_in is None else int(retry_in * 1000),
+            "userAgent": self.last_user_agent,
+        }
+
+    async def close(self) -> None:
+        self._closing = True
+        if self._restart_task is not None:
+            self._restart_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._restart_task
+        await asyncio.gather(
+            *(c.shutdown(self._shutdown_grace) for c in list(self._connections)),
+            return_exceptions=True,
+        )
+        if self.process is not None:
+            await self.process.shutdown(self._shutdown_grace)
+        self.state = "stopped" if self.supervised else self.state
+        if self._client is not None:
+            await self._client.close()
+            self._client = None
+        self._remove_socket()
+        if self._dir is not None:
+            shutil.rmtree(self._dir, ignore_errors=True)
+            self._dir = None
+
+
+#: ClientOptions that shape a process of one's own, refused in shared mode (403), with why.
+PROCESS_OPTIONS = {
+    "env": "the shared app-server's environment is the bridge's, set when it starts",
+    "cwd": "the process's working directory is shared; give `cwd` per thread in thread/start",
+    "configOverrides": "`-c` arguments belong to the shared app-server's command line",
+}
+
+
+def refuse_process_options(options: ClientOptions | None) -> None:
+    """403 ``options_not_allowed`` for the fields that would need a process of their own."""
+    if options is None:
+        return
+    refused = sorted(f for f in options.set_fields() if f in PROCESS_OPTIONS)
+    if refused:
+        raise errors.RestError(
+            403,
+            "options_not_allowed",
+            "In shared mode every session is a connection to one app-server, so options "
+            "that shape a process of its own cannot apply: "
+            + "; ".join(f"{field}: {PROCESS_OPTIONS[field]}" for field in refused),
+            data={"fields": refused, "mode": "shared"},
+        )
+
+
+class SharedBackend(ProcessBackend):
+    """Every session, sessionless call and text turn is a connection to one app-server.
+
+    Everything else (slots, the idle reaper, drain, sessions, streams, replies, text turns)
+    is :class:`ProcessBackend`'s, on :class:`AppServerConnection` instead of a process.
+    """
+
+    def __init__(
+        self,
+        command: str | Sequence[str] = DEFAULT_COMMAND,
+        limits: RestLimits | None = None,
+        settings: AppServerSettings | None = None,
+    ) -> None:
+        super().__init__(command, limits)
+        settings = settings or AppServerSettings(mode="shared")
+        self.server = SharedAppServer(
+            self.command,
+            settings,
+            max_line_bytes=self.limits.max_line_bytes,
+            spawn_timeout=self.limits.spawn_timeout_ms / 1000,
+            shutdown_grace=self.limits.shutdown_grace_ms / 1000,
+            secret_env=(*SECRET_ENV, APP_SERVER_TOKEN_VARIABLE),
+        )
+
+    async def _spawn(self, options: ClientOptions | None) -> AppServerProcess:
+        refuse_process_options(options)
+        if self._closing:
+            raise errors.app_server_spawn_failed("The bridge is shutting down.")
+        connection = await self.server.connect()
+        self._processes.add(connection)
+        connection.exit_callbacks.append(lambda _: self._processes.discard(connection))
+        return connection
+
+    async def _initialize(self, process: AppServerProcess, options: ClientOptions | None) -> Any:
+        result = await super()._initialize(process, options)
+        self.server.note_initialize(result)
+        return result
+
+    async def close(self) -> None:
+        await super().close()
+        await self.server.close()
+
+    async def compatibility(self) -> Compatibility:
+        if self.server.supervised:
+            compatibility = await super().compatibility()
+            info = compatibility.app_server
+        else:
+            compatibility = Compatibility(
+                bridge_version=__version__,
+                app_server=AppServerInfo(
+                    command=[],
+                    version=None,
+                    version_error="the bridge connects to an app-server it did not start; "
+                    "appServer.shared.userAgent names the one that answered",
+                ),
+            )
+            info = compatibility.app_server
+        info.mode = "shared"
+        info.shared = SharedAppServerState.model_validate(self.server.describe())
+        return compatibility

@@ -1,0 +1,316 @@
+"""Shared mode's connections, against an app-server the bridge connects to by URL.
+
+The app-server here is a small WebSocket server in the test (real sockets, real frames:
+``unix://`` and ``ws://`` with a token) that does on purpose what codex does only on
+bad days: close one connection, write a frame that is not JSON, never answer. The real
+codex in shared mode is tests/e2e/test_shared_mode.py.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import subprocess
+import sys
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+import pytest_asyncio
+from aiohttp import WSMsgType, web
+
+from bridge.app import default_app, trusted_bridge_app
+from bridge.limits import AppServerSettings, RestLimits, RestLimitsEnvError
+from scenarios.sse import SseReader
+
+TOKEN = "s3cret-app-server-token"
+WAIT = 30.0
+
+
+class WsAppServer:
+    """Answers `initialize`; `echo` echoes; `close/me` closes; `garbage` writes non-JSON;
+    `hang` never answers; `ask` sends a server request and answers with the reply."""
+
+    def __init__(self, token: str | None = None) -> None:
+        self.token = token
+        self.connections = 0
+        self.open: set[web.WebSocketResponse] = set()
+        self.authorizations: list[str | None] = []
+        #: One item per connection that ended.
+        self.ended: asyncio.Queue[None] = asyncio.Queue()
+        self.app = web.Application()
+        self.app.router.add_get("/", self.handle)
+        self.app.on_shutdown.append(self.close_all)
+
+    async def close_all(self, app: web.Application) -> None:
+        for ws in list(self.open):
+            await ws.close()
+
+    async def handle(self, request: web.Request) -> web.StreamResponse:
+        self.authorizations.append(request.headers.get("Authorization"))
+        if (
+            self.token is not None
+            and request.headers.get("Authorization") != f"Bearer {self.token}"
+        ):
+            return web.Response(status=401)
+        ws = web.WebSocketResponse()
+        await ws.prepare(request)
+        self.connections += 1
+        self.open.add(ws)
+        asked: dict[int, int] = {}
+        try:
+            async for message in ws:
+                if message.type is not WSMsgType.TEXT:
+                    continue
+                body = json.loads(message.data)
+                method, ident = body.get("method"), body.get("id")
+                if method is None:
+                    if ident in asked:
+                        await ws.send_str(json.dumps({"id": asked.pop(ident), "result": body}))
+                    continue
+                if method == "initialize":
+                    await ws.send_str(json.dumps({"id": ident, "result": {"userAgent": "ws/1"}}))
+                elif method == "echo":
+                    await ws.send_str(json.dumps({"id": ident, "result": body.get("params")}))
+                elif method == "notify":
+                    await ws.send_str(json.dumps({"method": "hello", "params": body["params"]}))
+                    await ws.send_str(json.dumps({"id": ident, "result": {}}))
+                elif method == "close/me":
+                    await ws.close()
+                elif method == "garbage":
+                    await ws.send_str("this is not JSON")
+                elif method == "ask":
+                    asked[1000 + ident] = ident
+                    request_ = {"id": 1000 + ident, "method": "item/tool/requestUserInput"}
+                    await ws.send_str(json.dumps({**request_, "params": {}}))
+                elif method != "hang" and ident is not None:
+                    await ws.send_str(json.dumps({"id": ident, "result": {}}))
+        finally:
+            self.open.discard(ws)
+            self.ended.put_nowait(None)
+        return ws
+
+
+@pytest_asyncio.fixture
+async def ws_server(tmp_path: Path) -> AsyncIterator[Callable[..., Any]]:
+    runners: list[web.AppRunner] = []
+
+    async def start(kind: str, token: str | None = None) -> tuple[WsAppServer, str]:
+        server = WsAppServer(token)
+        runner = web.AppRunner(server.app, shutdown_timeout=1.0)
+        await runner.setup()
+        runners.append(runner)
+        if kind == "unix":
+            path = str(tmp_path / "app-server.sock")
+            await web.UnixSite(runner, path).start()
+            return server, f"unix://{path}"
+        site = web.TCPSite(runner, "127.0.0.1", 0)
+        await site.start()
+        return server, f"ws://127.0.0.1:{runner.addresses[0][1]}"
+
+    yield start
+    for runner in runners:
+        await runner.cleanup()
+
+
+async def bridge_on(serve, url: str, token: str | None = None, **limits: int) -> str:
+    settings = AppServerSettings(mode="shared", url=url, token=token)
+    return str(await serve(trusted_bridge_app(["unused"], RestLimits(**limits), settings)))
+
+
+async def post(http, url: str, body: Any) -> tuple[int, Any]:
+    async with http.post(url, json=body) as response:
+        return response.status, await response.json()
+
+
+async def new_session(http, base: str) -> str:
+    status, body = await post(http, f"{base}/v1/sessions", {})
+    assert status == 201, body
+    return str(body["sessionId"])
+
+
+@pytest.mark.asyncio
+@pytest.mark.parametrize("kind", ["unix", "ws"])
+async def test_sessions_calls_and_events_over_a_url(serve, http, ws_server, kind):
+    server, url = await ws_server(kind)
+    base = await bridge_on(serve, url)
+    session = await new_session(http, base)
+    status, body = await post(http, f"{base}/v1/sessions/{session}/call/echo", {"params": [1]})
+    assert (status, body) == (200, {"result": [1]})
+    status, body = await post(http, f"{base}/v1/sessions/{session}/call/notify", {"params": 7})
+    assert status == 200, body
+    async with http.get(f"{base}/v1/sessions/{session}/events?waitMs=5000") as response:
+        event = await response.json()
+    assert (event["method"], event["params"]) == ("hello", 7)
+    status, body = await post(http, f"{base}/v1/call/echo", {"params": {"a": 1}})
+    assert (status, body) == (200, {"result": {"a": 1}})
+    assert server.connections == 2
+    async with http.get(f"{base}/v1/compatibility") as response:
+        shared = (await response.json())["appServer"]["shared"]
+    assert shared["source"] == "url"
+    assert shared["userAgent"] == "ws/1"
+    assert shared["connections"] == 1
+
+
+@pytest.mark.asyncio
+async def test_a_server_request_is_answered_over_http(serve, http, ws_server):
+    _, url = await ws_server("unix")
+    base = await bridge_on(serve, url)
+    session = await new_session(http, base)
+    call = asyncio.ensure_future(post(http, f"{base}/v1/sessions/{session}/call/ask", {}))
+    async with http.get(f"{base}/v1/sessions/{session}/events?waitMs=5000") as response:
+        request = await response.json()
+    assert request["kind"] == "request"
+    key = request["requestKey"]
+    reply = {"result": {"answers": ["yes"]}}
+    status, body = await post(http, f"{base}/v1/sessions/{session}/requests/{key}/result", reply)
+    assert (status, body) == (200, {"status": "sent", "requestKey": key})
+    status, body = await call
+    assert status == 200
+    assert body["result"] == {"id": int(key), "result": {"answers": ["yes"]}}
+
+
+@pytest.mark.asyncio
+async def test_a_connection_the_server_closes_ends_that_session_alone(serve, http, ws_server):
+    _, url = await ws_server("unix")
+    base = await bridge_on(serve, url)
+    doomed = await new_session(http, base)
+    other = await new_session(http, base)
+    hanging = asyncio.ensure_future(post(http, f"{base}/v1/sessions/{doomed}/call/hang", {}))
+    async with http.get(f"{base}/v1/sessions/{doomed}/events/stream") as stream:
+        reader = SseReader(stream)
+        status, body = await post(http, f"{base}/v1/sessions/{doomed}/call/close/me", {})
+        assert status == 502, body
+        assert body["error"] == "app_server_exited"
+        frames = await reader.until(lambda f: f.event == "exit", timeout=WAIT)
+    assert frames[-1].json()["params"] == {
+        "exitCode": None,
+        "signal": None,
+        "stderrTail": "",
+        "connection": "closed by the app-server",
+    }
+    status, body = await hanging
+    assert status == 502, body
+    assert body["error"] == "app_server_exited"
+    status, body = await post(http, f"{base}/v1/sessions/{other}/call/echo", {"params": 2})
+    assert (status, body) == (200, {"result": 2})
+    async with http.get(f"{base}/v1/sessions") as response:
+        states = {s["sessionId"]: s["state"] for s in (await response.json())["sessions"]}
+    assert states == {doomed: "exited", other: "running"}
+
+
+@pytest.mark.asyncio
+async def test_a_frame_that_is_not_json_is_a_protocol_error(serve, http, ws_server):
+    _, url = await ws_server("unix")
+    base = await bridge_on(serve, url)
+    session = await new_session(http, base)
+    status, body = await post(http, f"{base}/v1/sessions/{session}/call/garbage", {})
+    assert status == 502, body
+    assert body["error"] == "protocol_error"
+    async with http.get(f"{base}/v1/sessions/{session}/events?after=0&waitMs=5000") as response:
+        event = await response.json()
+    assert event["kind"] == "exit"
+    assert "not JSON" in event["params"]["protocolError"]
+
+
+@pytest.mark.asyncio
+async def test_the_ws_token_is_sent_and_never_shown(serve, http, ws_server, caplog):
+    server, url = await ws_server("ws", token=TOKEN)
+    base = await bridge_on(serve, url, TOKEN)
+    await new_session(http, base)
+    assert server.authorizations == [f"Bearer {TOKEN}"]
+    wrong = await bridge_on(serve, url, "not-the-token")
+    caplog.set_level(logging.DEBUG)
+    status, body = await post(http, f"{wrong}/v1/sessions", {})
+    assert status == 502
+    assert body["error"] == "app_server_spawn_failed"
+    assert "401" in body["message"]
+    async with http.get(f"{wrong}/v1/compatibility") as response:
+        compat = await response.text()
+    for text in (json.dumps(body), compat, caplog.text):
+        assert TOKEN not in text
+        assert "not-the-token" not in text
+
+
+@pytest.mark.asyncio
+async def test_no_server_at_the_url_is_502(serve, http, tmp_path):
+    base = await bridge_on(serve, f"unix://{tmp_path}/nothing.sock")
+    status, body = await post(http, f"{base}/v1/sessions", {})
+    assert status == 502
+    assert body["error"] == "app_server_spawn_failed"
+    assert str(tmp_path) not in body["message"]
+
+
+@pytest.mark.asyncio
+async def test_limits_hold_in_shared_mode(serve, http, ws_server):
+    server, url = await ws_server("unix")
+    base = await bridge_on(serve, url, max_sessions=2, session_idle_timeout_ms=300)
+    first = await new_session(http, base)
+    await new_session(http, base)
+    status, body = await post(http, f"{base}/v1/sessions", {})
+    assert status == 429
+    assert body["error"] == "session_limit_reached"
+    # The idle reaper closes the connections of idle sessions, which frees their slots.
+    for _ in range(2):
+        await asyncio.wait_for(server.ended.get(), WAIT)
+    assert not server.open
+    async with http.get(f"{base}/v1/sessions") as response:
+        assert first not in [s["sessionId"] for s in (await response.json())["sessions"]]
+    await new_session(http, base)
+
+
+@pytest.mark.asyncio
+async def test_the_default_preset_in_shared_mode_still_refuses_by_preset(serve, http, ws_server):
+    _, url = await ws_server("unix")
+    settings = AppServerSettings(mode="shared", url=url)
+    base = await serve(default_app(["unused"], RestLimits(), settings))
+    body = {"options": {"experimentalApi": True}}
+    status, payload = await post(http, f"{base}/v1/sessions", body)
+    assert status == 403
+    assert payload["data"] == {"fields": ["experimentalApi"]}
+
+
+def test_settings_from_the_environment():
+    env = {"REST_ADAPTER_APP_SERVER_MODE": "shared"}
+    assert AppServerSettings.from_env(env) == AppServerSettings(mode="shared")
+    url = {"REST_ADAPTER_APP_SERVER_URL": "ws://h:1", "REST_ADAPTER_APP_SERVER_TOKEN": TOKEN}
+    assert AppServerSettings.from_env(url) == AppServerSettings("shared", "ws://h:1", TOKEN)
+    assert TOKEN not in repr(AppServerSettings.from_env(url))
+    assert AppServerSettings.from_env({}).mode == "process"
+    assert AppServerSettings.from_env(env, mode="process").mode == "process"
+    for variable, value in (
+        ("REST_ADAPTER_APP_SERVER_MODE", "Shared"),
+        ("REST_ADAPTER_APP_SERVER_URL", "http://h:1"),
+        ("REST_ADAPTER_APP_SERVER_URL", "unix://relative.sock"),
+        ("REST_ADAPTER_APP_SERVER_URL", "ws://h"),
+    ):
+        with pytest.raises(RestLimitsEnvError) as caught:
+            AppServerSettings.from_env({variable: value})
+        assert caught.value.variable == variable
+    with pytest.raises(ValueError, match="needs the shared mode"):
+        AppServerSettings(mode="process", url="ws://h:1")
+
+
+@pytest.mark.parametrize(
+    ("env", "args", "says"),
+    [
+        ({"REST_ADAPTER_APP_SERVER_MODE": "both"}, [], "REST_ADAPTER_APP_SERVER_MODE='both'"),
+        ({"REST_ADAPTER_APP_SERVER_URL": "tcp://x"}, [], "REST_ADAPTER_APP_SERVER_URL"),
+        ({}, ["--app-server-mode", "process", "--app-server-url", "ws://h:1"], "shared mode"),
+    ],
+)
+def test_serve_refuses_bad_app_server_settings(env, args, says):
+    import os
+
+    result = subprocess.run(
+        [sys.executable, "-m", "bridge.cli", "serve", "--port", "0", *args],
+        env={**os.environ, **env},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 2, result.stderr
+    assert says in result.stderr
+    assert "Traceback" not in result.stderr

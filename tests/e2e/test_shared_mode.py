@@ -1,0 +1,261 @@
+"""Shared mode end to end: one real ``codex app-server --listen``, each session a connection.
+
+The bridge starts the pinned codex itself (``--listen unix://PATH`` appended to the
+command), with its ``CODEX_HOME``, working directory and scripted model in the command:
+in shared mode those ClientOptions are refused, so they cannot come per request.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+import pytest_asyncio
+from aiohttp import web
+
+from bridge.app import trusted_bridge_app
+from bridge.limits import AppServerSettings, RestLimits
+from fakes.model_provider import ModelProviderServer
+from scenarios.processes import live_children
+from scenarios.sse import SseReader
+from tests.e2e.test_real_codex import (
+    COMMAND_APPROVAL,
+    WAIT,
+    call,
+    command_items,
+    create_session,
+    events,
+    method_is,
+    start_thread,
+    start_turn,
+    untrusted_thread,
+)
+
+pytestmark = [pytest.mark.asyncio, pytest.mark.real_codex]
+
+SHARED = AppServerSettings(mode="shared")
+
+
+@pytest_asyncio.fixture
+async def shared_bridge(
+    model: ModelProviderServer,
+    codex_home: Path,
+    workspace: Path,
+    serve: Callable[[web.Application], Any],
+    codex_bin: str,
+) -> str:
+    command = model.codex_command(codex_bin, codex_home=codex_home, cwd=workspace)
+    return str(await serve(trusted_bridge_app(command, RestLimits(), SHARED)))
+
+
+def process_groups(pids: set[int]) -> set[int]:
+    """The process groups of ``pids``: one per app-server (codex runs helpers in its own)."""
+    return {os.getpgid(pid) for pid in pids}
+
+
+async def shared_state(http, base) -> dict[str, Any]:
+    async with http.get(f"{base}/v1/compatibility") as response:
+        assert response.status == 200
+        body = await response.json()
+    assert body["appServer"]["mode"] == "shared"
+    return body["appServer"]["shared"]
+
+
+async def test_sessions_calls_and_text_turns_share_one_codex_process(
+    shared_bridge, http, model, workspace
+):
+    before = live_children()
+    assert (await shared_state(http, shared_bridge))["state"] == "idle"
+    sessions = [await create_session(http, shared_bridge, None) for _ in range(3)]
+    state = await shared_state(http, shared_bridge)
+    assert state["state"] == "running"
+    assert state["connections"] == 3
+    assert process_groups(live_children() - before) == {state["pid"]}
+    # Each session is its own connection with its own threads.
+    threads = {await start_thread(http, shared_bridge, s, cwd=str(workspace)) for s in sessions}
+    assert len(threads) == 3
+    # A sessionless call and a text turn are connections too: no process is spawned.
+    body = {"params": {}}
+    async with http.post(f"{shared_bridge}/v1/call/model/list", json=body) as response:
+        payload = await response.json()
+        assert response.status == 200, payload
+    assert payload["result"]["data"]
+    model.model.add({"text": "Shared hello."})
+    turn = {"text": "Say hello.", "threadParams": {"cwd": str(workspace)}, "timeoutMs": 30000}
+    async with http.post(f"{shared_bridge}/v1/text-turn", json=turn) as response:
+        payload = await response.json()
+        assert response.status == 200, payload
+    assert payload["text"] == "Shared hello."
+    assert payload["status"] == "completed"
+    assert process_groups(live_children() - before) == {state["pid"]}
+    state = await shared_state(http, shared_bridge)
+    assert state["connections"] == 3
+    assert state["userAgent"].startswith("codex_rest_bridge/0.169.0")
+
+
+async def test_command_approval_answered_over_http_in_shared_mode(
+    shared_bridge, http, model, workspace
+):
+    model.model.add({"execCommand": {"cmd": "touch shared.txt"}}, {"text": "Touched it."})
+    session_id = await create_session(http, shared_bridge, None)
+    async with http.get(f"{shared_bridge}/v1/sessions/{session_id}/events/stream") as stream:
+        reader = SseReader(stream)
+        thread_params = untrusted_thread(workspace)
+        thread_id = await start_thread(http, shared_bridge, session_id, **thread_params)
+        turn_id = await start_turn(http, shared_bridge, session_id, thread_id, "Touch the file.")
+        before = await reader.until(lambda f: f.event == "request", timeout=WAIT)
+        request = before[-1].json()
+        assert request["method"] == COMMAND_APPROVAL
+        assert request["params"]["turnId"] == turn_id
+        key = request["requestKey"]
+        url = f"{shared_bridge}/v1/sessions/{session_id}/requests/{key}/result"
+        async with http.post(url, json={"result": {"decision": "accept"}}) as answered:
+            assert answered.status == 200, await answered.text()
+        async with http.post(url, json={"result": {"decision": "accept"}}) as again:
+            assert again.status == 409
+            assert (await again.json())["error"] == "request_already_answered"
+        after = await reader.until(method_is("turn/completed"), timeout=WAIT)
+    seen = events(before + after)
+    assert seen[-1]["params"]["turn"]["status"] == "completed"
+    assert [item["status"] for item in command_items(seen)] == ["completed"]
+    assert (workspace / "shared.txt").exists()
+
+
+@pytest.mark.parametrize(
+    ("options", "refused"),
+    [
+        ({"env": {"A": "b"}}, ["env"]),
+        ({"cwd": "/"}, ["cwd"]),
+        ({"configOverrides": ["model=x"]}, ["configOverrides"]),
+        (
+            {"env": {"A": "b"}, "cwd": "/", "clientInfo": {"name": "n", "version": "1"}},
+            ["cwd", "env"],
+        ),
+    ],
+)
+async def test_options_that_need_a_process_of_their_own_are_403(
+    shared_bridge, http, options, refused
+):
+    for path, body in (
+        ("/v1/sessions", {"options": options}),
+        ("/v1/call/model/list", {"params": {}, "options": options}),
+        ("/v1/text-turn", {"text": "hi", "options": options}),
+    ):
+        async with http.post(f"{shared_bridge}{path}", json=body) as response:
+            payload = await response.json()
+            assert response.status == 403, (path, payload)
+        assert payload["error"] == "options_not_allowed"
+        assert payload["data"] == {"fields": refused, "mode": "shared"}
+    assert (await shared_state(http, shared_bridge))["connections"] == 0
+
+
+async def test_per_connection_options_still_apply(shared_bridge, http):
+    options = {"clientInfo": {"name": "host_app", "version": "7.1"}, "experimentalApi": True}
+    async with http.post(f"{shared_bridge}/v1/sessions", json={"options": options}) as response:
+        payload = await response.json()
+        assert response.status == 201, payload
+    assert "host_app; 7.1" in payload["initialize"]["userAgent"]
+
+
+async def test_delete_closes_that_connection_alone(shared_bridge, http, workspace):
+    first = await create_session(http, shared_bridge, None)
+    second = await create_session(http, shared_bridge, None)
+    pid = (await shared_state(http, shared_bridge))["pid"]
+    async with http.get(f"{shared_bridge}/v1/sessions/{first}/events/stream") as stream:
+        reader = SseReader(stream)
+        async with http.delete(f"{shared_bridge}/v1/sessions/{first}") as response:
+            assert response.status == 200
+        frames = await reader.until(lambda f: f.event == "exit", timeout=WAIT)
+    exit_event = frames[-1].json()
+    assert exit_event["params"] == {
+        "exitCode": None,
+        "signal": None,
+        "stderrTail": "",
+        "connection": "closed by the bridge",
+    }
+    status, body = await call(http, shared_bridge, first, "thread/start", {})
+    assert status == 404, body
+    assert await start_thread(http, shared_bridge, second, cwd=str(workspace))
+    state = await shared_state(http, shared_bridge)
+    assert state["pid"] == pid
+    assert state["connections"] == 1
+
+
+async def test_a_killed_codex_ends_every_session_and_is_restarted(shared_bridge, http, workspace):
+    sessions = [await create_session(http, shared_bridge, None) for _ in range(2)]
+    pid = (await shared_state(http, shared_bridge))["pid"]
+    streams = [
+        await http.get(f"{shared_bridge}/v1/sessions/{s}/events/stream").__aenter__()
+        for s in sessions
+    ]
+    try:
+        os.kill(pid, signal.SIGKILL)
+        for stream in streams:
+            frames = await SseReader(stream).until(lambda f: f.event == "exit", timeout=WAIT)
+            assert frames[-1].json()["params"] == {
+                "exitCode": None,
+                "signal": "SIGKILL",
+                "stderrTail": "",
+                "connection": "the shared app-server exited",
+            }
+    finally:
+        for stream in streams:
+            stream.release()
+    for session_id in sessions:
+        status, body = await call(http, shared_bridge, session_id, "thread/start", {})
+        assert status == 409, body
+        assert body["error"] == "session_exited"
+    # New sessions get a new codex once the backoff has passed.
+    fresh = await create_session(http, shared_bridge, None)
+    assert await start_thread(http, shared_bridge, fresh, cwd=str(workspace))
+    state = await shared_state(http, shared_bridge)
+    assert state["restarts"] == 1
+    assert state["lastExit"]["signal"] == "SIGKILL"
+    assert state["state"] == "running"
+    assert state["pid"] not in (None, pid)
+
+
+async def test_whether_connections_resume_each_others_threads(
+    shared_bridge, http, model, workspace
+):
+    """What codex 0.169.0 does (docs/API.md, shared mode): a thread without a turn has no
+    rollout, so another connection cannot resume it; once a turn has run, it can, and
+    from then on both connections hear the thread's events, whoever starts the turn."""
+    owner = await create_session(http, shared_bridge, None)
+    other = await create_session(http, shared_bridge, None)
+    thread_id = await start_thread(http, shared_bridge, owner, cwd=str(workspace))
+    status, body = await call(http, shared_bridge, other, "thread/resume", {"threadId": thread_id})
+    assert status == 502, body
+    assert body["error"] == "app_server_error"
+    assert body["code"] == -32600
+    assert body["message"] == f"no rollout found for thread id {thread_id}"
+    model.model.add({"text": "First turn."})
+    async with http.get(f"{shared_bridge}/v1/sessions/{owner}/events/stream") as stream:
+        reader = SseReader(stream)
+        await start_turn(http, shared_bridge, owner, thread_id, "Hello.")
+        await reader.until(method_is("turn/completed"), timeout=WAIT)
+    status, body = await call(http, shared_bridge, other, "thread/resume", {"threadId": thread_id})
+    assert status == 200, body
+    assert body["result"]["thread"]["id"] == thread_id
+    # A turn started by the other connection: who hears it?
+    model.model.add({"text": "Second turn."})
+    async with http.get(f"{shared_bridge}/v1/sessions/{other}/events/stream") as stream:
+        reader = SseReader(stream)
+        await start_turn(http, shared_bridge, other, thread_id, "Again.")
+        await reader.until(method_is("turn/completed"), timeout=WAIT)
+    url = f"{shared_bridge}/v1/sessions/{owner}/events?after=0&waitMs=1"
+    seen = []
+    while True:
+        async with http.get(url) as response:
+            if response.status == 204:
+                break
+            event = await response.json()
+        seen.append(event["method"])
+        url = f"{shared_bridge}/v1/sessions/{owner}/events?after={event['seq']}&waitMs=1"
+    # Both connections are subscribed to the thread now: the owner hears the other's turn.
+    assert seen.count("turn/completed") == 2
+    assert seen.count("turn/started") == 2
