@@ -21,6 +21,7 @@ from bridge.app import SERVER_SETTINGS, default_app, text_turn_app, trusted_brid
 from bridge.auth import with_bearer_auth
 from bridge.limits import RestLimits
 from bridge.routes import OPENAPI
+from scenarios.codex_install import pinned_codex
 from scenarios.openapi_check import OpenApiChecker
 
 PRESETS: dict[str, Callable[[Sequence[str], RestLimits | None], web.Application]] = {
@@ -99,22 +100,22 @@ def find_codex(
 
     A codex the user named, `explicit` (given as `option`) or else `$CODEX_BIN`, is used as
     given: when it cannot be run, `CodexNotFound` names it. With neither, the pinned copy
-    `make codex` installs (`.codex-npm/` in `root`, then in the working directory), then
+    `make codex` installs (`.codex-npm/` in `root`, then in the working directory), its
+    native binary rather than its Node launcher (see `scenarios.codex_install`), then
     `codex` on PATH; None when there is none.
     """
     for source, value in ((option, explicit), ("CODEX_BIN", os.environ.get("CODEX_BIN"))):
         if value:
             return _named_codex(source, value)
-    candidates = []
     for base in (root, Path.cwd()):
-        if base is not None:
-            candidates.append(str(base / ".codex-npm" / "node_modules" / ".bin" / "codex"))
-    candidates.append("codex")
-    for candidate in candidates:
-        found = shutil.which(candidate)
-        if found:
-            return os.path.abspath(found)
-    return None
+        pinned = pinned_codex(base / ".codex-npm") if base is not None else None
+        if pinned is not None:
+            path, note = pinned
+            if note:
+                print(f"note: {note}", file=sys.stderr)
+            return path
+    found = shutil.which("codex")
+    return os.path.abspath(found) if found else None
 
 
 def _named_codex(source: str, value: str) -> str:

@@ -1,0 +1,91 @@
+"""Finding the pinned real codex: the native binary first, the Node launcher second."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from scenarios.codex_install import native_relative_path, pinned_codex
+from scenarios.harness import find_codex
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _executable(path: Path) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("#!/bin/sh\n")
+    path.chmod(0o755)
+    return path
+
+
+@pytest.mark.parametrize(
+    ("system", "machine", "expected"),
+    [
+        ("linux", "x86_64", "@openai/codex-linux-x64/vendor/x86_64-unknown-linux-musl/bin/codex"),
+        (
+            "linux",
+            "aarch64",
+            "@openai/codex-linux-arm64/vendor/aarch64-unknown-linux-musl/bin/codex",
+        ),
+        ("linux", "arm64", "@openai/codex-linux-arm64/vendor/aarch64-unknown-linux-musl/bin/codex"),
+        ("darwin", "arm64", "@openai/codex-darwin-arm64/vendor/aarch64-apple-darwin/bin/codex"),
+        ("darwin", "x86_64", "@openai/codex-darwin-x64/vendor/x86_64-apple-darwin/bin/codex"),
+        ("win32", "AMD64", "@openai/codex-win32-x64/vendor/x86_64-pc-windows-msvc/bin/codex.exe"),
+    ],
+)
+def test_the_native_binary_path_follows_the_launchers_table(
+    system: str, machine: str, expected: str
+) -> None:
+    assert native_relative_path(system, machine) == Path(expected)
+
+
+def test_a_platform_the_package_does_not_ship_has_no_native_path() -> None:
+    assert native_relative_path("linux", "riscv64") is None
+
+
+def test_the_native_binary_is_preferred_over_the_launcher(tmp_path: Path) -> None:
+    npm = tmp_path / ".codex-npm"
+    launcher = _executable(npm / "node_modules" / ".bin" / "codex")
+    relative = native_relative_path()
+    assert relative is not None, "this test runs on a platform the package ships"
+    fallback = pinned_codex(npm)
+    assert fallback is not None
+    assert fallback[0] == str(launcher)
+    assert "Node launcher" in str(fallback[1])
+    native = _executable(npm / "node_modules" / relative)
+    assert pinned_codex(npm) == (str(native), None)
+
+
+def test_nothing_installed_is_none(tmp_path: Path) -> None:
+    assert pinned_codex(tmp_path / ".codex-npm") is None
+
+
+def test_find_codex_picks_the_native_binary_of_the_project(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("CODEX_BIN", raising=False)
+    npm = tmp_path / ".codex-npm" / "node_modules"
+    _executable(npm / ".bin" / "codex")
+    relative = native_relative_path()
+    assert relative is not None
+    native = _executable(npm / relative)
+    assert find_codex(None, root=tmp_path) == str(native)
+
+
+def test_the_makefile_helper_prints_the_native_binary(tmp_path: Path) -> None:
+    relative = native_relative_path()
+    assert relative is not None
+    native = _executable(tmp_path / "node_modules" / relative)
+    printed = subprocess.run(
+        [sys.executable, "-m", "scenarios.codex_install", str(tmp_path)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        check=True,
+        env={k: v for k, v in os.environ.items() if k != "PYTHONPATH"},
+    )
+    assert printed.stdout.strip() == str(native)
