@@ -28,12 +28,12 @@ from typing import Any
 
 import aiohttp
 import pytest
+from processes import marked_processes, zombie_children
 
 from bridge.app import mounted_routes, trusted_bridge_app
 from bridge.cluster import CLUSTER_MARK_VARIABLE
 from bridge.openapi import build_openapi
 from scenarios.openapi_check import OpenApiChecker
-from scenarios.processes import marked_processes, zombie_children
 from scenarios.sse import SseReader
 
 pytestmark = pytest.mark.asyncio

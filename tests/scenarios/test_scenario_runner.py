@@ -11,11 +11,11 @@ import xml.etree.ElementTree as ET
 from pathlib import Path
 
 import pytest
+from processes import live_children
 
 from scenarios import harness
 from scenarios.cli import run_all
 from scenarios.format import load_scenario, parse_scenario
-from scenarios.processes import live_children
 from scenarios.runner import RunOptions, run_scenario_sync
 
 ROOT = Path(__file__).resolve().parents[2]
