@@ -7,6 +7,7 @@ handlers and it is what the OpenAPI document is built from.
 
 from __future__ import annotations
 
+import re
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -208,6 +209,37 @@ ROUTES: tuple[Route, ...] = (
         errors=(*_BODY, 429, 502, 404, 409),
     ),
 )
+
+#: The routes by name (their OpenAPI operationId).
+ROUTE_BY_NAME: dict[str, Route] = {r.name: r for r in ROUTES}
+_PARAM = re.compile(r"\{(\w+)(?::[^}]*)?\}")
+
+
+def path_pattern(template: str) -> re.Pattern[str]:
+    """A pattern for the paths of a route template, one named group per parameter.
+
+    ``template`` is a route's aiohttp path (``/v1/call/{method:.+}``) or its OpenAPI
+    path (``/v1/call/{method}``); the parameters in :data:`SLASHED_PARAMS` may hold a
+    ``/``, the others may not. The harness matches requests with these, so that it never
+    restates the route table.
+    """
+    regex, end = "", 0
+    for found in _PARAM.finditer(template):
+        name = found.group(1)
+        regex += re.escape(template[end : found.start()])
+        regex += f"(?P<{name}>{'.+' if name in SLASHED_PARAMS else '[^/]+'})"
+        end = found.end()
+    return re.compile(f"^{regex}{re.escape(template[end:])}$")
+
+
+def route_path(name: str, **params: str) -> str:
+    """The path of route ``name`` with its parameters filled in, as given (not quoted)."""
+
+    def fill(found: re.Match[str]) -> str:
+        return params[found.group(1)]
+
+    return _PARAM.sub(fill, ROUTE_BY_NAME[name].path)
+
 
 ALL_ROUTES = frozenset(r.name for r in ROUTES)
 TEXT_TURN_ROUTES = frozenset({"health", "v1_health", "compatibility", "text_turn", "openapi"})

@@ -29,6 +29,7 @@ import aiohttp
 import orjson
 from multidict import CIMultiDict, CIMultiDictProxy
 
+from bridge.app import route_path
 from scenarios import format as f
 from scenarios.expectations import (
     NO_JSON,
@@ -338,7 +339,7 @@ class _Run:
         spec = step.poll
         expect = step.expect or f.EventsExpect()
         session = self.sub(spec.session)
-        path = f"/v1/sessions/{session}/events"
+        path = route_path("events", sessionId=str(session))
         after = int_or_none(self.sub(spec.after))
         goal = ReadGoal.of(spec, self.sub)
         auth = self.sub(spec.auth)
@@ -855,7 +856,7 @@ async def _model_checks(run: _Run, model_server: Any, result: ScenarioResult) ->
         route.name for route in run.bridge.app.get(_mounted_key(), ())
     }:
         try:
-            ex = await run.exchange(StepRequest("GET", "/v1/sessions"))
+            ex = await run.exchange(StepRequest("GET", route_path("list_sessions")))
         except StepFailed:
             ex = None
         if ex is not None and isinstance(ex.json, dict):
