@@ -17,7 +17,7 @@ from pathlib import Path
 
 from aiohttp import web
 
-from bridge import __version__, front, replica
+from bridge import TOKEN_VARIABLE, __version__, front, replica
 from bridge.app import (
     SERVER_SETTINGS,
     default_app,
@@ -46,7 +46,6 @@ PRESETS = {
     "default": default_app,
     "text-turn": text_turn_app,
 }
-TOKEN_VARIABLE = "REST_ADAPTER_TOKEN"
 #: REST_ADAPTER_* variables that are not limits and that rest-bridge reads or sets.
 OTHER_VARIABLES = frozenset(
     {

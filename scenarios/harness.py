@@ -15,9 +15,19 @@ from typing import Any
 
 import aiohttp
 import orjson
+import yarl
 from aiohttp import web
 
-from bridge.app import SERVER_SETTINGS, default_app, text_turn_app, trusted_bridge_app
+from bridge.app import (
+    ALL_ROUTES,
+    DEFAULT_ROUTES,
+    SERVER_SETTINGS,
+    TEXT_TURN_ROUTES,
+    default_app,
+    route_path,
+    text_turn_app,
+    trusted_bridge_app,
+)
 from bridge.auth import with_bearer_auth
 from bridge.limits import RestLimits
 from bridge.routes import OPENAPI
@@ -28,6 +38,8 @@ PRESETS: dict[str, Callable[[Sequence[str], RestLimits | None], web.Application]
     "default": default_app,
     "text-turn": text_turn_app,
 }
+#: The routes each preset mounts (their operationIds).
+PRESET_ROUTES = {"trusted": ALL_ROUTES, "default": DEFAULT_ROUTES, "text-turn": TEXT_TURN_ROUTES}
 REPORT_ENV = "FAKE_CODEX_REPORT"
 SCRIPT_ENV = "FAKE_CODEX_SCRIPT"
 
@@ -181,11 +193,13 @@ async def serve_app(app: web.Application, host: str = "127.0.0.1") -> tuple[web.
 
 @dataclass
 class RunningBridge:
-    """A bridge served in-process: where it is, how to talk to it, how to stop it."""
+    """A bridge served in-process (or running elsewhere, see `connect_bridge`): where it
+    is, how to talk to it, how to stop it."""
 
     url: str
-    app: web.Application
-    runner: web.AppRunner
+    #: The application and its server; None for a bridge running elsewhere (a target).
+    app: web.Application | None
+    runner: web.AppRunner | None
     command: list[str]
     preset: str
     token: str | None = None
@@ -231,7 +245,8 @@ class RunningBridge:
         for session in self._clients:
             await session.close()
         self._clients.clear()
-        await self.runner.cleanup()
+        if self.runner is not None:
+            await self.runner.cleanup()
 
 
 async def start_bridge(
@@ -252,6 +267,45 @@ async def start_bridge(
     checker = checker_for(app)
     runner, url = await serve_app(app, host)
     return RunningBridge(url, app, runner, list(command), preset, token, checker)
+
+
+class TargetError(Exception):
+    """A bridge given by URL (`--codex-target`) that cannot be used."""
+
+
+async def connect_bridge(url: str, token: str | None = None) -> RunningBridge:
+    """A bridge already running at `url` (`http://host:port`), e.g. a staging deployment.
+
+    Its own OpenAPI document (`GET /v1/openapi.json`, with `token` when given) checks
+    every response, and names the routes it mounts; closing it closes only the clients.
+    """
+    target = yarl.URL(url)
+    if target.scheme not in ("http", "https") or not target.host or target.path not in ("", "/"):
+        raise TargetError(f"{url}: a target is an http(s)://host:port URL without a path")
+    base = f"{target.scheme}://{target.host}:{target.port}"
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    try:
+        async with (
+            aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=30)) as session,
+            session.get(base + route_path("openapi"), headers=headers) as response,
+        ):
+            raw = await response.read()
+            status = response.status
+    except (aiohttp.ClientError, TimeoutError) as exc:
+        raise TargetError(f"{url}: cannot reach the bridge: {exc or type(exc).__name__}") from None
+    if status != 200:
+        raise TargetError(f"{url}: GET {route_path('openapi')} answered {status}")
+    try:
+        document = orjson.loads(raw)
+    except orjson.JSONDecodeError:
+        raise TargetError(f"{url}: {route_path('openapi')} is not JSON") from None
+    mounted = frozenset(
+        operation.get("operationId")
+        for operations in document.get("paths", {}).values()
+        for operation in operations.values()
+    )
+    preset = next((name for name, routes in PRESET_ROUTES.items() if routes == mounted), "?")
+    return RunningBridge(base, None, None, [], preset, token, OpenApiChecker(document))
 
 
 def read_reports(directory: str | os.PathLike[str]) -> list[dict[str, Any]]:

@@ -29,6 +29,7 @@ import aiohttp
 import orjson
 from multidict import CIMultiDict, CIMultiDictProxy
 
+from bridge import TOKEN_VARIABLE
 from bridge.app import route_path
 from scenarios import format as f
 from scenarios.expectations import (
@@ -55,6 +56,7 @@ from scenarios.harness import (
     NO_CODEX,
     CodexNotFound,
     RunningBridge,
+    connect_bridge,
     fake_app_server_command,
     find_codex,
     read_reports,
@@ -134,6 +136,42 @@ class RunOptions:
     require_codex: bool = field(default_factory=lambda: os.environ.get("CI", "").lower() == "true")
     #: Put before the app-server command (e.g. `scenarios.wire_tee`, to record the wire).
     app_server_prefix: list[str] | None = None
+    #: A bridge already running (`http://host:port`) to run against instead of one of
+    #: our own (`--codex-target`); its token, and the script its fake-codex runs, if any.
+    target: str | None = None
+    target_token: str | None = None
+    target_script: Path | None = None
+
+
+def target_skip_reason(loaded: LoadedScenario, options: RunOptions) -> str | None:
+    """Why `loaded` cannot run against `options.target` (None: it can).
+
+    A target is built already: a scenario runs there when it needs nothing built for it.
+    No scripted model, no app-server script unless it is the one the target's fake-codex
+    runs (`target_script`), no limits of its own, health exempt from auth as by default,
+    and a token in the environment when the scenario turns auth on. (The preset is
+    compared with the target's routes once connected.)
+    """
+    scenario = loaded.scenario
+    spec = scenario.bridge
+    if scenario.model is not None:
+        return "scripts the model (`model:`): it needs a bridge and a codex of its own"
+    if scenario.app_server is not None and not _same_file(loaded.path, options.target_script):
+        return (
+            "scripts the app-server (`appServer:`), and the target runs another "
+            "(--codex-target-script names the scenario file its fake-codex runs)"
+        )
+    if any(value is not None for _, value in spec.limits):
+        return "sets limits (`bridge.limits`): the target has limits of its own"
+    if not spec.exempt_health:
+        return "needs health behind auth (`exemptHealth: false`)"
+    if spec.token is not None and not options.target_token:
+        return f"turns auth on: set {TOKEN_VARIABLE} to the target's token"
+    return None
+
+
+def _same_file(path: Path | None, other: Path | None) -> bool:
+    return path is not None and other is not None and path.resolve() == other.resolve()
 
 
 class StepFailed(Exception):
@@ -700,6 +738,11 @@ async def run_scenario(loaded: LoadedScenario, options: RunOptions | None = None
     result = ScenarioResult(loaded, "passed")
     started = time.monotonic()
     codex = None
+    if options.target is not None:
+        reason = target_skip_reason(loaded, options)
+        if reason is not None:
+            result.outcome, result.skip_reason = "skipped", f"not against a target: {reason}"
+            return result
     if scenario.real_codex:
         try:
             codex = find_codex(options.codex, option=options.codex_option)
@@ -749,6 +792,19 @@ async def _run(
     run: _Run | None = None
     bridge: RunningBridge | None = None
     try:
+        if options.target is not None:
+            bridge = await connect_bridge(options.target, options.target_token)
+            if bridge.preset != scenario.bridge.preset:
+                result.outcome = "skipped"
+                result.skip_reason = (
+                    f"not against a target: the scenario wants the {scenario.bridge.preset} "
+                    f"preset; the target's routes are those of {bridge.preset}"
+                )
+                return
+            result.transcript.add("run", f"the target bridge at {bridge.url}")
+            run = _Run(loaded, bridge, tmp, result.transcript)
+            await _steps(run, result)
+            return
         if scenario.model is not None and codex is not None:
             from fakes.model_provider import ModelProviderServer
 
@@ -789,7 +845,7 @@ async def _run(
             await bridge.close()
         if model_server is not None:
             await model_server.close()
-    if model_server is None:
+    if model_server is None and options.target is None:
         found = read_reports(reports)
         result.transcript.fakes = found
         problems = fake_report_problems(
@@ -852,8 +908,9 @@ async def _model_checks(run: _Run, model_server: Any, result: ScenarioResult) ->
                         f"scripted model reply {index} was never requested",
                     )
                 )
+    app = run.bridge.app
     if scenario.checks.requests_answered and "list_sessions" in {
-        route.name for route in run.bridge.app.get(_mounted_key(), ())
+        route.name for route in (app.get(_mounted_key(), ()) if app is not None else ())
     }:
         try:
             ex = await run.exchange(StepRequest("GET", route_path("list_sessions")))

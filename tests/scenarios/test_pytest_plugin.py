@@ -22,8 +22,8 @@ TOKEN = "t0k3n"
 
 
 @pytest.mark.asyncio
-async def test_health(bridge_client):
-    async with bridge_client.get("/health") as response:
+async def test_health(codex_client):
+    async with codex_client.get("/health") as response:
         assert response.status == 200
 
 
@@ -31,15 +31,15 @@ async def test_health(bridge_client):
 @pytest.mark.codex_bridge(
     script={"turns": ["Hi from the script."]}, token=TOKEN, limits={"maxSessions": 2}
 )
-async def test_a_turn_over_sse_with_auth_and_limits(codex_bridge, bridge_client, sse):
-    async with bridge_client.post("/v1/sessions", json={}) as response:
+async def test_a_turn_over_sse_with_auth_and_limits(codex_bridge, codex_client, codex_sse):
+    async with codex_client.post("/v1/sessions", json={}) as response:
         session = (await response.json())["sessionId"]
-    reader = await sse(f"/v1/sessions/{session}/events/stream")
+    reader = await codex_sse(f"/v1/sessions/{session}/events/stream")
     base = f"/v1/sessions/{session}/call"
-    async with bridge_client.post(f"{base}/thread/start", json={"params": {}}) as response:
+    async with codex_client.post(f"{base}/thread/start", json={"params": {}}) as response:
         thread = (await response.json())["result"]["thread"]["id"]
     params = {"threadId": thread, "input": [{"type": "text", "text": "hi"}]}
-    async with bridge_client.post(f"{base}/turn/start", json={"params": params}) as response:
+    async with codex_client.post(f"{base}/turn/start", json={"params": params}) as response:
         assert response.status == 200
     frames = await reader.until(lambda f: f.json()["method"] == "turn/completed", timeout=10)
     texts = [f.json()["params"]["item"].get("text") for f in frames
@@ -49,21 +49,21 @@ async def test_a_turn_over_sse_with_auth_and_limits(codex_bridge, bridge_client,
     async with codex_bridge.client(auth=False).get("/v1/sessions") as response:
         assert response.status == 401
     for _ in range(2):
-        async with bridge_client.post("/v1/sessions", json={}) as response:
+        async with codex_client.post("/v1/sessions", json={}) as response:
             pass
     assert response.status == 429
 
 
 @pytest.mark.asyncio
-async def test_start_bridge_builds_any_preset(start_bridge):
-    bridge = await start_bridge(preset="default")
+async def test_start_bridge_builds_any_preset(codex_start_bridge):
+    bridge = await codex_start_bridge(preset="default")
     async with bridge.client().post("/v1/call/model/list", json={"params": {}}) as response:
         assert response.status == 404
 
 
 @pytest.mark.asyncio
-async def test_run_scenario_from_python(run_scenario):
-    result = await run_scenario(
+async def test_run_scenario_from_python(codex_run_scenario):
+    result = await codex_run_scenario(
         {"steps": [{"http": {"path": "/health"}, "expect": {"jsonSubset": {"status": "ok"}}}]}
     )
     assert result.passed
@@ -158,8 +158,8 @@ def test_the_fixture_bridges_check_their_script_like_scenarios(pytester: pytest.
 
         @pytest.mark.asyncio
         @pytest.mark.codex_bridge(script={"turns": ["Nobody starts me."]})
-        async def test_never_starts_the_turn(bridge_client):
-            async with bridge_client.get("/health") as response:
+        async def test_never_starts_the_turn(codex_client):
+            async with codex_client.get("/health") as response:
                 assert response.status == 200
         """
     )
@@ -179,8 +179,8 @@ def test_a_conftest_registering_it_too_is_harmless(
         import pytest
 
         @pytest.mark.asyncio
-        async def test_health(bridge_client):
-            async with bridge_client.get("/health") as response:
+        async def test_health(codex_client):
+            async with codex_client.get("/health") as response:
                 assert response.status == 200
         """
     )
@@ -220,8 +220,8 @@ def test_a_host_project_hears_nothing_about_the_loop_scope_and_its_fixtures_keep
             assert session_loop is asyncio.get_running_loop()
 
         @pytest.mark.asyncio
-        async def test_the_plugins_fixtures(bridge_client):
-            async with bridge_client.get("/health") as response:
+        async def test_the_plugins_fixtures(codex_client):
+            async with codex_client.get("/health") as response:
                 assert response.status == 200
         """
     )
@@ -248,8 +248,8 @@ steps:
 """
 
 REAL_CODEX_TEST = """
-def test_uses_the_real_codex(real_codex):
-    assert real_codex
+def test_uses_the_real_codex(codex_bin):
+    assert codex_bin
 """
 
 
@@ -315,8 +315,8 @@ def test_the_respx_fixtures_name_the_extra_to_install(pytester: pytest.Pytester)
     )
     pytester.makepyfile(
         """
-        def test_mocked(respx_scenario):
-            respx_scenario({"scenario": 1, "steps": [{"http": {"path": "/health"}}]})
+        def test_mocked(codex_respx):
+            codex_respx({"scenario": 1, "steps": [{"http": {"path": "/health"}}]})
         """
     )
     result = pytester.runpytest_subprocess(*QUIET)
