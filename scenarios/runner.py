@@ -149,8 +149,9 @@ def target_skip_reason(loaded: LoadedScenario, options: RunOptions) -> str | Non
     A target is built already: a scenario runs there when it needs nothing built for it.
     No scripted model, no app-server script unless it is the one the target's fake-codex
     runs (`target_script`), no limits of its own, health exempt from auth as by default,
-    and a token in the environment when the scenario turns auth on. (The preset is
-    compared with the target's routes once connected.)
+    and a token in the environment when the scenario turns auth on (the scenario's token,
+    wherever it is written, then stands for the target's). The preset is compared with
+    the target's routes once connected.
     """
     scenario = loaded.scenario
     spec = scenario.bridge
@@ -168,6 +169,14 @@ def target_skip_reason(loaded: LoadedScenario, options: RunOptions) -> str | Non
     if spec.token is not None and not options.target_token:
         return f"turns auth on: set {TOKEN_VARIABLE} to the target's token"
     return None
+
+
+def _with_target_token(loaded: LoadedScenario, token: str | None) -> LoadedScenario:
+    """`loaded` with its token, wherever it is written, replaced by the target's."""
+    written = loaded.scenario.bridge.token
+    if written is None or token is None or loaded.text is None or written == token:
+        return loaded
+    return f.parse_scenario_text(loaded.text.replace(written, token), loaded.source, loaded.path)
 
 
 def _same_file(path: Path | None, other: Path | None) -> bool:
@@ -743,6 +752,7 @@ async def run_scenario(loaded: LoadedScenario, options: RunOptions | None = None
         if reason is not None:
             result.outcome, result.skip_reason = "skipped", f"not against a target: {reason}"
             return result
+        loaded = _with_target_token(loaded, options.target_token)
     if scenario.real_codex:
         try:
             codex = find_codex(options.codex, option=options.codex_option)
