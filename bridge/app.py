@@ -347,3 +347,13 @@ def default_app(
 def backend_app(backend: Backend, options: RouterOptions | None = None) -> web.Application:
     """The routes of ``options`` (all by default) served by a host-provided backend."""
     return create_app(backend, options)
+
+
+#: The presets by name (`rest-bridge serve --preset`, a scenario's `bridge.preset`).
+PRESETS: dict[str, Callable[[Sequence[str], RestLimits | None], web.Application]] = {
+    "trusted": trusted_bridge_app,
+    "default": default_app,
+    "text-turn": text_turn_app,
+}
+#: The routes each preset mounts (their names, the OpenAPI operationIds).
+PRESET_ROUTES = {"trusted": ALL_ROUTES, "default": DEFAULT_ROUTES, "text-turn": TEXT_TURN_ROUTES}

@@ -20,6 +20,7 @@ import argparse
 import json
 import logging
 import os
+import subprocess
 import sys
 from collections.abc import Sequence
 from typing import TextIO
@@ -32,6 +33,10 @@ FRONT_OPTIONS = {
     "--codex": "--codex-bin",
     "--target": "--codex-target",
     "--target-script": "--codex-target-script",
+    # What the runner before pytest called them.
+    "-j": "-n",
+    "--jobs": "-n",
+    "--junit": "--junitxml",
 }
 #: Collect scenario files only (a file named on the command line is always collected).
 #: Skip reasons are shown too (`-r` given again replaces `-rfEs`).
@@ -52,15 +57,14 @@ def pytest_arguments(argv: Sequence[str]) -> list[str]:
 
 
 def _pytest(argv: Sequence[str], out: TextIO) -> int:
-    import pytest
-
-    if out is not sys.stdout:  # tests hand a StringIO: pytest writes to sys.stdout
-        saved, sys.stdout = sys.stdout, out
-        try:
-            return int(pytest.main(list(argv)))
-        finally:
-            sys.stdout = saved
-    return int(pytest.main(list(argv)))
+    """pytest in a fresh interpreter: there, pytest imports the package itself (an import
+    made before it would cost a warning that its asserts cannot be rewritten)."""
+    command = [sys.executable, "-m", "pytest", *argv]
+    if out is sys.stdout:
+        return subprocess.call(command)
+    done = subprocess.run(command, capture_output=True, text=True, check=False)
+    out.write(done.stdout + done.stderr)
+    return done.returncode
 
 
 def _run(args: argparse.Namespace, out: TextIO) -> int:

@@ -8,7 +8,7 @@ from __future__ import annotations
 import os
 import shutil
 import sys
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -18,28 +18,12 @@ import orjson
 import yarl
 from aiohttp import web
 
-from bridge.app import (
-    ALL_ROUTES,
-    DEFAULT_ROUTES,
-    SERVER_SETTINGS,
-    TEXT_TURN_ROUTES,
-    default_app,
-    route_path,
-    text_turn_app,
-    trusted_bridge_app,
-)
+from bridge.app import PRESET_ROUTES, PRESETS, SERVER_SETTINGS, route_path
 from bridge.auth import with_bearer_auth
 from bridge.limits import RestLimits
-from bridge.routes import OPENAPI
+from bridge.routes import OPENAPI, SSE_CONTENT_TYPE
 from scenarios.openapi_check import OpenApiChecker
 
-PRESETS: dict[str, Callable[[Sequence[str], RestLimits | None], web.Application]] = {
-    "trusted": trusted_bridge_app,
-    "default": default_app,
-    "text-turn": text_turn_app,
-}
-#: The routes each preset mounts (their operationIds).
-PRESET_ROUTES = {"trusted": ALL_ROUTES, "default": DEFAULT_ROUTES, "text-turn": TEXT_TURN_ROUTES}
 REPORT_ENV = "FAKE_CODEX_REPORT"
 SCRIPT_ENV = "FAKE_CODEX_SCRIPT"
 
@@ -165,7 +149,7 @@ def contract_middleware(checkers: Mapping[str, OpenApiChecker]) -> aiohttp.Clien
         checker = checkers.get(base)
         if checker is not None:
             content_type = response.headers.get("Content-Type", "")
-            streaming = content_type.startswith("text/event-stream")
+            streaming = content_type.startswith(SSE_CONTENT_TYPE)
             body = None if streaming else await response.read()
             checker.check(request.method, request.url.path, response.status, content_type, body)
         return response

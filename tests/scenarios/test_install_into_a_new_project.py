@@ -175,6 +175,7 @@ def test_the_documented_install_then_a_scenario_and_a_test_run_green(
     done = run(["rest-bridge", "scenarios", "run", "."], project, env)
     timings["rest-bridge scenarios run"] = time.monotonic() - started
     assert "1 passed in" in done.stdout, done.stdout  # the scenario, not the venv's library
+    assert "warning" not in done.stdout.lower(), done.stdout
 
     # The `respx` extra is not installed: its fixtures say which extra to install.
     mocked = tmp_path / "respx-project"

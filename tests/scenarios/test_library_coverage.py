@@ -38,7 +38,7 @@ from pydantic.alias_generators import to_camel
 import bridge
 import bridge.app
 from bridge import errors as bridge_errors
-from bridge.app import ROUTES, Route, mounted_routes, path_pattern, route_path
+from bridge.app import PRESETS, ROUTES, Route, mounted_routes, path_pattern, route_path
 from bridge.auth import HEALTH_PATHS, presented_token
 from bridge.events import EventKind
 from bridge.limits import RestLimits
@@ -46,7 +46,6 @@ from bridge.models import ApprovalPolicy, TextTurnRequest
 from bridge.process.text_turn import LEGACY_APPROVALS, PERMISSIONS_APPROVAL, V2_APPROVALS
 from scenarios import format as f
 from scenarios.expectations import step_request
-from scenarios.harness import PRESETS
 
 ROOT = Path(__file__).resolve().parents[2]
 LIBRARY = ROOT / "scenarios" / "library"

@@ -15,6 +15,7 @@ import pytest
 from processes import live_children
 
 from scenarios import harness
+from scenarios.cli import SCENARIOS_ONLY, pytest_arguments
 from scenarios.format import load_scenario, parse_scenario
 from scenarios.runner import RunOptions, run_scenario_sync
 
@@ -438,3 +439,16 @@ def test_a_folder_search_skips_virtual_environments_and_hidden_folders(tmp_path:
     done = run_cli("check", str(skipped[2]), cwd=tmp_path)
     assert done.returncode == 0, done.stderr
     assert ".hidden/z.scenario.yaml::z" in done.stdout, done.stdout
+
+
+def test_the_fronts_options_become_the_plugins_and_the_old_ones_still_work() -> None:
+    args = ["x.scenario.yaml", "--target", "http://h:1", "--codex=/c", "-j", "2", "--junit", "j"]
+    assert pytest_arguments(args) == [
+        *SCENARIOS_ONLY,
+        *("x.scenario.yaml", "--codex-target", "http://h:1", "--codex-bin=/c"),
+        *("-n", "2", "--junitxml", "j", "--dist=loadgroup"),
+    ]
+    # A --dist of the user's own stays theirs; no -n, no --dist.
+    own = ["-n", "2", "--dist", "load"]
+    assert pytest_arguments(own) == [*SCENARIOS_ONLY, *own]
+    assert not any(arg.startswith("--dist") for arg in pytest_arguments(["-k", "x"]))
