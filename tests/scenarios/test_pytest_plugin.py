@@ -3,6 +3,7 @@ entry point, with pytest-asyncio in strict and auto modes, xdist and rerunfailur
 
 from __future__ import annotations
 
+import re
 import sys
 import textwrap
 from pathlib import Path
@@ -328,3 +329,34 @@ def test_the_respx_fixtures_name_the_extra_to_install(pytester: pytest.Pytester)
     ) in result.outlines
     assert "Traceback" not in result.stdout.str()
     assert "During handling" not in result.stdout.str()
+
+
+def registered(pytester: pytest.Pytester, *args: str) -> dict[str, set[str]]:
+    """What pytest lists: fixtures, markers, command-line options and ini keys."""
+    fixtures = pytester.runpytest_subprocess(*args, "--fixtures").outlines
+    markers = pytester.runpytest_subprocess(*args, "--markers").outlines
+    helped = pytester.runpytest_subprocess(*args, "--help").outlines
+    return {
+        "fixture": {m[1] for line in fixtures if (m := re.match(r"(\w+)(?: \[.*?\])? -- ", line))},
+        "marker": {m[1] for line in markers if (m := re.match(r"@pytest\.mark\.([\w-]+)", line))},
+        "option": {m[1] for line in helped if (m := re.match(r"  (--[\w-]+)", line))},
+        "ini": {m[1] for line in helped if (m := re.match(r"  (\w+) \(\w+\):", line))},
+    }
+
+
+def test_everything_the_plugin_registers_is_prefixed_and_documented(
+    pytester: pytest.Pytester,
+) -> None:
+    """The plugin adds `codex_` names only (`--codex-` options), each in the README."""
+    without = registered(pytester, *QUIET, "-p", "no:scenarios.pytest_plugin")
+    with_it = registered(pytester, *QUIET)
+    readme = (Path(__file__).parents[2] / "scenarios" / "README.md").read_text()
+    added = {kind: with_it[kind] - without[kind] for kind in with_it}
+    assert added["fixture"] >= {"codex_bridge", "codex_client", "codex_sse", "codex_bin"}, added
+    assert added["option"] >= {"--codex-bin", "--codex-target", "--codex-target-script"}, added
+    assert added["marker"] == {"codex_bridge", "codex_real"}, added
+    assert added["ini"] == {"codex_scenario_patterns"}, added
+    for kind, names in added.items():
+        for name in names:
+            assert name.startswith(("codex_", "--codex-")), (kind, name)
+            assert f"`{name}" in readme, f"the {kind} {name} is not in scenarios/README.md"
