@@ -48,6 +48,7 @@ from __future__ import annotations
 import asyncio
 import fnmatch
 import os
+import re
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -74,6 +75,8 @@ PATTERNS_INI = "codex_scenario_patterns"
 MARKER = "codex_bridge"
 REAL_MARKER = "codex_real"
 _TAGS = pytest.StashKey[set[str]]()
+#: The tags that become marks (every tag is a keyword for `-k`).
+MARK_NAME = re.compile(r"[A-Za-z][\w-]*")
 
 
 def _async_fixture(func: Callable[..., Any]) -> Any:
@@ -206,7 +209,8 @@ class ScenarioFailed(AssertionError):
 class ScenarioItem(pytest.Item):
     """Runs one scenario in a fresh event loop, bridge and temporary directory.
 
-    Its tags are marks (`-m TAG`) and keywords (`-k TAG`); one that scripts the model
+    Its tags are keywords (`-k TAG`) and, when they are names (a letter, then letters,
+    digits, `_`, `-`), marks (`-m TAG`); one that scripts the model
     is marked `codex_real`; `parallel: false` puts it in the xdist group `codex-serial`
     (one worker runs them one after the other under `--dist loadgroup`).
     """
@@ -216,7 +220,7 @@ class ScenarioItem(pytest.Item):
         self.loaded = loaded
         self.extra_keyword_matches.update(loaded.scenario.tags)
         registered = self.config.stash.setdefault(_TAGS, set())
-        for tag in loaded.scenario.tags:
+        for tag in filter(MARK_NAME.fullmatch, loaded.scenario.tags):
             if tag not in registered:
                 registered.add(tag)
                 self.config.addinivalue_line("markers", f"{tag}: a scenario tag")

@@ -224,7 +224,8 @@ def test_check_validates_without_running() -> None:
 
 def test_tags_are_marks_and_names_are_keywords(tmp_path: Path) -> None:
     """`-m TAG` and `-k NAME` pick scenarios, even under --strict-markers."""
-    for name, tags in (("one", "[smoke, sse]"), ("two", "[slow-ones]"), ("three", "[]")):
+    tagged = (("one", "[smoke, sse]"), ("two", "[slow-ones, _x, 'a b']"), ("three", "[]"))
+    for name, tags in tagged:
         write(tmp_path, f"{name}.scenario.yaml", f"""
             scenario: 1
             name: {name}
