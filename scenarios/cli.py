@@ -132,7 +132,9 @@ def build_parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="action", required=True)
     run = commands.add_parser(
         "run",
-        help="run scenario files and folders (pytest with the plugin; pytest's options work)",
+        help="run scenario files and folders: pytest with the plugin, pytest's options "
+        "work (`run --help` lists them); --codex, --target and --target-script stand for "
+        "the plugin's --codex-bin, --codex-target and --codex-target-script",
         description="pytest over scenario files. Front options: --codex PATH (the real "
         "codex), --target URL (a bridge already running; token from $REST_ADAPTER_TOKEN), "
         "--target-script FILE (the scenario the target's fake-codex runs). Everything else "

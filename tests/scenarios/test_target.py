@@ -133,6 +133,7 @@ def test_the_library_runs_against_a_running_bridge_and_the_rest_skips_saying_why
     assert "scripts the app-server (`appServer:`), and the target runs another" in reasons
     assert "scripts the model (`model:`)" in reasons
     assert "sets limits (`bridge.limits`)" in reasons
+    assert TOKEN not in done.stdout + done.stderr  # the secret is never printed
     # They ran there: the sessions they created are the target's.
     listed = target.get("/v1/sessions", TOKEN)
     assert isinstance(listed, dict), listed
