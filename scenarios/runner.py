@@ -24,7 +24,7 @@ import shutil
 import tempfile
 import threading
 import time
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -974,9 +974,3 @@ def _slug(name: str) -> str:
 def run_scenario_sync(loaded: LoadedScenario, options: RunOptions | None = None) -> ScenarioResult:
     """`run_scenario` in a fresh event loop (for threads and synchronous callers)."""
     return asyncio.run(run_scenario(loaded, options))
-
-
-def iter_problems(result: ScenarioResult) -> Iterator[tuple[Failure, Problem]]:
-    for failure in result.failures:
-        for problem in failure.problems:
-            yield failure, problem
