@@ -22,11 +22,11 @@ from bench.common import (
     Figure,
     Section,
     log,
+    machine_summary,
     raise_fd_limit,
     speed_probe,
     wait_for_quiet,
 )
-from scenarios.processes import machine_summary
 
 BENCHMARKS = ("fake", "calls", "events", "sessions", "idle", "turns", "cluster")
 HERE = Path(__file__).resolve().parent

@@ -7,6 +7,7 @@ handlers and it is what the OpenAPI document is built from.
 
 from __future__ import annotations
 
+import re
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -210,6 +211,37 @@ ROUTES: tuple[Route, ...] = (
     ),
 )
 
+#: The routes by name (their OpenAPI operationId).
+ROUTE_BY_NAME: dict[str, Route] = {r.name: r for r in ROUTES}
+_PARAM = re.compile(r"\{(\w+)(?::[^}]*)?\}")
+
+
+def path_pattern(template: str) -> re.Pattern[str]:
+    """A pattern for the paths of a route template, one named group per parameter.
+
+    ``template`` is a route's aiohttp path (``/v1/call/{method:.+}``) or its OpenAPI
+    path (``/v1/call/{method}``); the parameters in :data:`SLASHED_PARAMS` may hold a
+    ``/``, the others may not. The harness matches requests with these, so that it never
+    restates the route table.
+    """
+    regex, end = "", 0
+    for found in _PARAM.finditer(template):
+        name = found.group(1)
+        regex += re.escape(template[end : found.start()])
+        regex += f"(?P<{name}>{'.+' if name in SLASHED_PARAMS else '[^/]+'})"
+        end = found.end()
+    return re.compile(f"^{regex}{re.escape(template[end:])}$")
+
+
+def route_path(name: str, **params: str) -> str:
+    """The path of route ``name`` with its parameters filled in, as given (not quoted)."""
+
+    def fill(found: re.Match[str]) -> str:
+        return params[found.group(1)]
+
+    return _PARAM.sub(fill, ROUTE_BY_NAME[name].path)
+
+
 ALL_ROUTES = frozenset(r.name for r in ROUTES)
 #: Mounted first: aiohttp tries these before the other routes under `/v1/sessions`.
 HOT_ROUTES = frozenset({"session_call"})
@@ -334,3 +366,15 @@ def default_app(
 def backend_app(backend: Backend, options: RouterOptions | None = None) -> web.Application:
     """The routes of ``options`` (all by default) served by a host-provided backend."""
     return create_app(backend, options)
+
+
+#: The presets by name (`rest-bridge serve --preset`, a scenario's `bridge.preset`).
+PRESETS: dict[
+    str, Callable[[Sequence[str], RestLimits | None, AppServerSettings | None], web.Application]
+] = {
+    "trusted": trusted_bridge_app,
+    "default": default_app,
+    "text-turn": text_turn_app,
+}
+#: The routes each preset mounts (their names, the OpenAPI operationIds).
+PRESET_ROUTES = {"trusted": ALL_ROUTES, "default": DEFAULT_ROUTES, "text-turn": TEXT_TURN_ROUTES}

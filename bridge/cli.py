@@ -17,14 +17,8 @@ from pathlib import Path
 
 from aiohttp import web
 
-from bridge import __version__, front, replica
-from bridge.app import (
-    SERVER_SETTINGS,
-    default_app,
-    mounted_routes,
-    text_turn_app,
-    trusted_bridge_app,
-)
+from bridge import TOKEN_VARIABLE, __version__, front, replica
+from bridge.app import PRESETS, SERVER_SETTINGS, mounted_routes
 from bridge.auth import AuthSettings, token_problem, with_bearer_auth
 from bridge.descriptors import BridgeEventLoop, ShortageReporter, budget_line, raise_soft_limit
 from bridge.limits import (
@@ -47,12 +41,6 @@ from bridge.replica import (
 )
 from bridge.routes import BACKEND
 
-PRESETS = {
-    "trusted": trusted_bridge_app,
-    "default": default_app,
-    "text-turn": text_turn_app,
-}
-TOKEN_VARIABLE = "REST_ADAPTER_TOKEN"
 #: REST_ADAPTER_* variables that are not limits and that rest-bridge reads or sets.
 OTHER_VARIABLES = frozenset(
     {

@@ -277,6 +277,16 @@ async def events(request: web.Request) -> web.Response:
     return web.Response(body=batch[0].json(), content_type="application/json")
 
 
+#: What an event stream answers with (the harness reads the same names), and the
+#: comment it writes while idle.
+SSE_CONTENT_TYPE = "text/event-stream"
+SSE_HEADERS = {
+    "Content-Type": SSE_CONTENT_TYPE,
+    "Cache-Control": "no-cache",
+    "X-Accel-Buffering": "no",
+}
+SSE_KEEPALIVE = b": keep-alive\n\n"
+
 _SSE_FRAME = {
     kind: b"id: %d\nevent: " + kind.encode() + b"\ndata: %s\n\n"
     for kind in ("notification", "request", "exit", "gap")
@@ -316,13 +326,7 @@ async def events_stream(request: web.Request) -> web.StreamResponse:
     try:
         # Read once before answering, so an unknown or finished session is a JSON error.
         batch = await stream.next_batch(0, SSE_BATCH)
-        response = web.StreamResponse(
-            headers={
-                "Content-Type": "text/event-stream",
-                "Cache-Control": "no-cache",
-                "X-Accel-Buffering": "no",
-            }
-        )
+        response = web.StreamResponse(headers=SSE_HEADERS)
         await response.prepare(request)
         keepalive = limits.sse_keepalive_ms / 1000
         with contextlib.suppress(ConnectionError, errors.RestError):
@@ -334,7 +338,7 @@ async def events_stream(request: web.Request) -> web.StreamResponse:
                         completed = True
                         break
                 else:
-                    await response.write(b": keep-alive\n\n")
+                    await response.write(SSE_KEEPALIVE)
                 batch = await stream.next_batch(keepalive, SSE_BATCH)
         return response
     finally:

@@ -18,6 +18,7 @@ from typing import Any
 import orjson
 from multidict import CIMultiDictProxy
 
+from bridge.app import route_path
 from fakes.app_server.script import AppServerScript
 from scenarios import format as f
 from scenarios.matching import (
@@ -337,7 +338,11 @@ def step_request(step: Any, sub: Sub) -> StepRequest:
         call = step.call
         session = sub(call.session)
         method = as_text(sub(call.method))
-        path = f"/v1/sessions/{session}/call/{method}" if session else f"/v1/call/{method}"
+        path = (
+            route_path("session_call", sessionId=as_text(session), method=method)
+            if session
+            else route_path("call", method=method)
+        )
         body: dict[str, Any] = {}
         if call.given("params"):
             body["params"] = sub(call.params)
@@ -349,20 +354,27 @@ def step_request(step: Any, sub: Sub) -> StepRequest:
     if isinstance(step, f.CreateSessionStep):
         create = step.create_session
         body = {"options": sub(create.options)} if create.options is not None else {}
-        return StepRequest("POST", "/v1/sessions", sub(create.auth), json_body=body)
+        return StepRequest("POST", route_path("create_session"), sub(create.auth), json_body=body)
     if isinstance(step, f.ReplyStep):
         reply = step.reply
-        base = f"/v1/sessions/{sub(reply.session)}/requests/{sub(reply.request_key)}"
+        key = {
+            "sessionId": as_text(sub(reply.session)),
+            "requestKey": as_text(sub(reply.request_key)),
+        }
         if reply.error is not None:
             error = sub(reply.error.model_dump(exclude_unset=True))
-            return StepRequest("POST", f"{base}/error", sub(reply.auth), json_body=error)
+            path = route_path("reply_error", **key)
+            return StepRequest("POST", path, sub(reply.auth), json_body=error)
         result = {"result": sub(reply.result)}
-        return StepRequest("POST", f"{base}/result", sub(reply.auth), json_body=result)
+        return StepRequest(
+            "POST", route_path("reply_result", **key), sub(reply.auth), json_body=result
+        )
     if isinstance(step, f.StreamStep):
         stream = step.stream
-        path = sub(stream.path) if stream.path else f"/v1/sessions/{sub(stream.session)}"
         if stream.session is not None:
-            path += "/events/stream"
+            path = route_path("events_stream", sessionId=as_text(sub(stream.session)))
+        else:
+            path = sub(stream.path)
         headers = dict(sub(stream.headers or {}))
         if stream.last_event_id is not None:
             headers["Last-Event-ID"] = as_text(sub(stream.last_event_id))

@@ -8,27 +8,23 @@ from __future__ import annotations
 import os
 import shutil
 import sys
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import aiohttp
 import orjson
+import yarl
 from aiohttp import web
 
-from bridge.app import SERVER_SETTINGS, default_app, text_turn_app, trusted_bridge_app
+from bridge.app import PRESET_ROUTES, PRESETS, SERVER_SETTINGS, route_path
 from bridge.auth import with_bearer_auth
 from bridge.limits import RestLimits
-from bridge.routes import OPENAPI
+from bridge.routes import OPENAPI, SSE_CONTENT_TYPE
 from scenarios.codex_install import pinned_codex
 from scenarios.openapi_check import OpenApiChecker
 
-PRESETS: dict[str, Callable[[Sequence[str], RestLimits | None], web.Application]] = {
-    "trusted": trusted_bridge_app,
-    "default": default_app,
-    "text-turn": text_turn_app,
-}
 REPORT_ENV = "FAKE_CODEX_REPORT"
 SCRIPT_ENV = "FAKE_CODEX_SCRIPT"
 
@@ -154,7 +150,7 @@ def contract_middleware(checkers: Mapping[str, OpenApiChecker]) -> aiohttp.Clien
         checker = checkers.get(base)
         if checker is not None:
             content_type = response.headers.get("Content-Type", "")
-            streaming = content_type.startswith("text/event-stream")
+            streaming = content_type.startswith(SSE_CONTENT_TYPE)
             body = None if streaming else await response.read()
             checker.check(request.method, request.url.path, response.status, content_type, body)
         return response
@@ -182,11 +178,13 @@ async def serve_app(app: web.Application, host: str = "127.0.0.1") -> tuple[web.
 
 @dataclass
 class RunningBridge:
-    """A bridge served in-process: where it is, how to talk to it, how to stop it."""
+    """A bridge served in-process (or running elsewhere, see `connect_bridge`): where it
+    is, how to talk to it, how to stop it."""
 
     url: str
-    app: web.Application
-    runner: web.AppRunner
+    #: The application and its server; None for a bridge running elsewhere (a target).
+    app: web.Application | None
+    runner: web.AppRunner | None
     command: list[str]
     preset: str
     token: str | None = None
@@ -232,7 +230,8 @@ class RunningBridge:
         for session in self._clients:
             await session.close()
         self._clients.clear()
-        await self.runner.cleanup()
+        if self.runner is not None:
+            await self.runner.cleanup()
 
 
 async def start_bridge(
@@ -247,12 +246,51 @@ async def start_bridge(
     """Build a preset on `command`, with bearer auth when `token` is given, and serve it."""
     if preset not in PRESETS:
         raise ValueError(f"unknown preset {preset!r}; use one of {sorted(PRESETS)}")
-    app = PRESETS[preset](list(command), limits)
+    app = PRESETS[preset](list(command), limits, None)
     if token is not None:
         with_bearer_auth(app, token, exempt_health=exempt_health)
     checker = checker_for(app)
     runner, url = await serve_app(app, host)
     return RunningBridge(url, app, runner, list(command), preset, token, checker)
+
+
+class TargetError(Exception):
+    """A bridge given by URL (`--codex-target`) that cannot be used."""
+
+
+async def connect_bridge(url: str, token: str | None = None) -> RunningBridge:
+    """A bridge already running at `url` (`http://host:port`), e.g. a staging deployment.
+
+    Its own OpenAPI document (`GET /v1/openapi.json`, with `token` when given) checks
+    every response, and names the routes it mounts; closing it closes only the clients.
+    """
+    target = yarl.URL(url)
+    if target.scheme not in ("http", "https") or not target.host or target.path not in ("", "/"):
+        raise TargetError(f"{url}: a target is an http(s)://host:port URL without a path")
+    base = f"{target.scheme}://{target.host}:{target.port}"
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    try:
+        async with (
+            aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=30)) as session,
+            session.get(base + route_path("openapi"), headers=headers) as response,
+        ):
+            raw = await response.read()
+            status = response.status
+    except (aiohttp.ClientError, TimeoutError) as exc:
+        raise TargetError(f"{url}: cannot reach the bridge: {exc or type(exc).__name__}") from None
+    if status != 200:
+        raise TargetError(f"{url}: GET {route_path('openapi')} answered {status}")
+    try:
+        document = orjson.loads(raw)
+    except orjson.JSONDecodeError:
+        raise TargetError(f"{url}: {route_path('openapi')} is not JSON") from None
+    mounted = frozenset(
+        operation.get("operationId")
+        for operations in document.get("paths", {}).values()
+        for operation in operations.values()
+    )
+    preset = next((name for name, routes in PRESET_ROUTES.items() if routes == mounted), "?")
+    return RunningBridge(base, None, None, [], preset, token, OpenApiChecker(document))
 
 
 def read_reports(directory: str | os.PathLike[str]) -> list[dict[str, Any]]:

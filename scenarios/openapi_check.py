@@ -17,7 +17,7 @@ import orjson
 from referencing import Registry, Resource
 from referencing.jsonschema import DRAFT202012
 
-from bridge.app import SLASHED_PARAMS
+from bridge.app import path_pattern
 
 
 class ContractViolation(AssertionError):
@@ -32,14 +32,6 @@ class _Operation:
     responses: dict[str, Any]
 
 
-def _path_pattern(path: str) -> re.Pattern[str]:
-    regex = re.escape(path)
-    for name in SLASHED_PARAMS:
-        regex = regex.replace(re.escape("{" + name + "}"), ".+")
-    regex = re.sub(r"\\\{\w+\\\}", "[^/]+", regex)
-    return re.compile(f"^{regex}$")
-
-
 class OpenApiChecker:
     """Validates responses against one OpenAPI 3.1 document."""
 
@@ -48,7 +40,7 @@ class OpenApiChecker:
         resource = Resource.from_contents(document, default_specification=DRAFT202012)
         self._registry: Registry[Any] = Registry().with_resource("urn:openapi", resource)
         self._operations = [
-            _Operation(path, _path_pattern(path), method.upper(), op.get("responses", {}))
+            _Operation(path, path_pattern(path), method.upper(), op.get("responses", {}))
             for path, ops in document.get("paths", {}).items()
             for method, op in ops.items()
         ]

@@ -1,36 +1,46 @@
-"""pytest plugin of codex-rest-bridge: scenario files as tests, and fixtures.
+"""pytest plugin of codex-rest-bridge: scenario files as tests, and `codex_` fixtures.
 
 Installed with the package, it is registered through the `pytest11` entry point (named
 `scenarios.pytest_plugin`, so `-p no:scenarios.pytest_plugin` turns it off and a
-`pytest_plugins = ["scenarios.pytest_plugin"]` line never registers it twice).
+`pytest_plugins = ["scenarios.pytest_plugin"]` line never registers it twice). Every
+name it registers starts with `codex_` (`--codex-...` for options), so that it cannot
+collide with a host suite's own; it registers nothing else but the scenario tags of
+the scenario files it collects, as markers (so `-m TAG` works under `--strict-markers`).
 
 Collection: every `*.scenario.yaml` / `*.scenario.yml` file (ini option
-`scenario_patterns`) is one test item; a malformed one is a collection error naming
-the file and line. Scenarios that script the model run the real codex and skip
-without it (fail instead when `CI=true`).
+`codex_scenario_patterns`) is one test item; a malformed one is a collection error
+naming the file and line; a failing one reports the file and line of the failing step,
+then the transcript (left out with `--tb=short`, `line` or `no`). Scenarios that script
+the model run the real codex and skip without it (fail instead when `CI=true`).
+
+Options: `--codex-bin PATH` (the real codex), `--codex-target URL` (run the scenarios
+against a bridge already running; its token from `$REST_ADAPTER_TOKEN`),
+`--codex-target-script FILE` (the scenario file whose script the target's fake-codex
+runs). Markers: `codex_bridge(...)`, `codex_real`.
 
 Fixtures (async ones work with pytest-asyncio in strict and auto modes):
 
 - `codex_bridge`: a running bridge (`RunningBridge`) on fake-codex, built as the test's
   `@pytest.mark.codex_bridge(script=..., preset=..., token=..., limits=..., model=...)`
   says;
-- `bridge_client`: an aiohttp session bound to `codex_bridge` (relative URLs, its
+- `codex_client`: an aiohttp session bound to `codex_bridge` (relative URLs, its
   token, every response checked against its OpenAPI document);
-- `start_bridge`: `await start_bridge(**the same keywords)` for more bridges;
-- `sse`: `await sse(path, last_event_id=..., after=..., client=...)`, an `SseReader`
-  with a timeout on every read;
-- `scripted_model`: the scripted model server (`fakes.model_provider`), empty;
-- `real_codex`: the real codex executable (skips without one; fails when `CI=true`);
-- `run_scenario`: `await run_scenario(path or mapping)` runs a scenario and fails the
-  test with its report;
-- `fake_codex`, `write_script`, `serve`, `http`, `contract_checkers`: the fake's
-  command, fake-codex script files, any aiohttp app served, a contract-checked client;
-- `respx_scenario`, `bridge_respx`: the bridge mocked for httpx (respx), from a
+- `codex_start_bridge`: `await codex_start_bridge(**the same keywords)` for more bridges;
+- `codex_sse`: `await codex_sse(path, last_event_id=..., after=..., client=...)`, an
+  `SseReader` with a timeout on every read;
+- `codex_scripted_model`: the scripted model server (`fakes.model_provider`), empty;
+- `codex_bin`: the real codex executable (skips without one; fails when `CI=true`);
+- `codex_run_scenario`: `await codex_run_scenario(path or mapping)` runs a scenario and
+  fails the test with its report;
+- `codex_respx`, `codex_respx_openapi`: the bridge mocked for httpx (respx), from a
   scenario or from an OpenAPI document, no process at all (`scenarios.respx_mock`).
 
-After a `codex_bridge` / `start_bridge` test, the bridge's fake-codex reports are
+After a `codex_bridge` / `codex_start_bridge` test, the bridge's fake-codex reports are
 checked like a scenario's end: no scripted reply unused, no server request
 unanswered (turn it off with `check_script=False`).
+
+Without pytest-asyncio (a base install, without the `harness` extra), the async fixtures
+say which extra to install when a test asks for them; nothing else changes.
 """
 
 from __future__ import annotations
@@ -38,29 +48,35 @@ from __future__ import annotations
 import asyncio
 import fnmatch
 import os
+import re
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import pytest
 
+from bridge import TOKEN_VARIABLE
+
 try:
     import pytest_asyncio
-except ImportError:  # pragma: no cover - the harness extra brings it
+except ImportError:  # the harness extra brings it
     pytest_asyncio = None  # type: ignore[assignment]
 
 if TYPE_CHECKING:
     import aiohttp
-    from aiohttp import web
 
     from scenarios.format import LoadedScenario
     from scenarios.harness import RunningBridge
-    from scenarios.openapi_check import OpenApiChecker
-    from scenarios.runner import ScenarioResult
+    from scenarios.runner import RunOptions, ScenarioResult
     from scenarios.sse import SseReader
 
 DEFAULT_PATTERNS = ("*.scenario.yaml", "*.scenario.yml")
+PATTERNS_INI = "codex_scenario_patterns"
 MARKER = "codex_bridge"
+REAL_MARKER = "codex_real"
+_TAGS = pytest.StashKey[set[str]]()
+#: The tags that become marks (every tag is a keyword for `-k`).
+MARK_NAME = re.compile(r"[A-Za-z][\w-]*")
 
 
 def _async_fixture(func: Callable[..., Any]) -> Any:
@@ -87,11 +103,28 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         "--codex-bin",
         dest="codex_bin",
         default=None,
-        help="the real codex, for real_codex and scenarios that script the model "
+        help="the real codex, for codex_bin and scenarios that script the model "
         "(default: $CODEX_BIN, .codex-npm/, codex on PATH)",
     )
+    group.addoption(
+        "--codex-target",
+        dest="codex_target",
+        default=None,
+        metavar="URL",
+        help="run scenario files against the bridge running at URL (http://host:port) "
+        f"instead of one of their own; its token from ${TOKEN_VARIABLE}. Scenarios that "
+        "need a bridge built for them skip, saying why",
+    )
+    group.addoption(
+        "--codex-target-script",
+        dest="codex_target_script",
+        default=None,
+        metavar="FILE",
+        help="the scenario file whose appServer script the target's fake-codex runs "
+        "(that scenario runs against the target too)",
+    )
     parser.addini(
-        "scenario_patterns",
+        PATTERNS_INI,
         type="linelist",
         default=list(DEFAULT_PATTERNS),
         help="file name patterns collected as scenarios",
@@ -107,8 +140,10 @@ def pytest_configure(config: pytest.Config) -> None:
         "check_script=True): how the codex_bridge fixture's bridge is built",
     )
     config.addinivalue_line(
-        "markers", "real_codex: needs the real codex (skips without it; fails when CI=true)"
+        "markers",
+        f"{REAL_MARKER}: runs the real codex (skips without it; fails when CI=true)",
     )
+    config.stash[_TAGS] = set()
 
 
 LOOP_SCOPE_OPTION = "asyncio_default_fixture_loop_scope"
@@ -144,7 +179,7 @@ def _version(text: str) -> tuple[int, ...]:
 
 
 def pytest_collect_file(file_path: Path, parent: pytest.Collector) -> pytest.Collector | None:
-    patterns = parent.config.getini("scenario_patterns") or DEFAULT_PATTERNS
+    patterns = parent.config.getini(PATTERNS_INI) or DEFAULT_PATTERNS
     if any(fnmatch.fnmatch(file_path.name, pattern) for pattern in patterns):
         return ScenarioFile.from_parent(parent, path=file_path)
     return None
@@ -172,26 +207,35 @@ class ScenarioFailed(AssertionError):
 
 
 class ScenarioItem(pytest.Item):
-    """Runs one scenario in a fresh event loop, bridge and temporary directory."""
+    """Runs one scenario in a fresh event loop, bridge and temporary directory.
+
+    Its tags are keywords (`-k TAG`) and, when they are names (a letter, then letters,
+    digits, `_`, `-`), marks (`-m TAG`); one that scripts the model
+    is marked `codex_real`; `parallel: false` puts it in the xdist group `codex-serial`
+    (one worker runs them one after the other under `--dist loadgroup`).
+    """
 
     def __init__(self, *, loaded: LoadedScenario, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.loaded = loaded
         self.extra_keyword_matches.update(loaded.scenario.tags)
+        registered = self.config.stash.setdefault(_TAGS, set())
+        for tag in filter(MARK_NAME.fullmatch, loaded.scenario.tags):
+            if tag not in registered:
+                registered.add(tag)
+                self.config.addinivalue_line("markers", f"{tag}: a scenario tag")
+            self.add_marker(tag)
         if loaded.scenario.real_codex:
-            self.add_marker("real_codex")
+            self.add_marker(REAL_MARKER)
+        if not loaded.scenario.parallel and self.config.pluginmanager.has_plugin("xdist"):
+            self.add_marker(pytest.mark.xdist_group("codex-serial"))
 
     def runtest(self) -> None:
-        from scenarios.runner import RunOptions, run_scenario_sync
+        from scenarios.runner import run_scenario_sync
 
-        options = RunOptions(
-            codex=self.config.getoption("codex_bin"),
-            codex_option="--codex-bin",
-            tmp_root=_tmp_root(self),
-        )
-        result = run_scenario_sync(self.loaded, options)
-        if result.outcome == "skipped":
-            pytest.skip(result.skip_reason or "skipped")
+        result = run_scenario_sync(self.loaded, _run_options(self.config, _tmp_root(self)))
+        if result.outcome == "skipped":  # reported at the scenario file, not at this line
+            raise pytest.skip.Exception(result.skip_reason or "skipped", _use_item_location=True)
         if result.outcome == "failed":
             raise ScenarioFailed(result)
 
@@ -203,11 +247,26 @@ class ScenarioItem(pytest.Item):
         if isinstance(excinfo.value, ScenarioFailed):
             from scenarios.reporting import format_result
 
-            return format_result(excinfo.value.result)
+            brief = self.config.getoption("tbstyle", "auto") in ("short", "line", "no")
+            return format_result(excinfo.value.result, transcript=not brief)
         return super().repr_failure(excinfo)
 
     def reportinfo(self) -> tuple[Path, int | None, str]:
-        return self.path, None, f"scenario: {self.name}"
+        return self.path, 0, f"scenario: {self.name}"
+
+
+def _run_options(config: pytest.Config, tmp_root: Path | None) -> RunOptions:
+    from scenarios.runner import RunOptions
+
+    script = config.getoption("codex_target_script")
+    return RunOptions(
+        codex=config.getoption("codex_bin"),
+        codex_option="--codex-bin",
+        tmp_root=tmp_root,
+        target=config.getoption("codex_target"),
+        target_token=os.environ.get(TOKEN_VARIABLE) or None,
+        target_script=Path(script) if script else None,
+    )
 
 
 def _tmp_root(node: pytest.Item) -> Path | None:
@@ -217,88 +276,14 @@ def _tmp_root(node: pytest.Item) -> Path | None:
     return Path(factory.getbasetemp()) / "scenarios"
 
 
-# -- the fixtures the project's own tests grew up with --------------------------------------
-
-
-@pytest.fixture
-def fake_codex() -> list[str]:
-    """The command that starts the bundled fake app-server."""
-    from scenarios.harness import fake_codex_command
-
-    return [*fake_codex_command(), "app-server"]
-
-
-@pytest.fixture
-def write_script(tmp_path: Path) -> Callable[[dict[str, Any]], str]:
-    """Write a fake-codex script (`version: 1` added) and return its path."""
-    counter = iter(range(1_000_000))
-
-    def write(script: dict[str, Any]) -> str:
-        from scenarios.format import dump_yaml
-
-        path = tmp_path / f"script-{next(counter)}.yaml"
-        path.write_text(dump_yaml({"version": 1, **script}))
-        return str(path)
-
-    return write
-
-
-@pytest.fixture
-def contract_checkers() -> dict[str, OpenApiChecker]:
-    """OpenAPI checkers of the applications this test serves, by base URL."""
-    return {}
-
-
-@_async_fixture
-async def serve(
-    contract_checkers: dict[str, OpenApiChecker],
-) -> AsyncIterator[Callable[[web.Application], Awaitable[str]]]:
-    """Start applications on real loopback sockets; returns their base URLs.
-
-    Every response the `http` fixture then receives from them is checked against the
-    application's own OpenAPI document.
-    """
-    from scenarios.harness import checker_for, serve_app
-
-    runners: list[web.AppRunner] = []
-
-    async def start(app: web.Application) -> str:
-        runner, base = await serve_app(app)
-        runners.append(runner)
-        checker = checker_for(app)
-        if checker is not None:
-            contract_checkers[base] = checker
-        return base
-
-    yield start
-    for runner in reversed(runners):
-        await runner.cleanup()
-
-
-@_async_fixture
-async def http(
-    contract_checkers: dict[str, OpenApiChecker],
-) -> AsyncIterator[aiohttp.ClientSession]:
-    """An HTTP client whose every response from a served bridge must match its contract."""
-    import aiohttp
-
-    from scenarios.harness import contract_middleware
-
-    async with aiohttp.ClientSession(
-        timeout=aiohttp.ClientTimeout(total=60),
-        middlewares=(contract_middleware(contract_checkers),),
-    ) as session:
-        yield session
-
-
-# -- bridges ---------------------------------------------------------------------------
+# -- fixtures ------------------------------------------------------------------------------
 
 
 StartBridge = Callable[..., Awaitable["RunningBridge"]]
 
 
 @pytest.fixture(scope="session")
-def real_codex(pytestconfig: pytest.Config) -> str:
+def codex_bin(pytestconfig: pytest.Config) -> str:
     """The real codex executable; skips when none is configured or found (fails instead
     when `CI=true`), fails when the one configured (`--codex-bin`, `$CODEX_BIN`) cannot run."""
     from scenarios.harness import NO_CODEX, CodexNotFound, find_codex
@@ -320,7 +305,7 @@ def real_codex(pytestconfig: pytest.Config) -> str:
 
 
 @_async_fixture
-async def scripted_model() -> AsyncIterator[Any]:
+async def codex_scripted_model() -> AsyncIterator[Any]:
     """The scripted model, empty: tests `scripted_model.model.add(...)` the replies."""
     from fakes.model_provider import ModelProviderServer
 
@@ -329,13 +314,13 @@ async def scripted_model() -> AsyncIterator[Any]:
 
 
 @_async_fixture
-async def start_bridge(
+async def codex_start_bridge(
     request: pytest.FixtureRequest, tmp_path: Path
 ) -> AsyncIterator[StartBridge]:
     """Start bridges in-process; each is stopped (with its processes) after the test.
 
-        bridge = await start_bridge(script={"turns": ["Hi"]}, preset="default",
-                                    token="t", limits={"maxSessions": 2})
+        bridge = await codex_start_bridge(script={"turns": ["Hi"]}, preset="default",
+                                          token="t", limits={"maxSessions": 2})
 
     `script`: a fake-codex script (a mapping, `version: 1` optional, or a path);
     `model`: scripted model replies (a list, a `ModelScript` or a `ModelProviderServer`)
@@ -409,7 +394,7 @@ async def _real_codex_command(
 ) -> tuple[list[str], Any]:
     from fakes.model_provider import ModelProviderServer, ModelScript
 
-    codex = request.getfixturevalue("real_codex")
+    codex = request.getfixturevalue("codex_bin")
     owned = None
     if isinstance(model, ModelProviderServer):
         server = model
@@ -447,7 +432,9 @@ def _limits(limits: Any) -> Any:
 
 
 @_async_fixture
-async def codex_bridge(request: pytest.FixtureRequest, start_bridge: StartBridge) -> RunningBridge:
+async def codex_bridge(
+    request: pytest.FixtureRequest, codex_start_bridge: StartBridge
+) -> RunningBridge:
     """A running bridge, built as the test's `@pytest.mark.codex_bridge(...)` says.
 
     Without the marker: the trusted preset, no auth, fake-codex without a script.
@@ -456,22 +443,24 @@ async def codex_bridge(request: pytest.FixtureRequest, start_bridge: StartBridge
     kwargs = dict(marker.kwargs) if marker else {}
     if marker and marker.args:
         kwargs.setdefault("script", marker.args[0])
-    return await start_bridge(**kwargs)
+    return await codex_start_bridge(**kwargs)
 
 
 @_async_fixture
-async def bridge_client(codex_bridge: RunningBridge) -> aiohttp.ClientSession:
+async def codex_client(codex_bridge: RunningBridge) -> aiohttp.ClientSession:
     """An aiohttp session for `codex_bridge`: relative URLs, its token, contract checks."""
     return codex_bridge.client()
 
 
 @_async_fixture
-async def sse(request: pytest.FixtureRequest) -> AsyncIterator[Callable[..., Awaitable[SseReader]]]:
-    """Open Server-Sent Event streams: `reader = await sse("/v1/sessions/ID/events/stream")`.
+async def codex_sse(
+    request: pytest.FixtureRequest,
+) -> AsyncIterator[Callable[..., Awaitable[SseReader]]]:
+    """Open SSE streams: `reader = await codex_sse("/v1/sessions/ID/events/stream")`.
 
     The stream must answer 200 with `text/event-stream`; every read of the returned
     `SseReader` has a timeout (`next`, `collect`, `until`, `rest`). Streams are closed
-    after the test. `client` defaults to `bridge_client`.
+    after the test. `client` defaults to `codex_client`.
     """
     from scenarios.sse import SseReader
 
@@ -504,17 +493,17 @@ async def sse(request: pytest.FixtureRequest) -> AsyncIterator[Callable[..., Awa
 
 def _default_client(request: pytest.FixtureRequest) -> aiohttp.ClientSession:
     # Only a fixture already set up can be fetched inside the running event loop.
-    if "bridge_client" not in request.fixturenames:
+    if "codex_client" not in request.fixturenames:
         raise pytest.UsageError(
-            "sse(...) without client= reads from bridge_client: request the bridge_client "
+            "codex_sse(...) without client= reads from codex_client: request the codex_client "
             "fixture in the test, or pass client=bridge.client()"
         )
-    client: aiohttp.ClientSession = request.getfixturevalue("bridge_client")
+    client: aiohttp.ClientSession = request.getfixturevalue("codex_client")
     return client
 
 
 @pytest.fixture
-def run_scenario(
+def codex_run_scenario(
     request: pytest.FixtureRequest, tmp_path: Path
 ) -> Callable[..., Awaitable[ScenarioResult]]:
     """Run a scenario (a file path, or a mapping built in Python) inside the test.
@@ -524,7 +513,6 @@ def run_scenario(
     """
     from scenarios.format import load_scenario, parse_scenario
     from scenarios.reporting import format_result
-    from scenarios.runner import RunOptions
     from scenarios.runner import run_scenario as run
 
     async def run_one(scenario: Any, *, check: bool = True) -> ScenarioResult:
@@ -534,12 +522,7 @@ def run_scenario(
             )
         else:
             loaded = load_scenario(scenario)
-        options = RunOptions(
-            codex=request.config.getoption("codex_bin"),
-            codex_option="--codex-bin",
-            tmp_root=tmp_path,
-        )
-        result = await run(loaded, options)
+        result = await run(loaded, _run_options(request.config, tmp_path))
         if result.outcome == "skipped":
             pytest.skip(result.skip_reason or "skipped")
         if check and result.outcome == "failed":
@@ -564,7 +547,7 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
 
 
 @pytest.fixture
-def respx_scenario(request: pytest.FixtureRequest) -> Iterator[Callable[..., Any]]:
+def codex_respx(request: pytest.FixtureRequest) -> Iterator[Callable[..., Any]]:
     """Mock the bridge for httpx as a scenario describes it: no process at all.
 
         bridge = respx_scenario("approval.scenario.yaml")   # a path, or a mapping
@@ -586,7 +569,7 @@ def respx_scenario(request: pytest.FixtureRequest) -> Iterator[Callable[..., Any
 
 
 @pytest.fixture
-def bridge_respx(request: pytest.FixtureRequest) -> Iterator[Callable[..., Any]]:
+def codex_respx_openapi(request: pytest.FixtureRequest) -> Iterator[Callable[..., Any]]:
     """Mock the bridge for httpx from its OpenAPI document: one route per operation.
 
         bridge = bridge_respx("default", token="t0k3n", overrides={"list_sessions": {...}})

@@ -1,20 +1,15 @@
-"""How results are shown: a readable failure report, and JUnit XML for CI."""
+"""How results are shown: a readable failure report (pytest shows it, JUnit XML included)."""
 
 from __future__ import annotations
 
-import re
 import textwrap
-import xml.etree.ElementTree as ET
-from collections.abc import Sequence
-from pathlib import Path
 
 from fakes.app_server.script_source import _format_path
 from scenarios.runner import Failure, Problem, ScenarioResult, Transcript
 
-__all__ = ["format_failure", "format_result", "format_transcript", "junit_xml", "write_junit"]
+__all__ = ["format_failure", "format_result", "format_transcript"]
 
-_NOT_XML = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\ud800-\udfff\ufffe\uffff]")
-#: How much of a transcript a failure report shows (JUnit gets it all).
+#: How much of a transcript a failure report shows.
 BRIDGE_LINES = 120
 FAKE_LINES = 60
 LINE_WIDTH = 400
@@ -28,6 +23,9 @@ def format_result(result: ScenarioResult, *, transcript: bool = True) -> str:
         return f"{head}\n  skipped: {result.skip_reason}"
     if result.outcome == "passed":
         return head
+    if result.failures:  # the file and line of what failed first, as pytest shows places
+        first = result.failures[0]
+        head = f"{result.loaded.where(first.loc)}: {first.title}\n{head}"
     parts = [head, format_failure(result)]
     if transcript:
         parts.append(_indent(format_transcript(result.transcript), 2))
@@ -105,79 +103,3 @@ def _width(text: str, width: int | None) -> str:
 
 def _indent(text: str, spaces: int) -> str:
     return textwrap.indent(text, " " * spaces)
-
-
-def junit_xml(
-    results: Sequence[ScenarioResult],
-    errors: Sequence[tuple[str, str]] = (),
-    *,
-    suite: str = "scenarios",
-) -> ET.ElementTree:
-    """JUnit XML: one testcase per scenario; `errors` are files that could not be loaded."""
-    failures = sum(1 for r in results if r.outcome == "failed")
-    skipped = sum(1 for r in results if r.outcome == "skipped")
-    total_time = sum(r.duration for r in results)
-    counts = {
-        "tests": str(len(results) + len(errors)),
-        "failures": str(failures),
-        "errors": str(len(errors)),
-        "skipped": str(skipped),
-        "time": f"{total_time:.3f}",
-    }
-    root = ET.Element("testsuites", {"name": suite, **counts})
-    suite_element = ET.SubElement(root, "testsuite", {"name": suite, **counts})
-    for result in results:
-        case = ET.SubElement(
-            suite_element,
-            "testcase",
-            {
-                "classname": _classname(result.loaded.source),
-                "name": result.loaded.name,
-                "file": result.loaded.source,
-                "time": f"{result.duration:.3f}",
-            },
-        )
-        if result.outcome == "skipped":
-            ET.SubElement(case, "skipped", {"message": result.skip_reason or "skipped"})
-        elif result.outcome == "failed":
-            first = next(
-                (p.message for f in result.failures for p in f.problems), "the scenario failed"
-            )
-            message = _xml(first.splitlines()[0][:500])
-            failure = ET.SubElement(case, "failure", {"message": message})
-            failure.text = _xml(format_failure(result))
-            out = ET.SubElement(case, "system-out")
-            out.text = _xml(
-                format_transcript(result.transcript, bridge_lines=None, fake_lines=None, width=None)
-            )
-    for source, message in errors:
-        case = ET.SubElement(
-            suite_element,
-            "testcase",
-            {"classname": _classname(source), "name": Path(source).name, "file": source},
-        )
-        error = ET.SubElement(case, "error", {"message": _xml(message.splitlines()[0][:500])})
-        error.text = _xml(message)
-    ET.indent(root)
-    return ET.ElementTree(root)
-
-
-def write_junit(
-    path: str | Path, results: Sequence[ScenarioResult], errors: Sequence[tuple[str, str]] = ()
-) -> None:
-    """Write the JUnit XML report to `path`."""
-    junit_xml(results, errors).write(path, encoding="utf-8", xml_declaration=True)
-
-
-def _xml(text: str) -> str:
-    """Text XML 1.0 can carry: other control characters become U+FFFD."""
-    return _NOT_XML.sub("\ufffd", text)
-
-
-def _classname(source: str) -> str:
-    stem = source
-    for suffix in (".scenario.yaml", ".scenario.yml", ".yaml", ".yml", ".json"):
-        if stem.endswith(suffix):
-            stem = stem[: -len(suffix)]
-            break
-    return stem.strip("./").replace("/", ".") or "scenario"

@@ -1,10 +1,14 @@
 """Running one scenario: a bridge in-process, fake-codex (or the real codex) behind it.
 
 Each run gets its own temporary directory, bridge, port, client, variables and
-streams; nothing is shared with other runs, so runs can go in parallel (each in its
-own event loop and thread, see `scenarios.cli`). The fake writes its reports into the
-run's directory (`$FAKE_CODEX_REPORT`), which the end-of-run checks read once the
-bridge has stopped every process.
+streams; nothing is shared with other runs, so runs can go in parallel (pytest-xdist
+workers, or threads, each with its own event loop). The fake writes its reports into
+the run's directory (`$FAKE_CODEX_REPORT`), which the end-of-run checks read once the
+bridge has stopped every process. Against a bridge already running (`RunOptions.target`)
+no bridge is started and those checks are not made.
+
+`_Run` holds a run's state (variables, streams, the client); each step kind is a
+function of it (`run_step` picks one).
 
     result = await run_scenario(load_scenario("x.scenario.yaml"))
     print(format_result(result))            # scenarios.reporting
@@ -20,7 +24,7 @@ import shutil
 import tempfile
 import threading
 import time
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -29,6 +33,8 @@ import aiohttp
 import orjson
 from multidict import CIMultiDict, CIMultiDictProxy
 
+from bridge import TOKEN_VARIABLE
+from bridge.app import route_path
 from scenarios import format as f
 from scenarios.expectations import (
     NO_JSON,
@@ -54,6 +60,7 @@ from scenarios.harness import (
     NO_CODEX,
     CodexNotFound,
     RunningBridge,
+    connect_bridge,
     fake_app_server_command,
     find_codex,
     read_reports,
@@ -133,6 +140,62 @@ class RunOptions:
     require_codex: bool = field(default_factory=lambda: os.environ.get("CI", "").lower() == "true")
     #: Put before the app-server command (e.g. `scenarios.wire_tee`, to record the wire).
     app_server_prefix: list[str] | None = None
+    #: A bridge already running (`http://host:port`) to run against instead of one of
+    #: our own (`--codex-target`); its token, and the script its fake-codex runs, if any.
+    target: str | None = None
+    target_token: str | None = None
+    target_script: Path | None = None
+
+
+def target_skip_reason(loaded: LoadedScenario, options: RunOptions) -> str | None:
+    """Why `loaded` cannot run against `options.target` (None: it can).
+
+    A target is built already: a scenario runs there when it needs nothing built for it.
+    No scripted model, no app-server script unless it is the one the target's fake-codex
+    runs (`target_script`), no limits of its own, health exempt from auth as by default,
+    and a token in the environment when the scenario turns auth on (the scenario's token,
+    wherever it is written, then stands for the target's). The preset is compared with
+    the target's routes once connected.
+    """
+    scenario = loaded.scenario
+    spec = scenario.bridge
+    if scenario.model is not None:
+        return "scripts the model (`model:`): it needs a bridge and a codex of its own"
+    if scenario.app_server is not None and not _same_file(loaded.path, options.target_script):
+        return (
+            "scripts the app-server (`appServer:`), and the target runs another "
+            "(--codex-target-script names the scenario file its fake-codex runs)"
+        )
+    if any(value is not None for _, value in spec.limits):
+        return "sets limits (`bridge.limits`): the target has limits of its own"
+    if not spec.exempt_health:
+        return "needs health behind auth (`exemptHealth: false`)"
+    if spec.token is not None and not options.target_token:
+        return f"turns auth on: set {TOKEN_VARIABLE} to the target's token"
+    return None
+
+
+def _with_target_token(loaded: LoadedScenario, token: str | None) -> LoadedScenario:
+    """`loaded` with its token, in every string that holds it, replaced by the target's
+    (in the parsed document: the file's text, and so its line numbers, stay)."""
+    written = loaded.scenario.bridge.token
+    if written is None or token is None or written == token:
+        return loaded
+
+    def swap(value: Any) -> Any:
+        if isinstance(value, str):
+            return value.replace(written, token)
+        if isinstance(value, dict):
+            return {key: swap(item) for key, item in value.items()}
+        if isinstance(value, list):
+            return [swap(item) for item in value]
+        return value
+
+    return f.parse_scenario(swap(loaded.data), loaded.source, loaded.text, loaded.path)
+
+
+def _same_file(path: Path | None, other: Path | None) -> bool:
+    return path is not None and other is not None and path.resolve() == other.resolve()
 
 
 class StepFailed(Exception):
@@ -178,7 +241,8 @@ _LOGGERS = ("bridge", "aiohttp")
 
 
 class _Run:
-    """One scenario's run: variables, streams, the bridge and its client."""
+    """One scenario's run: variables, streams, the bridge and its client; the steps are
+    the functions below."""
 
     def __init__(
         self,
@@ -205,8 +269,6 @@ class _Run:
             timeout=aiohttp.ClientTimeout(total=None, sock_connect=10),
         )
 
-    # -- variables
-
     def sub(self, value: Any) -> Any:
         """`value` with `${name}` replaced; a string that is one placeholder keeps its type."""
         return substitute(value, self._variable)
@@ -215,8 +277,6 @@ class _Run:
         if name not in self.variables:
             raise StepFailed([Problem((), f"${{{name}}} has no value")])
         return self.variables[name]
-
-    # -- requests
 
     async def exchange(self, request: StepRequest, timeout_ms: int = 30_000) -> Exchange:
         """Send one request and read the whole response."""
@@ -260,381 +320,6 @@ class _Run:
     def _url(self, path: str) -> str:
         return path if path.startswith(("http://", "https://")) else f"{self.bridge.url}{path}"
 
-    # -- steps
-
-    async def run_step(self, step: Any) -> None:
-        handlers: dict[type[Any], Callable[[Any], Awaitable[None]]] = {
-            f.HttpStep: self._http,
-            f.CallStep: self._http,
-            f.CreateSessionStep: self._create_session,
-            f.ReplyStep: self._reply,
-            f.PollStep: self._poll,
-            f.StreamStep: self._stream,
-            f.ReadStep: self._read,
-            f.CloseStep: self._close,
-            f.AwaitStep: self._await,
-        }
-        await handlers[type(step)](step)
-
-    async def _repeat(
-        self, step: Any, attempt: Callable[[], Awaitable[Exchange]], until: f.Until | None
-    ) -> Exchange:
-        """Run `attempt` (returns an exchange, raises StepFailed) until it passes.
-
-        A `background` step only starts it; its `await` step checks the response.
-        """
-        if step.background is not None:
-            self.background[step.background] = asyncio.ensure_future(attempt())
-            return Exchange("", "", 0, CIMultiDictProxy(CIMultiDict()), "")
-        if until is None:
-            return await attempt()
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + until.deadline_ms / 1000
-        attempts = 0
-        while True:
-            attempts += 1
-            try:
-                return await attempt()
-            except StepFailed as failed:
-                if loop.time() + until.interval_ms / 1000 > deadline:
-                    first = failed.problems[0] if failed.problems else Problem((), "failed")
-                    failed.problems.insert(
-                        0,
-                        Problem(
-                            ("until",),
-                            f"still failing after {attempts} attempts in "
-                            f"{until.deadline_ms} ms; the last: {first.message}",
-                        ),
-                    )
-                    raise
-            await asyncio.sleep(until.interval_ms / 1000)
-
-    async def _http(self, step: f.HttpStep | f.CallStep) -> None:
-        """An `http` or `call` step (a call may take long: it waits up to 10 minutes)."""
-        timeout_ms = step.http.timeout_ms if isinstance(step, f.HttpStep) else 600_000
-
-        async def attempt() -> Exchange:
-            ex = await self.exchange(step_request(step, self.sub), timeout_ms)
-            if step.background is None:
-                self._check_http(step.expect, ex, default_status(step))
-            return ex
-
-        ex = await self._repeat(step, attempt, step.until)
-        self._capture_http(step, ex)
-
-    async def _create_session(self, step: f.CreateSessionStep) -> None:
-        ex = await self.exchange(step_request(step, self.sub))
-        self._check_http(step.expect, ex, default_status(step))
-        if ex.status == 201 and isinstance(ex.json, dict):
-            self.variables[step.create_session.as_] = ex.json.get("sessionId")
-        self._capture_http(step, ex)
-
-    async def _reply(self, step: f.ReplyStep) -> None:
-        ex = await self.exchange(step_request(step, self.sub))
-        self._check_http(step.expect, ex, default_status(step))
-        self._capture_http(step, ex)
-
-    async def _poll(self, step: f.PollStep) -> None:
-        spec = step.poll
-        expect = step.expect or f.EventsExpect()
-        session = self.sub(spec.session)
-        path = f"/v1/sessions/{session}/events"
-        after = int_or_none(self.sub(spec.after))
-        goal = ReadGoal.of(spec, self.sub)
-        auth = self.sub(spec.auth)
-        events: list[dict[str, Any]] = []
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + spec.timeout_ms / 1000
-        failed: Exchange | None = None
-        reached = goal.want == 0
-        while not reached:
-            remaining = deadline - loop.time()
-            if remaining <= 0:
-                break
-            query: dict[str, Any] = {"waitMs": max(1, min(spec.wait_ms, int(remaining * 1000)))}
-            if after is not None:
-                query["after"] = after
-            ex = await self.exchange(StepRequest("GET", path, auth, query=query), 60_000)
-            if ex.status == 204:
-                continue
-            if ex.status != 200 or not isinstance(ex.json, dict):
-                failed = ex
-                break
-            events.append(ex.json)
-            if after is not None:
-                after = ex.json.get("seq", after)
-            reached = goal.reached(events)
-        problems: list[Problem] = []
-        if expect.keep_alives is not None:
-            problems.append(
-                Problem(("expect", "keepAlives"), "`keepAlives` applies to `read` only")
-            )
-        if failed is not None or expect.error is not None:
-            problems += self._check_read_error(expect, failed)
-        elif not reached:
-            wanted = (
-                f"{goal.want} events"
-                if goal.want is not None
-                else f"an event matching {render(goal.through)}"
-            )
-            problems.append(
-                Problem(
-                    ("poll",),
-                    f"waited {spec.timeout_ms} ms for {wanted}; read {len(events)}",
-                    detail=event_list(events),
-                )
-            )
-        if failed is None:
-            problems += events_problems(expect, events, sub=self.sub)
-            if expect.quiet_ms is not None and not problems:
-                query = {"waitMs": expect.quiet_ms}
-                if after is not None:
-                    query["after"] = after
-                ex = await self.exchange(StepRequest("GET", path, auth, query=query))
-                if ex.status == 200:
-                    problems.append(
-                        Problem(
-                            ("expect", "quietMs"),
-                            f"expected nothing more within {expect.quiet_ms} ms, "
-                            f"received {event_line(ex.json)}",
-                        )
-                    )
-                elif ex.status not in (204, 409):
-                    problems.append(
-                        Problem(
-                            ("expect", "quietMs"),
-                            f"a quiet long-poll answered {ex.status} {cut(ex.text, 300)}",
-                        )
-                    )
-        if problems:
-            raise StepFailed(problems)
-        self._capture_event(step, events)
-
-    def _check_read_error(self, expect: f.EventsExpect, failed: Exchange | None) -> list[Problem]:
-        if failed is None:
-            return [
-                Problem(
-                    ("expect", "error"),
-                    f"expected the read to fail with {render(expect.error)}, but it succeeded",
-                )
-            ]
-        if expect.error is None:
-            return [
-                Problem(
-                    (),
-                    f"GET {failed.path} answered {failed.status} {cut(failed.text, 500)}",
-                )
-            ]
-        return error_problems(self.sub(expect.error), failed)
-
-    async def _stream(self, step: f.StreamStep) -> None:
-        spec = step.stream
-        request = step_request(step, self.sub)
-        path = request.path
-        headers, params, _ = request.encoded(self.bridge.token)
-        self.transcript.add(
-            "http", f"→ GET {path} (stream {spec.as_}) {render(headers.get('Last-Event-ID', ''))}"
-        )
-        try:
-            async with asyncio.timeout(spec.timeout_ms / 1000):
-                response = await self.client.get(self._url(path), headers=headers, params=params)
-        except ContractViolation as exc:
-            raise StepFailed(
-                [Problem((), f"the response breaks the bridge's contract: {exc}")]
-            ) from None
-        except (TimeoutError, aiohttp.ClientError) as exc:
-            raise StepFailed([Problem((), f"opening the stream failed: {exc!r}")]) from None
-        if response.status != 200:
-            raw = await response.read()
-            response.release()
-            text = raw.decode("utf-8", "replace")
-            parsed: Any = NO_JSON
-            with contextlib.suppress(orjson.JSONDecodeError):
-                parsed = orjson.loads(raw)
-            self.transcript.add("http", f"← {response.status} {cut(text, 1500)}")
-            ex = Exchange("GET", path, response.status, response.headers, text, parsed)
-            self._check_http(step.expect, ex, default_status=200)
-            return
-        self.transcript.add("http", f"← 200 {response.headers.get('Content-Type', '')}")
-        ex = Exchange("GET", path, 200, response.headers, "", NO_JSON)
-        try:
-            expect = step.expect
-            if expect is not None and (expect.given("json_body") or expect.json_subset):
-                raise StepFailed([Problem(("expect",), "a stream has no JSON body to match")])
-            self._check_http(expect, ex, default_status=200)
-            # Comments come through so that `read` can count keep-alives (then skips them).
-            reader = SseReader(response, comments=True)
-        except (StepFailed, ValueError) as exc:
-            response.close()
-            if isinstance(exc, StepFailed):
-                raise
-            raise StepFailed([Problem((), str(exc))]) from None
-        previous = self.streams.pop(spec.as_, None)
-        if previous is not None:
-            previous.response.close()
-        self.streams[spec.as_] = OpenStream(spec.as_, response, reader)
-
-    async def _read(self, step: f.ReadStep) -> None:
-        spec = step.read
-        expect = step.expect or f.EventsExpect()
-        stream = self.streams.get(spec.stream)
-        if stream is None:
-            raise StepFailed([Problem(("read", "stream"), f"stream {spec.stream!r} is not open")])
-        goal = ReadGoal.of(spec, self.sub)
-        frames: list[SseFrame] = []
-        events: list[Any] = []
-        problems: list[Problem] = []
-        timed_out = False
-        reached = goal.want == 0
-        keep_alives = 0
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + spec.timeout_ms / 1000
-        while not reached and not stream.ended:
-            try:
-                frame = await stream.reader.next(timeout=max(0.0, deadline - loop.time()))
-            except TimeoutError:
-                timed_out = True
-                break
-            except aiohttp.ClientError as exc:
-                problems.append(Problem(("read",), f"the stream failed: {exc!r}"))
-                stream.ended = True
-                break
-            if frame is None:
-                stream.ended = True
-                self.transcript.add("sse", f"⇠ [{stream.name}] (end of stream)")
-                break
-            if frame.comment is not None:
-                keep_alives += 1
-                continue
-            frames.append(frame)
-            event = frame_event(frame)
-            events.append(event)
-            self.transcript.add(
-                "sse", f"⇠ [{stream.name}] id={frame.id} {frame.event} {cut(frame.data, 1000)}"
-            )
-            reached = goal.reached(events)
-        if spec.to_end and not stream.ended:
-            problems.append(
-                Problem(
-                    ("read", "toEnd"),
-                    f"the stream was still open after {spec.timeout_ms} ms",
-                    detail=event_list(events),
-                )
-            )
-        elif not spec.to_end and not reached:
-            wanted = (
-                f"{goal.want} frames"
-                if goal.want is not None
-                else f"a frame matching {render(goal.through)}"
-            )
-            why = f"waited {spec.timeout_ms} ms" if timed_out else "the stream ended"
-            problems.append(
-                Problem(
-                    ("read",),
-                    f"{why} before {wanted}; read {len(frames)}",
-                    detail=event_list(events),
-                )
-            )
-        for index, event in enumerate(events):
-            if event is NO_JSON:
-                problems.append(
-                    Problem(
-                        ("read",), f"frame {index + 1} has data that is not JSON: {frames[index]}"
-                    )
-                )
-        if not problems:
-            ids = [frame.id for frame in frames]
-            kinds = [frame.event for frame in frames]
-            problems += events_problems(expect, events, ids, kinds, self.sub)
-        if not problems and expect.quiet_ms is not None and not stream.ended:
-            frame, seen = await self._next_event_frame(stream, expect.quiet_ms / 1000)
-            keep_alives += seen
-            if frame is not None:
-                self.transcript.add("sse", f"⇠ [{stream.name}] id={frame.id} {frame.event}")
-                problems.append(
-                    Problem(
-                        ("expect", "quietMs"),
-                        f"expected nothing more within {expect.quiet_ms} ms, received "
-                        f"{event_line(frame_event(frame))}",
-                    )
-                )
-        if not problems and expect.ended is not None:
-            if expect.ended and not stream.ended:
-                frame, seen = await self._next_event_frame(stream, spec.timeout_ms / 1000)
-                keep_alives += seen
-                if frame is not None:
-                    problems.append(
-                        Problem(
-                            ("expect", "ended"),
-                            "expected the stream to end, received "
-                            f"{event_line(frame_event(frame))}",
-                        )
-                    )
-                elif not stream.ended:
-                    problems.append(
-                        Problem(("expect", "ended"), "expected the stream to end; it stays open")
-                    )
-            elif not expect.ended and stream.ended:
-                problems.append(Problem(("expect", "ended"), "the stream ended"))
-        if expect.keep_alives is not None:
-            for mismatch in match(
-                self.sub(expect.keep_alives), keep_alives, subset=False, path="keepAlives"
-            ):
-                problems.append(
-                    Problem(("expect", "keepAlives"), f"keep-alive comments seen: {mismatch}")
-                )
-        if expect.error is not None:
-            problems.append(Problem(("expect", "error"), "`error` applies to `poll` only"))
-        if problems:
-            raise StepFailed(problems)
-        self._capture_event(step, events)
-
-    async def _next_event_frame(
-        self, stream: OpenStream, timeout: float
-    ) -> tuple[SseFrame | None, int]:
-        """The next event frame within `timeout` (None: quiet, or the stream ended), and
-        the keep-alive comments read meanwhile."""
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + timeout
-        seen = 0
-        while True:
-            try:
-                frame = await stream.reader.next(timeout=max(0.0, deadline - loop.time()))
-            except TimeoutError:
-                return None, seen
-            if frame is None:
-                stream.ended = True
-                return None, seen
-            if frame.comment is None:
-                return frame, seen
-            seen += 1
-
-    async def _close(self, step: f.CloseStep) -> None:
-        stream = self.streams.pop(step.close, None)
-        if stream is not None:
-            stream.response.close()
-            self.transcript.add("sse", f"⇠ [{stream.name}] closed by the client")
-
-    async def _await(self, step: f.AwaitStep) -> None:
-        spec = step.await_
-        task = self.background.pop(spec.request, None)
-        if task is None:
-            raise StepFailed([Problem(("await",), f"no request {spec.request!r} is pending")])
-        try:
-            async with asyncio.timeout(spec.timeout_ms / 1000):
-                ex = await asyncio.shield(task)
-        except TimeoutError:
-            task.cancel()
-            raise StepFailed(
-                [
-                    Problem(
-                        ("await",), f"no response to {spec.request!r} within {spec.timeout_ms} ms"
-                    )
-                ]
-            ) from None
-        self._check_http(step.expect, ex, default_status="2xx")
-        self._capture_http(step, ex)
-
     async def close_streams(self) -> None:
         for task in self.background.values():
             task.cancel()
@@ -645,48 +330,416 @@ class _Run:
             stream.response.close()
         self.streams.clear()
 
-    # -- expectations
 
-    def _check_http(self, expect: f.HttpExpect | None, ex: Exchange, default_status: Any) -> None:
-        problems = http_problems(expect, ex, default_status, self.sub)
-        if problems:
-            raise StepFailed(problems)
+# -- steps ------------------------------------------------------------------------------
 
-    # -- captures
 
-    def _capture_http(self, step: Any, ex: Exchange) -> None:
-        for name, spec in step.capture.items():
-            if isinstance(spec, dict) and "header" in spec:
-                value = ex.headers.get(spec["header"])
-                if value is None:
-                    raise StepFailed(
-                        [Problem(("capture", name), f"no header {spec['header']!r} to capture")]
-                    )
-                self.variables[name] = value
-                continue
-            expression = spec["jsonPath"] if isinstance(spec, dict) else spec
-            self._capture_path(name, expression, None if ex.json is NO_JSON else ex.json)
+async def run_step(run: _Run, step: Any) -> None:
+    """Run one step; a failed expectation raises StepFailed."""
+    handlers: dict[type[Any], Callable[[_Run, Any], Awaitable[None]]] = {
+        f.PollStep: _poll,
+        f.StreamStep: _stream,
+        f.ReadStep: _read,
+        f.CloseStep: _close,
+        f.AwaitStep: _await,
+    }
+    await handlers.get(type(step), _request)(run, step)
 
-    def _capture_event(self, step: Any, events: list[Any]) -> None:
-        last = events[-1] if events else None
-        for name, spec in step.capture.items():
-            if isinstance(spec, dict) and "header" in spec:
-                raise StepFailed([Problem(("capture", name), "events have no headers")])
-            expression = spec["jsonPath"] if isinstance(spec, dict) else spec
-            self._capture_path(name, expression, last)
 
-    def _capture_path(self, name: str, expression: str, document: Any) -> None:
-        values = find_jsonpath(expression, document) if document is not None else []
-        if not values:
-            raise StepFailed(
-                [
+async def _repeat(
+    run: _Run, background: str | None, attempt: Callable[[], Awaitable[Exchange]], until: Any
+) -> Exchange:
+    """Run `attempt` (returns an exchange, raises StepFailed) until it passes.
+
+    A `background` step only starts it; its `await` step checks the response.
+    """
+    if background is not None:
+        run.background[background] = asyncio.ensure_future(attempt())
+        return Exchange("", "", 0, CIMultiDictProxy(CIMultiDict()), "")
+    if until is None:
+        return await attempt()
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + until.deadline_ms / 1000
+    attempts = 0
+    while True:
+        attempts += 1
+        try:
+            return await attempt()
+        except StepFailed as failed:
+            if loop.time() + until.interval_ms / 1000 > deadline:
+                first = failed.problems[0] if failed.problems else Problem((), "failed")
+                failed.problems.insert(
+                    0,
                     Problem(
-                        ("capture", name),
-                        f"{expression} found nothing to capture in {render(document, 500)}",
-                    )
-                ]
+                        ("until",),
+                        f"still failing after {attempts} attempts in "
+                        f"{until.deadline_ms} ms; the last: {first.message}",
+                    ),
+                )
+                raise
+        await asyncio.sleep(until.interval_ms / 1000)
+
+
+async def _request(
+    run: _Run, step: f.HttpStep | f.CallStep | f.CreateSessionStep | f.ReplyStep
+) -> None:
+    """A step that sends one request (a call may take long: it waits up to 10 minutes)."""
+    timeout_ms = step.http.timeout_ms if isinstance(step, f.HttpStep) else 30_000
+    timeout_ms = 600_000 if isinstance(step, f.CallStep) else timeout_ms
+    background = getattr(step, "background", None)
+
+    async def attempt() -> Exchange:
+        ex = await run.exchange(step_request(step, run.sub), timeout_ms)
+        if background is None:
+            _check_http(run, step.expect, ex, default_status(step))
+        return ex
+
+    ex = await _repeat(run, background, attempt, getattr(step, "until", None))
+    if isinstance(step, f.CreateSessionStep) and ex.status == 201 and isinstance(ex.json, dict):
+        run.variables[step.create_session.as_] = ex.json.get("sessionId")
+    _capture_http(run, step, ex)
+
+
+async def _poll(run: _Run, step: f.PollStep) -> None:
+    spec = step.poll
+    expect = step.expect or f.EventsExpect()
+    session = run.sub(spec.session)
+    path = route_path("events", sessionId=str(session))
+    after = int_or_none(run.sub(spec.after))
+    goal = ReadGoal.of(spec, run.sub)
+    auth = run.sub(spec.auth)
+    events: list[dict[str, Any]] = []
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + spec.timeout_ms / 1000
+    failed: Exchange | None = None
+    reached = goal.want == 0
+    while not reached:
+        remaining = deadline - loop.time()
+        if remaining <= 0:
+            break
+        query: dict[str, Any] = {"waitMs": max(1, min(spec.wait_ms, int(remaining * 1000)))}
+        if after is not None:
+            query["after"] = after
+        ex = await run.exchange(StepRequest("GET", path, auth, query=query), 60_000)
+        if ex.status == 204:
+            continue
+        if ex.status != 200 or not isinstance(ex.json, dict):
+            failed = ex
+            break
+        events.append(ex.json)
+        if after is not None:
+            after = ex.json.get("seq", after)
+        reached = goal.reached(events)
+    problems: list[Problem] = []
+    if expect.keep_alives is not None:
+        problems.append(Problem(("expect", "keepAlives"), "`keepAlives` applies to `read` only"))
+    if failed is not None or expect.error is not None:
+        problems += _check_read_error(run, expect, failed)
+    elif not reached:
+        wanted = (
+            f"{goal.want} events"
+            if goal.want is not None
+            else f"an event matching {render(goal.through)}"
+        )
+        problems.append(
+            Problem(
+                ("poll",),
+                f"waited {spec.timeout_ms} ms for {wanted}; read {len(events)}",
+                detail=event_list(events),
             )
-        self.variables[name] = values[0] if len(values) == 1 else values
+        )
+    if failed is None:
+        problems += events_problems(expect, events, sub=run.sub)
+        if expect.quiet_ms is not None and not problems:
+            query = {"waitMs": expect.quiet_ms}
+            if after is not None:
+                query["after"] = after
+            ex = await run.exchange(StepRequest("GET", path, auth, query=query))
+            if ex.status == 200:
+                problems.append(
+                    Problem(
+                        ("expect", "quietMs"),
+                        f"expected nothing more within {expect.quiet_ms} ms, "
+                        f"received {event_line(ex.json)}",
+                    )
+                )
+            elif ex.status not in (204, 409):
+                problems.append(
+                    Problem(
+                        ("expect", "quietMs"),
+                        f"a quiet long-poll answered {ex.status} {cut(ex.text, 300)}",
+                    )
+                )
+    if problems:
+        raise StepFailed(problems)
+    _capture_event(run, step, events)
+
+
+def _check_read_error(run: _Run, expect: f.EventsExpect, failed: Exchange | None) -> list[Problem]:
+    if failed is None:
+        return [
+            Problem(
+                ("expect", "error"),
+                f"expected the read to fail with {render(expect.error)}, but it succeeded",
+            )
+        ]
+    if expect.error is None:
+        return [
+            Problem(
+                (),
+                f"GET {failed.path} answered {failed.status} {cut(failed.text, 500)}",
+            )
+        ]
+    return error_problems(run.sub(expect.error), failed)
+
+
+async def _stream(run: _Run, step: f.StreamStep) -> None:
+    spec = step.stream
+    request = step_request(step, run.sub)
+    path = request.path
+    headers, params, _ = request.encoded(run.bridge.token)
+    run.transcript.add(
+        "http", f"→ GET {path} (stream {spec.as_}) {render(headers.get('Last-Event-ID', ''))}"
+    )
+    try:
+        async with asyncio.timeout(spec.timeout_ms / 1000):
+            response = await run.client.get(run._url(path), headers=headers, params=params)
+    except ContractViolation as exc:
+        raise StepFailed(
+            [Problem((), f"the response breaks the bridge's contract: {exc}")]
+        ) from None
+    except (TimeoutError, aiohttp.ClientError) as exc:
+        raise StepFailed([Problem((), f"opening the stream failed: {exc!r}")]) from None
+    if response.status != 200:
+        raw = await response.read()
+        response.release()
+        text = raw.decode("utf-8", "replace")
+        parsed: Any = NO_JSON
+        with contextlib.suppress(orjson.JSONDecodeError):
+            parsed = orjson.loads(raw)
+        run.transcript.add("http", f"← {response.status} {cut(text, 1500)}")
+        ex = Exchange("GET", path, response.status, response.headers, text, parsed)
+        _check_http(run, step.expect, ex, default_status=200)
+        return
+    run.transcript.add("http", f"← 200 {response.headers.get('Content-Type', '')}")
+    ex = Exchange("GET", path, 200, response.headers, "", NO_JSON)
+    try:
+        expect = step.expect
+        if expect is not None and (expect.given("json_body") or expect.json_subset):
+            raise StepFailed([Problem(("expect",), "a stream has no JSON body to match")])
+        _check_http(run, expect, ex, default_status=200)
+        # Comments come through so that `read` can count keep-alives (then skips them).
+        reader = SseReader(response, comments=True)
+    except (StepFailed, ValueError) as exc:
+        response.close()
+        if isinstance(exc, StepFailed):
+            raise
+        raise StepFailed([Problem((), str(exc))]) from None
+    previous = run.streams.pop(spec.as_, None)
+    if previous is not None:
+        previous.response.close()
+    run.streams[spec.as_] = OpenStream(spec.as_, response, reader)
+
+
+async def _read(run: _Run, step: f.ReadStep) -> None:
+    spec = step.read
+    expect = step.expect or f.EventsExpect()
+    stream = run.streams.get(spec.stream)
+    if stream is None:
+        raise StepFailed([Problem(("read", "stream"), f"stream {spec.stream!r} is not open")])
+    goal = ReadGoal.of(spec, run.sub)
+    frames: list[SseFrame] = []
+    events: list[Any] = []
+    problems: list[Problem] = []
+    timed_out = False
+    reached = goal.want == 0
+    keep_alives = 0
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + spec.timeout_ms / 1000
+    while not reached and not stream.ended:
+        try:
+            frame = await stream.reader.next(timeout=max(0.0, deadline - loop.time()))
+        except TimeoutError:
+            timed_out = True
+            break
+        except aiohttp.ClientError as exc:
+            problems.append(Problem(("read",), f"the stream failed: {exc!r}"))
+            stream.ended = True
+            break
+        if frame is None:
+            stream.ended = True
+            run.transcript.add("sse", f"⇠ [{stream.name}] (end of stream)")
+            break
+        if frame.comment is not None:
+            keep_alives += 1
+            continue
+        frames.append(frame)
+        event = frame_event(frame)
+        events.append(event)
+        run.transcript.add(
+            "sse", f"⇠ [{stream.name}] id={frame.id} {frame.event} {cut(frame.data, 1000)}"
+        )
+        reached = goal.reached(events)
+    if spec.to_end and not stream.ended:
+        problems.append(
+            Problem(
+                ("read", "toEnd"),
+                f"the stream was still open after {spec.timeout_ms} ms",
+                detail=event_list(events),
+            )
+        )
+    elif not spec.to_end and not reached:
+        wanted = (
+            f"{goal.want} frames"
+            if goal.want is not None
+            else f"a frame matching {render(goal.through)}"
+        )
+        why = f"waited {spec.timeout_ms} ms" if timed_out else "the stream ended"
+        problems.append(
+            Problem(
+                ("read",),
+                f"{why} before {wanted}; read {len(frames)}",
+                detail=event_list(events),
+            )
+        )
+    for index, event in enumerate(events):
+        if event is NO_JSON:
+            problems.append(
+                Problem(("read",), f"frame {index + 1} has data that is not JSON: {frames[index]}")
+            )
+    if not problems:
+        ids = [frame.id for frame in frames]
+        kinds = [frame.event for frame in frames]
+        problems += events_problems(expect, events, ids, kinds, run.sub)
+    if not problems and expect.quiet_ms is not None and not stream.ended:
+        frame, seen = await _next_event_frame(run, stream, expect.quiet_ms / 1000)
+        keep_alives += seen
+        if frame is not None:
+            run.transcript.add("sse", f"⇠ [{stream.name}] id={frame.id} {frame.event}")
+            problems.append(
+                Problem(
+                    ("expect", "quietMs"),
+                    f"expected nothing more within {expect.quiet_ms} ms, received "
+                    f"{event_line(frame_event(frame))}",
+                )
+            )
+    if not problems and expect.ended is not None:
+        if expect.ended and not stream.ended:
+            frame, seen = await _next_event_frame(run, stream, spec.timeout_ms / 1000)
+            keep_alives += seen
+            if frame is not None:
+                problems.append(
+                    Problem(
+                        ("expect", "ended"),
+                        f"expected the stream to end, received {event_line(frame_event(frame))}",
+                    )
+                )
+            elif not stream.ended:
+                problems.append(
+                    Problem(("expect", "ended"), "expected the stream to end; it stays open")
+                )
+        elif not expect.ended and stream.ended:
+            problems.append(Problem(("expect", "ended"), "the stream ended"))
+    if expect.keep_alives is not None:
+        for mismatch in match(
+            run.sub(expect.keep_alives), keep_alives, subset=False, path="keepAlives"
+        ):
+            problems.append(
+                Problem(("expect", "keepAlives"), f"keep-alive comments seen: {mismatch}")
+            )
+    if expect.error is not None:
+        problems.append(Problem(("expect", "error"), "`error` applies to `poll` only"))
+    if problems:
+        raise StepFailed(problems)
+    _capture_event(run, step, events)
+
+
+async def _next_event_frame(
+    run: _Run, stream: OpenStream, timeout: float
+) -> tuple[SseFrame | None, int]:
+    """The next event frame within `timeout` (None: quiet, or the stream ended), and
+    the keep-alive comments read meanwhile."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    seen = 0
+    while True:
+        try:
+            frame = await stream.reader.next(timeout=max(0.0, deadline - loop.time()))
+        except TimeoutError:
+            return None, seen
+        if frame is None:
+            stream.ended = True
+            return None, seen
+        if frame.comment is None:
+            return frame, seen
+        seen += 1
+
+
+async def _close(run: _Run, step: f.CloseStep) -> None:
+    stream = run.streams.pop(step.close, None)
+    if stream is not None:
+        stream.response.close()
+        run.transcript.add("sse", f"⇠ [{stream.name}] closed by the client")
+
+
+async def _await(run: _Run, step: f.AwaitStep) -> None:
+    spec = step.await_
+    task = run.background.pop(spec.request, None)
+    if task is None:
+        raise StepFailed([Problem(("await",), f"no request {spec.request!r} is pending")])
+    try:
+        async with asyncio.timeout(spec.timeout_ms / 1000):
+            ex = await asyncio.shield(task)
+    except TimeoutError:
+        task.cancel()
+        raise StepFailed(
+            [Problem(("await",), f"no response to {spec.request!r} within {spec.timeout_ms} ms")]
+        ) from None
+    _check_http(run, step.expect, ex, default_status="2xx")
+    _capture_http(run, step, ex)
+
+
+def _check_http(run: _Run, expect: f.HttpExpect | None, ex: Exchange, default_status: Any) -> None:
+    problems = http_problems(expect, ex, default_status, run.sub)
+    if problems:
+        raise StepFailed(problems)
+
+
+def _capture_http(run: _Run, step: Any, ex: Exchange) -> None:
+    for name, spec in step.capture.items():
+        if isinstance(spec, dict) and "header" in spec:
+            value = ex.headers.get(spec["header"])
+            if value is None:
+                raise StepFailed(
+                    [Problem(("capture", name), f"no header {spec['header']!r} to capture")]
+                )
+            run.variables[name] = value
+            continue
+        expression = spec["jsonPath"] if isinstance(spec, dict) else spec
+        _capture_path(run, name, expression, None if ex.json is NO_JSON else ex.json)
+
+
+def _capture_event(run: _Run, step: Any, events: list[Any]) -> None:
+    last = events[-1] if events else None
+    for name, spec in step.capture.items():
+        if isinstance(spec, dict) and "header" in spec:
+            raise StepFailed([Problem(("capture", name), "events have no headers")])
+        expression = spec["jsonPath"] if isinstance(spec, dict) else spec
+        _capture_path(run, name, expression, last)
+
+
+def _capture_path(run: _Run, name: str, expression: str, document: Any) -> None:
+    values = find_jsonpath(expression, document) if document is not None else []
+    if not values:
+        raise StepFailed(
+            [
+                Problem(
+                    ("capture", name),
+                    f"{expression} found nothing to capture in {render(document, 500)}",
+                )
+            ]
+        )
+    run.variables[name] = values[0] if len(values) == 1 else values
 
 
 # -- running ---------------------------------------------------------------------------
@@ -699,6 +752,12 @@ async def run_scenario(loaded: LoadedScenario, options: RunOptions | None = None
     result = ScenarioResult(loaded, "passed")
     started = time.monotonic()
     codex = None
+    if options.target is not None:
+        reason = target_skip_reason(loaded, options)
+        if reason is not None:
+            result.outcome, result.skip_reason = "skipped", f"not against a target: {reason}"
+            return result
+        loaded = _with_target_token(loaded, options.target_token)
     if scenario.real_codex:
         try:
             codex = find_codex(options.codex, option=options.codex_option)
@@ -748,6 +807,19 @@ async def _run(
     run: _Run | None = None
     bridge: RunningBridge | None = None
     try:
+        if options.target is not None:
+            bridge = await connect_bridge(options.target, options.target_token)
+            if bridge.preset != scenario.bridge.preset:
+                result.outcome = "skipped"
+                result.skip_reason = (
+                    f"not against a target: the scenario wants the {scenario.bridge.preset} "
+                    f"preset; the target's routes are those of {bridge.preset}"
+                )
+                return
+            result.transcript.add("run", f"the target bridge at {bridge.url}")
+            run = _Run(loaded, bridge, tmp, result.transcript)
+            await _steps(run, result)
+            return
         if scenario.model is not None and codex is not None:
             from fakes.model_provider import ModelProviderServer
 
@@ -788,7 +860,7 @@ async def _run(
             await bridge.close()
         if model_server is not None:
             await model_server.close()
-    if model_server is None:
+    if model_server is None and options.target is None:
         found = read_reports(reports)
         result.transcript.fakes = found
         problems = fake_report_problems(
@@ -810,7 +882,7 @@ async def _steps(run: _Run, result: ScenarioResult) -> None:
             for index, step in enumerate(scenario.steps):
                 run.transcript.add("step", f"step {index + 1}: {step.title()}")
                 try:
-                    await run.run_step(step)
+                    await run_step(run, step)
                 except StepFailed as failed:
                     result.outcome = "failed"
                     result.failures.append(
@@ -851,11 +923,12 @@ async def _model_checks(run: _Run, model_server: Any, result: ScenarioResult) ->
                         f"scripted model reply {index} was never requested",
                     )
                 )
+    app = run.bridge.app
     if scenario.checks.requests_answered and "list_sessions" in {
-        route.name for route in run.bridge.app.get(_mounted_key(), ())
+        route.name for route in (app.get(_mounted_key(), ()) if app is not None else ())
     }:
         try:
-            ex = await run.exchange(StepRequest("GET", "/v1/sessions"))
+            ex = await run.exchange(StepRequest("GET", route_path("list_sessions")))
         except StepFailed:
             ex = None
         if ex is not None and isinstance(ex.json, dict):
@@ -901,9 +974,3 @@ def _slug(name: str) -> str:
 def run_scenario_sync(loaded: LoadedScenario, options: RunOptions | None = None) -> ScenarioResult:
     """`run_scenario` in a fresh event loop (for threads and synchronous callers)."""
     return asyncio.run(run_scenario(loaded, options))
-
-
-def iter_problems(result: ScenarioResult) -> Iterator[tuple[Failure, Problem]]:
-    for failure in result.failures:
-        for problem in failure.problems:
-            yield failure, problem

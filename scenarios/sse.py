@@ -15,6 +15,8 @@ from typing import Any
 import aiohttp
 import orjson
 
+from bridge.routes import SSE_CONTENT_TYPE
+
 
 @dataclass
 class SseFrame:
@@ -37,7 +39,7 @@ class SseReader:
 
     def __init__(self, response: aiohttp.ClientResponse, *, comments: bool = False) -> None:
         content_type = response.headers.get("Content-Type", "")
-        if not content_type.startswith("text/event-stream"):
+        if not content_type.startswith(SSE_CONTENT_TYPE):
             raise ValueError(f"not an event stream: Content-Type {content_type!r}")
         self._response = response
         self._comments = comments

@@ -6,11 +6,11 @@ import asyncio
 
 import pytest
 from aiohttp import web
+from processes import live_children
 from yarl import URL
 
 from bridge.app import trusted_bridge_app
 from bridge.limits import RestLimits
-from scenarios.processes import live_children
 from scenarios.sse import SseReader
 
 pytestmark = pytest.mark.asyncio

@@ -20,10 +20,10 @@ from typing import Any
 import pytest
 import pytest_asyncio
 from aiohttp import WSMsgType, web
+from processes import open_descriptors
 
 from bridge.app import default_app, trusted_bridge_app
 from bridge.limits import AppServerSettings, RestLimits, RestLimitsEnvError
-from scenarios.processes import open_descriptors
 from scenarios.sse import SseReader
 
 TOKEN = "s3cret-app-server-token"

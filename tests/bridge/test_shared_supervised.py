@@ -15,12 +15,12 @@ from typing import Any
 
 import aiohttp
 import pytest
+from processes import live_children
 
 from bridge.app import trusted_bridge_app
 from bridge.limits import AppServerSettings, RestLimits
 from bridge.routes import BACKEND
 from scenarios.harness import fake_app_server_command
-from scenarios.processes import live_children
 from scenarios.sse import SseReader
 
 pytestmark = pytest.mark.asyncio

@@ -6,10 +6,10 @@ import asyncio
 from pathlib import Path
 
 import pytest
+from processes import live_children
 
 from bridge.app import text_turn_app, trusted_bridge_app
 from bridge.limits import RestLimits
-from scenarios.processes import live_children
 
 pytestmark = pytest.mark.asyncio
 

@@ -10,8 +10,8 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+from processes import live_children
 
-from scenarios.processes import live_children
 from scenarios.sse import SseFrame, SseReader
 
 pytestmark = [pytest.mark.asyncio, pytest.mark.real_codex]

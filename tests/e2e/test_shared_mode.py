@@ -18,11 +18,11 @@ from typing import Any
 import pytest
 import pytest_asyncio
 from aiohttp import web
+from processes import live_children
 
 from bridge.app import trusted_bridge_app
 from bridge.limits import AppServerSettings, RestLimits
 from fakes.model_provider import ModelProviderServer
-from scenarios.processes import live_children
 from scenarios.sse import SseReader
 from tests.e2e.test_real_codex import (
     COMMAND_APPROVAL,

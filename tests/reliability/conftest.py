@@ -27,16 +27,16 @@ from typing import Any
 import aiohttp
 import pytest
 import pytest_asyncio
-
-from scenarios.harness import contract_middleware
-from scenarios.openapi_check import OpenApiChecker
-from scenarios.processes import (
+from processes import (
     descriptor_kinds,
     marked_processes,
     resident_kib,
     tcp_sockets,
     zombie_children,
 )
+
+from scenarios.harness import contract_middleware
+from scenarios.openapi_check import OpenApiChecker
 
 RESULTS_VARIABLE = "RELIABILITY_RESULTS"
 #: `full` runs the soak at the issue's size (10,000 cycles, 1,000 text turns).

@@ -20,7 +20,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-from scenarios.processes import machine_summary
+from bench.common import machine_summary
 
 ROOT = Path(__file__).resolve().parents[2]
 THEMES = (

@@ -21,10 +21,10 @@ from urllib.parse import quote
 import aiohttp
 import orjson
 import pytest
+from processes import resident_kib
 
 from bridge.app import trusted_bridge_app
 from bridge.limits import RestLimits
-from scenarios.processes import resident_kib
 from scenarios.sse import SseReader
 
 pytestmark = pytest.mark.asyncio

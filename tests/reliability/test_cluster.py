@@ -28,12 +28,12 @@ from typing import Any
 
 import aiohttp
 import pytest
+from processes import marked_processes, zombie_children
 
 from bridge.app import mounted_routes, trusted_bridge_app
 from bridge.cluster import CLUSTER_MARK_VARIABLE
 from bridge.openapi import build_openapi
 from scenarios.openapi_check import OpenApiChecker
-from scenarios.processes import marked_processes, zombie_children
 from scenarios.sse import SseReader
 
 pytestmark = pytest.mark.asyncio
@@ -513,6 +513,38 @@ async def test_the_cluster_stops_on_sigint_and_leaves_nothing(cluster, http, rep
     running |= set(nginx)
     assert "rest-bridge cluster: stopped" in cluster.output_lines()
     report.outcome = f"{len(running)} processes stopped, exit 0, none left"
+    report.survived = True
+    report.no_leak = left == 0
+
+
+LIBRARY = Path(__file__).resolve().parents[2] / "scenarios" / "library"
+FRONT_TOKEN = "front-t0k3n"
+
+
+async def test_the_scenario_library_runs_against_the_front(tmp_path, report):
+    """The scenario library against the front (`rest-bridge scenarios run --target`)"""
+    env = {"REST_ADAPTER_TOKEN": FRONT_TOKEN}
+    front = ClusterProcess(tmp_path / "front", env=env)
+    try:
+        done = await asyncio.to_thread(
+            subprocess.run,
+            [REST_BRIDGE, "scenarios", "run", str(LIBRARY), "--target", front.front, "-v"],
+            env={**{k: v for k, v in os.environ.items() if k != "CI"}, **env},
+            capture_output=True,
+            text=True,
+            timeout=600,
+            check=False,
+        )
+    finally:
+        left = front.stop()
+    assert done.returncode == 0, done.stdout + done.stderr
+    passed = [line.split("::")[1].split()[0] for line in done.stdout.splitlines()
+              if line.endswith("%]") and " PASSED " in line]  # fmt: skip
+    # The scenarios that need no bridge of their own (auth, client mistakes) pass there.
+    assert {"auth-rejection", "auth-variants", "errors-client-mistakes"} <= set(passed)
+    assert "not against a target: scripts the app-server" in done.stdout
+    assert left == 0
+    report.outcome = f"{len(passed)} scenarios passed through nginx, the others skipped"
     report.survived = True
     report.no_leak = left == 0
 

@@ -19,10 +19,10 @@ from typing import Any
 
 import pytest
 import pytest_asyncio
+from processes import zombie_children
 
 from bridge.app import trusted_bridge_app
 from bridge.limits import RestLimits
-from scenarios.processes import zombie_children
 
 pytestmark = pytest.mark.asyncio
 

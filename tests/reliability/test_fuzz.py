@@ -58,7 +58,7 @@ GATEWAY_KINDS = {
 
 
 def document(preset: str, auth: bool) -> dict[str, Any]:
-    app = PRESETS[preset](["fake-codex", "app-server"], None)
+    app = PRESETS[preset](["fake-codex", "app-server"], None, None)
     settings = AuthSettings(exempt_health=True) if auth else None
     return build_openapi(mounted_routes(app), auth=settings)
 

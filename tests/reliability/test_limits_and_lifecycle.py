@@ -16,12 +16,12 @@ from typing import Any
 
 import aiohttp
 import pytest
+from processes import live_children, resident_kib
 
 from bridge.app import trusted_bridge_app
 from bridge.limits import RestLimits
 from bridge.process.backend import ProcessBackend
 from bridge.routes import BACKEND
-from scenarios.processes import live_children, resident_kib
 from scenarios.sse import SseReader
 
 pytestmark = pytest.mark.asyncio

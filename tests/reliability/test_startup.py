@@ -21,8 +21,7 @@ from typing import Any
 
 import aiohttp
 import pytest
-
-from scenarios.processes import marked_processes
+from processes import marked_processes
 
 pytestmark = pytest.mark.asyncio
 

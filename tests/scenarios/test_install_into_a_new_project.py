@@ -18,9 +18,12 @@ import shutil
 import subprocess
 import sys
 import time
+import zipfile
 from pathlib import Path
 
 import pytest
+
+from bridge import __version__
 
 ROOT = Path(__file__).resolve().parents[2]
 README = ROOT / "README.md"
@@ -29,6 +32,15 @@ SCENARIOS_README = ROOT / "scenarios" / "README.md"
 INSTALL_MARKER = "tests/scenarios/test_install_into_a_new_project.py runs each line"
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
+
+VERSIONS = """
+import subprocess, sys
+from importlib.metadata import version
+import bridge
+print(version("codex-rest-bridge"), bridge.__version__)
+said = subprocess.run(["rest-bridge", "--version"], capture_output=True, text=True).stdout
+print(said.split()[-1])
+"""
 
 
 def documented_installs() -> dict[str, str]:
@@ -138,6 +150,14 @@ def test_the_documented_install_then_a_scenario_and_a_test_run_green(
         [python, "-c", "import scenarios.pytest_plugin as p; print(p.__file__)"], tmp_path, env
     )
     assert where.stdout.startswith(str(venv)), where.stdout  # installed, not the clone's
+    # One version: the package's metadata, `rest-bridge --version`, bridge.__version__.
+    version = run([python, "-c", VERSIONS], tmp_path, env).stdout.split()
+    assert version == [__version__] * 3, version
+    if form == "wheel":
+        (wheel,) = (clone / "dist").glob("*.whl")
+        with zipfile.ZipFile(wheel) as archive:
+            names = set(archive.namelist())
+        assert {"bridge/py.typed", "fakes/py.typed", "scenarios/py.typed"} <= names
 
     (project / "hello.scenario.yaml").write_text(documented_file("hello.scenario.yaml"))
     (project / "test_bridge.py").write_text(documented_file("test_bridge.py"))
@@ -154,15 +174,59 @@ def test_the_documented_install_then_a_scenario_and_a_test_run_green(
     started = time.monotonic()
     done = run(["rest-bridge", "scenarios", "run", "."], project, env)
     timings["rest-bridge scenarios run"] = time.monotonic() - started
-    assert "1 passed, 0 failed" in done.stdout, done.stdout  # not the venv's library
+    assert "1 passed in" in done.stdout, done.stdout  # the scenario, not the venv's library
+    assert "warning" not in done.stdout.lower(), done.stdout
 
     # The `respx` extra is not installed: its fixtures say which extra to install.
     mocked = tmp_path / "respx-project"
     mocked.mkdir()
     (mocked / "test_mock.py").write_text(
-        "def test_mock(respx_scenario):\n"
-        "    respx_scenario({'scenario': 1, 'steps': [{'http': {'path': '/health'}}]})\n"
+        "def test_mock(codex_respx):\n"
+        "    codex_respx({'scenario': 1, 'steps': [{'http': {'path': '/health'}}]})\n"
     )
     done = run(["pytest", "-q", "-p", "no:cacheprovider"], mocked, env, status=1)
     assert "install codex-rest-bridge with its `respx` extra" in done.stdout, done.stdout
     print("timings:", ", ".join(f"{name}: {seconds:.1f}s" for name, seconds in timings.items()))
+
+
+BASE_HOST_TEST = """
+import pytest
+
+
+@pytest.fixture
+def sse():  # a host's own fixture named like the plugin's old ones
+    return "the host's"
+
+
+def test_the_hosts_own_fixture_wins(sse):
+    assert sse == "the host's"
+
+
+def test_asks_for_a_harness_fixture(codex_bridge):
+    pass
+"""
+
+
+def test_a_base_install_leaves_a_host_pytest_alone(tmp_path: Path, clone: Path) -> None:
+    """Without the `harness` extra (pytest installed by the host itself), the plugin is
+    there, collides with nothing, and a harness fixture says which extra it needs."""
+    env = host_environment()
+    project = tmp_path / "base-project"
+    project.mkdir()
+    venv = project / ".venv"
+    run([sys.executable, "-m", "venv", str(venv)], tmp_path, env)
+    env["PATH"] = f"{venv / 'bin'}{os.pathsep}{env.get('PATH', '')}"
+    env["PIP_DISABLE_PIP_VERSION_CHECK"] = "1"
+    run(["pip", "install", "--quiet", str(clone), "pytest"], tmp_path, env)
+    python = str(venv / "bin" / "python")
+    for absent in ("pytest_asyncio", "xdist", "jsonschema", "jsonpath_ng"):
+        found = run([python, "-c", f"import importlib.util as u; print(u.find_spec({absent!r}))"],
+                    tmp_path, env)  # fmt: skip
+        assert found.stdout.strip() == "None", f"{absent} is installed: not a base install"
+    (project / "test_host.py").write_text(BASE_HOST_TEST)
+    done = run(["pytest", "-q", "-p", "no:cacheprovider", "-W", "error"], project, env, status=1)
+    output = done.stdout + done.stderr
+    assert "1 passed, 1 error" in done.stdout, output
+    assert "needs pytest-asyncio: install codex-rest-bridge with its `harness` extra" in output
+    plugins = run(["pytest", "--co", "-q", "-p", "no:cacheprovider"], project, env).stdout
+    assert "2 tests collected" in plugins, plugins

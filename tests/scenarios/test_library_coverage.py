@@ -38,14 +38,14 @@ from pydantic.alias_generators import to_camel
 import bridge
 import bridge.app
 from bridge import errors as bridge_errors
-from bridge.app import ROUTES, Route, mounted_routes
+from bridge.app import PRESETS, ROUTES, Route, mounted_routes, path_pattern, route_path
 from bridge.auth import HEALTH_PATHS, presented_token
 from bridge.events import EventKind
 from bridge.limits import RestLimits
 from bridge.models import ApprovalPolicy, TextTurnRequest
 from bridge.process.text_turn import LEGACY_APPROVALS, PERMISSIONS_APPROVAL, V2_APPROVALS
 from scenarios import format as f
-from scenarios.harness import PRESETS
+from scenarios.expectations import step_request
 
 ROOT = Path(__file__).resolve().parents[2]
 LIBRARY = ROOT / "scenarios" / "library"
@@ -207,13 +207,7 @@ def sent_headers(
 
 @cache
 def route_patterns() -> tuple[tuple[Route, re.Pattern[str]], ...]:
-    def pattern(path: str) -> re.Pattern[str]:
-        def part(found: re.Match[str]) -> str:
-            return f"(?:{found.group(2)})" if found.group(2) else "[^/]+"
-
-        return re.compile("^" + re.sub(r"\{(\w+)(?::([^}]*))?\}", part, path) + "$")
-
-    return tuple((route, pattern(route.path)) for route in ROUTES)
+    return tuple((route, path_pattern(route.path)) for route in ROUTES)
 
 
 def find_route(method: str, path: str) -> tuple[Route | None, bool]:
@@ -222,6 +216,11 @@ def find_route(method: str, path: str) -> tuple[Route | None, bool]:
     on_path = [route for route, pattern in route_patterns() if pattern.match(path)]
     same = [route for route in on_path if route.method == method]
     return (same[0] if same else None), bool(on_path)
+
+
+def unchanged(value: Any) -> Any:
+    """No substitution: the library's requests as written, `${...}` and all."""
+    return value
 
 
 def read_file(path: Path, library: Library) -> None:
@@ -270,23 +269,21 @@ def read_file(path: Path, library: Library) -> None:
             made.body = http.json_body
         elif isinstance(step, f.CallStep):
             call = step.call
-            target = f"/v1/sessions/{call.session}/call/" if call.session else "/v1/call/"
+            target = step_request(step, unchanged).path
             body = {"params": call.params, "options": call.options}
             headers = sent_headers(None, call.auth, token)
-            made = request(
-                index, "POST", target + call.method, step.expect, SUCCESS, headers, None, body
-            )
+            made = request(index, "POST", target, step.expect, SUCCESS, headers, None, body)
         elif isinstance(step, f.CreateSessionStep):
             create = step.create_session
             headers = sent_headers(None, create.auth, token)
             body = {"options": create.options}
+            target = step_request(step, unchanged).path
             made = request(
-                index, "POST", "/v1/sessions", step.expect, frozenset({201}), headers, None, body
+                index, "POST", target, step.expect, frozenset({201}), headers, None, body
             )
         elif isinstance(step, f.ReplyStep):
             reply = step.reply
-            outcome = "result" if reply.error is None else "error"
-            target = f"/v1/sessions/{reply.session}/requests/{reply.request_key}/{outcome}"
+            target = step_request(step, unchanged).path
             body = {"result": reply.result} if reply.error is None else reply.error.model_dump()
             headers = sent_headers(None, reply.auth, token)
             made = request(
@@ -300,7 +297,7 @@ def read_file(path: Path, library: Library) -> None:
             if poll.count == 0 and (step.expect is None or step.expect.quiet_ms is None):
                 continue  # it sends nothing
             query = {"waitMs"} | ({"after"} if poll.after is not None else set())
-            target = f"/v1/sessions/{poll.session}/events"
+            target = route_path("events", sessionId=poll.session)
             headers = sent_headers(None, poll.auth, token)
             # It passes once it has read its events (200s; a 204 only means "ask again"),
             # or, reading none, on a quiet 204.
@@ -311,7 +308,7 @@ def read_file(path: Path, library: Library) -> None:
             headers = sent_headers(stream.headers, stream.auth, token)
             if stream.last_event_id is not None:
                 headers["last-event-id"] = str(stream.last_event_id)
-            target = stream.path or f"/v1/sessions/{stream.session}/events/stream"
+            target = step_request(step, unchanged).path
             query = {"after"} if stream.after is not None else set()
             made = request(index, "GET", target, step.expect, frozenset({200}), headers, query)
         elif isinstance(step, f.ReadStep):

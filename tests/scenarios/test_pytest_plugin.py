@@ -3,6 +3,7 @@ entry point, with pytest-asyncio in strict and auto modes, xdist and rerunfailur
 
 from __future__ import annotations
 
+import re
 import sys
 import textwrap
 from pathlib import Path
@@ -22,8 +23,8 @@ TOKEN = "t0k3n"
 
 
 @pytest.mark.asyncio
-async def test_health(bridge_client):
-    async with bridge_client.get("/health") as response:
+async def test_health(codex_client):
+    async with codex_client.get("/health") as response:
         assert response.status == 200
 
 
@@ -31,15 +32,15 @@ async def test_health(bridge_client):
 @pytest.mark.codex_bridge(
     script={"turns": ["Hi from the script."]}, token=TOKEN, limits={"maxSessions": 2}
 )
-async def test_a_turn_over_sse_with_auth_and_limits(codex_bridge, bridge_client, sse):
-    async with bridge_client.post("/v1/sessions", json={}) as response:
+async def test_a_turn_over_sse_with_auth_and_limits(codex_bridge, codex_client, codex_sse):
+    async with codex_client.post("/v1/sessions", json={}) as response:
         session = (await response.json())["sessionId"]
-    reader = await sse(f"/v1/sessions/{session}/events/stream")
+    reader = await codex_sse(f"/v1/sessions/{session}/events/stream")
     base = f"/v1/sessions/{session}/call"
-    async with bridge_client.post(f"{base}/thread/start", json={"params": {}}) as response:
+    async with codex_client.post(f"{base}/thread/start", json={"params": {}}) as response:
         thread = (await response.json())["result"]["thread"]["id"]
     params = {"threadId": thread, "input": [{"type": "text", "text": "hi"}]}
-    async with bridge_client.post(f"{base}/turn/start", json={"params": params}) as response:
+    async with codex_client.post(f"{base}/turn/start", json={"params": params}) as response:
         assert response.status == 200
     frames = await reader.until(lambda f: f.json()["method"] == "turn/completed", timeout=10)
     texts = [f.json()["params"]["item"].get("text") for f in frames
@@ -49,21 +50,21 @@ async def test_a_turn_over_sse_with_auth_and_limits(codex_bridge, bridge_client,
     async with codex_bridge.client(auth=False).get("/v1/sessions") as response:
         assert response.status == 401
     for _ in range(2):
-        async with bridge_client.post("/v1/sessions", json={}) as response:
+        async with codex_client.post("/v1/sessions", json={}) as response:
             pass
     assert response.status == 429
 
 
 @pytest.mark.asyncio
-async def test_start_bridge_builds_any_preset(start_bridge):
-    bridge = await start_bridge(preset="default")
+async def test_start_bridge_builds_any_preset(codex_start_bridge):
+    bridge = await codex_start_bridge(preset="default")
     async with bridge.client().post("/v1/call/model/list", json={"params": {}}) as response:
         assert response.status == 404
 
 
 @pytest.mark.asyncio
-async def test_run_scenario_from_python(run_scenario):
-    result = await run_scenario(
+async def test_run_scenario_from_python(codex_run_scenario):
+    result = await codex_run_scenario(
         {"steps": [{"http": {"path": "/health"}, "expect": {"jsonSubset": {"status": "ok"}}}]}
     )
     assert result.passed
@@ -158,8 +159,8 @@ def test_the_fixture_bridges_check_their_script_like_scenarios(pytester: pytest.
 
         @pytest.mark.asyncio
         @pytest.mark.codex_bridge(script={"turns": ["Nobody starts me."]})
-        async def test_never_starts_the_turn(bridge_client):
-            async with bridge_client.get("/health") as response:
+        async def test_never_starts_the_turn(codex_client):
+            async with codex_client.get("/health") as response:
                 assert response.status == 200
         """
     )
@@ -179,8 +180,8 @@ def test_a_conftest_registering_it_too_is_harmless(
         import pytest
 
         @pytest.mark.asyncio
-        async def test_health(bridge_client):
-            async with bridge_client.get("/health") as response:
+        async def test_health(codex_client):
+            async with codex_client.get("/health") as response:
                 assert response.status == 200
         """
     )
@@ -220,8 +221,8 @@ def test_a_host_project_hears_nothing_about_the_loop_scope_and_its_fixtures_keep
             assert session_loop is asyncio.get_running_loop()
 
         @pytest.mark.asyncio
-        async def test_the_plugins_fixtures(bridge_client):
-            async with bridge_client.get("/health") as response:
+        async def test_the_plugins_fixtures(codex_client):
+            async with codex_client.get("/health") as response:
                 assert response.status == 200
         """
     )
@@ -248,8 +249,8 @@ steps:
 """
 
 REAL_CODEX_TEST = """
-def test_uses_the_real_codex(real_codex):
-    assert real_codex
+def test_uses_the_real_codex(codex_bin):
+    assert codex_bin
 """
 
 
@@ -315,8 +316,8 @@ def test_the_respx_fixtures_name_the_extra_to_install(pytester: pytest.Pytester)
     )
     pytester.makepyfile(
         """
-        def test_mocked(respx_scenario):
-            respx_scenario({"scenario": 1, "steps": [{"http": {"path": "/health"}}]})
+        def test_mocked(codex_respx):
+            codex_respx({"scenario": 1, "steps": [{"http": {"path": "/health"}}]})
         """
     )
     result = pytester.runpytest_subprocess(*QUIET)
@@ -328,3 +329,34 @@ def test_the_respx_fixtures_name_the_extra_to_install(pytester: pytest.Pytester)
     ) in result.outlines
     assert "Traceback" not in result.stdout.str()
     assert "During handling" not in result.stdout.str()
+
+
+def registered(pytester: pytest.Pytester, *args: str) -> dict[str, set[str]]:
+    """What pytest lists: fixtures, markers, command-line options and ini keys."""
+    fixtures = pytester.runpytest_subprocess(*args, "--fixtures").outlines
+    markers = pytester.runpytest_subprocess(*args, "--markers").outlines
+    helped = pytester.runpytest_subprocess(*args, "--help").outlines
+    return {
+        "fixture": {m[1] for line in fixtures if (m := re.match(r"(\w+)(?: \[.*?\])? -- ", line))},
+        "marker": {m[1] for line in markers if (m := re.match(r"@pytest\.mark\.([\w-]+)", line))},
+        "option": {m[1] for line in helped if (m := re.match(r"  (--[\w-]+)", line))},
+        "ini": {m[1] for line in helped if (m := re.match(r"  (\w+) \(\w+\):", line))},
+    }
+
+
+def test_everything_the_plugin_registers_is_prefixed_and_documented(
+    pytester: pytest.Pytester,
+) -> None:
+    """The plugin adds `codex_` names only (`--codex-` options), each in the README."""
+    without = registered(pytester, *QUIET, "-p", "no:scenarios.pytest_plugin")
+    with_it = registered(pytester, *QUIET)
+    readme = (Path(__file__).parents[2] / "scenarios" / "README.md").read_text()
+    added = {kind: with_it[kind] - without[kind] for kind in with_it}
+    assert added["fixture"] >= {"codex_bridge", "codex_client", "codex_sse", "codex_bin"}, added
+    assert added["option"] >= {"--codex-bin", "--codex-target", "--codex-target-script"}, added
+    assert added["marker"] == {"codex_bridge", "codex_real"}, added
+    assert added["ini"] == {"codex_scenario_patterns"}, added
+    for kind, names in added.items():
+        for name in names:
+            assert name.startswith(("codex_", "--codex-")), (kind, name)
+            assert f"`{name}" in readme, f"the {kind} {name} is not in scenarios/README.md"

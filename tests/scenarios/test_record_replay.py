@@ -549,11 +549,11 @@ async def test_only_scenarios_that_script_the_model_can_be_recorded(tmp_path: Pa
 
 
 @pytest.fixture(scope="module")
-def schema(real_codex: str, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+def schema(codex_bin: str, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     """Validators from the JSON Schema the pinned codex generates."""
     out = tmp_path_factory.mktemp("schema")
     subprocess.run(
-        [real_codex, "app-server", "generate-json-schema", "--out", str(out)],
+        [codex_bin, "app-server", "generate-json-schema", "--out", str(out)],
         check=True,
         capture_output=True,
         timeout=120,
@@ -591,14 +591,14 @@ def as_replayed(value: Any, cwd: str) -> Any:
 
 @pytest.mark.real_codex
 def test_record_the_library_scenario_then_run_it_where_there_is_no_codex(
-    real_codex: str, tmp_path: Path
+    codex_bin: str, tmp_path: Path
 ) -> None:
     out = tmp_path / "recorded.scenario.yaml"
     done = subprocess.run(
         [REST_BRIDGE, "scenarios", "record", str(SCRIPTED_MODEL), "-o", str(out)],
         capture_output=True,
         text=True,
-        env={**os.environ, "CODEX_BIN": real_codex},
+        env={**os.environ, "CODEX_BIN": codex_bin},
         timeout=300,
         check=False,
     )
@@ -629,7 +629,7 @@ def test_record_the_library_scenario_then_run_it_where_there_is_no_codex(
         check=False,
     )
     assert replay.returncode == 0, replay.stdout + replay.stderr
-    assert "1 passed, 0 failed" in replay.stdout
+    assert "1 passed in" in replay.stdout, replay.stdout
     assert "skipped" not in replay.stdout
 
 
@@ -638,7 +638,7 @@ def test_record_the_library_scenario_then_run_it_where_there_is_no_codex(
 @pytest.mark.parametrize("which", ["library", "approvals"])
 async def test_a_recording_is_stable_and_the_fake_says_what_codex_said(
     which: str,
-    real_codex: str,
+    codex_bin: str,
     schema: dict[str, Any],
     tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,
@@ -646,11 +646,11 @@ async def test_a_recording_is_stable_and_the_fake_says_what_codex_said(
     source = (
         SCRIPTED_MODEL if which == "library" else write(tmp_path / "a.scenario.yaml", APPROVALS)
     )
-    first = await record_scenario(source, tmp_path / "first.scenario.yaml", codex=real_codex)
+    first = await record_scenario(source, tmp_path / "first.scenario.yaml", codex=codex_bin)
     assert first.replay_passed, first.replay_result
     assert first.warnings == []
     # Recorded again: the same file, byte for byte.
-    second = await record_scenario(source, None, codex=real_codex, verify=False)
+    second = await record_scenario(source, None, codex=codex_bin, verify=False)
     assert second.text == first.text
     for path in machine_paths(tmp_path):
         assert path not in first.text
@@ -713,10 +713,10 @@ TEXT_TURNS = """
 @pytest.mark.real_codex
 @pytest.mark.asyncio
 async def test_processes_that_were_asked_different_things_replay_their_own_answers(
-    real_codex: str, tmp_path: Path
+    codex_bin: str, tmp_path: Path
 ) -> None:
     source = write(tmp_path / "text-turns.scenario.yaml", TEXT_TURNS)
-    recording = await record_scenario(source, None, codex=real_codex)
+    recording = await record_scenario(source, None, codex=codex_bin)
     assert recording.warnings == []
     assert len(recording.server_messages) == 2
     assert recording.replay_passed, recording.replay_result

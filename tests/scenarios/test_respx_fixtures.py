@@ -71,25 +71,25 @@ import pytest
 from host_code import health, turn
 
 
-def test_a_turn(respx_scenario):
-    bridge = respx_scenario("host.scenario.yaml")
+def test_a_turn(codex_respx):
+    bridge = codex_respx("host.scenario.yaml")
     assert turn(bridge.base_url, bridge.token, "hi") == "Hello, host."
 
 
-def test_stops_halfway(respx_scenario):
-    bridge = respx_scenario("host.scenario.yaml")
+def test_stops_halfway(codex_respx):
+    bridge = codex_respx("host.scenario.yaml")
     httpx.post(f"{bridge.base_url}/v1/sessions", json={},
                headers={"Authorization": f"Bearer {bridge.token}"})
 
 
-def test_fails_itself(respx_scenario):
-    respx_scenario("host.scenario.yaml")
+def test_fails_itself(codex_respx):
+    codex_respx("host.scenario.yaml")
     assert False, "the host's own failure"
 
 
 @pytest.mark.asyncio
-async def test_from_the_openapi_document(bridge_respx):
-    bridge = bridge_respx("text-turn", token="t0k3n")
+async def test_from_the_openapi_document(codex_respx_openapi):
+    bridge = codex_respx_openapi("text-turn", token="t0k3n")
     assert await health(bridge.base_url) == "ok"
     with pytest.raises(AssertionError, match="no route of the mocked bridge matches"):
         httpx.get(f"{bridge.base_url}/v1/sessions")

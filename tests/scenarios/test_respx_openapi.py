@@ -105,9 +105,9 @@ def test_examples_look_like_the_bridges_answers() -> None:
 )
 @pytest.mark.asyncio
 async def test_an_invalid_body_gets_exactly_the_bridges_400(
-    start_bridge: Any, path: str, body: Any, kind: str
+    codex_start_bridge: Any, path: str, body: Any, kind: str
 ) -> None:
-    bridge = await start_bridge(check_script=False)
+    bridge = await codex_start_bridge(check_script=False)
     content = body if isinstance(body, bytes) else json.dumps(body).encode()
     headers = {"Content-Type": "application/json"}
     async with bridge.client().post(path, data=content, headers=headers) as response:

@@ -1,21 +1,22 @@
-"""`rest-bridge scenarios run`: the library passes, broken scenarios say what and where."""
+"""`rest-bridge scenarios run` (pytest with the plugin): the library passes, broken
+scenarios say what and where, pytest's options work."""
 
 from __future__ import annotations
 
-import io
 import os
 import subprocess
 import sys
 import textwrap
 import xml.etree.ElementTree as ET
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
+from processes import live_children
 
 from scenarios import harness
-from scenarios.cli import run_all
+from scenarios.cli import SCENARIOS_ONLY, pytest_arguments
 from scenarios.format import load_scenario, parse_scenario
-from scenarios.processes import live_children
 from scenarios.runner import RunOptions, run_scenario_sync
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -46,13 +47,14 @@ def write(tmp_path: Path, name: str, text: str) -> Path:
 @pytest.mark.timeout(600)
 def test_the_library_passes_and_the_junit_report_says_so(tmp_path: Path) -> None:
     junit = tmp_path / "junit.xml"
-    done = run_cli("run", str(LIBRARY), "--junit", str(junit), "-j", "4")
+    done = run_cli("run", str(LIBRARY), "--junitxml", str(junit), "-n", "4")
     assert done.returncode == 0, done.stdout + done.stderr
     files = sorted(LIBRARY.glob("*.scenario.yaml"))
-    assert f"{len(files)} passed, 0 failed" in done.stdout or "skipped" in done.stdout
+    assert f"{len(files)} passed in" in done.stdout or "skipped" in done.stdout
     suite = ET.parse(junit).getroot().find("testsuite")
     assert suite is not None
     assert suite.get("tests") == str(len(files))
+    assert "created: 4/4 workers" in done.stdout  # pytest-xdist ran them
     assert suite.get("failures") == "0"
     assert suite.get("errors") == "0"
     names = {case.get("name") for case in suite.iter("testcase")}
@@ -82,13 +84,14 @@ def test_a_broken_scenario_shows_the_step_expected_received_and_the_transcripts(
     path = write(tmp_path, "broken.scenario.yaml", BROKEN)
     junit = tmp_path / "junit.xml"
     runs = tmp_path / "runs"
-    done = run_cli("run", str(path), "--junit", str(junit), "--tmp-dir", str(runs))
+    done = run_cli("run", str(path), "--junitxml", str(junit), "--basetemp", str(runs))
     out = done.stdout
     assert done.returncode == 1, out + done.stderr
     # The failed run's directory is kept, named, and where it was asked to go.
-    (kept,) = runs.iterdir()
+    (kept,) = (runs / "scenarios").iterdir()
     assert f"run directory (kept): {kept}" in out
     expected_in_order = [
+        f"{path}:9: step 2 of 2: expects the wrong code",
         "FAILED  broken-on-purpose",
         f"step 2 of 2: expects the wrong code  ({path}:9)",
         f"✗ expect.error  ({path}:13)",
@@ -104,7 +107,8 @@ def test_a_broken_scenario_shows_the_step_expected_received_and_the_transcripts(
         "fake-codex pid",
         '→ fake {"id":2,"method":"x/fail"',
         '← fake {"error":{"code":-32050,"message":"nope"},"id":2}',
-        "scenarios: 0 passed, 1 failed",
+        f"{path.name}::broken-on-purpose",
+        "1 failed in",
     ]
     position = 0
     for fragment in expected_in_order:
@@ -117,9 +121,14 @@ def test_a_broken_scenario_shows_the_step_expected_received_and_the_transcripts(
     assert case is not None
     failure = case.find("failure")
     assert failure is not None
-    assert "expected -32051, received -32050" in (failure.get("message") or "")
+    assert (failure.get("message") or "").startswith(f"{path}:9: step 2 of 2")
+    assert "expected -32051, received -32050" in (failure.text or "")
     assert "--- expected" in (failure.text or "")
-    assert "fake-codex pid" in (case.findtext("system-out") or "")
+    assert "fake-codex pid" in (failure.text or "")
+    # --tb=short: the report without the transcript.
+    brief = run_cli("run", str(path), "--tb=short", "-p", "no:cacheprovider").stdout
+    assert "expected -32051, received -32050" in brief
+    assert "transcript (client and bridge):" not in brief
 
 
 def test_the_end_checks_report_unused_script_entries_and_unanswered_requests(
@@ -146,10 +155,10 @@ def test_the_end_checks_report_unused_script_entries_and_unanswered_requests(
         """,
     )
     runs = tmp_path / "runs"
-    done = run_cli("run", str(path), "--tmp-dir", str(runs))
+    done = run_cli("run", str(path), "--basetemp", str(runs))
     out = done.stdout
     assert done.returncode == 1, out
-    (kept,) = runs.iterdir()
+    (kept,) = (runs / "scenarios").iterdir()
     assert f"run directory (kept): {kept}" in out
     assert "end of run checks" in out
     assert "sent the server request item/tool/call (id 0), and it was never answered" in out
@@ -190,12 +199,12 @@ def test_a_malformed_file_stops_everything_before_anything_runs(tmp_path: Path) 
         """,
     )
     junit = tmp_path / "junit.xml"
-    done = run_cli("run", str(tmp_path), "--junit", str(junit))
-    assert done.returncode == 2
-    assert f"{bad}:4:14: steps[0].expect.stauts: Extra inputs are not permitted" in done.stderr
-    assert "nothing was run" in done.stderr
+    done = run_cli("run", str(tmp_path), "--junitxml", str(junit), "-v")
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert f"{bad}:4:14: steps[0].expect.stauts: Extra inputs are not permitted" in done.stdout
+    assert "Interrupted: 1 error during collection" in done.stdout
     assert "PASSED" not in done.stdout
-    assert str(good) not in done.stdout
+    assert f"{good.name}::" not in done.stdout
     error = ET.parse(junit).getroot().find("testsuite/testcase/error")
     assert error is not None
     assert "stauts" in (error.text or "")
@@ -203,14 +212,45 @@ def test_a_malformed_file_stops_everything_before_anything_runs(tmp_path: Path) 
 
 def test_a_missing_path_is_a_usage_error(tmp_path: Path) -> None:
     done = run_cli("run", str(tmp_path / "nope"))
-    assert done.returncode == 2
-    assert "no such file or folder" in done.stderr
+    assert done.returncode == 4
+    assert f"file or directory not found: {tmp_path / 'nope'}" in done.stderr
 
 
 def test_check_validates_without_running() -> None:
     done = run_cli("check", str(LIBRARY))
     assert done.returncode == 0, done.stderr
-    assert done.stdout.count("ok ") == len(list(LIBRARY.glob("*.scenario.yaml")))
+    assert done.stdout.count(".scenario.yaml::") == len(list(LIBRARY.glob("*.scenario.yaml")))
+
+
+def test_tags_are_marks_and_names_are_keywords(tmp_path: Path) -> None:
+    """`-m TAG` and `-k NAME` pick scenarios, even under --strict-markers."""
+    tagged = (("one", "[smoke, sse]"), ("two", "[slow-ones, _x, 'a b']"), ("three", "[]"))
+    for name, tags in tagged:
+        write(tmp_path, f"{name}.scenario.yaml", f"""
+            scenario: 1
+            name: {name}
+            tags: {tags}
+            steps: [{{http: {{path: /health}}}}]
+        """)  # fmt: skip
+    strict = ("--strict-markers", "-p", "no:cacheprovider", "-v")
+    done = run_cli("run", str(tmp_path), "-m", "smoke or slow-ones", *strict)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "2 passed, 1 deselected" in done.stdout, done.stdout
+    done = run_cli("run", str(tmp_path), "-k", "three", *strict)
+    assert "1 passed, 2 deselected" in done.stdout, done.stdout
+    done = run_cli("run", str(tmp_path), "-m", "not sse", *strict)
+    assert "2 passed, 1 deselected" in done.stdout, done.stdout
+
+
+def test_last_failed_reruns_only_what_failed(tmp_path: Path) -> None:
+    write(tmp_path, "good.scenario.yaml", "scenario: 1\nsteps: [{http: {path: /health}}]\n")
+    write(tmp_path, "bad.scenario.yaml", BROKEN)
+    first = run_cli("run", ".", cwd=tmp_path)
+    assert first.returncode == 1
+    assert "1 failed, 1 passed" in first.stdout, first.stdout
+    again = run_cli("run", ".", "--lf", cwd=tmp_path)
+    assert "rerun previous 1 failure" in again.stdout, again.stdout
+    assert "1 failed in" in again.stdout, again.stdout
 
 
 def test_parallel_runs_share_nothing(tmp_path: Path) -> None:
@@ -230,9 +270,12 @@ def test_parallel_runs_share_nothing(tmp_path: Path) -> None:
             ],
         }
     )
-    out = io.StringIO()
-    results = run_all([loaded] * 4, RunOptions(tmp_root=tmp_path), jobs=4, out=out)
-    assert [r.outcome for r in results] == ["passed"] * 4, out.getvalue()
+    with ThreadPoolExecutor(4) as pool:
+        runs = [
+            pool.submit(run_scenario_sync, loaded, RunOptions(tmp_root=tmp_path)) for _ in "abcd"
+        ]
+        results = [run.result() for run in runs]
+    assert [r.outcome for r in results] == ["passed"] * 4, [r.failures for r in results]
     assert len({r.transcript.entries[0][2] for r in results}) == 4  # four bridges, four ports
     assert live_children() == set()
 
@@ -319,7 +362,7 @@ MODEL_SCENARIO = """
 
 @pytest.mark.parametrize("given", ["--codex", "CODEX_BIN"])
 @pytest.mark.parametrize("problem", ["missing", "directory", "not executable"])
-def test_a_codex_path_given_that_does_not_work_is_exit_2_naming_it(
+def test_a_codex_path_given_that_does_not_work_fails_naming_it(
     tmp_path: Path, given: str, problem: str
 ) -> None:
     scenario = write(tmp_path, "model.scenario.yaml", MODEL_SCENARIO)
@@ -335,15 +378,13 @@ def test_a_codex_path_given_that_does_not_work_is_exit_2_naming_it(
     else:
         env["CODEX_BIN"] = str(codex)
     done = run_cli(*args, **env)
-    assert done.returncode == 2, done.stdout + done.stderr
-    (line,) = done.stderr.splitlines()
-    assert str(codex) in line
-    setting = f"--codex {codex}" if given == "--codex" else f"CODEX_BIN={codex}"
+    assert done.returncode == 1, done.stdout + done.stderr
+    # `--codex` is the plugin's `--codex-bin`: the message names the plugin's option.
+    setting = f"--codex-bin {codex}" if given == "--codex" else f"CODEX_BIN={codex}"
     why = {"missing": "no such file", "directory": "a directory"}.get(problem, problem)
-    assert line.startswith(f"rest-bridge scenarios: {setting}: {why}"), line
-    assert line.endswith("nothing was run"), line
+    assert f"{setting}: {why}" in done.stdout, done.stdout
+    assert "1 failed in" in done.stdout
     assert "SKIPPED" not in done.stdout
-    assert "PASSED" not in done.stdout
 
 
 def test_without_any_codex_the_cli_skips_with_the_plugins_words(tmp_path: Path) -> None:
@@ -351,8 +392,9 @@ def test_without_any_codex_the_cli_skips_with_the_plugins_words(tmp_path: Path) 
     env = {"PATH": f"{Path(sys.executable).parent}:/usr/bin:/bin", "CODEX_BIN": "", "CI": ""}
     done = run_cli("run", str(scenario), cwd=tmp_path, **env)
     assert done.returncode == 0, done.stdout + done.stderr
-    assert f"SKIPPED needs-the-real-codex ({scenario})" in done.stdout
-    assert done.stdout.count(harness.NO_CODEX) == 1, done.stdout
+    (line,) = [line for line in done.stdout.splitlines() if line.startswith("SKIPPED [1] ")]
+    assert scenario.name in line, line
+    assert line.endswith(harness.NO_CODEX), line
 
 
 def test_schema_into_a_pipe_whose_reader_is_gone_exits_quietly() -> None:
@@ -392,9 +434,22 @@ def test_a_folder_search_skips_virtual_environments_and_hidden_folders(tmp_path:
     (tmp_path / "env" / "pyvenv.cfg").write_text("home = /usr/bin\n")
     done = run_cli("check", ".", cwd=tmp_path)
     assert done.returncode == 0, done.stderr
-    listed = [line.split()[1] for line in done.stdout.splitlines()]
+    listed = [line.split("::")[0] for line in done.stdout.splitlines() if "::" in line]
     assert listed == ["a.scenario.yaml", "sub/b.scenario.yml"]
     # Named on the command line, a file is taken wherever it is.
     done = run_cli("check", str(skipped[2]), cwd=tmp_path)
     assert done.returncode == 0, done.stderr
-    assert done.stdout.startswith(f"ok {skipped[2]} ")
+    assert ".hidden/z.scenario.yaml::z" in done.stdout, done.stdout
+
+
+def test_the_fronts_options_become_the_plugins_and_the_old_ones_still_work() -> None:
+    args = ["x.scenario.yaml", "--target", "http://h:1", "--codex=/c", "-j", "2", "--junit", "j"]
+    assert pytest_arguments(args) == [
+        *SCENARIOS_ONLY,
+        *("x.scenario.yaml", "--codex-target", "http://h:1", "--codex-bin=/c"),
+        *("-n", "2", "--junitxml", "j", "--dist=loadgroup"),
+    ]
+    # A --dist of the user's own stays theirs; no -n, no --dist.
+    own = ["-n", "2", "--dist", "load"]
+    assert pytest_arguments(own) == [*SCENARIOS_ONLY, *own]
+    assert not any(arg.startswith("--dist") for arg in pytest_arguments(["-k", "x"]))

@@ -133,16 +133,3 @@ def resident_kib(pid: int | None = None) -> int:
             if line.startswith("VmRSS:"):
                 return int(line.split()[1])
     return 0
-
-
-def machine_summary() -> tuple[str, float]:
-    """This machine's CPU model name and total memory in GiB (for reports; Linux only)."""
-    cpu = "?"
-    with open("/proc/cpuinfo") as handle:
-        for line in handle:
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    with open("/proc/meminfo") as handle:
-        memory_gib = int(handle.readline().split()[1]) / 1024 / 1024
-    return cpu, memory_gib

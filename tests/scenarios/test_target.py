@@ -1,0 +1,191 @@
+"""`--codex-target URL`: scenarios against a bridge that is already running.
+
+The target is a real `rest-bridge serve` child process; the scenarios run through
+`rest-bridge scenarios run --target URL` (the plugin's `--codex-target`), as a team
+runs them against its staging deployment. What cannot run there skips, saying why.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+
+import orjson
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+LIBRARY = ROOT / "scenarios" / "library"
+BIN = Path(sys.executable).parent
+# Spaces, quotes, a colon and a hash: the scenarios' YAML could not carry it as text.
+TOKEN = 'staging t0k3n: #1 "q"'
+
+pytestmark = pytest.mark.timeout(600)
+
+
+class Served:
+    """`rest-bridge serve` on a free port; its URL once it says it listens."""
+
+    def __init__(self, *args: str, token: str | None = None) -> None:
+        env = {k: v for k, v in os.environ.items() if not k.startswith("REST_ADAPTER_")}
+        if token is not None:
+            env["REST_ADAPTER_TOKEN"] = token
+        self.process = subprocess.Popen(
+            [str(BIN / "rest-bridge"), "serve", "--port", "0", *args],
+            env=env,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        assert self.process.stdout is not None
+        seen = []
+        for line in self.process.stdout:  # ends when the process does
+            seen.append(line)
+            if " listening on " in line:
+                self.url = line.rsplit(" ", 1)[1].strip()
+                return
+        raise AssertionError("rest-bridge serve did not start:\n" + "".join(seen))
+
+    def get(self, path: str, token: str | None = None) -> object:
+        request = urllib.request.Request(self.url + path)
+        if token:
+            request.add_header("Authorization", f"Bearer {token}")
+        with urllib.request.urlopen(request, timeout=30) as response:
+            return orjson.loads(response.read())
+
+    def stop(self) -> None:
+        self.process.send_signal(signal.SIGTERM)
+        try:
+            self.process.wait(30)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait(10)
+        assert self.process.stdout is not None
+        self.process.stdout.close()
+
+
+@pytest.fixture
+def served() -> Iterator[list[Served]]:
+    started: list[Served] = []
+    yield started
+    for bridge in started:
+        bridge.stop()
+
+
+def fake(*script: str) -> list[str]:
+    command = f"{BIN / 'fake-codex'} app-server"
+    if script:
+        command += f" --script {script[0]}"
+    return ["--app-server", command]
+
+
+def run(*args: str, token: str | None = None) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("REST_ADAPTER_")}
+    if token is not None:
+        env["REST_ADAPTER_TOKEN"] = token
+    return subprocess.run(
+        [str(BIN / "rest-bridge"), "scenarios", "run", "-p", "no:cacheprovider", "-v", *args],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        env=env,
+        timeout=500,
+        check=False,
+    )
+
+
+def outcomes(stdout: str) -> dict[str, str]:
+    """`name: PASSED|FAILED|SKIPPED` from pytest's -v lines."""
+    found = {}
+    for line in stdout.splitlines():
+        if ".scenario.yaml::" in line and line.split()[-2:-1]:
+            node, _, rest = line.partition(" ")
+            if rest.split()[:1] in (["PASSED"], ["FAILED"], ["SKIPPED"]):
+                found[node.split("::")[1]] = rest.split()[0]
+    return found
+
+
+def test_the_library_runs_against_a_running_bridge_and_the_rest_skips_saying_why(
+    served: list[Served],
+) -> None:
+    target = Served(*fake(), token=TOKEN)
+    served.append(target)
+    done = run(str(LIBRARY), "--target", target.url, token=TOKEN)
+    assert done.returncode == 0, done.stdout + done.stderr
+    seen = outcomes(done.stdout)
+    assert len(seen) == len(list(LIBRARY.glob("*.scenario.yaml"))), done.stdout
+    # No appServer script, no limits, the trusted preset: these run there.
+    for name in ("auth-rejection", "auth-variants", "errors-client-mistakes"):
+        assert seen[name] == "PASSED", done.stdout
+    # The rest skip, each with its reason.
+    assert seen["routes-text-turn-preset"] == "SKIPPED"
+    assert seen["turn-stream-and-resume"] == "SKIPPED"
+    reasons = done.stdout
+    assert "the scenario wants the text-turn preset; the target's routes are those of trusted" in (
+        reasons
+    )
+    assert "scripts the app-server (`appServer:`), and the target runs another" in reasons
+    assert "scripts the model (`model:`)" in reasons
+    assert "sets limits (`bridge.limits`)" in reasons
+    assert TOKEN not in done.stdout + done.stderr  # the secret is never printed
+    # They ran there: the sessions they created are the target's.
+    listed = target.get("/v1/sessions", TOKEN)
+    assert isinstance(listed, dict), listed
+    assert listed["sessions"], listed
+
+
+def test_without_the_token_a_scenario_that_turns_auth_on_skips(served: list[Served]) -> None:
+    target = Served(*fake(), token=TOKEN)
+    served.append(target)
+    done = run(str(LIBRARY / "auth-rejection.scenario.yaml"), "--target", target.url)
+    assert done.returncode == 0, done.stdout
+    assert "turns auth on: set REST_ADAPTER_TOKEN to the target's token" in done.stdout
+
+
+def test_a_scenario_whose_script_the_target_runs_runs_there(
+    served: list[Served], tmp_path: Path
+) -> None:
+    scenario = tmp_path / "hello.scenario.yaml"
+    scenario.write_text(
+        textwrap.dedent(
+            """
+            scenario: 1
+            name: hello-from-the-target
+            appServer:
+              version: 1
+              methods: {x/hello: {result: {from: the target's fake}}}
+            steps:
+              - createSession: s
+              - call: {session: "${s}", method: x/hello, params: {}}
+                expect: {json: {result: {from: the target's fake}}}
+            """
+        ).lstrip()
+    )
+    target = Served("--preset", "trusted", *fake(str(scenario)))
+    served.append(target)
+    done = run(str(scenario), "--target", target.url, "--target-script", str(scenario))
+    assert outcomes(done.stdout) == {"hello-from-the-target": "PASSED"}, done.stdout
+    # Without saying what the target runs, it skips.
+    done = run(str(scenario), "--target", target.url)
+    assert outcomes(done.stdout) == {"hello-from-the-target": "SKIPPED"}, done.stdout
+    # And a target running another script fails it: it really ran there.
+    other = Served(*fake())
+    served.append(other)
+    done = run(str(scenario), "--target", other.url, "--target-script", str(scenario))
+    assert done.returncode == 1, done.stdout
+    assert "hello.scenario.yaml:8: step 2 of 2" in done.stdout, done.stdout
+
+
+def test_a_target_that_does_not_answer_fails_naming_it(tmp_path: Path) -> None:
+    scenario = LIBRARY / "errors-client-mistakes.scenario.yaml"
+    done = run(str(scenario), "--target", "http://127.0.0.1:9")
+    assert done.returncode == 1, done.stdout
+    assert "http://127.0.0.1:9: cannot reach the bridge" in done.stdout, done.stdout
+    done = run(str(scenario), "--target", "http://127.0.0.1:9/some/path")
+    assert "a target is an http(s)://host:port URL without a path" in done.stdout, done.stdout
