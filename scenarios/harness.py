@@ -5,6 +5,7 @@ Used by the scenario runner and by the pytest plugin's fixtures alike.
 
 from __future__ import annotations
 
+import contextvars
 import os
 import shutil
 import sys
@@ -29,6 +30,11 @@ PRESETS: dict[str, Callable[[Sequence[str], RestLimits | None], web.Application]
     "text-turn": text_turn_app,
 }
 REPORT_ENV = "FAKE_CODEX_REPORT"
+#: A client middleware every bridge client made in this context passes its exchanges
+#: through (set by `scenarios.cassette` while it records a scenario).
+RECORDER: contextvars.ContextVar[aiohttp.ClientMiddlewareType | None] = contextvars.ContextVar(
+    "codex_bridge_recorder", default=None
+)
 SCRIPT_ENV = "FAKE_CODEX_SCRIPT"
 
 
@@ -215,11 +221,13 @@ class RunningBridge:
         `contract_check` is false.
         """
         checkers = {self.url: self.checker} if contract_check and self.checker else {}
+        recorder = RECORDER.get()
+        middlewares = (contract_middleware(checkers), *((recorder,) if recorder else ()))
         headers = {**self.auth_headers(auth), **kwargs.pop("headers", {})}
         session = aiohttp.ClientSession(
             base_url=self.url,
             headers=headers,
-            middlewares=(contract_middleware(checkers),),
+            middlewares=middlewares,
             timeout=kwargs.pop("timeout", aiohttp.ClientTimeout(total=60)),
             **kwargs,
         )

@@ -1,23 +1,15 @@
-"""respx mocks of the bridge, for host code that calls it with httpx: no process at all.
+"""respx mocks of the bridge for host code that calls it with httpx: no process at all.
 
-Two routers, both `respx.MockRouter`s (use them as context managers, or through the
-pytest plugin's `respx_scenario` and `bridge_respx` fixtures):
-
-- :func:`scenario_router` answers with the responses a scenario's steps describe (see
-  `scenarios.mock_plan` for how they are made and checked). Calls to the same route are
-  answered in scenario order; events are served from each session's log with the
-  bridge's cursor, `?after=` and `Last-Event-ID` semantics, and only once the host has
-  made the request that, in the scenario, came before them.
-- :func:`openapi_router` has one route per operation of an OpenAPI document (by
-  default a preset's, as `bridge.openapi.build_openapi` writes it), answering with a
-  schema-valid example, or what `overrides` says per operationId.
-
-Both check each request as the bridge's front would (`scenarios.mock_bridge`): bearer
-auth (401), request bodies against the bridge's wire models (400), the body limit (413),
-ClientOptions a preset refuses (403). A request no route matches raises
-:class:`UnmatchedRequest` listing the method, the URL and every known route; a scenario
-step the host never made fails `assert_all_called` (on by default for scenario routers,
-run when the router stops).
+:func:`scenario_router` replays a scenario's cassette (`scenarios.cassette`): what the
+real bridge, with fake-codex behind it, answered when the scenario ran. Each request the
+host makes is matched with a recorded one of the same method and path: the same query
+(`waitMs` aside, it is the client's choice), `Authorization` and `Last-Event-ID`, and
+the same JSON body (values that vary from run to run, UUIDs and timestamps, match any
+of their kind). Its recorded response is sent once, byte for byte, SSE bodies included.
+A recorded event is only given once the host has made the request that, in the
+recording, came before it. A request no route matches raises :class:`UnmatchedRequest`
+listing every recorded route with its steps; a step the host never made fails when the
+router stops (`assert_all_called`).
 
     with scenario_router("approval.scenario.yaml") as bridge:
         client = MyBridgeClient(bridge.base_url, token=bridge.token)
@@ -26,6 +18,7 @@ run when the router stops).
 
 from __future__ import annotations
 
+import asyncio
 import contextvars
 import os
 import re
@@ -33,9 +26,9 @@ import threading
 from collections.abc import AsyncIterator, Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit
+from urllib.parse import parse_qsl, unquote, urlsplit
 
-from pydantic.alias_generators import to_snake
+import orjson
 
 try:
     import httpx
@@ -50,55 +43,25 @@ except ModuleNotFoundError as exc:  # the `harness` extra alone does not bring t
         name=exc.name,
     ) from None
 
-from bridge.errors import RestError
-from bridge.limits import RestLimits
-from bridge.routes import parse_sse_position
-from scenarios.expectations import NO_JSON
+from scenarios.cassette import Cassette, CassetteError, Interaction, StaleCassette, cassette_for
 from scenarios.format import LoadedScenario, load_scenario, parse_scenario
-from scenarios.matching import MISSING, diff, match
-from scenarios.mock_bridge import (
-    PRESETS,
-    SSE_HEADERS,
-    BridgeFront,
-    Incoming,
-    Operation,
-    TurnContext,
-    call_result,
-    compatibility_body,
-    error_of_kind,
-    event_params,
-    health_body,
-    session_created,
-    sse_frame,
-    text_turn_body,
-)
-from scenarios.mock_plan import (
-    DEFAULT_BASE_URL,
-    Entry,
-    MockBuildError,
-    PlannedEvent,
-    Reply,
-    ScenarioPlan,
-    SessionPlan,
-    plan,
-)
-from scenarios.synth import Values, conform
 
 __all__ = [
     "DEFAULT_BASE_URL",
     "BridgeMockRouter",
-    "MockBuildError",
-    "OpenApiRouter",
+    "CassetteError",
     "ScenarioMockError",
     "ScenarioRouter",
+    "StaleCassette",
     "UnmatchedRequest",
-    "openapi_router",
     "scenario_router",
 ]
 
+DEFAULT_BASE_URL = "http://bridge.test"
+
 
 class ScenarioMockError(AssertionError):
-    """The host made a request the mock has no answer for (beyond what it planned)."""
+    """The host made a request the recording has no answer for."""
 
 
 class UnmatchedRequest(AllMockedAssertionError, ScenarioMockError):
@@ -107,6 +70,9 @@ class UnmatchedRequest(AllMockedAssertionError, ScenarioMockError):
 
 #: Set while respx resolves a request for an async client: waits may then await.
 _ASYNC: contextvars.ContextVar[bool] = contextvars.ContextVar("bridge_mock_async", default=False)
+_UUID = re.compile(r"[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}")
+_TIME = re.compile(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(\.\d+)?(Z|[+-]\d\d:?\d\d)?")
+_MATCHED_HEADERS = ("Authorization", "Last-Event-ID")
 
 
 class _Target(Pattern):
@@ -115,26 +81,15 @@ class _Target(Pattern):
     key = "codex_bridge_target"
     lookups = (Lookup.EQUAL,)
 
-    def __init__(self, method: str, origin: tuple[str, str, int], path: Any) -> None:
-        super().__init__((method, origin, path))
-
     def parse(self, request: httpx.Request) -> Any:
-        url = request.url
-        return request.method, _origin(url), url.path
+        return request.method, _origin(request.url), request.url.path
 
     def _eq(self, value: Any) -> Match:
-        method, origin, path = self.value
-        got_method, got_origin, got_path = value
-        if (method, origin) != (got_method, got_origin):
-            return Match(False)
-        if isinstance(path, str):
-            return Match(path == got_path)
-        return Match(bool(path.match(got_path)))
+        return Match(bool(self.value == value))
 
 
 def _origin(url: httpx.URL) -> tuple[str, str, int]:
-    port = url.port or (443 if url.scheme == "https" else 80)
-    return url.scheme, url.host, port
+    return url.scheme, url.host, url.port or (443 if url.scheme == "https" else 80)
 
 
 class BridgeMockRouter(respx.MockRouter):
@@ -152,33 +107,13 @@ class BridgeMockRouter(respx.MockRouter):
         #: Requests no route matched, in order.
         self.unmatched: list[httpx.Request] = []
 
-    # -- routes
-
-    def _add(self, method: str, path: Any, name: str, side_effect: Callable[..., Any]) -> None:
-        if isinstance(path, str):
-            path = self._base_path + path
-        route = respx.Route(_Target(method, self._origin, path))
+    def _add(self, method: str, path: str, name: str, side_effect: Callable[..., Any]) -> None:
+        route = respx.Route(_Target((method, self._origin, self._base_path + path)))
         route.side_effect = side_effect
         self.add(route, name=name)
 
     def known_routes(self) -> list[str]:
-        """One line per route, for messages."""
         return [str(route.name) for route in self.routes]
-
-    def incoming(self, request: httpx.Request) -> Incoming:
-        """`request` as the bridge's front sees it: the path relative to the bridge."""
-        path = request.url.path
-        if self._base_path and path.startswith(self._base_path):
-            path = path[len(self._base_path) :] or "/"
-        return Incoming(
-            request.method,
-            path,
-            dict(request.headers),
-            dict(request.url.params),
-            request.read(),
-        )
-
-    # -- unmatched requests fail loudly
 
     def resolve(self, request: httpx.Request) -> Any:
         try:
@@ -212,275 +147,229 @@ class BridgeMockRouter(respx.MockRouter):
     def describe(self) -> str:
         return f"bridge mock at {self.base_url}"
 
-    def assert_all_called(self) -> None:
-        """Fail, naming them, when some routes were never called."""
-        missing = [str(route.name) for route in self.routes if not route.called]
-        if missing:
-            lines = [f"{self.describe()}: {len(missing)} route(s) never called:"]
-            raise AssertionError("\n".join(lines + [f"  {name}" for name in missing]))
 
+class _Gate:
+    """Opens once the host has made an interaction; sync and async waits."""
 
-def _response(reply: Reply) -> httpx.Response:
-    return httpx.Response(reply.status, headers=reply.headers, content=reply.body)
+    def __init__(self) -> None:
+        self.event = threading.Event()
 
+    def wait(self, timeout: float) -> bool:
+        return self.event.wait(timeout)
 
-def _error_response(error: RestError) -> httpx.Response:
-    return _response(Reply.of_error(error))
-
-
-# -- from a scenario ------------------------------------------------------------------------
+    async def wait_async(self, timeout: float) -> bool:
+        if self.event.is_set():
+            return True
+        return await asyncio.to_thread(self.event.wait, timeout)
 
 
 class ScenarioRouter(BridgeMockRouter):
-    """The bridge as a scenario describes it (built by :func:`scenario_router`).
+    """The bridge replaying a scenario's cassette (built by :func:`scenario_router`).
 
-    `variables` holds what the scenario's `${...}` stand for here (session ids, captures);
-    `token` is the scenario's bearer token (None without auth).
+    `token` is the scenario's bearer token (None without auth); `cassette` what is replayed.
     """
 
     def __init__(
         self,
-        planned: ScenarioPlan,
+        loaded: LoadedScenario,
+        cassette: Cassette,
         *,
+        base_url: str = DEFAULT_BASE_URL,
         assert_all_called: bool = True,
-        strict_bodies: bool = False,
+        check_bodies: bool = True,
         max_idle_polls: int = 20,
         release_timeout: float = 5.0,
     ) -> None:
-        super().__init__(planned.base_url, assert_all_called=assert_all_called)
-        self.plan = planned
-        self.front = planned.front
-        self.token = planned.token
-        self.variables = planned.variables
-        self.strict_bodies = strict_bodies
+        super().__init__(base_url, assert_all_called=assert_all_called)
+        self.loaded = loaded
+        self.cassette = cassette
+        self.token = loaded.scenario.bridge.token
+        self.check_bodies = check_bodies
         self.max_idle_polls = max_idle_polls
         self.release_timeout = release_timeout
+        items = cassette.interactions
+        self._gates = [_Gate() for _ in items]
+        self._used = [False] * len(items)
+        self._read = [0] * len(items)  # SSE bytes the host read
+        self._idle: dict[str, int] = {}
+        routes: dict[tuple[str, str], list[int]] = {}
+        for index, item in enumerate(items):
+            routes.setdefault(item.route, []).append(index)
         self._lines: list[str] = []
-        events_paths: dict[tuple[str, str], tuple[SessionPlan, bool]] = {}
-        for session_id, session in planned.event_sessions.items():
-            events_paths[("GET", f"/v1/sessions/{session_id}/events")] = (session, False)
-            events_paths[("GET", f"/v1/sessions/{session_id}/events/stream")] = (session, True)
-        for key in events_paths:
-            planned.routes.setdefault(key, [])
-
-        for (method, path), entries in planned.routes.items():
+        for (method, path), indexes in routes.items():
             label = f"{method} {self.base_url}{path}"
-            if (method, path) in events_paths:
-                session, stream = events_paths[(method, path)]
-                handler = self._stream if stream else self._poll
-                kind = "Server-Sent Events" if stream else "long-poll"
-                self._lines.append(f"{label}  — {kind}: session {session.id}'s event log")
-                self._add(method, path, label, _bind(handler, session, entries))
-                continue
-            steps = "; ".join(f"step {e.index + 1} ({e.title})" for e in entries)
-            self._lines.append(f"{label}  — {steps}")
-            self._add(method, path, label, _bind(self._static, entries))
+            steps = sorted({items[i].step for i in indexes if items[i].step is not None})
+            self._lines.append(f"{label}  — {'; '.join(self._step(i) for i in steps)}")
+            self._add(method, path, label, _bind(self._answer, indexes))
 
     def known_routes(self) -> list[str]:
         return list(self._lines)
 
     def describe(self) -> str:
-        return f"mock of scenario {self.plan.name} at {self.base_url}"
+        return f"mock of scenario {self.cassette.scenario} at {self.base_url}"
+
+    def _step(self, index: int | None) -> str:
+        if index is None:
+            return "no step"
+        step = self.loaded.scenario.steps[index]
+        return f"step {index + 1} ({step.title()}, {self.loaded.where(('steps', index))})"
+
+    def _what(self, index: int) -> str:
+        item = self.cassette.interactions[index]
+        return f"{self._step(item.step)}: {item.method} {item.path}"
 
     # -- answers
 
-    def _admit(
-        self, request: httpx.Request, entries: list[Entry]
-    ) -> tuple[Incoming, httpx.Response | None]:
-        """`request` as the front sees it, and the front's rejection (None: it lets it in),
-        which serves the first step that planned it."""
-        incoming = self.incoming(request)
-        error = self.front.check(incoming).error
-        if error is None:
-            return incoming, None
+    def _answer(self, request: httpx.Request, indexes: list[int]) -> Any:
+        items = self.cassette.interactions
+        poll = items[indexes[0]].events and not items[indexes[0]].route[1].endswith("/stream")
         with self._lock:
-            for entry in entries:
-                planned = entry.reply
-                if entry.layer and entry.served == 0 and planned and planned.status == error.status:
-                    entry.mark_served()
-                    break
-        return incoming, _error_response(error)
-
-    def _static(self, request: httpx.Request, entries: list[Entry]) -> httpx.Response:
-        incoming, rejected = self._admit(request, entries)
-        if rejected is not None:
-            return rejected
-        with self._lock:
-            entry = _unserved(entries)
-            if entry is None:
-                answered = [e.describe() for e in entries if not e.layer]
+            unused = [i for i in indexes if not self._used[i]]
+            differences = [(i, self._differences(items[i], request)) for i in unused]
+            chosen = next((i for i, why in differences if not why), None)
+            if chosen is None and not poll:
+                if not differences:
+                    raise ScenarioMockError(
+                        f"{request.method} {request.url}: the scenario {self.cassette.scenario} "
+                        f"answers this route {len(indexes)} time(s) "
+                        f"({'; '.join(self._step(items[i].step) for i in indexes)}), "
+                        "and the host asks again"
+                    )
+                nearest, why = differences[0]
                 raise ScenarioMockError(
-                    f"{request.method} {request.url}: the scenario {self.plan.name} answers "
-                    f"this route {len(answered)} time(s) ({'; '.join(answered) or 'never'}), "
-                    "and the host asks again"
+                    f"{request.method} {request.url} is not what the scenario "
+                    f"{self.cassette.scenario} sends on this route; the next recorded request, "
+                    f"{self._what(nearest)}, differs: " + "; ".join(why)
                 )
-            if self.strict_bodies:
-                self._check_body(entry, incoming)
-            entry.mark_served()
-            reply = entry.reply
-        assert reply is not None  # planned for every entry
-        return _response(reply)
+            if chosen is not None and self._released(items[chosen].after):
+                return self._serve(chosen)
+        if chosen is not None and _ASYNC.get():
+            return self._poll_later(request, chosen)
+        return self._nothing(request, chosen)
 
-    def _check_body(self, entry: Entry, incoming: Incoming) -> None:
-        if entry.request_json is NO_JSON:
-            return
-        sent = incoming.json()
-        if match(entry.request_json, sent, subset=False):
-            raise ScenarioMockError(
-                f"{incoming.method} {incoming.path}: the body differs from "
-                f"{entry.describe()}'s (strict_bodies):\n"
-                + diff(entry.request_json, sent, subset=False)
-            )
+    def _serve(self, index: int) -> httpx.Response:
+        item = self.cassette.interactions[index]
+        self._used[index] = True
+        self._gates[index].event.set()
+        self._idle.pop(item.route[1], None)
+        headers = [(name, value) for name, values in item.response_headers.items() for value in values]
+        body = _raw(item.response_body)
+        if not item.marks:
+            return httpx.Response(item.status, headers=headers, content=body)
+        return httpx.Response(item.status, headers=headers, stream=_Replay(self, index, body))
 
-    # -- events
-
-    def _poll(
-        self, request: httpx.Request, session: SessionPlan, entries: list[Entry]
-    ) -> httpx.Response | Any:
-        incoming, rejected = self._admit(request, entries)
-        if rejected is not None:
-            return rejected
-        after_raw = incoming.query.get("after")
-        after = int(after_raw) if after_raw is not None else None
-        limits = self.front.limits
-        wait_raw = incoming.query.get("waitMs")
-        wait_ms = min(
-            int(wait_raw) if wait_raw is not None else limits.max_wait_ms, limits.max_wait_ms
-        )
-        answer, waiting = self._next_event(session, after)
-        if answer is not None:
-            return answer
-        if waiting is not None and _ASYNC.get():
-            timeout = min(wait_ms / 1000, self.release_timeout)
-            return self._poll_later(session, after, waiting, timeout)
-        return self._idle(session, after, waiting)
-
-    async def _poll_later(
-        self, session: SessionPlan, after: int | None, waiting: PlannedEvent, timeout: float
-    ) -> httpx.Response:
-        if waiting.trigger is not None:
-            await waiting.trigger.release.wait_async(timeout)
-        answer, still = self._next_event(session, after)
-        return answer if answer is not None else self._idle(session, after, still)
-
-    def _next_event(
-        self, session: SessionPlan, after: int | None
-    ) -> tuple[httpx.Response | None, PlannedEvent | None]:
-        """The answer if there is one now, else the event the poll would wait for."""
+    async def _poll_later(self, request: httpx.Request, index: int) -> httpx.Response:
+        wait_ms = int(dict(request.url.params).get("waitMs") or 30_000)
+        after = self.cassette.interactions[index].after
+        if after is not None:
+            await self._gates[after].wait_async(min(wait_ms / 1000, self.release_timeout))
         with self._lock:
-            position = after if after is not None else session.rt_cursor
-            planned = session.after(position)
-            if planned is not None:
-                if not planned.released():
-                    return None, planned
-                if after is None:
-                    session.rt_cursor = planned.seq
-                session.delivered = max(session.delivered, planned.seq)
-                session.idle_polls = 0
-                return _response(Reply.of_json(200, planned.event)), None
-            exit_seq = session.exit_seq
-            if exit_seq is not None and position >= exit_seq:
-                return _error_response(error_of_kind("session_exited", session_id=session.id)), None
-            if session.end_error is not None:
-                return _response(session.end_error), None
-            return None, None
+            if not self._used[index] and self._released(after):
+                return self._serve(index)
+        return self._nothing(request, index)
 
-    def _idle(
-        self, session: SessionPlan, after: int | None, waiting: PlannedEvent | None
-    ) -> httpx.Response:
+    def _nothing(self, request: httpx.Request, waiting: int | None) -> httpx.Response:
+        """A long-poll with no event for it yet: 204, until the host has looped too long."""
+        path = request.url.path
         with self._lock:
-            session.idle_polls += 1
-            if session.idle_polls <= self.max_idle_polls:
+            self._idle[path] = self._idle.get(path, 0) + 1
+            if self._idle[path] <= self.max_idle_polls:
                 return httpx.Response(204)
-            session.idle_polls = 0
-        position = after if after is not None else session.rt_cursor
-        if waiting is not None and waiting.trigger is not None:
-            what = waiting.event.get("method") or waiting.event["kind"]
+            self._idle.pop(path)
+        if waiting is not None:
+            after = self.cassette.interactions[waiting].after
             why = (
-                f"its next event (#{waiting.seq} {what}) "
-                f"comes only after {waiting.trigger.describe()}: {waiting.trigger.method} "
-                f"{waiting.trigger.path}, which the host has not made"
+                f"its next recorded answer ({self._what(waiting)}) comes only after "
+                f"{self._what(after) if after is not None else 'nothing'}, which the host has "
+                "not made"
             )
         else:
-            why = f"the scenario has no event after #{position} in it"
+            why = f"the recording has no more answers on it for {request.url.query.decode()!r}"
         raise ScenarioMockError(
-            f"the host long-polled session {session.id} {self.max_idle_polls + 1} times in a "
-            f"row without an event: {why} (scenario {self.plan.name})"
+            f"the host long-polled {path} {self.max_idle_polls + 1} times in a row without an "
+            f"event: {why} (scenario {self.cassette.scenario})"
         )
 
-    def _stream(
-        self, request: httpx.Request, session: SessionPlan, entries: list[Entry]
-    ) -> httpx.Response:
-        incoming, rejected = self._admit(request, entries)
-        if rejected is not None:
-            return rejected
-        with self._lock:
-            entry = _unserved(entries)
-            if entry is not None:
-                entry.mark_served()
-                if entry.stream is not None and entry.stream.error and entry.reply is not None:
-                    return _response(entry.reply)
-            position = parse_sse_position(
-                incoming.query.get("after"), incoming.header("Last-Event-ID")
-            )
-            start = session.rt_cursor if position is None else position
-            stop = entry.stream.stop if entry is not None and entry.stream else session.last_seq
-            frames = [planned for planned in session.events if start < planned.seq <= stop]
-            # A stream from the cursor moves it for good only if it ends with the exit
-            # event: one its client cuts short gives the cursor back (the bridge's rule).
-            advance = position is None and bool(frames) and frames[-1].event["kind"] == "exit"
-        return httpx.Response(
-            200, headers=SSE_HEADERS, stream=_SseStream(self, session, frames, advance)
-        )
+    def _released(self, after: int | None) -> bool:
+        return after is None or self._used[after]
 
-    def _delivered(self, session: SessionPlan, planned: PlannedEvent, advance: bool) -> None:
-        with self._lock:
-            session.delivered = max(session.delivered, planned.seq)
-            if advance:
-                session.rt_cursor = max(session.rt_cursor, planned.seq)
-
-    def _unreleased(self, session: SessionPlan, planned: PlannedEvent) -> ScenarioMockError:
-        trigger = planned.trigger
-        assert trigger is not None
-        return ScenarioMockError(
-            f"the event stream of session {session.id} waits for event #{planned.seq} "
-            f"({planned.event.get('method') or planned.event['kind']}), which comes only after "
-            f"{trigger.describe()}: {trigger.method} {trigger.path}; the host did not make it "
-            f"within {self.release_timeout} s (scenario {self.plan.name})"
-        )
+    def _differences(self, item: Interaction, request: httpx.Request) -> list[str]:
+        why = []
+        recorded = _query(urlsplit(item.path).query)
+        sent = _query(request.url.query.decode())
+        if recorded != sent:
+            why.append(f"query {sent} instead of {recorded}")
+        for name in _MATCHED_HEADERS:
+            if item.header(name) != request.headers.get(name):
+                shown = "(none)" if request.headers.get(name) is None else "another value"
+                why.append(f"{name}: {shown} instead of {_shown(name, item.header(name))}")
+        if self.check_bodies:
+            difference = _body_difference(item.body, request.read())
+            if difference:
+                why.append(f"the body {difference}")
+        return why
 
     # -- the end check
 
     def unserved(self) -> list[str]:
-        """The steps the host never made (requests never sent, events never read)."""
-        found: dict[int, str] = {}
-        for (method, path), entries in self.plan.routes.items():
-            for entry in entries:
-                if entry.served == 0 and entry.index not in found:
-                    found[entry.index] = f"{entry.describe()}: {method} {path} never requested"
-        for read in self.plan.reads:
-            if read.session.delivered < read.last_seq and read.index not in found:
-                found[read.index] = (
-                    f"step {read.index + 1} ({read.title}, {read.where}): events up to "
-                    f"#{read.last_seq} of session {read.session.id} never read (read: "
-                    f"{read.session.delivered})"
-                )
-        return [found[index] for index in sorted(found)]
+        """The steps the host never made (requests never sent, streams not read to the end)."""
+        missing = []
+        for index, item in enumerate(self.cassette.interactions):
+            if not self._used[index]:
+                missing.append(f"{self._what(index)} never requested")
+            elif item.marks and self._read[index] < len(_raw(item.response_body)):
+                body = _raw(item.response_body)
+                left = body[self._read[index] :].count(b"\n\n")
+                missing.append(f"{self._what(index)}: {left} recorded SSE frame(s) never read")
+        return missing
 
     def assert_all_called(self) -> None:
         missing = self.unserved()
         if missing:
             lines = [
-                f"scenario {self.plan.name}: {len(missing)} step(s) the host never made "
-                "(assert_all_called):"
+                f"scenario {self.cassette.scenario}: {len(missing)} recorded exchange(s) the "
+                "host never made (assert_all_called):"
             ]
-            lines += [f"  {line}" for line in missing]
-            raise AssertionError("\n".join(lines))
+            raise AssertionError("\n".join(lines + [f"  {line}" for line in missing]))
 
 
-def _unserved(entries: list[Entry]) -> Entry | None:
-    """The first of `entries` the host has not made yet (the front's rejections aside)."""
-    return next((entry for entry in entries if not entry.layer and entry.served == 0), None)
+class _Replay(httpx.SyncByteStream, httpx.AsyncByteStream):
+    """A recorded SSE body, each part sent once the request it came after was made."""
+
+    def __init__(self, router: ScenarioRouter, index: int, body: bytes) -> None:
+        self.router, self.index, self.body = router, index, body
+        marks = router.cassette.interactions[index].marks
+        ends = [int(offset or 0) for offset, _ in marks[1:]] + [len(body)]
+        self.parts = [
+            (int(offset or 0), end, after) for (offset, after), end in zip(marks, ends, strict=True)
+        ]
+
+    def _unreleased(self, after: int) -> ScenarioMockError:
+        router = self.router
+        return ScenarioMockError(
+            f"the event stream of {router._what(self.index)} goes on only after "
+            f"{router._what(after)}; the host did not make it within {router.release_timeout} s "
+            f"(scenario {router.cassette.scenario})"
+        )
+
+    def _sent(self, end: int) -> None:
+        with self.router._lock:
+            self.router._read[self.index] = max(self.router._read[self.index], end)
+
+    def __iter__(self) -> Iterator[bytes]:
+        for start, end, after in self.parts:
+            if after is not None and not self.router._gates[after].wait(self.router.release_timeout):
+                raise self._unreleased(after)
+            self._sent(end)
+            yield self.body[start:end]
+
+    async def __aiter__(self) -> AsyncIterator[bytes]:
+        for start, end, after in self.parts:
+            gate = self.router._gates[after] if after is not None else None
+            if gate is not None and not await gate.wait_async(self.router.release_timeout):
+                raise self._unreleased(after)  # type: ignore[arg-type]
+            self._sent(end)
+            yield self.body[start:end]
 
 
 def _bind(handler: Callable[..., Any], *args: Any) -> Callable[[httpx.Request], Any]:
@@ -490,55 +379,81 @@ def _bind(handler: Callable[..., Any], *args: Any) -> Callable[[httpx.Request], 
     return side_effect
 
 
-class _SseStream(httpx.SyncByteStream, httpx.AsyncByteStream):
-    """The frames of one stream, each sent once its event is released."""
+def _raw(body: str | bytes | None) -> bytes:
+    return body.encode() if isinstance(body, str) else (body or b"")
 
-    def __init__(
-        self,
-        router: ScenarioRouter,
-        session: SessionPlan,
-        frames: list[PlannedEvent],
-        advance: bool,
-    ) -> None:
-        self.router = router
-        self.session = session
-        self.frames = frames
-        self.advance = advance
 
-    def __iter__(self) -> Iterator[bytes]:
-        for planned in self.frames:
-            trigger = planned.trigger
-            if trigger is not None and not trigger.release.wait(self.router.release_timeout):
-                raise self.router._unreleased(self.session, planned)
-            self.router._delivered(self.session, planned, self.advance)
-            yield planned.frame()
+def _query(text: str) -> dict[str, str]:
+    return {key: value for key, value in parse_qsl(text, keep_blank_values=True) if key != "waitMs"}
 
-    async def __aiter__(self) -> AsyncIterator[bytes]:
-        for planned in self.frames:
-            trigger = planned.trigger
-            if trigger is not None and not await trigger.release.wait_async(
-                self.router.release_timeout
-            ):
-                raise self.router._unreleased(self.session, planned)
-            self.router._delivered(self.session, planned, self.advance)
-            yield planned.frame()
+
+def _shown(name: str, value: str | None) -> str:
+    if value is None:
+        return "none"
+    return "the scenario's bearer token" if name == "Authorization" else repr(value)
+
+
+def _body_difference(recorded: str | bytes | None, sent: bytes) -> str | None:
+    """How `sent` differs from the recorded body (None: alike), as a short sentence."""
+    raw = _raw(recorded)
+    if raw == sent:
+        return None
+    try:
+        expected, received = orjson.loads(raw or b"null"), orjson.loads(sent or b"null")
+    except orjson.JSONDecodeError:
+        return f"is {sent[:200]!r} instead of {raw[:200]!r}"
+    return _json_difference(expected, received, "$")
+
+
+def _json_difference(expected: Any, received: Any, path: str) -> str | None:
+    if isinstance(expected, dict) and isinstance(received, dict):
+        if expected.keys() != received.keys():
+            extra, lacking = sorted(received.keys() - expected), sorted(expected.keys() - received)
+            return f"at {path}: keys {extra} not recorded, recorded keys {lacking} missing"
+        for key in expected:
+            found = _json_difference(expected[key], received[key], f"{path}.{key}")
+            if found:
+                return found
+        return None
+    if isinstance(expected, list) and isinstance(received, list):
+        if len(expected) != len(received):
+            return f"at {path}: {len(received)} items instead of {len(expected)}"
+        for index, (a, b) in enumerate(zip(expected, received, strict=True)):
+            found = _json_difference(a, b, f"{path}[{index}]")
+            if found:
+                return found
+        return None
+    if _alike(expected, received):
+        return None
+    shown = orjson.dumps(received)[:200].decode()
+    return f"at {path}: {shown} instead of {orjson.dumps(expected)[:200].decode()}"
+
+
+def _alike(expected: Any, received: Any) -> bool:
+    """Equal, or both values of a kind that varies from run to run."""
+    if type(expected) is type(received) and expected == received:
+        return True
+    if isinstance(expected, str) and isinstance(received, str):
+        return any(kind.fullmatch(expected) and kind.fullmatch(received) for kind in (_UUID, _TIME))
+    return False
 
 
 def scenario_router(
     scenario: str | os.PathLike[str] | Mapping[str, Any] | LoadedScenario,
     *,
     base_url: str = DEFAULT_BASE_URL,
-    seed: int = 0,
+    record: str | None = None,
     assert_all_called: bool = True,
-    strict_bodies: bool = False,
+    check_bodies: bool = True,
     max_idle_polls: int = 20,
     release_timeout: float = 5.0,
 ) -> ScenarioRouter:
-    """A respx router answering as `scenario` (a file, a mapping or a loaded scenario) says.
+    """A respx router replaying `scenario`'s cassette (a file, a mapping or a loaded one).
 
-    Raises `MockBuildError` (a `ScenarioError`) naming the step and line when a step
-    cannot be answered as it expects. `seed` varies the made-up ids (the same seed, the
-    same ids). `strict_bodies`: a request whose JSON body differs from the step's fails.
+    The cassette is `cassettes/NAME.yaml` beside the scenario; `record` says what to do
+    when it is missing or stale (`scenarios.cassette.cassette_for`: by default a missing
+    one is recorded, except when `CI=true`, and a stale one raises `StaleCassette`).
+    `check_bodies`: a request whose body differs from the recorded one fails.
     `max_idle_polls`: empty long-polls in a row before the mock fails the host's loop.
     `release_timeout`: how long a stream or async long-poll waits for the request an
     event comes after.
@@ -550,183 +465,11 @@ def scenario_router(
     else:
         loaded = load_scenario(Path(scenario))
     return ScenarioRouter(
-        plan(loaded, base_url=base_url, seed=seed),
+        loaded,
+        cassette_for(loaded, record=record),
+        base_url=base_url,
         assert_all_called=assert_all_called,
-        strict_bodies=strict_bodies,
+        check_bodies=check_bodies,
         max_idle_polls=max_idle_polls,
         release_timeout=release_timeout,
     )
-
-
-# -- from an OpenAPI document ------------------------------------------------------------------
-
-Override = httpx.Response | Callable[..., Any] | Any
-
-
-class OpenApiRouter(BridgeMockRouter):
-    """One route per operation of an OpenAPI document (built by :func:`openapi_router`)."""
-
-    def __init__(
-        self,
-        front: BridgeFront,
-        *,
-        base_url: str = DEFAULT_BASE_URL,
-        token: str | None = None,
-        overrides: Mapping[str, Override] | None = None,
-        assert_all_called: bool = False,
-        seed: int = 0,
-    ) -> None:
-        super().__init__(base_url, assert_all_called=assert_all_called)
-        self.front = front
-        self.document = front.document
-        self.token = token
-        self.values = Values(seed)
-        self.overrides = dict(overrides or {})
-        known = {operation.operation_id for operation in front.operations}
-        unknown = sorted(set(self.overrides) - known)
-        if unknown:
-            raise ValueError(
-                f"overrides for unknown operations {unknown}; the document has {sorted(known)}"
-            )
-        for operation in front.operations:
-            label = f"{operation.method} {self.base_url}{operation.path} ({operation.operation_id})"
-            self._add(
-                operation.method,
-                _regex_for(self._base_path, operation),
-                label,
-                _bind(self._answer, operation),
-            )
-
-    def describe(self) -> str:
-        return f"mock of the bridge's OpenAPI document at {self.base_url}"
-
-    def _answer(self, request: httpx.Request, operation: Operation) -> Any:
-        incoming = self.incoming(request)
-        verdict = self.front.check(incoming)
-        if verdict.error is not None:
-            return _error_response(verdict.error)
-        override = self.overrides.get(operation.operation_id)
-        if override is not None:
-            result = override(request, **verdict.params) if callable(override) else override
-            if isinstance(result, httpx.Response):
-                return result
-            return _response(Reply.of_json(operation.success_status, result))
-        with self._lock:
-            return self.example(operation, verdict.params, incoming)
-
-    def example(
-        self, operation: Operation, params: Mapping[str, str], incoming: Incoming
-    ) -> httpx.Response:
-        """The example response of `operation` (schema-valid, plausibly the bridge's)."""
-        name = operation.operation_id
-        status = operation.success_status
-        request = incoming.json()
-        request = request if isinstance(request, dict) else {}
-        ctx = TurnContext(self.values)
-        body: Any
-        if operation.event_stream:
-            return httpx.Response(200, headers=SSE_HEADERS, content=self._example_frames(ctx))
-        if name in ("health", "v1_health"):
-            body = health_body()
-        elif name == "compatibility":
-            body = compatibility_body()
-        elif name == "openapi":
-            body = self.document
-        elif name == "create_session":
-            body = session_created(self.values, request.get("options"))
-        elif name == "list_sessions":
-            body = {"sessions": [self._summary()]}
-        elif name == "delete_session":
-            body = {"status": "deleted", "sessionId": params.get("sessionId")}
-        elif name in ("reply_result", "reply_error"):
-            body = {"status": "sent", "requestKey": params.get("requestKey")}
-        elif name in ("call", "session_call"):
-            body = {"result": call_result(params.get("method", ""), request.get("params"), ctx)}
-        elif name == "text_turn":
-            body = self._text_turn(request, ctx)
-        elif name == "events":
-            after = incoming.query.get("after")
-            body = self._event(ctx, int(after) + 1 if after is not None else 1)
-        else:
-            schema = operation.response_schema
-            body = conform({}, MISSING, schema, self.front.schemas, self.values, subset=True)
-        return _response(Reply.of_json(status, body))
-
-    def _summary(self) -> dict[str, Any]:
-        """A running session's, with no events yet."""
-        created = self.values.timestamp()
-        session_id = self.values.uuid4()
-        return SessionPlan(session_id, TurnContext(self.values), created_at=created).summary()
-
-    def _event(self, ctx: TurnContext, seq: int, kind: str = "notification") -> dict[str, Any]:
-        method = None if kind == "exit" else "thread/status/changed"
-        return {
-            "seq": seq,
-            "kind": kind,
-            "method": method,
-            "params": event_params(method, kind, ctx, None),
-            "requestKey": None,
-            "receivedAt": self.values.timestamp(),
-        }
-
-    def _example_frames(self, ctx: TurnContext) -> bytes:
-        kinds = ((1, "notification"), (2, "exit"))
-        return b"".join(sse_frame(self._event(ctx, seq, kind)) for seq, kind in kinds)
-
-    def _text_turn(self, request: dict[str, Any], ctx: TurnContext) -> dict[str, Any]:
-        from fakes.app_server.server import default_reply_text
-
-        text = default_reply_text([{"type": "text", "text": request.get("text", "")}])
-        body = text_turn_body(text, ctx)
-        if request.get("includeEvents"):
-            body["events"] = [self._event(ctx, 1)]
-        return body
-
-
-def _regex_for(base_path: str, operation: Operation) -> re.Pattern[str]:
-    return re.compile(re.escape(base_path) + operation.pattern.pattern.removeprefix("^"))
-
-
-def openapi_router(
-    source: str | Mapping[str, Any] = "trusted",
-    *,
-    token: str | None = None,
-    exempt_health: bool = True,
-    limits: RestLimits | Mapping[str, Any] | None = None,
-    base_url: str = DEFAULT_BASE_URL,
-    overrides: Mapping[str, Override] | None = None,
-    assert_all_called: bool = False,
-    seed: int = 0,
-) -> OpenApiRouter:
-    """A respx router with one route per operation of an OpenAPI document.
-
-    `source` is a preset name (`trusted`, `default`, `text-turn`: the document that
-    preset serves, with bearer auth when `token` is given) or an OpenAPI document (as
-    `bridge.openapi.build_openapi` returns it; give `token` when it requires one).
-    `overrides` maps operationIds to a response: an `httpx.Response`, a JSON value
-    (sent with the documented success status) or a callable
-    `(request, **path_params) -> either`.
-    """
-    rest_limits = _limits(limits)
-    if isinstance(source, str):
-        if source not in PRESETS:
-            raise ValueError(f"unknown preset {source!r}; use one of {sorted(PRESETS)}")
-        front = BridgeFront.for_preset(
-            source, token=token, exempt_health=exempt_health, limits=rest_limits
-        )
-    else:
-        front = BridgeFront(source, token=token, limits=rest_limits)
-    return OpenApiRouter(
-        front,
-        base_url=base_url,
-        token=token,
-        overrides=overrides,
-        assert_all_called=assert_all_called,
-        seed=seed,
-    )
-
-
-def _limits(limits: RestLimits | Mapping[str, Any] | None) -> RestLimits | None:
-    if limits is None or isinstance(limits, RestLimits):
-        return limits
-    return RestLimits(**{to_snake(key): value for key, value in dict(limits).items()})
