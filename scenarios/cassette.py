@@ -20,10 +20,13 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import hashlib
 import os
 import re
+import shutil
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import Callable, Coroutine, Iterator, Sequence
@@ -37,7 +40,7 @@ import orjson
 import yaml
 
 from scenarios import format as f
-from scenarios.expectations import step_request, substitute
+from scenarios.expectations import NO_JSON, step_request, substitute
 from scenarios.format import LoadedScenario, ScenarioError, load_scenario
 from scenarios.harness import RECORDER
 from scenarios.reporting import format_result
@@ -153,12 +156,19 @@ class Cassette:
     scenario: str
     hash: str
     interactions: list[Interaction]
+    #: The recording run's `${tmp}` (it varies from run to run).
+    tmp: str | None = None
     path: Path | None = None
 
     def dump(self) -> str:
         document = {
             "version": 1,
-            "codex": {"format": FORMAT, "scenario": self.scenario, "hash": self.hash},
+            "codex": {
+                "format": FORMAT,
+                "scenario": self.scenario,
+                "hash": self.hash,
+                "tmp": self.tmp,
+            },
             "interactions": [item.to_vcr() for item in self.interactions],
         }
         return yaml.dump(
@@ -178,7 +188,7 @@ class Cassette:
             data = yaml.load(path.read_text(encoding="utf-8"), Loader=_Loader)  # noqa: S506
             codex = data["codex"]
             items = [Interaction.from_vcr(item) for item in data["interactions"]]
-            return cls(codex["scenario"], codex["hash"], items, path)
+            return cls(codex["scenario"], codex["hash"], items, codex.get("tmp"), path)
         except (OSError, yaml.YAMLError, KeyError, TypeError) as exc:
             raise CassetteError(
                 f"{path}: not a cassette of this tool ({exc!r}); regenerate it: {COMMAND} SCENARIO"
@@ -297,11 +307,14 @@ async def record_cassette(
     Raises `CassetteError` (with the run's report) when the scenario does not pass.
     """
     recorder = _Recorder()
+    options = options or RunOptions()
+    root = Path(tempfile.mkdtemp(prefix="cassette-", dir=options.tmp_root))
     token = RECORDER.set(recorder)
     try:
-        result = await run_scenario(loaded, options)
+        result = await run_scenario(loaded, dataclasses.replace(options, tmp_root=root))
     finally:
         RECORDER.reset(token)
+        shutil.rmtree(root, ignore_errors=True)
     if not result.passed:
         why = result.skip_reason or format_result(result)
         raise CassetteError(
@@ -309,7 +322,10 @@ async def record_cassette(
             f"recorded ({result.outcome}):\n{why}"
         )
     items = _kept(loaded, result, recorder.items)
-    return Cassette(loaded.name, scenario_hash(loaded), items), result
+    # The run's `${tmp}` varies from run to run: replay takes any path in its place.
+    found = re.search(re.escape(str(root)) + r"/scenario-[^/\s\"]+", result.transcript.entries[0][2])
+    tmp = found.group(0) if found else None
+    return Cassette(loaded.name, scenario_hash(loaded), items, tmp=tmp), result
 
 
 def _kept(
@@ -324,15 +340,39 @@ def _kept(
         if source == "step"
     ]
     patterns = [_pattern(step) for step in scenario.steps]
+    times = dict((i, t) for t, i in step_times)
+    background = [i for i, step in enumerate(scenario.steps) if getattr(step, "background", None)]
+    for i in background:  # its request starts once a later step has begun
+        pattern = patterns[i]
+        first = next(
+            (
+                item
+                for item in items
+                if item.step is None
+                and item.started >= times.get(i, 0.0)
+                and pattern
+                and _matches(pattern, item)
+            ),
+            None,
+        )
+        if first is not None:
+            first.step = i
     for item in items:
+        if item.step is not None:
+            continue
         current = max((i for t, i in step_times if t <= item.started), default=0)
         item.step = next(
-            (i for i in range(current, -1, -1) if patterns[i] and _matches(patterns[i], item)),
+            (
+                i
+                for i in range(current, -1, -1)
+                if i not in background and patterns[i] and _matches(patterns[i], item)
+            ),
             current,
         )
     if scenario.model is not None and scenario.checks.requests_answered and items:
         if items[-1].route == ("GET", "/v1/sessions"):  # the runner's end check, no step's
             items = items[:-1]
+    idle: set[tuple[str, str]] = set()
     last_of_until = {
         item.step: item
         for item in items
@@ -342,7 +382,7 @@ def _kept(
         item
         for item in items
         if item.status
-        and not (item.events and item.status == 204)
+        and not (item.events and item.status == 204 and _idle_seen(item, idle))
         and (item.step not in last_of_until or last_of_until[item.step] is item)
     ]
     index = {id(item): position for position, item in enumerate(keep)}
@@ -365,6 +405,16 @@ def _kept(
     return keep
 
 
+def _idle_seen(item: Interaction, seen: set[tuple[str, str]]) -> bool:
+    """Whether a long-poll's 204 like this one is kept already (one per path and query)."""
+    query = "&".join(p for p in urlsplit(item.path).query.split("&") if not p.startswith("waitMs="))
+    key = (item.route[1], query)
+    if key in seen:
+        return True
+    seen.add(key)
+    return False
+
+
 def _changes(item: Interaction) -> bool:
     """A request that may cause events: not a read, not refused."""
     return item.method != "GET" and 200 <= item.status < 400
@@ -373,22 +423,51 @@ def _changes(item: Interaction) -> bool:
 _ANY = "\x00any\x00"
 
 
-def _pattern(step: Any) -> tuple[str, re.Pattern[str]] | None:
-    """The method and path (a regex) of the requests `step` makes; None: it makes none."""
+def _pattern(step: Any) -> tuple[str, re.Pattern[str], Any] | None:
+    """The method, path (a regex) and JSON body (`_ANY` for variables) of the requests
+    `step` makes; None: it makes none."""
     if isinstance(step, f.PollStep):
-        return "GET", re.compile(r"/v1/sessions/.+/events")
+        return "GET", re.compile(r"/v1/sessions/.+/events"), NO_JSON
     try:
         request = step_request(step, lambda value: substitute(value, lambda name: _ANY))
     except TypeError:
         return None
     path = unquote(urlsplit(request.path).path if "://" in request.path else request.path)
     regex = re.escape(path).replace(re.escape(_ANY), ".*?")
-    return request.method, re.compile(regex)
+    return request.method, re.compile(regex), request.json_body
 
 
-def _matches(pattern: tuple[str, re.Pattern[str]], item: Interaction) -> bool:
+def _matches(pattern: tuple[str, re.Pattern[str], Any], item: Interaction) -> bool:
     method, path = item.route
-    return pattern[0] == method and bool(pattern[1].fullmatch(path))
+    if pattern[0] != method or not pattern[1].fullmatch(path):
+        return False
+    if pattern[2] is NO_JSON or not isinstance(item.body, str):
+        return True
+    try:
+        return _fits(pattern[2], orjson.loads(item.body))
+    except orjson.JSONDecodeError:
+        return True
+
+
+def _fits(template: Any, value: Any) -> bool:
+    if isinstance(template, dict):
+        return (
+            isinstance(value, dict)
+            and template.keys() == value.keys()
+            and all(_fits(template[key], value[key]) for key in template)
+        )
+    if isinstance(template, list):
+        return (
+            isinstance(value, list)
+            and len(template) == len(value)
+            and all(_fits(a, b) for a, b in zip(template, value, strict=True))
+        )
+    if isinstance(template, str) and _ANY in template:
+        if template == _ANY:
+            return True
+        pattern = ".*?".join(re.escape(part) for part in template.split(_ANY))
+        return isinstance(value, str) and bool(re.fullmatch(pattern, value, re.S))
+    return bool(template == value)
 
 
 # -- finding one -------------------------------------------------------------------------

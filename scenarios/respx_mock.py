@@ -224,7 +224,7 @@ class ScenarioRouter(BridgeMockRouter):
         items = self.cassette.interactions
         poll = items[indexes[0]].events and not items[indexes[0]].route[1].endswith("/stream")
         with self._lock:
-            unused = [i for i in indexes if not self._used[i]]
+            unused = [i for i in indexes if not self._used[i] and not self._idle_poll(i)]
             differences = [(i, self._differences(items[i], request)) for i in unused]
             chosen = next((i for i, why in differences if not why), None)
             if chosen is None and not poll:
@@ -290,6 +290,11 @@ class ScenarioRouter(BridgeMockRouter):
             f"event: {why} (scenario {self.cassette.scenario})"
         )
 
+    def _idle_poll(self, index: int) -> bool:
+        """A recorded long-poll that found nothing: any poll like it gets a 204."""
+        item = self.cassette.interactions[index]
+        return item.events and item.status == 204
+
     def _released(self, after: int | None) -> bool:
         return after is None or self._used[after]
 
@@ -304,7 +309,7 @@ class ScenarioRouter(BridgeMockRouter):
                 shown = "(none)" if request.headers.get(name) is None else "another value"
                 why.append(f"{name}: {shown} instead of {_shown(name, item.header(name))}")
         if self.check_bodies:
-            difference = _body_difference(item.body, request.read())
+            difference = _body_difference(item.body, request.read(), self.cassette.tmp)
             if difference:
                 why.append(f"the body {difference}")
         return why
@@ -315,7 +320,7 @@ class ScenarioRouter(BridgeMockRouter):
         """The steps the host never made (requests never sent, streams not read to the end)."""
         missing = []
         for index, item in enumerate(self.cassette.interactions):
-            if not self._used[index]:
+            if not self._used[index] and not self._idle_poll(index):
                 missing.append(f"{self._what(index)} never requested")
             elif item.marks and self._read[index] < len(_raw(item.response_body)):
                 body = _raw(item.response_body)
@@ -393,7 +398,7 @@ def _shown(name: str, value: str | None) -> str:
     return "the scenario's bearer token" if name == "Authorization" else repr(value)
 
 
-def _body_difference(recorded: str | bytes | None, sent: bytes) -> str | None:
+def _body_difference(recorded: str | bytes | None, sent: bytes, tmp: str | None) -> str | None:
     """How `sent` differs from the recorded body (None: alike), as a short sentence."""
     raw = _raw(recorded)
     if raw == sent:
@@ -402,16 +407,16 @@ def _body_difference(recorded: str | bytes | None, sent: bytes) -> str | None:
         expected, received = orjson.loads(raw or b"null"), orjson.loads(sent or b"null")
     except orjson.JSONDecodeError:
         return f"is {sent[:200]!r} instead of {raw[:200]!r}"
-    return _json_difference(expected, received, "$")
+    return _json_difference(expected, received, "$", tmp)
 
 
-def _json_difference(expected: Any, received: Any, path: str) -> str | None:
+def _json_difference(expected: Any, received: Any, path: str, tmp: str | None) -> str | None:
     if isinstance(expected, dict) and isinstance(received, dict):
         if expected.keys() != received.keys():
             extra, lacking = sorted(received.keys() - expected), sorted(expected.keys() - received)
             return f"at {path}: keys {extra} not recorded, recorded keys {lacking} missing"
         for key in expected:
-            found = _json_difference(expected[key], received[key], f"{path}.{key}")
+            found = _json_difference(expected[key], received[key], f"{path}.{key}", tmp)
             if found:
                 return found
         return None
@@ -419,22 +424,28 @@ def _json_difference(expected: Any, received: Any, path: str) -> str | None:
         if len(expected) != len(received):
             return f"at {path}: {len(received)} items instead of {len(expected)}"
         for index, (a, b) in enumerate(zip(expected, received, strict=True)):
-            found = _json_difference(a, b, f"{path}[{index}]")
+            found = _json_difference(a, b, f"{path}[{index}]", tmp)
             if found:
                 return found
         return None
-    if _alike(expected, received):
+    if _alike(expected, received, tmp):
         return None
     shown = orjson.dumps(received)[:200].decode()
     return f"at {path}: {shown} instead of {orjson.dumps(expected)[:200].decode()}"
 
 
-def _alike(expected: Any, received: Any) -> bool:
-    """Equal, or both values of a kind that varies from run to run."""
+def _alike(expected: Any, received: Any, tmp: str | None) -> bool:
+    """Equal, or both values of a kind that varies from run to run: UUIDs, date-times,
+    and paths in the recording's `${tmp}` (any path may stand in its place)."""
     if type(expected) is type(received) and expected == received:
         return True
-    if isinstance(expected, str) and isinstance(received, str):
-        return any(kind.fullmatch(expected) and kind.fullmatch(received) for kind in (_UUID, _TIME))
+    if not (isinstance(expected, str) and isinstance(received, str)):
+        return False
+    if any(kind.fullmatch(expected) and kind.fullmatch(received) for kind in (_UUID, _TIME)):
+        return True
+    if tmp and tmp in expected:
+        pattern = ".+".join(re.escape(part) for part in expected.split(tmp))
+        return bool(re.fullmatch(pattern, received, re.S))
     return False
 
 
