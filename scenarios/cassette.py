@@ -185,7 +185,7 @@ class Cassette:
     @classmethod
     def load(cls, path: Path) -> Cassette:
         try:
-            data = yaml.load(path.read_text(encoding="utf-8"), Loader=_Loader)  # noqa: S506
+            data = yaml.load(path.read_text(encoding="utf-8"), Loader=_Loader)
             codex = data["codex"]
             items = [Interaction.from_vcr(item) for item in data["interactions"]]
             return cls(codex["scenario"], codex["hash"], items, codex.get("tmp"), path)
@@ -323,7 +323,9 @@ async def record_cassette(
         )
     items = _kept(loaded, result, recorder.items)
     # The run's `${tmp}` varies from run to run: replay takes any path in its place.
-    found = re.search(re.escape(str(root)) + r"/scenario-[^/\s\"]+", result.transcript.entries[0][2])
+    found = re.search(
+        re.escape(str(root)) + r"/scenario-[^/\s\"]+", result.transcript.entries[0][2]
+    )
     tmp = found.group(0) if found else None
     return Cassette(loaded.name, scenario_hash(loaded), items, tmp=tmp), result
 
@@ -350,7 +352,6 @@ def _kept(
                 for item in items
                 if item.step is None
                 and item.started >= times.get(i, 0.0)
-                and pattern
                 and _matches(pattern, item)
             ),
             None,
@@ -365,13 +366,14 @@ def _kept(
             (
                 i
                 for i in range(current, -1, -1)
-                if i not in background and patterns[i] and _matches(patterns[i], item)
+                if i not in background and _matches(patterns[i], item)
             ),
             current,
         )
-    if scenario.model is not None and scenario.checks.requests_answered and items:
-        if items[-1].route == ("GET", "/v1/sessions"):  # the runner's end check, no step's
-            items = items[:-1]
+    # With `model:`, the runner's end check lists the sessions: no step made that request.
+    end_check = scenario.model is not None and scenario.checks.requests_answered
+    if end_check and items and items[-1].route == ("GET", "/v1/sessions"):
+        items = items[:-1]
     idle: set[tuple[str, str]] = set()
     last_of_until = {
         item.step: item
@@ -437,9 +439,9 @@ def _pattern(step: Any) -> tuple[str, re.Pattern[str], Any] | None:
     return request.method, re.compile(regex), request.json_body
 
 
-def _matches(pattern: tuple[str, re.Pattern[str], Any], item: Interaction) -> bool:
+def _matches(pattern: tuple[str, re.Pattern[str], Any] | None, item: Interaction) -> bool:
     method, path = item.route
-    if pattern[0] != method or not pattern[1].fullmatch(path):
+    if pattern is None or pattern[0] != method or not pattern[1].fullmatch(path):
         return False
     if pattern[2] is NO_JSON or not isinstance(item.body, str):
         return True

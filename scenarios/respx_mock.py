@@ -26,7 +26,7 @@ import threading
 from collections.abc import AsyncIterator, Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
-from urllib.parse import parse_qsl, unquote, urlsplit
+from urllib.parse import parse_qsl, urlsplit
 
 import orjson
 
@@ -198,7 +198,7 @@ class ScenarioRouter(BridgeMockRouter):
         self._lines: list[str] = []
         for (method, path), indexes in routes.items():
             label = f"{method} {self.base_url}{path}"
-            steps = sorted({items[i].step for i in indexes if items[i].step is not None})
+            steps = sorted({step for i in indexes if (step := items[i].step) is not None})
             self._lines.append(f"{label}  — {'; '.join(self._step(i) for i in steps)}")
             self._add(method, path, label, _bind(self._answer, indexes))
 
@@ -252,7 +252,9 @@ class ScenarioRouter(BridgeMockRouter):
         self._used[index] = True
         self._gates[index].event.set()
         self._idle.pop(item.route[1], None)
-        headers = [(name, value) for name, values in item.response_headers.items() for value in values]
+        headers = [
+            (name, value) for name, values in item.response_headers.items() for value in values
+        ]
         body = _raw(item.response_body)
         if not item.marks:
             return httpx.Response(item.status, headers=headers, content=body)
@@ -363,7 +365,9 @@ class _Replay(httpx.SyncByteStream, httpx.AsyncByteStream):
 
     def __iter__(self) -> Iterator[bytes]:
         for start, end, after in self.parts:
-            if after is not None and not self.router._gates[after].wait(self.router.release_timeout):
+            if after is not None and not self.router._gates[after].wait(
+                self.router.release_timeout
+            ):
                 raise self._unreleased(after)
             self._sent(end)
             yield self.body[start:end]
