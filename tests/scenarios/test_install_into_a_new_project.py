@@ -160,8 +160,8 @@ def test_the_documented_install_then_a_scenario_and_a_test_run_green(
     mocked = tmp_path / "respx-project"
     mocked.mkdir()
     (mocked / "test_mock.py").write_text(
-        "def test_mock(respx_scenario):\n"
-        "    respx_scenario({'scenario': 1, 'steps': [{'http': {'path': '/health'}}]})\n"
+        "def test_mock(codex_respx):\n"
+        "    codex_respx({'scenario': 1, 'steps': [{'http': {'path': '/health'}}]})\n"
     )
     done = run(["pytest", "-q", "-p", "no:cacheprovider"], mocked, env, status=1)
     assert "install codex-rest-bridge with its `respx` extra" in done.stdout, done.stdout

@@ -315,8 +315,8 @@ def test_the_respx_fixtures_name_the_extra_to_install(pytester: pytest.Pytester)
     )
     pytester.makepyfile(
         """
-        def test_mocked(respx_scenario):
-            respx_scenario({"scenario": 1, "steps": [{"http": {"path": "/health"}}]})
+        def test_mocked(codex_respx):
+            codex_respx({"scenario": 1, "steps": [{"http": {"path": "/health"}}]})
         """
     )
     result = pytester.runpytest_subprocess(*QUIET)
