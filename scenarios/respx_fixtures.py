@@ -51,10 +51,13 @@ def codex_respx(request: pytest.FixtureRequest) -> Iterator[Callable[..., Any]]:
     After the test, an exchange the host never made fails it (unless the test failed
     already, or `assert_all_called=False`).
     """
+    missing = None
     try:
         from scenarios import respx_mock
     except ModuleNotFoundError as exc:
-        pytest.fail(str(exc), pytrace=False)
+        missing = str(exc)
+    if missing is not None:  # failed outside the `except`: no chained traceback
+        pytest.fail(missing, pytrace=False)
     refresh = request.config.getoption("codex_record_cassettes", False)
 
     def make(scenario: Any, **options: Any) -> Any:
@@ -72,7 +75,9 @@ def codex_respx(request: pytest.FixtureRequest) -> Iterator[Callable[..., Any]]:
         try:
             router = make(*args, **options)
         except respx_mock.CassetteError as exc:
-            pytest.fail(str(exc), pytrace=False)
+            router, problem = None, str(exc)
+        if router is None:
+            pytest.fail(problem, pytrace=False)
         router.start()
         routers.append(router)
         return router
