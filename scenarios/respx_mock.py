@@ -192,6 +192,7 @@ class ScenarioRouter(BridgeMockRouter):
         self._used = [False] * len(items)
         self._read = [0] * len(items)  # SSE bytes the host read
         self._idle: dict[str, int] = {}
+        self._cursor: dict[str, int] = {}  # per events path: the last event read by cursor
         routes: dict[tuple[str, str], list[int]] = {}
         for index, item in enumerate(items):
             routes.setdefault(item.route, []).append(index)
@@ -222,30 +223,60 @@ class ScenarioRouter(BridgeMockRouter):
 
     def _answer(self, request: httpx.Request, indexes: list[int]) -> Any:
         items = self.cassette.interactions
-        poll = items[indexes[0]].events and not items[indexes[0]].route[1].endswith("/stream")
+        if items[indexes[0]].events and not items[indexes[0]].route[1].endswith("/stream"):
+            return self._poll(request, indexes)
         with self._lock:
-            unused = [i for i in indexes if not self._used[i] and not self._idle_poll(i)]
+            unused = [i for i in indexes if not self._used[i]]
             differences = [(i, self._differences(items[i], request)) for i in unused]
             chosen = next((i for i, why in differences if not why), None)
-            if chosen is None and not poll:
-                if not differences:
-                    raise ScenarioMockError(
-                        f"{request.method} {request.url}: the scenario {self.cassette.scenario} "
-                        f"answers this route {len(indexes)} time(s) "
-                        f"({'; '.join(self._step(items[i].step) for i in indexes)}), "
-                        "and the host asks again"
-                    )
-                nearest, why = differences[0]
-                raise ScenarioMockError(
-                    f"{request.method} {request.url} is not what the scenario "
-                    f"{self.cassette.scenario} sends on this route; the next recorded request, "
-                    f"{self._what(nearest)}, differs: " + "; ".join(why)
-                )
-            if chosen is not None and self._released(items[chosen].after):
+            if chosen is not None:
                 return self._serve(chosen)
-        if chosen is not None and _ASYNC.get():
-            return self._poll_later(request, chosen)
-        return self._nothing(request, chosen)
+            if not differences:
+                raise ScenarioMockError(
+                    f"{request.method} {request.url}: the scenario {self.cassette.scenario} "
+                    f"answers this route {len(indexes)} time(s) "
+                    f"({'; '.join(self._step(items[i].step) for i in indexes)}), "
+                    "and the host asks again"
+                )
+            nearest, why = differences[0]
+            raise ScenarioMockError(
+                f"{request.method} {request.url} is not what the scenario "
+                f"{self.cassette.scenario} sends on this route; the next recorded request, "
+                f"{self._what(nearest)}, differs: " + "; ".join(why)
+            )
+
+    def _poll(self, request: httpx.Request, indexes: list[int]) -> Any:
+        """A long-poll gets the next recorded event after its position (`after`, else the
+        session's cursor here), however the scenario read it; else a recorded answer to a
+        poll like it (409 past the exit, 400, ...); else 204."""
+        items = self.cassette.interactions
+        after = request.url.params.get("after")
+        path = items[indexes[0]].route[1]
+        with self._lock:
+            position = self._cursor.get(path, 0) if after is None else _int(after)
+            auth = request.headers.get("Authorization")
+            events = [
+                i
+                for i in indexes
+                if position is not None
+                and not self._used[i]
+                and items[i].status == 200
+                and items[i].header("Authorization") == auth
+                and _seq(items[i]) > position
+            ]
+            waiting = min(events, key=lambda i: (_seq(items[i]), i), default=None)
+            if waiting is not None and self._released(items[waiting].after):
+                if after is None:
+                    self._cursor[path] = _seq(items[waiting])
+                return self._serve(waiting)
+            if waiting is None:
+                for i in indexes:
+                    answered = items[i].status not in (200, 204) and not self._used[i]
+                    if answered and not self._differences(items[i], request):
+                        return self._serve(i)
+        if waiting is not None and _ASYNC.get():
+            return self._poll_later(request, path, waiting)
+        return self._nothing(request, waiting)
 
     def _serve(self, index: int) -> httpx.Response:
         item = self.cassette.interactions[index]
@@ -260,13 +291,15 @@ class ScenarioRouter(BridgeMockRouter):
             return httpx.Response(item.status, headers=headers, content=body)
         return httpx.Response(item.status, headers=headers, stream=_Replay(self, index, body))
 
-    async def _poll_later(self, request: httpx.Request, index: int) -> httpx.Response:
-        wait_ms = int(dict(request.url.params).get("waitMs") or 30_000)
+    async def _poll_later(self, request: httpx.Request, path: str, index: int) -> httpx.Response:
+        wait_ms = _int(request.url.params.get("waitMs", "")) or 30_000
         after = self.cassette.interactions[index].after
         if after is not None:
             await self._gates[after].wait_async(min(wait_ms / 1000, self.release_timeout))
         with self._lock:
             if not self._used[index] and self._released(after):
+                if request.url.params.get("after") is None:
+                    self._cursor[path] = _seq(self.cassette.interactions[index])
                 return self._serve(index)
         return self._nothing(request, index)
 
@@ -302,8 +335,9 @@ class ScenarioRouter(BridgeMockRouter):
 
     def _differences(self, item: Interaction, request: httpx.Request) -> list[str]:
         why = []
-        recorded = _query(urlsplit(item.path).query)
-        sent = _query(request.url.query.decode())
+        # `waitMs` is the client's choice, unless the bridge refused it.
+        recorded = _query(urlsplit(item.path).query, item.status == 400)
+        sent = _query(request.url.query.decode(), item.status == 400)
         if recorded != sent:
             why.append(f"query {sent} instead of {recorded}")
         for name in _MATCHED_HEADERS:
@@ -360,8 +394,17 @@ class _Replay(httpx.SyncByteStream, httpx.AsyncByteStream):
         )
 
     def _sent(self, end: int) -> None:
-        with self.router._lock:
-            self.router._read[self.index] = max(self.router._read[self.index], end)
+        router = self.router
+        with router._lock:
+            router._read[self.index] = max(router._read[self.index], end)
+            item = router.cassette.interactions[self.index]
+            from_cursor = "after=" not in item.path and item.header("Last-Event-ID") is None
+            if end == len(self.body) and from_cursor and b"\nevent: exit\n" in self.body:
+                # The bridge's rule: a stream from the cursor that ends with the exit
+                # event moves the cursor past it (one cut short gives it back).
+                ids = re.findall(rb"^id: (\d+)$", self.body, re.M)
+                path = item.route[1].removesuffix("/stream")
+                router._cursor[path] = max(router._cursor.get(path, 0), int(ids[-1]))
 
     def __iter__(self) -> Iterator[bytes]:
         for start, end, after in self.parts:
@@ -392,8 +435,18 @@ def _raw(body: str | bytes | None) -> bytes:
     return body.encode() if isinstance(body, str) else (body or b"")
 
 
-def _query(text: str) -> dict[str, str]:
-    return {key: value for key, value in parse_qsl(text, keep_blank_values=True) if key != "waitMs"}
+def _query(text: str, wait: bool) -> dict[str, str]:
+    pairs = parse_qsl(text, keep_blank_values=True)
+    return {key: value for key, value in pairs if wait or key != "waitMs"}
+
+
+def _int(text: str) -> int | None:
+    return int(text) if text.isdigit() else None
+
+
+def _seq(item: Interaction) -> int:
+    seq = orjson.loads(_raw(item.response_body)).get("seq")
+    return seq if isinstance(seq, int) else 0
 
 
 def _shown(name: str, value: str | None) -> str:

@@ -30,10 +30,9 @@ SCENARIOS = sorted(path.name for path in LIBRARY.glob("*.scenario.yaml"))
 @pytest.mark.asyncio
 async def test_the_replay_answers_like_the_bridge(name: str, tmp_path: Path) -> None:
     loaded = load_scenario(LIBRARY / name)
-    if loaded.scenario.real_codex:
-        if find_codex() is None and not RunOptions().require_codex:
-            pytest.skip("no real codex to record from")
-    recorded, result = await record_cassette(loaded, RunOptions(tmp_root=tmp_path))
+    if loaded.scenario.real_codex and find_codex() is None and not RunOptions().require_codex:
+        pytest.skip("no real codex to record from")
+    recorded, _ = await record_cassette(loaded, RunOptions(tmp_root=tmp_path))
     # What is replayed is what the file says, not what the recorder held in memory.
     recorded.save(tmp_path / "cassette.yaml")
     cassette = Cassette.load(tmp_path / "cassette.yaml")
