@@ -1,19 +1,15 @@
 """Cassettes: what the real bridge answered for a scenario, in VCR.py's YAML format.
 
-A cassette is made by running the scenario once on the real bridge (with fake-codex, or
-the real codex for `model:` scenarios) and keeping every HTTP exchange the steps made:
-request method, URI, headers and body; response status, headers and body, an SSE
-stream's body being the bytes the client read. The respx mock (`scenarios.respx_mock`)
-replays it, so what a host sees is the bridge's own bytes by construction.
+Recording runs the scenario once on the real bridge (fake-codex behind it, or the real
+codex for `model:`) and keeps every HTTP exchange its steps made, an SSE body being the
+bytes the client read. The file is VCR.py's cassette (`version: 1`, `interactions` of
+`request`/`response`), so vcrpy and pytest-recording read it; what replay needs more
+(`scenarios.respx_mock`) sits under `codex:` keys they ignore: the hash of the scenario
+document (another hash: the cassette is stale), each exchange's step, and the earlier
+request an event waits for.
 
-The file is VCR.py's cassette (`version: 1`, `interactions: [{request, response}]`), so
-vcrpy and pytest-recording read it; what replay needs beyond that sits under `codex:`
-keys they ignore: the hash of the scenario document it was recorded from (a cassette
-whose hash differs is stale: `StaleCassette` names the command that regenerates it),
-each interaction's step, and which earlier request an event waits for.
-
-    python -m scenarios.cassette record PATHS...   # (re)record what is missing or stale
-    python -m scenarios.cassette check PATHS...    # exit 1 naming each one missing or stale
+    python -m scenarios.cassette record PATHS...   # the missing and stale ones (--all)
+    python -m scenarios.cassette check PATHS...    # exit 1 naming each missing or stale
 """
 
 from __future__ import annotations
@@ -29,7 +25,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Coroutine, Iterator, Sequence
+from collections.abc import Callable, Coroutine, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
@@ -46,26 +42,12 @@ from scenarios.harness import RECORDER
 from scenarios.reporting import format_result
 from scenarios.runner import RunOptions, ScenarioResult, run_scenario
 
-__all__ = [
-    "COMMAND",
-    "Cassette",
-    "CassetteError",
-    "Interaction",
-    "StaleCassette",
-    "cassette_for",
-    "cassette_path",
-    "record_cassette",
-    "scenario_hash",
-]
-
 #: The command that (re)records cassettes, named by every message about a stale one.
 COMMAND = "python -m scenarios.cassette record"
-#: The origin recorded URIs use (the bridge's real port changes from run to run).
-ORIGIN = "http://bridge.test"
-FORMAT = 1
+ORIGIN = "http://bridge.test"  # of recorded URIs: the bridge's port varies
 T = TypeVar("T")
-_DROPPED_REQUEST = {"host", "user-agent", "accept", "accept-encoding", "content-length"}
-_DROPPED_RESPONSE = {"date", "transfer-encoding"}
+_DROPPED = {"host", "user-agent", "accept", "accept-encoding", "content-length", "date"}
+_DROPPED |= {"transfer-encoding"}
 _EVENTS = re.compile(r"/v1/sessions/[^/]+/events(/stream)?")
 
 
@@ -74,7 +56,7 @@ class CassetteError(ScenarioError):
 
 
 class StaleCassette(CassetteError):
-    """The cassette was recorded from another version of its scenario (or is missing)."""
+    """The cassette is missing, or was recorded from another version of its scenario."""
 
 
 @dataclass
@@ -89,15 +71,12 @@ class Interaction:
     reason: str = ""
     response_headers: dict[str, list[str]] = field(default_factory=dict)
     response_body: str | bytes = ""
-    #: The step (index into `steps`) that made it; None when unknown.
-    step: int | None = None
-    #: The interaction the host must have made before this response is given (events).
-    after: int | None = None
+    step: int | None = None  # the step that made it
+    after: int | None = None  # a long-poll's event waits for this interaction
     #: SSE: [byte offset, interaction it waits for (or None)] per part of the body.
     marks: list[list[int | None]] = field(default_factory=list)
     started: float = field(default=0.0, repr=False)
-    #: How many interactions had started when the response (or each SSE part) came.
-    seen: int = field(default=0, repr=False)
+    seen: int = field(default=0, repr=False)  # interactions started when the answer came
 
     @property
     def route(self) -> tuple[str, str]:
@@ -109,18 +88,14 @@ class Interaction:
         return self.method == "GET" and bool(_EVENTS.fullmatch(self.route[1]))
 
     def header(self, name: str) -> str | None:
-        values = self.headers.get(name) or self.headers.get(name.title())
-        return values[0] if values else None
+        found = {key.lower(): values for key, values in self.headers.items()}.get(name.lower())
+        return found[0] if found else None
 
     def to_vcr(self) -> dict[str, Any]:
         codex = {"step": self.step, "after": self.after, "marks": self.marks or None}
+        request = {"body": self.body, "headers": self.headers, "method": self.method}
         return {
-            "request": {
-                "body": self.body,
-                "headers": self.headers,
-                "method": self.method,
-                "uri": ORIGIN + self.path,
-            },
+            "request": {**request, "uri": ORIGIN + self.path},
             "response": {
                 "status": {"code": self.status, "message": self.reason},
                 "headers": self.response_headers,
@@ -131,8 +106,7 @@ class Interaction:
 
     @classmethod
     def from_vcr(cls, data: dict[str, Any]) -> Interaction:
-        request, response = data["request"], data["response"]
-        codex = data.get("codex") or {}
+        request, response, codex = data["request"], data["response"], data.get("codex") or {}
         uri = urlsplit(request["uri"])
         return cls(
             request["method"],
@@ -151,36 +125,24 @@ class Interaction:
 
 @dataclass
 class Cassette:
-    """A scenario's recorded exchanges."""
+    """A scenario's recorded exchanges; `tmp` is the recording run's `${tmp}`."""
 
     scenario: str
     hash: str
     interactions: list[Interaction]
-    #: The recording run's `${tmp}` (it varies from run to run).
     tmp: str | None = None
-    path: Path | None = None
 
     def dump(self) -> str:
-        document = {
-            "version": 1,
-            "codex": {
-                "format": FORMAT,
-                "scenario": self.scenario,
-                "hash": self.hash,
-                "tmp": self.tmp,
-            },
-            "interactions": [item.to_vcr() for item in self.interactions],
-        }
-        return yaml.dump(
-            document, Dumper=_Dumper, sort_keys=False, allow_unicode=True, width=100_000
-        )
+        codex = {"format": 1, "scenario": self.scenario, "hash": self.hash, "tmp": self.tmp}
+        items = [item.to_vcr() for item in self.interactions]
+        document = {"version": 1, "codex": codex, "interactions": items}
+        return yaml.dump(document, Dumper=_Dumper, sort_keys=False, allow_unicode=True, width=10**6)
 
     def save(self, path: Path) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
         temporary = path.with_name(path.name + ".tmp")
         temporary.write_text(self.dump(), encoding="utf-8")
         os.replace(temporary, path)
-        self.path = path
 
     @classmethod
     def load(cls, path: Path) -> Cassette:
@@ -188,7 +150,7 @@ class Cassette:
             data = yaml.load(path.read_text(encoding="utf-8"), Loader=_Loader)
             codex = data["codex"]
             items = [Interaction.from_vcr(item) for item in data["interactions"]]
-            return cls(codex["scenario"], codex["hash"], items, codex.get("tmp"), path)
+            return cls(codex["scenario"], codex["hash"], items, codex.get("tmp"))
         except (OSError, yaml.YAMLError, KeyError, TypeError) as exc:
             raise CassetteError(
                 f"{path}: not a cassette of this tool ({exc!r}); regenerate it: {COMMAND} SCENARIO"
@@ -202,12 +164,12 @@ class _Dumper(yaml.SafeDumper):
     """Multi-line strings (SSE bodies) as blocks, so a cassette reads as the wire did."""
 
 
-def _text(dumper: yaml.SafeDumper, value: str) -> Any:
-    style = "|" if "\n" in value else None
-    return dumper.represent_scalar("tag:yaml.org,2002:str", value, style=style)
-
-
-_Dumper.add_representer(str, _text)
+_Dumper.add_representer(
+    str,
+    lambda dumper, value: dumper.represent_scalar(
+        "tag:yaml.org,2002:str", value, style="|" if "\n" in value else None
+    ),
+)
 
 
 def scenario_hash(loaded: LoadedScenario) -> str:
@@ -221,11 +183,7 @@ def scenario_hash(loaded: LoadedScenario) -> str:
 
 def cassette_path(scenario: Path) -> Path:
     """`cassettes/NAME.yaml` beside `NAME.scenario.yaml`."""
-    name = scenario.name
-    for suffix in (".scenario.yaml", ".scenario.yml", ".yaml", ".yml", ".json"):
-        if name.endswith(suffix):
-            name = name[: -len(suffix)]
-            break
+    name = re.sub(r"(\.scenario)?\.(yaml|yml|json)$", "", scenario.name)
     return scenario.parent / "cassettes" / f"{name}.yaml"
 
 
@@ -241,33 +199,36 @@ class _Recorder:
     async def __call__(
         self, request: aiohttp.ClientRequest, handler: aiohttp.ClientHandlerType
     ) -> aiohttp.ClientResponse:
-        headers: dict[str, list[str]] = {}
-        for name, value in request.headers.items():
-            if name.lower() not in _DROPPED_REQUEST:
-                headers.setdefault(str(name), []).append(value)
         payload: Any = request.body
         body = payload if isinstance(payload, bytes) else await payload.as_bytes()
-        item = Interaction(request.method, request.url.raw_path_qs, headers, _decoded(body))
-        item.started = time.monotonic()
+        item = Interaction(request.method, request.url.raw_path_qs, _kept_headers(request), None)
+        item.body, item.started = _decoded(body), time.monotonic()
         self.items.append(item)
         response = await handler(request)
-        for name, value in response.headers.items():
-            if name.lower() not in _DROPPED_RESPONSE:
-                item.response_headers.setdefault(str(name), []).append(value)
+        item.response_headers = _kept_headers(response)
         if response.headers.get("Content-Type", "").startswith("text/event-stream"):
             response.content = _Tee(response.content, item, self)  # type: ignore[assignment]
         else:
             item.response_body = _decoded(await response.read()) or ""
-        item.seen = len(self.items)
-        item.status, item.reason = response.status, response.reason or ""
+        item.seen, item.status, item.reason = (
+            len(self.items),
+            response.status,
+            response.reason or "",
+        )
         return response
 
 
+def _kept_headers(message: Any) -> dict[str, list[str]]:
+    kept: dict[str, list[str]] = {}
+    for name, value in message.headers.items():
+        if name.lower() not in _DROPPED:
+            kept.setdefault(str(name), []).append(value)
+    return kept
+
+
 def _decoded(raw: bytes) -> str | bytes | None:
-    if not raw:
-        return None
     try:
-        return raw.decode("utf-8")
+        return raw.decode("utf-8") if raw else None
     except UnicodeDecodeError:
         return raw
 
@@ -277,13 +238,13 @@ class _Tee:
 
     def __init__(self, inner: Any, item: Interaction, recorder: _Recorder) -> None:
         self._inner, self._item, self._recorder = inner, item, recorder
-        self._buffer = bytearray()
 
     def _keep(self, data: bytes) -> bytes:
         if data:
-            self._item.marks.append([len(self._buffer), len(self._recorder.items)])
-            self._buffer += data
-            self._item.response_body = bytes(self._buffer)
+            body = self._item.response_body
+            kept = body.encode() if isinstance(body, str) else body
+            self._item.marks.append([len(kept), len(self._recorder.items)])
+            self._item.response_body = kept + data
         return data
 
     async def readline(self) -> bytes:
@@ -302,119 +263,84 @@ class _Tee:
 async def record_cassette(
     loaded: LoadedScenario, options: RunOptions | None = None
 ) -> tuple[Cassette, ScenarioResult]:
-    """Run `loaded` on the real bridge and keep what its steps exchanged.
-
-    Raises `CassetteError` (with the run's report) when the scenario does not pass.
-    """
-    recorder = _Recorder()
-    options = options or RunOptions()
+    """Run `loaded` on the real bridge and keep what its steps exchanged; `CassetteError`
+    (with the run's report) when it does not pass."""
+    recorder, options = _Recorder(), options or RunOptions()
     root = Path(tempfile.mkdtemp(prefix="cassette-", dir=options.tmp_root))
     token = RECORDER.set(recorder)
     try:
         result = await run_scenario(loaded, dataclasses.replace(options, tmp_root=root))
     finally:
         RECORDER.reset(token)
-        shutil.rmtree(root, ignore_errors=True)
-    if not result.passed:
-        why = result.skip_reason or format_result(result)
+    if not result.passed:  # a failed run's directory stays, as its report says
         raise CassetteError(
             f"{loaded.source}: no cassette: the scenario must pass on the bridge to be "
-            f"recorded ({result.outcome}):\n{why}"
+            f"recorded ({result.outcome}):\n{result.skip_reason or format_result(result)}"
         )
-    items = _kept(loaded, result, recorder.items)
+    if not options.keep_tmp:
+        shutil.rmtree(root, ignore_errors=True)
     # The run's `${tmp}` varies from run to run: replay takes any path in its place.
-    found = re.search(
-        re.escape(str(root)) + r"/scenario-[^/\s\"]+", result.transcript.entries[0][2]
-    )
-    tmp = found.group(0) if found else None
-    return Cassette(loaded.name, scenario_hash(loaded), items, tmp=tmp), result
+    tmp = re.search(re.escape(str(root)) + r"/scenario-[^/\s\"]+", result.transcript.entries[0][2])
+    items = _kept(loaded, result, recorder.items)
+    return Cassette(loaded.name, scenario_hash(loaded), items, tmp and tmp.group(0)), result
 
 
 def _kept(
     loaded: LoadedScenario, result: ScenarioResult, items: list[Interaction]
 ) -> list[Interaction]:
-    """The interactions replay serves: answered ones of the steps, with their triggers."""
-    scenario = loaded.scenario
-    started = result.transcript.started
+    """The interactions replay serves, each with its step and what its events wait for."""
+    steps = loaded.scenario.steps
     step_times = [
-        (started + offset, int(text.split(":", 1)[0].split()[1]) - 1)
+        (result.transcript.started + offset, int(text.split(":", 1)[0].split()[1]) - 1)
         for offset, source, text in result.transcript.entries
         if source == "step"
     ]
-    patterns = [_pattern(step) for step in scenario.steps]
-    times = dict((i, t) for t, i in step_times)
-    background = [i for i, step in enumerate(scenario.steps) if getattr(step, "background", None)]
+    patterns = [_pattern(step) for step in steps]
+    background = [i for i, step in enumerate(steps) if getattr(step, "background", None)]
     for i in background:  # its request starts once a later step has begun
-        pattern = patterns[i]
-        first = next(
-            (
-                item
-                for item in items
-                if item.step is None
-                and item.started >= times.get(i, 0.0)
-                and _matches(pattern, item)
-            ),
-            None,
-        )
-        if first is not None:
-            first.step = i
+        since = next((t for t, index in step_times if index == i), 0.0)
+        for item in items:
+            if item.step is None and item.started >= since and _matches(patterns[i], item):
+                item.step = i
+                break
     for item in items:
-        if item.step is not None:
-            continue
-        current = max((i for t, i in step_times if t <= item.started), default=0)
-        item.step = next(
-            (
-                i
-                for i in range(current, -1, -1)
-                if i not in background and _matches(patterns[i], item)
-            ),
-            current,
-        )
+        if item.step is None:
+            now = max((i for t, i in step_times if t <= item.started), default=0)
+            candidates = (i for i in range(now, -1, -1) if i not in background)
+            item.step = next((i for i in candidates if _matches(patterns[i], item)), now)
     # With `model:`, the runner's end check lists the sessions: no step made that request.
-    end_check = scenario.model is not None and scenario.checks.requests_answered
-    if end_check and items and items[-1].route == ("GET", "/v1/sessions"):
-        items = items[:-1]
+    if loaded.scenario.model is not None and loaded.scenario.checks.requests_answered:
+        items = items[:-1] if items and items[-1].route == ("GET", "/v1/sessions") else items
+    # An `until` step settles on its last attempt; long-polls' 204s depend on timing: one
+    # per path and query is kept (so the route exists); unanswered requests go.
+    last = {item.step: item for item in items if getattr(steps[item.step or 0], "until", None)}
     idle: set[tuple[str, str]] = set()
-    last_of_until = {
-        item.step: item
-        for item in items
-        if item.step is not None and getattr(scenario.steps[item.step], "until", None)
-    }
-    keep = [
-        item
-        for item in items
-        if item.status
-        and not (item.events and item.status == 204 and _idle_seen(item, idle))
-        and (item.step not in last_of_until or last_of_until[item.step] is item)
-    ]
-    index = {id(item): position for position, item in enumerate(keep)}
-    changers = [(items.index(item), index[id(item)]) for item in keep if _changes(item)]
+    keep = []
+    for item in items:
+        key = (item.route[1], re.sub(r"waitMs=\d+&?", "", urlsplit(item.path).query))
+        if not item.status or last.get(item.step, item) is not item:
+            continue
+        if item.events and item.status == 204:
+            if key in idle:
+                continue
+            idle.add(key)
+        if isinstance(item.response_body, bytes):  # an SSE body: text when it is UTF-8
+            item.response_body = _decoded(item.response_body) or ""
+        keep.append(item)
+    changers = [(items.index(item), kept) for kept, item in enumerate(keep) if _changes(item)]
 
-    def trigger(seen: int, own: int) -> int | None:
-        found = [kept for original, kept in changers if original < seen and kept != own]
-        return found[-1] if found else None
+    def trigger(seen: int | None, own: int) -> int | None:
+        return next((k for o, k in reversed(changers) if o < (seen or 0) and k != own), None)
 
-    for item in keep:
-        own = index[id(item)]
+    for own, item in enumerate(keep):
         if item.events and item.route[1].endswith("/events"):
             item.after = trigger(item.seen, own)
         marks: list[list[int | None]] = []
         for offset, seen in item.marks:
-            after = trigger(seen or 0, own)
-            if not marks or marks[-1][1] != after:
-                marks.append([offset, after])
+            if not marks or marks[-1][1] != trigger(seen, own):
+                marks.append([offset, trigger(seen, own)])
         item.marks = marks
     return keep
-
-
-def _idle_seen(item: Interaction, seen: set[tuple[str, str]]) -> bool:
-    """Whether a long-poll's 204 like this one is kept already (one per path and query)."""
-    query = "&".join(p for p in urlsplit(item.path).query.split("&") if not p.startswith("waitMs="))
-    key = (item.route[1], query)
-    if key in seen:
-        return True
-    seen.add(key)
-    return False
 
 
 def _changes(item: Interaction) -> bool:
@@ -435,48 +361,38 @@ def _pattern(step: Any) -> tuple[str, re.Pattern[str], Any] | None:
     except TypeError:
         return None
     path = unquote(urlsplit(request.path).path if "://" in request.path else request.path)
-    regex = re.escape(path).replace(re.escape(_ANY), ".*?")
-    return request.method, re.compile(regex), request.json_body
+    return (
+        request.method,
+        re.compile(re.escape(path).replace(re.escape(_ANY), ".*?")),
+        (request.json_body),
+    )
 
 
 def _matches(pattern: tuple[str, re.Pattern[str], Any] | None, item: Interaction) -> bool:
     method, path = item.route
     if pattern is None or pattern[0] != method or not pattern[1].fullmatch(path):
         return False
-    if pattern[2] is NO_JSON or not isinstance(item.body, str):
-        return True
     try:
-        return _fits(pattern[2], orjson.loads(item.body))
+        body = orjson.loads(item.body) if isinstance(item.body, str) else NO_JSON
     except orjson.JSONDecodeError:
-        return True
+        body = NO_JSON
+    return pattern[2] is NO_JSON or body is NO_JSON or _fits(pattern[2], body)
 
 
 def _fits(template: Any, value: Any) -> bool:
     if isinstance(template, dict):
-        return (
-            isinstance(value, dict)
-            and template.keys() == value.keys()
-            and all(_fits(template[key], value[key]) for key in template)
-        )
+        same = isinstance(value, dict) and template.keys() == value.keys()
+        return same and all(_fits(template[key], value[key]) for key in template)
     if isinstance(template, list):
-        return (
-            isinstance(value, list)
-            and len(template) == len(value)
-            and all(_fits(a, b) for a, b in zip(template, value, strict=True))
-        )
+        same = isinstance(value, list) and len(template) == len(value)
+        return same and all(_fits(a, b) for a, b in zip(template, value, strict=False))
     if isinstance(template, str) and _ANY in template:
-        if template == _ANY:
-            return True
         pattern = ".*?".join(re.escape(part) for part in template.split(_ANY))
-        return isinstance(value, str) and bool(re.fullmatch(pattern, value, re.S))
+        return template == _ANY or (isinstance(value, str) and bool(re.fullmatch(pattern, value)))
     return bool(template == value)
 
 
 # -- finding one -------------------------------------------------------------------------
-
-
-def _ci() -> bool:
-    return os.environ.get("CI", "").lower() == "true"
 
 
 def cassette_for(
@@ -484,19 +400,18 @@ def cassette_for(
 ) -> Cassette:
     """The cassette of `loaded`, recorded as `record` says.
 
-    `record`: `"once"` records a missing cassette (the default; `"none"` when
-    `CI=true`), `"none"` never records, `"refresh"` also re-records a stale one. A
-    stale cassette is otherwise a `StaleCassette` naming the command to run. A
-    scenario not read from a file is recorded each time (nowhere to keep it).
+    `"once"` (the default; `"none"` when `CI=true`) records a missing cassette, `"none"`
+    never records, `"refresh"` also re-records a stale one, `"all"` re-records any. A
+    stale cassette is otherwise a `StaleCassette` naming the command to run. A scenario
+    not read from a file is recorded each time (there is nowhere to keep it).
     """
-    record = record or ("none" if _ci() else "once")
-    if record not in ("none", "once", "refresh"):
-        raise ValueError(f"record must be none, once or refresh, not {record!r}")
+    record = record or ("none" if os.environ.get("CI", "").lower() == "true" else "once")
+    if record not in ("none", "once", "refresh", "all"):
+        raise ValueError(f"record must be none, once, refresh or all, not {record!r}")
     if loaded.path is None:
         return run_sync(lambda: record_cassette(loaded, options))[0]
-    path = cassette_path(loaded.path)
-    regenerate = f"{COMMAND} {loaded.source}"
-    if path.exists():
+    path, regenerate = cassette_path(loaded.path), f"{COMMAND} {loaded.source}"
+    if path.exists() and record != "all":
         cassette = Cassette.load(path)
         if cassette.hash == scenario_hash(loaded):
             return cassette
@@ -505,7 +420,7 @@ def cassette_for(
                 f"{path} is older than its scenario {loaded.source} (the scenario changed "
                 f"since it was recorded); regenerate it: {regenerate}"
             )
-    elif record == "none":
+    elif not path.exists() and record == "none":
         raise StaleCassette(f"{loaded.source} has no cassette ({path}); record it: {regenerate}")
     cassette = run_sync(lambda: record_cassette(loaded, options))[0]
     cassette.save(path)
@@ -529,53 +444,38 @@ def run_sync(make: Callable[[], Coroutine[Any, Any, T]]) -> T:
     thread = threading.Thread(target=target, name="cassette-recorder")
     thread.start()
     thread.join()
-    ok, value = outcome[0]
-    if not ok:
-        raise value
-    return value  # type: ignore[no-any-return]
-
-
-# -- the command -------------------------------------------------------------------------
-
-
-def _scenario_files(paths: Sequence[str]) -> Iterator[Path]:
-    for name in paths:
-        path = Path(name)
-        if path.is_dir():
-            for found in sorted([*path.rglob("*.scenario.yaml"), *path.rglob("*.scenario.yml")]):
-                if not any(part.startswith(".") for part in found.relative_to(path).parts):
-                    yield found
-        else:
-            yield path
+    if not outcome[0][0]:
+        raise outcome[0][1]
+    return outcome[0][1]  # type: ignore[no-any-return]
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m scenarios.cassette",
-        description="Record the cassettes the respx mocks replay (cassettes/NAME.yaml beside "
+        description="Record the cassettes the respx mock replays (cassettes/NAME.yaml beside "
         "each NAME.scenario.yaml), or check that none is missing or stale.",
     )
     parser.add_argument("action", choices=("record", "check"))
     parser.add_argument("paths", nargs="+", help="scenario files or folders")
-    parser.add_argument("--all", action="store_true", help="record: also the fresh ones")
+    parser.add_argument("--all", action="store_true", help="record the fresh ones too")
     parser.add_argument("--codex", help="the real codex, for scenarios with `model:`")
     args = parser.parse_args(argv)
+    record = "none" if args.action == "check" else "all" if args.all else "refresh"
+    files = [
+        found
+        for name in map(Path, args.paths)
+        for found in (sorted(name.rglob("*.scenario.y*ml")) if name.is_dir() else [name])
+        if not any(part.startswith(".") for part in found.parts[len(name.parts) : -1])
+    ]
     status = 0
-    for path in _scenario_files(args.paths):
+    for path in files:
         try:
-            loaded = load_scenario(path)
-            if args.action == "check":
-                cassette_for(loaded, record="none")
-                continue
-            target = cassette_path(path)
-            if args.all and target.exists():
-                target.unlink()
-            fresh = target.exists() and Cassette.load(target).hash == scenario_hash(loaded)
-            cassette_for(loaded, record="refresh", options=RunOptions(codex=args.codex))
-            word = "fresh" if fresh else "recorded"
-            print(f"{word:8}  {target}  ({len(Cassette.load(target).interactions)} exchanges)")
+            cassette = cassette_for(
+                load_scenario(path), record=record, options=RunOptions(args.codex)
+            )
+            print(f"ok  {cassette_path(path)}  ({len(cassette.interactions)} exchanges)")
         except ScenarioError as exc:
-            print(f"FAILED    {path}: {exc}", file=sys.stderr)
+            print(f"FAILED  {path}: {exc}", file=sys.stderr)
             status = 1
     return status
 
