@@ -1,19 +1,11 @@
-"""respx mocks of the bridge for host code that calls it with httpx: no process at all.
+"""A respx mock of the bridge for host code that calls it with httpx: no process at all.
 
 :func:`scenario_router` replays a scenario's cassette (`scenarios.cassette`): what the
-real bridge, with fake-codex behind it, answered when the scenario ran. Each request the
-host makes is matched with a recorded one of the same method and path: the same query
-(`waitMs` aside, it is the client's choice), `Authorization` and `Last-Event-ID`, and
-the same JSON body (values that vary from run to run, UUIDs and timestamps, match any
-of their kind). Its recorded response is sent once, byte for byte, SSE bodies included.
-A recorded event is only given once the host has made the request that, in the
-recording, came before it. A request no route matches raises :class:`UnmatchedRequest`
-listing every recorded route with its steps; a step the host never made fails when the
-router stops (`assert_all_called`).
+real bridge answered when the scenario ran, byte for byte. See scenarios/README.md
+("respx: no process at all") for how requests are matched and what fails loudly.
 
     with scenario_router("approval.scenario.yaml") as bridge:
         client = MyBridgeClient(bridge.base_url, token=bridge.token)
-        ...
 """
 
 from __future__ import annotations
@@ -46,16 +38,8 @@ except ModuleNotFoundError as exc:  # the `harness` extra alone does not bring t
 from scenarios.cassette import Cassette, CassetteError, Interaction, StaleCassette, cassette_for
 from scenarios.format import LoadedScenario, load_scenario, parse_scenario
 
-__all__ = [
-    "DEFAULT_BASE_URL",
-    "BridgeMockRouter",
-    "CassetteError",
-    "ScenarioMockError",
-    "ScenarioRouter",
-    "StaleCassette",
-    "UnmatchedRequest",
-    "scenario_router",
-]
+__all__ = ["CassetteError", "ScenarioMockError", "ScenarioRouter", "StaleCassette"]
+__all__ += ["UnmatchedRequest", "scenario_router"]
 
 DEFAULT_BASE_URL = "http://bridge.test"
 
@@ -72,7 +56,6 @@ class UnmatchedRequest(AllMockedAssertionError, ScenarioMockError):
 _ASYNC: contextvars.ContextVar[bool] = contextvars.ContextVar("bridge_mock_async", default=False)
 _UUID = re.compile(r"[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}")
 _TIME = re.compile(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(\.\d+)?(Z|[+-]\d\d:?\d\d)?")
-_MATCHED_HEADERS = ("Authorization", "Last-Event-ID")
 
 
 class _Target(Pattern):
@@ -92,28 +75,49 @@ def _origin(url: httpx.URL) -> tuple[str, str, int]:
     return url.scheme, url.host, url.port or (443 if url.scheme == "https" else 80)
 
 
-class BridgeMockRouter(respx.MockRouter):
-    """A `respx.MockRouter` for one bridge at `base_url` whose unmatched calls fail loudly."""
+class ScenarioRouter(respx.MockRouter):
+    """The bridge at `base_url` replaying `cassette` (see :func:`scenario_router`).
 
-    def __init__(self, base_url: str, *, assert_all_called: bool) -> None:
+    `token` is the scenario's bearer token (None without auth); `unmatched` the requests
+    no route matched.
+    """
+
+    def __init__(
+        self,
+        loaded: LoadedScenario,
+        cassette: Cassette,
+        *,
+        base_url: str = DEFAULT_BASE_URL,
+        assert_all_called: bool = True,
+        check_bodies: bool = True,
+        max_idle_polls: int = 20,
+        release_timeout: float = 5.0,
+    ) -> None:
         super().__init__(assert_all_called=assert_all_called, assert_all_mocked=True)
         self.base_url = base_url.rstrip("/")
         parts = urlsplit(self.base_url)
         if parts.scheme not in ("http", "https") or not parts.hostname:
             raise ValueError(f"base_url must be an http(s) URL, not {base_url!r}")
-        self._origin = _origin(httpx.URL(self.base_url))
-        self._base_path = parts.path.rstrip("/")
-        self._lock = threading.RLock()
-        #: Requests no route matched, in order.
+        self.loaded, self.cassette, self.token = loaded, cassette, loaded.scenario.bridge.token
+        self.check_bodies, self.max_idle_polls = check_bodies, max_idle_polls
+        self.release_timeout = release_timeout
         self.unmatched: list[httpx.Request] = []
-
-    def _add(self, method: str, path: str, name: str, side_effect: Callable[..., Any]) -> None:
-        route = respx.Route(_Target((method, self._origin, self._base_path + path)))
-        route.side_effect = side_effect
-        self.add(route, name=name)
-
-    def known_routes(self) -> list[str]:
-        return [str(route.name) for route in self.routes]
+        self._lock = threading.RLock()
+        items = cassette.interactions
+        self._made = [threading.Event() for _ in items]  # set once the host made it
+        self._read = [0] * len(items)  # SSE bytes the host read
+        self._idle: dict[str, int] = {}  # empty long-polls in a row, per path
+        self._cursor: dict[str, int] = {}  # per events path: the replay's cursor
+        routes: dict[tuple[str, str], list[int]] = {}
+        for index, item in enumerate(items):
+            routes.setdefault(item.route, []).append(index)
+        origin = _origin(httpx.URL(self.base_url))
+        for (method, path), indexes in routes.items():
+            steps = sorted({step for i in indexes if (step := items[i].step) is not None})
+            label = f"{method} {self.base_url}{path}  — {'; '.join(map(self._step, steps))}"
+            route = respx.Route(_Target((method, origin, parts.path.rstrip("/") + path)))
+            route.side_effect = _bind(self._answer, indexes)
+            self.add(route, name=label)
 
     def resolve(self, request: httpx.Request) -> Any:
         try:
@@ -137,77 +141,12 @@ class BridgeMockRouter(respx.MockRouter):
     def _unmatched(self, request: httpx.Request) -> UnmatchedRequest:
         with self._lock:
             self.unmatched.append(request)
-        lines = [
-            f"no route of the mocked bridge matches {request.method} {request.url} "
-            f"({self.describe()}); known routes:"
-        ]
-        lines += [f"  {line}" for line in self.known_routes()] or ["  (none)"]
-        return UnmatchedRequest("\n".join(lines))
-
-    def describe(self) -> str:
-        return f"bridge mock at {self.base_url}"
-
-
-class _Gate:
-    """Opens once the host has made an interaction; sync and async waits."""
-
-    def __init__(self) -> None:
-        self.event = threading.Event()
-
-    def wait(self, timeout: float) -> bool:
-        return self.event.wait(timeout)
-
-    async def wait_async(self, timeout: float) -> bool:
-        if self.event.is_set():
-            return True
-        return await asyncio.to_thread(self.event.wait, timeout)
-
-
-class ScenarioRouter(BridgeMockRouter):
-    """The bridge replaying a scenario's cassette (built by :func:`scenario_router`).
-
-    `token` is the scenario's bearer token (None without auth); `cassette` what is replayed.
-    """
-
-    def __init__(
-        self,
-        loaded: LoadedScenario,
-        cassette: Cassette,
-        *,
-        base_url: str = DEFAULT_BASE_URL,
-        assert_all_called: bool = True,
-        check_bodies: bool = True,
-        max_idle_polls: int = 20,
-        release_timeout: float = 5.0,
-    ) -> None:
-        super().__init__(base_url, assert_all_called=assert_all_called)
-        self.loaded = loaded
-        self.cassette = cassette
-        self.token = loaded.scenario.bridge.token
-        self.check_bodies = check_bodies
-        self.max_idle_polls = max_idle_polls
-        self.release_timeout = release_timeout
-        items = cassette.interactions
-        self._gates = [_Gate() for _ in items]
-        self._used = [False] * len(items)
-        self._read = [0] * len(items)  # SSE bytes the host read
-        self._idle: dict[str, int] = {}
-        self._cursor: dict[str, int] = {}  # per events path: the last event read by cursor
-        routes: dict[tuple[str, str], list[int]] = {}
-        for index, item in enumerate(items):
-            routes.setdefault(item.route, []).append(index)
-        self._lines: list[str] = []
-        for (method, path), indexes in routes.items():
-            label = f"{method} {self.base_url}{path}"
-            steps = sorted({step for i in indexes if (step := items[i].step) is not None})
-            self._lines.append(f"{label}  — {'; '.join(self._step(i) for i in steps)}")
-            self._add(method, path, label, _bind(self._answer, indexes))
-
-    def known_routes(self) -> list[str]:
-        return list(self._lines)
-
-    def describe(self) -> str:
-        return f"mock of scenario {self.cassette.scenario} at {self.base_url}"
+        routes = [f"  {route.name}" for route in self.routes] or ["  (none)"]
+        return UnmatchedRequest(
+            f"no route of the mocked bridge matches {request.method} {request.url} (mock of "
+            f"scenario {self.cassette.scenario} at {self.base_url}); known routes:\n"
+            + "\n".join(routes)
+        )
 
     def _step(self, index: int | None) -> str:
         if index is None:
@@ -226,63 +165,70 @@ class ScenarioRouter(BridgeMockRouter):
         if items[indexes[0]].events and not items[indexes[0]].route[1].endswith("/stream"):
             return self._poll(request, indexes)
         with self._lock:
-            unused = [i for i in indexes if not self._used[i]]
+            unused = [i for i in indexes if not self._made[i].is_set()]
             differences = [(i, self._differences(items[i], request)) for i in unused]
             chosen = next((i for i, why in differences if not why), None)
             if chosen is not None:
                 return self._serve(chosen)
-            if not differences:
-                raise ScenarioMockError(
-                    f"{request.method} {request.url}: the scenario {self.cassette.scenario} "
-                    f"answers this route {len(indexes)} time(s) "
-                    f"({'; '.join(self._step(items[i].step) for i in indexes)}), "
-                    "and the host asks again"
-                )
-            nearest, why = differences[0]
+        if not differences:
             raise ScenarioMockError(
-                f"{request.method} {request.url} is not what the scenario "
-                f"{self.cassette.scenario} sends on this route; the next recorded request, "
-                f"{self._what(nearest)}, differs: " + "; ".join(why)
+                f"{request.method} {request.url}: the scenario {self.cassette.scenario} answers "
+                f"this route {len(indexes)} time(s) ({'; '.join(self._what(i) for i in indexes)})"
+                ", and the host asks again"
             )
+        nearest, why = differences[0]
+        raise ScenarioMockError(
+            f"{request.method} {request.url} is not what the scenario {self.cassette.scenario} "
+            f"sends on this route; the next recorded request, {self._what(nearest)}, differs: "
+            + "; ".join(why)
+        )
 
     def _poll(self, request: httpx.Request, indexes: list[int]) -> Any:
         """A long-poll gets the next recorded event after its position (`after`, else the
-        session's cursor here), however the scenario read it; else a recorded answer to a
-        poll like it (409 past the exit, 400, ...); else 204."""
+        replay's cursor), however the scenario read it; else a recorded answer to a poll
+        like it (409 past the exit, 400, ...); else 204."""
         items = self.cassette.interactions
-        after = request.url.params.get("after")
-        path = items[indexes[0]].route[1]
+        after, path = request.url.params.get("after"), items[indexes[0]].route[1]
+        auth = request.headers.get("Authorization")
         with self._lock:
             position = self._cursor.get(path, 0) if after is None else _int(after)
-            auth = request.headers.get("Authorization")
             events = [
                 i
                 for i in indexes
                 if position is not None
-                and not self._used[i]
                 and items[i].status == 200
+                and not self._made[i].is_set()
                 and items[i].header("Authorization") == auth
                 and _seq(items[i]) > position
             ]
             waiting = min(events, key=lambda i: (_seq(items[i]), i), default=None)
-            if waiting is not None and self._released(items[waiting].after):
-                if after is None:
-                    self._cursor[path] = _seq(items[waiting])
-                return self._serve(waiting)
-            if waiting is None:
-                for i in indexes:
-                    answered = items[i].status not in (200, 204) and not self._used[i]
-                    if answered and not self._differences(items[i], request):
-                        return self._serve(i)
+            if waiting is not None and self._released(waiting):
+                return self._serve(waiting, None if after is not None else path)
+            for i in indexes if waiting is None else ():
+                answered = items[i].status not in (200, 204) and not self._made[i].is_set()
+                if answered and not self._differences(items[i], request):
+                    return self._serve(i)
         if waiting is not None and _ASYNC.get():
-            return self._poll_later(request, path, waiting)
+            return self._poll_later(request, path if after is None else None, waiting)
         return self._nothing(request, waiting)
 
-    def _serve(self, index: int) -> httpx.Response:
+    async def _poll_later(self, request: httpx.Request, path: str | None, index: int) -> Any:
+        after = self.cassette.interactions[index].after
+        if after is not None and not self._made[after].is_set():
+            wait = (_int(request.url.params.get("waitMs", "")) or 30_000) / 1000
+            timeout = min(wait, self.release_timeout)
+            await asyncio.to_thread(self._made[after].wait, timeout)
+        with self._lock:
+            if not self._made[index].is_set() and self._released(index):
+                return self._serve(index, path)
+        return self._nothing(request, index)
+
+    def _serve(self, index: int, cursor: str | None = None) -> httpx.Response:
         item = self.cassette.interactions[index]
-        self._used[index] = True
-        self._gates[index].event.set()
+        self._made[index].set()
         self._idle.pop(item.route[1], None)
+        if cursor is not None:
+            self._cursor[cursor] = _seq(item)
         headers = [
             (name, value) for name, values in item.response_headers.items() for value in values
         ]
@@ -290,18 +236,6 @@ class ScenarioRouter(BridgeMockRouter):
         if not item.marks:
             return httpx.Response(item.status, headers=headers, content=body)
         return httpx.Response(item.status, headers=headers, stream=_Replay(self, index, body))
-
-    async def _poll_later(self, request: httpx.Request, path: str, index: int) -> httpx.Response:
-        wait_ms = _int(request.url.params.get("waitMs", "")) or 30_000
-        after = self.cassette.interactions[index].after
-        if after is not None:
-            await self._gates[after].wait_async(min(wait_ms / 1000, self.release_timeout))
-        with self._lock:
-            if not self._used[index] and self._released(after):
-                if request.url.params.get("after") is None:
-                    self._cursor[path] = _seq(self.cassette.interactions[index])
-                return self._serve(index)
-        return self._nothing(request, index)
 
     def _nothing(self, request: httpx.Request, waiting: int | None) -> httpx.Response:
         """A long-poll with no event for it yet: 204, until the host has looped too long."""
@@ -311,27 +245,21 @@ class ScenarioRouter(BridgeMockRouter):
             if self._idle[path] <= self.max_idle_polls:
                 return httpx.Response(204)
             self._idle.pop(path)
-        if waiting is not None:
-            after = self.cassette.interactions[waiting].after
+        why = f"the recording has no more answers on it for {request.url.query.decode()!r}"
+        after = self.cassette.interactions[waiting].after if waiting is not None else None
+        if waiting is not None and after is not None:
             why = (
                 f"its next recorded answer ({self._what(waiting)}) comes only after "
-                f"{self._what(after) if after is not None else 'nothing'}, which the host has "
-                "not made"
+                f"{self._what(after)}, which the host has not made"
             )
-        else:
-            why = f"the recording has no more answers on it for {request.url.query.decode()!r}"
         raise ScenarioMockError(
             f"the host long-polled {path} {self.max_idle_polls + 1} times in a row without an "
             f"event: {why} (scenario {self.cassette.scenario})"
         )
 
-    def _idle_poll(self, index: int) -> bool:
-        """A recorded long-poll that found nothing: any poll like it gets a 204."""
-        item = self.cassette.interactions[index]
-        return item.events and item.status == 204
-
-    def _released(self, after: int | None) -> bool:
-        return after is None or self._used[after]
+    def _released(self, index: int) -> bool:
+        after = self.cassette.interactions[index].after
+        return after is None or self._made[after].is_set()
 
     def _differences(self, item: Interaction, request: httpx.Request) -> list[str]:
         why = []
@@ -340,26 +268,29 @@ class ScenarioRouter(BridgeMockRouter):
         sent = _query(request.url.query.decode(), item.status == 400)
         if recorded != sent:
             why.append(f"query {sent} instead of {recorded}")
-        for name in _MATCHED_HEADERS:
-            if item.header(name) != request.headers.get(name):
-                shown = "(none)" if request.headers.get(name) is None else "another value"
-                why.append(f"{name}: {shown} instead of {_shown(name, item.header(name))}")
-        if self.check_bodies:
-            difference = _body_difference(item.body, request.read(), self.cassette.tmp)
-            if difference:
-                why.append(f"the body {difference}")
+        for name in ("Authorization", "Last-Event-ID"):
+            value, expected = request.headers.get(name), item.header(name)
+            if value != expected:
+                shown = "the scenario's token" if name == "Authorization" else repr(expected)
+                why.append(
+                    f"{name}: {'(none)' if value is None else 'another value'} instead of "
+                    f"{'none' if expected is None else shown}"
+                )
+        difference = _body_difference(item.body, request.read(), self.cassette.tmp)
+        if difference and self.check_bodies:
+            why.append(f"the body {difference}")
         return why
 
     # -- the end check
 
     def unserved(self) -> list[str]:
-        """The steps the host never made (requests never sent, streams not read to the end)."""
+        """The exchanges the host never made (requests never sent, streams not read)."""
         missing = []
         for index, item in enumerate(self.cassette.interactions):
-            if not self._used[index] and not self._idle_poll(index):
+            body = _raw(item.response_body)
+            if not self._made[index].is_set() and not (item.events and item.status == 204):
                 missing.append(f"{self._what(index)} never requested")
-            elif item.marks and self._read[index] < len(_raw(item.response_body)):
-                body = _raw(item.response_body)
+            elif item.marks and self._read[index] < len(body):
                 left = body[self._read[index] :].count(b"\n\n")
                 missing.append(f"{self._what(index)}: {left} recorded SSE frame(s) never read")
         return missing
@@ -367,11 +298,11 @@ class ScenarioRouter(BridgeMockRouter):
     def assert_all_called(self) -> None:
         missing = self.unserved()
         if missing:
-            lines = [
+            raise AssertionError(
                 f"scenario {self.cassette.scenario}: {len(missing)} recorded exchange(s) the "
-                "host never made (assert_all_called):"
-            ]
-            raise AssertionError("\n".join(lines + [f"  {line}" for line in missing]))
+                "host never made (assert_all_called):\n"
+                + "\n".join(f"  {line}" for line in missing)
+            )
 
 
 class _Replay(httpx.SyncByteStream, httpx.AsyncByteStream):
@@ -381,9 +312,7 @@ class _Replay(httpx.SyncByteStream, httpx.AsyncByteStream):
         self.router, self.index, self.body = router, index, body
         marks = router.cassette.interactions[index].marks
         ends = [int(offset or 0) for offset, _ in marks[1:]] + [len(body)]
-        self.parts = [
-            (int(offset or 0), end, after) for (offset, after), end in zip(marks, ends, strict=True)
-        ]
+        self.parts = [(int(m[0] or 0), end, m[1]) for m, end in zip(marks, ends, strict=True)]
 
     def _unreleased(self, after: int) -> ScenarioMockError:
         router = self.router
@@ -393,42 +322,36 @@ class _Replay(httpx.SyncByteStream, httpx.AsyncByteStream):
             f"(scenario {router.cassette.scenario})"
         )
 
-    def _sent(self, end: int) -> None:
-        router = self.router
+    def _sent(self, end: int) -> bytes:
+        router, item = self.router, self.router.cassette.interactions[self.index]
         with router._lock:
             router._read[self.index] = max(router._read[self.index], end)
-            item = router.cassette.interactions[self.index]
             from_cursor = "after=" not in item.path and item.header("Last-Event-ID") is None
             if end == len(self.body) and from_cursor and b"\nevent: exit\n" in self.body:
                 # The bridge's rule: a stream from the cursor that ends with the exit
                 # event moves the cursor past it (one cut short gives it back).
-                ids = re.findall(rb"^id: (\d+)$", self.body, re.M)
+                last = int(re.findall(rb"^id: (\d+)$", self.body, re.M)[-1])
                 path = item.route[1].removesuffix("/stream")
-                router._cursor[path] = max(router._cursor.get(path, 0), int(ids[-1]))
+                router._cursor[path] = max(router._cursor.get(path, 0), last)
+        return self.body[:end]
 
     def __iter__(self) -> Iterator[bytes]:
         for start, end, after in self.parts:
-            if after is not None and not self.router._gates[after].wait(
-                self.router.release_timeout
-            ):
+            if after is not None and not self.router._made[after].wait(self.router.release_timeout):
                 raise self._unreleased(after)
-            self._sent(end)
-            yield self.body[start:end]
+            yield self._sent(end)[start:]
 
     async def __aiter__(self) -> AsyncIterator[bytes]:
         for start, end, after in self.parts:
-            gate = self.router._gates[after] if after is not None else None
-            if gate is not None and not await gate.wait_async(self.router.release_timeout):
-                raise self._unreleased(after)  # type: ignore[arg-type]
-            self._sent(end)
-            yield self.body[start:end]
+            if after is not None and not self.router._made[after].is_set():
+                made = self.router._made[after]
+                if not await asyncio.to_thread(made.wait, self.router.release_timeout):
+                    raise self._unreleased(after)
+            yield self._sent(end)[start:]
 
 
 def _bind(handler: Callable[..., Any], *args: Any) -> Callable[[httpx.Request], Any]:
-    def side_effect(request: httpx.Request) -> Any:
-        return handler(request, *args)
-
-    return side_effect
+    return lambda request: handler(request, *args)
 
 
 def _raw(body: str | bytes | None) -> bytes:
@@ -449,46 +372,33 @@ def _seq(item: Interaction) -> int:
     return seq if isinstance(seq, int) else 0
 
 
-def _shown(name: str, value: str | None) -> str:
-    if value is None:
-        return "none"
-    return "the scenario's bearer token" if name == "Authorization" else repr(value)
-
-
 def _body_difference(recorded: str | bytes | None, sent: bytes, tmp: str | None) -> str | None:
-    """How `sent` differs from the recorded body (None: alike), as a short sentence."""
+    """How `sent` differs from the recorded body (None: alike), in a few words."""
     raw = _raw(recorded)
     if raw == sent:
         return None
     try:
-        expected, received = orjson.loads(raw or b"null"), orjson.loads(sent or b"null")
+        return _json_difference(orjson.loads(raw or b"null"), orjson.loads(sent or b"null"), tmp)
     except orjson.JSONDecodeError:
         return f"is {sent[:200]!r} instead of {raw[:200]!r}"
-    return _json_difference(expected, received, "$", tmp)
 
 
-def _json_difference(expected: Any, received: Any, path: str, tmp: str | None) -> str | None:
+def _json_difference(expected: Any, received: Any, tmp: str | None, path: str = "$") -> str | None:
     if isinstance(expected, dict) and isinstance(received, dict):
         if expected.keys() != received.keys():
             extra, lacking = sorted(received.keys() - expected), sorted(expected.keys() - received)
             return f"at {path}: keys {extra} not recorded, recorded keys {lacking} missing"
-        for key in expected:
-            found = _json_difference(expected[key], received[key], f"{path}.{key}", tmp)
-            if found:
-                return found
-        return None
-    if isinstance(expected, list) and isinstance(received, list):
+        pairs = [(expected[key], received[key], f"{path}.{key}") for key in expected]
+    elif isinstance(expected, list) and isinstance(received, list):
         if len(expected) != len(received):
             return f"at {path}: {len(received)} items instead of {len(expected)}"
-        for index, (a, b) in enumerate(zip(expected, received, strict=True)):
-            found = _json_difference(a, b, f"{path}[{index}]", tmp)
-            if found:
-                return found
+        pairs = [(a, received[i], f"{path}[{i}]") for i, a in enumerate(expected)]
+    elif _alike(expected, received, tmp):
         return None
-    if _alike(expected, received, tmp):
-        return None
-    shown = orjson.dumps(received)[:200].decode()
-    return f"at {path}: {shown} instead of {orjson.dumps(expected)[:200].decode()}"
+    else:
+        shown = orjson.dumps(received)[:200].decode()
+        return f"at {path}: {shown} instead of {orjson.dumps(expected)[:200].decode()}"
+    return next((found for a, b, p in pairs if (found := _json_difference(a, b, tmp, p))), None)
 
 
 def _alike(expected: Any, received: Any, tmp: str | None) -> bool:
@@ -500,10 +410,9 @@ def _alike(expected: Any, received: Any, tmp: str | None) -> bool:
         return False
     if any(kind.fullmatch(expected) and kind.fullmatch(received) for kind in (_UUID, _TIME)):
         return True
-    if tmp and tmp in expected:
-        pattern = ".+".join(re.escape(part) for part in expected.split(tmp))
-        return bool(re.fullmatch(pattern, received, re.S))
-    return False
+    if not tmp or tmp not in expected:
+        return False
+    return bool(re.fullmatch(".+".join(map(re.escape, expected.split(tmp))), received, re.S))
 
 
 def scenario_router(
@@ -518,20 +427,14 @@ def scenario_router(
 ) -> ScenarioRouter:
     """A respx router replaying `scenario`'s cassette (a file, a mapping or a loaded one).
 
-    The cassette is `cassettes/NAME.yaml` beside the scenario; `record` says what to do
-    when it is missing or stale (`scenarios.cassette.cassette_for`: by default a missing
-    one is recorded, except when `CI=true`, and a stale one raises `StaleCassette`).
-    `check_bodies`: a request whose body differs from the recorded one fails.
-    `max_idle_polls`: empty long-polls in a row before the mock fails the host's loop.
-    `release_timeout`: how long a stream or async long-poll waits for the request an
-    event comes after.
+    `record`: when to (re)record it (`scenarios.cassette.cassette_for`). `check_bodies`:
+    a body unlike the recorded one fails. `max_idle_polls`: empty long-polls in a row
+    before the host's loop fails. `release_timeout`: how long a stream or an async
+    long-poll waits for the request its next event comes after.
     """
-    if isinstance(scenario, LoadedScenario):
-        loaded = scenario
-    elif isinstance(scenario, Mapping):
-        loaded = parse_scenario({"scenario": 1, **scenario}, source="<scenario>")
-    else:
-        loaded = load_scenario(Path(scenario))
+    if isinstance(scenario, Mapping):
+        scenario = parse_scenario({"scenario": 1, **scenario}, source="<scenario>")
+    loaded = scenario if isinstance(scenario, LoadedScenario) else load_scenario(Path(scenario))
     return ScenarioRouter(
         loaded,
         cassette_for(loaded, record=record),
