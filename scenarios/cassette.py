@@ -1,12 +1,6 @@
-"""Cassettes: what the real bridge answered for a scenario, in VCR.py's YAML format.
-
-Recording runs the scenario once on the real bridge (fake-codex behind it, or the real
-codex for `model:`) and keeps every HTTP exchange its steps made, an SSE body being the
-bytes the client read. The file is VCR.py's cassette (`version: 1`, `interactions` of
-`request`/`response`), so vcrpy and pytest-recording read it; what replay needs more
-(`scenarios.respx_mock`) sits under `codex:` keys they ignore: the hash of the scenario
-document (another hash: the cassette is stale), each exchange's step, and the earlier
-request an event waits for.
+"""Cassettes: what the real bridge answered a scenario's steps, in VCR.py's YAML format
+(what `scenarios.respx_mock` needs more sits under `codex:` keys vcrpy ignores). See
+scenarios/README.md ("Cassettes").
 
     python -m scenarios.cassette record PATHS...   # the missing and stale ones (--all)
     python -m scenarios.cassette check PATHS...    # exit 1 naming each missing or stale
@@ -16,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import concurrent.futures
 import dataclasses
 import hashlib
 import os
@@ -23,7 +18,6 @@ import re
 import shutil
 import sys
 import tempfile
-import threading
 import time
 from collections.abc import Callable, Coroutine, Sequence
 from dataclasses import dataclass, field
@@ -107,20 +101,18 @@ class Interaction:
     @classmethod
     def from_vcr(cls, data: dict[str, Any]) -> Interaction:
         request, response, codex = data["request"], data["response"], data.get("codex") or {}
-        uri = urlsplit(request["uri"])
-        return cls(
-            request["method"],
-            uri.path + (f"?{uri.query}" if uri.query else ""),
-            request.get("headers") or {},
-            request.get("body"),
-            response["status"]["code"],
-            response["status"].get("message", ""),
-            response.get("headers") or {},
-            (response.get("body") or {}).get("string") or "",
+        uri, status = urlsplit(request["uri"]), response["status"]
+        path = uri.path + (f"?{uri.query}" if uri.query else "")
+        item = cls(request["method"], path, request.get("headers") or {}, request.get("body"))
+        item.status, item.reason = status["code"], status.get("message", "")
+        item.response_headers = response.get("headers") or {}
+        item.response_body = (response.get("body") or {}).get("string") or ""
+        item.step, item.after, item.marks = (
             codex.get("step"),
             codex.get("after"),
             codex.get("marks") or [],
         )
+        return item
 
 
 @dataclass
@@ -252,9 +244,6 @@ class _Tee:
 
     async def read(self, n: int = -1) -> bytes:
         return self._keep(await self._inner.read(n))
-
-    async def readany(self) -> bytes:
-        return self._keep(await self._inner.readany())
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._inner, name)
@@ -398,13 +387,10 @@ def _fits(template: Any, value: Any) -> bool:
 def cassette_for(
     loaded: LoadedScenario, *, record: str | None = None, options: RunOptions | None = None
 ) -> Cassette:
-    """The cassette of `loaded`, recorded as `record` says.
-
-    `"once"` (the default; `"none"` when `CI=true`) records a missing cassette, `"none"`
-    never records, `"refresh"` also re-records a stale one, `"all"` re-records any. A
-    stale cassette is otherwise a `StaleCassette` naming the command to run. A scenario
-    not read from a file is recorded each time (there is nowhere to keep it).
-    """
+    """The cassette of `loaded`: `record="once"` (the default; `"none"` when `CI=true`)
+    records a missing one, `"none"` never records, `"refresh"` re-records a stale one too,
+    `"all"` any; a stale one is else a `StaleCassette` naming the command to run. A
+    scenario not read from a file is recorded each time (there is nowhere to keep it)."""
     record = record or ("none" if os.environ.get("CI", "").lower() == "true" else "once")
     if record not in ("none", "once", "refresh", "all"):
         raise ValueError(f"record must be none, once, refresh or all, not {record!r}")
@@ -429,24 +415,8 @@ def cassette_for(
 
 def run_sync(make: Callable[[], Coroutine[Any, Any, T]]) -> T:
     """Run a coroutine to its end from sync code, even inside a running event loop."""
-    try:
-        asyncio.get_running_loop()
-    except RuntimeError:
-        return asyncio.run(make())
-    outcome: list[Any] = []
-
-    def target() -> None:
-        try:
-            outcome.append((True, asyncio.run(make())))
-        except BaseException as exc:
-            outcome.append((False, exc))
-
-    thread = threading.Thread(target=target, name="cassette-recorder")
-    thread.start()
-    thread.join()
-    if not outcome[0][0]:
-        raise outcome[0][1]
-    return outcome[0][1]  # type: ignore[no-any-return]
+    with concurrent.futures.ThreadPoolExecutor(1, "cassette-recorder") as pool:
+        return pool.submit(lambda: asyncio.run(make())).result()
 
 
 def main(argv: Sequence[str] | None = None) -> int:

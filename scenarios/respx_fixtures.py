@@ -1,9 +1,5 @@
-"""pytest fixtures of the respx mock (`codex_respx`) and the cassette option.
-
-Registered by the plugin (`scenarios.pytest_plugin` lists this module in its
-`pytest_plugins`); importing it needs neither respx nor httpx: without the `respx`
-extra the fixture fails the test naming it.
-"""
+"""The `codex_respx` fixture and `--codex-record-cassettes` (the plugin registers this
+module); importing it needs neither respx nor httpx: the fixture names the extra."""
 
 from __future__ import annotations
 
