@@ -132,20 +132,22 @@ class Cassette:
 
     def save(self, path: Path) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
-        temporary = path.with_name(path.name + ".tmp")
-        temporary.write_text(self.dump(), encoding="utf-8")
+        descriptor, temporary = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+        with os.fdopen(descriptor, "w", encoding="utf-8") as file:  # one writer per file
+            file.write(self.dump())
         os.replace(temporary, path)
 
     @classmethod
-    def load(cls, path: Path) -> Cassette:
+    def load(cls, path: Path, scenario: str = "SCENARIO") -> Cassette:
         try:
             data = yaml.load(path.read_text(encoding="utf-8"), Loader=_Loader)
             codex = data["codex"]
             items = [Interaction.from_vcr(item) for item in data["interactions"]]
             return cls(codex["scenario"], codex["hash"], items, codex.get("tmp"))
         except (OSError, yaml.YAMLError, KeyError, TypeError) as exc:
+            why = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
             raise CassetteError(
-                f"{path}: not a cassette of this tool ({exc!r}); regenerate it: {COMMAND} SCENARIO"
+                f"{path}: not a cassette of this tool ({why}); regenerate it: {COMMAND} {scenario}"
             ) from None
 
 
@@ -398,8 +400,13 @@ def cassette_for(
         return run_sync(lambda: record_cassette(loaded, options))[0]
     path, regenerate = cassette_path(loaded.path), f"{COMMAND} {loaded.source}"
     if path.exists() and record != "all":
-        cassette = Cassette.load(path)
-        if cassette.hash == scenario_hash(loaded):
+        try:
+            cassette: Cassette | None = Cassette.load(path, loaded.source)
+        except CassetteError:
+            if record != "refresh":
+                raise
+            cassette = None
+        if cassette is not None and cassette.hash == scenario_hash(loaded):
             return cassette
         if record != "refresh":
             raise StaleCassette(
@@ -445,7 +452,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             )
             print(f"ok  {cassette_path(path)}  ({len(cassette.interactions)} exchanges)")
         except ScenarioError as exc:
-            print(f"FAILED  {path}: {exc}", file=sys.stderr)
+            print(f"FAILED  {exc}", file=sys.stderr)
             status = 1
     return status
 

@@ -13,6 +13,8 @@ from __future__ import annotations
 import asyncio
 import json
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -412,3 +414,43 @@ def test_a_scenario_given_as_a_mapping_behind_a_base_url_with_a_path() -> None:
         assert http.get("/v1/sessions").json() == {"sessions": []}
         with pytest.raises(UnmatchedRequest):
             httpx.get("https://example.test/v1/sessions")
+
+
+def test_the_command_records_checks_and_refuses_a_failing_scenario(library: Any) -> None:
+    good = library("auth-rejection")
+    broken = good.parent / "sub" / "broken.scenario.yaml"
+    broken.parent.mkdir()
+    broken.write_text(
+        "scenario: 1\nsteps:\n  - http: {method: GET, path: /health}\n    expect: {status: 418}\n"
+    )
+
+    def command(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-m", "scenarios.cassette", *args],
+            cwd=good.parent,
+            capture_output=True,
+            text=True,
+            timeout=300,
+            check=False,
+        )
+
+    checked = command("check", ".")
+    assert checked.returncode == 1
+    assert f"has no cassette (cassettes/auth-rejection.yaml); record it: {COMMAND}" in (
+        checked.stderr
+    )
+    recorded = command("record", ".")
+    assert recorded.returncode == 1
+    assert "ok  cassettes/auth-rejection.yaml  (6 exchanges)" in recorded.stdout
+    assert "FAILED  sub/broken.scenario.yaml: no cassette: the scenario must pass" in (
+        recorded.stderr
+    )
+    assert "expected status 418, received 200" in recorded.stderr
+    assert not (broken.parent / "cassettes").exists()
+    assert command("check", "auth-rejection.scenario.yaml").returncode == 0
+    cassette_path(good).write_text("not: [a cassette")
+    broken_file = command("check", "auth-rejection.scenario.yaml")
+    assert "not a cassette of this tool (ParserError" in broken_file.stderr
+    assert f"regenerate it: {COMMAND} auth-rejection.scenario.yaml" in broken_file.stderr
+    assert command("record", "auth-rejection.scenario.yaml").returncode == 0
+    assert Cassette.load(cassette_path(good)).interactions
