@@ -108,6 +108,7 @@ class ScenarioRouter(respx.MockRouter):
         self._read = [0] * len(items)  # SSE bytes the host read
         self._idle: dict[str, int] = {}  # empty long-polls in a row, per path
         self._cursor: dict[str, int] = {}  # per events path: the replay's cursor
+        self._seqs = [_seq(item) if item.events and item.status == 200 else 0 for item in items]
         routes: dict[tuple[str, str], list[int]] = {}
         for index, item in enumerate(items):
             routes.setdefault(item.route, []).append(index)
@@ -199,9 +200,9 @@ class ScenarioRouter(respx.MockRouter):
                 and items[i].status == 200
                 and not self._made[i].is_set()
                 and items[i].header("Authorization") == auth
-                and _seq(items[i]) > position
+                and self._seqs[i] > position
             ]
-            waiting = min(events, key=lambda i: (_seq(items[i]), i), default=None)
+            waiting = min(events, key=lambda i: (self._seqs[i], i), default=None)
             if waiting is not None and self._released(waiting):
                 return self._serve(waiting, None if after is not None else path)
             for i in indexes if waiting is None else ():
@@ -228,7 +229,7 @@ class ScenarioRouter(respx.MockRouter):
         self._made[index].set()
         self._idle.pop(item.route[1], None)
         if cursor is not None:
-            self._cursor[cursor] = _seq(item)
+            self._cursor[cursor] = self._seqs[index]
         headers = [
             (name, value) for name, values in item.response_headers.items() for value in values
         ]
@@ -368,7 +369,11 @@ def _int(text: str) -> int | None:
 
 
 def _seq(item: Interaction) -> int:
-    seq = orjson.loads(_raw(item.response_body)).get("seq")
+    """A long-poll's event's `seq` (its SSE body, when streamed: 0)."""
+    try:
+        seq = orjson.loads(_raw(item.response_body)).get("seq")
+    except (orjson.JSONDecodeError, AttributeError):
+        return 0
     return seq if isinstance(seq, int) else 0
 
 
