@@ -271,7 +271,8 @@ async def record_cassette(
     if not options.keep_tmp:
         shutil.rmtree(root, ignore_errors=True)
     # The run's `${tmp}` varies from run to run: replay takes any path in its place.
-    tmp = re.search(re.escape(str(root)) + r"/scenario-[^/\s\"]+", result.transcript.entries[0][2])
+    runs = " ".join(text for _, source, text in result.transcript.entries if source == "run")
+    tmp = re.search(re.escape(str(root)) + r"/scenario-[^/\s\"]+", runs)
     items = _kept(loaded, result, recorder.items)
     return Cassette(loaded.name, scenario_hash(loaded), items, tmp and tmp.group(0)), result
 
