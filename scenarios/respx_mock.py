@@ -93,11 +93,12 @@ class ScenarioRouter(respx.MockRouter):
         max_idle_polls: int = 20,
         release_timeout: float = 5.0,
     ) -> None:
-        super().__init__(assert_all_called=assert_all_called, assert_all_mocked=True)
-        self.base_url = base_url.rstrip("/")
-        parts = urlsplit(self.base_url)
+        parts = urlsplit(base_url.rstrip("/"))
         if parts.scheme not in ("http", "https") or not parts.hostname:
             raise ValueError(f"base_url must be an http(s) URL, not {base_url!r}")
+        # Routes a test adds itself (`bridge.get("/v1/...")`) are relative to the bridge.
+        super().__init__(assert_all_called=assert_all_called, base_url=base_url.rstrip("/"))
+        self.base_url = base_url.rstrip("/")
         self.loaded, self.cassette, self.token = loaded, cassette, loaded.scenario.bridge.token
         self.check_bodies, self.max_idle_polls = check_bodies, max_idle_polls
         self.release_timeout = release_timeout
