@@ -23,7 +23,8 @@ import pytest
 import yaml
 from respx.models import AllMockedAssertionError
 
-from scenarios.cassette import COMMAND, Cassette, StaleCassette, cassette_path
+from scenarios.cassette import COMMAND, Cassette, StaleCassette, cassette_for, cassette_path
+from scenarios.format import load_scenario
 from scenarios.respx_mock import ScenarioMockError, UnmatchedRequest, scenario_router
 
 LIBRARY = Path(__file__).resolve().parents[2] / "scenarios" / "library"
@@ -31,11 +32,14 @@ LIBRARY = Path(__file__).resolve().parents[2] / "scenarios" / "library"
 
 @pytest.fixture
 def library(tmp_path: Path) -> Any:
-    """A copy of a library scenario in this test's folder (its cassette goes there)."""
+    """A copy of a library scenario in this test's folder, with its cassette recorded
+    there (explicitly: under CI=true a missing cassette is never recorded on its own)."""
 
-    def copy(name: str) -> Path:
+    def copy(name: str, record: bool = True) -> Path:
         target = tmp_path / f"{name}.scenario.yaml"
         shutil.copy(LIBRARY / f"{name}.scenario.yaml", target)
+        if record:
+            cassette_for(load_scenario(target), record="once")
         return target
 
     return copy
@@ -238,7 +242,6 @@ def test_a_stale_cassette_fails_naming_the_command_and_is_rerecorded_on_demand(
     library: Any,
 ) -> None:
     path = library("auth-rejection")
-    scenario_router(path, assert_all_called=False)  # records it
     recorded = cassette_path(path).read_text()
     # Comments and layout are not the scenario's content: the cassette stays fresh.
     path.write_text("# a comment\n" + path.read_text())
@@ -252,7 +255,7 @@ def test_a_stale_cassette_fails_naming_the_command_and_is_rerecorded_on_demand(
     assert f"regenerate it: {COMMAND} {path}" in message
     assert cassette_path(path).read_text() == recorded
     with pytest.raises(StaleCassette, match="has no cassette"):
-        scenario_router(library("limits"), record="none")
+        scenario_router(library("limits", record=False), record="none")
     fresh = scenario_router(path, record="refresh", assert_all_called=False)
     assert fresh.cassette.scenario == "auth-renamed"
     assert Cassette.load(cassette_path(path)).hash == fresh.cassette.hash != ""
@@ -307,7 +310,8 @@ def test_requests_unlike_the_recorded_ones_fail_saying_how(library: Any) -> None
         with pytest.raises(ScenarioMockError) as raised:
             host.http.post("/v1/sessions", json={"options": {"model": "other"}})
         assert "the body at $: keys ['options'] not recorded" in str(raised.value)
-        session = host.create_session()
+        # No body is `{}` to the bridge, as the recorded `{}` is.
+        session = str(host.http.post("/v1/sessions").json()["sessionId"])
         assert host.call(session, "x/answer-then-exit", {}).json() == {"result": {"ok": True}}
         with pytest.raises(ScenarioMockError, match=r"answers this route 1 time\(s\)"):
             host.call(session, "x/answer-then-exit", {})
@@ -429,7 +433,7 @@ def test_a_scenario_given_as_a_mapping_behind_a_base_url_with_a_path() -> None:
 
 
 def test_the_command_records_checks_and_refuses_a_failing_scenario(library: Any) -> None:
-    good = library("auth-rejection")
+    good = library("auth-rejection", record=False)
     broken = good.parent / "sub" / "broken.scenario.yaml"
     broken.parent.mkdir()
     broken.write_text(
