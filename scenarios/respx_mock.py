@@ -210,9 +210,11 @@ class ScenarioRouter(respx.MockRouter):
                 answered = items[i].status not in (200, 204) and not self._made[i].is_set()
                 if answered and not self._differences(items[i], request):
                     return self._serve(i)
+            unread = [i for i in indexes if items[i].status == 200 and not self._made[i].is_set()]
         if waiting is not None and _ASYNC.get():
             return self._poll_later(request, path if after is None else None, waiting)
-        return self._nothing(request, waiting)
+        hint = "; ".join(self._differences(items[unread[0]], request)) if unread else ""
+        return self._nothing(request, waiting, hint)
 
     async def _poll_later(self, request: httpx.Request, path: str | None, index: int) -> Any:
         after = self.cassette.interactions[index].after
@@ -239,7 +241,7 @@ class ScenarioRouter(respx.MockRouter):
             return httpx.Response(item.status, headers=headers, content=body)
         return httpx.Response(item.status, headers=headers, stream=_Replay(self, index, body))
 
-    def _nothing(self, request: httpx.Request, waiting: int | None) -> httpx.Response:
+    def _nothing(self, request: httpx.Request, waiting: int | None, hint: str = "") -> Any:
         """A long-poll with no event for it yet: 204, until the host has looped too long."""
         path = request.url.path
         with self._lock:
@@ -248,6 +250,8 @@ class ScenarioRouter(respx.MockRouter):
                 return httpx.Response(204)
             self._idle.pop(path)
         why = f"the recording has no more answers on it for {request.url.query.decode()!r}"
+        if hint and waiting is None:  # e.g. another token than the recorded events'
+            why += f"; its next recorded event's request differs: {hint}"
         after = self.cassette.interactions[waiting].after if waiting is not None else None
         if waiting is not None and after is not None:
             why = (

@@ -355,6 +355,31 @@ def test_exchanges_the_host_never_made_fail_when_the_mock_stops(library: Any) ->
     assert "never requested" in message
 
 
+def test_a_long_poll_with_another_token_gets_nothing_and_a_loop_fails_saying_why(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "polled.scenario.yaml"
+    path.write_text(
+        "scenario: 1\nbridge: {token: s3cret}\nsteps:\n  - createSession: s\n"
+        '  - poll: {session: "${s}"}\n'
+    )
+    cassette_for(load_scenario(path), record="once")
+    with scenario_router(path, assert_all_called=False) as bridge:
+        assert bridge.token == "s3cret"
+        host = SyncHost(bridge.base_url, token=bridge.token)
+        session = host.create_session()
+        events = f"/v1/sessions/{session}/events"
+        polled = 0
+        with pytest.raises(ScenarioMockError) as raised:  # noqa: PT012 (a host's loop)
+            while polled < 30:
+                polled += 1
+                wrong = host.http.get(events, headers={"Authorization": "Bearer nope"})
+                assert wrong.status_code == 204
+        assert polled == 21
+        assert "Authorization: another value instead of the scenario's token" in str(raised.value)
+        assert host.http.get(events).json()["seq"] == 1
+
+
 def test_a_long_poll_before_its_request_gets_nothing_and_a_loop_fails_naming_it(
     library: Any,
 ) -> None:
