@@ -30,12 +30,14 @@ PRESETS: dict[str, Callable[[Sequence[str], RestLimits | None], web.Application]
     "text-turn": text_turn_app,
 }
 REPORT_ENV = "FAKE_CODEX_REPORT"
+SCRIPT_ENV = "FAKE_CODEX_SCRIPT"
+
+
 #: A client middleware every bridge client made in this context passes its exchanges
 #: through (set by `scenarios.cassette` while it records a scenario).
 RECORDER: contextvars.ContextVar[aiohttp.ClientMiddlewareType | None] = contextvars.ContextVar(
     "codex_bridge_recorder", default=None
 )
-SCRIPT_ENV = "FAKE_CODEX_SCRIPT"
 
 
 def fake_codex_command() -> list[str]:
