@@ -130,10 +130,7 @@ _SUSPECT_NUMBERS = re.compile(rb"NaN|Infinity|[0-9][eE]|[0-9]{300}")
 
 
 def validate_body(model: type[M], raw: bytes) -> M:
-    """``raw`` validated as ``model`` (empty counts as ``{}``), or the bridge's 400.
-
-    Shared with `scenarios.respx_mock`, whose mocks reject what the bridge rejects.
-    """
+    """``raw`` validated as ``model`` (empty counts as ``{}``), or the bridge's 400."""
     if not raw.strip():
         raw = b"{}"
     if _SUSPECT_NUMBERS.search(raw) is not None:

@@ -5,6 +5,7 @@ Used by the scenario runner and by the pytest plugin's fixtures alike.
 
 from __future__ import annotations
 
+import contextvars
 import os
 import shutil
 import sys
@@ -27,6 +28,13 @@ from scenarios.openapi_check import OpenApiChecker
 
 REPORT_ENV = "FAKE_CODEX_REPORT"
 SCRIPT_ENV = "FAKE_CODEX_SCRIPT"
+
+
+#: A client middleware every bridge client made in this context passes its exchanges
+#: through (set by `scenarios.cassette` while it records a scenario).
+RECORDER: contextvars.ContextVar[aiohttp.ClientMiddlewareType | None] = contextvars.ContextVar(
+    "codex_bridge_recorder", default=None
+)
 
 
 def fake_codex_command() -> list[str]:
@@ -214,11 +222,13 @@ class RunningBridge:
         `contract_check` is false.
         """
         checkers = {self.url: self.checker} if contract_check and self.checker else {}
+        recorder = RECORDER.get()
+        middlewares = (contract_middleware(checkers), *((recorder,) if recorder else ()))
         headers = {**self.auth_headers(auth), **kwargs.pop("headers", {})}
         session = aiohttp.ClientSession(
             base_url=self.url,
             headers=headers,
-            middlewares=(contract_middleware(checkers),),
+            middlewares=middlewares,
             timeout=kwargs.pop("timeout", aiohttp.ClientTimeout(total=60)),
             **kwargs,
         )

@@ -32,8 +32,8 @@ Fixtures (async ones work with pytest-asyncio in strict and auto modes):
 - `codex_bin`: the real codex executable (skips without one; fails when `CI=true`);
 - `codex_run_scenario`: `await codex_run_scenario(path or mapping)` runs a scenario and
   fails the test with its report;
-- `codex_respx`, `codex_respx_openapi`: the bridge mocked for httpx (respx), from a
-  scenario or from an OpenAPI document, no process at all (`scenarios.respx_mock`).
+- `codex_respx`: the bridge mocked for httpx (respx), replaying what the real bridge
+  answered for a scenario, no process at all (`scenarios.respx_fixtures`).
 
 After a `codex_bridge` / `codex_start_bridge` test, the bridge's fake-codex reports are
 checked like a scenario's end: no scripted reply unused, no server request
@@ -534,93 +534,4 @@ def codex_run_scenario(
 
 # -- respx: the bridge mocked for httpx, no process at all ------------------------------------
 
-_CALL_REPORT = pytest.StashKey[pytest.TestReport]()
-
-
-@pytest.hookimpl(wrapper=True, tryfirst=True)
-def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Any:
-    """Keep the call phase's report: a mock's end check stays quiet when the test failed."""
-    report = yield
-    if report.when == "call":
-        item.stash[_CALL_REPORT] = report
-    return report
-
-
-@pytest.fixture
-def codex_respx(request: pytest.FixtureRequest) -> Iterator[Callable[..., Any]]:
-    """Mock the bridge for httpx as a scenario describes it: no process at all.
-
-        bridge = respx_scenario("approval.scenario.yaml")   # a path, or a mapping
-        client = MyBridgeClient(bridge.base_url, token=bridge.token)
-
-    Returns a started `scenarios.respx_mock.ScenarioRouter` (keywords as
-    `scenario_router`'s). A relative path is found from the test file's folder, then
-    the working directory. After the test, a step the host never made fails it (unless
-    the test failed already, or `assert_all_called=False`).
-    """
-    scenario_router = _respx_mock().scenario_router
-
-    def make(scenario: Any, **options: Any) -> Any:
-        if isinstance(scenario, str | os.PathLike):
-            scenario = _near_test(request, Path(scenario))
-        return scenario_router(scenario, **options)
-
-    yield from _started_mocks(request, make)
-
-
-@pytest.fixture
-def codex_respx_openapi(request: pytest.FixtureRequest) -> Iterator[Callable[..., Any]]:
-    """Mock the bridge for httpx from its OpenAPI document: one route per operation.
-
-        bridge = bridge_respx("default", token="t0k3n", overrides={"list_sessions": {...}})
-
-    Returns a started `scenarios.respx_mock.OpenApiRouter` (keywords as
-    `openapi_router`'s: a preset name or an OpenAPI document, `token`, `overrides` per
-    operationId, `assert_all_called=True` to require every operation), stopped after
-    the test.
-    """
-    yield from _started_mocks(request, _respx_mock().openapi_router)
-
-
-def _respx_mock() -> Any:
-    """`scenarios.respx_mock`, or a failed test that names the extra to install."""
-    try:
-        from scenarios import respx_mock
-    except ModuleNotFoundError as exc:
-        missing = str(exc)
-    else:
-        return respx_mock
-    pytest.fail(missing, pytrace=False)
-
-
-def _near_test(request: pytest.FixtureRequest, path: Path) -> Path:
-    if path.is_absolute():
-        return path
-    beside = Path(request.node.path).parent / path
-    return beside if beside.exists() else path
-
-
-def _started_mocks(
-    request: pytest.FixtureRequest, make: Callable[..., Any]
-) -> Iterator[Callable[..., Any]]:
-    """A fixture's value: `make` a router and start it; after the test, stop them all
-    (their end check runs only after a test that passed)."""
-    routers: list[Any] = []
-
-    def start(*args: Any, **options: Any) -> Any:
-        router = make(*args, **options)
-        router.start()
-        routers.append(router)
-        return router
-
-    yield start
-    report = request.node.stash.get(_CALL_REPORT, None)
-    quiet = report is None or report.failed
-    problems = []
-    for router in reversed(routers):
-        try:
-            router.stop(quiet=quiet)
-        except AssertionError as exc:
-            problems.append(str(exc))
-    if problems:
-        pytest.fail("\n".join(problems), pytrace=False)
+pytest_plugins = ["scenarios.respx_fixtures"]

@@ -1,31 +1,16 @@
-"""respx mocks of the bridge, for host code that calls it with httpx: no process at all.
+"""A respx mock of the bridge for host code that calls it with httpx: no process at all.
 
-Two routers, both `respx.MockRouter`s (use them as context managers, or through the
-pytest plugin's `respx_scenario` and `bridge_respx` fixtures):
-
-- :func:`scenario_router` answers with the responses a scenario's steps describe (see
-  `scenarios.mock_plan` for how they are made and checked). Calls to the same route are
-  answered in scenario order; events are served from each session's log with the
-  bridge's cursor, `?after=` and `Last-Event-ID` semantics, and only once the host has
-  made the request that, in the scenario, came before them.
-- :func:`openapi_router` has one route per operation of an OpenAPI document (by
-  default a preset's, as `bridge.openapi.build_openapi` writes it), answering with a
-  schema-valid example, or what `overrides` says per operationId.
-
-Both check each request as the bridge's front would (`scenarios.mock_bridge`): bearer
-auth (401), request bodies against the bridge's wire models (400), the body limit (413),
-ClientOptions a preset refuses (403). A request no route matches raises
-:class:`UnmatchedRequest` listing the method, the URL and every known route; a scenario
-step the host never made fails `assert_all_called` (on by default for scenario routers,
-run when the router stops).
+:func:`scenario_router` replays a scenario's cassette (`scenarios.cassette`): what the
+real bridge answered when the scenario ran, byte for byte. See scenarios/README.md
+("respx: no process at all") for how requests are matched and what fails loudly.
 
     with scenario_router("approval.scenario.yaml") as bridge:
         client = MyBridgeClient(bridge.base_url, token=bridge.token)
-        ...
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextvars
 import os
 import re
@@ -33,9 +18,9 @@ import threading
 from collections.abc import AsyncIterator, Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit
+from urllib.parse import parse_qsl, urlsplit
 
-from pydantic.alias_generators import to_snake
+import orjson
 
 try:
     import httpx
@@ -50,55 +35,17 @@ except ModuleNotFoundError as exc:  # the `harness` extra alone does not bring t
         name=exc.name,
     ) from None
 
-from bridge.errors import RestError
-from bridge.limits import RestLimits
-from bridge.routes import parse_sse_position
-from scenarios.expectations import NO_JSON
+from scenarios.cassette import Cassette, CassetteError, Interaction, StaleCassette, cassette_for
 from scenarios.format import LoadedScenario, load_scenario, parse_scenario
-from scenarios.matching import MISSING, diff, match
-from scenarios.mock_bridge import (
-    PRESETS,
-    SSE_HEADERS,
-    BridgeFront,
-    Incoming,
-    Operation,
-    TurnContext,
-    call_result,
-    compatibility_body,
-    error_of_kind,
-    event_params,
-    health_body,
-    session_created,
-    sse_frame,
-    text_turn_body,
-)
-from scenarios.mock_plan import (
-    DEFAULT_BASE_URL,
-    Entry,
-    MockBuildError,
-    PlannedEvent,
-    Reply,
-    ScenarioPlan,
-    SessionPlan,
-    plan,
-)
-from scenarios.synth import Values, conform
 
-__all__ = [
-    "DEFAULT_BASE_URL",
-    "BridgeMockRouter",
-    "MockBuildError",
-    "OpenApiRouter",
-    "ScenarioMockError",
-    "ScenarioRouter",
-    "UnmatchedRequest",
-    "openapi_router",
-    "scenario_router",
-]
+__all__ = ["CassetteError", "ScenarioMockError", "ScenarioRouter", "StaleCassette"]
+__all__ += ["UnmatchedRequest", "scenario_router"]
+
+DEFAULT_BASE_URL = "http://bridge.test"
 
 
 class ScenarioMockError(AssertionError):
-    """The host made a request the mock has no answer for (beyond what it planned)."""
+    """The host made a request the recording has no answer for."""
 
 
 class UnmatchedRequest(AllMockedAssertionError, ScenarioMockError):
@@ -107,6 +54,8 @@ class UnmatchedRequest(AllMockedAssertionError, ScenarioMockError):
 
 #: Set while respx resolves a request for an async client: waits may then await.
 _ASYNC: contextvars.ContextVar[bool] = contextvars.ContextVar("bridge_mock_async", default=False)
+_UUID = re.compile(r"[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}")
+_TIME = re.compile(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(\.\d+)?(Z|[+-]\d\d:?\d\d)?")
 
 
 class _Target(Pattern):
@@ -115,70 +64,62 @@ class _Target(Pattern):
     key = "codex_bridge_target"
     lookups = (Lookup.EQUAL,)
 
-    def __init__(self, method: str, origin: tuple[str, str, int], path: Any) -> None:
-        super().__init__((method, origin, path))
-
     def parse(self, request: httpx.Request) -> Any:
-        url = request.url
-        return request.method, _origin(url), url.path
+        return request.method, _origin(request.url), request.url.path
 
     def _eq(self, value: Any) -> Match:
-        method, origin, path = self.value
-        got_method, got_origin, got_path = value
-        if (method, origin) != (got_method, got_origin):
-            return Match(False)
-        if isinstance(path, str):
-            return Match(path == got_path)
-        return Match(bool(path.match(got_path)))
+        return Match(bool(self.value == value))
 
 
 def _origin(url: httpx.URL) -> tuple[str, str, int]:
-    port = url.port or (443 if url.scheme == "https" else 80)
-    return url.scheme, url.host, port
+    return url.scheme, url.host, url.port or (443 if url.scheme == "https" else 80)
 
 
-class BridgeMockRouter(respx.MockRouter):
-    """A `respx.MockRouter` for one bridge at `base_url` whose unmatched calls fail loudly."""
+class ScenarioRouter(respx.MockRouter):
+    """The bridge at `base_url` replaying `cassette` (see :func:`scenario_router`).
 
-    def __init__(self, base_url: str, *, assert_all_called: bool) -> None:
-        super().__init__(assert_all_called=assert_all_called, assert_all_mocked=True)
-        self.base_url = base_url.rstrip("/")
-        parts = urlsplit(self.base_url)
+    `token` is the scenario's bearer token (None without auth); `unmatched` the requests
+    no route matched.
+    """
+
+    def __init__(
+        self,
+        loaded: LoadedScenario,
+        cassette: Cassette,
+        *,
+        base_url: str = DEFAULT_BASE_URL,
+        assert_all_called: bool = True,
+        check_bodies: bool = True,
+        max_idle_polls: int = 20,
+        release_timeout: float = 5.0,
+    ) -> None:
+        parts = urlsplit(base_url.rstrip("/"))
         if parts.scheme not in ("http", "https") or not parts.hostname:
             raise ValueError(f"base_url must be an http(s) URL, not {base_url!r}")
-        self._origin = _origin(httpx.URL(self.base_url))
-        self._base_path = parts.path.rstrip("/")
-        self._lock = threading.RLock()
-        #: Requests no route matched, in order.
+        # Routes a test adds itself (`bridge.get("/v1/...")`) are relative to the bridge.
+        super().__init__(assert_all_called=assert_all_called, base_url=base_url.rstrip("/"))
+        self.base_url = base_url.rstrip("/")
+        self.loaded, self.cassette, self.token = loaded, cassette, loaded.scenario.bridge.token
+        self.check_bodies, self.max_idle_polls = check_bodies, max_idle_polls
+        self.release_timeout = release_timeout
         self.unmatched: list[httpx.Request] = []
-
-    # -- routes
-
-    def _add(self, method: str, path: Any, name: str, side_effect: Callable[..., Any]) -> None:
-        if isinstance(path, str):
-            path = self._base_path + path
-        route = respx.Route(_Target(method, self._origin, path))
-        route.side_effect = side_effect
-        self.add(route, name=name)
-
-    def known_routes(self) -> list[str]:
-        """One line per route, for messages."""
-        return [str(route.name) for route in self.routes]
-
-    def incoming(self, request: httpx.Request) -> Incoming:
-        """`request` as the bridge's front sees it: the path relative to the bridge."""
-        path = request.url.path
-        if self._base_path and path.startswith(self._base_path):
-            path = path[len(self._base_path) :] or "/"
-        return Incoming(
-            request.method,
-            path,
-            dict(request.headers),
-            dict(request.url.params),
-            request.read(),
-        )
-
-    # -- unmatched requests fail loudly
+        self._lock = threading.RLock()
+        items = cassette.interactions
+        self._made = [threading.Event() for _ in items]  # set once the host made it
+        self._read = [0] * len(items)  # SSE bytes the host read
+        self._idle: dict[str, int] = {}  # empty long-polls in a row, per path
+        self._cursor: dict[str, int] = {}  # per events path: the replay's cursor
+        self._seqs = [_seq(item) if item.events and item.status == 200 else 0 for item in items]
+        routes: dict[tuple[str, str], list[int]] = {}
+        for index, item in enumerate(items):
+            routes.setdefault(item.route, []).append(index)
+        origin = _origin(httpx.URL(self.base_url))
+        for (method, path), indexes in routes.items():
+            steps = sorted({step for i in indexes if (step := items[i].step) is not None})
+            label = f"{method} {self.base_url}{path}  — {'; '.join(map(self._step, steps))}"
+            route = respx.Route(_Target((method, origin, parts.path.rstrip("/") + path)))
+            route.side_effect = _bind(self._answer, indexes)
+            self.add(route, name=label)
 
     def resolve(self, request: httpx.Request) -> Any:
         try:
@@ -202,531 +143,314 @@ class BridgeMockRouter(respx.MockRouter):
     def _unmatched(self, request: httpx.Request) -> UnmatchedRequest:
         with self._lock:
             self.unmatched.append(request)
-        lines = [
-            f"no route of the mocked bridge matches {request.method} {request.url} "
-            f"({self.describe()}); known routes:"
-        ]
-        lines += [f"  {line}" for line in self.known_routes()] or ["  (none)"]
-        return UnmatchedRequest("\n".join(lines))
+        routes = [f"  {route.name}" for route in self.routes] or ["  (none)"]
+        return UnmatchedRequest(
+            f"no route of the mocked bridge matches {request.method} {request.url} (mock of "
+            f"scenario {self.cassette.scenario} at {self.base_url}); known routes:\n"
+            + "\n".join(routes)
+        )
 
-    def describe(self) -> str:
-        return f"bridge mock at {self.base_url}"
+    def _step(self, index: int | None) -> str:
+        if index is None:
+            return "no step"
+        step = self.loaded.scenario.steps[index]
+        return f"step {index + 1} ({step.title()}, {self.loaded.where(('steps', index))})"
 
-    def assert_all_called(self) -> None:
-        """Fail, naming them, when some routes were never called."""
-        missing = [str(route.name) for route in self.routes if not route.called]
-        if missing:
-            lines = [f"{self.describe()}: {len(missing)} route(s) never called:"]
-            raise AssertionError("\n".join(lines + [f"  {name}" for name in missing]))
-
-
-def _response(reply: Reply) -> httpx.Response:
-    return httpx.Response(reply.status, headers=reply.headers, content=reply.body)
-
-
-def _error_response(error: RestError) -> httpx.Response:
-    return _response(Reply.of_error(error))
-
-
-# -- from a scenario ------------------------------------------------------------------------
-
-
-class ScenarioRouter(BridgeMockRouter):
-    """The bridge as a scenario describes it (built by :func:`scenario_router`).
-
-    `variables` holds what the scenario's `${...}` stand for here (session ids, captures);
-    `token` is the scenario's bearer token (None without auth).
-    """
-
-    def __init__(
-        self,
-        planned: ScenarioPlan,
-        *,
-        assert_all_called: bool = True,
-        strict_bodies: bool = False,
-        max_idle_polls: int = 20,
-        release_timeout: float = 5.0,
-    ) -> None:
-        super().__init__(planned.base_url, assert_all_called=assert_all_called)
-        self.plan = planned
-        self.front = planned.front
-        self.token = planned.token
-        self.variables = planned.variables
-        self.strict_bodies = strict_bodies
-        self.max_idle_polls = max_idle_polls
-        self.release_timeout = release_timeout
-        self._lines: list[str] = []
-        events_paths: dict[tuple[str, str], tuple[SessionPlan, bool]] = {}
-        for session_id, session in planned.event_sessions.items():
-            events_paths[("GET", f"/v1/sessions/{session_id}/events")] = (session, False)
-            events_paths[("GET", f"/v1/sessions/{session_id}/events/stream")] = (session, True)
-        for key in events_paths:
-            planned.routes.setdefault(key, [])
-
-        for (method, path), entries in planned.routes.items():
-            label = f"{method} {self.base_url}{path}"
-            if (method, path) in events_paths:
-                session, stream = events_paths[(method, path)]
-                handler = self._stream if stream else self._poll
-                kind = "Server-Sent Events" if stream else "long-poll"
-                self._lines.append(f"{label}  — {kind}: session {session.id}'s event log")
-                self._add(method, path, label, _bind(handler, session, entries))
-                continue
-            steps = "; ".join(f"step {e.index + 1} ({e.title})" for e in entries)
-            self._lines.append(f"{label}  — {steps}")
-            self._add(method, path, label, _bind(self._static, entries))
-
-    def known_routes(self) -> list[str]:
-        return list(self._lines)
-
-    def describe(self) -> str:
-        return f"mock of scenario {self.plan.name} at {self.base_url}"
+    def _what(self, index: int) -> str:
+        item = self.cassette.interactions[index]
+        return f"{self._step(item.step)}: {item.method} {item.path}"
 
     # -- answers
 
-    def _admit(
-        self, request: httpx.Request, entries: list[Entry]
-    ) -> tuple[Incoming, httpx.Response | None]:
-        """`request` as the front sees it, and the front's rejection (None: it lets it in),
-        which serves the first step that planned it."""
-        incoming = self.incoming(request)
-        error = self.front.check(incoming).error
-        if error is None:
-            return incoming, None
+    def _answer(self, request: httpx.Request, indexes: list[int]) -> Any:
+        items = self.cassette.interactions
+        if items[indexes[0]].events and not items[indexes[0]].route[1].endswith("/stream"):
+            return self._poll(request, indexes)
         with self._lock:
-            for entry in entries:
-                planned = entry.reply
-                if entry.layer and entry.served == 0 and planned and planned.status == error.status:
-                    entry.mark_served()
-                    break
-        return incoming, _error_response(error)
-
-    def _static(self, request: httpx.Request, entries: list[Entry]) -> httpx.Response:
-        incoming, rejected = self._admit(request, entries)
-        if rejected is not None:
-            return rejected
-        with self._lock:
-            entry = _unserved(entries)
-            if entry is None:
-                answered = [e.describe() for e in entries if not e.layer]
-                raise ScenarioMockError(
-                    f"{request.method} {request.url}: the scenario {self.plan.name} answers "
-                    f"this route {len(answered)} time(s) ({'; '.join(answered) or 'never'}), "
-                    "and the host asks again"
-                )
-            if self.strict_bodies:
-                self._check_body(entry, incoming)
-            entry.mark_served()
-            reply = entry.reply
-        assert reply is not None  # planned for every entry
-        return _response(reply)
-
-    def _check_body(self, entry: Entry, incoming: Incoming) -> None:
-        if entry.request_json is NO_JSON:
-            return
-        sent = incoming.json()
-        if match(entry.request_json, sent, subset=False):
+            unused = [i for i in indexes if not self._made[i].is_set()]
+            differences = [(i, self._differences(items[i], request)) for i in unused]
+            chosen = next((i for i, why in differences if not why), None)
+            if chosen is not None:
+                return self._serve(chosen)
+        if not differences:
             raise ScenarioMockError(
-                f"{incoming.method} {incoming.path}: the body differs from "
-                f"{entry.describe()}'s (strict_bodies):\n"
-                + diff(entry.request_json, sent, subset=False)
+                f"{request.method} {request.url}: the scenario {self.cassette.scenario} answers "
+                f"this route {len(indexes)} time(s) ({'; '.join(self._what(i) for i in indexes)})"
+                ", and the host asks again"
             )
-
-    # -- events
-
-    def _poll(
-        self, request: httpx.Request, session: SessionPlan, entries: list[Entry]
-    ) -> httpx.Response | Any:
-        incoming, rejected = self._admit(request, entries)
-        if rejected is not None:
-            return rejected
-        after_raw = incoming.query.get("after")
-        after = int(after_raw) if after_raw is not None else None
-        limits = self.front.limits
-        wait_raw = incoming.query.get("waitMs")
-        wait_ms = min(
-            int(wait_raw) if wait_raw is not None else limits.max_wait_ms, limits.max_wait_ms
-        )
-        answer, waiting = self._next_event(session, after)
-        if answer is not None:
-            return answer
-        if waiting is not None and _ASYNC.get():
-            timeout = min(wait_ms / 1000, self.release_timeout)
-            return self._poll_later(session, after, waiting, timeout)
-        return self._idle(session, after, waiting)
-
-    async def _poll_later(
-        self, session: SessionPlan, after: int | None, waiting: PlannedEvent, timeout: float
-    ) -> httpx.Response:
-        if waiting.trigger is not None:
-            await waiting.trigger.release.wait_async(timeout)
-        answer, still = self._next_event(session, after)
-        return answer if answer is not None else self._idle(session, after, still)
-
-    def _next_event(
-        self, session: SessionPlan, after: int | None
-    ) -> tuple[httpx.Response | None, PlannedEvent | None]:
-        """The answer if there is one now, else the event the poll would wait for."""
-        with self._lock:
-            position = after if after is not None else session.rt_cursor
-            planned = session.after(position)
-            if planned is not None:
-                if not planned.released():
-                    return None, planned
-                if after is None:
-                    session.rt_cursor = planned.seq
-                session.delivered = max(session.delivered, planned.seq)
-                session.idle_polls = 0
-                return _response(Reply.of_json(200, planned.event)), None
-            exit_seq = session.exit_seq
-            if exit_seq is not None and position >= exit_seq:
-                return _error_response(error_of_kind("session_exited", session_id=session.id)), None
-            if session.end_error is not None:
-                return _response(session.end_error), None
-            return None, None
-
-    def _idle(
-        self, session: SessionPlan, after: int | None, waiting: PlannedEvent | None
-    ) -> httpx.Response:
-        with self._lock:
-            session.idle_polls += 1
-            if session.idle_polls <= self.max_idle_polls:
-                return httpx.Response(204)
-            session.idle_polls = 0
-        position = after if after is not None else session.rt_cursor
-        if waiting is not None and waiting.trigger is not None:
-            what = waiting.event.get("method") or waiting.event["kind"]
-            why = (
-                f"its next event (#{waiting.seq} {what}) "
-                f"comes only after {waiting.trigger.describe()}: {waiting.trigger.method} "
-                f"{waiting.trigger.path}, which the host has not made"
-            )
-        else:
-            why = f"the scenario has no event after #{position} in it"
+        nearest, why = differences[0]
         raise ScenarioMockError(
-            f"the host long-polled session {session.id} {self.max_idle_polls + 1} times in a "
-            f"row without an event: {why} (scenario {self.plan.name})"
+            f"{request.method} {request.url} is not what the scenario {self.cassette.scenario} "
+            f"sends on this route; the next recorded request, {self._what(nearest)}, differs: "
+            + "; ".join(why)
         )
 
-    def _stream(
-        self, request: httpx.Request, session: SessionPlan, entries: list[Entry]
-    ) -> httpx.Response:
-        incoming, rejected = self._admit(request, entries)
-        if rejected is not None:
-            return rejected
+    def _poll(self, request: httpx.Request, indexes: list[int]) -> Any:
+        """A long-poll gets the next recorded event after its position (`after`, else the
+        replay's cursor), however the scenario read it; else a recorded answer to a poll
+        like it (409 past the exit, 400, ...); else 204."""
+        items = self.cassette.interactions
+        after, path = request.url.params.get("after"), items[indexes[0]].route[1]
+        auth = request.headers.get("Authorization")
         with self._lock:
-            entry = _unserved(entries)
-            if entry is not None:
-                entry.mark_served()
-                if entry.stream is not None and entry.stream.error and entry.reply is not None:
-                    return _response(entry.reply)
-            position = parse_sse_position(
-                incoming.query.get("after"), incoming.header("Last-Event-ID")
+            position = self._cursor.get(path, 0) if after is None else _int(after)
+            events = [
+                i
+                for i in indexes
+                if position is not None
+                and items[i].status == 200
+                and not self._made[i].is_set()
+                and items[i].header("Authorization") == auth
+                and self._seqs[i] > position
+            ]
+            waiting = min(events, key=lambda i: (self._seqs[i], i), default=None)
+            if waiting is not None and self._released(waiting):
+                return self._serve(waiting, None if after is not None else path)
+            for i in indexes if waiting is None else ():
+                answered = items[i].status not in (200, 204) and not self._made[i].is_set()
+                if answered and not self._differences(items[i], request):
+                    return self._serve(i)
+            unread = [i for i in indexes if items[i].status == 200 and not self._made[i].is_set()]
+        if waiting is not None and _ASYNC.get():
+            return self._poll_later(request, path if after is None else None, waiting)
+        hint = "; ".join(self._differences(items[unread[0]], request)) if unread else ""
+        return self._nothing(request, waiting, hint)
+
+    async def _poll_later(self, request: httpx.Request, path: str | None, index: int) -> Any:
+        after = self.cassette.interactions[index].after
+        if after is not None and not self._made[after].is_set():
+            wait = (_int(request.url.params.get("waitMs", "")) or 30_000) / 1000
+            timeout = min(wait, self.release_timeout)
+            await asyncio.to_thread(self._made[after].wait, timeout)
+        with self._lock:
+            if not self._made[index].is_set() and self._released(index):
+                return self._serve(index, path)
+        return self._nothing(request, index)
+
+    def _serve(self, index: int, cursor: str | None = None) -> httpx.Response:
+        item = self.cassette.interactions[index]
+        self._made[index].set()
+        self._idle.pop(item.route[1], None)
+        if cursor is not None:
+            self._cursor[cursor] = self._seqs[index]
+        headers = [
+            (name, value) for name, values in item.response_headers.items() for value in values
+        ]
+        body = _raw(item.response_body)
+        if not item.marks:
+            return httpx.Response(item.status, headers=headers, content=body)
+        return httpx.Response(item.status, headers=headers, stream=_Replay(self, index, body))
+
+    def _nothing(self, request: httpx.Request, waiting: int | None, hint: str = "") -> Any:
+        """A long-poll with no event for it yet: 204, until the host has looped too long."""
+        path = request.url.path
+        with self._lock:
+            self._idle[path] = self._idle.get(path, 0) + 1
+            if self._idle[path] <= self.max_idle_polls:
+                return httpx.Response(204)
+            self._idle.pop(path)
+        why = f"the recording has no more answers on it for {request.url.query.decode()!r}"
+        if hint and waiting is None:  # e.g. another token than the recorded events'
+            why += f"; its next recorded event's request differs: {hint}"
+        after = self.cassette.interactions[waiting].after if waiting is not None else None
+        if waiting is not None and after is not None:
+            why = (
+                f"its next recorded answer ({self._what(waiting)}) comes only after "
+                f"{self._what(after)}, which the host has not made"
             )
-            start = session.rt_cursor if position is None else position
-            stop = entry.stream.stop if entry is not None and entry.stream else session.last_seq
-            frames = [planned for planned in session.events if start < planned.seq <= stop]
-            # A stream from the cursor moves it for good only if it ends with the exit
-            # event: one its client cuts short gives the cursor back (the bridge's rule).
-            advance = position is None and bool(frames) and frames[-1].event["kind"] == "exit"
-        return httpx.Response(
-            200, headers=SSE_HEADERS, stream=_SseStream(self, session, frames, advance)
+        raise ScenarioMockError(
+            f"the host long-polled {path} {self.max_idle_polls + 1} times in a row without an "
+            f"event: {why} (scenario {self.cassette.scenario})"
         )
 
-    def _delivered(self, session: SessionPlan, planned: PlannedEvent, advance: bool) -> None:
-        with self._lock:
-            session.delivered = max(session.delivered, planned.seq)
-            if advance:
-                session.rt_cursor = max(session.rt_cursor, planned.seq)
+    def _released(self, index: int) -> bool:
+        after = self.cassette.interactions[index].after
+        return after is None or self._made[after].is_set()
 
-    def _unreleased(self, session: SessionPlan, planned: PlannedEvent) -> ScenarioMockError:
-        trigger = planned.trigger
-        assert trigger is not None
-        return ScenarioMockError(
-            f"the event stream of session {session.id} waits for event #{planned.seq} "
-            f"({planned.event.get('method') or planned.event['kind']}), which comes only after "
-            f"{trigger.describe()}: {trigger.method} {trigger.path}; the host did not make it "
-            f"within {self.release_timeout} s (scenario {self.plan.name})"
-        )
+    def _differences(self, item: Interaction, request: httpx.Request) -> list[str]:
+        why = []
+        # `waitMs` is the client's choice, unless the bridge refused it.
+        recorded = _query(urlsplit(item.path).query, item.status == 400)
+        sent = _query(request.url.query.decode(), item.status == 400)
+        if recorded != sent:
+            why.append(f"query {sent} instead of {recorded}")
+        for name in ("Authorization", "Last-Event-ID"):
+            value, expected = request.headers.get(name), item.header(name)
+            if value != expected:
+                shown = "the scenario's token" if name == "Authorization" else repr(expected)
+                why.append(
+                    f"{name}: {'(none)' if value is None else 'another value'} instead of "
+                    f"{'none' if expected is None else shown}"
+                )
+        difference = _body_difference(item.body, request.read(), self.cassette.tmp)
+        if difference and self.check_bodies:
+            why.append(f"the body {difference}")
+        return why
 
     # -- the end check
 
     def unserved(self) -> list[str]:
-        """The steps the host never made (requests never sent, events never read)."""
-        found: dict[int, str] = {}
-        for (method, path), entries in self.plan.routes.items():
-            for entry in entries:
-                if entry.served == 0 and entry.index not in found:
-                    found[entry.index] = f"{entry.describe()}: {method} {path} never requested"
-        for read in self.plan.reads:
-            if read.session.delivered < read.last_seq and read.index not in found:
-                found[read.index] = (
-                    f"step {read.index + 1} ({read.title}, {read.where}): events up to "
-                    f"#{read.last_seq} of session {read.session.id} never read (read: "
-                    f"{read.session.delivered})"
-                )
-        return [found[index] for index in sorted(found)]
+        """The exchanges the host never made (requests never sent, streams not read)."""
+        missing = []
+        for index, item in enumerate(self.cassette.interactions):
+            body = _raw(item.response_body)
+            if not self._made[index].is_set() and not (item.events and item.status == 204):
+                missing.append(f"{self._what(index)} never requested")
+            elif item.marks and self._read[index] < len(body):
+                left = body[self._read[index] :].count(b"\n\n")
+                missing.append(f"{self._what(index)}: {left} recorded SSE frame(s) never read")
+        return missing
 
     def assert_all_called(self) -> None:
         missing = self.unserved()
         if missing:
-            lines = [
-                f"scenario {self.plan.name}: {len(missing)} step(s) the host never made "
-                "(assert_all_called):"
-            ]
-            lines += [f"  {line}" for line in missing]
-            raise AssertionError("\n".join(lines))
+            raise AssertionError(
+                f"scenario {self.cassette.scenario}: {len(missing)} recorded exchange(s) the "
+                "host never made (assert_all_called):\n"
+                + "\n".join(f"  {line}" for line in missing)
+            )
 
 
-def _unserved(entries: list[Entry]) -> Entry | None:
-    """The first of `entries` the host has not made yet (the front's rejections aside)."""
-    return next((entry for entry in entries if not entry.layer and entry.served == 0), None)
+class _Replay(httpx.SyncByteStream, httpx.AsyncByteStream):
+    """A recorded SSE body, each part sent once the request it came after was made."""
+
+    def __init__(self, router: ScenarioRouter, index: int, body: bytes) -> None:
+        self.router, self.index, self.body = router, index, body
+        marks = router.cassette.interactions[index].marks
+        ends = [int(offset or 0) for offset, _ in marks[1:]] + [len(body)]
+        self.parts = [(int(m[0] or 0), end, m[1]) for m, end in zip(marks, ends, strict=True)]
+
+    def _unreleased(self, after: int) -> ScenarioMockError:
+        router = self.router
+        return ScenarioMockError(
+            f"the event stream of {router._what(self.index)} goes on only after "
+            f"{router._what(after)}; the host did not make it within {router.release_timeout} s "
+            f"(scenario {router.cassette.scenario})"
+        )
+
+    def _sent(self, end: int) -> bytes:
+        router, item = self.router, self.router.cassette.interactions[self.index]
+        with router._lock:
+            router._read[self.index] = max(router._read[self.index], end)
+            from_cursor = "after=" not in item.path and item.header("Last-Event-ID") is None
+            if end == len(self.body) and from_cursor and b"\nevent: exit\n" in self.body:
+                # The bridge's rule: a stream from the cursor that ends with the exit
+                # event moves the cursor past it (one cut short gives it back).
+                last = int(re.findall(rb"^id: (\d+)$", self.body, re.M)[-1])
+                path = item.route[1].removesuffix("/stream")
+                router._cursor[path] = max(router._cursor.get(path, 0), last)
+        return self.body[:end]
+
+    def __iter__(self) -> Iterator[bytes]:
+        for start, end, after in self.parts:
+            if after is not None and not self.router._made[after].wait(self.router.release_timeout):
+                raise self._unreleased(after)
+            yield self._sent(end)[start:]
+
+    async def __aiter__(self) -> AsyncIterator[bytes]:
+        for start, end, after in self.parts:
+            if after is not None and not self.router._made[after].is_set():
+                made = self.router._made[after]
+                if not await asyncio.to_thread(made.wait, self.router.release_timeout):
+                    raise self._unreleased(after)
+            yield self._sent(end)[start:]
 
 
 def _bind(handler: Callable[..., Any], *args: Any) -> Callable[[httpx.Request], Any]:
-    def side_effect(request: httpx.Request) -> Any:
-        return handler(request, *args)
-
-    return side_effect
+    return lambda request: handler(request, *args)
 
 
-class _SseStream(httpx.SyncByteStream, httpx.AsyncByteStream):
-    """The frames of one stream, each sent once its event is released."""
+def _raw(body: str | bytes | None) -> bytes:
+    return body.encode() if isinstance(body, str) else (body or b"")
 
-    def __init__(
-        self,
-        router: ScenarioRouter,
-        session: SessionPlan,
-        frames: list[PlannedEvent],
-        advance: bool,
-    ) -> None:
-        self.router = router
-        self.session = session
-        self.frames = frames
-        self.advance = advance
 
-    def __iter__(self) -> Iterator[bytes]:
-        for planned in self.frames:
-            trigger = planned.trigger
-            if trigger is not None and not trigger.release.wait(self.router.release_timeout):
-                raise self.router._unreleased(self.session, planned)
-            self.router._delivered(self.session, planned, self.advance)
-            yield planned.frame()
+def _query(text: str, wait: bool) -> dict[str, str]:
+    pairs = parse_qsl(text, keep_blank_values=True)
+    return {key: value for key, value in pairs if wait or key != "waitMs"}
 
-    async def __aiter__(self) -> AsyncIterator[bytes]:
-        for planned in self.frames:
-            trigger = planned.trigger
-            if trigger is not None and not await trigger.release.wait_async(
-                self.router.release_timeout
-            ):
-                raise self.router._unreleased(self.session, planned)
-            self.router._delivered(self.session, planned, self.advance)
-            yield planned.frame()
+
+def _int(text: str) -> int | None:
+    return int(text) if text.isdigit() else None
+
+
+def _seq(item: Interaction) -> int:
+    """A long-poll's event's `seq` (its SSE body, when streamed: 0)."""
+    try:
+        seq = orjson.loads(_raw(item.response_body)).get("seq")
+    except (orjson.JSONDecodeError, AttributeError):
+        return 0
+    return seq if isinstance(seq, int) else 0
+
+
+def _body_difference(recorded: str | bytes | None, sent: bytes, tmp: str | None) -> str | None:
+    """How `sent` differs from the recorded body (None: alike), in a few words."""
+    raw = _raw(recorded)
+    if raw == sent:
+        return None
+    try:  # the bridge takes an empty body for `{}`
+        return _json_difference(orjson.loads(raw or b"{}"), orjson.loads(sent or b"{}"), tmp)
+    except orjson.JSONDecodeError:
+        return f"is {sent[:200]!r} instead of {raw[:200]!r}"
+
+
+def _json_difference(expected: Any, received: Any, tmp: str | None, path: str = "$") -> str | None:
+    if isinstance(expected, dict) and isinstance(received, dict):
+        if expected.keys() != received.keys():
+            extra, lacking = sorted(received.keys() - expected), sorted(expected.keys() - received)
+            return f"at {path}: keys {extra} not recorded, recorded keys {lacking} missing"
+        pairs = [(expected[key], received[key], f"{path}.{key}") for key in expected]
+    elif isinstance(expected, list) and isinstance(received, list):
+        if len(expected) != len(received):
+            return f"at {path}: {len(received)} items instead of {len(expected)}"
+        pairs = [(a, received[i], f"{path}[{i}]") for i, a in enumerate(expected)]
+    elif _alike(expected, received, tmp):
+        return None
+    else:
+        shown = orjson.dumps(received)[:200].decode()
+        return f"at {path}: {shown} instead of {orjson.dumps(expected)[:200].decode()}"
+    return next((found for a, b, p in pairs if (found := _json_difference(a, b, tmp, p))), None)
+
+
+def _alike(expected: Any, received: Any, tmp: str | None) -> bool:
+    """Equal, or both values of a kind that varies from run to run: UUIDs, date-times,
+    and paths in the recording's `${tmp}` (any path may stand in its place)."""
+    if type(expected) is type(received) and expected == received:
+        return True
+    if not (isinstance(expected, str) and isinstance(received, str)):
+        return False
+    if any(kind.fullmatch(expected) and kind.fullmatch(received) for kind in (_UUID, _TIME)):
+        return True
+    if not tmp or tmp not in expected:
+        return False
+    return bool(re.fullmatch(".+".join(map(re.escape, expected.split(tmp))), received, re.S))
 
 
 def scenario_router(
     scenario: str | os.PathLike[str] | Mapping[str, Any] | LoadedScenario,
     *,
     base_url: str = DEFAULT_BASE_URL,
-    seed: int = 0,
+    record: str | None = None,
     assert_all_called: bool = True,
-    strict_bodies: bool = False,
+    check_bodies: bool = True,
     max_idle_polls: int = 20,
     release_timeout: float = 5.0,
 ) -> ScenarioRouter:
-    """A respx router answering as `scenario` (a file, a mapping or a loaded scenario) says.
+    """A respx router replaying `scenario`'s cassette (a file, a mapping or a loaded one).
 
-    Raises `MockBuildError` (a `ScenarioError`) naming the step and line when a step
-    cannot be answered as it expects. `seed` varies the made-up ids (the same seed, the
-    same ids). `strict_bodies`: a request whose JSON body differs from the step's fails.
-    `max_idle_polls`: empty long-polls in a row before the mock fails the host's loop.
-    `release_timeout`: how long a stream or async long-poll waits for the request an
-    event comes after.
+    `record`: when to (re)record it (`scenarios.cassette.cassette_for`). `check_bodies`:
+    a body unlike the recorded one fails. `max_idle_polls`: empty long-polls in a row
+    before the host's loop fails. `release_timeout`: how long a stream or an async
+    long-poll waits for the request its next event comes after.
     """
-    if isinstance(scenario, LoadedScenario):
-        loaded = scenario
-    elif isinstance(scenario, Mapping):
-        loaded = parse_scenario({"scenario": 1, **scenario}, source="<scenario>")
-    else:
-        loaded = load_scenario(Path(scenario))
+    if isinstance(scenario, Mapping):
+        scenario = parse_scenario({"scenario": 1, **scenario}, source="<scenario>")
+    loaded = scenario if isinstance(scenario, LoadedScenario) else load_scenario(Path(scenario))
     return ScenarioRouter(
-        plan(loaded, base_url=base_url, seed=seed),
+        loaded,
+        cassette_for(loaded, record=record),
+        base_url=base_url,
         assert_all_called=assert_all_called,
-        strict_bodies=strict_bodies,
+        check_bodies=check_bodies,
         max_idle_polls=max_idle_polls,
         release_timeout=release_timeout,
     )
-
-
-# -- from an OpenAPI document ------------------------------------------------------------------
-
-Override = httpx.Response | Callable[..., Any] | Any
-
-
-class OpenApiRouter(BridgeMockRouter):
-    """One route per operation of an OpenAPI document (built by :func:`openapi_router`)."""
-
-    def __init__(
-        self,
-        front: BridgeFront,
-        *,
-        base_url: str = DEFAULT_BASE_URL,
-        token: str | None = None,
-        overrides: Mapping[str, Override] | None = None,
-        assert_all_called: bool = False,
-        seed: int = 0,
-    ) -> None:
-        super().__init__(base_url, assert_all_called=assert_all_called)
-        self.front = front
-        self.document = front.document
-        self.token = token
-        self.values = Values(seed)
-        self.overrides = dict(overrides or {})
-        known = {operation.operation_id for operation in front.operations}
-        unknown = sorted(set(self.overrides) - known)
-        if unknown:
-            raise ValueError(
-                f"overrides for unknown operations {unknown}; the document has {sorted(known)}"
-            )
-        for operation in front.operations:
-            label = f"{operation.method} {self.base_url}{operation.path} ({operation.operation_id})"
-            self._add(
-                operation.method,
-                _regex_for(self._base_path, operation),
-                label,
-                _bind(self._answer, operation),
-            )
-
-    def describe(self) -> str:
-        return f"mock of the bridge's OpenAPI document at {self.base_url}"
-
-    def _answer(self, request: httpx.Request, operation: Operation) -> Any:
-        incoming = self.incoming(request)
-        verdict = self.front.check(incoming)
-        if verdict.error is not None:
-            return _error_response(verdict.error)
-        override = self.overrides.get(operation.operation_id)
-        if override is not None:
-            result = override(request, **verdict.params) if callable(override) else override
-            if isinstance(result, httpx.Response):
-                return result
-            return _response(Reply.of_json(operation.success_status, result))
-        with self._lock:
-            return self.example(operation, verdict.params, incoming)
-
-    def example(
-        self, operation: Operation, params: Mapping[str, str], incoming: Incoming
-    ) -> httpx.Response:
-        """The example response of `operation` (schema-valid, plausibly the bridge's)."""
-        name = operation.operation_id
-        status = operation.success_status
-        request = incoming.json()
-        request = request if isinstance(request, dict) else {}
-        ctx = TurnContext(self.values)
-        body: Any
-        if operation.event_stream:
-            return httpx.Response(200, headers=SSE_HEADERS, content=self._example_frames(ctx))
-        if name in ("health", "v1_health"):
-            body = health_body()
-        elif name == "compatibility":
-            body = compatibility_body()
-        elif name == "openapi":
-            body = self.document
-        elif name == "create_session":
-            body = session_created(self.values, request.get("options"))
-        elif name == "list_sessions":
-            body = {"sessions": [self._summary()]}
-        elif name == "delete_session":
-            body = {"status": "deleted", "sessionId": params.get("sessionId")}
-        elif name in ("reply_result", "reply_error"):
-            body = {"status": "sent", "requestKey": params.get("requestKey")}
-        elif name in ("call", "session_call"):
-            body = {"result": call_result(params.get("method", ""), request.get("params"), ctx)}
-        elif name == "text_turn":
-            body = self._text_turn(request, ctx)
-        elif name == "events":
-            after = incoming.query.get("after")
-            body = self._event(ctx, int(after) + 1 if after is not None else 1)
-        else:
-            schema = operation.response_schema
-            body = conform({}, MISSING, schema, self.front.schemas, self.values, subset=True)
-        return _response(Reply.of_json(status, body))
-
-    def _summary(self) -> dict[str, Any]:
-        """A running session's, with no events yet."""
-        created = self.values.timestamp()
-        session_id = self.values.uuid4()
-        return SessionPlan(session_id, TurnContext(self.values), created_at=created).summary()
-
-    def _event(self, ctx: TurnContext, seq: int, kind: str = "notification") -> dict[str, Any]:
-        method = None if kind == "exit" else "thread/status/changed"
-        return {
-            "seq": seq,
-            "kind": kind,
-            "method": method,
-            "params": event_params(method, kind, ctx, None),
-            "requestKey": None,
-            "receivedAt": self.values.timestamp(),
-        }
-
-    def _example_frames(self, ctx: TurnContext) -> bytes:
-        kinds = ((1, "notification"), (2, "exit"))
-        return b"".join(sse_frame(self._event(ctx, seq, kind)) for seq, kind in kinds)
-
-    def _text_turn(self, request: dict[str, Any], ctx: TurnContext) -> dict[str, Any]:
-        from fakes.app_server.server import default_reply_text
-
-        text = default_reply_text([{"type": "text", "text": request.get("text", "")}])
-        body = text_turn_body(text, ctx)
-        if request.get("includeEvents"):
-            body["events"] = [self._event(ctx, 1)]
-        return body
-
-
-def _regex_for(base_path: str, operation: Operation) -> re.Pattern[str]:
-    return re.compile(re.escape(base_path) + operation.pattern.pattern.removeprefix("^"))
-
-
-def openapi_router(
-    source: str | Mapping[str, Any] = "trusted",
-    *,
-    token: str | None = None,
-    exempt_health: bool = True,
-    limits: RestLimits | Mapping[str, Any] | None = None,
-    base_url: str = DEFAULT_BASE_URL,
-    overrides: Mapping[str, Override] | None = None,
-    assert_all_called: bool = False,
-    seed: int = 0,
-) -> OpenApiRouter:
-    """A respx router with one route per operation of an OpenAPI document.
-
-    `source` is a preset name (`trusted`, `default`, `text-turn`: the document that
-    preset serves, with bearer auth when `token` is given) or an OpenAPI document (as
-    `bridge.openapi.build_openapi` returns it; give `token` when it requires one).
-    `overrides` maps operationIds to a response: an `httpx.Response`, a JSON value
-    (sent with the documented success status) or a callable
-    `(request, **path_params) -> either`.
-    """
-    rest_limits = _limits(limits)
-    if isinstance(source, str):
-        if source not in PRESETS:
-            raise ValueError(f"unknown preset {source!r}; use one of {sorted(PRESETS)}")
-        front = BridgeFront.for_preset(
-            source, token=token, exempt_health=exempt_health, limits=rest_limits
-        )
-    else:
-        front = BridgeFront(source, token=token, limits=rest_limits)
-    return OpenApiRouter(
-        front,
-        base_url=base_url,
-        token=token,
-        overrides=overrides,
-        assert_all_called=assert_all_called,
-        seed=seed,
-    )
-
-
-def _limits(limits: RestLimits | Mapping[str, Any] | None) -> RestLimits | None:
-    if limits is None or isinstance(limits, RestLimits):
-        return limits
-    return RestLimits(**{to_snake(key): value for key, value in dict(limits).items()})

@@ -1,5 +1,6 @@
-"""The respx fixtures as a host suite meets them: its own pytest process, the plugin found
-by its entry point, a scenario file beside the tests, sync and async host code."""
+"""The respx fixture as a host suite meets it: its own pytest process, the plugin found
+by its entry point, a scenario file beside the tests, its cassette recorded on first
+use, then replayed; a changed scenario makes it stale until re-recorded."""
 
 from __future__ import annotations
 
@@ -85,30 +86,50 @@ def test_stops_halfway(codex_respx):
 def test_fails_itself(codex_respx):
     codex_respx("host.scenario.yaml")
     assert False, "the host's own failure"
-
-
-@pytest.mark.asyncio
-async def test_from_the_openapi_document(codex_respx_openapi):
-    bridge = codex_respx_openapi("text-turn", token="t0k3n")
-    assert await health(bridge.base_url) == "ok"
-    with pytest.raises(AssertionError, match="no route of the mocked bridge matches"):
-        httpx.get(f"{bridge.base_url}/v1/sessions")
 """
 
 
-def test_a_host_suite_uses_the_respx_fixtures(pytester: pytest.Pytester) -> None:
-    (pytester.path / "host.scenario.yaml").write_text(textwrap.dedent(SCENARIO).lstrip())
+def test_a_host_suite_uses_the_respx_fixture(
+    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("CI", "")  # a missing cassette is recorded (not under CI=true)
+    scenario = pytester.path / "host.scenario.yaml"
+    scenario.write_text(textwrap.dedent(SCENARIO).lstrip())
     pytester.makepyfile(host_code=HOST_CODE, test_host=HOST_TESTS)
-    result = pytester.runpytest_subprocess(*QUIET, "--asyncio-mode=strict", "-rA")
-    # The scenario file is a test too (on the real bridge and fake-codex): 4 passed.
-    result.assert_outcomes(passed=4, failed=1, errors=1)
-    result.stdout.fnmatch_lines(
+    first = pytester.runpytest_subprocess(*QUIET, "-p", "no:xdist", "-rA", "test_host.py")
+    first.assert_outcomes(passed=2, failed=1, errors=1)
+    first.stdout.fnmatch_lines(
         [
             "*ERROR at teardown of test_stops_halfway*",
-            "*scenario host-turn: 3 step(s) the host never made (assert_all_called):",
+            "*scenario host-turn: * recorded exchange(s) the host never made (assert_all_called):",
             "*step 2 (call thread/start, *host.scenario.yaml:9): POST /v1/sessions/*/call/"
             "thread/start never requested",
         ]
     )
     # A test that failed on its own is not buried under the mock's end check.
-    assert "ERROR at teardown of test_fails_itself" not in result.stdout.str()
+    assert "ERROR at teardown of test_fails_itself" not in first.stdout.str()
+    cassette = pytester.path / "cassettes" / "host.yaml"
+    recorded = cassette.read_text()
+    assert "Hello, host." in recorded
+
+    # CI=true replays what is there, and never records.
+    monkeypatch.setenv("CI", "true")
+    again = pytester.runpytest_subprocess(*QUIET, "-p", "no:xdist", "test_host.py::test_a_turn")
+    again.assert_outcomes(passed=1)
+    assert cassette.read_text() == recorded
+
+    scenario.write_text(scenario.read_text().replace("Hello, host.", "Hello again, host."))
+    stale = pytester.runpytest_subprocess(*QUIET, "-p", "no:xdist", "test_host.py::test_a_turn")
+    stale.assert_outcomes(failed=1)
+    stale.stdout.fnmatch_lines(
+        [
+            "*host.yaml is older than its scenario *host.scenario.yaml*regenerate it: python -m "
+            "scenarios.cassette record *host.scenario.yaml"
+        ]
+    )
+    monkeypatch.setenv("CI", "")
+    refreshed = pytester.runpytest_subprocess(
+        *QUIET, "-p", "no:xdist", "--codex-record-cassettes", "test_host.py::test_a_turn"
+    )
+    refreshed.assert_outcomes(failed=1)  # the host code still expects the old text
+    assert "Hello again, host." in cassette.read_text()

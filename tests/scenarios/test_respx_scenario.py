@@ -1,34 +1,48 @@
-"""Host code using httpx against the respx mock built from a scenario: no process at all.
+"""Host code using httpx against the respx mock replaying a scenario's cassette.
 
 The host code here is written the way a host team would write it (a small client over
-`httpx.Client` / `httpx.AsyncClient`), not step by step from the scenario; the mock
-must answer it as the scenario says, fail loudly where it cannot, and check at the end
-that every step was made.
+`httpx.Client` / `httpx.AsyncClient`), not step by step from the scenario; the replay
+must answer it as the bridge did, fail loudly where the recording has no answer, and
+check at the end that every recorded exchange was made. Each test records its cassette
+from a copy of a library scenario in its own temporary folder (the real bridge and
+fake-codex run once, for the recording).
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import shutil
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
+import yaml
 from respx.models import AllMockedAssertionError
 
-from bridge import errors
-from bridge.models import SessionCreateRequest
-from bridge.routes import validate_body
-from scenarios.format import ScenarioError
-from scenarios.respx_mock import (
-    MockBuildError,
-    ScenarioMockError,
-    UnmatchedRequest,
-    scenario_router,
-)
+from scenarios.cassette import COMMAND, Cassette, StaleCassette, cassette_for, cassette_path
+from scenarios.format import load_scenario
+from scenarios.respx_mock import ScenarioMockError, UnmatchedRequest, scenario_router
 
 LIBRARY = Path(__file__).resolve().parents[2] / "scenarios" / "library"
+
+
+@pytest.fixture
+def library(tmp_path: Path) -> Any:
+    """A copy of a library scenario in this test's folder, with its cassette recorded
+    there (explicitly: under CI=true a missing cassette is never recorded on its own)."""
+
+    def copy(name: str, record: bool = True) -> Path:
+        target = tmp_path / f"{name}.scenario.yaml"
+        shutil.copy(LIBRARY / f"{name}.scenario.yaml", target)
+        if record:
+            cassette_for(load_scenario(target), record="once")
+        return target
+
+    return copy
 
 
 # -- host code -------------------------------------------------------------------------
@@ -89,14 +103,23 @@ class AsyncHost:
         event: dict[str, Any] = response.json()
         return event
 
-    async def until(self, session: str, method: str | None = None, kind: str | None = None):
-        """Long-poll until an event of `method` (or `kind`); returns every event read."""
+    async def until(
+        self,
+        session: str,
+        method: str | None = None,
+        kind: str | None = None,
+        after: int | None = None,
+    ):
+        """Long-poll (by the session's cursor, or from `after`) until an event of `method`
+        (or `kind`); returns every event read."""
         read: list[dict[str, Any]] = []
         while True:
-            event = await self.next_event(session, waitMs=1000)
+            query = {"waitMs": 1000} if after is None else {"waitMs": 1000, "after": after}
+            event = await self.next_event(session, **query)
             if event is None:
                 continue
             read.append(event)
+            after = None if after is None else event["seq"]
             if event["method"] == method or event["kind"] == kind:
                 return read
 
@@ -110,8 +133,8 @@ class AsyncHost:
 
 
 @pytest.mark.asyncio
-async def test_async_host_answers_an_approval_by_long_poll() -> None:
-    with scenario_router(LIBRARY / "approval-long-poll.scenario.yaml") as bridge:
+async def test_async_host_answers_an_approval_by_long_poll(library: Any) -> None:
+    with scenario_router(library("approval-long-poll")) as bridge:
         host = AsyncHost(bridge.base_url)
         session = await host.create_session()
         thread = (await host.call(session, "thread/start", {}))["thread"]["id"]
@@ -120,7 +143,7 @@ async def test_async_host_answers_an_approval_by_long_poll() -> None:
         before = await host.until(session, kind="request")
         request = before[-1]
         assert request["method"] == "item/commandExecution/requestApproval"
-        assert request["params"]["threadId"] == thread == bridge.variables["thread"]
+        assert request["params"]["threadId"] == thread
         assert "touch proof.txt" in request["params"]["command"]
         assert [event["seq"] for event in before] == list(range(1, len(before) + 1))
 
@@ -130,7 +153,7 @@ async def test_async_host_answers_an_approval_by_long_poll() -> None:
         assert again.status_code == 409
         assert again.json()["error"] == "request_already_answered"
 
-        after = await host.until(session, method="turn/completed")
+        after = await host.until(session, method="turn/completed", after=request["seq"])
         texts = [
             event["params"]["item"].get("text")
             for event in after
@@ -139,17 +162,19 @@ async def test_async_host_answers_an_approval_by_long_poll() -> None:
         assert texts[-2:] == ["Fine, I won't.", "Done."]
         assert after[0]["seq"] == request["seq"] + 1
         await host.http.aclose()
-    # Leaving the block ran assert_all_called: every step was made.
+    # Leaving the block ran assert_all_called: every recorded exchange was made.
 
 
-def test_sync_host_reads_a_turn_over_sse_and_resumes_after_an_id() -> None:
-    with scenario_router(LIBRARY / "turn-stream-and-resume.scenario.yaml") as bridge:
+def test_sync_host_reads_a_turn_over_sse_and_resumes_after_an_id(library: Any) -> None:
+    with scenario_router(library("turn-stream-and-resume")) as bridge:
         host = SyncHost(bridge.base_url)
         session = host.create_session()
         with host.http.stream("GET", f"/v1/sessions/{session}/events/stream") as stream:
             thread = host.call(session, "thread/start", {}).json()["result"]["thread"]["id"]
             started = host.call(
-                session, "turn/start", {"threadId": thread, "input": [{"type": "text"}]}
+                session,
+                "turn/start",
+                {"threadId": thread, "input": [{"type": "text", "text": "hi"}]},
             )
             turn = started.json()["result"]["turn"]["id"]
             lines = list(stream.iter_lines())
@@ -168,8 +193,8 @@ def test_sync_host_reads_a_turn_over_sse_and_resumes_after_an_id() -> None:
 
 
 @pytest.mark.asyncio
-async def test_async_host_replies_to_a_server_request_while_its_call_waits() -> None:
-    with scenario_router(LIBRARY / "server-request-error-reply.scenario.yaml") as bridge:
+async def test_async_host_replies_to_a_server_request_while_its_call_waits(library: Any) -> None:
+    with scenario_router(library("server-request-error-reply")) as bridge:
         http = httpx.AsyncClient(base_url=bridge.base_url)
         session = (await http.post("/v1/sessions", json={})).json()["sessionId"]
         path = f"/v1/sessions/{session}"
@@ -195,12 +220,58 @@ async def test_async_host_replies_to_a_server_request_while_its_call_waits() -> 
         await http.aclose()
 
 
-def test_sync_host_gets_the_bridges_error_payloads() -> None:
-    with scenario_router(LIBRARY / "error-payloads.scenario.yaml") as bridge:
+def test_the_cassette_is_vcrpys_format_and_kept_beside_the_scenario(library: Any) -> None:
+    path = library("auth-rejection")
+    with scenario_router(path, assert_all_called=False):
+        pass
+    cassette = cassette_path(path)
+    assert cassette == path.parent / "cassettes" / "auth-rejection.yaml"
+    document = yaml.safe_load(cassette.read_text())
+    assert document["version"] == 1
+    first = document["interactions"][0]
+    assert set(first) == {"request", "response", "codex"}
+    assert set(first["request"]) == {"body", "headers", "method", "uri"}
+    assert first["request"]["uri"].startswith("http://bridge.test/")
+    assert set(first["response"]) == {"status", "headers", "body"}
+    assert set(first["response"]["status"]) == {"code", "message"}
+    assert isinstance(first["response"]["body"]["string"], str)
+    assert document["codex"]["hash"].startswith("sha256:")
+
+
+def test_a_stale_cassette_fails_naming_the_command_and_is_rerecorded_on_demand(
+    library: Any,
+) -> None:
+    path = library("auth-rejection")
+    recorded = cassette_path(path).read_text()
+    # Comments and layout are not the scenario's content: the cassette stays fresh.
+    path.write_text("# a comment\n" + path.read_text())
+    scenario_router(path, assert_all_called=False)
+    assert cassette_path(path).read_text() == recorded
+    path.write_text(path.read_text().replace("name: auth-rejection", "name: auth-renamed"))
+    with pytest.raises(StaleCassette) as raised:
+        scenario_router(path)
+    message = str(raised.value)
+    assert "is older than its scenario" in message
+    assert f"regenerate it: {COMMAND} {path}" in message
+    assert cassette_path(path).read_text() == recorded
+    with pytest.raises(StaleCassette, match="has no cassette"):
+        scenario_router(library("limits", record=False), record="none")
+    fresh = scenario_router(path, record="refresh", assert_all_called=False)
+    assert fresh.cassette.scenario == "auth-renamed"
+    assert Cassette.load(cassette_path(path)).hash == fresh.cassette.hash != ""
+
+
+def test_sync_host_gets_the_bridges_own_bytes(library: Any) -> None:
+    path = library("error-payloads")
+    with scenario_router(path, assert_all_called=False) as bridge:  # not the whole scenario
         host = SyncHost(bridge.base_url)
         session = host.create_session()
         failed = host.call(session, "x/fail", {})
+        recorded = next(
+            item for item in bridge.cassette.interactions if item.path.endswith("/x/fail")
+        )
         assert failed.status_code == 502
+        assert failed.content == recorded.response_body.encode()
         assert failed.json() == {
             "error": "app_server_error",
             "message": "nope",
@@ -208,102 +279,67 @@ def test_sync_host_gets_the_bridges_error_payloads() -> None:
             "data": {"k": [1, 2]},
         }
         busy = host.call(session, "x/busy", {})
-        assert busy.status_code == 503
-        assert busy.headers["Retry-After"].isdigit()
-        slow = host.http.post(
-            f"/v1/sessions/{session}/call/x/slow", json={"params": {}, "timeoutMs": 200}
-        )
-        assert (slow.status_code, slow.json()["error"]) == (504, "timeout")
-        unknown = host.call(session, "no/such/method", {})
-        assert unknown.json()["message"].startswith("Invalid request: unknown variant")
-        missing = host.http.post("/v1/sessions/no-such-session/call/thread/start", json={})
-        assert missing.json()["error"] == "session_not_found"
-        # Rejected by the bridge's front, exactly as the bridge words it:
-        bogus = host.http.post(
-            f"/v1/sessions/{session}/call/thread%2Fstart", json={"params": {}, "bogus": 1}
-        )
-        assert bogus.status_code == 400
-        assert bogus.json()["data"]["errors"][0]["loc"] == ["bogus"]
-        assert host.http.get("/v1/nothing-here").json() == {
-            "error": "not_found",
-            "message": "No such route.",
-        }
-        put = host.http.put("/v1/sessions")
-        assert put.status_code == 405
-        assert put.headers["Allow"] == "GET, POST"
-        assert host.http.delete(f"/v1/sessions/{session}").json() == {
-            "status": "deleted",
-            "sessionId": session,
-        }
-        assert host.http.delete(f"/v1/sessions/{session}").status_code == 404
+        assert (busy.status_code, busy.headers["Retry-After"]) == (503, "1")
 
 
-def test_a_scenario_with_a_token_rejects_a_host_without_it() -> None:
-    with scenario_router(LIBRARY / "auth-rejection.scenario.yaml") as bridge:
-        anonymous = SyncHost(bridge.base_url)
-        assert anonymous.http.get("/health").status_code == 200
-        rejected = anonymous.http.get("/v1/sessions")
-        assert rejected.status_code == 401
-        assert rejected.headers["WWW-Authenticate"] == "Bearer"
-        assert rejected.json() == errors.unauthorized().payload()
-        wrong = anonymous.http.get("/v1/sessions", headers={"Authorization": "Bearer nope"})
-        assert wrong.status_code == 401
-        basic = anonymous.http.get("/v1/sessions", headers={"Authorization": "Basic czNjcmV0"})
-        assert basic.status_code == 401
-        assert bridge.token is not None
-        host = SyncHost(bridge.base_url, token=bridge.token)
-        assert host.http.get("/v1/sessions").json() == {"sessions": []}
-        lower = {"Authorization": f"bearer {bridge.token}"}
-        assert anonymous.http.get("/v1/sessions", headers=lower).status_code == 200
-
-
-# -- failing loudly ---------------------------------------------------------------------------
-
-
-def test_a_call_no_route_matches_fails_with_the_known_routes() -> None:
+def test_a_call_no_route_matches_fails_with_the_known_routes(library: Any) -> None:
     with (
-        scenario_router(
-            LIBRARY / "default-preset.scenario.yaml", assert_all_called=False
-        ) as bridge,
+        scenario_router(library("auth-rejection"), assert_all_called=False) as bridge,
         pytest.raises(UnmatchedRequest) as raised,
     ):
         httpx.Client(base_url=bridge.base_url).get("/v1/sessions/no-such-session/events")
     message = str(raised.value)
-    assert "GET http://bridge.test/v1/sessions/no-such-session/events" in message
+    assert "no route of the mocked bridge matches GET http://bridge.test/v1/sessions/" in message
     assert "known routes:" in message
-    assert "POST http://bridge.test/v1/sessions  — step 2 (env is a process-shaping option)" in (
-        message
-    )
-    assert "GET http://bridge.test/v1/openapi.json" in message
+    assert "\n  GET http://bridge.test/v1/sessions  — step 2 (" in message
+    assert "auth-rejection.scenario.yaml:" in message
     assert isinstance(raised.value, AllMockedAssertionError)  # what respx users catch
-    assert [request.url.path for request in bridge.unmatched] == [
-        "/v1/sessions/no-such-session/events"
-    ]
-
-
-def test_another_host_is_not_the_bridge() -> None:
-    with (
-        scenario_router(LIBRARY / "auth-rejection.scenario.yaml", assert_all_called=False),
-        pytest.raises(UnmatchedRequest, match=r"GET http://elsewhere.test/health"),
-    ):
+    assert [r.url.path for r in bridge.unmatched] == ["/v1/sessions/no-such-session/events"]
+    with pytest.raises(UnmatchedRequest, match=r"GET http://elsewhere.test/health"), bridge:
         httpx.get("http://elsewhere.test/health")
 
 
-def test_a_route_asked_more_often_than_the_scenario_answers_it_fails() -> None:
-    with scenario_router(LIBRARY / "until-and-delays.scenario.yaml") as bridge:
+def test_requests_unlike_the_recorded_ones_fail_saying_how(library: Any) -> None:
+    with scenario_router(library("auth-rejection"), assert_all_called=False) as bridge:
+        http = httpx.Client(base_url=bridge.base_url)
+        # The scenario sends its token on this route: no token is not what it recorded.
+        with pytest.raises(ScenarioMockError, match="Authorization: another value instead of"):
+            http.get("/v1/sessions", headers={"Authorization": "Token never-recorded"})
+    with scenario_router(library("until-and-delays"), assert_all_called=False) as bridge:
         host = SyncHost(bridge.base_url)
-        session = host.create_session()
+        with pytest.raises(ScenarioMockError) as raised:
+            host.http.post("/v1/sessions", json={"options": {"model": "other"}})
+        assert "the body at $: keys ['options'] not recorded" in str(raised.value)
+        # No body is `{}` to the bridge, as the recorded `{}` is.
+        session = str(host.http.post("/v1/sessions").json()["sessionId"])
         assert host.call(session, "x/answer-then-exit", {}).json() == {"result": {"ok": True}}
         with pytest.raises(ScenarioMockError, match=r"answers this route 1 time\(s\)"):
             host.call(session, "x/answer-then-exit", {})
+    with scenario_router(
+        library("until-and-delays"), check_bodies=False, assert_all_called=False
+    ) as bridge:
+        host = SyncHost(bridge.base_url)
+        session = str(host.http.post("/v1/sessions", json={"x": 1}).json()["sessionId"])
+        host.call(session, "x/answer-then-exit", {"anything": True})
         assert host.http.get("/v1/sessions").json()["sessions"][0]["state"] == "exited"
-        events = host.events(session)
-        assert [e["method"] for e in events][-2:] == ["custom/hello", None]
-        assert events[-1]["params"]["stderrTail"] == "leaving now"
 
 
-def test_steps_the_host_never_made_fail_when_the_mock_stops() -> None:
-    bridge = scenario_router(LIBRARY / "approval-long-poll.scenario.yaml")
+def test_values_that_vary_between_runs_match_any_of_their_kind(library: Any) -> None:
+    # The recording sent its own ${tmp}/no-such-directory; a host has another folder.
+    with scenario_router(library("text-turn-busy")) as bridge:
+        http = httpx.Client(base_url=bridge.base_url, timeout=30)
+        holder = http.post("/v1/text-turn", json={"text": "hold the slot", "timeoutMs": 3000})
+        assert holder.status_code == 504
+        probe = {"text": "probe", "options": {"cwd": "/somewhere/else/no-such-directory"}}
+        with pytest.raises(ScenarioMockError, match=r"at \$.options.cwd"):
+            http.post("/v1/text-turn", json={**probe, "options": {"cwd": "/elsewhere"}})
+        refused = http.post("/v1/text-turn", json=probe)
+        assert (refused.status_code, refused.json()["error"]) == (429, "busy")
+        assert http.post("/v1/text-turn", json={"text": "my turn now"}).status_code == 200
+
+
+def test_exchanges_the_host_never_made_fail_when_the_mock_stops(library: Any) -> None:
+    bridge = scenario_router(library("approval-long-poll"))
     bridge.start()
     host = SyncHost(bridge.base_url)
     session = host.create_session()
@@ -311,247 +347,151 @@ def test_steps_the_host_never_made_fail_when_the_mock_stops() -> None:
     with pytest.raises(AssertionError) as raised:
         bridge.stop()
     message = str(raised.value)
-    assert "scenario approval-long-poll: 5 step(s) the host never made" in message
+    assert "scenario approval-long-poll: " in message
+    assert "recorded exchange(s) the host never made (assert_all_called):" in message
     assert "\n  step 3 (call turn/start, " in message
     assert "approval-long-poll.scenario.yaml:" in message
-    # The poll through the request: the session's first event, the turn's, the request.
-    assert f"events up to #8 of session {session} never read (read: 0)" in message
-    assert "\n  step 7 (the same request cannot be answered twice, " in message
-
-    quiet = scenario_router(LIBRARY / "approval-long-poll.scenario.yaml", assert_all_called=False)
-    with quiet:
-        SyncHost(quiet.base_url).create_session()
-    assert len(quiet.unserved()) == 6
+    assert f"GET /v1/sessions/{session}/events?" in message
+    assert "never requested" in message
 
 
-def test_an_invalid_body_gets_the_bridges_400_and_leaves_the_step_for_later() -> None:
-    with scenario_router(LIBRARY / "until-and-delays.scenario.yaml") as bridge:
-        http = httpx.Client(base_url=bridge.base_url)
-        bad = http.post("/v1/sessions", json={"options": {"clientInfo": {"name": 7}}})
-        with pytest.raises(errors.RestError) as expected:
-            validate_body(SessionCreateRequest, bad.request.content)
-        assert bad.status_code == 400
-        assert bad.json() == expected.value.payload()
-        not_json = http.post("/v1/sessions", content=b"{not json")
-        assert not_json.json()["message"] == "The request body is not valid JSON."
-        created = http.post("/v1/sessions", json={})
-        assert created.status_code == 201
-        session = created.json()["sessionId"]
-        assert session == bridge.variables["session"]
-        http.post(f"/v1/sessions/{session}/call/x/answer-then-exit", json={"params": {}})
-        http.get("/v1/sessions")
-        assert http.get(f"/v1/sessions/{session}/events", params={"after": 0}).status_code == 200
-        for _ in range(3):
-            http.get(f"/v1/sessions/{session}/events")
-        assert http.get(f"/v1/sessions/{session}/events").json()["error"] == "session_exited"
-
-
-# -- events wait for the request they come after ------------------------------------------------
-
-
-def test_a_long_poll_before_the_reply_gets_nothing_and_a_loop_fails_naming_the_reply() -> None:
-    bridge = scenario_router(
-        LIBRARY / "approval-long-poll.scenario.yaml", max_idle_polls=2, assert_all_called=False
+def test_a_long_poll_with_another_token_gets_nothing_and_a_loop_fails_saying_why(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "polled.scenario.yaml"
+    path.write_text(
+        "scenario: 1\nbridge: {token: s3cret}\nsteps:\n  - createSession: s\n"
+        '  - poll: {session: "${s}"}\n'
     )
-    with bridge:
-        host = SyncHost(bridge.base_url)
+    cassette_for(load_scenario(path), record="once")
+    with scenario_router(path, assert_all_called=False) as bridge:
+        assert bridge.token == "s3cret"
+        host = SyncHost(bridge.base_url, token=bridge.token)
         session = host.create_session()
-        thread = host.call(session, "thread/start", {}).json()["result"]["thread"]["id"]
-        path = f"/v1/sessions/{session}/events"
-        assert host.http.get(path).status_code == 204  # before turn/start: nothing yet
-        host.call(session, "turn/start", {"threadId": thread, "input": []})
-        kinds = [host.http.get(path).json()["kind"] for _ in range(8)]
-        assert kinds == ["notification"] * 7 + ["request"]
-        assert [host.http.get(path).status_code for _ in range(2)] == [204, 204]
-        with pytest.raises(ScenarioMockError) as raised:
-            host.http.get(path)
-        message = str(raised.value)
-        assert "long-polled session" in message
-        assert "#9 serverRequest/resolved" in message
-        assert "comes only after step 6 (reply, " in message
+        events = f"/v1/sessions/{session}/events"
+        polled = 0
+        with pytest.raises(ScenarioMockError) as raised:  # noqa: PT012 (a host's loop)
+            while polled < 30:
+                polled += 1
+                wrong = host.http.get(events, headers={"Authorization": "Bearer nope"})
+                assert wrong.status_code == 204
+        assert polled == 21
+        assert "Authorization: another value instead of the scenario's token" in str(raised.value)
+        assert host.http.get(events).json()["seq"] == 1
 
 
-@pytest.mark.asyncio
-async def test_an_async_long_poll_is_answered_once_a_concurrent_reply_is_made() -> None:
-    with scenario_router(LIBRARY / "approval-long-poll.scenario.yaml") as bridge:
-        host = AsyncHost(bridge.base_url)
-        session = await host.create_session()
-        thread = (await host.call(session, "thread/start", {}))["thread"]["id"]
-        await host.call(session, "turn/start", {"threadId": thread, "input": []})
-        request = (await host.until(session, kind="request"))[-1]
-        waiting = asyncio.ensure_future(host.next_event(session, waitMs=30000))
-        await host.reply(session, request["requestKey"], {"decision": "decline"})
-        await host.reply(session, request["requestKey"], {"decision": "decline"})
-        event = await waiting
-        assert event is not None
-        assert event["method"] == "serverRequest/resolved"
-        await host.until(session, method="turn/completed")
-        await host.http.aclose()
-
-
-def test_a_sync_stream_reader_ahead_of_the_scenario_fails_naming_the_missing_request() -> None:
-    bridge = scenario_router(
-        LIBRARY / "turn-stream-and-resume.scenario.yaml",
-        release_timeout=0,
-        assert_all_called=False,
-    )
-    with bridge:
-        host = SyncHost(bridge.base_url)
-        session = host.create_session()
-        with pytest.raises(ScenarioMockError) as raised:
-            host.events(session)
-    assert "comes only after step 4 (call turn/start, " in str(raised.value)
-
-
-# -- options -----------------------------------------------------------------------------------
-
-
-def test_strict_bodies_compare_each_request_with_the_steps() -> None:
+def test_a_long_poll_before_its_request_gets_nothing_and_a_loop_fails_naming_it(
+    library: Any,
+) -> None:
     with scenario_router(
-        LIBRARY / "error-payloads.scenario.yaml", strict_bodies=True, assert_all_called=False
+        library("approval-long-poll"), assert_all_called=False, max_idle_polls=3
     ) as bridge:
         host = SyncHost(bridge.base_url)
         session = host.create_session()
-        assert host.call(session, "x/fail", {}).status_code == 502
-        with pytest.raises(ScenarioMockError, match="the body differs") as raised:
-            host.call(session, "x/busy", {"extra": True})
-    assert "params" in str(raised.value)
+        thread = host.call(session, "thread/start", {}).json()["result"]["thread"]["id"]
+        # The approval request comes after turn/start, which this host has not made.
+        polls = [
+            host.http.get(f"/v1/sessions/{session}/events", params={"waitMs": 10}) for _ in range(3)
+        ]
+        assert {poll.status_code for poll in polls[1:]} <= {200, 204}
+        got = [poll for poll in polls if poll.status_code == 200]
+        polled = 0
+        with pytest.raises(ScenarioMockError) as raised:  # noqa: PT012 (a host's loop)
+            while polled < 10:
+                polled += 1
+                host.http.get(f"/v1/sessions/{session}/events", params={"waitMs": 10})
+        assert polled < 10
+        assert "comes only after step 3 (call turn/start" in str(raised.value)
+        assert all(event.json()["kind"] != "request" for event in got)
+        assert thread
 
 
-def test_made_up_values_depend_on_the_seed_only() -> None:
-    path = LIBRARY / "approval-long-poll.scenario.yaml"
-    first = scenario_router(path, assert_all_called=False).variables
-    again = scenario_router(path, assert_all_called=False).variables
-    other = scenario_router(path, seed=1, assert_all_called=False).variables
-    assert first == again
-    assert first["s1"] != other["s1"]
-    assert first["thread"] != other["thread"]
+@pytest.mark.asyncio
+async def test_an_async_long_poll_is_answered_once_a_concurrent_request_is_made(
+    library: Any,
+) -> None:
+    with scenario_router(library("approval-long-poll"), assert_all_called=False) as bridge:
+        host = AsyncHost(bridge.base_url)
+        session = await host.create_session()
+        thread = (await host.call(session, "thread/start", {}))["thread"]["id"]
+        text = [{"type": "text", "text": "touch the file"}]
+        waiting = asyncio.ensure_future(host.until(session, kind="request"))
+        await host.call(session, "turn/start", {"threadId": thread, "input": text})
+        events = await asyncio.wait_for(waiting, 30)
+        request = events[-1]
+        assert request["kind"] == "request"
+        await host.reply(session, request["requestKey"], {"decision": "decline"})
+        # The scenario reads the rest with `after`; a host reading by the session's
+        # cursor gets the same events.
+        rest = await host.until(session, method="turn/completed")
+        assert [event["seq"] for event in rest] == list(
+            range(request["seq"] + 1, request["seq"] + 1 + len(rest))
+        )
+        await host.http.aclose()
+
+
+def test_a_test_adds_routes_of_its_own_for_what_the_scenario_does_not_make(
+    library: Any,
+) -> None:
+    """What the former OpenAPI-document mock gave (any answer to any route) is respx's
+    own routes on the same router; the replayed routes come first."""
+    with scenario_router(library("auth-rejection"), assert_all_called=False) as bridge:
+        listed = bridge.get("/v1/sessions/abc/events").respond(204)
+        http = httpx.Client(base_url=bridge.base_url)
+        assert http.get("/health").json()["status"] == "ok"  # replayed
+        assert http.get("/v1/sessions/abc/events").status_code == 204
+        assert listed.called
 
 
 def test_a_scenario_given_as_a_mapping_behind_a_base_url_with_a_path() -> None:
     scenario = {
-        "name": "mapped",
-        "bridge": {"preset": "text-turn"},
-        "appServer": {"version": 1, "turns": ["Hello from a mapping."]},
-        "steps": [
-            {
-                "http": {"method": "POST", "path": "${base}/v1/text-turn", "json": {"text": "hi"}},
-                "expect": {"jsonSubset": {"text": "Hello from a mapping."}},
-                "capture": {"thread": "$.threadId"},
-            },
-            {"http": {"path": "/v1/compatibility"}, "expect": {"jsonPath": {"$.appServer": {}}}},
-        ],
+        "name": "inline",
+        "bridge": {"token": "t0k3n"},
+        "steps": [{"http": {"method": "GET", "path": "/v1/sessions"}}],
     }
-    with pytest.raises(MockBuildError, match="no made-up response satisfies the step"):
-        scenario_router(scenario)
-    scenario["steps"][1]["expect"] = {"jsonPath": {"$.appServer.version": "0.169.0"}}
-    base = "https://bridge.internal:9443/codex"
-    with scenario_router(scenario, base_url=base) as bridge:
-        http = httpx.Client(base_url=base)
-        turn = http.post("/v1/text-turn", json={"text": "hi"}).json()
-        assert turn["text"] == "Hello from a mapping."
-        assert turn["threadId"] == bridge.variables["thread"]
-        assert http.get("/v1/compatibility").json()["appServer"]["version"] == "0.169.0"
+    with scenario_router(scenario, base_url="https://example.test/bridge/") as bridge:
+        assert bridge.token == "t0k3n"
+        http = httpx.Client(base_url=bridge.base_url, headers={"Authorization": "Bearer t0k3n"})
+        assert http.get("/v1/sessions").json() == {"sessions": []}
         with pytest.raises(UnmatchedRequest):
-            httpx.get("https://bridge.internal:9443/v1/compatibility")
+            httpx.get("https://example.test/v1/sessions")
 
 
-# -- what cannot be mocked fails at build time -------------------------------------------------
+def test_the_command_records_checks_and_refuses_a_failing_scenario(library: Any) -> None:
+    good = library("auth-rejection", record=False)
+    broken = good.parent / "sub" / "broken.scenario.yaml"
+    broken.parent.mkdir()
+    broken.write_text(
+        "scenario: 1\nsteps:\n  - http: {method: GET, path: /health}\n    expect: {status: 418}\n"
+    )
 
+    def command(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-m", "scenarios.cassette", *args],
+            cwd=good.parent,
+            capture_output=True,
+            text=True,
+            timeout=300,
+            check=False,
+        )
 
-@pytest.mark.parametrize(
-    ("steps", "message"),
-    [
-        (
-            [{"http": {"path": "/health"}, "expect": {"json": {"status": "ok"}, "status": 200}}],
-            r"step 1 \(http GET /health, <scenario>\).*\n.*no made-up response.*\n.*contract",
-        ),
-        (
-            [{"http": {"path": "/v1/sessions"}, "expect": {"jsonPath": {"$..x": 1}}}],
-            r"cannot be written",
-        ),
-        (
-            [
-                {"createSession": "s"},
-                {"http": {"path": "/v1/sessions/${s}/events"}},
-            ],
-            r"(?s)step 2 .*read events with `poll` or `stream`",
-        ),
-        (
-            [
-                {"createSession": "s"},
-                {"poll": {"session": "${s}", "through": "turn/completed"}},
-                {"poll": {"session": "${s}", "through": {"seq": 1}}},
-            ],
-            r"(?s)step 3 .*no events satisfy the read.*no event matches \{\"seq\": 1\}",
-        ),
-        (
-            [
-                {
-                    "http": {"path": "/health"},
-                    "expect": {"jsonSubset": {"version": {"$regex": "^(?=x)y"}}},
-                }
-            ],
-            r"cannot make up a string matching /\^\(\?=x\)y/",
-        ),
-        (
-            [{"http": {"path": "/v1/sessions", "auth": False}, "expect": {"status": 200}}],
-            r"rejects this request .*401 unauthorized",
-        ),
-    ],
-)
-def test_a_step_the_mock_cannot_answer_fails_at_build_time(
-    steps: list[dict[str, Any]], message: str
-) -> None:
-    scenario = {"bridge": {"token": "t0k3n"}, "steps": steps}
-    with pytest.raises(MockBuildError, match=message) as raised:
-        scenario_router(scenario)
-    assert isinstance(raised.value, ScenarioError)
-
-
-def test_a_background_call_never_awaited_gets_what_the_script_answers() -> None:
-    scenario = {
-        "appServer": {"version": 1, "methods": {"x/later": {"result": {"done": True}}}},
-        "steps": [
-            {"createSession": "s"},
-            {"call": {"session": "${s}", "method": "x/later", "params": {}}, "background": "b"},
-        ],
-    }
-    with scenario_router(scenario) as bridge:
-        host = SyncHost(bridge.base_url)
-        session = host.create_session()
-        assert host.call(session, "x/later", {}).json() == {"result": {"done": True}}
-
-
-@pytest.mark.parametrize(
-    ("scripted", "expect", "status", "kind"),
-    [
-        ({}, {"status": [400, 404], "error": "session_not_found"}, 404, "session_not_found"),
-        ({}, {"status": "5xx"}, 502, "app_server_error"),
-        ({}, {"status": "4xx", "error": "session_exited"}, 409, "session_exited"),
-        ({"error": {"code": -32001, "message": "m"}}, {"status": "5xx"}, 503, None),
-        ({"result": {}}, {}, 200, None),
-    ],
-)
-def test_the_status_a_step_allows_is_the_one_the_bridge_would_give(
-    scripted: dict[str, Any], expect: dict[str, Any], status: int, kind: str | None
-) -> None:
-    """A status class or list lets the bridge's plausible answer (here: the script's)
-    through; otherwise the expected error kind decides."""
-    scenario = {
-        "appServer": {"version": 1, "methods": {"x/m": scripted}} if scripted else None,
-        "steps": [
-            {"createSession": "s"},
-            {"call": {"session": "${s}", "method": "x/m", "params": {}}, "expect": expect},
-        ],
-    }
-    if not scripted:
-        del scenario["appServer"]
-    with scenario_router(scenario) as bridge:
-        host = SyncHost(bridge.base_url)
-        answer = host.call(host.create_session(), "x/m", {})
-    assert answer.status_code == status
-    if kind is not None:
-        assert answer.json()["error"] == kind
-    if status == 503:
-        assert answer.json() == {"error": "app_server_overloaded", "message": "m", "code": -32001}
+    checked = command("check", ".")
+    assert checked.returncode == 1
+    assert f"has no cassette (cassettes/auth-rejection.yaml); record it: {COMMAND}" in (
+        checked.stderr
+    )
+    recorded = command("record", ".")
+    assert recorded.returncode == 1
+    assert "ok  cassettes/auth-rejection.yaml  (6 exchanges)" in recorded.stdout
+    assert "FAILED  sub/broken.scenario.yaml: no cassette: the scenario must pass" in (
+        recorded.stderr
+    )
+    assert "expected status 418, received 200" in recorded.stderr
+    assert not (broken.parent / "cassettes").exists()
+    assert command("check", "auth-rejection.scenario.yaml").returncode == 0
+    cassette_path(good).write_text("not: [a cassette")
+    broken_file = command("check", "auth-rejection.scenario.yaml")
+    assert "not a cassette of this tool (ParserError" in broken_file.stderr
+    assert f"regenerate it: {COMMAND} auth-rejection.scenario.yaml" in broken_file.stderr
+    assert command("record", "auth-rejection.scenario.yaml").returncode == 0
+    assert Cassette.load(cassette_path(good)).interactions

@@ -1,0 +1,462 @@
+"""Cassettes: what the real bridge answered a scenario's steps, in VCR.py's YAML format
+(what `scenarios.respx_mock` needs more sits under `codex:` keys vcrpy ignores). See
+scenarios/README.md ("Cassettes").
+
+    python -m scenarios.cassette record PATHS...   # the missing and stale ones (--all)
+    python -m scenarios.cassette check PATHS...    # exit 1 naming each missing or stale
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import concurrent.futures
+import dataclasses
+import hashlib
+import os
+import re
+import shutil
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Coroutine, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TypeVar
+from urllib.parse import unquote, urlsplit
+
+import aiohttp
+import orjson
+import yaml
+
+from scenarios import format as f
+from scenarios.expectations import NO_JSON, step_request, substitute
+from scenarios.format import LoadedScenario, ScenarioError, load_scenario
+from scenarios.harness import RECORDER
+from scenarios.reporting import format_result
+from scenarios.runner import RunOptions, ScenarioResult, run_scenario
+
+#: The command that (re)records cassettes, named by every message about a stale one.
+COMMAND = "python -m scenarios.cassette record"
+ORIGIN = "http://bridge.test"  # of recorded URIs: the bridge's port varies
+T = TypeVar("T")
+_DROPPED = {"host", "user-agent", "accept", "accept-encoding", "content-length", "date"}
+_DROPPED |= {"transfer-encoding"}
+_EVENTS = re.compile(r"/v1/sessions/[^/]+/events(/stream)?")
+
+
+class CassetteError(ScenarioError):
+    """No cassette can be had: the scenario fails on the bridge, or the file is broken."""
+
+
+class StaleCassette(CassetteError):
+    """The cassette is missing, or was recorded from another version of its scenario."""
+
+
+@dataclass
+class Interaction:
+    """One recorded exchange, and what replay needs to know about it."""
+
+    method: str
+    path: str  # as sent, with its query
+    headers: dict[str, list[str]]
+    body: str | bytes | None
+    status: int = 0
+    reason: str = ""
+    response_headers: dict[str, list[str]] = field(default_factory=dict)
+    response_body: str | bytes = ""
+    step: int | None = None  # the step that made it
+    after: int | None = None  # a long-poll's event waits for this interaction
+    #: SSE: [byte offset, interaction it waits for (or None)] per part of the body.
+    marks: list[list[int | None]] = field(default_factory=list)
+    started: float = field(default=0.0, repr=False)
+    seen: int = field(default=0, repr=False)  # interactions started when the answer came
+
+    @property
+    def route(self) -> tuple[str, str]:
+        """(method, decoded path): how the bridge routes it."""
+        return self.method, unquote(urlsplit(self.path).path)
+
+    @property
+    def events(self) -> bool:
+        return self.method == "GET" and bool(_EVENTS.fullmatch(self.route[1]))
+
+    def header(self, name: str) -> str | None:
+        found = {key.lower(): values for key, values in self.headers.items()}.get(name.lower())
+        return found[0] if found else None
+
+    def to_vcr(self) -> dict[str, Any]:
+        codex = {"step": self.step, "after": self.after, "marks": self.marks or None}
+        request = {"body": self.body, "headers": self.headers, "method": self.method}
+        return {
+            "request": {**request, "uri": ORIGIN + self.path},
+            "response": {
+                "status": {"code": self.status, "message": self.reason},
+                "headers": self.response_headers,
+                "body": {"string": self.response_body},
+            },
+            "codex": {key: value for key, value in codex.items() if value is not None},
+        }
+
+    @classmethod
+    def from_vcr(cls, data: dict[str, Any]) -> Interaction:
+        request, response, codex = data["request"], data["response"], data.get("codex") or {}
+        uri, status = urlsplit(request["uri"]), response["status"]
+        path = uri.path + (f"?{uri.query}" if uri.query else "")
+        item = cls(request["method"], path, request.get("headers") or {}, request.get("body"))
+        item.status, item.reason = status["code"], status.get("message", "")
+        item.response_headers = response.get("headers") or {}
+        item.response_body = (response.get("body") or {}).get("string") or ""
+        item.step, item.after, item.marks = (
+            codex.get("step"),
+            codex.get("after"),
+            codex.get("marks") or [],
+        )
+        return item
+
+
+@dataclass
+class Cassette:
+    """A scenario's recorded exchanges; `tmp` is the recording run's `${tmp}`."""
+
+    scenario: str
+    hash: str
+    interactions: list[Interaction]
+    tmp: str | None = None
+
+    def dump(self) -> str:
+        codex = {"format": 1, "scenario": self.scenario, "hash": self.hash, "tmp": self.tmp}
+        items = [item.to_vcr() for item in self.interactions]
+        document = {"version": 1, "codex": codex, "interactions": items}
+        return yaml.dump(document, Dumper=_Dumper, sort_keys=False, allow_unicode=True, width=10**6)
+
+    def save(self, path: Path) -> None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        descriptor, temporary = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+        with os.fdopen(descriptor, "w", encoding="utf-8") as file:  # one writer per file
+            file.write(self.dump())
+        os.replace(temporary, path)
+
+    @classmethod
+    def load(cls, path: Path, scenario: str = "SCENARIO") -> Cassette:
+        try:
+            data = yaml.load(path.read_text(encoding="utf-8"), Loader=_Loader)
+            codex = data["codex"]
+            items = [Interaction.from_vcr(item) for item in data["interactions"]]
+            return cls(codex["scenario"], codex["hash"], items, codex.get("tmp"))
+        except (OSError, yaml.YAMLError, KeyError, TypeError) as exc:
+            why = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+            raise CassetteError(
+                f"{path}: not a cassette of this tool ({why}); regenerate it: {COMMAND} {scenario}"
+            ) from None
+
+
+_Loader: Any = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+
+
+class _Dumper(yaml.SafeDumper):
+    """Multi-line strings (SSE bodies) as blocks, so a cassette reads as the wire did."""
+
+
+_Dumper.add_representer(
+    str,
+    lambda dumper, value: dumper.represent_scalar(
+        "tag:yaml.org,2002:str", value, style="|" if "\n" in value else None
+    ),
+)
+
+
+def scenario_hash(loaded: LoadedScenario) -> str:
+    """The hash of the scenario document (as parsed: comments and layout do not count)."""
+    document = loaded.data
+    if document is None:
+        document = loaded.scenario.model_dump(by_alias=True, exclude_unset=True, mode="json")
+    encoded = orjson.dumps(document, option=orjson.OPT_SORT_KEYS, default=str)
+    return "sha256:" + hashlib.sha256(encoded).hexdigest()
+
+
+def cassette_path(scenario: Path) -> Path:
+    """`cassettes/NAME.yaml` beside `NAME.scenario.yaml`."""
+    name = re.sub(r"(\.scenario)?\.(yaml|yml|json)$", "", scenario.name)
+    return scenario.parent / "cassettes" / f"{name}.yaml"
+
+
+# -- recording ---------------------------------------------------------------------------
+
+
+class _Recorder:
+    """A client middleware keeping every exchange of the run, in the order they started."""
+
+    def __init__(self) -> None:
+        self.items: list[Interaction] = []
+
+    async def __call__(
+        self, request: aiohttp.ClientRequest, handler: aiohttp.ClientHandlerType
+    ) -> aiohttp.ClientResponse:
+        payload: Any = request.body
+        body = payload if isinstance(payload, bytes) else await payload.as_bytes()
+        item = Interaction(request.method, request.url.raw_path_qs, _kept_headers(request), None)
+        item.body, item.started = _decoded(body), time.monotonic()
+        self.items.append(item)
+        response = await handler(request)
+        item.response_headers = _kept_headers(response)
+        if response.headers.get("Content-Type", "").startswith("text/event-stream"):
+            response.content = _Tee(response.content, item, self)  # type: ignore[assignment]
+        else:
+            item.response_body = _decoded(await response.read()) or ""
+        item.seen, item.status, item.reason = (
+            len(self.items),
+            response.status,
+            response.reason or "",
+        )
+        return response
+
+
+def _kept_headers(message: Any) -> dict[str, list[str]]:
+    kept: dict[str, list[str]] = {}
+    for name, value in message.headers.items():
+        if name.lower() not in _DROPPED:
+            kept.setdefault(str(name), []).append(value)
+    return kept
+
+
+def _decoded(raw: bytes) -> str | bytes | None:
+    try:
+        return raw.decode("utf-8") if raw else None
+    except UnicodeDecodeError:
+        return raw
+
+
+class _Tee:
+    """An SSE response's content: what the client reads is kept, with when it was read."""
+
+    def __init__(self, inner: Any, item: Interaction, recorder: _Recorder) -> None:
+        self._inner, self._item, self._recorder = inner, item, recorder
+
+    def _keep(self, data: bytes) -> bytes:
+        if data:
+            body = self._item.response_body
+            kept = body.encode() if isinstance(body, str) else body
+            self._item.marks.append([len(kept), len(self._recorder.items)])
+            self._item.response_body = kept + data
+        return data
+
+    async def readline(self) -> bytes:
+        return self._keep(await self._inner.readline())
+
+    async def read(self, n: int = -1) -> bytes:
+        return self._keep(await self._inner.read(n))
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._inner, name)
+
+
+async def record_cassette(
+    loaded: LoadedScenario, options: RunOptions | None = None
+) -> tuple[Cassette, ScenarioResult]:
+    """Run `loaded` on the real bridge and keep what its steps exchanged; `CassetteError`
+    (with the run's report) when it does not pass."""
+    recorder, options = _Recorder(), options or RunOptions()
+    root = Path(tempfile.mkdtemp(prefix="cassette-", dir=options.tmp_root))
+    token = RECORDER.set(recorder)
+    try:
+        result = await run_scenario(loaded, dataclasses.replace(options, tmp_root=root))
+    finally:
+        RECORDER.reset(token)
+    if not result.passed:  # a failed run's directory stays, as its report says
+        raise CassetteError(
+            f"{loaded.source}: no cassette: the scenario must pass on the bridge to be "
+            f"recorded ({result.outcome}):\n{result.skip_reason or format_result(result)}"
+        )
+    if not options.keep_tmp:
+        shutil.rmtree(root, ignore_errors=True)
+    # The run's `${tmp}` varies from run to run: replay takes any path in its place.
+    runs = " ".join(text for _, source, text in result.transcript.entries if source == "run")
+    tmp = re.search(re.escape(str(root)) + r"/scenario-[^/\s\"]+", runs)
+    items = _kept(loaded, result, recorder.items)
+    return Cassette(loaded.name, scenario_hash(loaded), items, tmp and tmp.group(0)), result
+
+
+def _kept(
+    loaded: LoadedScenario, result: ScenarioResult, items: list[Interaction]
+) -> list[Interaction]:
+    """The interactions replay serves, each with its step and what its events wait for."""
+    steps = loaded.scenario.steps
+    step_times = [
+        (result.transcript.started + offset, int(text.split(":", 1)[0].split()[1]) - 1)
+        for offset, source, text in result.transcript.entries
+        if source == "step"
+    ]
+    patterns = [_pattern(step) for step in steps]
+    background = [i for i, step in enumerate(steps) if getattr(step, "background", None)]
+    for i in background:  # its request starts once a later step has begun
+        since = next((t for t, index in step_times if index == i), 0.0)
+        for item in items:
+            if item.step is None and item.started >= since and _matches(patterns[i], item):
+                item.step = i
+                break
+    for item in items:
+        if item.step is None:
+            now = max((i for t, i in step_times if t <= item.started), default=0)
+            candidates = (i for i in range(now, -1, -1) if i not in background)
+            item.step = next((i for i in candidates if _matches(patterns[i], item)), now)
+    # With `model:`, the runner's end check lists the sessions: no step made that request.
+    if loaded.scenario.model is not None and loaded.scenario.checks.requests_answered:
+        items = items[:-1] if items and items[-1].route == ("GET", "/v1/sessions") else items
+    # An `until` step settles on its last attempt; long-polls' 204s depend on timing: one
+    # per path and query is kept (so the route exists); unanswered requests go.
+    last = {item.step: item for item in items if getattr(steps[item.step or 0], "until", None)}
+    idle: set[tuple[str, str]] = set()
+    keep = []
+    for item in items:
+        key = (item.route[1], re.sub(r"waitMs=\d+&?", "", urlsplit(item.path).query))
+        if not item.status or last.get(item.step, item) is not item:
+            continue
+        if item.events and item.status == 204:
+            if key in idle:
+                continue
+            idle.add(key)
+        if isinstance(item.response_body, bytes):  # an SSE body: text when it is UTF-8
+            item.response_body = _decoded(item.response_body) or ""
+        keep.append(item)
+    changers = [(items.index(item), kept) for kept, item in enumerate(keep) if _changes(item)]
+
+    def trigger(seen: int | None, own: int) -> int | None:
+        return next((k for o, k in reversed(changers) if o < (seen or 0) and k != own), None)
+
+    for own, item in enumerate(keep):
+        if item.events and item.route[1].endswith("/events"):
+            item.after = trigger(item.seen, own)
+        marks: list[list[int | None]] = []
+        for offset, seen in item.marks:
+            if not marks or marks[-1][1] != trigger(seen, own):
+                marks.append([offset, trigger(seen, own)])
+        item.marks = marks
+    return keep
+
+
+def _changes(item: Interaction) -> bool:
+    """A request that may cause events: not a read, not refused."""
+    return item.method != "GET" and 200 <= item.status < 400
+
+
+_ANY = "\x00any\x00"
+
+
+def _pattern(step: Any) -> tuple[str, re.Pattern[str], Any] | None:
+    """The method, path (a regex) and JSON body (`_ANY` for variables) of the requests
+    `step` makes; None: it makes none."""
+    if isinstance(step, f.PollStep):
+        return "GET", re.compile(r"/v1/sessions/.+/events"), NO_JSON
+    try:
+        request = step_request(step, lambda value: substitute(value, lambda name: _ANY))
+    except TypeError:
+        return None
+    path = unquote(urlsplit(request.path).path if "://" in request.path else request.path)
+    return (
+        request.method,
+        re.compile(re.escape(path).replace(re.escape(_ANY), ".*?")),
+        (request.json_body),
+    )
+
+
+def _matches(pattern: tuple[str, re.Pattern[str], Any] | None, item: Interaction) -> bool:
+    method, path = item.route
+    if pattern is None or pattern[0] != method or not pattern[1].fullmatch(path):
+        return False
+    try:
+        body = orjson.loads(item.body) if isinstance(item.body, str) else NO_JSON
+    except orjson.JSONDecodeError:
+        body = NO_JSON
+    return pattern[2] is NO_JSON or body is NO_JSON or _fits(pattern[2], body)
+
+
+def _fits(template: Any, value: Any) -> bool:
+    if isinstance(template, dict):
+        same = isinstance(value, dict) and template.keys() == value.keys()
+        return same and all(_fits(template[key], value[key]) for key in template)
+    if isinstance(template, list):
+        same = isinstance(value, list) and len(template) == len(value)
+        return same and all(_fits(a, b) for a, b in zip(template, value, strict=False))
+    if isinstance(template, str) and _ANY in template:
+        pattern = ".*?".join(re.escape(part) for part in template.split(_ANY))
+        return template == _ANY or (isinstance(value, str) and bool(re.fullmatch(pattern, value)))
+    return bool(template == value)
+
+
+# -- finding one -------------------------------------------------------------------------
+
+
+def cassette_for(
+    loaded: LoadedScenario, *, record: str | None = None, options: RunOptions | None = None
+) -> Cassette:
+    """The cassette of `loaded`: `record="once"` (the default; `"none"` when `CI=true`)
+    records a missing one, `"none"` never records, `"refresh"` re-records a stale one too,
+    `"all"` any; a stale one is else a `StaleCassette` naming the command to run. A
+    scenario not read from a file is recorded each time (there is nowhere to keep it)."""
+    record = record or ("none" if os.environ.get("CI", "").lower() == "true" else "once")
+    if record not in ("none", "once", "refresh", "all"):
+        raise ValueError(f"record must be none, once, refresh or all, not {record!r}")
+    if loaded.path is None:
+        return run_sync(lambda: record_cassette(loaded, options))[0]
+    path, regenerate = cassette_path(loaded.path), f"{COMMAND} {loaded.source}"
+    if path.exists() and record != "all":
+        try:
+            cassette: Cassette | None = Cassette.load(path, loaded.source)
+        except CassetteError:
+            if record != "refresh":
+                raise
+            cassette = None
+        if cassette is not None and cassette.hash == scenario_hash(loaded):
+            return cassette
+        if record != "refresh":
+            raise StaleCassette(
+                f"{path} is older than its scenario {loaded.source} (the scenario changed "
+                f"since it was recorded); regenerate it: {regenerate}"
+            )
+    elif not path.exists() and record == "none":
+        raise StaleCassette(f"{loaded.source} has no cassette ({path}); record it: {regenerate}")
+    cassette = run_sync(lambda: record_cassette(loaded, options))[0]
+    cassette.save(path)
+    return cassette
+
+
+def run_sync(make: Callable[[], Coroutine[Any, Any, T]]) -> T:
+    """Run a coroutine to its end from sync code, even inside a running event loop."""
+    with concurrent.futures.ThreadPoolExecutor(1, "cassette-recorder") as pool:
+        return pool.submit(lambda: asyncio.run(make())).result()
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m scenarios.cassette",
+        description="Record the cassettes the respx mock replays (cassettes/NAME.yaml beside "
+        "each NAME.scenario.yaml), or check that none is missing or stale.",
+    )
+    parser.add_argument("action", choices=("record", "check"))
+    parser.add_argument("paths", nargs="+", help="scenario files or folders")
+    parser.add_argument("--all", action="store_true", help="record the fresh ones too")
+    parser.add_argument("--codex", help="the real codex, for scenarios with `model:`")
+    args = parser.parse_args(argv)
+    record = "none" if args.action == "check" else "all" if args.all else "refresh"
+    files = [
+        found
+        for name in map(Path, args.paths)
+        for found in (sorted(name.rglob("*.scenario.y*ml")) if name.is_dir() else [name])
+        if not any(part.startswith(".") for part in found.parts[len(name.parts) : -1])
+    ]
+    status = 0
+    for path in files:
+        try:
+            cassette = cassette_for(
+                load_scenario(path), record=record, options=RunOptions(args.codex)
+            )
+            print(f"ok  {cassette_path(path)}  ({len(cassette.interactions)} exchanges)")
+        except ScenarioError as exc:
+            print(f"FAILED  {exc}", file=sys.stderr)
+            status = 1
+    return status
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

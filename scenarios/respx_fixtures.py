@@ -1,0 +1,91 @@
+"""The `codex_respx` fixture and `--codex-record-cassettes` (the plugin registers this
+module); importing it needs neither respx nor httpx: the fixture names the extra."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+_CALL_REPORT = pytest.StashKey[pytest.TestReport]()
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.getgroup("codex-rest-bridge").addoption(
+        "--codex-record-cassettes",
+        action="store_true",
+        dest="codex_record_cassettes",
+        help="codex_respx: re-record the cassettes of scenarios changed since they were "
+        "recorded (by default a stale cassette fails the test)",
+    )
+
+
+@pytest.hookimpl(wrapper=True, tryfirst=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Any:
+    """Keep the call phase's report: a mock's end check stays quiet when the test failed."""
+    report = yield
+    if report.when == "call":
+        item.stash[_CALL_REPORT] = report
+    return report
+
+
+@pytest.fixture
+def codex_respx(request: pytest.FixtureRequest) -> Iterator[Callable[..., Any]]:
+    """Mock the bridge for httpx by replaying a scenario's cassette: no process at all.
+
+        bridge = codex_respx("approval.scenario.yaml")   # a path, or a mapping
+        client = MyBridgeClient(bridge.base_url, token=bridge.token)
+
+    Returns a started `scenarios.respx_mock.ScenarioRouter` (keywords as
+    `scenario_router`'s). A relative path is found from the test file's folder, then
+    the working directory. The cassette (`cassettes/NAME.yaml` beside the scenario) is
+    recorded when missing (not when `CI=true`); a stale one fails the test naming the
+    command that regenerates it, or is re-recorded with `--codex-record-cassettes`.
+    After the test, an exchange the host never made fails it (unless the test failed
+    already, or `assert_all_called=False`).
+    """
+    missing = None
+    try:
+        from scenarios import respx_mock
+    except ModuleNotFoundError as exc:
+        missing = str(exc)
+    if missing is not None:  # failed outside the `except`: no chained traceback
+        pytest.fail(missing, pytrace=False)
+    refresh = request.config.getoption("codex_record_cassettes", False)
+
+    def make(scenario: Any, **options: Any) -> Any:
+        if isinstance(scenario, str | os.PathLike):
+            path = Path(scenario)
+            beside = Path(request.node.path).parent / path
+            scenario = beside if not path.is_absolute() and beside.exists() else path
+        if refresh:
+            options.setdefault("record", "refresh")
+        return respx_mock.scenario_router(scenario, **options)
+
+    routers: list[Any] = []
+
+    def start(*args: Any, **options: Any) -> Any:
+        try:
+            router = make(*args, **options)
+        except respx_mock.CassetteError as exc:
+            router, problem = None, str(exc)
+        if router is None:
+            pytest.fail(problem, pytrace=False)
+        router.start()
+        routers.append(router)
+        return router
+
+    yield start
+    report = request.node.stash.get(_CALL_REPORT, None)
+    quiet = report is None or report.failed
+    problems = []
+    for router in reversed(routers):
+        try:
+            router.stop(quiet=quiet)
+        except AssertionError as exc:
+            problems.append(str(exc))
+    if problems:
+        pytest.fail("\n".join(problems), pytrace=False)
