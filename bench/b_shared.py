@@ -116,7 +116,10 @@ def _codex_command(mode: str, home: Path) -> str:
         'model="gpt-6.1-sol"',
     ]
     args = [arg for item in overrides for arg in ("-c", item)]
-    return shlex.join([codex, "app-server", *args])
+    # As the docs advise for a shared codex: no login-shell snapshot per thread (seconds
+    # of bash each, and a leftover process per thread on some machines). Every mode
+    # runs the same way, so the modes compare like with like.
+    return shlex.join([codex, "app-server", "--disable", "shell_snapshot", *args])
 
 
 def _open_log(path: Path) -> Any:
