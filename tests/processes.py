@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
+from collections.abc import Iterable
 
 
 def _stat(pid: str) -> tuple[int, int, str] | None:
@@ -133,3 +135,29 @@ def resident_kib(pid: int | None = None) -> int:
             if line.startswith("VmRSS:"):
                 return int(line.split()[1])
     return 0
+
+
+async def exited(pids: Iterable[int], timeout: float) -> None:
+    """Return once every pid in ``pids`` has exited, or at ``timeout`` (no polling).
+
+    A pidfd becomes readable when its process exits.
+    """
+    loop = asyncio.get_running_loop()
+    waits: list[asyncio.Future[None]] = []
+    descriptors: list[int] = []
+    for pid in pids:
+        try:
+            fd = os.pidfd_open(pid)
+        except ProcessLookupError:
+            continue
+        done: asyncio.Future[None] = loop.create_future()
+        loop.add_reader(fd, lambda f=done: f.done() or f.set_result(None))
+        waits.append(done)
+        descriptors.append(fd)
+    try:
+        if waits:
+            await asyncio.wait(waits, timeout=timeout)
+    finally:
+        for fd in descriptors:
+            loop.remove_reader(fd)
+            os.close(fd)

@@ -15,7 +15,7 @@ from typing import Any
 
 import aiohttp
 import pytest
-from processes import live_children
+from processes import exited, live_children
 
 from bridge.app import trusted_bridge_app
 from bridge.limits import AppServerSettings, RestLimits
@@ -49,25 +49,7 @@ async def new_session(http: aiohttp.ClientSession, base: str) -> str:
 async def gone(pids: Iterable[int], timeout: float) -> set[int]:
     """Wait (on pidfds, no polling) until every pid has exited; those still alive."""
     pids = list(pids)
-    loop = asyncio.get_running_loop()
-    waits: list[asyncio.Future[None]] = []
-    fds: list[int] = []
-    for pid in pids:
-        try:
-            fd = os.pidfd_open(pid)
-        except ProcessLookupError:
-            continue
-        done: asyncio.Future[None] = loop.create_future()
-        loop.add_reader(fd, lambda f=done: f.done() or f.set_result(None))
-        waits.append(done)
-        fds.append(fd)
-    try:
-        if waits:
-            await asyncio.wait(waits, timeout=timeout)
-    finally:
-        for fd in fds:
-            loop.remove_reader(fd)
-            os.close(fd)
+    await exited(pids, timeout)
     return {pid for pid in pids if _alive(pid)}
 
 

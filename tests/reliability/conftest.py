@@ -19,7 +19,7 @@ import sys
 import threading
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable, Iterable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -29,6 +29,7 @@ import pytest
 import pytest_asyncio
 from processes import (
     descriptor_kinds,
+    exited,
     marked_processes,
     resident_kib,
     tcp_sockets,
@@ -393,32 +394,6 @@ def bridge_process() -> Iterator[Callable[..., BridgeProcess]]:
 
 
 POLL_SECONDS = 0.02
-
-
-async def exited(pids: Iterable[int], timeout: float) -> None:
-    """Return once every pid in ``pids`` has exited, or at ``timeout`` (no polling).
-
-    A pidfd becomes readable when its process exits.
-    """
-    loop = asyncio.get_running_loop()
-    waits: list[asyncio.Future[None]] = []
-    descriptors: list[int] = []
-    for pid in pids:
-        try:
-            fd = os.pidfd_open(pid)
-        except ProcessLookupError:
-            continue
-        done: asyncio.Future[None] = loop.create_future()
-        loop.add_reader(fd, lambda f=done: f.done() or f.set_result(None))
-        waits.append(done)
-        descriptors.append(fd)
-    try:
-        if waits:
-            await asyncio.wait(waits, timeout=timeout)
-    finally:
-        for fd in descriptors:
-            loop.remove_reader(fd)
-            os.close(fd)
 
 
 async def eventually(
