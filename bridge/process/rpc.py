@@ -563,33 +563,36 @@ class AppServerProcess:
             code = None
         self._exit_info = ExitInfo(code, sig, self.stderr_tail(), self._protocol_error)
         self._transport.close()
-        if self._deadline_timer is not None:
-            self._deadline_timer.cancel()
-            self._deadline_timer = None
-        self._deadlines.clear()
-        gone = ProcessGone(self._exit_info)
-        for future in self._pending.values():
-            if not future.done():
-                future.set_exception(gone)
-        self._pending.clear()
-        self._finished.set_result(self._exit_info)
-        for callback in self.exit_callbacks:
-            try:
-                callback(self._exit_info)
-            except Exception as exc:
-                log.error("exit callback failed: %s", type(exc).__name__)
-        # Let go of everything that points back at the owners (a session, a turn), so
-        # that nothing but plain references keeps them: they go as soon as they are dropped.
-        self.exit_callbacks = []
-        self.on_notification = _ignore_notification
-        self.on_request = _ignore_request
-        self.flow_gate = None
+        self._conclude(self._exit_info)
         self._held = b""
         if self._protocol is not None:
             self._protocol.owner = None
         self._protocol = None
         self._transport = None
         self._stdin = None
+
+    def _conclude(self, info: ExitInfo) -> None:
+        """The conversation is over (``info`` is set): fail what waits, tell the owners,
+        and let go of them, so that nothing but plain references keeps them."""
+        if self._deadline_timer is not None:
+            self._deadline_timer.cancel()
+            self._deadline_timer = None
+        self._deadlines.clear()
+        gone = ProcessGone(info)
+        for future in self._pending.values():
+            if not future.done():
+                future.set_exception(gone)
+        self._pending.clear()
+        self._finished.set_result(info)
+        for callback in self.exit_callbacks:
+            try:
+                callback(info)
+            except Exception as exc:
+                log.error("exit callback failed: %s", type(exc).__name__)
+        self.exit_callbacks = []
+        self.on_notification = _ignore_notification
+        self.on_request = _ignore_request
+        self.flow_gate = None
 
     def _kill_group(self, sig: signal.Signals) -> None:
         if self.pid is None:

@@ -47,8 +47,6 @@ from bridge.process.rpc import (
     NotificationHandler,
     ProcessGone,
     StdinFull,
-    _ignore_notification,
-    _ignore_request,
 )
 from bridge.wire import dumps
 
@@ -280,23 +278,9 @@ class AppServerConnection(AppServerProcess):
             return
         self._exit_info = info
         self._exited = True
-        gone = ProcessGone(info)
-        for future in self._pending.values():
-            if not future.done():
-                future.set_exception(gone)
-        self._pending.clear()
+        self._conclude(info)
         self._frames.clear()
         self._frames_bytes = 0
-        self._finished.set_result(info)
-        for callback in self.exit_callbacks:
-            try:
-                callback(info)
-            except Exception as exc:
-                log.error("exit callback failed: %s", type(exc).__name__)
-        self.exit_callbacks = []
-        self.on_notification = _ignore_notification
-        self.on_request = _ignore_request
-        self.flow_gate = None
         self._held_frame = None
         self._readable.set()
         if not self._ws.closed:
