@@ -15,9 +15,10 @@ PORT ?= 8787
 PRESET ?= trusted
 APP_SERVER ?= $(abspath $(BIN))/fake-codex app-server
 
-REPLICAS ?= 0
+# Empty: `rest-bridge cluster` starts one replica per core.
+REPLICAS ?=
 
-.PHONY: serve test lint typecheck pytest codex dist nginx cluster bench reliability clean
+.PHONY: serve serve-codex test lint typecheck pytest codex dist nginx cluster bench reliability clean
 
 # openai-codex (the official SDK, an independent client for tests/fakes/test_sdk_dropin.py)
 # goes in with --no-deps: its only other dependency is openai-codex-cli-bin, a 142 MB
@@ -44,7 +45,7 @@ codex: $(CODEX_BIN)
 
 # What `make serve` says first: the fake by default, else the command it was given.
 ifeq ($(origin APP_SERVER),file)
-SERVE_NOTE := Serving on the bundled fake app-server. To front the real Codex instead: make codex && make serve APP_SERVER='$(abspath $(CODEX)) app-server'
+SERVE_NOTE := Serving on the bundled fake app-server. To front the real Codex instead: make serve-codex
 else
 SERVE_NOTE := Serving on the app-server command you gave: $(APP_SERVER)
 endif
@@ -61,12 +62,20 @@ nginx:
 
 # N replicas (one per core unless REPLICAS=N) behind nginx on loopback; Ctrl-C stops all.
 cluster: $(STAMP) nginx
-	$(BIN)/rest-bridge cluster --replicas $(REPLICAS) --preset $(PRESET) --host $(HOST) \
+	$(BIN)/rest-bridge cluster $(if $(REPLICAS),--replicas $(REPLICAS)) --preset $(PRESET) --host $(HOST) \
 		--port $(PORT) --app-server "$(APP_SERVER)"
 
 serve: $(STAMP)
 	@echo "$(SERVE_NOTE)"
 	$(BIN)/rest-bridge serve --preset $(PRESET) --host $(HOST) --port $(PORT) --app-server "$(APP_SERVER)"
+
+# `make serve` on the pinned real codex: its native binary, found once it is installed
+# (CODEX above is read before `make codex` has run on a fresh machine).
+serve-codex: $(STAMP) codex
+	@set -e; codex="$$($(BIN)/python -m scenarios.codex_install $(CODEX_DIR))"; \
+		echo "Serving on the real codex: $$codex app-server"; \
+		$(BIN)/rest-bridge serve --preset $(PRESET) --host $(HOST) --port $(PORT) \
+			--app-server "$$codex app-server"
 
 # An sdist and a wheel in dist/, for `pip install` elsewhere (README.md, "Install").
 # PyPA's `build` runs in a small venv of its own, so this needs neither `make test`'s

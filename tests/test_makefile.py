@@ -42,6 +42,20 @@ def test_make_serve_without_one_says_it_serves_the_fake() -> None:
     assert "/fake-codex app-server" in out
 
 
+def test_the_way_to_the_real_codex_is_a_target_that_finds_its_native_binary_when_run() -> None:
+    # The note is printed before `make codex` may have run: it names a target, not a path
+    # (a stranger was sent to the Node launcher, read at parse time on a fresh machine).
+    assert "To front the real Codex instead: make serve-codex" in make_n("serve")
+    out = make_n("serve-codex", "-o", "codex")
+    assert "-m scenarios.codex_install .codex-npm" in out
+    assert '--app-server "$codex app-server"' in out
+
+
+def test_make_cluster_leaves_the_replica_count_to_the_cluster_unless_given() -> None:
+    assert "--replicas" not in make_n("cluster", "-o", "nginx")
+    assert "--replicas 3 " in make_n("cluster", "-o", "nginx", "REPLICAS=3")
+
+
 def test_make_dist_builds_an_sdist_and_a_wheel_into_dist() -> None:
     out = make_n("-o", ".venv-build/.installed", "dist")
     assert "-m build --outdir dist ." in out
