@@ -126,7 +126,10 @@ def build_parser() -> argparse.ArgumentParser:
             "option); REST_ADAPTER_<LIMIT> sets a limit, e.g. REST_ADAPTER_MAX_SESSIONS=16 "
             f"({', '.join(RestLimits.env_variable(f) for f in LIMIT_FIELDS)}). "
             "A limit that is not a positive integer stops serve with exit status 2; an "
-            "unknown REST_ADAPTER_* variable is reported at start."
+            "unknown REST_ADAPTER_* variable is reported at start. "
+            f"Replicas: {REPLICA_ID_VARIABLE}, {PEERS_VARIABLE}, {DRAIN_TIMEOUT_VARIABLE} "
+            "(docs/SCALING.md). Shared mode: "
+            f"{', '.join(sorted(APP_SERVER_VARIABLES))} (docs/API.md)."
         ),
     )
     serve.add_argument("--preset", choices=sorted(PRESETS), default="trusted")

@@ -88,3 +88,19 @@ def test_a_misspelt_variable_is_named_and_changed_limits_are_listed():
         "REST_ADAPTER_MAX_SESION"
     ]
     assert RestLimits.from_env(env).changed() == {"REST_ADAPTER_MAX_SESSIONS": 4}
+
+
+def test_serve_help_names_every_variable_an_operator_sets():
+    from bridge.cli import OTHER_VARIABLES
+    from bridge.process.descendants import MARK_VARIABLE
+
+    script = Path(sys.executable).with_name("rest-bridge")
+    done = subprocess.run(
+        [str(script), "serve", "--help"], capture_output=True, text=True, timeout=60, check=True
+    )
+    text = " ".join(done.stdout.split())  # argparse folds lines
+    internal = {"REST_ADAPTER_CLUSTER_MARK", MARK_VARIABLE}  # set by rest-bridge itself
+    for variable in sorted(OTHER_VARIABLES - internal):
+        assert variable in text, variable
+    for field in dataclasses.fields(RestLimits):
+        assert RestLimits.env_variable(field.name) in text
