@@ -62,64 +62,13 @@ def say(text: str) -> None:
     print(f"rest-bridge cluster: {text}", flush=True)
 
 
-def marked(mark: str) -> set[int]:
-    """Live processes whose environment carries ``CLUSTER_MARK_VARIABLE=mark``."""
-    needle = f"{CLUSTER_MARK_VARIABLE}={mark}".encode()
-    found = set()
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/environ", "rb") as handle:
-                if needle in handle.read().split(b"\0"):
-                    found.add(int(entry))
-        except OSError:
-            continue
-    return found
-
-
-def _settle(future: asyncio.Future[None]) -> None:
-    if not future.done():
-        future.set_result(None)
-
-
 async def bury(mark: str, timeout: float = STOP_SECONDS) -> int:
     """SIGKILL every process carrying ``mark``, wait until they are gone, reap them.
 
     Searches again until a search finds nothing new (one may fork meanwhile). Returns
     how many were killed.
     """
-    loop = asyncio.get_running_loop()
-    killed: set[int] = set()
-    gone: list[asyncio.Future[None]] = []
-    fds: list[int] = []
-    try:
-        for _ in range(64):
-            found = marked(mark) - killed
-            if not found:
-                break
-            for pid in found:
-                try:
-                    fd = os.pidfd_open(pid)
-                except OSError:
-                    continue
-                fds.append(fd)
-                try:
-                    signal.pidfd_send_signal(fd, signal.SIGKILL)
-                except OSError:
-                    continue
-                killed.add(pid)
-                done: asyncio.Future[None] = loop.create_future()
-                loop.add_reader(fd, _settle, done)
-                gone.append(done)
-        if gone:
-            await asyncio.wait(gone, timeout=timeout)
-    finally:
-        for fd in fds:
-            loop.remove_reader(fd)
-            os.close(fd)
-    descendants.reap_orphans()
-    return len(killed)
+    return await descendants.kill_all(descendants.carrying(CLUSTER_MARK_VARIABLE, mark), timeout)
 
 
 class FrontError(RuntimeError):

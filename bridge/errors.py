@@ -120,10 +120,14 @@ def method_not_allowed(method: str, allowed: set[str]) -> RestError:
     )
 
 
-def session_exited(session_id: str) -> RestError:
-    return RestError(
-        409, "session_exited", f"The app-server process of session {session_id!r} has exited."
-    )
+def session_exited(session_id: str, *, shared: bool = False) -> RestError:
+    """409 for a session that has ended: its process exited, or in shared mode its
+    connection to the shared app-server ended (the app-server may well serve on)."""
+    if shared:
+        message = f"The connection of session {session_id!r} to the shared app-server has ended."
+    else:
+        message = f"The app-server process of session {session_id!r} has exited."
+    return RestError(409, "session_exited", message)
 
 
 def request_already_answered(request_key: str) -> RestError:

@@ -10,7 +10,7 @@ import shlex
 import time
 import uuid
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, ClassVar
 
 from bridge import __version__, errors
 from bridge.backend import Backend, EventStream
@@ -63,6 +63,9 @@ def version_command(command: Sequence[str]) -> list[str]:
 
 class ProcessBackend(Backend):
     """Spawns one app-server process per session, sessionless call and text turn."""
+
+    #: What a failed `initialize` was doing, for the client's error message.
+    STARTING: ClassVar[str] = "Starting the app-server"
 
     def __init__(
         self,
@@ -207,7 +210,7 @@ class ProcessBackend(Backend):
             if isinstance(exc, ProcessGone) and not self._closing:
                 info = process.exit_info or exc.exit_info
                 raise startup.exited_at_startup(self.command, info) from None
-            raise rpc_failure(exc, "Starting the app-server") from None
+            raise rpc_failure(exc, self.STARTING) from None
         except BaseException:
             await self._stop_fully(process)
             raise
@@ -218,7 +221,7 @@ class ProcessBackend(Backend):
             # It answered `initialize`, then stopped taking input: broken, not unstarted.
             await self._stop_fully(process)
             if isinstance(exc, StdinFull):
-                raise rpc_failure(exc, "Starting the app-server") from None
+                raise rpc_failure(exc, self.STARTING) from None
             raise errors.protocol_error(
                 "the app-server stopped taking input after answering `initialize`"
             ) from None

@@ -294,20 +294,24 @@ def _settle(future: asyncio.Future[None]) -> None:
         future.set_result(None)
 
 
-async def end_all(timeout: float) -> int:
-    """Kill every descendant of this process and reap them: `rest-bridge serve`'s last act.
+async def kill_all(select: Callable[[Mapping[int, _Stat]], set[int]], timeout: float) -> int:
+    """SIGKILL every process ``select`` picks from the process table, until a search
+    finds nothing new (one may fork meanwhile); wait up to ``timeout`` for them to exit
+    and reap what this process adopted. Returns how many were found and killed.
 
-    Returns how many were killed. Only for a process that is the bridge alone: it
-    spares nothing below it.
+    Each is signalled through a pidfd once its start time is checked, so a recycled pid
+    is never hit. A failure to read /proc (no descriptor left) is logged, not raised:
+    the kills made so far stand.
     """
     if not LINUX:
         return 0
+    loop = asyncio.get_running_loop()
     killed: set[tuple[int, int]] = set()
     fds: list[int] = []
     try:
         for _ in range(_MAX_ROUNDS):
             table = _table()
-            found = {(p, table[p].start) for p in _descendants(table, {os.getpid()})} - killed
+            found = {(pid, table[pid].start) for pid in select(table)} - killed
             if not found:
                 break
             for pid, start in found:
@@ -316,7 +320,6 @@ async def end_all(timeout: float) -> int:
                 if fd is not None:
                     fds.append(fd)
         if fds:
-            loop = asyncio.get_running_loop()
             pending = []
             for fd in fds:
                 done: asyncio.Future[None] = loop.create_future()
@@ -325,13 +328,38 @@ async def end_all(timeout: float) -> int:
             await asyncio.wait(pending, timeout=timeout)
         _reap_quietly()
     except OSError as exc:
-        log.warning("could not stop every descendant: %s", exc.strerror or exc)
+        log.warning("could not stop every process: %s", exc.strerror or exc)
     finally:
-        loop = asyncio.get_running_loop()
         for fd in fds:
             loop.remove_reader(fd)
             os.close(fd)
     return len(killed)
+
+
+async def end_all(timeout: float) -> int:
+    """Kill every descendant of this process and reap them: `rest-bridge serve`'s last act.
+
+    Returns how many were killed. Only for a process that is the bridge alone: it
+    spares nothing below it.
+    """
+    me = os.getpid()
+    return await kill_all(lambda table: _descendants(table, {me}), timeout)
+
+
+def carrying(variable: str, value: str) -> Callable[[Mapping[int, _Stat]], set[int]]:
+    """For :func:`kill_all`: the live processes whose environment has ``variable=value``
+    (whoever their parent is now)."""
+    needle = f"{variable}={value}".encode()
+    me = os.getpid()
+
+    def select(table: Mapping[int, _Stat]) -> set[int]:
+        return {
+            pid
+            for pid, stat in table.items()
+            if pid != me and stat.alive and _environ_has(pid, needle)
+        }
+
+    return select
 
 
 # -- one app-server's lineage -----------------------------------------------------------------

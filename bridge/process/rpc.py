@@ -23,7 +23,7 @@ import signal
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, cast
+from typing import Any, ClassVar, cast
 
 from bridge.limits import MAX_STDIN_BUFFER
 from bridge.process import descendants
@@ -145,6 +145,10 @@ class _StdioProtocol(asyncio.SubprocessProtocol):
 
 class AppServerProcess:
     """One app-server child process and the JSON-RPC conversation over its stdio."""
+
+    #: False for a process of its own; True for a connection to a shared app-server
+    #: (shared.py), so that what a client is told names what ended.
+    is_connection: ClassVar[bool] = False
 
     def __init__(
         self,

@@ -114,6 +114,10 @@ class Session:
         """True while something waits on the session: a call, a reader, or the server."""
         return bool(self.calls or self.readers or self._pending)
 
+    def exited_error(self) -> errors.RestError:
+        """409 ``session_exited``, worded for what ended: a process or a connection."""
+        return errors.session_exited(self.id, shared=self.process.is_connection)
+
     def pending_request_keys(self) -> list[str]:
         return list(self._pending)
 
@@ -135,7 +139,7 @@ class Session:
     async def call(self, method: str, params: Any, timeout: float) -> Any:
         self.touch()
         if not self.running:
-            raise errors.session_exited(self.id)
+            raise self.exited_error()
         self.calls += 1
         try:
             return await self.process.call(method, params, timeout)
@@ -149,7 +153,7 @@ class Session:
         """Answer a pending server request with a result, or with ``error``."""
         self.touch()
         if not self.running:
-            raise errors.session_exited(self.id)
+            raise self.exited_error()
         request = self._pending.get(key)
         if request is None:
             if key in self._answered:
@@ -193,7 +197,7 @@ class Session:
                         log.cursor = batch[-1].seq
                     return batch
                 if log.closed:
-                    raise errors.session_exited(self.id)
+                    raise self.exited_error()
                 remaining = deadline - loop.time()
                 if remaining <= 0:
                     return []
@@ -316,7 +320,7 @@ class SessionStream:
         if batch:
             return batch
         if log.closed:
-            raise errors.session_exited(self.session.id)
+            raise self.session.exited_error()
         await log.wait(position, wait)
         return log.read(position, limit)
 

@@ -94,6 +94,8 @@ def _close_soon(ws: aiohttp.ClientWebSocketResponse) -> None:
 class AppServerConnection(AppServerProcess):
     """One session's (or call's, or text turn's) connection to the shared app-server."""
 
+    is_connection = True
+
     def __init__(
         self,
         ws: aiohttp.ClientWebSocketResponse,
@@ -105,7 +107,7 @@ class AppServerConnection(AppServerProcess):
         self._ws = ws
         self._server = server
         #: Frames waiting for the writer (bounded like a child's stdin).
-        self._frames: deque[str] = deque()
+        self._frames: deque[bytes] = deque()
         self._frames_bytes = 0
         self._writer: asyncio.Task[None] | None = None
         #: The frame the flow gate held back, and what wakes the reader once it is taken.
@@ -160,7 +162,9 @@ class AppServerConnection(AppServerProcess):
             raise ProcessGone(self._gone_info())
         if self._frames_bytes > MAX_STDIN_BUFFER:
             raise StdinFull("the app-server is not reading its input")
-        frame = dumps(message).decode()
+        # JSON text as UTF-8 bytes, sent as a text frame as is (send_str would encode a
+        # str again); the bound below counts bytes, as the wire does.
+        frame = dumps(message)
         if message.get("method") in THREAD_OPENERS and "id" in message:
             if len(self._opening) >= _MAX_OPENING:
                 # Calls that were never answered (timed out): forget them.
@@ -177,7 +181,7 @@ class AppServerConnection(AppServerProcess):
             while self._frames:
                 frame = self._frames.popleft()
                 self._frames_bytes -= len(frame)
-                await self._ws.send_str(frame)
+                await self._ws.send_frame(frame, aiohttp.WSMsgType.TEXT)
         except (ConnectionError, RuntimeError, aiohttp.ClientError):
             self._frames.clear()
             self._frames_bytes = 0
@@ -340,6 +344,22 @@ def _real_path(path: str) -> str | None:
         return None
 
 
+def connect_failure(exc: BaseException) -> str:
+    """Why a connection to the app-server failed, in words: the system's reason ("No such
+    file or directory", "Connection refused") or the handshake's status; never a class
+    name, an address or a header."""
+    if isinstance(exc, aiohttp.WSServerHandshakeError):
+        return f"the WebSocket handshake was answered {exc.status}"
+    if isinstance(exc, aiohttp.ServerDisconnectedError):
+        return "the app-server closed the connection during the handshake"
+    error: BaseException | None = exc
+    if isinstance(exc, aiohttp.ClientConnectorError):
+        error = exc.os_error
+    if isinstance(error, OSError) and error.errno:
+        return os.strerror(error.errno)
+    return "the connection failed"
+
+
 def _env_without(secrets: Sequence[str]) -> dict[str, str]:
     return {k: v for k, v in os.environ.items() if k not in secrets}
 
@@ -418,15 +438,19 @@ class SharedAppServer:
         except TimeoutError:
             log.error("the shared app-server did not accept a connection in time")
             raise errors.timeout(
-                "Starting the app-server did not complete before its deadline."
+                "Connecting to the shared app-server did not complete before its deadline."
             ) from None
         except (aiohttp.ClientError, OSError) as exc:
-            reason = type(exc).__name__
-            if isinstance(exc, aiohttp.WSServerHandshakeError):
-                reason = f"the WebSocket handshake was answered {exc.status}"
-            log.error("could not connect to the shared app-server: %s", reason)
+            reason = connect_failure(exc)
+            # The operator's log names where; the client's payload only why (no path, no
+            # host: see docs/SECURITY.md, "Errors say little").
+            log.error(
+                "could not connect to the app-server at %s: %s",
+                self.url or f"unix://{self._socket}",
+                reason,
+            )
             raise errors.app_server_spawn_failed(
-                f"Could not connect to the shared app-server ({reason}); check the bridge's "
+                f"Could not connect to the shared app-server: {reason}; check the bridge's "
                 "app-server settings."
             ) from None
         connection = AppServerConnection(ws, max_line_bytes=self._max_line_bytes, server=self)
@@ -686,6 +710,8 @@ class SharedBackend(ProcessBackend):
     Everything else (slots, the idle reaper, drain, sessions, streams, replies, text turns)
     is :class:`ProcessBackend`'s, on :class:`AppServerConnection` instead of a process.
     """
+
+    STARTING = "Opening a connection to the shared app-server"
 
     def __init__(
         self,

@@ -224,6 +224,7 @@ async def test_process_dying_mid_call(bridge, http, write_script):
     status, body = await call(http, base, session_id, "thread/start", {})
     assert status == 409
     assert body["error"] == "session_exited"
+    assert body["message"] == f"The app-server process of session {session_id!r} has exited."
     async with http.get(f"{base}/v1/sessions") as response:
         summary = (await response.json())["sessions"][0]
     assert (summary["state"], summary["exitCode"]) == ("exited", 3)

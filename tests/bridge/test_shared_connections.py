@@ -11,12 +11,14 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import socket
 import subprocess
 import sys
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
 
+import orjson
 import pytest
 import pytest_asyncio
 from aiohttp import WSMsgType, web
@@ -32,7 +34,8 @@ WAIT = 30.0
 
 class WsAppServer:
     """Answers `initialize`; `echo` echoes; `close/me` closes; `garbage` writes non-JSON;
-    `hang` never answers; `ask` sends a server request and answers with the reply."""
+    `hang` never answers; `ask` sends a server request and answers with the reply; `deaf`
+    stops reading."""
 
     def __init__(self, token: str | None = None) -> None:
         self.token = token
@@ -41,11 +44,15 @@ class WsAppServer:
         self.authorizations: list[str | None] = []
         #: One item per connection that ended.
         self.ended: asyncio.Queue[None] = asyncio.Queue()
+        self.closing = asyncio.Event()
+        #: Leave `initialize` unanswered.
+        self.mute = False
         self.app = web.Application()
         self.app.router.add_get("/", self.handle)
         self.app.on_shutdown.append(self.close_all)
 
     async def close_all(self, app: web.Application) -> None:
+        self.closing.set()
         for ws in list(self.open):
             await ws.close()
 
@@ -71,6 +78,8 @@ class WsAppServer:
                     if ident in asked:
                         await ws.send_str(json.dumps({"id": asked.pop(ident), "result": body}))
                     continue
+                if method == "initialize" and self.mute:
+                    continue
                 if method == "initialize":
                     await ws.send_str(json.dumps({"id": ident, "result": {"userAgent": "ws/1"}}))
                 elif method == "echo":
@@ -84,6 +93,10 @@ class WsAppServer:
                     blob = "x" * int(body["params"])
                     await ws.send_str(json.dumps({"method": "big", "params": blob}))
                     await ws.send_str(json.dumps({"id": ident, "result": {}}))
+                elif method == "deaf":
+                    # Stop reading: what the bridge sends from now on piles up.
+                    await self.closing.wait()
+                    break
                 elif method == "garbage":
                     await ws.send_str("this is not JSON")
                 elif method == "ask":
@@ -200,6 +213,20 @@ async def test_a_connection_the_server_closes_ends_that_session_alone(serve, htt
     status, body = await hanging
     assert status == 502, body
     assert body["error"] == "app_server_exited"
+    # What ended is a connection (the app-server serves on), and the 409s say so: on a
+    # call, a reply, a long-poll and a stream past the `exit` event.
+    ended = f"The connection of session {doomed!r} to the shared app-server has ended."
+    doomed_url = f"{base}/v1/sessions/{doomed}"
+    exit_seq = frames[-1].json()["seq"]
+    for method, url, body in (
+        ("POST", f"{doomed_url}/call/echo", {"params": 1}),
+        ("POST", f"{doomed_url}/requests/1/result", {"result": {}}),
+        ("GET", f"{doomed_url}/events?after={exit_seq}&waitMs=10", None),
+        ("GET", f"{doomed_url}/events/stream?after={exit_seq}", None),
+    ):
+        async with http.request(method, url, json=body) as response:
+            assert response.status == 409, url
+            assert await response.json() == {"error": "session_exited", "message": ended}
     status, body = await post(http, f"{base}/v1/sessions/{other}/call/echo", {"params": 2})
     assert (status, body) == (200, {"result": 2})
     async with http.get(f"{base}/v1/sessions") as response:
@@ -241,12 +268,76 @@ async def test_the_ws_token_is_sent_and_never_shown(serve, http, ws_server, capl
 
 
 @pytest.mark.asyncio
-async def test_no_server_at_the_url_is_502(serve, http, tmp_path):
-    base = await bridge_on(serve, f"unix://{tmp_path}/nothing.sock")
+async def test_no_server_at_the_url_is_502_with_the_reason_in_words(serve, http, tmp_path, caplog):
+    """The client hears why, in the system's words; the operator's log also hears where.
+    No exception class names, no path or address in the body, never the token."""
+    caplog.set_level(logging.ERROR, logger="bridge")
+    # A port bound but not listening, and a unix socket bound but not listening: both
+    # refuse, for as long as the test holds them.
+    with socket.socket() as tcp, socket.socket(socket.AF_UNIX) as unix:
+        tcp.bind(("127.0.0.1", 0))
+        unix.bind(str(tmp_path / "deaf.sock"))
+        cases = [
+            (f"unix://{tmp_path}/nothing.sock", "No such file or directory"),
+            (f"unix://{tmp_path}/deaf.sock", "Connection refused"),
+            (f"ws://127.0.0.1:{tcp.getsockname()[1]}", "Connection refused"),
+        ]
+        for url, reason in cases:
+            caplog.clear()
+            base = await bridge_on(serve, url, TOKEN)
+            status, body = await post(http, f"{base}/v1/sessions", {})
+            assert status == 502
+            assert body == {
+                "error": "app_server_spawn_failed",
+                "message": f"Could not connect to the shared app-server: {reason}; "
+                "check the bridge's app-server settings.",
+            }
+            assert [r.getMessage() for r in caplog.records] == [
+                f"could not connect to the app-server at {url}: {reason}"
+            ]
+            assert TOKEN not in caplog.text
+
+
+@pytest.mark.asyncio
+async def test_an_unanswered_initialize_is_a_connection_that_did_not_open(serve, http, ws_server):
+    server, url = await ws_server("unix")
+    server.mute = True
+    base = await bridge_on(serve, url, spawn_timeout_ms=200)
     status, body = await post(http, f"{base}/v1/sessions", {})
-    assert status == 502
-    assert body["error"] == "app_server_spawn_failed"
-    assert str(tmp_path) not in body["message"]
+    assert status == 504, body
+    assert body["message"] == (
+        "Opening a connection to the shared app-server did not complete before its deadline."
+    )
+    await asyncio.wait_for(server.ended.get(), WAIT)  # and the bridge closed it
+
+
+@pytest.mark.asyncio
+async def test_what_waits_for_a_deaf_app_server_is_bounded_in_bytes(serve, http, ws_server):
+    """Frames waiting to be sent are bounded like a child's stdin (16 MiB), counted in
+    the bytes that go on the wire: ten calls of 3.6 MB each (1.2 million three-byte
+    characters) cannot all wait; some are 429 `busy` at once."""
+    _, url = await ws_server("unix")
+    base = await bridge_on(serve, url, max_body_bytes=8_000_000)
+    session = f"{base}/v1/sessions/{await new_session(http, base)}"
+    status, body = await post(http, f"{session}/call/deaf", {"timeoutMs": 1})
+    assert (status, body["error"]) == (504, "timeout")
+    payload = orjson.dumps({"params": "\u20ac" * 1_200_000, "timeoutMs": 120_000})
+    headers = {"Content-Type": "application/json"}
+
+    async def big_call() -> tuple[int, Any]:
+        async with http.post(f"{session}/call/x", data=payload, headers=headers) as response:
+            return response.status, await response.json()
+
+    calls = [asyncio.ensure_future(big_call()) for _ in range(10)]
+    try:
+        done, _ = await asyncio.wait(calls, timeout=WAIT, return_when=asyncio.FIRST_COMPLETED)
+        assert done, "every call is still waiting: the bound let 36 MB pile up"
+        status, body = next(iter(done)).result()
+        assert (status, body["error"]) == (429, "busy"), body
+    finally:
+        for waiting in calls:
+            waiting.cancel()
+        await asyncio.gather(*calls, return_exceptions=True)
 
 
 @pytest.mark.asyncio

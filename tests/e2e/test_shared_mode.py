@@ -22,6 +22,7 @@ from processes import live_children
 
 from bridge.app import trusted_bridge_app
 from bridge.limits import AppServerSettings, RestLimits
+from bridge.routes import BACKEND
 from fakes.model_provider import ModelProviderServer
 from scenarios.sse import SseReader
 from tests.e2e.test_real_codex import (
@@ -336,3 +337,37 @@ async def test_a_running_codex_over_ws_with_its_token(
         with contextlib.suppress(ProcessLookupError):
             os.killpg(codex.pid, signal.SIGKILL)
         await codex.wait()
+
+
+async def test_what_codex_listens_on_is_removed_and_only_its_directory_stays(
+    model, codex_home, workspace, codex_bin, http, tmp_path, monkeypatch
+):
+    """codex 0.169.0 makes `--listen unix://PATH` a link to a socket of its own in
+    `/tmp/codex-daemon-<uid>/` (a private TMPDIR does not move it). When the bridge stops,
+    its own socket directory is gone, and so are codex's socket and lock; the directory
+    `/tmp/codex-daemon-<uid>` is codex's, shared by every codex of the user, and stays."""
+    from scenarios.harness import serve_app
+
+    private_tmp = tmp_path / "tmp"
+    private_tmp.mkdir()
+    monkeypatch.setenv("TMPDIR", str(private_tmp))
+    command = model.codex_command(codex_bin, codex_home=codex_home, cwd=workspace)
+    app = trusted_bridge_app(command, RestLimits(), SHARED)
+    runner, base = await serve_app(app)
+    try:
+        await create_session(http, base, None)
+        socket_dir = app[BACKEND].server.socket_dir
+        assert socket_dir is not None
+        target = os.readlink(os.path.join(socket_dir, "app-server.sock"))
+        assert os.path.dirname(target) == f"/tmp/codex-daemon-{os.getuid()}"
+        assert _present(target)
+    finally:
+        await runner.cleanup()
+    assert not _present(socket_dir)
+    assert not _present(target)
+    assert not _present(target + ".lock")
+    assert not list(private_tmp.iterdir())  # nothing in the TMPDIR codex was given either
+
+
+def _present(path: str) -> bool:
+    return os.path.lexists(path)
