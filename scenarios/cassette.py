@@ -128,7 +128,7 @@ class Cassette:
         codex = {"format": 1, "scenario": self.scenario, "hash": self.hash, "tmp": self.tmp}
         items = [item.to_vcr() for item in self.interactions]
         document = {"version": 1, "codex": codex, "interactions": items}
-        return yaml.dump(document, Dumper=_Dumper, sort_keys=False, allow_unicode=True, width=10**6)
+        return yaml_text(document, width=10**6)
 
     def save(self, path: Path) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -155,15 +155,42 @@ _Loader: Any = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 
 
 class _Dumper(yaml.SafeDumper):
-    """Multi-line strings (SSE bodies) as blocks, so a cassette reads as the wire did."""
+    """Block style, short flat lists and mappings on one line, multi-line strings (SSE
+    bodies) as blocks, so that a file reads as the wire did."""
+
+
+def _flat(data: dict[Any, Any] | list[Any]) -> bool:
+    items = list(data.values()) if isinstance(data, dict) else data
+    if any(isinstance(item, dict | list | bytes) for item in items):
+        return False
+    return len(orjson.dumps(data)) <= 60 and not any(
+        isinstance(item, str) and ("\n" in item or len(item) > 40) for item in items
+    )
 
 
 _Dumper.add_representer(
-    str,
-    lambda dumper, value: dumper.represent_scalar(
-        "tag:yaml.org,2002:str", value, style="|" if "\n" in value else None
+    dict,
+    lambda dumper, data: dumper.represent_mapping(
+        "tag:yaml.org,2002:map", data.items(), flow_style=_flat(data) or None
     ),
 )
+_Dumper.add_representer(
+    list,
+    lambda dumper, data: dumper.represent_sequence(
+        "tag:yaml.org,2002:seq", data, flow_style=_flat(data) or None
+    ),
+)
+_Dumper.add_representer(
+    str,
+    lambda dumper, data: dumper.represent_scalar(
+        "tag:yaml.org,2002:str", data, style="|" if "\n" in data.rstrip("\n") else None
+    ),
+)
+
+
+def yaml_text(document: Any, *, width: int) -> str:
+    """`document` as YAML (a cassette, a recorded scenario), keys in their order."""
+    return yaml.dump(document, Dumper=_Dumper, sort_keys=False, allow_unicode=True, width=width)
 
 
 def scenario_hash(loaded: LoadedScenario) -> str:
