@@ -2,13 +2,14 @@
 (what `scenarios.respx_mock` needs more sits under `codex:` keys vcrpy ignores). See
 scenarios/README.md ("Cassettes").
 
-    python -m scenarios.cassette record PATHS...   # the missing and stale ones (--all)
-    python -m scenarios.cassette check PATHS...    # exit 1 naming each missing or stale
+    rest-bridge scenarios record-cassettes PATHS...   # the missing and stale ones (--all)
+    rest-bridge scenarios check-cassettes PATHS...    # exit 1 naming each missing or stale
+
+`python -m scenarios.cassette record|check PATHS...` is the same.
 """
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import concurrent.futures
 import dataclasses
@@ -19,7 +20,7 @@ import shutil
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Coroutine, Sequence
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
@@ -31,7 +32,7 @@ import yaml
 
 from scenarios import format as f
 from scenarios.expectations import NO_JSON, step_request, substitute
-from scenarios.format import LoadedScenario, ScenarioError, load_scenario
+from scenarios.format import LoadedScenario, ScenarioError
 from scenarios.harness import RECORDER
 from scenarios.reporting import format_result
 from scenarios.runner import RunOptions, ScenarioResult, run_scenario
@@ -454,36 +455,10 @@ def run_sync(make: Callable[[], Coroutine[Any, Any, T]]) -> T:
         return pool.submit(lambda: asyncio.run(make())).result()
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        prog="python -m scenarios.cassette",
-        description="Record the cassettes the respx mock replays (cassettes/NAME.yaml beside "
-        "each NAME.scenario.yaml), or check that none is missing or stale.",
-    )
-    parser.add_argument("action", choices=("record", "check"))
-    parser.add_argument("paths", nargs="+", help="scenario files or folders")
-    parser.add_argument("--all", action="store_true", help="record the fresh ones too")
-    parser.add_argument("--codex", help="the real codex, for scenarios with `model:`")
-    args = parser.parse_args(argv)
-    record = "none" if args.action == "check" else "all" if args.all else "refresh"
-    files = [
-        found
-        for name in map(Path, args.paths)
-        for found in (sorted(name.rglob("*.scenario.y*ml")) if name.is_dir() else [name])
-        if not any(part.startswith(".") for part in found.parts[len(name.parts) : -1])
-    ]
-    status = 0
-    for path in files:
-        try:
-            cassette = cassette_for(
-                load_scenario(path), record=record, options=RunOptions(args.codex)
-            )
-            print(f"ok  {cassette_path(path)}  ({len(cassette.interactions)} exchanges)")
-        except ScenarioError as exc:
-            print(f"FAILED  {exc}", file=sys.stderr)
-            status = 1
-    return status
+if __name__ == "__main__":  # the older spelling of `rest-bridge scenarios record-cassettes`
+    from scenarios.cli import main
 
-
-if __name__ == "__main__":
-    raise SystemExit(main())
+    argv = sys.argv[1:]
+    if argv[:1] in (["record"], ["check"]):
+        argv[0] += "-cassettes"
+    raise SystemExit(main(argv))

@@ -5,6 +5,7 @@ format's JSON Schema, record a real-codex scenario as a fake-codex one.
     rest-bridge scenarios check PATH...
     rest-bridge scenarios schema
     rest-bridge scenarios record IN.scenario.yaml -o OUT.scenario.yaml [--codex PATH]
+    rest-bridge scenarios record-cassettes|check-cassettes PATH... [--all] [--codex PATH]
 
 `run` is pytest with the plugin (`scenarios.pytest_plugin`), collecting scenario files
 only: every pytest option works as usual (`-n 4`, `-k`, `-m TAG`, `--lf`, `--junitxml`,
@@ -23,6 +24,7 @@ import os
 import subprocess
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 from typing import TextIO
 
 from scenarios.reporting import format_result
@@ -124,6 +126,33 @@ def _record(args: argparse.Namespace, out: TextIO) -> int:
     return 1
 
 
+def _cassettes(args: argparse.Namespace, out: TextIO) -> int:
+    """Record the missing and stale cassettes (every one with --all), or name them."""
+    from scenarios.cassette import cassette_for, cassette_path
+    from scenarios.format import ScenarioError, load_scenario
+    from scenarios.runner import RunOptions
+
+    _quiet_logging()
+    record = "none" if args.action == "check-cassettes" else "all" if args.all else "refresh"
+    files = [
+        found
+        for name in map(Path, args.paths)
+        for found in (sorted(name.rglob("*.scenario.y*ml")) if name.is_dir() else [name])
+        if not any(part.startswith(".") for part in found.parts[len(name.parts) : -1])
+    ]
+    status = 0
+    for path in files:
+        try:
+            cassette = cassette_for(
+                load_scenario(path), record=record, options=RunOptions(args.codex)
+            )
+            print(f"ok  {cassette_path(path)}  ({len(cassette.interactions)} exchanges)", file=out)
+        except ScenarioError as exc:
+            print(f"FAILED  {exc}", file=sys.stderr)
+            status = 1
+    return status
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="rest-bridge scenarios",
@@ -160,6 +189,17 @@ def build_parser() -> argparse.ArgumentParser:
     record.add_argument(
         "--keep-tmp", action="store_true", help="keep the recording's directory (wire logs)"
     )
+    for action, what in (
+        ("record", "record the cassettes the respx mock replays: the missing and stale ones"),
+        ("check", "exit 1 naming each cassette that is missing or older than its scenario"),
+    ):
+        cassettes = commands.add_parser(
+            f"{action}-cassettes", help=f"{what} (cassettes/NAME.yaml beside NAME.scenario.yaml)"
+        )
+        cassettes.add_argument("paths", nargs="+", metavar="PATH", help="scenario files or folders")
+        cassettes.add_argument("--codex", help="the real codex, for scenarios with `model:`")
+        if action == "record":
+            cassettes.add_argument("--all", action="store_true", help="record the fresh ones too")
     return parser
 
 
@@ -170,7 +210,9 @@ def main(argv: Sequence[str] | None = None, out: TextIO | None = None) -> int:
     if argv[:1] == ["run"]:  # pytest's options are pytest's to parse
         argv = ["run", "--", *argv[1:]]
     args = build_parser().parse_args(argv)
-    action = {"run": _run, "check": _check, "schema": _schema, "record": _record}[args.action]
+    action = {"run": _run, "check": _check, "schema": _schema, "record": _record}.get(
+        args.action, _cassettes
+    )
     try:
         return action(args, stream)
     except BrokenPipeError:
