@@ -396,20 +396,36 @@ def _matches(pattern: tuple[str, re.Pattern[str], Any] | None, item: Interaction
         body = orjson.loads(item.body) if isinstance(item.body, str) else NO_JSON
     except orjson.JSONDecodeError:
         body = NO_JSON
-    return pattern[2] is NO_JSON or body is NO_JSON or _fits(pattern[2], body)
+    return pattern[2] is NO_JSON or body is NO_JSON or not json_difference(pattern[2], body, _fits)
 
 
 def _fits(template: Any, value: Any) -> bool:
-    if isinstance(template, dict):
-        same = isinstance(value, dict) and template.keys() == value.keys()
-        return same and all(_fits(template[key], value[key]) for key in template)
-    if isinstance(template, list):
-        same = isinstance(value, list) and len(template) == len(value)
-        return same and all(_fits(a, b) for a, b in zip(template, value, strict=False))
     if isinstance(template, str) and _ANY in template:
         pattern = ".*?".join(re.escape(part) for part in template.split(_ANY))
         return template == _ANY or (isinstance(value, str) and bool(re.fullmatch(pattern, value)))
     return bool(template == value)
+
+
+def json_difference(
+    expected: Any, received: Any, alike: Callable[[Any, Any], bool], path: str = "$"
+) -> str | None:
+    """Where and how `received` differs from `expected` (None: alike), in a few words;
+    `alike` compares values other than two mappings or two lists."""
+    if isinstance(expected, dict) and isinstance(received, dict):
+        if expected.keys() != received.keys():
+            extra, lacking = sorted(received.keys() - expected), sorted(expected.keys() - received)
+            return f"at {path}: keys {extra} not recorded, recorded keys {lacking} missing"
+        pairs = [(expected[key], received[key], f"{path}.{key}") for key in expected]
+    elif isinstance(expected, list) and isinstance(received, list):
+        if len(expected) != len(received):
+            return f"at {path}: {len(received)} items instead of {len(expected)}"
+        pairs = [(a, received[i], f"{path}[{i}]") for i, a in enumerate(expected)]
+    elif alike(expected, received):
+        return None
+    else:
+        shown = orjson.dumps(received)[:200].decode()
+        return f"at {path}: {shown} instead of {orjson.dumps(expected)[:200].decode()}"
+    return next((found for a, b, p in pairs if (found := json_difference(a, b, alike, p))), None)
 
 
 # -- finding one -------------------------------------------------------------------------
