@@ -222,45 +222,41 @@ def _read_logs(directory: Path) -> list[_ProcessLog]:
 # -- races: one order for messages codex writes in either order --------------------------
 
 
+def _at(value: Any, *keys: str) -> Any:
+    """`value[key1][key2]...`, None where a level is not a mapping or lacks the key."""
+    for key in keys:
+        value = value.get(key) if isinstance(value, dict) else None
+    return value
+
+
 def _thread_started_before_its_reply(first: Any, second: Any) -> bool:
     """`thread/started` written before the `thread/start` reply (usually it follows)."""
     if first.get("method") != "thread/started" or "method" in second or "id" not in second:
         return False
-    result, params = second.get("result"), first.get("params")
-    if not isinstance(result, dict) or not isinstance(params, dict):
-        return False
-    thread, started = result.get("thread"), params.get("thread")
-    return (
-        isinstance(thread, dict)
-        and isinstance(started, dict)
-        and thread.get("id") == started.get("id")
-    )
+    started = _at(first, "params", "thread", "id")
+    return started is not None and bool(started == _at(second, "result", "thread", "id"))
 
 
 def _active_before_declined_item(first: Any, second: Any) -> bool:
     """After a declined approval: the thread active again before the declined item
     completes (usually it comes after)."""
-    if first.get("method") != "thread/status/changed" or second.get("method") != "item/completed":
-        return False
-    status = (first.get("params") or {}).get("status") or {}
-    item = (second.get("params") or {}).get("item") or {}
-    return status.get("type") == "active" and item.get("status") == "declined"
+    return (
+        first.get("method") == "thread/status/changed"
+        and second.get("method") == "item/completed"
+        and _at(first, "params", "status", "type") == "active"
+        and _at(second, "params", "item", "status") == "declined"
+    )
 
 
 def _turn_news_before_its_reply(first: Any, second: Any) -> bool:
     """The `turn/start` reply written after the turn's first notifications (the thread
     active, `turn/started`; usually it comes before them)."""
-    if "method" in second or "id" not in second or "method" not in first:
-        return False
-    result = second.get("result")
-    turn = result.get("turn") if isinstance(result, dict) else None
-    params = first.get("params")
-    if not isinstance(turn, dict) or not isinstance(params, dict):
+    turn = _at(second, "result", "turn", "id")
+    if "method" in second or "id" not in second or "method" not in first or turn is None:
         return False
     if first["method"] == "thread/status/changed":
-        return (params.get("status") or {}).get("type") == "active"
-    named = params.get("turnId") or (params.get("turn") or {}).get("id")
-    return named is not None and named == turn.get("id")
+        return bool(_at(first, "params", "status", "type") == "active")
+    return bool(turn == (_at(first, "params", "turnId") or _at(first, "params", "turn", "id")))
 
 
 #: Pairs of adjacent server messages that codex 0.169.0 writes in either order from run
@@ -389,8 +385,8 @@ class _Translator:
             self.calls[_id_key(message["id"])] = behavior
             self.call_params[_id_key(message["id"])] = params
             self.latest = behavior["steps"]
-            if method.startswith("turn/") and isinstance(params, dict):
-                turn = self.active.get(_text(params.get("threadId")))
+            if method.startswith("turn/"):
+                turn = self.active.get(_text(_at(params, "threadId")))
                 if turn is not None:  # it acts on the running turn (interrupt, steer)
                     turn.sink = behavior["steps"]
         elif isinstance(method, str):
@@ -435,7 +431,11 @@ class _Translator:
         raw = message.get("params")
         if method in STARTUP_NOTIFICATIONS and starting:
             self.startup.append(step)
-        elif method == "thread/started" and (where := self._creator(raw)) is not None:
+        elif (
+            method == "thread/started"
+            and (where := self.thread_replies.get(_text(_at(raw, "thread", "id")) or ""))
+            is not None
+        ):
             where.append(step)
         elif (turn := self.turn_of(raw)) is not None:
             turn.sink.append(step)
@@ -460,30 +460,20 @@ class _Translator:
             return
         steps: Steps = call["steps"]
         steps.append({"respond": reply})
-        result = message.get("result")
-        if isinstance(result, dict):
-            thread, turn = result.get("thread"), result.get("turn")
-            if isinstance(thread, dict) and isinstance(thread.get("id"), str):
-                self.thread_replies[thread["id"]] = steps
-            if isinstance(turn, dict) and isinstance(turn.get("id"), str):
-                thread_id = _text(params.get("threadId")) if isinstance(params, dict) else None
-                self.turns.setdefault(turn["id"], _Turn(thread_id, steps))
-                if thread_id is not None and turn["id"] not in self.done:
-                    self.active.setdefault(thread_id, self.turns[turn["id"]])
-
-    def _creator(self, params: Any) -> Steps | None:
-        thread = params.get("thread") if isinstance(params, dict) else None
-        thread_id = _text(thread.get("id")) if isinstance(thread, dict) else None
-        return self.thread_replies.get(thread_id) if thread_id is not None else None
+        if (thread := _text(_at(message, "result", "thread", "id"))) is not None:
+            self.thread_replies[thread] = steps
+        if (turn := _text(_at(message, "result", "turn", "id"))) is not None:
+            thread = _text(_at(params, "threadId"))
+            self.turns.setdefault(turn, _Turn(thread, steps))
+            if thread is not None and turn not in self.done:
+                self.active.setdefault(thread, self.turns[turn])
 
     def turn_of(self, params: Any) -> _Turn | None:
         """The turn a message's params are about (registering a turn seen first here)."""
         if not isinstance(params, dict):
             return next(iter(self.active.values())) if len(self.active) == 1 else None
         thread = _text(params.get("threadId"))
-        turn_id = _text(params.get("turnId"))
-        if turn_id is None and isinstance(params.get("turn"), dict):
-            turn_id = _text(params["turn"].get("id"))
+        turn_id = _text(params.get("turnId")) or _text(_at(params, "turn", "id"))
         if turn_id is not None:
             turn = self.turns.setdefault(turn_id, _Turn(thread, self.default_sink()))
             if turn.thread is None:
