@@ -240,7 +240,7 @@ def _thread_started_before_its_reply(first: Any, second: Any) -> bool:
 def _active_before_declined_item(first: Any, second: Any) -> bool:
     """After a declined approval: the thread active again before the declined item
     completes (usually it comes after)."""
-    return (
+    return bool(
         first.get("method") == "thread/status/changed"
         and second.get("method") == "item/completed"
         and _at(first, "params", "status", "type") == "active"
