@@ -19,6 +19,7 @@ from pathlib import Path
 from scenarios.reporting import format_result
 
 USAGE_ERROR = 2
+NOTHING_TO_DO = 5  # pytest's number for it
 #: The front's own options, and the plugin's options they stand for.
 FRONT_OPTIONS = {
     "--codex": "--codex-bin",
@@ -121,6 +122,9 @@ def _cassettes(args: argparse.Namespace) -> int:
         for found in (sorted(name.rglob("*.scenario.y*ml")) if name.is_dir() else [name])
         if not any(part.startswith(".") for part in found.parts[len(name.parts) : -1])
     ]
+    if not files:  # a check of nothing must not pass for a check
+        print(f"no scenario files (*.scenario.yaml) in {' '.join(args.paths)}", file=sys.stderr)
+        return NOTHING_TO_DO
     status = 0
     for path in files:
         try:

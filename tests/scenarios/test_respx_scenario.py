@@ -502,4 +502,7 @@ def test_the_command_records_checks_and_refuses_a_failing_scenario(library: Any)
     assert rerecorded.returncode == 0, rerecorded.stderr
     assert "ok  cassettes/auth-rejection.yaml" in rerecorded.stdout
     assert command("replay", ".", spelling="module").returncode == 2  # a usage error
+    nothing = command("check", "cassettes")  # no scenario in it: not a pass
+    assert nothing.returncode == 5
+    assert "no scenario files (*.scenario.yaml) in cassettes" in nothing.stderr
     assert Cassette.load(cassette_path(good)).interactions
