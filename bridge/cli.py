@@ -209,7 +209,7 @@ def build_parser() -> argparse.ArgumentParser:
     # Listed for --help only: `main` hands everything after `scenarios` to scenarios.cli.
     commands.add_parser(
         "scenarios",
-        help="run YAML scenarios against the bridge (run|check|schema|record; see its --help)",
+        help="run YAML scenarios against the bridge (run, check, record, ...: see its --help)",
         add_help=False,
     )
     return parser

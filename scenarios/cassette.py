@@ -2,13 +2,14 @@
 (what `scenarios.respx_mock` needs more sits under `codex:` keys vcrpy ignores). See
 scenarios/README.md ("Cassettes").
 
-    python -m scenarios.cassette record PATHS...   # the missing and stale ones (--all)
-    python -m scenarios.cassette check PATHS...    # exit 1 naming each missing or stale
+    rest-bridge scenarios record-cassettes PATHS...   # the missing and stale ones (--all)
+    rest-bridge scenarios check-cassettes PATHS...    # exit 1 naming each missing or stale
+
+`python -m scenarios.cassette record|check PATHS...` is the same.
 """
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import concurrent.futures
 import dataclasses
@@ -19,7 +20,7 @@ import shutil
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Coroutine, Sequence
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
@@ -31,7 +32,7 @@ import yaml
 
 from scenarios import format as f
 from scenarios.expectations import NO_JSON, step_request, substitute
-from scenarios.format import LoadedScenario, ScenarioError, load_scenario
+from scenarios.format import LoadedScenario, ScenarioError
 from scenarios.harness import RECORDER
 from scenarios.reporting import format_result
 from scenarios.runner import RunOptions, ScenarioResult, run_scenario
@@ -128,7 +129,7 @@ class Cassette:
         codex = {"format": 1, "scenario": self.scenario, "hash": self.hash, "tmp": self.tmp}
         items = [item.to_vcr() for item in self.interactions]
         document = {"version": 1, "codex": codex, "interactions": items}
-        return yaml.dump(document, Dumper=_Dumper, sort_keys=False, allow_unicode=True, width=10**6)
+        return yaml_text(document, width=10**6)
 
     def save(self, path: Path) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -155,15 +156,42 @@ _Loader: Any = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 
 
 class _Dumper(yaml.SafeDumper):
-    """Multi-line strings (SSE bodies) as blocks, so a cassette reads as the wire did."""
+    """Block style, short flat lists and mappings on one line, multi-line strings (SSE
+    bodies) as blocks, so that a file reads as the wire did."""
+
+
+def _flat(data: dict[Any, Any] | list[Any]) -> bool:
+    items = list(data.values()) if isinstance(data, dict) else data
+    if any(isinstance(item, dict | list | bytes) for item in items):
+        return False
+    return len(orjson.dumps(data)) <= 60 and not any(
+        isinstance(item, str) and ("\n" in item or len(item) > 40) for item in items
+    )
 
 
 _Dumper.add_representer(
-    str,
-    lambda dumper, value: dumper.represent_scalar(
-        "tag:yaml.org,2002:str", value, style="|" if "\n" in value else None
+    dict,
+    lambda dumper, data: dumper.represent_mapping(
+        "tag:yaml.org,2002:map", data.items(), flow_style=_flat(data) or None
     ),
 )
+_Dumper.add_representer(
+    list,
+    lambda dumper, data: dumper.represent_sequence(
+        "tag:yaml.org,2002:seq", data, flow_style=_flat(data) or None
+    ),
+)
+_Dumper.add_representer(
+    str,
+    lambda dumper, data: dumper.represent_scalar(
+        "tag:yaml.org,2002:str", data, style="|" if "\n" in data.rstrip("\n") else None
+    ),
+)
+
+
+def yaml_text(document: Any, *, width: int) -> str:
+    """`document` as YAML (a cassette, a recorded scenario), keys in their order."""
+    return yaml.dump(document, Dumper=_Dumper, sort_keys=False, allow_unicode=True, width=width)
 
 
 def scenario_hash(loaded: LoadedScenario) -> str:
@@ -368,20 +396,36 @@ def _matches(pattern: tuple[str, re.Pattern[str], Any] | None, item: Interaction
         body = orjson.loads(item.body) if isinstance(item.body, str) else NO_JSON
     except orjson.JSONDecodeError:
         body = NO_JSON
-    return pattern[2] is NO_JSON or body is NO_JSON or _fits(pattern[2], body)
+    return pattern[2] is NO_JSON or body is NO_JSON or not json_difference(pattern[2], body, _fits)
 
 
 def _fits(template: Any, value: Any) -> bool:
-    if isinstance(template, dict):
-        same = isinstance(value, dict) and template.keys() == value.keys()
-        return same and all(_fits(template[key], value[key]) for key in template)
-    if isinstance(template, list):
-        same = isinstance(value, list) and len(template) == len(value)
-        return same and all(_fits(a, b) for a, b in zip(template, value, strict=False))
     if isinstance(template, str) and _ANY in template:
         pattern = ".*?".join(re.escape(part) for part in template.split(_ANY))
         return template == _ANY or (isinstance(value, str) and bool(re.fullmatch(pattern, value)))
     return bool(template == value)
+
+
+def json_difference(
+    expected: Any, received: Any, alike: Callable[[Any, Any], bool], path: str = "$"
+) -> str | None:
+    """Where and how `received` differs from `expected` (None: alike), in a few words;
+    `alike` compares values other than two mappings or two lists."""
+    if isinstance(expected, dict) and isinstance(received, dict):
+        if expected.keys() != received.keys():
+            extra, lacking = sorted(received.keys() - expected), sorted(expected.keys() - received)
+            return f"at {path}: keys {extra} not recorded, recorded keys {lacking} missing"
+        pairs = [(expected[key], received[key], f"{path}.{key}") for key in expected]
+    elif isinstance(expected, list) and isinstance(received, list):
+        if len(expected) != len(received):
+            return f"at {path}: {len(received)} items instead of {len(expected)}"
+        pairs = [(a, received[i], f"{path}[{i}]") for i, a in enumerate(expected)]
+    elif alike(expected, received):
+        return None
+    else:
+        shown = orjson.dumps(received)[:200].decode()
+        return f"at {path}: {shown} instead of {orjson.dumps(expected)[:200].decode()}"
+    return next((found for a, b, p in pairs if (found := json_difference(a, b, alike, p))), None)
 
 
 # -- finding one -------------------------------------------------------------------------
@@ -427,36 +471,10 @@ def run_sync(make: Callable[[], Coroutine[Any, Any, T]]) -> T:
         return pool.submit(lambda: asyncio.run(make())).result()
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        prog="python -m scenarios.cassette",
-        description="Record the cassettes the respx mock replays (cassettes/NAME.yaml beside "
-        "each NAME.scenario.yaml), or check that none is missing or stale.",
-    )
-    parser.add_argument("action", choices=("record", "check"))
-    parser.add_argument("paths", nargs="+", help="scenario files or folders")
-    parser.add_argument("--all", action="store_true", help="record the fresh ones too")
-    parser.add_argument("--codex", help="the real codex, for scenarios with `model:`")
-    args = parser.parse_args(argv)
-    record = "none" if args.action == "check" else "all" if args.all else "refresh"
-    files = [
-        found
-        for name in map(Path, args.paths)
-        for found in (sorted(name.rglob("*.scenario.y*ml")) if name.is_dir() else [name])
-        if not any(part.startswith(".") for part in found.parts[len(name.parts) : -1])
-    ]
-    status = 0
-    for path in files:
-        try:
-            cassette = cassette_for(
-                load_scenario(path), record=record, options=RunOptions(args.codex)
-            )
-            print(f"ok  {cassette_path(path)}  ({len(cassette.interactions)} exchanges)")
-        except ScenarioError as exc:
-            print(f"FAILED  {exc}", file=sys.stderr)
-            status = 1
-    return status
+if __name__ == "__main__":  # the older spelling of `rest-bridge scenarios record-cassettes`
+    from scenarios.cli import main
 
-
-if __name__ == "__main__":
-    raise SystemExit(main())
+    argv = sys.argv[1:]
+    if argv[:1] in (["record"], ["check"]):
+        argv[0] += "-cassettes"
+    raise SystemExit(main(argv))

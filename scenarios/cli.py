@@ -1,17 +1,8 @@
-"""`rest-bridge scenarios`: run scenario files (with pytest), check them, print the
-format's JSON Schema, record a real-codex scenario as a fake-codex one.
-
-    rest-bridge scenarios run [PATH...] [--codex PATH] [--target URL] [pytest options]
-    rest-bridge scenarios check PATH...
-    rest-bridge scenarios schema
-    rest-bridge scenarios record IN.scenario.yaml -o OUT.scenario.yaml [--codex PATH]
-
-`run` is pytest with the plugin (`scenarios.pytest_plugin`), collecting scenario files
-only: every pytest option works as usual (`-n 4`, `-k`, `-m TAG`, `--lf`, `--junitxml`,
-report plugins), and the exit status is pytest's (0 passed, 1 some failed, 2 a file
-could not be collected, 4 a usage error, 5 nothing to run). `--codex`, `--target` and
+"""`rest-bridge scenarios`: run (pytest with the plugin, collecting scenario files only:
+pytest's options and exit statuses), check, schema, record, record-cassettes and
+check-cassettes; scenarios/README.md ("Running") has each. `--codex`, `--target` and
 `--target-script` are the plugin's `--codex-bin`, `--codex-target` and
-`--codex-target-script`. `check` collects without running.
+`--codex-target-script`.
 """
 
 from __future__ import annotations
@@ -23,11 +14,12 @@ import os
 import subprocess
 import sys
 from collections.abc import Sequence
-from typing import TextIO
+from pathlib import Path
 
 from scenarios.reporting import format_result
 
 USAGE_ERROR = 2
+NOTHING_TO_DO = 5  # pytest's number for it
 #: The front's own options, and the plugin's options they stand for.
 FRONT_OPTIONS = {
     "--codex": "--codex-bin",
@@ -56,19 +48,14 @@ def pytest_arguments(argv: Sequence[str]) -> list[str]:
     return [*SCENARIOS_ONLY, *args]
 
 
-def _pytest(argv: Sequence[str], out: TextIO) -> int:
+def _pytest(argv: Sequence[str]) -> int:
     """pytest in a fresh interpreter: there, pytest imports the package itself (an import
     made before it would cost a warning that its asserts cannot be rewritten)."""
-    command = [sys.executable, "-m", "pytest", *argv]
-    if out is sys.stdout:
-        return subprocess.call(command)
-    done = subprocess.run(command, capture_output=True, text=True, check=False)
-    out.write(done.stdout + done.stderr)
-    return done.returncode
+    return subprocess.call([sys.executable, "-m", "pytest", *argv])
 
 
-def _run(args: argparse.Namespace, out: TextIO) -> int:
-    return _pytest(pytest_arguments(args.rest), out)
+def _run(args: argparse.Namespace) -> int:
+    return _pytest(pytest_arguments(args.rest))
 
 
 def _quiet_logging() -> None:
@@ -77,21 +64,18 @@ def _quiet_logging() -> None:
     logging.getLogger("bridge").setLevel(logging.INFO)
 
 
-def _check(args: argparse.Namespace, out: TextIO) -> int:
-    return _pytest(
-        [*SCENARIOS_ONLY, "--collect-only", "-q", "-p", "no:cacheprovider", *args.paths], out
-    )
+def _check(args: argparse.Namespace) -> int:
+    return _pytest([*SCENARIOS_ONLY, "--collect-only", "-q", "-p", "no:cacheprovider", *args.paths])
 
 
-def _schema(args: argparse.Namespace, out: TextIO) -> int:
+def _schema(args: argparse.Namespace) -> int:
     from scenarios.schema import scenario_schema
 
-    print(json.dumps(scenario_schema(), indent=args.indent), file=out)
-    out.flush()
+    print(json.dumps(scenario_schema(), indent=args.indent), flush=True)
     return 0
 
 
-def _record(args: argparse.Namespace, out: TextIO) -> int:
+def _record(args: argparse.Namespace) -> int:
     """Record a `model:` scenario on the real codex; write and replay its fake-codex twin."""
     from scenarios.record import RecordError, record_scenario_sync
 
@@ -110,18 +94,48 @@ def _record(args: argparse.Namespace, out: TextIO) -> int:
         return USAGE_ERROR
     for warning in recording.warnings:
         print(f"warning: {warning}", file=sys.stderr)
-    print(f"recorded {args.source} → {args.output} ({recording.codex_version})", file=out)
+    print(f"recorded {args.source} → {args.output} ({recording.codex_version})")
     if recording.directory is not None:
-        print(f"the recording's directory (wire logs) is kept: {recording.directory}", file=out)
+        print(f"the recording's directory (wire logs) is kept: {recording.directory}")
     replay = recording.replay_result
     if replay is None:
         return 0
     if replay.passed:
-        print(f"replayed {args.output} on fake-codex: passed", file=out)
+        print(f"replayed {args.output} on fake-codex: passed")
         return 0
-    print(f"replayed {args.output} on fake-codex: FAILED (the file is written)\n", file=out)
-    print(format_result(replay), file=out)
+    print(f"replayed {args.output} on fake-codex: FAILED (the file is written)\n")
+    print(format_result(replay))
     return 1
+
+
+def _cassettes(args: argparse.Namespace) -> int:
+    """Record the missing and stale cassettes (every one with --all), or name them."""
+    from scenarios.cassette import cassette_for, cassette_path
+    from scenarios.format import ScenarioError, load_scenario
+    from scenarios.runner import RunOptions
+
+    _quiet_logging()
+    record = "none" if args.action == "check-cassettes" else "all" if args.all else "refresh"
+    files = [
+        found
+        for name in map(Path, args.paths)
+        for found in (sorted(name.rglob("*.scenario.y*ml")) if name.is_dir() else [name])
+        if not any(part.startswith(".") for part in found.parts[len(name.parts) : -1])
+    ]
+    if not files:  # a check of nothing must not pass for a check
+        print(f"no scenario files (*.scenario.yaml) in {' '.join(args.paths)}", file=sys.stderr)
+        return NOTHING_TO_DO
+    status = 0
+    for path in files:
+        try:
+            cassette = cassette_for(
+                load_scenario(path), record=record, options=RunOptions(args.codex)
+            )
+            print(f"ok  {cassette_path(path)}  ({len(cassette.interactions)} exchanges)")
+        except ScenarioError as exc:
+            print(f"FAILED  {exc}", file=sys.stderr)
+            status = 1
+    return status
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -160,38 +174,39 @@ def build_parser() -> argparse.ArgumentParser:
     record.add_argument(
         "--keep-tmp", action="store_true", help="keep the recording's directory (wire logs)"
     )
+    for action, what in (
+        ("record", "record the cassettes the respx mock replays: the missing and stale ones"),
+        ("check", "exit 1 naming each cassette that is missing or older than its scenario"),
+    ):
+        cassettes = commands.add_parser(
+            f"{action}-cassettes", help=f"{what} (cassettes/NAME.yaml beside NAME.scenario.yaml)"
+        )
+        cassettes.add_argument("paths", nargs="+", metavar="PATH", help="scenario files or folders")
+        cassettes.add_argument("--codex", help="the real codex, for scenarios with `model:`")
+        if action == "record":
+            cassettes.add_argument("--all", action="store_true", help="record the fresh ones too")
     return parser
 
 
-def main(argv: Sequence[str] | None = None, out: TextIO | None = None) -> int:
+def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of `rest-bridge scenarios`; returns the exit status."""
     argv = list(sys.argv[1:] if argv is None else argv)
-    stream = out or sys.stdout
     if argv[:1] == ["run"]:  # pytest's options are pytest's to parse
         argv = ["run", "--", *argv[1:]]
     args = build_parser().parse_args(argv)
-    action = {"run": _run, "check": _check, "schema": _schema, "record": _record}[args.action]
+    action = {"run": _run, "check": _check, "schema": _schema, "record": _record}.get(
+        args.action, _cassettes
+    )
     try:
-        return action(args, stream)
+        return action(args)
     except BrokenPipeError:
-        # The reader went away (`... | head`): what it wanted it has; no traceback.
-        return reader_gone(stream, finished=args.action == "schema")
-
-
-def reader_gone(stream: TextIO, *, finished: bool) -> int:
-    """After a `BrokenPipeError` on `stream`: exit quietly.
-
-    Whatever is still buffered for the closed pipe is dropped (Python would otherwise
-    try to flush it at exit and complain). The status is 0 when the command had
-    nothing left to do but print (`finished`), else 1: a run cut short did not finish.
-    """
-    try:
+        # The reader went away (`... | head`): what it wanted it has; no traceback. What
+        # is still buffered for the closed pipe is dropped (Python would complain at exit
+        # flushing it). 0 when there was nothing left to do but print, else 1.
         devnull = os.open(os.devnull, os.O_WRONLY)
-        os.dup2(devnull, stream.fileno())
+        os.dup2(devnull, sys.stdout.fileno())
         os.close(devnull)
-    except (OSError, ValueError):  # not a real file (a StringIO in tests)
-        pass
-    return 0 if finished else 1
+        return 0 if args.action == "schema" else 1
 
 
 if __name__ == "__main__":

@@ -2,33 +2,11 @@
 
     recording = await record_scenario("x.scenario.yaml", "x-replay.scenario.yaml")
 
-runs a scenario that scripts the model (`model:`) through the bridge in front of the
-real codex, with `scenarios.wire_tee` between the bridge and each codex process so
-that every JSON-RPC line is logged both ways. From those logs it writes a scenario
-whose `appServer:` script makes fake-codex say what codex said, followed by the same
-client `steps:`; then it replays that scenario against fake-codex to check that it
-passes. `rest-bridge scenarios record` is the command line (`scenarios.cli`).
-
-How a process's log becomes a script (scenarios/README.md, "Record, then replay", has
-the whole story):
-
-- each client request becomes an entry of `methods.<method>` (`initialize:` for the
-  handshake), in the order they came, answered with the recorded result or error;
-- each server message becomes a step (`notify`, `request`, `respond`) of the entry it
-  belongs to: a turn's messages go to its `turn/start` entry, and after the client
-  answers one of the turn's server requests, to that request's `onReply.<key>` branch
-  (the key fake-codex branches on: the decision, `error`, ...); `_Translator` has the
-  rules;
-- what fake-codex writes by itself is left out: `emittedAtMs` (it stamps its own) and
-  the first `remoteControl/status/changed` (it sends one with the `initialize` reply);
-- volatile values are normalised (`Normaliser`): machine paths, UUIDs, process ids,
-  timestamps, the host name; and messages codex writes in either order from run to
-  run are put in one order (`RACES`), so that recording twice gives the same file.
-
-Several processes (sessions, sessionless calls, text turns) each run the script from
-its start in replay, so their entries are merged: the first process to make a call
-gives its answer; a later process that got a different answer to the same call is
-reported in `Recording.warnings` (its replay then gets the first answer).
+runs a `model:` scenario through the bridge in front of the real codex, with
+`scenarios.wire_tee` logging every JSON-RPC line between the bridge and each codex
+process; from those logs it writes the same scenario with an `appServer:` script that
+makes fake-codex say what codex said, then replays it on fake-codex. How a log becomes a
+script, and what is normalised, is in scenarios/README.md ("Record, then replay").
 """
 
 from __future__ import annotations
@@ -38,6 +16,7 @@ import copy
 import os
 import re
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -47,37 +26,20 @@ from pathlib import Path
 from typing import Any
 
 import orjson
-import yaml
 
+from fakes.app_server.wire import SEEDED_EPOCH_MS
+from scenarios.cassette import yaml_text
 from scenarios.format import LoadedScenario, ScenarioError, load_scenario, parse_scenario_text
 from scenarios.harness import NO_CODEX, CodexNotFound, find_codex
+from scenarios.reporting import format_result
 from scenarios.runner import RunOptions, ScenarioResult, run_scenario
 
-__all__ = [
-    "FROZEN_MS",
-    "Normaliser",
-    "RecordError",
-    "Recording",
-    "Translation",
-    "record_scenario",
-    "record_scenario_sync",
-    "translate_wire_logs",
-]
-
-#: Every timestamp of a recording is frozen here: 2026-01-01T00:00:00Z, where a seeded
-#: fake-codex starts its clock too.
-FROZEN_MS = 1_767_225_600_000
+#: Every timestamp of a recording is frozen where a seeded fake-codex starts its clock.
+FROZEN_MS = SEEDED_EPOCH_MS
 FROZEN_S = FROZEN_MS // 1000
 #: The seed written into recordings: fake-codex's own ids and `emittedAtMs` stamps are
 #: then the same on every replay.
 REPLAY_SEED = 1
-#: What machine directories of the recording become.
-CODEX_HOME_STANDIN = "/home/codex/.codex"
-HOME_STANDIN = "/home/codex"
-OTHER_STANDIN = "/recording"
-#: Replaced by fake-codex with its working directory: the replay run's `${tmp}/work`.
-CWD_PLACEHOLDER = "${cwd}"
-REPLAY_TAGS = ("recorded",)
 
 _UUID = re.compile(
     r"\b[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-([0-9a-fA-F])[0-9a-fA-F]{3}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}\b"
@@ -98,10 +60,6 @@ STARTUP_NOTIFICATIONS = frozenset({"configWarning"})
 
 class RecordError(Exception):
     """Recording cannot start or go on; the message says why and what to do."""
-
-
-class _SourceFailed(RecordError):
-    """The scenario failed on the real codex."""
 
 
 @dataclass
@@ -133,24 +91,9 @@ class Recording:
 
 
 class Normaliser:
-    """Makes one process's messages free of machine paths and run-to-run values.
-
-    - **paths**: the run's working directory becomes `${cwd}` (fake-codex puts its own
-      working directory there, which is the replay run's `${tmp}/work`, so the
-      paths a client sees stay consistent with the `cwd` it sent); `CODEX_HOME`
-      becomes `/home/codex/.codex`, `HOME` `/home/codex`, anything else under the
-      recording's directory `/recording`. A literal `$` is written `$$` (fake-codex
-      reads `${...}` placeholders in these strings).
-    - **UUIDs** (thread, turn and item ids, and inside strings such as rollout paths)
-      become `<frozen time>-7000-8000-<n>` for UUIDv7 (else zeros), numbered by first
-      appearance in the process, so references between messages still agree.
-    - **process ids** (`processId`, `pid`) become 1001, 1002, ... by first appearance;
-      the ids the scripted model makes up (`msg_7`, `call_8`: whole strings) are
-      numbered again from 1 per prefix.
-    - **timestamps** are frozen: `*AtMs` → `FROZEN_MS`, `*At` (seconds) →
-      `FROZEN_S`, `*durationMs` → 0; date-times inside strings (and a rollout's
-      `sessions/YYYY/MM/DD/` folder) → 2026-01-01T00:00:00.
-    - the machine's **host name**, as a whole string, becomes `localhost`.
+    """Makes one process's messages free of machine paths and run-to-run values (the
+    table in scenarios/README.md, "Volatile values"). UUIDs, process ids and the scripted
+    model's ids are numbered by first appearance, so references between messages agree.
     """
 
     def __init__(self, paths: dict[str, str], hostname: str | None = None) -> None:
@@ -279,45 +222,41 @@ def _read_logs(directory: Path) -> list[_ProcessLog]:
 # -- races: one order for messages codex writes in either order --------------------------
 
 
+def _at(value: Any, *keys: str) -> Any:
+    """`value[key1][key2]...`, None where a level is not a mapping or lacks the key."""
+    for key in keys:
+        value = value.get(key) if isinstance(value, dict) else None
+    return value
+
+
 def _thread_started_before_its_reply(first: Any, second: Any) -> bool:
     """`thread/started` written before the `thread/start` reply (usually it follows)."""
     if first.get("method") != "thread/started" or "method" in second or "id" not in second:
         return False
-    result, params = second.get("result"), first.get("params")
-    if not isinstance(result, dict) or not isinstance(params, dict):
-        return False
-    thread, started = result.get("thread"), params.get("thread")
-    return (
-        isinstance(thread, dict)
-        and isinstance(started, dict)
-        and thread.get("id") == started.get("id")
-    )
+    started = _at(first, "params", "thread", "id")
+    return started is not None and bool(started == _at(second, "result", "thread", "id"))
 
 
 def _active_before_declined_item(first: Any, second: Any) -> bool:
     """After a declined approval: the thread active again before the declined item
     completes (usually it comes after)."""
-    if first.get("method") != "thread/status/changed" or second.get("method") != "item/completed":
-        return False
-    status = (first.get("params") or {}).get("status") or {}
-    item = (second.get("params") or {}).get("item") or {}
-    return status.get("type") == "active" and item.get("status") == "declined"
+    return bool(
+        first.get("method") == "thread/status/changed"
+        and second.get("method") == "item/completed"
+        and _at(first, "params", "status", "type") == "active"
+        and _at(second, "params", "item", "status") == "declined"
+    )
 
 
 def _turn_news_before_its_reply(first: Any, second: Any) -> bool:
     """The `turn/start` reply written after the turn's first notifications (the thread
     active, `turn/started`; usually it comes before them)."""
-    if "method" in second or "id" not in second or "method" not in first:
-        return False
-    result = second.get("result")
-    turn = result.get("turn") if isinstance(result, dict) else None
-    params = first.get("params")
-    if not isinstance(turn, dict) or not isinstance(params, dict):
+    turn = _at(second, "result", "turn", "id")
+    if "method" in second or "id" not in second or "method" not in first or turn is None:
         return False
     if first["method"] == "thread/status/changed":
-        return (params.get("status") or {}).get("type") == "active"
-    named = params.get("turnId") or (params.get("turn") or {}).get("id")
-    return named is not None and named == turn.get("id")
+        return bool(_at(first, "params", "status", "type") == "active")
+    return bool(turn == (_at(first, "params", "turnId") or _at(first, "params", "turn", "id")))
 
 
 #: Pairs of adjacent server messages that codex 0.169.0 writes in either order from run
@@ -379,7 +318,7 @@ class _Request:
 
 
 class _Translator:
-    """One process's log → script entries (see the module docstring).
+    """One process's log → script entries (scenarios/README.md, "What the script says").
 
     Each server message goes where fake-codex will write it from:
 
@@ -446,8 +385,8 @@ class _Translator:
             self.calls[_id_key(message["id"])] = behavior
             self.call_params[_id_key(message["id"])] = params
             self.latest = behavior["steps"]
-            if method.startswith("turn/") and isinstance(params, dict):
-                turn = self.active.get(_text(params.get("threadId")))
+            if method.startswith("turn/"):
+                turn = self.active.get(_text(_at(params, "threadId")))
                 if turn is not None:  # it acts on the running turn (interrupt, steer)
                     turn.sink = behavior["steps"]
         elif isinstance(method, str):
@@ -476,20 +415,13 @@ class _Translator:
             return
         params = self.norm.value(message.get("params"))
         if "id" in message:
-            request: dict[str, Any] = {"method": method, "id": message["id"]}
-            if params is not None:
-                request["params"] = params
+            request = {"method": method, "id": message["id"]}
+            request |= {"params": params} if params is not None else {}
+            self.out.server_messages.append(dict(request))  # the step gains `wait`
             step = {"request": request}
             turn = self.turn_of(message.get("params"))
             self.requests[_id_key(message["id"])] = _Request(step, turn)
             (turn.sink if turn is not None else self.default_sink()).append(step)
-            self.out.server_messages.append(
-                {
-                    "method": method,
-                    "id": message["id"],
-                    **({"params": params} if params is not None else {}),
-                }
-            )
             return
         if method == _FAKE_SENDS_ITSELF and not self.dropped_remote_control:
             self.dropped_remote_control = True
@@ -499,7 +431,11 @@ class _Translator:
         raw = message.get("params")
         if method in STARTUP_NOTIFICATIONS and starting:
             self.startup.append(step)
-        elif method == "thread/started" and (where := self._creator(raw)) is not None:
+        elif (
+            method == "thread/started"
+            and (where := self.thread_replies.get(_text(_at(raw, "thread", "id")) or ""))
+            is not None
+        ):
             where.append(step)
         elif (turn := self.turn_of(raw)) is not None:
             turn.sink.append(step)
@@ -524,40 +460,22 @@ class _Translator:
             return
         steps: Steps = call["steps"]
         steps.append({"respond": reply})
-        result = message.get("result")
-        if isinstance(result, dict):
-            thread, turn = result.get("thread"), result.get("turn")
-            if isinstance(thread, dict) and isinstance(thread.get("id"), str):
-                self.thread_replies[thread["id"]] = steps
-            if isinstance(turn, dict) and isinstance(turn.get("id"), str):
-                thread_id = _text(params.get("threadId")) if isinstance(params, dict) else None
-                if turn["id"] not in self.turns:
-                    self._start_turn(turn["id"], thread_id, steps)
-                if thread_id is not None and turn["id"] not in self.done:
-                    self.active.setdefault(thread_id, self.turns[turn["id"]])
-
-    def _creator(self, params: Any) -> Steps | None:
-        thread = params.get("thread") if isinstance(params, dict) else None
-        thread_id = _text(thread.get("id")) if isinstance(thread, dict) else None
-        return self.thread_replies.get(thread_id) if thread_id is not None else None
-
-    def _start_turn(self, turn_id: str, thread: str | None, sink: Steps) -> _Turn:
-        turn = _Turn(thread, sink)
-        self.turns[turn_id] = turn
-        return turn
+        if (thread := _text(_at(message, "result", "thread", "id"))) is not None:
+            self.thread_replies[thread] = steps
+        if (turn := _text(_at(message, "result", "turn", "id"))) is not None:
+            thread = _text(_at(params, "threadId"))
+            self.turns.setdefault(turn, _Turn(thread, steps))
+            if thread is not None and turn not in self.done:
+                self.active.setdefault(thread, self.turns[turn])
 
     def turn_of(self, params: Any) -> _Turn | None:
         """The turn a message's params are about (registering a turn seen first here)."""
         if not isinstance(params, dict):
             return next(iter(self.active.values())) if len(self.active) == 1 else None
         thread = _text(params.get("threadId"))
-        turn_id = _text(params.get("turnId"))
-        if turn_id is None and isinstance(params.get("turn"), dict):
-            turn_id = _text(params["turn"].get("id"))
+        turn_id = _text(params.get("turnId")) or _text(_at(params, "turn", "id"))
         if turn_id is not None:
-            turn = self.turns.get(turn_id)
-            if turn is None:
-                turn = self._start_turn(turn_id, thread, self.default_sink())
+            turn = self.turns.setdefault(turn_id, _Turn(thread, self.default_sink()))
             if turn.thread is None:
                 turn.thread = thread
             if thread is not None and turn_id not in self.done:
@@ -585,11 +503,6 @@ class _Translator:
         return out
 
 
-def _translate(log: _ProcessLog, norm: Normaliser) -> _ProcessScript:
-    """The script entries that make fake-codex say what this process said."""
-    return _Translator(norm).run(log)
-
-
 def _text(value: Any) -> str | None:
     return value if isinstance(value, str) else None
 
@@ -608,8 +521,6 @@ def _id_key(value: Any) -> tuple[str, Any]:
 
 def _exit_step(code: int) -> dict[str, Any]:
     if code < 0:
-        import signal
-
         return {"exit": {"signal": signal.Signals(-code).name}}
     return {"exit": code}
 
@@ -737,7 +648,7 @@ def translate_wire_logs(
     """
     logs = _read_logs(Path(directory))
     host = socket.gethostname() if hostname is None else hostname
-    scripts = [_translate(log, Normaliser(paths, host)) for log in logs]
+    scripts = [_Translator(Normaliser(paths, host)).run(log) for log in logs]
     warnings: list[str] = []
     script: dict[str, Any] = {"version": 1, "seed": REPLAY_SEED}
     if version_output:
@@ -761,12 +672,7 @@ def _codex_version(codex: str) -> str | None:
         )
     except (OSError, subprocess.TimeoutExpired):
         return None
-    output = done.stdout.strip()
-    return output or None
-
-
-def _replay_name(name: str) -> str:
-    return f"{name}-replay"
+    return done.stdout.strip() or None
 
 
 def _build_document(
@@ -785,76 +691,25 @@ def _build_document(
         + " by `rest-bridge scenarios record`; replays on fake-codex, without codex. "
         "Re-record rather than edit the appServer section."
     )
-    document: dict[str, Any] = {}
+    # Keys in the usual order: scenario, name, description, tags, then the rest.
+    document = {key: source_data[key] for key in ("scenario",) if key in source_data}
+    document |= {"name": name, "description": recorded}
+    if "description" in source_data:
+        document["description"] += (
+            f"\nThe recorded scenario: {str(source_data['description']).strip()}"
+        )
+    kept = [tag for tag in source_data.get("tags") or [] if tag != "real-codex"]
+    document["tags"] = [*kept, "recorded"] if "recorded" not in kept else kept
     for key, value in source_data.items():
         if key == "model":
             document["appServer"] = app_server
-        elif key == "name":
-            document["name"] = name
-        elif key == "description":
-            document["description"] = f"{recorded}\nThe recorded scenario: {str(value).strip()}"
-        elif key == "tags":
-            kept = [tag for tag in value if tag != "real-codex"]
-            document["tags"] = [*kept, *(t for t in REPLAY_TAGS if t not in kept)]
-        else:
+        elif key not in document:
             document[key] = copy.deepcopy(value)
-    document.setdefault("name", name)
-    document.setdefault("description", recorded)
-    document.setdefault("tags", list(REPLAY_TAGS))
-    # Keys in the usual order: scenario, name, description, tags, then the rest.
-    head = ["scenario", "name", "description", "tags"]
-    ordered = {key: document[key] for key in head if key in document}
-    ordered.update({key: value for key, value in document.items() if key not in ordered})
     if unanswered:
         # A request codex sent and nobody answered (dropped by an interrupt, or left
         # pending): fake-codex keeps it pending, which the end check would flag.
-        checks = dict(ordered.get("checks") or {})
-        checks["requestsAnswered"] = False
-        ordered["checks"] = checks
-    return ordered
-
-
-class _Dumper(yaml.SafeDumper):
-    """Block style, but short flat lists and mappings on one line."""
-
-
-def _represent_dict(dumper: yaml.SafeDumper, data: dict[Any, Any]) -> yaml.MappingNode:
-    return dumper.represent_mapping(
-        "tag:yaml.org,2002:map", data.items(), flow_style=_flat(data) or None
-    )
-
-
-def _represent_list(dumper: yaml.SafeDumper, data: list[Any]) -> yaml.SequenceNode:
-    return dumper.represent_sequence("tag:yaml.org,2002:seq", data, flow_style=_flat(data) or None)
-
-
-def _flat(data: dict[Any, Any] | list[Any]) -> bool:
-    items = list(data.values()) if isinstance(data, dict) else data
-    if any(isinstance(item, dict | list) for item in items):
-        return False
-    return len(orjson.dumps(data)) <= 60 and not any(
-        isinstance(item, str) and ("\n" in item or len(item) > 40) for item in items
-    )
-
-
-def _represent_str(dumper: yaml.SafeDumper, data: str) -> yaml.ScalarNode:
-    style = "|" if "\n" in data.rstrip("\n") else None
-    return dumper.represent_scalar("tag:yaml.org,2002:str", data, style=style)
-
-
-_Dumper.add_representer(dict, _represent_dict)
-_Dumper.add_representer(str, _represent_str)
-_Dumper.add_representer(list, _represent_list)
-
-
-def to_yaml(document: dict[str, Any]) -> str:
-    """The scenario as YAML text, with a header comment."""
-    body = yaml.dump(document, Dumper=_Dumper, sort_keys=False, allow_unicode=True, width=100)
-    header = (
-        "# Recorded by `rest-bridge scenarios record`: the appServer section is what the\n"
-        '# real codex said, normalised (see scenarios/README.md, "Record, then replay").\n'
-    )
-    return header + body
+        document["checks"] = {**(document.get("checks") or {}), "requestsAnswered": False}
+    return document
 
 
 async def record_scenario(
@@ -876,7 +731,10 @@ async def record_scenario(
     """
     if output is not None:
         _check_output(Path(output))
-    loaded = source if isinstance(source, LoadedScenario) else _load(source)
+    try:
+        loaded = source if isinstance(source, LoadedScenario) else load_scenario(source)
+    except ScenarioError as exc:
+        raise RecordError(str(exc)) from None
     if not loaded.scenario.real_codex:
         raise RecordError(
             f"{loaded.source}: nothing to record: a recording runs the real codex with a "
@@ -895,26 +753,79 @@ async def record_scenario(
         )
     codex_version = await asyncio.to_thread(_codex_version, found)
     workspace = Path(tempfile.mkdtemp(prefix="scenario-record-", dir=tmp_root))
+    wire, home, runs = workspace / "wire", workspace / "home", workspace / "runs"
+    for directory in (wire, home, runs):
+        directory.mkdir()
+    # HOME is a fresh, empty directory: codex runs commands in a login shell, and the
+    # recording machine's dotfiles must not speak in the recording.
+    prefix = [sys.executable, "-m", "scenarios.wire_tee", str(wire), "--", "env", f"HOME={home}"]
+    options = RunOptions(
+        codex=found, tmp_root=runs, keep_tmp=True, require_codex=True, app_server_prefix=prefix
+    )
     keep = keep_tmp
     try:
-        recording = await _record(
-            loaded,
-            found,
-            codex_version,
-            workspace,
-            output,
-            name=name,
-            verify=verify,
-            replay_root=tmp_root,
-        )
-    except _SourceFailed as failed:
-        keep = True  # its report points into the directory: the run, the wire logs
-        raise RecordError(f"{failed}\nThe recording's directory is kept: {workspace}") from None
+        result = await run_scenario(loaded, options)
+        if not result.passed:  # its report points into the directory: the run, the logs
+            keep = True
+            raise RecordError(
+                f"cannot record {loaded.source}: it does not pass against the real codex, so "
+                f"nothing was written.\n{format_result(result)}\n"
+                f"The recording's directory is kept: {workspace}"
+            )
+        assert result.tmp is not None
+        norm_paths = {  # `${cwd}`: fake-codex's working directory, the replay's ${tmp}/work
+            str(result.tmp / "work"): "${cwd}",
+            str(result.tmp / "codex-home"): "/home/codex/.codex",
+            str(home): "/home/codex",
+            str(workspace): "/recording",
+        }
+        translated = translate_wire_logs(wire, norm_paths, version_output=codex_version)
     finally:
         if not keep:
             shutil.rmtree(workspace, ignore_errors=True)
-    recording.directory = workspace if keep_tmp else None
+    if not translated.server_messages:
+        raise RecordError(
+            f"cannot record {loaded.source}: the bridge started no codex process that "
+            "spoke the protocol (does the scenario make any call?)"
+        )
+    document = _build_document(
+        loaded,
+        translated.script,
+        name=name or f"{loaded.name}-replay",
+        codex_version=codex_version,
+        unanswered=translated.unanswered_requests,
+    )
+    text = (
+        "# Recorded by `rest-bridge scenarios record`: the appServer section is what the\n"
+        '# real codex said, normalised (see scenarios/README.md, "Record, then replay").\n'
+    ) + yaml_text(document, width=100)
+    if _names(text, workspace):  # pragma: no cover - a normalisation bug; never write it
+        raise RecordError(f"the recording still names the machine path {str(workspace)!r}")
+    path = Path(output) if output is not None else None
+    try:
+        replay = parse_scenario_text(text, str(path or f"<recording of {loaded.source}>"), path)
+    except ScenarioError as exc:  # pragma: no cover - a bug in the recorder
+        raise RecordError(f"the recorded scenario does not validate:\n{exc}") from None
+    if path is not None:
+        path.write_text(text, encoding="utf-8")
+    recording = Recording(
+        data=document,
+        text=text,
+        path=path,
+        source_result=result,
+        server_messages=translated.server_messages,
+        warnings=translated.warnings,
+        codex_version=codex_version,
+        directory=workspace if keep_tmp else None,
+    )
+    if verify:
+        # Where `run` would put it: a failed replay's directory is kept and named.
+        recording.replay_result = await run_scenario(replay, RunOptions(tmp_root=tmp_root))
     return recording
+
+
+def _names(text: str, directory: Path) -> bool:
+    return any(path in text for path in {str(directory), os.path.realpath(directory)})
 
 
 def _check_output(path: Path) -> None:
@@ -933,94 +844,6 @@ def _check_output(path: Path) -> None:
     else:
         return
     raise RecordError(f"the output {str(path)!r} {problem}; nothing was recorded")
-
-
-def _load(source: str | os.PathLike[str]) -> LoadedScenario:
-    try:
-        return load_scenario(source)
-    except ScenarioError as exc:
-        raise RecordError(str(exc)) from None
-
-
-async def _record(
-    loaded: LoadedScenario,
-    codex: str,
-    codex_version: str | None,
-    workspace: Path,
-    output: str | os.PathLike[str] | None,
-    *,
-    name: str | None,
-    verify: bool,
-    replay_root: Path | None,
-) -> Recording:
-    from scenarios.reporting import format_result
-
-    wire, home, runs = workspace / "wire", workspace / "home", workspace / "runs"
-    for directory in (wire, home, runs):
-        directory.mkdir()
-    # HOME is a fresh, empty directory: codex runs commands in a login shell, and the
-    # recording machine's dotfiles must not speak in the recording.
-    prefix = [sys.executable, "-m", "scenarios.wire_tee", str(wire), "--"]
-    prefix += ["env", f"HOME={home}"]
-    options = RunOptions(
-        codex=codex, tmp_root=runs, keep_tmp=True, require_codex=True, app_server_prefix=prefix
-    )
-    result = await run_scenario(loaded, options)
-    if not result.passed:
-        raise _SourceFailed(
-            f"cannot record {loaded.source}: it does not pass against the real codex, so "
-            "nothing was written.\n" + format_result(result)
-        )
-    assert result.tmp is not None
-    norm_paths = {
-        str(result.tmp / "work"): CWD_PLACEHOLDER,
-        str(result.tmp / "codex-home"): CODEX_HOME_STANDIN,
-        str(home): HOME_STANDIN,
-        str(workspace): OTHER_STANDIN,
-    }
-    translated = translate_wire_logs(wire, norm_paths, version_output=codex_version)
-    if not translated.server_messages:
-        raise RecordError(
-            f"cannot record {loaded.source}: the bridge started no codex process that "
-            "spoke the protocol (does the scenario make any call?)"
-        )
-    document = _build_document(
-        loaded,
-        translated.script,
-        name=name or _replay_name(loaded.name),
-        codex_version=codex_version,
-        unanswered=translated.unanswered_requests,
-    )
-    text = to_yaml(document)
-    leaks = _named_paths(text, workspace)
-    if leaks:  # pragma: no cover - a normalisation bug; never write such a file
-        raise RecordError(f"the recording still names the machine path {leaks[0]!r}")
-    path = Path(output) if output is not None else None
-    source = str(path) if path is not None else f"<recording of {loaded.source}>"
-    try:
-        replay = parse_scenario_text(text, source, path)
-    except ScenarioError as exc:  # pragma: no cover - a bug in the recorder
-        raise RecordError(f"the recorded scenario does not validate:\n{exc}") from None
-    if path is not None:
-        path.write_text(text, encoding="utf-8")
-    recording = Recording(
-        data=document,
-        text=text,
-        path=path,
-        source_result=result,
-        server_messages=translated.server_messages,
-        warnings=translated.warnings,
-        codex_version=codex_version,
-    )
-    if verify:
-        # Where `run` would put it: a failed replay's directory is kept and named.
-        recording.replay_result = await run_scenario(replay, RunOptions(tmp_root=replay_root))
-    return recording
-
-
-def _named_paths(text: str, directory: Path) -> list[str]:
-    """The forms of `directory` that `text` names."""
-    return [path for path in {str(directory), os.path.realpath(directory)} if path in text]
 
 
 def record_scenario_sync(

@@ -55,24 +55,19 @@ def codex_respx(request: pytest.FixtureRequest) -> Iterator[Callable[..., Any]]:
     if missing is not None:  # failed outside the `except`: no chained traceback
         pytest.fail(missing, pytrace=False)
     refresh = request.config.getoption("codex_record_cassettes", False)
+    defaults = {"record": "refresh"} if refresh else {}
+    routers: list[Any] = []
 
-    def make(scenario: Any, **options: Any) -> Any:
+    def start(scenario: Any, **options: Any) -> Any:
         if isinstance(scenario, str | os.PathLike):
             path = Path(scenario)
             beside = Path(request.node.path).parent / path
             scenario = beside if not path.is_absolute() and beside.exists() else path
-        if refresh:
-            options.setdefault("record", "refresh")
-        return respx_mock.scenario_router(scenario, **options)
-
-    routers: list[Any] = []
-
-    def start(*args: Any, **options: Any) -> Any:
         try:
-            router = make(*args, **options)
+            router = respx_mock.scenario_router(scenario, **{**defaults, **options})
         except respx_mock.CassetteError as exc:
             router, problem = None, str(exc)
-        if router is None:
+        if router is None:  # failed outside the `except`: no chained traceback
             pytest.fail(problem, pytrace=False)
         router.start()
         routers.append(router)

@@ -12,10 +12,11 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
+import functools
 import os
 import re
 import threading
-from collections.abc import AsyncIterator, Callable, Iterator, Mapping
+from collections.abc import AsyncIterator, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qsl, urlsplit
@@ -35,7 +36,14 @@ except ModuleNotFoundError as exc:  # the `harness` extra alone does not bring t
         name=exc.name,
     ) from None
 
-from scenarios.cassette import Cassette, CassetteError, Interaction, StaleCassette, cassette_for
+from scenarios.cassette import (
+    Cassette,
+    CassetteError,
+    Interaction,
+    StaleCassette,
+    cassette_for,
+    json_difference,
+)
 from scenarios.format import LoadedScenario, load_scenario, parse_scenario
 
 __all__ = ["CassetteError", "ScenarioMockError", "ScenarioRouter", "StaleCassette"]
@@ -118,29 +126,27 @@ class ScenarioRouter(respx.MockRouter):
             steps = sorted({step for i in indexes if (step := items[i].step) is not None})
             label = f"{method} {self.base_url}{path}  — {'; '.join(map(self._step, steps))}"
             route = respx.Route(_Target((method, origin, parts.path.rstrip("/") + path)))
-            route.side_effect = _bind(self._answer, indexes)
+            route.side_effect = functools.partial(self._answer, indexes=indexes)
             self.add(route, name=label)
 
     def resolve(self, request: httpx.Request) -> Any:
         try:
             return super().resolve(request)
-        except UnmatchedRequest:
-            raise
-        except AllMockedAssertionError:
-            raise self._unmatched(request) from None
+        except AllMockedAssertionError as exc:
+            raise self._unmatched(request, exc) from None
 
     async def aresolve(self, request: httpx.Request) -> Any:
         token = _ASYNC.set(True)
         try:
             return await super().aresolve(request)
-        except UnmatchedRequest:
-            raise
-        except AllMockedAssertionError:
-            raise self._unmatched(request) from None
+        except AllMockedAssertionError as exc:
+            raise self._unmatched(request, exc) from None
         finally:
             _ASYNC.reset(token)
 
-    def _unmatched(self, request: httpx.Request) -> UnmatchedRequest:
+    def _unmatched(self, request: httpx.Request, exc: AllMockedAssertionError) -> Exception:
+        if isinstance(exc, UnmatchedRequest):
+            return exc
         with self._lock:
             self.unmatched.append(request)
         routes = [f"  {route.name}" for route in self.routes] or ["  (none)"]
@@ -356,10 +362,6 @@ class _Replay(httpx.SyncByteStream, httpx.AsyncByteStream):
             yield self._sent(end)[start:]
 
 
-def _bind(handler: Callable[..., Any], *args: Any) -> Callable[[httpx.Request], Any]:
-    return lambda request: handler(request, *args)
-
-
 def _raw(body: str | bytes | None) -> bytes:
     return body.encode() if isinstance(body, str) else (body or b"")
 
@@ -388,27 +390,10 @@ def _body_difference(recorded: str | bytes | None, sent: bytes, tmp: str | None)
     if raw == sent:
         return None
     try:  # the bridge takes an empty body for `{}`
-        return _json_difference(orjson.loads(raw or b"{}"), orjson.loads(sent or b"{}"), tmp)
+        recorded_json, sent_json = orjson.loads(raw or b"{}"), orjson.loads(sent or b"{}")
+        return json_difference(recorded_json, sent_json, lambda a, b: _alike(a, b, tmp))
     except orjson.JSONDecodeError:
         return f"is {sent[:200]!r} instead of {raw[:200]!r}"
-
-
-def _json_difference(expected: Any, received: Any, tmp: str | None, path: str = "$") -> str | None:
-    if isinstance(expected, dict) and isinstance(received, dict):
-        if expected.keys() != received.keys():
-            extra, lacking = sorted(received.keys() - expected), sorted(expected.keys() - received)
-            return f"at {path}: keys {extra} not recorded, recorded keys {lacking} missing"
-        pairs = [(expected[key], received[key], f"{path}.{key}") for key in expected]
-    elif isinstance(expected, list) and isinstance(received, list):
-        if len(expected) != len(received):
-            return f"at {path}: {len(received)} items instead of {len(expected)}"
-        pairs = [(a, received[i], f"{path}[{i}]") for i, a in enumerate(expected)]
-    elif _alike(expected, received, tmp):
-        return None
-    else:
-        shown = orjson.dumps(received)[:200].decode()
-        return f"at {path}: {shown} instead of {orjson.dumps(expected)[:200].decode()}"
-    return next((found for a, b, p in pairs if (found := _json_difference(a, b, tmp, p))), None)
 
 
 def _alike(expected: Any, received: Any, tmp: str | None) -> bool:
@@ -428,29 +413,18 @@ def _alike(expected: Any, received: Any, tmp: str | None) -> bool:
 def scenario_router(
     scenario: str | os.PathLike[str] | Mapping[str, Any] | LoadedScenario,
     *,
-    base_url: str = DEFAULT_BASE_URL,
     record: str | None = None,
-    assert_all_called: bool = True,
-    check_bodies: bool = True,
-    max_idle_polls: int = 20,
-    release_timeout: float = 5.0,
+    **options: Any,
 ) -> ScenarioRouter:
     """A respx router replaying `scenario`'s cassette (a file, a mapping or a loaded one).
 
-    `record`: when to (re)record it (`scenarios.cassette.cassette_for`). `check_bodies`:
-    a body unlike the recorded one fails. `max_idle_polls`: empty long-polls in a row
-    before the host's loop fails. `release_timeout`: how long a stream or an async
-    long-poll waits for the request its next event comes after.
+    `record`: when to (re)record it (`scenarios.cassette.cassette_for`). `options` are
+    `ScenarioRouter`'s: `base_url`, `assert_all_called`, `check_bodies` (a body unlike the
+    recorded one fails), `max_idle_polls` (empty long-polls in a row before the host's
+    loop fails), `release_timeout` (how long a stream or an async long-poll waits for
+    the request its next event comes after).
     """
     if isinstance(scenario, Mapping):
         scenario = parse_scenario({"scenario": 1, **scenario}, source="<scenario>")
     loaded = scenario if isinstance(scenario, LoadedScenario) else load_scenario(Path(scenario))
-    return ScenarioRouter(
-        loaded,
-        cassette_for(loaded, record=record),
-        base_url=base_url,
-        assert_all_called=assert_all_called,
-        check_bodies=check_bodies,
-        max_idle_polls=max_idle_polls,
-        release_timeout=release_timeout,
-    )
+    return ScenarioRouter(loaded, cassette_for(loaded, record=record), **options)

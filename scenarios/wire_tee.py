@@ -30,29 +30,20 @@ from pathlib import Path
 
 import orjson
 
-LOG_PREFIX = "wire-"
+from fakes.app_server.wire import write_all
 
 
 class _Log:
     """One process's log file; lines from both threads, in the order they came."""
 
     def __init__(self, path: Path) -> None:
-        self._file = open(path, "ab", buffering=0)  # noqa: SIM115 - closed by close()
-        self._lock = threading.Lock()
+        self.file = open(path, "ab", buffering=0)  # noqa: SIM115 - closed in main
+        self.lock = threading.Lock()
 
     def write(self, entry: dict[str, object]) -> None:
-        data = orjson.dumps(entry) + b"\n"
-        with self._lock:
-            if not self._file.closed:  # the stdin thread may outlive the log
-                self._file.write(data)
-
-    def line(self, direction: str, raw: bytes) -> None:
-        text = raw.rstrip(b"\n").decode("utf-8", "replace")
-        self.write({"dir": direction, "line": text})
-
-    def close(self) -> None:
-        with self._lock:
-            self._file.close()
+        with self.lock:
+            if not self.file.closed:  # the stdin thread may outlive the log
+                self.file.write(orjson.dumps(entry) + b"\n")
 
 
 #: Bytes asked of the kernel per read; a longer line is gathered over several reads.
@@ -74,12 +65,6 @@ def _lines(fd: int) -> Iterator[bytes]:
         yield bytes(pending)
 
 
-def _write_all(fd: int, data: bytes) -> None:
-    view = memoryview(data)
-    while view:
-        view = view[os.write(fd, view) :]
-
-
 def _pump(source: int, sink: int | None, log: _Log, direction: str) -> None:
     """Copy lines from fd `source` to fd `sink`, logging each; close `sink` at EOF.
 
@@ -89,10 +74,10 @@ def _pump(source: int, sink: int | None, log: _Log, direction: str) -> None:
     """
     try:
         for raw in _lines(source):
-            log.line(direction, raw)
+            log.write({"dir": direction, "line": raw.rstrip(b"\n").decode("utf-8", "replace")})
             if sink is not None:
                 try:
-                    _write_all(sink, raw)
+                    write_all(sink, raw)
                 except OSError:  # the reader is gone (EPIPE) or the fd is unusable
                     sink = None
     finally:
@@ -110,7 +95,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     log_dir, command = Path(args[0]), args[2:]
     log_dir.mkdir(parents=True, exist_ok=True)
-    log = _Log(log_dir / f"{LOG_PREFIX}{os.getpid()}.jsonl")
+    log = _Log(log_dir / f"wire-{os.getpid()}.jsonl")
     log.write({"argv": command, "started": time.monotonic_ns()})
     # The group's SIGTERM reaches COMMAND too; this process relays until it ends.
     # A handler rather than SIG_IGN: COMMAND must not inherit an ignored signal.
@@ -126,7 +111,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"wire_tee: cannot start {command[0]}: {exc.strerror}", file=sys.stderr)
         os.close(to_child_w)
         os.close(from_child_r)
-        log.close()
+        log.file.close()
         return 127
     finally:  # COMMAND's ends: only COMMAND holds them now
         os.close(to_child_r)
@@ -139,7 +124,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     os.close(from_child_r)
     code = child.wait()
     log.write({"exit": code})
-    log.close()
+    with log.lock:
+        log.file.close()
     if code < 0:
         signal.signal(-code, signal.SIG_DFL)
         os.kill(os.getpid(), -code)

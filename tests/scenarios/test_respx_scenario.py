@@ -465,9 +465,13 @@ def test_the_command_records_checks_and_refuses_a_failing_scenario(library: Any)
         "scenario: 1\nsteps:\n  - http: {method: GET, path: /health}\n    expect: {status: 418}\n"
     )
 
-    def command(*args: str) -> subprocess.CompletedProcess[str]:
+    def command(action: str, *args: str, spelling: str = "cli") -> subprocess.CompletedProcess[str]:
+        rest_bridge = [str(Path(sys.executable).with_name("rest-bridge")), "scenarios"]
+        command = [*rest_bridge, f"{action}-cassettes"]
+        if spelling == "module":  # the older spelling works too
+            command = [sys.executable, "-m", "scenarios.cassette", action]
         return subprocess.run(
-            [sys.executable, "-m", "scenarios.cassette", *args],
+            [*command, *args],
             cwd=good.parent,
             capture_output=True,
             text=True,
@@ -490,8 +494,15 @@ def test_the_command_records_checks_and_refuses_a_failing_scenario(library: Any)
     assert not (broken.parent / "cassettes").exists()
     assert command("check", "auth-rejection.scenario.yaml").returncode == 0
     cassette_path(good).write_text("not: [a cassette")
-    broken_file = command("check", "auth-rejection.scenario.yaml")
+    broken_file = command("check", "auth-rejection.scenario.yaml", spelling="module")
+    assert broken_file.returncode == 1
     assert "not a cassette of this tool (ParserError" in broken_file.stderr
     assert f"regenerate it: {COMMAND} auth-rejection.scenario.yaml" in broken_file.stderr
-    assert command("record", "auth-rejection.scenario.yaml").returncode == 0
+    rerecorded = command("record", "auth-rejection.scenario.yaml", spelling="module")
+    assert rerecorded.returncode == 0, rerecorded.stderr
+    assert "ok  cassettes/auth-rejection.yaml" in rerecorded.stdout
+    assert command("replay", ".", spelling="module").returncode == 2  # a usage error
+    nothing = command("check", "cassettes")  # no scenario in it: not a pass
+    assert nothing.returncode == 5
+    assert "no scenario files (*.scenario.yaml) in cassettes" in nothing.stderr
     assert Cassette.load(cassette_path(good)).interactions
