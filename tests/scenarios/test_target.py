@@ -52,8 +52,10 @@ class Served:
                 return
         raise AssertionError("rest-bridge serve did not start:\n" + "".join(seen))
 
-    def get(self, path: str, token: str | None = None) -> object:
-        request = urllib.request.Request(self.url + path)
+    def get(self, path: str, token: str | None = None, method: str = "GET") -> object:
+        data = b"{}" if method == "POST" else None
+        request = urllib.request.Request(self.url + path, data=data, method=method)
+        request.add_header("Content-Type", "application/json")
         if token:
             request.add_header("Authorization", f"Bearer {token}")
         with urllib.request.urlopen(request, timeout=30) as response:
@@ -189,3 +191,17 @@ def test_a_target_that_does_not_answer_fails_naming_it(tmp_path: Path) -> None:
     assert "http://127.0.0.1:9: cannot reach the bridge" in done.stdout, done.stdout
     done = run(str(scenario), "--target", "http://127.0.0.1:9/some/path")
     assert "a target is an http(s)://host:port URL without a path" in done.stdout, done.stdout
+
+
+def test_auth_variants_holds_beside_other_sessions_and_leaves_none_behind(
+    served: list[Served],
+) -> None:
+    target = Served(*fake(), token=TOKEN)
+    served.append(target)
+    other = target.get("/v1/sessions", TOKEN, method="POST")
+    assert isinstance(other, dict), other
+    done = run(str(LIBRARY / "auth-variants.scenario.yaml"), "--target", target.url, token=TOKEN)
+    assert outcomes(done.stdout) == {"auth-variants": "PASSED"}, done.stdout
+    listed = target.get("/v1/sessions", TOKEN)
+    assert isinstance(listed, dict), listed
+    assert [s["sessionId"] for s in listed["sessions"]] == [other["sessionId"]], listed
