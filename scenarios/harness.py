@@ -199,6 +199,8 @@ class RunningBridge:
     checker: OpenApiChecker | None = None
     #: Where the fake-codex processes write their reports (None: not reporting).
     report_dir: Path | None = None
+    #: Whether it asks for a token (a target says so in its OpenAPI document).
+    auth: bool = False
     _clients: list[aiohttp.ClientSession] = field(default_factory=list)
 
     def reports(self) -> list[dict[str, Any]]:
@@ -261,7 +263,7 @@ async def start_bridge(
         with_bearer_auth(app, token, exempt_health=exempt_health)
     checker = checker_for(app)
     runner, url = await serve_app(app, host)
-    return RunningBridge(url, app, runner, list(command), preset, token, checker)
+    return RunningBridge(url, app, runner, list(command), preset, token, checker, auth=bool(token))
 
 
 class TargetError(Exception):
@@ -272,7 +274,8 @@ async def connect_bridge(url: str, token: str | None = None) -> RunningBridge:
     """A bridge already running at `url` (`http://host:port`), e.g. a staging deployment.
 
     Its own OpenAPI document (`GET /v1/openapi.json`, with `token` when given) checks
-    every response, and names the routes it mounts; closing it closes only the clients.
+    every response, names the routes it mounts and says whether it has auth on (a 401
+    without a token says so too); closing it closes only the clients.
     """
     target = yarl.URL(url)
     if target.scheme not in ("http", "https") or not target.host or target.path not in ("", "/"):
@@ -288,6 +291,8 @@ async def connect_bridge(url: str, token: str | None = None) -> RunningBridge:
             status = response.status
     except (aiohttp.ClientError, TimeoutError) as exc:
         raise TargetError(f"{url}: cannot reach the bridge: {exc or type(exc).__name__}") from None
+    if status == 401 and not token:
+        return RunningBridge(base, None, None, [], "?", auth=True)
     if status != 200:
         raise TargetError(f"{url}: GET {route_path('openapi')} answered {status}")
     try:
@@ -300,7 +305,8 @@ async def connect_bridge(url: str, token: str | None = None) -> RunningBridge:
         for operation in operations.values()
     )
     preset = next((name for name, routes in PRESET_ROUTES.items() if routes == mounted), "?")
-    return RunningBridge(base, None, None, [], preset, token, OpenApiChecker(document))
+    checker = OpenApiChecker(document)
+    return RunningBridge(base, None, None, [], preset, token, checker, auth="security" in document)
 
 
 def read_reports(directory: str | os.PathLike[str]) -> list[dict[str, Any]]:

@@ -175,6 +175,27 @@ def target_skip_reason(loaded: LoadedScenario, options: RunOptions) -> str | Non
     return None
 
 
+def _target_mismatch(spec: f.BridgeSpec, target: RunningBridge) -> str | None:
+    """How the target is built otherwise than the scenario asks (None: as asked).
+
+    Auth must agree: a scenario without a token is written for a bridge without auth
+    (it may check that the OpenAPI document has no security scheme), one with a token
+    for a bridge with auth on."""
+    if target.auth and spec.token is None:
+        return (
+            "the target has auth on, and the scenario is written for a bridge without it "
+            "(give it a `bridge.token`, which then stands for the target's, to run it there)"
+        )
+    if not target.auth and spec.token is not None:
+        return "the scenario turns auth on (`bridge.token`); the target has auth off"
+    if target.preset != spec.preset:
+        return (
+            f"the scenario wants the {spec.preset} preset; the target's routes are those "
+            f"of {target.preset}"
+        )
+    return None
+
+
 def _with_target_token(loaded: LoadedScenario, token: str | None) -> LoadedScenario:
     """`loaded` with its token, in every string that holds it, replaced by the target's
     (in the parsed document: the file's text, and so its line numbers, stay)."""
@@ -809,12 +830,9 @@ async def _run(
     try:
         if options.target is not None:
             bridge = await connect_bridge(options.target, options.target_token)
-            if bridge.preset != scenario.bridge.preset:
-                result.outcome = "skipped"
-                result.skip_reason = (
-                    f"not against a target: the scenario wants the {scenario.bridge.preset} "
-                    f"preset; the target's routes are those of {bridge.preset}"
-                )
+            reason = _target_mismatch(scenario.bridge, bridge)
+            if reason is not None:
+                result.outcome, result.skip_reason = "skipped", f"not against a target: {reason}"
                 return
             result.transcript.add("run", f"the target bridge at {bridge.url}")
             run = _Run(loaded, bridge, tmp, result.transcript)
