@@ -27,11 +27,9 @@ from pydantic import (
     AfterValidator,
     BaseModel,
     ConfigDict,
-    Discriminator,
     Field,
     NonNegativeInt,
     PositiveInt,
-    Tag,
     ValidationError,
     create_model,
     field_validator,
@@ -41,7 +39,7 @@ from pydantic.alias_generators import to_camel
 
 from bridge.limits import RestLimits
 from fakes.app_server.script import STEP_KINDS as FAKE_STEP_KINDS
-from fakes.app_server.script import AppServerScript
+from fakes.app_server.script import AppServerScript, one_key_union
 from fakes.app_server.script_source import (
     _compose,
     _format_path,
@@ -612,31 +610,10 @@ STEP_KINDS = frozenset(step.KIND for step in STEP_TYPES)
 _ALL_STEP_KINDS = STEP_KINDS | FAKE_STEP_KINDS
 
 
-def _step_kind(value: Any) -> str | None:
-    if isinstance(value, dict):
-        kinds = [key for key in value if key in STEP_KINDS]
-        return kinds[0] if len(kinds) == 1 else None
-    return getattr(value, "KIND", None)
-
-
-Step = Annotated[
-    Annotated[HttpStep, Tag("http")]
-    | Annotated[CallStep, Tag("call")]
-    | Annotated[CreateSessionStep, Tag("createSession")]
-    | Annotated[ReplyStep, Tag("reply")]
-    | Annotated[PollStep, Tag("poll")]
-    | Annotated[StreamStep, Tag("stream")]
-    | Annotated[ReadStep, Tag("read")]
-    | Annotated[CloseStep, Tag("close")]
-    | Annotated[AwaitStep, Tag("await")],
-    Discriminator(
-        _step_kind,
-        custom_error_type="step_kind",
-        custom_error_message=(
-            "a step is a mapping with exactly one of the keys " + ", ".join(sorted(STEP_KINDS))
-        ),
-    ),
-]
+if TYPE_CHECKING:
+    Step = _Step
+else:
+    Step = one_key_union(STEP_TYPES)
 
 
 class Scenario(_Model):
