@@ -122,6 +122,17 @@ def find_codex(
     return os.path.abspath(found) if found else None
 
 
+def required_codex(
+    explicit: str | None, option: str, require: bool, root: Path | None = None
+) -> str | None:
+    """`find_codex`, None meaning "skip" (`NO_CODEX`); with `require` (CI=true) none is
+    a `CodexNotFound` too."""
+    found = find_codex(explicit, root, option=option)
+    if found is None and require:
+        raise CodexNotFound(f"CI=true: {NO_CODEX}")
+    return found
+
+
 def _named_codex(source: str, value: str) -> str:
     found = shutil.which(value)
     if found:

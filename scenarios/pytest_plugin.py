@@ -286,20 +286,21 @@ StartBridge = Callable[..., Awaitable["RunningBridge"]]
 def codex_bin(pytestconfig: pytest.Config) -> str:
     """The real codex executable; skips when none is configured or found (fails instead
     when `CI=true`), fails when the one configured (`--codex-bin`, `$CODEX_BIN`) cannot run."""
-    from scenarios.harness import NO_CODEX, CodexNotFound, find_codex
+    from scenarios.harness import NO_CODEX, CodexNotFound, required_codex
 
     unusable: str | None = None
     try:
-        found = find_codex(
-            pytestconfig.getoption("codex_bin"), root=pytestconfig.rootpath, option="--codex-bin"
+        found = required_codex(
+            pytestconfig.getoption("codex_bin"),
+            "--codex-bin",
+            os.environ.get("CI", "").lower() == "true",
+            root=pytestconfig.rootpath,
         )
     except CodexNotFound as exc:
         unusable = str(exc)
-    if unusable is not None:
+    if unusable is not None:  # failed outside the `except`: no chained traceback
         pytest.fail(unusable, pytrace=False)
     if found is None:
-        if os.environ.get("CI", "").lower() == "true":
-            pytest.fail(f"CI=true: {NO_CODEX}", pytrace=False)
         pytest.skip(NO_CODEX)
     return found
 
