@@ -21,6 +21,7 @@ from multidict import CIMultiDictProxy
 from bridge.app import route_path
 from fakes.app_server.script import AppServerScript
 from scenarios import format as f
+from scenarios.harness import bearer
 from scenarios.matching import (
     MISSING,
     Mismatch,
@@ -306,11 +307,7 @@ class StepRequest:
 
     def encoded(self, token: str | None) -> tuple[dict[str, str], dict[str, str], bytes | None]:
         """The headers, query parameters and body bytes sent (`token`: the bridge's)."""
-        bearer = (
-            None if self.auth is False else (self.auth if isinstance(self.auth, str) else token)
-        )
-        headers = {"Authorization": f"Bearer {bearer}"} if bearer else {}
-        headers.update(self.headers or {})
+        headers = {**bearer(self.auth, token), **(self.headers or {})}
         query = {key: as_text(value) for key, value in (self.query or {}).items()}
         content = None
         if self.json_body is not NO_JSON:
@@ -534,7 +531,7 @@ def fake_report_problems(
 ) -> list[Problem]:
     """Scripted replies no process used, server requests no client answered.
 
-    `reports` are what the fake-codex processes wrote (`scenarios.harness.read_reports`).
+    `reports` are what the fake-codex processes wrote (`fakes.app_server.report.read_reports`).
     Every app-server process runs the whole script from the start, so an entry counts
     as used when any process used it. Problem locations are within a scenario file.
     """

@@ -47,6 +47,7 @@ from fakes.app_server.script_source import (
     parse_yaml,
 )
 from fakes.model_provider import ModelScript
+from scenarios.matching import check_matchers, compile_jsonpath
 
 __all__ = [
     "FORMAT_VERSION",
@@ -64,25 +65,6 @@ FORMAT_VERSION = 1
 BUILTIN_VARIABLES = frozenset({"base", "token", "tmp"})
 VARIABLE = re.compile(r"(?<!\$)\$\{([^}]*)\}")
 NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
-#: The operators a matcher mapping may use (see `scenarios.matching`).
-MATCHER_OPS = frozenset(
-    {
-        "$regex",
-        "$type",
-        "$any",
-        "$absent",
-        "$len",
-        "$contains",
-        "$eq",
-        "$subset",
-        "$gt",
-        "$gte",
-        "$lt",
-        "$lte",
-        "$oneOf",
-    }
-)
-JSON_TYPES = frozenset({"string", "number", "integer", "boolean", "null", "object", "array"})
 
 
 class ScenarioError(ValueError):
@@ -114,50 +96,8 @@ class _Model(BaseModel):
 # -- matchers and JSONPath -------------------------------------------------------------
 
 
-def check_matchers(value: Any) -> Any:
-    """Reject unknown `$operators` and mappings that mix operators with plain keys."""
-    _check_matchers(value, "")
-    return value
-
-
-def _check_matchers(value: Any, where: str) -> None:
-    if isinstance(value, list):
-        for index, item in enumerate(value):
-            _check_matchers(item, f"{where}[{index}]")
-    if not isinstance(value, dict):
-        return
-    ops = [key for key in value if isinstance(key, str) and key.startswith("$")]
-    at = f" at {where}" if where else ""
-    if ops and len(ops) != len(value):
-        raise ValueError(
-            f"a mapping{at} mixes matcher operators ({', '.join(ops)}) with plain keys; "
-            "write a literal `$` key as {$eq: {...}}"
-        )
-    for op in ops:
-        if op not in MATCHER_OPS:
-            raise ValueError(
-                f"unknown matcher operator {op}{at}; known: {', '.join(sorted(MATCHER_OPS))}"
-            )
-    if "$type" in value:
-        types = value["$type"] if isinstance(value["$type"], list) else [value["$type"]]
-        unknown = [t for t in types if t not in JSON_TYPES]
-        if unknown:
-            raise ValueError(f"$type{at}: unknown type {unknown[0]!r}; use {sorted(JSON_TYPES)}")
-    if "$regex" in value:
-        try:
-            re.compile(str(value["$regex"]))
-        except re.error as exc:
-            raise ValueError(f"$regex{at}: invalid regular expression: {exc}") from None
-    if "$eq" in value:
-        return
-    for key, item in value.items():
-        _check_matchers(item, f"{where}.{key}" if where else str(key))
-
-
 def check_jsonpath(expression: str) -> str:
     """A JSONPath expression that parses (compiled once and cached)."""
-    from scenarios.matching import compile_jsonpath
-
     try:
         compile_jsonpath(expression)
     except Exception as exc:

@@ -23,12 +23,10 @@ from bridge.app import PRESET_ROUTES, PRESETS, SERVER_SETTINGS, route_path
 from bridge.auth import with_bearer_auth
 from bridge.limits import RestLimits
 from bridge.routes import OPENAPI, SSE_CONTENT_TYPE
+from fakes.app_server.cli import SCRIPT_ENV
+from fakes.app_server.report import REPORT_ENV, read_reports
 from scenarios.codex_install import pinned_codex
 from scenarios.openapi_check import OpenApiChecker
-
-REPORT_ENV = "FAKE_CODEX_REPORT"
-SCRIPT_ENV = "FAKE_CODEX_SCRIPT"
-
 
 #: A client middleware every bridge client made in this context passes its exchanges
 #: through (set by `scenarios.cassette` while it records a scenario).
@@ -195,6 +193,13 @@ async def serve_app(app: web.Application, host: str = "127.0.0.1") -> tuple[web.
     return runner, f"http://{host}:{port}"
 
 
+def bearer(auth: bool | str, token: str | None) -> dict[str, str]:
+    """`Authorization` for a step's `auth`: True → the bridge's `token` (if any), a string
+    → that token, False → none."""
+    chosen = None if auth is False else (auth if isinstance(auth, str) else token)
+    return {"Authorization": f"Bearer {chosen}"} if chosen else {}
+
+
 @dataclass
 class RunningBridge:
     """A bridge served in-process (or running elsewhere, see `connect_bridge`): where it
@@ -218,14 +223,6 @@ class RunningBridge:
         """What each fake-codex process behind this bridge reported so far."""
         return read_reports(self.report_dir) if self.report_dir is not None else []
 
-    def auth_headers(self, auth: bool | str = True) -> dict[str, str]:
-        """`Authorization` for `auth`: True → this bridge's token (if any), a string →
-        that token, False → none."""
-        if auth is False:
-            return {}
-        token = auth if isinstance(auth, str) else self.token
-        return {"Authorization": f"Bearer {token}"} if token else {}
-
     def client(
         self, *, auth: bool | str = True, contract_check: bool = True, **kwargs: Any
     ) -> aiohttp.ClientSession:
@@ -237,7 +234,7 @@ class RunningBridge:
         checkers = {self.url: self.checker} if contract_check and self.checker else {}
         recorder = RECORDER.get()
         middlewares = (contract_middleware(checkers), *((recorder,) if recorder else ()))
-        headers = {**self.auth_headers(auth), **kwargs.pop("headers", {})}
+        headers = {**bearer(auth, self.token), **kwargs.pop("headers", {})}
         session = aiohttp.ClientSession(
             base_url=self.url,
             headers=headers,
@@ -292,7 +289,7 @@ async def connect_bridge(url: str, token: str | None = None) -> RunningBridge:
     if target.scheme not in ("http", "https") or not target.host or target.path not in ("", "/"):
         raise TargetError(f"{url}: a target is an http(s)://host:port URL without a path")
     base = f"{target.scheme}://{target.host}:{target.port}"
-    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    headers = bearer(True, token)
     try:
         async with (
             aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=30)) as session,
@@ -318,17 +315,3 @@ async def connect_bridge(url: str, token: str | None = None) -> RunningBridge:
     preset = next((name for name, routes in PRESET_ROUTES.items() if routes == mounted), "?")
     checker = OpenApiChecker(document)
     return RunningBridge(base, None, None, [], preset, token, checker, auth="security" in document)
-
-
-def read_reports(directory: str | os.PathLike[str]) -> list[dict[str, Any]]:
-    """The reports fake-codex processes wrote into `directory` (see fakes/app_server/report.py)."""
-    reports = []
-    path = Path(directory)
-    if not path.is_dir():
-        return []
-    for file in sorted(path.glob("fake-codex-*.json")):
-        try:
-            reports.append(orjson.loads(file.read_bytes()))
-        except (OSError, orjson.JSONDecodeError):
-            continue
-    return reports

@@ -35,6 +35,7 @@ from multidict import CIMultiDict, CIMultiDictProxy
 
 from bridge import TOKEN_VARIABLE
 from bridge.app import PRESET_ROUTES, route_path
+from fakes.app_server.report import read_reports
 from scenarios import format as f
 from scenarios.expectations import (
     NO_JSON,
@@ -62,7 +63,6 @@ from scenarios.harness import (
     RunningBridge,
     connect_bridge,
     fake_app_server_command,
-    read_reports,
     required_codex,
     start_bridge,
 )
@@ -619,7 +619,10 @@ async def _read(run: _Run, step: f.ReadStep) -> None:
     for index, event in enumerate(events):
         if event is NO_JSON:
             problems.append(
-                Problem(("read",), f"frame {index + 1} has data that is not JSON: {frames[index]}")
+                Problem(
+                    ("read",),
+                    f"frame {index + 1} has data that is not JSON: {cut(frames[index].data, 300)}",
+                )
             )
     if not problems:
         ids = [frame.id for frame in frames]

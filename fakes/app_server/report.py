@@ -32,6 +32,7 @@ import contextlib
 import os
 from collections import deque
 from collections.abc import Callable
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import orjson
@@ -237,3 +238,12 @@ def _method(server: AppServer, name: str) -> Any:
 def _key(request_id: Any) -> str:
     """Ids 1 and "1" are different requests: key them by type and value."""
     return f"{type(request_id).__name__}:{request_id}"
+
+
+def read_reports(directory: str | os.PathLike[str]) -> list[dict[str, Any]]:
+    """The reports the processes wrote into `directory` (none when it does not exist)."""
+    reports = []
+    for file in sorted(Path(directory).glob("fake-codex-*.json")):
+        with contextlib.suppress(OSError, orjson.JSONDecodeError):
+            reports.append(orjson.loads(file.read_bytes()))
+    return reports
