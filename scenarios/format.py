@@ -44,6 +44,7 @@ from fakes.app_server.script_source import (
     _compose,
     _format_path,
     _mark,
+    describe_errors,
     parse_yaml,
 )
 from fakes.model_provider import ModelScript
@@ -547,7 +548,7 @@ STEP_TYPES: tuple[type[_Step], ...] = (
     AwaitStep,
 )
 STEP_KINDS = frozenset(step.KIND for step in STEP_TYPES)
-_ALL_STEP_KINDS = STEP_KINDS | FAKE_STEP_KINDS
+_KINDS = STEP_KINDS | FAKE_STEP_KINDS
 
 
 if TYPE_CHECKING:
@@ -658,7 +659,11 @@ def parse_scenario(
     try:
         scenario = Scenario.model_validate(data)
     except ValidationError as exc:
-        raise ScenarioError(_describe(exc, source, text)) from None
+        raise ScenarioError(
+            describe_errors(
+                exc, source, text, (), title="invalid scenario", tags=_KINDS, message=_message
+            )
+        ) from None
     loaded = LoadedScenario(scenario, source, path, text, data)
     problems = list(_static_problems(scenario))
     if problems:
@@ -669,23 +674,10 @@ def parse_scenario(
     return loaded
 
 
-def _describe(exc: ValidationError, source: str, text: str | None) -> str:
-    """`file:line:column: path: message`, one line per problem."""
-    root = _compose(text) if text is not None else None
-    lines = [f"invalid scenario {source}:"]
-    seen: set[str] = set()
-    for error in exc.errors():
-        loc = _without_tags(tuple(error["loc"]))
-        mark = _mark(root, loc) if root else None
-        where = f"{source}:{mark[0]}:{mark[1]}" if mark else source
-        message = str(error["msg"]).removeprefix("Value error, ")
-        if error["type"] == "step_kind":
-            message = _step_kind_problem(error.get("input"))
-        line = f"  {where}: {_format_path(loc) or '(top level)'}: {message}"
-        if line not in seen:
-            seen.add(line)
-            lines.append(line)
-    return "\n".join(lines)
+def _message(error: Any) -> str:
+    if error["type"] == "step_kind":
+        return _step_kind_problem(error.get("input"))
+    return str(error["msg"]).removeprefix("Value error, ")
 
 
 #: The keys a step may have besides its kind.
@@ -720,21 +712,6 @@ def _json_type(value: Any) -> str:
     if value is None:
         return "null"
     return type(value).__name__
-
-
-def _without_tags(loc: tuple[Any, ...]) -> tuple[Any, ...]:
-    """`loc` without the step-kind tags pydantic inserts after a list index.
-
-    The tag repeats the step's kind key (`steps.0.http.expect`), which would send the
-    line finder into the `http:` mapping instead of its sibling `expect:`.
-    """
-    kept: list[Any] = []
-    for index, key in enumerate(loc):
-        previous = loc[index - 1] if index else None
-        if isinstance(previous, int) and isinstance(key, str) and key in _ALL_STEP_KINDS:
-            continue
-        kept.append(key)
-    return tuple(kept)
 
 
 def _static_problems(scenario: Scenario) -> Iterator[tuple[tuple[Any, ...], str]]:

@@ -291,7 +291,7 @@ async def codex_start_bridge(
     to run the real codex instead; `app_server`: any other command; `limits`: a
     `RestLimits` or a mapping of its fields (snake_case or camelCase).
     """
-    from scenarios.expectations import fake_report_problems
+    from fakes.app_server.report import report_problems
 
     started: list[tuple[RunningBridge, Any, bool, Any]] = []
     counter = iter(range(1_000_000))
@@ -344,9 +344,9 @@ async def codex_start_bridge(
         if owned_model is not None:
             await owned_model.close()
         if check_script and bridge.report_dir is not None:
-            problems += fake_report_problems(parsed, bridge.reports())
+            problems += [message for _, message in report_problems(parsed, bridge.reports())]
     if problems:
-        lines = "\n".join(f"  {problem.message}" for problem in problems)
+        lines = "\n".join(f"  {message}" for message in problems)
         pytest.fail(
             "after the test, the fake app-server reports (check_script=False to allow):\n" + lines,
             pytrace=False,

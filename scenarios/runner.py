@@ -35,7 +35,7 @@ from multidict import CIMultiDict, CIMultiDictProxy
 
 from bridge import TOKEN_VARIABLE
 from bridge.app import PRESET_ROUTES, route_path
-from fakes.app_server.report import read_reports
+from fakes.app_server.report import read_reports, report_problems
 from scenarios import format as f
 from scenarios.expectations import (
     NO_JSON,
@@ -49,7 +49,6 @@ from scenarios.expectations import (
     event_line,
     event_list,
     events_problems,
-    fake_report_problems,
     frame_event,
     http_problems,
     int_or_none,
@@ -858,12 +857,14 @@ async def _run(
     if model_server is None and options.target is None:
         found = read_reports(reports)
         result.transcript.fakes = found
-        problems = fake_report_problems(
+        checks = scenario.checks
+        found_problems = report_problems(
             scenario.app_server,
             found,
-            script_used=scenario.checks.script_used,
-            requests_answered=scenario.checks.requests_answered,
+            script_used=checks.script_used,
+            requests_answered=checks.requests_answered,
         )
+        problems = [Problem(loc, message) for loc, message in found_problems]
         if problems and not result.failures:
             result.fail("end of run checks", problems)
 
