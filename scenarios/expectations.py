@@ -19,8 +19,8 @@ import orjson
 from multidict import CIMultiDictProxy
 
 from bridge.app import route_path
-from fakes.app_server.script import AppServerScript
 from scenarios import format as f
+from scenarios.harness import bearer
 from scenarios.matching import (
     MISSING,
     Mismatch,
@@ -306,11 +306,7 @@ class StepRequest:
 
     def encoded(self, token: str | None) -> tuple[dict[str, str], dict[str, str], bytes | None]:
         """The headers, query parameters and body bytes sent (`token`: the bridge's)."""
-        bearer = (
-            None if self.auth is False else (self.auth if isinstance(self.auth, str) else token)
-        )
-        headers = {"Authorization": f"Bearer {bearer}"} if bearer else {}
-        headers.update(self.headers or {})
+        headers = {**bearer(self.auth, token), **(self.headers or {})}
         query = {key: as_text(value) for key, value in (self.query or {}).items()}
         content = None
         if self.json_body is not NO_JSON:
@@ -520,67 +516,3 @@ def _compare(loc: tuple[Any, ...], expected: Any, actual: Any, subset: bool) -> 
     shown = "; ".join(str(m) for m in mismatches[:3])
     more = f" (and {len(mismatches) - 3} more)" if len(mismatches) > 3 else ""
     return [Problem(loc, f"{shown}{more}", diff=diff(expected, actual, subset=subset))]
-
-
-# -- end-of-run checks -------------------------------------------------------------------
-
-
-def fake_report_problems(
-    script: AppServerScript | None,
-    reports: list[dict[str, Any]],
-    *,
-    script_used: bool = True,
-    requests_answered: bool = True,
-) -> list[Problem]:
-    """Scripted replies no process used, server requests no client answered.
-
-    `reports` are what the fake-codex processes wrote (`scenarios.harness.read_reports`).
-    Every app-server process runs the whole script from the start, so an entry counts
-    as used when any process used it. Problem locations are within a scenario file.
-    """
-    problems: list[Problem] = []
-    if requests_answered:
-        for report in reports:
-            for request in report.get("serverRequests", []):
-                if request.get("state") == "pending":
-                    problems.append(
-                        Problem(
-                            ("checks", "requestsAnswered"),
-                            f"fake-codex (pid {report.get('pid')}) sent the server request "
-                            f"{request.get('method')} (id {request.get('id')!r}), and it was "
-                            "never answered",
-                        )
-                    )
-    if script is None or not script_used:
-        return problems
-    note = (
-        " (each app-server process — each session, sessionless call and text turn — "
-        "runs the script from its start)"
-    )
-    if script.initialize is not None and not any(r.get("initialize") for r in reports):
-        problems.append(
-            Problem(("appServer", "initialize"), f"the scripted `initialize` was never used{note}")
-        )
-    for method, entries in script.methods.items():
-        for index in range(len(entries)):
-            if not any(_used(report.get("methods", {}).get(method), index) for report in reports):
-                where: tuple[Any, ...] = ("appServer", "methods", method)
-                label = method
-                if len(entries) > 1:
-                    where, label = (*where, index), f"{method}[{index}]"
-                problems.append(
-                    Problem(where, f"the scripted reply to {label} was never requested{note}")
-                )
-    for index in range(len(script.turns)):
-        if not any(_used(report.get("turns"), index) for report in reports):
-            problems.append(
-                Problem(
-                    ("appServer", "turns", index),
-                    f"scripted turn {index} was never started (no turn/start took it){note}",
-                )
-            )
-    return problems
-
-
-def _used(uses: Any, index: int) -> bool:
-    return isinstance(uses, list) and index < len(uses) and bool(uses[index])

@@ -27,11 +27,9 @@ from pydantic import (
     AfterValidator,
     BaseModel,
     ConfigDict,
-    Discriminator,
     Field,
     NonNegativeInt,
     PositiveInt,
-    Tag,
     ValidationError,
     create_model,
     field_validator,
@@ -41,14 +39,16 @@ from pydantic.alias_generators import to_camel
 
 from bridge.limits import RestLimits
 from fakes.app_server.script import STEP_KINDS as FAKE_STEP_KINDS
-from fakes.app_server.script import AppServerScript
+from fakes.app_server.script import AppServerScript, one_key_union
 from fakes.app_server.script_source import (
     _compose,
     _format_path,
     _mark,
+    describe_errors,
     parse_yaml,
 )
 from fakes.model_provider import ModelScript
+from scenarios.matching import check_matchers, compile_jsonpath
 
 __all__ = [
     "FORMAT_VERSION",
@@ -66,25 +66,6 @@ FORMAT_VERSION = 1
 BUILTIN_VARIABLES = frozenset({"base", "token", "tmp"})
 VARIABLE = re.compile(r"(?<!\$)\$\{([^}]*)\}")
 NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
-#: The operators a matcher mapping may use (see `scenarios.matching`).
-MATCHER_OPS = frozenset(
-    {
-        "$regex",
-        "$type",
-        "$any",
-        "$absent",
-        "$len",
-        "$contains",
-        "$eq",
-        "$subset",
-        "$gt",
-        "$gte",
-        "$lt",
-        "$lte",
-        "$oneOf",
-    }
-)
-JSON_TYPES = frozenset({"string", "number", "integer", "boolean", "null", "object", "array"})
 
 
 class ScenarioError(ValueError):
@@ -116,50 +97,8 @@ class _Model(BaseModel):
 # -- matchers and JSONPath -------------------------------------------------------------
 
 
-def check_matchers(value: Any) -> Any:
-    """Reject unknown `$operators` and mappings that mix operators with plain keys."""
-    _check_matchers(value, "")
-    return value
-
-
-def _check_matchers(value: Any, where: str) -> None:
-    if isinstance(value, list):
-        for index, item in enumerate(value):
-            _check_matchers(item, f"{where}[{index}]")
-    if not isinstance(value, dict):
-        return
-    ops = [key for key in value if isinstance(key, str) and key.startswith("$")]
-    at = f" at {where}" if where else ""
-    if ops and len(ops) != len(value):
-        raise ValueError(
-            f"a mapping{at} mixes matcher operators ({', '.join(ops)}) with plain keys; "
-            "write a literal `$` key as {$eq: {...}}"
-        )
-    for op in ops:
-        if op not in MATCHER_OPS:
-            raise ValueError(
-                f"unknown matcher operator {op}{at}; known: {', '.join(sorted(MATCHER_OPS))}"
-            )
-    if "$type" in value:
-        types = value["$type"] if isinstance(value["$type"], list) else [value["$type"]]
-        unknown = [t for t in types if t not in JSON_TYPES]
-        if unknown:
-            raise ValueError(f"$type{at}: unknown type {unknown[0]!r}; use {sorted(JSON_TYPES)}")
-    if "$regex" in value:
-        try:
-            re.compile(str(value["$regex"]))
-        except re.error as exc:
-            raise ValueError(f"$regex{at}: invalid regular expression: {exc}") from None
-    if "$eq" in value:
-        return
-    for key, item in value.items():
-        _check_matchers(item, f"{where}.{key}" if where else str(key))
-
-
 def check_jsonpath(expression: str) -> str:
     """A JSONPath expression that parses (compiled once and cached)."""
-    from scenarios.matching import compile_jsonpath
-
     try:
         compile_jsonpath(expression)
     except Exception as exc:
@@ -609,34 +548,13 @@ STEP_TYPES: tuple[type[_Step], ...] = (
     AwaitStep,
 )
 STEP_KINDS = frozenset(step.KIND for step in STEP_TYPES)
-_ALL_STEP_KINDS = STEP_KINDS | FAKE_STEP_KINDS
+_KINDS = STEP_KINDS | FAKE_STEP_KINDS
 
 
-def _step_kind(value: Any) -> str | None:
-    if isinstance(value, dict):
-        kinds = [key for key in value if key in STEP_KINDS]
-        return kinds[0] if len(kinds) == 1 else None
-    return getattr(value, "KIND", None)
-
-
-Step = Annotated[
-    Annotated[HttpStep, Tag("http")]
-    | Annotated[CallStep, Tag("call")]
-    | Annotated[CreateSessionStep, Tag("createSession")]
-    | Annotated[ReplyStep, Tag("reply")]
-    | Annotated[PollStep, Tag("poll")]
-    | Annotated[StreamStep, Tag("stream")]
-    | Annotated[ReadStep, Tag("read")]
-    | Annotated[CloseStep, Tag("close")]
-    | Annotated[AwaitStep, Tag("await")],
-    Discriminator(
-        _step_kind,
-        custom_error_type="step_kind",
-        custom_error_message=(
-            "a step is a mapping with exactly one of the keys " + ", ".join(sorted(STEP_KINDS))
-        ),
-    ),
-]
+if TYPE_CHECKING:
+    Step = _Step
+else:
+    Step = one_key_union(STEP_TYPES)
 
 
 class Scenario(_Model):
@@ -741,7 +659,11 @@ def parse_scenario(
     try:
         scenario = Scenario.model_validate(data)
     except ValidationError as exc:
-        raise ScenarioError(_describe(exc, source, text)) from None
+        raise ScenarioError(
+            describe_errors(
+                exc, source, text, (), title="invalid scenario", tags=_KINDS, message=_message
+            )
+        ) from None
     loaded = LoadedScenario(scenario, source, path, text, data)
     problems = list(_static_problems(scenario))
     if problems:
@@ -752,23 +674,10 @@ def parse_scenario(
     return loaded
 
 
-def _describe(exc: ValidationError, source: str, text: str | None) -> str:
-    """`file:line:column: path: message`, one line per problem."""
-    root = _compose(text) if text is not None else None
-    lines = [f"invalid scenario {source}:"]
-    seen: set[str] = set()
-    for error in exc.errors():
-        loc = _without_tags(tuple(error["loc"]))
-        mark = _mark(root, loc) if root else None
-        where = f"{source}:{mark[0]}:{mark[1]}" if mark else source
-        message = str(error["msg"]).removeprefix("Value error, ")
-        if error["type"] == "step_kind":
-            message = _step_kind_problem(error.get("input"))
-        line = f"  {where}: {_format_path(loc) or '(top level)'}: {message}"
-        if line not in seen:
-            seen.add(line)
-            lines.append(line)
-    return "\n".join(lines)
+def _message(error: Any) -> str:
+    if error["type"] == "step_kind":
+        return _step_kind_problem(error.get("input"))
+    return str(error["msg"]).removeprefix("Value error, ")
 
 
 #: The keys a step may have besides its kind.
@@ -803,21 +712,6 @@ def _json_type(value: Any) -> str:
     if value is None:
         return "null"
     return type(value).__name__
-
-
-def _without_tags(loc: tuple[Any, ...]) -> tuple[Any, ...]:
-    """`loc` without the step-kind tags pydantic inserts after a list index.
-
-    The tag repeats the step's kind key (`steps.0.http.expect`), which would send the
-    line finder into the `http:` mapping instead of its sibling `expect:`.
-    """
-    kept: list[Any] = []
-    for index, key in enumerate(loc):
-        previous = loc[index - 1] if index else None
-        if isinstance(previous, int) and isinstance(key, str) and key in _ALL_STEP_KINDS:
-            continue
-        kept.append(key)
-    return tuple(kept)
 
 
 def _static_problems(scenario: Scenario) -> Iterator[tuple[tuple[Any, ...], str]]:

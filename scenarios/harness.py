@@ -23,12 +23,10 @@ from bridge.app import PRESET_ROUTES, PRESETS, SERVER_SETTINGS, route_path
 from bridge.auth import with_bearer_auth
 from bridge.limits import RestLimits
 from bridge.routes import OPENAPI, SSE_CONTENT_TYPE
+from fakes.app_server.cli import SCRIPT_ENV
+from fakes.app_server.report import REPORT_ENV, read_reports
 from scenarios.codex_install import pinned_codex
 from scenarios.openapi_check import OpenApiChecker
-
-REPORT_ENV = "FAKE_CODEX_REPORT"
-SCRIPT_ENV = "FAKE_CODEX_SCRIPT"
-
 
 #: A client middleware every bridge client made in this context passes its exchanges
 #: through (set by `scenarios.cassette` while it records a scenario).
@@ -122,6 +120,17 @@ def find_codex(
     return os.path.abspath(found) if found else None
 
 
+def required_codex(
+    explicit: str | None, option: str, require: bool, root: Path | None = None
+) -> str | None:
+    """`find_codex`, None meaning "skip" (`NO_CODEX`); with `require` (CI=true) none is
+    a `CodexNotFound` too."""
+    found = find_codex(explicit, root, option=option)
+    if found is None and require:
+        raise CodexNotFound(f"CI=true: {NO_CODEX}")
+    return found
+
+
 def _named_codex(source: str, value: str) -> str:
     found = shutil.which(value)
     if found:
@@ -184,6 +193,13 @@ async def serve_app(app: web.Application, host: str = "127.0.0.1") -> tuple[web.
     return runner, f"http://{host}:{port}"
 
 
+def bearer(auth: bool | str, token: str | None) -> dict[str, str]:
+    """`Authorization` for a step's `auth`: True → the bridge's `token` (if any), a string
+    → that token, False → none."""
+    chosen = None if auth is False else (auth if isinstance(auth, str) else token)
+    return {"Authorization": f"Bearer {chosen}"} if chosen else {}
+
+
 @dataclass
 class RunningBridge:
     """A bridge served in-process (or running elsewhere, see `connect_bridge`): where it
@@ -199,19 +215,13 @@ class RunningBridge:
     checker: OpenApiChecker | None = None
     #: Where the fake-codex processes write their reports (None: not reporting).
     report_dir: Path | None = None
+    #: Whether it asks for a token (a target says so in its OpenAPI document).
+    auth: bool = False
     _clients: list[aiohttp.ClientSession] = field(default_factory=list)
 
     def reports(self) -> list[dict[str, Any]]:
         """What each fake-codex process behind this bridge reported so far."""
         return read_reports(self.report_dir) if self.report_dir is not None else []
-
-    def auth_headers(self, auth: bool | str = True) -> dict[str, str]:
-        """`Authorization` for `auth`: True → this bridge's token (if any), a string →
-        that token, False → none."""
-        if auth is False:
-            return {}
-        token = auth if isinstance(auth, str) else self.token
-        return {"Authorization": f"Bearer {token}"} if token else {}
 
     def client(
         self, *, auth: bool | str = True, contract_check: bool = True, **kwargs: Any
@@ -224,7 +234,7 @@ class RunningBridge:
         checkers = {self.url: self.checker} if contract_check and self.checker else {}
         recorder = RECORDER.get()
         middlewares = (contract_middleware(checkers), *((recorder,) if recorder else ()))
-        headers = {**self.auth_headers(auth), **kwargs.pop("headers", {})}
+        headers = {**bearer(auth, self.token), **kwargs.pop("headers", {})}
         session = aiohttp.ClientSession(
             base_url=self.url,
             headers=headers,
@@ -261,7 +271,7 @@ async def start_bridge(
         with_bearer_auth(app, token, exempt_health=exempt_health)
     checker = checker_for(app)
     runner, url = await serve_app(app, host)
-    return RunningBridge(url, app, runner, list(command), preset, token, checker)
+    return RunningBridge(url, app, runner, list(command), preset, token, checker, auth=bool(token))
 
 
 class TargetError(Exception):
@@ -272,13 +282,14 @@ async def connect_bridge(url: str, token: str | None = None) -> RunningBridge:
     """A bridge already running at `url` (`http://host:port`), e.g. a staging deployment.
 
     Its own OpenAPI document (`GET /v1/openapi.json`, with `token` when given) checks
-    every response, and names the routes it mounts; closing it closes only the clients.
+    every response, names the routes it mounts and says whether it has auth on (a 401
+    without a token says so too); closing it closes only the clients.
     """
     target = yarl.URL(url)
     if target.scheme not in ("http", "https") or not target.host or target.path not in ("", "/"):
         raise TargetError(f"{url}: a target is an http(s)://host:port URL without a path")
     base = f"{target.scheme}://{target.host}:{target.port}"
-    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    headers = bearer(True, token)
     try:
         async with (
             aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=30)) as session,
@@ -288,6 +299,8 @@ async def connect_bridge(url: str, token: str | None = None) -> RunningBridge:
             status = response.status
     except (aiohttp.ClientError, TimeoutError) as exc:
         raise TargetError(f"{url}: cannot reach the bridge: {exc or type(exc).__name__}") from None
+    if status == 401 and not token:
+        return RunningBridge(base, None, None, [], "?", auth=True)
     if status != 200:
         raise TargetError(f"{url}: GET {route_path('openapi')} answered {status}")
     try:
@@ -300,18 +313,5 @@ async def connect_bridge(url: str, token: str | None = None) -> RunningBridge:
         for operation in operations.values()
     )
     preset = next((name for name, routes in PRESET_ROUTES.items() if routes == mounted), "?")
-    return RunningBridge(base, None, None, [], preset, token, OpenApiChecker(document))
-
-
-def read_reports(directory: str | os.PathLike[str]) -> list[dict[str, Any]]:
-    """The reports fake-codex processes wrote into `directory` (see fakes/app_server/report.py)."""
-    reports = []
-    path = Path(directory)
-    if not path.is_dir():
-        return []
-    for file in sorted(path.glob("fake-codex-*.json")):
-        try:
-            reports.append(orjson.loads(file.read_bytes()))
-        except (OSError, orjson.JSONDecodeError):
-            continue
-    return reports
+    checker = OpenApiChecker(document)
+    return RunningBridge(base, None, None, [], preset, token, checker, auth="security" in document)

@@ -1,21 +1,8 @@
 """Matching received JSON against expected JSON, with readable mismatches and diffs.
 
 Expected values are plain JSON, compared exactly (`json:`) or as a subset (`jsonSubset:`,
-event matchers), and may contain matcher mappings whose keys all start with `$`:
-
-| matcher | holds when the received value |
-|---|---|
-| `{$regex: "^thr_"}` | is a string in which the pattern is found (`re.search`) |
-| `{$type: string}` | has that JSON type (or one of a list of types) |
-| `{$any: true}` | exists (any value) |
-| `{$absent: true}` | does not exist (a missing key, a JSONPath that finds nothing) |
-| `{$len: 3}` | is a string, array or object of that length (or matching a matcher) |
-| `{$contains: x}` | is an array with an element matching `x` (a subset), or a string with it |
-| `{$eq: x}` | equals `x` exactly (`x` is not read as matchers) |
-| `{$subset: x}` | matches `x` as a subset (inside an exact match) |
-| `{$gt: n}`, `$gte`, `$lt`, `$lte` | is a number in that relation to `n` |
-| `{$oneOf: [a, b]}` | matches one of the values |
-
+event matchers), and may contain matcher mappings whose keys all start with `$`
+(`{$regex: "^thr_"}`, `{$type: string}`, ...): scenarios/README.md has the table.
 Several operators in one mapping must all hold.
 """
 
@@ -50,6 +37,49 @@ _TYPES: dict[str, tuple[type, ...]] = {
     "object": (dict,),
     "array": (list,),
 }
+
+
+#: The operators a matcher mapping may use.
+OPERATORS = frozenset(
+    {"$regex", "$type", "$any", "$absent", "$len", "$contains", "$eq", "$subset"}
+    | {"$gt", "$gte", "$lt", "$lte", "$oneOf"}
+)
+
+
+def check_matchers(value: Any, where: str = "") -> Any:
+    """`value`, once no mapping in it uses an unknown `$operator`, mixes operators with
+    plain keys, names an unknown `$type` or an invalid `$regex` (ValueError)."""
+    if isinstance(value, list):
+        for index, item in enumerate(value):
+            check_matchers(item, f"{where}[{index}]")
+    if not isinstance(value, dict):
+        return value
+    ops = [key for key in value if isinstance(key, str) and key.startswith("$")]
+    at = f" at {where}" if where else ""
+    if ops and len(ops) != len(value):
+        raise ValueError(
+            f"a mapping{at} mixes matcher operators ({', '.join(ops)}) with plain keys; "
+            "write a literal `$` key as {$eq: {...}}"
+        )
+    for op in ops:
+        if op not in OPERATORS:
+            raise ValueError(
+                f"unknown matcher operator {op}{at}; known: {', '.join(sorted(OPERATORS))}"
+            )
+    if "$type" in value:
+        types = value["$type"] if isinstance(value["$type"], list) else [value["$type"]]
+        unknown = [t for t in types if t not in _TYPES]
+        if unknown:
+            raise ValueError(f"$type{at}: unknown type {unknown[0]!r}; use {sorted(_TYPES)}")
+    if "$regex" in value:
+        try:
+            re.compile(str(value["$regex"]))
+        except re.error as exc:
+            raise ValueError(f"$regex{at}: invalid regular expression: {exc}") from None
+    if "$eq" not in value:
+        for key, item in value.items():
+            check_matchers(item, f"{where}.{key}" if where else str(key))
+    return value
 
 
 @dataclass(frozen=True)

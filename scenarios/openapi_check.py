@@ -19,6 +19,8 @@ from referencing.jsonschema import DRAFT202012
 
 from bridge.app import path_pattern
 
+_ERROR_SCHEMA = {"$ref": "#/components/schemas/ErrorPayload"}
+
 
 class ContractViolation(AssertionError):
     """A response that the OpenAPI document does not allow."""
@@ -36,7 +38,6 @@ class OpenApiChecker:
     """Validates responses against one OpenAPI 3.1 document."""
 
     def __init__(self, document: dict[str, Any]) -> None:
-        self.document = document
         resource = Resource.from_contents(document, default_specification=DRAFT202012)
         self._registry: Registry[Any] = Registry().with_resource("urn:openapi", resource)
         self._operations = [
@@ -44,20 +45,15 @@ class OpenApiChecker:
             for path, ops in document.get("paths", {}).items()
             for method, op in ops.items()
         ]
-        self.checked = 0
 
     def _schema_validator(self, schema: dict[str, Any]) -> jsonschema.Draft202012Validator:
         rooted = _reroot(schema)
         return jsonschema.Draft202012Validator(rooted, registry=self._registry)
 
-    def _error_schema(self) -> dict[str, Any]:
-        return {"$ref": "#/components/schemas/ErrorPayload"}
-
     def check(
         self, method: str, path: str, status: int, content_type: str, body: bytes | None
     ) -> None:
         """Raise :class:`ContractViolation` unless the response is documented."""
-        self.checked += 1
         matches = [o for o in self._operations if o.pattern.match(path)]
         operation = next((o for o in matches if o.method == method.upper()), None)
         if operation is None:
@@ -65,7 +61,7 @@ class OpenApiChecker:
             # contract says it is a 404/405 with the error payload.
             if status not in (401, 404, 405, 413):
                 raise ContractViolation(f"{method} {path}: undocumented status {status}")
-            self._check_body(self._error_schema(), method, path, status, body)
+            self._check_body(_ERROR_SCHEMA, method, path, status, body)
             return
         documented = operation.responses.get(str(status))
         if documented is None:

@@ -1,46 +1,16 @@
 """pytest plugin of codex-rest-bridge: scenario files as tests, and `codex_` fixtures.
 
-Installed with the package, it is registered through the `pytest11` entry point (named
-`scenarios.pytest_plugin`, so `-p no:scenarios.pytest_plugin` turns it off and a
-`pytest_plugins = ["scenarios.pytest_plugin"]` line never registers it twice). Every
-name it registers starts with `codex_` (`--codex-...` for options), so that it cannot
-collide with a host suite's own; it registers nothing else but the scenario tags of
-the scenario files it collects, as markers (so `-m TAG` works under `--strict-markers`).
+Registered through the `pytest11` entry point `scenarios.pytest_plugin`. Every name it
+registers starts with `codex_` (`--codex-...` for options), so that none can collide
+with a host suite's own; besides those it registers only the tags of the scenario
+files it collects, as markers (so `-m TAG` works under `--strict-markers`). The
+options, markers and fixtures are documented in scenarios/README.md ("pytest").
 
-Collection: every `*.scenario.yaml` / `*.scenario.yml` file (ini option
-`codex_scenario_patterns`) is one test item; a malformed one is a collection error
-naming the file and line; a failing one reports the file and line of the failing step,
-then the transcript (left out with `--tb=short`, `line` or `no`). Scenarios that script
-the model run the real codex and skip without it (fail instead when `CI=true`).
-
-Options: `--codex-bin PATH` (the real codex), `--codex-target URL` (run the scenarios
-against a bridge already running; its token from `$REST_ADAPTER_TOKEN`),
-`--codex-target-script FILE` (the scenario file whose script the target's fake-codex
-runs). Markers: `codex_bridge(...)`, `codex_real`.
-
-Fixtures (async ones work with pytest-asyncio in strict and auto modes):
-
-- `codex_bridge`: a running bridge (`RunningBridge`) on fake-codex, built as the test's
-  `@pytest.mark.codex_bridge(script=..., preset=..., token=..., limits=..., model=...)`
-  says;
-- `codex_client`: an aiohttp session bound to `codex_bridge` (relative URLs, its
-  token, every response checked against its OpenAPI document);
-- `codex_start_bridge`: `await codex_start_bridge(**the same keywords)` for more bridges;
-- `codex_sse`: `await codex_sse(path, last_event_id=..., after=..., client=...)`, an
-  `SseReader` with a timeout on every read;
-- `codex_scripted_model`: the scripted model server (`fakes.model_provider`), empty;
-- `codex_bin`: the real codex executable (skips without one; fails when `CI=true`);
-- `codex_run_scenario`: `await codex_run_scenario(path or mapping)` runs a scenario and
-  fails the test with its report;
-- `codex_respx`: the bridge mocked for httpx (respx), replaying what the real bridge
-  answered for a scenario, no process at all (`scenarios.respx_fixtures`).
-
-After a `codex_bridge` / `codex_start_bridge` test, the bridge's fake-codex reports are
-checked like a scenario's end: no scripted reply unused, no server request
-unanswered (turn it off with `check_script=False`).
-
-Without pytest-asyncio (a base install, without the `harness` extra), the async fixtures
-say which extra to install when a test asks for them; nothing else changes.
+A scenario file (`*.scenario.yaml`, ini `codex_scenario_patterns`) is one test item: a
+malformed one is a collection error naming the file and line, a failing one reports
+the file and line of the failing step, then the transcript (left out with `--tb=short`,
+`line` or `no`). Without pytest-asyncio (a base install, without the `harness` extra),
+the async fixtures say which extra to install when a test asks for them.
 """
 
 from __future__ import annotations
@@ -54,6 +24,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import pytest
+from packaging.version import Version
 
 from bridge import TOKEN_VARIABLE
 
@@ -158,7 +129,7 @@ def _settle_fixture_loop_scope(config: pytest.Config) -> None:
     asks for a choice is not printed. A value the host sets always wins. Runs before
     pytest-asyncio reads the option (`tryfirst`).
     """
-    if pytest_asyncio is None or _version(pytest_asyncio.__version__) < (1, 5):
+    if pytest_asyncio is None or Version(pytest_asyncio.__version__).release < (1, 5):
         return
     try:
         if config.getini(LOOP_SCOPE_OPTION):
@@ -168,14 +139,6 @@ def _settle_fixture_loop_scope(config: pytest.Config) -> None:
     cache = getattr(config, "_inicache", None)
     if isinstance(cache, dict):
         cache[LOOP_SCOPE_OPTION] = "fixture-scope"
-
-
-def _version(text: str) -> tuple[int, ...]:
-    numbers = []
-    for part in text.split(".")[:2]:
-        digits = "".join(c for c in part if c.isdigit())
-        numbers.append(int(digits or 0))
-    return tuple(numbers)
 
 
 def pytest_collect_file(file_path: Path, parent: pytest.Collector) -> pytest.Collector | None:
@@ -286,20 +249,21 @@ StartBridge = Callable[..., Awaitable["RunningBridge"]]
 def codex_bin(pytestconfig: pytest.Config) -> str:
     """The real codex executable; skips when none is configured or found (fails instead
     when `CI=true`), fails when the one configured (`--codex-bin`, `$CODEX_BIN`) cannot run."""
-    from scenarios.harness import NO_CODEX, CodexNotFound, find_codex
+    from scenarios.harness import NO_CODEX, CodexNotFound, required_codex
 
     unusable: str | None = None
     try:
-        found = find_codex(
-            pytestconfig.getoption("codex_bin"), root=pytestconfig.rootpath, option="--codex-bin"
+        found = required_codex(
+            pytestconfig.getoption("codex_bin"),
+            "--codex-bin",
+            os.environ.get("CI", "").lower() == "true",
+            root=pytestconfig.rootpath,
         )
     except CodexNotFound as exc:
         unusable = str(exc)
-    if unusable is not None:
+    if unusable is not None:  # failed outside the `except`: no chained traceback
         pytest.fail(unusable, pytrace=False)
     if found is None:
-        if os.environ.get("CI", "").lower() == "true":
-            pytest.fail(f"CI=true: {NO_CODEX}", pytrace=False)
         pytest.skip(NO_CODEX)
     return found
 
@@ -327,7 +291,7 @@ async def codex_start_bridge(
     to run the real codex instead; `app_server`: any other command; `limits`: a
     `RestLimits` or a mapping of its fields (snake_case or camelCase).
     """
-    from scenarios.expectations import fake_report_problems
+    from fakes.app_server.report import report_problems
 
     started: list[tuple[RunningBridge, Any, bool, Any]] = []
     counter = iter(range(1_000_000))
@@ -380,9 +344,9 @@ async def codex_start_bridge(
         if owned_model is not None:
             await owned_model.close()
         if check_script and bridge.report_dir is not None:
-            problems += fake_report_problems(parsed, bridge.reports())
+            problems += [message for _, message in report_problems(parsed, bridge.reports())]
     if problems:
-        lines = "\n".join(f"  {problem.message}" for problem in problems)
+        lines = "\n".join(f"  {message}" for message in problems)
         pytest.fail(
             "after the test, the fake app-server reports (check_script=False to allow):\n" + lines,
             pytrace=False,

@@ -57,21 +57,15 @@ def _format_problem(result: ScenarioResult, failure: Failure, problem: Problem) 
     return "\n".join(body)
 
 
-def format_transcript(
-    transcript: Transcript,
-    *,
-    bridge_lines: int | None = BRIDGE_LINES,
-    fake_lines: int | None = FAKE_LINES,
-    width: int | None = LINE_WIDTH,
-) -> str:
+def format_transcript(transcript: Transcript) -> str:
     """The client's and the bridge's side, then what each fake-codex process saw."""
     lines = ["transcript (client and bridge):"]
     entries = transcript.entries
-    if bridge_lines is not None and len(entries) > bridge_lines:
-        lines.append(f"  ... {len(entries) - bridge_lines} earlier entries ...")
-        entries = entries[-bridge_lines:]
+    if len(entries) > BRIDGE_LINES:
+        lines.append(f"  ... {len(entries) - BRIDGE_LINES} earlier entries ...")
+        entries = entries[-BRIDGE_LINES:]
     for at, source, text in entries:
-        lines.append(f"  [+{at:7.3f}s] {source:4} {_width(text, width)}")
+        lines.append(f"  [+{at:7.3f}s] {source:4} {_width(text)}")
     for report in transcript.fakes:
         wire = report.get("wire", [])
         exit_info = report.get("exit")
@@ -85,20 +79,20 @@ def format_transcript(
         lines.append(f"fake-codex pid {report.get('pid')} ({ended}), protocol lines:")
         if dropped:
             lines.append(f"  ... {dropped} earlier lines not kept ...")
-        if fake_lines is not None and len(wire) > fake_lines:
-            lines.append(f"  ... {len(wire) - fake_lines} earlier lines ...")
-            wire = wire[-fake_lines:]
+        if len(wire) > FAKE_LINES:
+            lines.append(f"  ... {len(wire) - FAKE_LINES} earlier lines ...")
+            wire = wire[-FAKE_LINES:]
         for entry in wire:
             arrow = "→ fake" if entry.get("dir") == "in" else "← fake"
             for text in str(entry.get("text")).splitlines() or [""]:
-                lines.append(f"  {arrow} {_width(text, width)}")
+                lines.append(f"  {arrow} {_width(text)}")
     return "\n".join(lines)
 
 
-def _width(text: str, width: int | None) -> str:
-    if width is None or len(text) <= width:
+def _width(text: str) -> str:
+    if len(text) <= LINE_WIDTH:
         return text
-    return f"{text[:width]}... (+{len(text) - width})"
+    return f"{text[:LINE_WIDTH]}... (+{len(text) - LINE_WIDTH})"
 
 
 def _indent(text: str, spaces: int) -> str:

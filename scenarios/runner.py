@@ -34,7 +34,8 @@ import orjson
 from multidict import CIMultiDict, CIMultiDictProxy
 
 from bridge import TOKEN_VARIABLE
-from bridge.app import route_path
+from bridge.app import PRESET_ROUTES, route_path
+from fakes.app_server.report import read_reports, report_problems
 from scenarios import format as f
 from scenarios.expectations import (
     NO_JSON,
@@ -48,7 +49,6 @@ from scenarios.expectations import (
     event_line,
     event_list,
     events_problems,
-    fake_report_problems,
     frame_event,
     http_problems,
     int_or_none,
@@ -62,8 +62,7 @@ from scenarios.harness import (
     RunningBridge,
     connect_bridge,
     fake_app_server_command,
-    find_codex,
-    read_reports,
+    required_codex,
     start_bridge,
 )
 from scenarios.matching import find_jsonpath, match, render
@@ -121,6 +120,13 @@ class ScenarioResult:
     def passed(self) -> bool:
         return self.outcome == "passed"
 
+    def fail(self, title: str, problems: list[Problem], loc: tuple[Any, ...] = ()) -> None:
+        self.outcome = "failed"
+        self.failures.append(Failure(title, loc, problems))
+
+    def skip(self, reason: str) -> None:
+        self.outcome, self.skip_reason = "skipped", reason
+
 
 @dataclass
 class RunOptions:
@@ -175,6 +181,27 @@ def target_skip_reason(loaded: LoadedScenario, options: RunOptions) -> str | Non
     return None
 
 
+def _target_mismatch(spec: f.BridgeSpec, target: RunningBridge) -> str | None:
+    """How the target is built otherwise than the scenario asks (None: as asked).
+
+    Auth must agree: a scenario without a token is written for a bridge without auth
+    (it may check that the OpenAPI document has no security scheme), one with a token
+    for a bridge with auth on."""
+    if target.auth and spec.token is None:
+        return (
+            "the target has auth on, and the scenario is written for a bridge without it "
+            "(give it a `bridge.token`, which then stands for the target's, to run it there)"
+        )
+    if not target.auth and spec.token is not None:
+        return "the scenario turns auth on (`bridge.token`); the target has auth off"
+    if target.preset != spec.preset:
+        return (
+            f"the scenario wants the {spec.preset} preset; the target's routes are those "
+            f"of {target.preset}"
+        )
+    return None
+
+
 def _with_target_token(loaded: LoadedScenario, token: str | None) -> LoadedScenario:
     """`loaded` with its token, in every string that holds it, replaced by the target's
     (in the parsed document: the file's text, and so its line numbers, stay)."""
@@ -198,6 +225,10 @@ def _same_file(path: Path | None, other: Path | None) -> bool:
     return path is not None and other is not None and path.resolve() == other.resolve()
 
 
+def _broken_contract(exc: ContractViolation) -> StepFailed:
+    return StepFailed([Problem((), f"the response breaks the bridge's contract: {exc}")])
+
+
 class StepFailed(Exception):
     """A step's expectations did not hold."""
 
@@ -217,6 +248,8 @@ class OpenStream:
     response: aiohttp.ClientResponse
     reader: SseReader
     ended: bool = False
+    #: Why reading it failed (a broken connection), until a `read` reports it.
+    failed: str | None = None
 
 
 class _LogCapture(logging.Handler):
@@ -298,9 +331,7 @@ class _Run:
                 status, response_headers = response.status, response.headers
         except ContractViolation as exc:
             self.transcript.add("http", f"← contract violation: {exc}")
-            raise StepFailed(
-                [Problem((), f"the response breaks the bridge's contract: {exc}")]
-            ) from None
+            raise _broken_contract(exc) from None
         except TimeoutError:
             self.transcript.add("http", f"← no response within {timeout_ms} ms")
             raise StepFailed(
@@ -309,13 +340,16 @@ class _Run:
         except aiohttp.ClientError as exc:
             self.transcript.add("http", f"← {type(exc).__name__}: {exc}")
             raise StepFailed([Problem((), f"{method} {shown} failed: {exc}")]) from None
+        return self.received(method, shown, status, response_headers, raw)
+
+    def received(self, method: str, path: str, status: int, headers: Any, raw: bytes) -> Exchange:
+        """The exchange of a response read whole (into the transcript too)."""
         text = raw.decode("utf-8", "replace")
         parsed: Any = NO_JSON
-        if raw:
-            with contextlib.suppress(orjson.JSONDecodeError):
-                parsed = orjson.loads(raw)
+        with contextlib.suppress(orjson.JSONDecodeError):
+            parsed = orjson.loads(raw) if raw else NO_JSON
         self.transcript.add("http", f"← {status} {cut(text, 1500)}".rstrip())
-        return Exchange(method, shown, status, response_headers, text, parsed)
+        return Exchange(method, path, status, headers, text, parsed)
 
     def _url(self, path: str) -> str:
         return path if path.startswith(("http://", "https://")) else f"{self.bridge.url}{path}"
@@ -472,7 +506,7 @@ async def _poll(run: _Run, step: f.PollStep) -> None:
                 )
     if problems:
         raise StepFailed(problems)
-    _capture_event(run, step, events)
+    _capture(run, step, events[-1] if events else None)
 
 
 def _check_read_error(run: _Run, expect: f.EventsExpect, failed: Exchange | None) -> list[Problem]:
@@ -505,20 +539,13 @@ async def _stream(run: _Run, step: f.StreamStep) -> None:
         async with asyncio.timeout(spec.timeout_ms / 1000):
             response = await run.client.get(run._url(path), headers=headers, params=params)
     except ContractViolation as exc:
-        raise StepFailed(
-            [Problem((), f"the response breaks the bridge's contract: {exc}")]
-        ) from None
+        raise _broken_contract(exc) from None
     except (TimeoutError, aiohttp.ClientError) as exc:
         raise StepFailed([Problem((), f"opening the stream failed: {exc!r}")]) from None
     if response.status != 200:
         raw = await response.read()
         response.release()
-        text = raw.decode("utf-8", "replace")
-        parsed: Any = NO_JSON
-        with contextlib.suppress(orjson.JSONDecodeError):
-            parsed = orjson.loads(raw)
-        run.transcript.add("http", f"← {response.status} {cut(text, 1500)}")
-        ex = Exchange("GET", path, response.status, response.headers, text, parsed)
+        ex = run.received("GET", path, response.status, response.headers, raw)
         _check_http(run, step.expect, ex, default_status=200)
         return
     run.transcript.add("http", f"← 200 {response.headers.get('Content-Type', '')}")
@@ -551,35 +578,21 @@ async def _read(run: _Run, step: f.ReadStep) -> None:
     frames: list[SseFrame] = []
     events: list[Any] = []
     problems: list[Problem] = []
-    timed_out = False
     reached = goal.want == 0
     keep_alives = 0
     loop = asyncio.get_running_loop()
     deadline = loop.time() + spec.timeout_ms / 1000
     while not reached and not stream.ended:
-        try:
-            frame = await stream.reader.next(timeout=max(0.0, deadline - loop.time()))
-        except TimeoutError:
-            timed_out = True
-            break
-        except aiohttp.ClientError as exc:
-            problems.append(Problem(("read",), f"the stream failed: {exc!r}"))
-            stream.ended = True
-            break
+        frame, seen = await _next_event_frame(run, stream, deadline)
+        keep_alives += seen
         if frame is None:
-            stream.ended = True
-            run.transcript.add("sse", f"⇠ [{stream.name}] (end of stream)")
             break
-        if frame.comment is not None:
-            keep_alives += 1
-            continue
         frames.append(frame)
-        event = frame_event(frame)
-        events.append(event)
-        run.transcript.add(
-            "sse", f"⇠ [{stream.name}] id={frame.id} {frame.event} {cut(frame.data, 1000)}"
-        )
+        events.append(frame_event(frame))
         reached = goal.reached(events)
+    if stream.failed is not None:
+        problems.append(Problem(("read",), stream.failed))
+        stream.failed = None
     if spec.to_end and not stream.ended:
         problems.append(
             Problem(
@@ -594,7 +607,7 @@ async def _read(run: _Run, step: f.ReadStep) -> None:
             if goal.want is not None
             else f"a frame matching {render(goal.through)}"
         )
-        why = f"waited {spec.timeout_ms} ms" if timed_out else "the stream ended"
+        why = "the stream ended" if stream.ended else f"waited {spec.timeout_ms} ms"
         problems.append(
             Problem(
                 ("read",),
@@ -605,17 +618,19 @@ async def _read(run: _Run, step: f.ReadStep) -> None:
     for index, event in enumerate(events):
         if event is NO_JSON:
             problems.append(
-                Problem(("read",), f"frame {index + 1} has data that is not JSON: {frames[index]}")
+                Problem(
+                    ("read",),
+                    f"frame {index + 1} has data that is not JSON: {cut(frames[index].data, 300)}",
+                )
             )
     if not problems:
         ids = [frame.id for frame in frames]
         kinds = [frame.event for frame in frames]
         problems += events_problems(expect, events, ids, kinds, run.sub)
     if not problems and expect.quiet_ms is not None and not stream.ended:
-        frame, seen = await _next_event_frame(run, stream, expect.quiet_ms / 1000)
+        frame, seen = await _next_event_frame(run, stream, loop.time() + expect.quiet_ms / 1000)
         keep_alives += seen
         if frame is not None:
-            run.transcript.add("sse", f"⇠ [{stream.name}] id={frame.id} {frame.event}")
             problems.append(
                 Problem(
                     ("expect", "quietMs"),
@@ -625,7 +640,7 @@ async def _read(run: _Run, step: f.ReadStep) -> None:
             )
     if not problems and expect.ended is not None:
         if expect.ended and not stream.ended:
-            frame, seen = await _next_event_frame(run, stream, spec.timeout_ms / 1000)
+            frame, seen = await _next_event_frame(run, stream, loop.time() + spec.timeout_ms / 1000)
             keep_alives += seen
             if frame is not None:
                 problems.append(
@@ -651,26 +666,30 @@ async def _read(run: _Run, step: f.ReadStep) -> None:
         problems.append(Problem(("expect", "error"), "`error` applies to `poll` only"))
     if problems:
         raise StepFailed(problems)
-    _capture_event(run, step, events)
+    _capture(run, step, events[-1] if events else None)
 
 
 async def _next_event_frame(
-    run: _Run, stream: OpenStream, timeout: float
+    run: _Run, stream: OpenStream, deadline: float
 ) -> tuple[SseFrame | None, int]:
-    """The next event frame within `timeout` (None: quiet, or the stream ended), and
-    the keep-alive comments read meanwhile."""
+    """The next event frame before `deadline` (None: quiet, or the stream ended or
+    failed: `stream.ended`), and the keep-alive comments read meanwhile."""
     loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout
     seen = 0
     while True:
         try:
             frame = await stream.reader.next(timeout=max(0.0, deadline - loop.time()))
         except TimeoutError:
             return None, seen
+        except aiohttp.ClientError as exc:
+            stream.failed, frame = f"the stream failed: {exc!r}", None
         if frame is None:
             stream.ended = True
+            run.transcript.add("sse", f"⇠ [{stream.name}] (end of stream)")
             return None, seen
         if frame.comment is None:
+            shown = f"id={frame.id} {frame.event} {cut(frame.data, 1000)}"
+            run.transcript.add("sse", f"⇠ [{stream.name}] {shown}")
             return frame, seen
         seen += 1
 
@@ -705,41 +724,27 @@ def _check_http(run: _Run, expect: f.HttpExpect | None, ex: Exchange, default_st
         raise StepFailed(problems)
 
 
-def _capture_http(run: _Run, step: Any, ex: Exchange) -> None:
+def _capture(run: _Run, step: Any, document: Any, headers: Any = None) -> None:
+    """Set the step's `capture` variables from a response (JSON and headers) or, without
+    headers, from the last event read."""
     for name, spec in step.capture.items():
         if isinstance(spec, dict) and "header" in spec:
-            value = ex.headers.get(spec["header"])
+            value = headers.get(spec["header"]) if headers is not None else None
             if value is None:
-                raise StepFailed(
-                    [Problem(("capture", name), f"no header {spec['header']!r} to capture")]
-                )
+                why = f"no header {spec['header']!r} to capture" if headers is not None else ""
+                raise StepFailed([Problem(("capture", name), why or "events have no headers")])
             run.variables[name] = value
             continue
         expression = spec["jsonPath"] if isinstance(spec, dict) else spec
-        _capture_path(run, name, expression, None if ex.json is NO_JSON else ex.json)
+        values = find_jsonpath(expression, document) if document is not None else []
+        if not values:
+            found = f"{expression} found nothing to capture in {render(document, 500)}"
+            raise StepFailed([Problem(("capture", name), found)])
+        run.variables[name] = values[0] if len(values) == 1 else values
 
 
-def _capture_event(run: _Run, step: Any, events: list[Any]) -> None:
-    last = events[-1] if events else None
-    for name, spec in step.capture.items():
-        if isinstance(spec, dict) and "header" in spec:
-            raise StepFailed([Problem(("capture", name), "events have no headers")])
-        expression = spec["jsonPath"] if isinstance(spec, dict) else spec
-        _capture_path(run, name, expression, last)
-
-
-def _capture_path(run: _Run, name: str, expression: str, document: Any) -> None:
-    values = find_jsonpath(expression, document) if document is not None else []
-    if not values:
-        raise StepFailed(
-            [
-                Problem(
-                    ("capture", name),
-                    f"{expression} found nothing to capture in {render(document, 500)}",
-                )
-            ]
-        )
-    run.variables[name] = values[0] if len(values) == 1 else values
+def _capture_http(run: _Run, step: Any, ex: Exchange) -> None:
+    _capture(run, step, None if ex.json is NO_JSON else ex.json, ex.headers)
 
 
 # -- running ---------------------------------------------------------------------------
@@ -755,22 +760,17 @@ async def run_scenario(loaded: LoadedScenario, options: RunOptions | None = None
     if options.target is not None:
         reason = target_skip_reason(loaded, options)
         if reason is not None:
-            result.outcome, result.skip_reason = "skipped", f"not against a target: {reason}"
+            result.skip(f"not against a target: {reason}")
             return result
         loaded = _with_target_token(loaded, options.target_token)
     if scenario.real_codex:
         try:
-            codex = find_codex(options.codex, option=options.codex_option)
+            codex = required_codex(options.codex, options.codex_option, options.require_codex)
         except CodexNotFound as exc:
-            result.outcome = "failed"
-            result.failures.append(Failure("setup", (), [Problem((), str(exc))]))
+            result.fail("setup", [Problem((), str(exc))])
             return result
         if codex is None:
-            if not options.require_codex:
-                result.outcome, result.skip_reason = "skipped", NO_CODEX
-                return result
-            result.outcome = "failed"
-            result.failures.append(Failure("setup", (), [Problem((), f"CI=true: {NO_CODEX}")]))
+            result.skip(NO_CODEX)
             return result
     if options.tmp_root is not None:
         options.tmp_root.mkdir(parents=True, exist_ok=True)
@@ -809,12 +809,9 @@ async def _run(
     try:
         if options.target is not None:
             bridge = await connect_bridge(options.target, options.target_token)
-            if bridge.preset != scenario.bridge.preset:
-                result.outcome = "skipped"
-                result.skip_reason = (
-                    f"not against a target: the scenario wants the {scenario.bridge.preset} "
-                    f"preset; the target's routes are those of {bridge.preset}"
-                )
+            reason = _target_mismatch(scenario.bridge, bridge)
+            if reason is not None:
+                result.skip(f"not against a target: {reason}")
                 return
             result.transcript.add("run", f"the target bridge at {bridge.url}")
             run = _Run(loaded, bridge, tmp, result.transcript)
@@ -849,10 +846,7 @@ async def _run(
         if not result.failures and model_server is not None:
             await _model_checks(run, model_server, result)
     except Exception as exc:  # a bug or an environment problem, not a failed expectation
-        result.outcome = "failed"
-        result.failures.append(
-            Failure("setup", (), [Problem((), f"the run could not go on: {exc!r}")])
-        )
+        result.fail("setup", [Problem((), f"the run could not go on: {exc!r}")])
     finally:
         if run is not None:
             await run.close_streams()
@@ -863,15 +857,16 @@ async def _run(
     if model_server is None and options.target is None:
         found = read_reports(reports)
         result.transcript.fakes = found
-        problems = fake_report_problems(
+        checks = scenario.checks
+        found_problems = report_problems(
             scenario.app_server,
             found,
-            script_used=scenario.checks.script_used,
-            requests_answered=scenario.checks.requests_answered,
+            script_used=checks.script_used,
+            requests_answered=checks.requests_answered,
         )
+        problems = [Problem(loc, message) for loc, message in found_problems]
         if problems and not result.failures:
-            result.outcome = "failed"
-            result.failures.append(Failure("end of run checks", (), problems))
+            result.fail("end of run checks", problems)
 
 
 async def _steps(run: _Run, result: ScenarioResult) -> None:
@@ -884,24 +879,15 @@ async def _steps(run: _Run, result: ScenarioResult) -> None:
                 try:
                     await run_step(run, step)
                 except StepFailed as failed:
-                    result.outcome = "failed"
-                    result.failures.append(
-                        Failure(
-                            _step_title(index, step, scenario), ("steps", index), failed.problems
-                        )
-                    )
+                    title = _step_title(index, step, scenario)
+                    result.fail(title, failed.problems, ("steps", index))
                     return
     except TimeoutError:
-        result.outcome = "failed"
-        current = scenario.steps[index] if index >= 0 else None
-        title = _step_title(index, current, scenario) if current is not None else "scenario"
-        result.failures.append(
-            Failure(
-                title,
-                ("steps", index) if current is not None else ("timeoutMs",),
-                [Problem((), f"the scenario ran past its timeoutMs ({scenario.timeout_ms} ms)")],
-            )
-        )
+        late = [Problem((), f"the scenario ran past its timeoutMs ({scenario.timeout_ms} ms)")]
+        if index < 0:
+            result.fail("scenario", late, ("timeoutMs",))
+        else:
+            result.fail(_step_title(index, scenario.steps[index], scenario), late, ("steps", index))
 
 
 def _step_title(index: int, step: Any, scenario: f.Scenario) -> str:
@@ -911,28 +897,15 @@ def _step_title(index: int, step: Any, scenario: f.Scenario) -> str:
 async def _model_checks(run: _Run, model_server: Any, result: ScenarioResult) -> None:
     problems: list[Problem] = []
     scenario = run.scenario
-    if scenario.checks.script_used:
-        pending = model_server.model.pending
-        if pending:
-            total = len(scenario.model.replies) if scenario.model else 0
-            for offset in range(len(pending)):
-                index = total - len(pending) + offset
-                problems.append(
-                    Problem(
-                        ("model", "replies", index),
-                        f"scripted model reply {index} was never requested",
-                    )
-                )
-    app = run.bridge.app
-    if scenario.checks.requests_answered and "list_sessions" in {
-        route.name for route in (app.get(_mounted_key(), ()) if app is not None else ())
-    }:
-        try:
+    if scenario.checks.script_used and scenario.model is not None:
+        total, pending = len(scenario.model.replies), len(model_server.model.pending)
+        for index in range(total - pending, total):
+            message = f"scripted model reply {index} was never requested"
+            problems.append(Problem(("model", "replies", index), message))
+    if scenario.checks.requests_answered and "list_sessions" in PRESET_ROUTES[run.bridge.preset]:
+        with contextlib.suppress(StepFailed):
             ex = await run.exchange(StepRequest("GET", route_path("list_sessions")))
-        except StepFailed:
-            ex = None
-        if ex is not None and isinstance(ex.json, dict):
-            for session in ex.json.get("sessions", []):
+            for session in ex.json.get("sessions", []) if isinstance(ex.json, dict) else []:
                 for key in session.get("pendingRequests", []):
                     problems.append(
                         Problem(
@@ -942,14 +915,7 @@ async def _model_checks(run: _Run, model_server: Any, result: ScenarioResult) ->
                         )
                     )
     if problems:
-        result.outcome = "failed"
-        result.failures.append(Failure("end of run checks", (), problems))
-
-
-def _mounted_key() -> Any:
-    from bridge.app import MOUNTED
-
-    return MOUNTED
+        result.fail("end of run checks", problems)
 
 
 def _script_file(loaded: LoadedScenario, tmp: Path) -> Path | None:

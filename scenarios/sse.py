@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import aiohttp
@@ -25,9 +25,7 @@ class SseFrame:
     event: str = "message"
     data: str = ""
     id: str | None = None
-    retry: int | None = None
     comment: str | None = None
-    raw: list[str] = field(default_factory=list)
 
     def json(self) -> Any:
         # orjson reads as deep as the bridge writes (1,000+ levels; json stops short).
@@ -80,10 +78,7 @@ class SseReader:
                 frames.append(frame)
         return frames
 
-    def __aiter__(self) -> AsyncIterator[SseFrame]:
-        return self._iterate()
-
-    async def _iterate(self) -> AsyncIterator[SseFrame]:
+    async def __aiter__(self) -> AsyncIterator[SseFrame]:
         while (frame := await self._next_frame()) is not None:
             yield frame
 
@@ -101,11 +96,9 @@ class SseReader:
                     frame.data = "\n".join(data_lines)
                     return frame
                 continue
-            frame.raw.append(line)
             if line.startswith(":"):
                 if self._comments:
-                    return SseFrame(comment=line[1:].strip(), raw=[line])
-                frame.raw.pop()
+                    return SseFrame(comment=line[1:].strip())
                 continue
             name, _, value = line.partition(":")
             value = value.removeprefix(" ")
@@ -116,5 +109,3 @@ class SseReader:
                 frame.event = value
             elif name == "id":
                 frame.id = value
-            elif name == "retry" and value.isdigit():
-                frame.retry = int(value)

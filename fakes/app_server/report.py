@@ -32,6 +32,7 @@ import contextlib
 import os
 from collections import deque
 from collections.abc import Callable
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import orjson
@@ -39,6 +40,7 @@ import orjson
 from fakes.app_server.wire import now_ms
 
 if TYPE_CHECKING:
+    from fakes.app_server.script import AppServerScript
     from fakes.app_server.server import AppServer
 
 REPORT_ENV = "FAKE_CODEX_REPORT"
@@ -237,3 +239,71 @@ def _method(server: AppServer, name: str) -> Any:
 def _key(request_id: Any) -> str:
     """Ids 1 and "1" are different requests: key them by type and value."""
     return f"{type(request_id).__name__}:{request_id}"
+
+
+def read_reports(directory: str | os.PathLike[str]) -> list[dict[str, Any]]:
+    """The reports the processes wrote into `directory` (none when it does not exist)."""
+    reports = []
+    for file in sorted(Path(directory).glob("fake-codex-*.json")):
+        with contextlib.suppress(OSError, orjson.JSONDecodeError):
+            reports.append(orjson.loads(file.read_bytes()))
+    return reports
+
+
+def report_problems(
+    script: AppServerScript | None,
+    reports: list[dict[str, Any]],
+    *,
+    script_used: bool = True,
+    requests_answered: bool = True,
+) -> list[tuple[tuple[Any, ...], str]]:
+    """What `reports` (see `read_reports`) show went wrong: scripted replies no process
+    used, server requests no client answered; each with its place in a scenario file.
+
+    Every app-server process runs the whole script from the start, so an entry counts
+    as used when any process used it.
+    """
+    problems: list[tuple[tuple[Any, ...], str]] = []
+    if requests_answered:
+        for report in reports:
+            for request in report.get("serverRequests", []):
+                if request.get("state") == "pending":
+                    problems.append(
+                        (
+                            ("checks", "requestsAnswered"),
+                            f"fake-codex (pid {report.get('pid')}) sent the server request "
+                            f"{request.get('method')} (id {request.get('id')!r}), and it was "
+                            "never answered",
+                        )
+                    )
+    if script is None or not script_used:
+        return problems
+    note = (
+        " (each app-server process — each session, sessionless call and text turn — "
+        "runs the script from its start)"
+    )
+    if script.initialize is not None and not any(r.get("initialize") for r in reports):
+        problems.append(
+            (("appServer", "initialize"), f"the scripted `initialize` was never used{note}")
+        )
+    for method, entries in script.methods.items():
+        for index in range(len(entries)):
+            if not any(_used(report.get("methods", {}).get(method), index) for report in reports):
+                where: tuple[Any, ...] = ("appServer", "methods", method)
+                label = method
+                if len(entries) > 1:
+                    where, label = (*where, index), f"{method}[{index}]"
+                problems.append((where, f"the scripted reply to {label} was never requested{note}"))
+    for index in range(len(script.turns)):
+        if not any(_used(report.get("turns"), index) for report in reports):
+            problems.append(
+                (
+                    ("appServer", "turns", index),
+                    f"scripted turn {index} was never started (no turn/start took it){note}",
+                )
+            )
+    return problems
+
+
+def _used(uses: Any, index: int) -> bool:
+    return isinstance(uses, list) and index < len(uses) and bool(uses[index])

@@ -9,8 +9,7 @@ from __future__ import annotations
 
 import os
 import signal
-from collections.abc import Callable
-from typing import Annotated, Any, ClassVar, Literal
+from typing import TYPE_CHECKING, Annotated, Any, ClassVar, Literal, Union
 
 from pydantic import (
     BaseModel,
@@ -68,18 +67,27 @@ class _Model(BaseModel):
         return data
 
 
-def _wrap_scalar(key: str) -> Callable[[Any], Any]:
-    """A before-validator turning a scalar shorthand into `{key: value}`."""
+# The shorthands below are before-validators that declare what they accept
+# (`json_schema_input_type`), so the generated JSON Schema documents them too.
+
+
+def _scalar_shorthand(field: str, key: str, scalar: Any) -> Any:
+    """`field: <scalar>` means `field: {key: <scalar>}`."""
 
     def wrap(value: Any) -> Any:
         return value if isinstance(value, dict) else {key: value}
 
-    return wrap
+    return field_validator(field, mode="before", json_schema_input_type=scalar | dict)(wrap)
 
 
-def _empty_if_flag(value: Any) -> Any:
-    """`true` or an empty value means "all defaults"."""
-    return {} if value is True or value is None else value
+def _flag_shorthand(field: str) -> Any:
+    """`field: true` or `field:` (empty) means "all defaults"."""
+
+    def empty(value: Any) -> Any:
+        return {} if value is True or value is None else value
+
+    flag = Literal[True] | None | dict[str, Any]
+    return field_validator(field, mode="before", json_schema_input_type=flag)(empty)
 
 
 class RpcErrorSpec(_Model):
@@ -255,7 +263,7 @@ class AgentMessageStep(_Step):
     KIND = "agentMessage"
     agent_message: AgentMessage
 
-    _shorthand = field_validator("agent_message", mode="before")(_wrap_scalar("text"))
+    _shorthand = _scalar_shorthand("agent_message", "text", str)
 
 
 class CommandApprovalStep(_Step):
@@ -316,49 +324,49 @@ class RespondStep(_Step):
     KIND = "respond"
     respond: ReplySpec
 
-    _shorthand = field_validator("respond", mode="before")(_empty_if_flag)
+    _shorthand = _flag_shorthand("respond")
 
 
 class RespondTwiceStep(_Step):
     KIND = "respondTwice"
     respond_twice: ReplySpec
 
-    _shorthand = field_validator("respond_twice", mode="before")(_empty_if_flag)
+    _shorthand = _flag_shorthand("respond_twice")
 
 
 class RespondUnknownIdStep(_Step):
     KIND = "respondUnknownId"
     respond_unknown_id: UnknownIdReply
 
-    _shorthand = field_validator("respond_unknown_id", mode="before")(_empty_if_flag)
+    _shorthand = _flag_shorthand("respond_unknown_id")
 
 
 class ExitStep(_Step):
     KIND = "exit"
     exit: ExitSpec
 
-    _shorthand = field_validator("exit", mode="before")(_wrap_scalar("code"))
+    _shorthand = _scalar_shorthand("exit", "code", int)
 
 
 class StallStep(_Step):
     KIND = "stall"
     stall: StallSpec
 
-    _shorthand = field_validator("stall", mode="before")(_empty_if_flag)
+    _shorthand = _flag_shorthand("stall")
 
 
 class SpawnChildStep(_Step):
     KIND = "spawnChild"
     spawn_child: SpawnChildSpec
 
-    _shorthand = field_validator("spawn_child", mode="before")(_empty_if_flag)
+    _shorthand = _flag_shorthand("spawn_child")
 
 
 class CompleteTurnStep(_Step):
     KIND = "completeTurn"
     complete_turn: CompleteTurn
 
-    _shorthand = field_validator("complete_turn", mode="before")(_empty_if_flag)
+    _shorthand = _flag_shorthand("complete_turn")
 
 
 STEP_TYPES: tuple[type[_Step], ...] = (
@@ -384,41 +392,33 @@ STEP_TYPES: tuple[type[_Step], ...] = (
 STEP_KINDS: frozenset[str] = frozenset(step.KIND for step in STEP_TYPES)
 
 
-def _step_kind(value: Any) -> str | None:
-    """The kind key of a step mapping, or None when it has none or several."""
-    if isinstance(value, dict):
-        kinds = [key for key in value if key in STEP_KINDS]
-        return kinds[0] if len(kinds) == 1 else None
-    return getattr(value, "KIND", None)
+def one_key_union(types: tuple[type[Any], ...]) -> Any:
+    """The union of step models told apart by their one kind key (each type's `KIND`).
+
+    A mapping with exactly one of the kind keys is that kind; any other value fails
+    with the error type `step_kind`, whose message names the kinds. Scenario steps
+    (`scenarios.format`) are such a union too.
+    """
+    kinds = frozenset(step.KIND for step in types)
+
+    def kind(value: Any) -> str | None:
+        if isinstance(value, dict):
+            found = [key for key in value if key in kinds]
+            return found[0] if len(found) == 1 else None
+        return getattr(value, "KIND", None)
+
+    tagged = tuple(Annotated[step, Tag(step.KIND)] for step in types)
+    message = "a step is a mapping with exactly one of the keys " + ", ".join(sorted(kinds))
+    return Annotated[
+        Union[tagged],  # noqa: UP007 (a union built from a tuple)
+        Discriminator(kind, custom_error_type="step_kind", custom_error_message=message),
+    ]
 
 
-Step = Annotated[
-    Annotated[AgentMessageStep, Tag("agentMessage")]
-    | Annotated[CommandApprovalStep, Tag("commandApproval")]
-    | Annotated[FileChangeApprovalStep, Tag("fileChangeApproval")]
-    | Annotated[RequestStep, Tag("request")]
-    | Annotated[NotifyStep, Tag("notify")]
-    | Annotated[SleepStep, Tag("sleep")]
-    | Annotated[StderrStep, Tag("stderr")]
-    | Annotated[StderrFloodStep, Tag("stderrFlood")]
-    | Annotated[RawStep, Tag("raw")]
-    | Annotated[BigLineStep, Tag("bigLine")]
-    | Annotated[FloodStep, Tag("flood")]
-    | Annotated[RespondStep, Tag("respond")]
-    | Annotated[RespondTwiceStep, Tag("respondTwice")]
-    | Annotated[RespondUnknownIdStep, Tag("respondUnknownId")]
-    | Annotated[ExitStep, Tag("exit")]
-    | Annotated[StallStep, Tag("stall")]
-    | Annotated[SpawnChildStep, Tag("spawnChild")]
-    | Annotated[CompleteTurnStep, Tag("completeTurn")],
-    Discriminator(
-        _step_kind,
-        custom_error_type="step_kind",
-        custom_error_message=(
-            "a step is a mapping with exactly one of the keys " + ", ".join(sorted(STEP_KINDS))
-        ),
-    ),
-]
+if TYPE_CHECKING:
+    Step = _Step
+else:
+    Step = one_key_union(STEP_TYPES)
 
 
 class MethodBehavior(ReplySpec):
@@ -458,11 +458,6 @@ class TurnScript(_Model):
     match: dict[str, Any] | None = None
     repeat: bool = False
 
-    @model_validator(mode="before")
-    @classmethod
-    def _text_shorthand(cls, data: Any) -> Any:
-        return {"steps": [{"agentMessage": data}]} if isinstance(data, str) else data
-
 
 class AppServerScript(_Model):
     """A whole script: the app-server section of a scenario."""
@@ -476,12 +471,24 @@ class AppServerScript(_Model):
     unknown_methods: MethodBehavior | None = None
     turns: list[TurnScript] = Field(default_factory=list)
 
-    @field_validator("methods", mode="before")
+    @field_validator(
+        "methods",
+        mode="before",
+        json_schema_input_type=dict[str, MethodBehavior | list[MethodBehavior]],
+    )
     @classmethod
     def _listify(cls, value: Any) -> Any:
         if not isinstance(value, dict):
             return value
         return {key: entry if isinstance(entry, list) else [entry] for key, entry in value.items()}
+
+    @field_validator("turns", mode="before", json_schema_input_type=list[TurnScript | str])
+    @classmethod
+    def _text_turns(cls, value: Any) -> Any:
+        """A turn given as a string is one agentMessage of that text."""
+        if not isinstance(value, list):
+            return value
+        return [{"steps": [{"agentMessage": t}]} if isinstance(t, str) else t for t in value]
 
     @field_validator("methods")
     @classmethod

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import yaml
@@ -28,16 +29,35 @@ def parse_yaml(text: str, source: str) -> Any:
 
 
 def describe_errors(
-    exc: ValidationError, source: str, text: str | None, prefix: tuple[str, ...]
+    exc: ValidationError,
+    source: str,
+    text: str | None,
+    prefix: tuple[str, ...],
+    *,
+    title: str = "invalid fake-codex script",
+    tags: frozenset[str] = frozenset(),
+    message: Callable[[Any], str] = lambda error: str(error["msg"]),
 ) -> str:
-    """One line per problem: `file:line:column: path.to.key: message`."""
+    """One line per problem: `file:line:column: path.to.key: message`.
+
+    `tags`: the step kinds of a one-key union, left out of the path where pydantic
+    inserts them after a list index (the tag repeats the step's kind key, which would
+    send the line finder into `http:` instead of its sibling `expect:`).
+    """
     root = _compose(text) if text is not None else None
-    lines = [f"invalid fake-codex script {source}:"]
+    lines = [f"{title} {source}:"]
     for error in exc.errors():
         loc = prefix + tuple(error["loc"])
+        loc = tuple(
+            key
+            for index, key in enumerate(loc)
+            if not (index and isinstance(loc[index - 1], int) and key in tags)
+        )
         mark = _mark(root, loc) if root is not None else None
         where = f"{source}:{mark[0]}:{mark[1]}" if mark else source
-        lines.append(f"  {where}: {_format_path(loc) or '(top level)'}: {error['msg']}")
+        line = f"  {where}: {_format_path(loc) or '(top level)'}: {message(error)}"
+        if line not in lines:
+            lines.append(line)
     return "\n".join(lines)
 
 

@@ -52,8 +52,10 @@ class Served:
                 return
         raise AssertionError("rest-bridge serve did not start:\n" + "".join(seen))
 
-    def get(self, path: str, token: str | None = None) -> object:
-        request = urllib.request.Request(self.url + path)
+    def get(self, path: str, token: str | None = None, method: str = "GET") -> object:
+        data = b"{}" if method == "POST" else None
+        request = urllib.request.Request(self.url + path, data=data, method=method)
+        request.add_header("Content-Type", "application/json")
         if token:
             request.add_header("Authorization", f"Bearer {token}")
         with urllib.request.urlopen(request, timeout=30) as response:
@@ -120,24 +122,56 @@ def test_the_library_runs_against_a_running_bridge_and_the_rest_skips_saying_why
     assert done.returncode == 0, done.stdout + done.stderr
     seen = outcomes(done.stdout)
     assert len(seen) == len(list(LIBRARY.glob("*.scenario.yaml"))), done.stdout
-    # No appServer script, no limits, the trusted preset: these run there.
-    for name in ("auth-rejection", "auth-variants", "errors-client-mistakes"):
+    # Auth on (a token), no appServer script, no limits, the trusted preset: these run.
+    for name in ("auth-rejection", "auth-variants"):
         assert seen[name] == "PASSED", done.stdout
     # The rest skip, each with its reason.
+    assert seen["errors-client-mistakes"] == "SKIPPED"
     assert seen["routes-text-turn-preset"] == "SKIPPED"
     assert seen["turn-stream-and-resume"] == "SKIPPED"
     reasons = done.stdout
-    assert "the scenario wants the text-turn preset; the target's routes are those of trusted" in (
+    assert "the target has auth on, and the scenario is written for a bridge without it" in (
         reasons
     )
     assert "scripts the app-server (`appServer:`), and the target runs another" in reasons
     assert "scripts the model (`model:`)" in reasons
     assert "sets limits (`bridge.limits`)" in reasons
     assert TOKEN not in done.stdout + done.stderr  # the secret is never printed
+
+    # A target with auth off runs the scenarios without a token, and skips the others.
+    open_target = Served(*fake())
+    served.append(open_target)
+    done = run(str(LIBRARY), "--target", open_target.url, token=TOKEN)
+    assert done.returncode == 0, done.stdout + done.stderr
+    seen = outcomes(done.stdout)
+    assert seen["errors-client-mistakes"] == "PASSED", done.stdout
+    assert seen["auth-variants"] == "SKIPPED", done.stdout
+    assert "the scenario turns auth on (`bridge.token`); the target has auth off" in done.stdout
+    assert "the scenario wants the text-turn preset; the target's routes are those of trusted" in (
+        done.stdout
+    )
     # They ran there: the sessions they created are the target's.
-    listed = target.get("/v1/sessions", TOKEN)
+    listed = open_target.get("/v1/sessions")
     assert isinstance(listed, dict), listed
     assert listed["sessions"], listed
+
+
+def test_a_scenario_without_a_token_skips_on_a_target_with_auth_on(
+    served: list[Served],
+) -> None:
+    """It is written for a bridge without auth (routes-trusted checks that the OpenAPI
+    document has no security scheme): skipped, with or without the target's token."""
+    scenario = LIBRARY / "routes-trusted.scenario.yaml"
+    target = Served(*fake(str(scenario)), token=TOKEN)
+    served.append(target)
+    for token in (TOKEN, None):
+        done = run(
+            str(scenario), "--target", target.url, "--target-script", str(scenario), token=token
+        )
+        assert outcomes(done.stdout) == {"routes-trusted": "SKIPPED"}, done.stdout
+        assert "the target has auth on, and the scenario is written for a bridge without" in (
+            done.stdout
+        )
 
 
 def test_without_the_token_a_scenario_that_turns_auth_on_skips(served: list[Served]) -> None:
@@ -189,3 +223,17 @@ def test_a_target_that_does_not_answer_fails_naming_it(tmp_path: Path) -> None:
     assert "http://127.0.0.1:9: cannot reach the bridge" in done.stdout, done.stdout
     done = run(str(scenario), "--target", "http://127.0.0.1:9/some/path")
     assert "a target is an http(s)://host:port URL without a path" in done.stdout, done.stdout
+
+
+def test_auth_variants_holds_beside_other_sessions_and_leaves_none_behind(
+    served: list[Served],
+) -> None:
+    target = Served(*fake(), token=TOKEN)
+    served.append(target)
+    other = target.get("/v1/sessions", TOKEN, method="POST")
+    assert isinstance(other, dict), other
+    done = run(str(LIBRARY / "auth-variants.scenario.yaml"), "--target", target.url, token=TOKEN)
+    assert outcomes(done.stdout) == {"auth-variants": "PASSED"}, done.stdout
+    listed = target.get("/v1/sessions", TOKEN)
+    assert isinstance(listed, dict), listed
+    assert [s["sessionId"] for s in listed["sessions"]] == [other["sessionId"]], listed
