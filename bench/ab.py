@@ -1,6 +1,7 @@
 """Before/after: the bridge of a git revision against the working tree, interleaved.
 
     .venv/bin/python -m bench.ab [--before HEAD] [--rounds 8] [--loop asyncio]
+    .venv/bin/python -m bench.ab --loops [--rounds 8]   # this tree, asyncio against uvloop
 
 Both bridges run side by side (the old one from ``git archive REV bridge`` on
 PYTHONPATH) and are measured in turns, so that other work on a shared machine hits
@@ -57,16 +58,25 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--before", default="HEAD", help="git revision of the old bridge")
     parser.add_argument("--rounds", type=int, default=8)
     parser.add_argument("--loop", choices=["asyncio", "uvloop"], default="asyncio")
+    parser.add_argument(
+        "--loops", action="store_true", help="compare the loops instead: asyncio, then uvloop"
+    )
     args = parser.parse_args(argv)
     raise_fd_limit()
     results: dict[str, dict[str, list[float]]] = {"before": {}, "after": {}}
     with tempfile.TemporaryDirectory(prefix="bench-ab-") as old, contextlib.ExitStack() as stack:
-        checkout(args.before, Path(old))
-        loop = None if args.loop == "asyncio" else args.loop  # old bridges lack --loop
-        bridges = {
-            "before": stack.enter_context(Bridge(loop=loop, env={"PYTHONPATH": old})),
-            "after": stack.enter_context(Bridge(loop=loop)),
-        }
+        if args.loops:
+            bridges = {
+                "before": stack.enter_context(Bridge(loop="asyncio")),
+                "after": stack.enter_context(Bridge(loop="uvloop")),
+            }
+        else:
+            checkout(args.before, Path(old))
+            loop = None if args.loop == "asyncio" else args.loop  # old bridges lack --loop
+            bridges = {
+                "before": stack.enter_context(Bridge(loop=loop, env={"PYTHONPATH": old})),
+                "after": stack.enter_context(Bridge(loop=args.loop)),
+            }
         targets: dict[str, tuple[str, str]] = {}
         for name, bridge in bridges.items():
             session = bridge.create_session()
@@ -84,7 +94,10 @@ def main(argv: list[str] | None = None) -> int:
                 figures.update({f"SSE {k}": v for k, v in sse(bridge, session).items()})
                 for key, value in figures.items():
                     results[name].setdefault(key, []).append(value)
-    print(f"| {args.loop}, {args.rounds} rounds | before ({args.before}) | after | change |")
+    if args.loops:
+        print(f"| this tree, {args.rounds} rounds | asyncio | uvloop | change |")
+    else:
+        print(f"| {args.loop}, {args.rounds} rounds | before ({args.before}) | after | change |")
     print("|---|---|---|---|")
     for key in results["before"]:
         before = statistics.median(results["before"][key])

@@ -15,10 +15,9 @@ from typing import Any
 from aiohttp import web
 from pydantic import BaseModel
 
-from bridge import models, routes
+from bridge import errors, models, routes
 from bridge.auth import AUTH
 from bridge.backend import Backend
-from bridge.errors import make_error_middleware
 from bridge.limits import AppServerSettings, RestLimits
 from bridge.openapi import build_openapi
 from bridge.process.backend import DEFAULT_COMMAND, ProcessBackend
@@ -277,10 +276,12 @@ def create_app(backend: Backend, options: RouterOptions | None = None) -> web.Ap
     """An application serving ``options.routes`` from ``backend``."""
     options = options or RouterOptions()
     limits = options.limits
-    app = web.Application(
-        client_max_size=limits.max_body_bytes,
-        middlewares=[make_error_middleware(limits.max_body_bytes)],
-    )
+    # No middleware: each route's handler is wrapped once, here, by the guard (errors
+    # rendered as the payload, and the bearer token once `with_bearer_auth` sets one).
+    # aiohttp then calls the handler directly instead of through two middleware layers.
+    app = web.Application(client_max_size=limits.max_body_bytes)
+    guard = errors.Guard(limits.max_body_bytes)
+    app[errors.GUARD] = guard
     app[routes.BACKEND] = backend
     app[routes.CONFIG] = routes.RouterConfig(
         limits=limits, allowed_client_options=options.allowed_client_options
@@ -289,10 +290,12 @@ def create_app(backend: Backend, options: RouterOptions | None = None) -> web.Ap
     app[MOUNTED] = mounted
     app[routes.OPENAPI] = routes.OpenApiSource(lambda: build_openapi(mounted, auth=app.get(AUTH)))
     # aiohttp tries the routes under a common prefix in the order they were added, and
-    # no two routes here match the same path: the busiest goes first (the order of
+    # no two routes match the same path: the busiest goes first (the order of
     # ROUTES, and of the OpenAPI document, stays).
     for route in sorted(mounted, key=lambda r: r.name not in HOT_ROUTES):
-        app.router.add_route(route.method, route.path, route.handler, name=route.name)
+        handler = errors.guarded(route.handler, guard)
+        app.router.add_route(route.method, route.path, handler, name=route.name)
+    add_no_route(app, guard)
 
     closed = False
 
@@ -312,6 +315,35 @@ def create_app(backend: Backend, options: RouterOptions | None = None) -> web.Ap
     # backend ends their streams, long-polls and calls, so they need not time out.
     app.on_shutdown.append(close_backend)
     return app
+
+
+#: The path of the last route of every application built here: any method, any path.
+NO_ROUTE_PATH = "/{path:.*}"
+
+
+def add_no_route(app: web.Application, guard: errors.Guard) -> None:
+    """Answer a request no route takes with the error payload: 404, or 405 with ``Allow``.
+
+    Without a middleware, aiohttp would answer those itself, in plain text. This route
+    is added last and its path is the shortest prefix, so it is tried after every other
+    route; it asks the other routes which methods they take on the path, as aiohttp's
+    router does. A route a host adds to the application afterwards whose path begins
+    with a parameter (``/{name}``) comes after it and is never reached: add such a route
+    before, or mount the bridge as a sub-application.
+    """
+    own: list[web.AbstractResource] = []
+
+    async def no_route(request: web.Request) -> web.StreamResponse:
+        allowed: set[str] = set()
+        for resource in request.app.router.resources():
+            if resource not in own:
+                allowed |= (await resource.resolve(request))[1]
+        if allowed:
+            raise errors.method_not_allowed(request.method, allowed)
+        raise errors.not_found()
+
+    route = app.router.add_route("*", NO_ROUTE_PATH, errors.guarded(no_route, guard))
+    own.append(route.resource)  # type: ignore[arg-type]
 
 
 def _process_backend(

@@ -1,7 +1,7 @@
 """Optional bearer-token authentication, a layer around any router (spec section 5).
 
 Every rejection is the same response, whatever was wrong with the header, and a
-rejected request never reaches the router. The comparison hashes both sides to
+rejected request never reaches a handler. The comparison hashes both sides to
 SHA-256 digests first, so it takes the same time whether the tokens differ early,
 late, or in length.
 """
@@ -78,18 +78,27 @@ def presented_token(header: str | None) -> str:
     return rest.strip()
 
 
+def bearer_check(token: str, *, exempt_health: bool = True) -> Callable[[web.Request], bool]:
+    """Whether a request carries ``Authorization: Bearer <token>`` (or needs none)."""
+    secret = BearerToken(token)
+
+    def admits(request: web.Request) -> bool:
+        if exempt_health and request.method == "GET" and request.path in HEALTH_PATHS:
+            return True
+        presented = request.headers.getall("Authorization", [])
+        # Two headers are two answers: which one counts would be the proxy's guess.
+        return len(presented) == 1 and secret.matches(presented_token(presented[0]))
+
+    return admits
+
+
 def bearer_auth_middleware(token: str, *, exempt_health: bool = True) -> Middleware:
     """A middleware that admits only requests carrying ``Authorization: Bearer <token>``."""
-    secret = BearerToken(token)
+    admits = bearer_check(token, exempt_health=exempt_health)
 
     @web.middleware
     async def bearer_auth(request: web.Request, handler: Handler) -> web.StreamResponse:
-        if exempt_health and request.method == "GET" and request.path in HEALTH_PATHS:
-            return await handler(request)
-        presented = request.headers.getall("Authorization", [])
-        # Two headers are two answers: which one counts would be the proxy's guess.
-        authorized = len(presented) == 1 and secret.matches(presented_token(presented[0]))
-        if not authorized:
+        if not admits(request):
             return errors.unauthorized().to_response()
         return await handler(request)
 
@@ -102,8 +111,15 @@ def with_bearer_auth(
     """Require the bearer token on every route of ``app``; returns ``app``.
 
     Raises ``ValueError`` at once for an empty or blank token. Apply it before the
-    application starts.
+    application starts. On an application built by :mod:`bridge.app` the check is made
+    by the wrapper every route already has (no middleware: no extra layer per request);
+    on any other application it is a middleware, outermost.
     """
-    app.middlewares.insert(0, bearer_auth_middleware(token, exempt_health=exempt_health))
+    admits = bearer_check(token, exempt_health=exempt_health)
+    guard = app.get(errors.GUARD)
+    if guard is not None:
+        guard.admits = admits
+    else:
+        app.middlewares.insert(0, bearer_auth_middleware(token, exempt_health=exempt_health))
     app[AUTH] = AuthSettings(exempt_health=exempt_health)
     return app

@@ -98,6 +98,26 @@ def return_big_buffers_to_the_os() -> None:
     mallopt(m_mmap_threshold, MMAP_THRESHOLD)
 
 
+#: `--loop` of serve and cluster.
+LOOPS = ("auto", "asyncio", "uvloop")
+DEFAULT_LOOP = "asyncio"
+
+
+def event_loop_factory(name: str) -> Callable[[], asyncio.AbstractEventLoop] | None:
+    """The loop `--loop name` asks for; None when that is uvloop and it is not installed.
+
+    ``auto`` is uvloop when it can be imported, else asyncio (the bridge's own
+    :class:`BridgeEventLoop`).
+    """
+    if name in ("auto", "uvloop"):
+        try:
+            import uvloop
+        except ImportError:
+            return None if name == "uvloop" else BridgeEventLoop
+        return uvloop.new_event_loop
+    return BridgeEventLoop
+
+
 class StartupError(Exception):
     """`serve` cannot start; the message is the one line it prints (exit status 2)."""
 
@@ -156,9 +176,10 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--port", type=port_number, default=8787, help="0 picks a free port")
     serve.add_argument(
         "--loop",
-        choices=("asyncio", "uvloop"),
-        default="asyncio",
-        help="event loop; uvloop (a separate package) serves more requests per second",
+        choices=LOOPS,
+        default=DEFAULT_LOOP,
+        help="event loop: uvloop (the `uvloop` extra) serves more calls per core; auto: "
+        f"uvloop when installed, else asyncio (default: {DEFAULT_LOOP})",
     )
     front_config = commands.add_parser(
         "front-config",
@@ -200,7 +221,9 @@ def build_parser() -> argparse.ArgumentParser:
     cluster_parser.add_argument("--dir", help="nginx's prefix directory (default: a temporary one)")
     cluster_parser.add_argument("--workers", default="1", help="nginx worker processes (or auto)")
     cluster_parser.add_argument("--id-prefix", default="replica", help="replica ids are PREFIX-N")
-    cluster_parser.add_argument("--loop", choices=("asyncio", "uvloop"), default="asyncio")
+    cluster_parser.add_argument(
+        "--loop", choices=LOOPS, default=DEFAULT_LOOP, help="the replicas' event loop"
+    )
     openapi = commands.add_parser("openapi", help="print a preset's OpenAPI 3.1.0 document")
     openapi.add_argument("--preset", choices=sorted(PRESETS), default="trusted")
     openapi.add_argument(
@@ -334,7 +357,8 @@ async def serve(
     bound = runner.addresses[0] if runner.addresses else (host, port)
     auth = "on" if token is not None else f"off (set {TOKEN_VARIABLE} to require a token)"
     print(f"rest-bridge {__version__} listening on http://{address(*bound[:2])}", flush=True)
-    print(f"  preset: {preset}; auth: {auth}", flush=True)
+    loop_name = "uvloop" if type(loop).__module__.startswith("uvloop") else "asyncio"
+    print(f"  preset: {preset}; auth: {auth}; loop: {loop_name}", flush=True)
     changed = ", ".join(f"{name}={value}" for name, value in limits.changed().items())
     print(f"  limits: {changed or 'the defaults'}", flush=True)
     for variable in RestLimits.unknown_variables(others=OTHER_VARIABLES):
@@ -401,14 +425,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"rest-bridge: {exc}", file=sys.stderr)
             return 2
         return_big_buffers_to_the_os()
-        loop_factory: Callable[[], asyncio.AbstractEventLoop] = BridgeEventLoop
-        if args.loop == "uvloop":
-            try:
-                import uvloop
-            except ImportError:
-                print("rest-bridge: --loop uvloop needs the uvloop package", file=sys.stderr)
-                return 2
-            loop_factory = uvloop.new_event_loop
+        loop_factory = event_loop_factory(args.loop)
+        if loop_factory is None:
+            print("rest-bridge: --loop uvloop needs the uvloop package", file=sys.stderr)
+            return 2
         try:
             with asyncio.Runner(loop_factory=loop_factory) as runner:
                 runner.run(serve(args.preset, command, args.host, args.port, app_server))

@@ -1,10 +1,10 @@
 """The one error family of the bridge, and how it becomes an HTTP response.
 
-Every failure the bridge reports is a :class:`RestError`. Handlers raise; the
-error middleware (:func:`error_middleware`) renders the spec's error payload
-``{"error", "message", "code"?, "data"?}`` in exactly one place. aiohttp's own
-HTTP exceptions (404, 405, 413...) are translated there too, so no response body
-ever takes another shape.
+Every failure the bridge reports is a :class:`RestError`. Handlers raise;
+:func:`failure_response` renders the spec's error payload ``{"error", "message",
+"code"?, "data"?}`` in exactly one place, called by the wrapper around every route
+(:func:`guarded`). aiohttp's own HTTP exceptions (404, 405, 413...) are translated
+there too, so no response body ever takes another shape.
 """
 
 from __future__ import annotations
@@ -257,25 +257,79 @@ async def _answer_and_close(request: web.Request, error: RestError) -> web.Strea
     return response
 
 
+async def failure_response(
+    request: web.Request, exc: Exception, max_body_bytes: int | None
+) -> web.StreamResponse:
+    """The response for a failure raised while handling ``request``: the error payload.
+
+    An :class:`aiohttp.web.HTTPException` below 400 (a redirect) is raised again.
+    """
+    if isinstance(exc, RestError):
+        if exc.close_connection:
+            return await _answer_and_close(request, exc)
+        return exc.to_response()
+    if isinstance(exc, web.HTTPException):
+        if exc.status < 400:
+            raise exc
+        return from_http_exception(exc, max_body_bytes).to_response()
+    # The last line of defence: no traceback leaves the bridge.
+    log.error("internal error on %s %s: %s", request.method, request.path, type(exc).__name__)
+    return internal_error().to_response()
+
+
 def make_error_middleware(max_body_bytes: int | None = None) -> Middleware:
-    """A middleware that renders every failure as the spec's error payload."""
+    """A middleware that renders every failure as the spec's error payload.
+
+    The applications of :mod:`bridge.app` do not use it (their routes are wrapped by
+    :func:`guarded`, which does the same without a middleware); it is here for a host
+    that mounts the bridge's handlers in an application of its own.
+    """
 
     @web.middleware
     async def error_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
         try:
             return await handler(request)
-        except RestError as exc:
-            if exc.close_connection:
-                return await _answer_and_close(request, exc)
-            return exc.to_response()
-        except web.HTTPException as exc:
-            if exc.status < 400:
-                raise
-            return from_http_exception(exc, max_body_bytes).to_response()
-        except Exception as exc:  # the last line of defence: no traceback leaves the bridge
-            log.error(
-                "internal error on %s %s: %s", request.method, request.path, type(exc).__name__
-            )
-            return internal_error().to_response()
+        except Exception as exc:
+            return await failure_response(request, exc, max_body_bytes)
 
     return error_middleware
+
+
+class Guard:
+    """What every route of an application built by :mod:`bridge.app` does around its
+    handler: admit the request (the bearer token, once one is set) and render any
+    failure as the error payload.
+
+    This is the work of two middlewares done by one wrapper per route, mounted with the
+    route: an application without middlewares spares aiohttp two coroutine layers per
+    request (its own ``_fix_request_current_app`` included). A host may still add
+    middlewares of its own; they run around this.
+    """
+
+    __slots__ = ("admits", "max_body_bytes")
+
+    def __init__(self, max_body_bytes: int | None) -> None:
+        self.max_body_bytes = max_body_bytes
+        #: None: every request is admitted; else False means 401 (bridge.auth sets it).
+        self.admits: Callable[[web.Request], bool] | None = None
+
+
+GUARD = web.AppKey("bridge.guard", Guard)
+
+
+def guarded(handler: Handler, guard: Guard) -> Handler:
+    """``handler`` behind ``guard``: 401 before it runs, the error payload if it fails."""
+
+    async def guarded_handler(request: web.Request) -> web.StreamResponse:
+        admits = guard.admits
+        if admits is not None and not admits(request):
+            return unauthorized().to_response()
+        try:
+            return await handler(request)
+        except Exception as exc:
+            return await failure_response(request, exc, guard.max_body_bytes)
+
+    guarded_handler.__name__ = getattr(handler, "__name__", "guarded_handler")
+    guarded_handler.__qualname__ = getattr(handler, "__qualname__", "guarded_handler")
+    guarded_handler.__doc__ = handler.__doc__
+    return guarded_handler

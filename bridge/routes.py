@@ -16,6 +16,7 @@ from typing import Any, TypeVar
 
 import orjson
 from aiohttp import web
+from multidict import CIMultiDict
 from pydantic import BaseModel, ValidationError
 
 from bridge import __version__, errors, replica
@@ -31,7 +32,7 @@ from bridge.models import (
     SessionlessCallBody,
     TextTurnRequest,
 )
-from bridge.wire import dumps
+from bridge.wire import JSONDecodeError, dumps, loads
 
 M = TypeVar("M", bound=BaseModel)
 
@@ -55,8 +56,12 @@ CONFIG = web.AppKey("bridge.config", RouterConfig)
 # -- request parsing ---------------------------------------------------------------
 
 
+#: The headers of a JSON answer, built once (aiohttp copies them into each response).
+_JSON_HEADERS = CIMultiDict({"Content-Type": "application/json"})
+
+
 def json_response(body: Any, status: int = 200) -> web.Response:
-    return web.Response(status=status, body=dumps(body), content_type="application/json")
+    return web.Response(status=status, body=dumps(body), headers=_JSON_HEADERS)
 
 
 def dump(model: BaseModel) -> Any:
@@ -68,7 +73,12 @@ DECODED_ENCODINGS = frozenset({"", "identity", "gzip", "x-gzip", "deflate"})
 
 
 async def read_body(request: web.Request, model: type[M]) -> M:
-    """The request body validated as ``model``; an empty body counts as ``{}``.
+    """The request body validated as ``model``; an empty body counts as ``{}``."""
+    return validate_body(model, await read_raw_body(request))
+
+
+async def read_raw_body(request: web.Request) -> bytes:
+    """The request body's bytes, decoded.
 
     It must arrive within BODY_TIMEOUT_MS (else 408, and the connection is closed) and
     use a content coding the bridge decodes (else 415); decoded, it must fit
@@ -102,7 +112,7 @@ async def read_body(request: web.Request, model: type[M]) -> M:
         # The server was run without automatic decompression (as `rest-bridge serve`
         # runs it): decode here, never past the limit.
         raw = decompress_body(raw, encoding, limit)
-    return validate_body(model, raw)
+    return raw
 
 
 def decompress_body(raw: bytes, encoding: str, limit: int) -> bytes:
@@ -160,6 +170,35 @@ def validate_body(model: type[M], raw: bytes) -> M:
             else "The request body does not match the expected shape."
         )
         raise errors.bad_request(message, data={"errors": details}) from None
+
+
+_CALL_KEYS = frozenset({"params", "timeoutMs"})
+_MAX_MS = 2**63 - 1
+#: Below this many `{` and `[`, a body is less deeply nested than pydantic's parser
+#: allows (it refuses some 250 levels; orjson reads 1024).
+_FAST_BRACKETS = 200
+
+
+def call_body(raw: bytes) -> tuple[Any, int | None]:
+    """A session call's body, ``(params, timeoutMs)``: :func:`validate_body` with
+    :class:`CallBody`, minus pydantic for the bodies it would take as they are.
+
+    A body of at most the two fields, ``timeoutMs`` absent, null or an integer in
+    range, parsed by orjson (through :func:`bridge.wire.loads`, so big integers stay
+    exact), is the same values pydantic would give; anything else (an error, an alias,
+    ``1000.0``, deep nesting, NaN) goes through pydantic, so errors read as before.
+    """
+    if raw.count(b"{") + raw.count(b"[") < _FAST_BRACKETS:
+        try:
+            value = loads(raw) if raw.strip() else {}
+        except JSONDecodeError:
+            value = None
+        if type(value) is dict and value.keys() <= _CALL_KEYS:
+            timeout_ms = value.get("timeoutMs")
+            if timeout_ms is None or (type(timeout_ms) is int and 1 <= timeout_ms <= _MAX_MS):
+                return value.get("params"), timeout_ms
+    body = validate_body(CallBody, raw)
+    return body.params, body.timeout_ms
 
 
 def check_options(request: web.Request, options: ClientOptions | None) -> None:
@@ -247,12 +286,10 @@ async def delete_session(request: web.Request) -> web.Response:
 
 
 async def session_call(request: web.Request) -> web.Response:
-    body = await read_body(request, CallBody)
+    params, timeout_ms = call_body(await read_raw_body(request))
+    match_info = request.match_info
     result = await backend(request).session_call(
-        request.match_info["sessionId"],
-        request.match_info["method"],
-        body.params,
-        timeout_ms=body.timeout_ms,
+        match_info["sessionId"], match_info["method"], params, timeout_ms=timeout_ms
     )
     return json_response({"result": result})
 

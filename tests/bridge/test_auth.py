@@ -165,3 +165,53 @@ async def test_token_never_appears_in_logs(protected, http, caplog):
         async with http.get(base + "/v1/sessions", headers={"Authorization": header}):
             pass
     assert TOKEN not in caplog.text
+
+
+@pytest.mark.asyncio
+async def test_auth_and_errors_need_no_middleware_and_coexist_with_a_hosts(serve, http):
+    """The bridge's routes check the token and render errors themselves (no middleware);
+    a host's own middleware still wraps them, 404 and 405 included, and a token set on
+    an application of the host's own is a middleware."""
+    from aiohttp import web
+
+    seen: list[tuple[str, int]] = []
+
+    @web.middleware
+    async def host_layer(request, handler):
+        response = await handler(request)
+        seen.append((request.path, response.status))
+        return response
+
+    app = with_bearer_auth(backend_app(CountingBackend()), TOKEN)
+    assert list(app.middlewares) == []
+    app.middlewares.append(host_layer)
+    base = await serve(app)
+    auth = {"Authorization": f"Bearer {TOKEN}"}
+    async with http.put(base + "/v1/compatibility") as response:
+        assert response.status == 401
+    async with http.put(base + "/v1/compatibility", headers=auth) as response:
+        assert response.status == 405
+        assert response.headers["Allow"] == "GET"
+        assert (await response.json())["error"] == "method_not_allowed"
+    async with http.get(base + "/v1/nothing/here", headers=auth) as response:
+        assert response.status == 404
+        assert await response.json() == {"error": "not_found", "message": "No such route."}
+    assert seen == [
+        ("/v1/compatibility", 401),
+        ("/v1/compatibility", 405),
+        ("/v1/nothing/here", 404),
+    ]
+
+    async def hello(request):
+        return web.json_response({"hello": True})
+
+    foreign = web.Application()
+    foreign.router.add_get("/hello", hello)
+    with_bearer_auth(foreign, TOKEN)
+    assert len(foreign.middlewares) == 1
+    other = await serve(foreign)
+    async with http.get(other + "/hello") as response:
+        assert response.status == 401
+        assert await response.json() == UNAUTHORIZED
+    async with http.get(other + "/hello", headers=auth) as response:
+        assert await response.json() == {"hello": True}

@@ -232,3 +232,30 @@ async def test_the_default_command_without_codex_says_so_at_start(bridge_process
     assert served.wait(30) == 0
     report.survived = report.nothing_lost = report.no_leak = True
     report.outcome = "said at start, on one line"
+
+
+@pytest.mark.parametrize(
+    ("args", "loop"), [((), "asyncio"), (("--loop", "auto"), "uvloop")], ids=["default", "auto"]
+)
+async def test_the_event_loop_is_said_at_start_and_serves(bridge_process, report, args, loop):
+    """`--loop auto` is uvloop when installed (it is, with the dev extra); the default
+    stays asyncio (bench/FINDINGS.md says why); either serves a session and stops clean"""
+    import uvloop  # noqa: F401  (the dev extra installs it; auto must then pick it)
+
+    served = bridge_process(extra_args=list(args))
+    started = served.wait_for_output("  preset: ")
+    assert f"; loop: {loop}" in started, started
+    status, created, text = await post(served.base + "/v1/sessions", {})
+    assert status == 201, text
+    session = created["sessionId"]
+    status, answered, text = await post(
+        f"{served.base}/v1/sessions/{session}/call/model/list", {"params": {}}
+    )
+    assert status == 200, text
+    assert "result" in answered
+    served.signal(signal.SIGTERM)
+    assert served.wait(30) == 0
+    assert "Traceback" not in served.output
+    assert served.resources.processes() == frozenset()
+    report.survived = report.nothing_lost = report.no_leak = True
+    report.outcome = f"started on {loop}, served a session call, stopped with nothing left"
