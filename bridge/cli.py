@@ -40,6 +40,7 @@ from bridge.replica import (
     ReplicaSettingsError,
 )
 from bridge.routes import BACKEND
+from bridge.server import BridgeRunner
 
 #: REST_ADAPTER_* variables that are not limits and that rest-bridge reads or sets.
 OTHER_VARIABLES = frozenset(
@@ -331,7 +332,7 @@ async def serve(
     loop.set_exception_handler(shortage)
     # Orphaned descendants of app-servers come to the bridge, not init (descendants.py).
     subreaper = descendants.become_subreaper()
-    runner = web.AppRunner(
+    runner = BridgeRunner(
         app,
         access_log=None,
         # Shutdown closes the backend first, which ends every stream, long-poll and

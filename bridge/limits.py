@@ -52,6 +52,10 @@ class RestLimits:
     #: How long an SSE stream that is behind may stop reading before the app-server's
     #: output is no longer held back for it (it then gets a ``gap``).
     reader_stall_ms: int = 10_000
+    #: The bytes of one request head (request line and headers) in all (431 beyond).
+    max_header_bytes: int = 32_768
+    #: How long a request head may take to arrive once begun (408, connection closed).
+    header_timeout_ms: int = 10_000
 
     def __post_init__(self) -> None:
         for field in dataclasses.fields(self):

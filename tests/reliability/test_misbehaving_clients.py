@@ -24,6 +24,7 @@ from aiohttp import web
 from bridge.app import SERVER_SETTINGS, trusted_bridge_app
 from bridge.limits import RestLimits
 from bridge.routes import BACKEND
+from bridge.server import BridgeRunner
 from scenarios.harness import checker_for
 from scenarios.openapi_check import OpenApiChecker
 from scenarios.sse import SseReader
@@ -80,7 +81,7 @@ async def bridge(
         app = trusted_bridge_app(fake_codex, RestLimits(**limits))
         tracker = RequestTracker()
         app.middlewares.append(tracker.middleware)
-        app_runner = web.AppRunner(app, **{**SERVER_SETTINGS, **(runner or {})})
+        app_runner = BridgeRunner(app, **{**SERVER_SETTINGS, **(runner or {})})
         await app_runner.setup()
         site = web.TCPSite(app_runner, "127.0.0.1", 0)
         await site.start()
