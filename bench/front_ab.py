@@ -22,7 +22,6 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -158,9 +157,7 @@ def nginx(name: str, replicas: Replicas, directory: Path) -> Iterator[tuple[int,
     port = free_port()
     prefix = directory / f"nginx-{name}"
     prefix.mkdir()
-    listed = [
-        Replica(f"replica-{n}", f"{HOST}:{p}") for n, p in enumerate(replicas.ports)
-    ]
+    listed = [Replica(f"replica-{n}", f"{HOST}:{p}") for n, p in enumerate(replicas.ports)]
     config = VARIANTS[name](
         render(listed, RestLimits.from_env(), FrontSettings(listen=f"{HOST}:{port}"))
     )
@@ -209,9 +206,7 @@ class Way:
         p50, _ = wrk.run(self.url, connections=1, seconds=WRK_SECONDS, lua=self.lua)
         groups = {
             "nginx": [self.nginx_pid, *child_pids(self.nginx_pid)] if self.nginx_pid else [],
-            "replicas": self.replicas.pids()
-            if self.nginx_pid
-            else self.replicas.pids()[:1],
+            "replicas": self.replicas.pids() if self.nginx_pid else self.replicas.pids()[:1],
             "app-servers": self.replicas.app_server_pids(),
         }
         start: dict[str, int] = {}
@@ -264,15 +259,15 @@ def main(argv: list[str] | None = None) -> int:
         cells = []
         for key in keys:
             values = [r[key] for r in way.rows]
-            cells.append(
-                f"{statistics.median(values):>9.1f} ({min(values):.0f}-{max(values):.0f})"
-            )
+            cells.append(f"{statistics.median(values):>9.1f} ({min(values):.0f}-{max(values):.0f})")
         total = statistics.median(
             [sum(r[k] for k in ("nginx", "replicas", "app-servers", "wrk")) for r in way.rows]
         )
         errors = sum(r["errors"] for r in way.rows)
         print(
-            f"{way.name:<22}" + "".join(f"{c:>22}" for c in cells) + f"   {total:.0f}"
+            f"{way.name:<22}"
+            + "".join(f"{c:>22}" for c in cells)
+            + f"   {total:.0f}"
             + (f"  ERRORS {errors:.0f}" if errors else "")
         )
     return 0
