@@ -270,6 +270,22 @@ def main(argv: list[str] | None = None) -> int:
             + f"   {total:.0f}"
             + (f"  ERRORS {errors:.0f}" if errors else "")
         )
+    # What the cores could carry, from CPU per call alone (robust to other load): one
+    # replica reached directly is bound by its own core; a front by every core.
+    cores = os.cpu_count() or 1
+    direct = ways[0]
+    replica_direct = statistics.median([r["replicas"] for r in direct.rows])
+    rate_direct = statistics.median([r["calls/s"] for r in direct.rows])
+    for way in ways[1:]:
+        total = statistics.median(
+            [sum(r[k] for k in ("nginx", "replicas", "app-servers", "wrk")) for r in way.rows]
+        )
+        rate = statistics.median([r["calls/s"] for r in way.rows])
+        print(
+            f"{way.name}: measured {rate / rate_direct:.2f}x direct; by CPU per call,"
+            f" {cores} cores / {total:.0f} µs against 1 core / {replica_direct:.0f} µs ="
+            f" {cores * replica_direct / total:.2f}x"
+        )
     return 0
 
 
