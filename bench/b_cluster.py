@@ -60,6 +60,9 @@ TARGET_SPEEDUP = 1.25
 TARGET_NGINX_US = 25.0
 TARGET_ADDED_P50_US = 60.0
 APP_SERVERS = ("lean", "fake")
+#: Also accepted by --app-server: the lean app-server's Python twin, as on a machine
+#: without a C compiler.
+OTHER_APP_SERVERS = ("lean-python",)
 BUSY = 0.25  # other work above which the verdicts carry a warning
 
 
@@ -67,14 +70,18 @@ def app_server_argv(kind: str) -> list[str]:
     """The app-server command of the replicas: ``lean`` or ``fake`` (fake-codex)."""
     if kind == "lean":
         return lean.argv("auto")
+    if kind == "lean-python":
+        return lean.argv("python")
     if kind == "fake":
         return fake_argv()
-    raise ValueError(f"app-server must be one of {APP_SERVERS}")
+    raise ValueError(f"app-server must be one of {APP_SERVERS + OTHER_APP_SERVERS}")
 
 
 def app_server_label(kind: str) -> str:
     if kind == "fake":
         return "fake-codex"
+    if kind == "lean-python":
+        return "lean app-server (python)"
     return f"lean app-server ({lean.kind_of(lean.argv('auto'))})"
 
 
@@ -471,14 +478,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--app-server",
         default="lean",
-        help="the replicas' app-server(s), comma-separated: lean (default), fake",
+        help="the replicas' app-server(s), comma-separated: lean (default), fake, lean-python",
     )
     parser.add_argument("--no-sse", action="store_true")
     args = parser.parse_args(argv)
     counts = [int(n) for n in args.replicas.split(",") if n.strip()]
     apps = tuple(a.strip() for a in args.app_server.split(",") if a.strip())
-    if not apps or any(a not in APP_SERVERS for a in apps):
-        parser.error(f"--app-server takes {', '.join(APP_SERVERS)}")
+    if not apps or any(a not in APP_SERVERS + OTHER_APP_SERVERS for a in apps):
+        parser.error(f"--app-server takes {', '.join(APP_SERVERS + OTHER_APP_SERVERS)}")
     if 1 not in counts:
         counts.insert(0, 1)  # one replica behind nginx: the latency target's front
     cores = os.cpu_count() or 1
