@@ -23,9 +23,10 @@ INITIALIZE = {"clientInfo": {"name": "bench", "title": None, "version": "0"}}
 class Pipe:
     """One fake-codex process spoken to over its stdio."""
 
-    def __init__(self) -> None:
+    def __init__(self, argv: list[str] | None = None) -> None:
+        """fake-codex, or the app-server ``argv`` starts (with fake-codex's environment)."""
         self.proc = subprocess.Popen(
-            fake_argv(),
+            argv or fake_argv(),
             env=fake_env(),
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import http.client
 import os
 import re
 import shutil
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -295,3 +297,136 @@ def test_buffering_keepalive_and_routing_choices_of_the_generated_configuration(
         assert location.all("if") == [], location.words
         if location.words[1] in ("=", "/") or location.words[1:] == ["/"]:
             assert location.value("proxy_buffering") is None  # balanced routes: buffered
+
+
+@pytest.mark.parametrize(
+    ("text", "address"),
+    [
+        ("b-0=unix:/run/bridge/b-0.sock", "unix:/run/bridge/b-0.sock"),
+        ("b-0=unix:/tmp/x_y-z.1/s", "unix:/tmp/x_y-z.1/s"),
+        ("b-0=127.0.0.1:8001", "127.0.0.1:8001"),
+    ],
+)
+def test_a_replica_is_reached_over_tcp_or_a_unix_socket(text, address):
+    assert parse_replica(text) == Replica("b-0", address)
+
+
+@pytest.mark.parametrize(
+    "bad",
+    ["b=unix:relative.sock", "b=unix:/x;y", "b=unix:/x y", "b=unix:/x{", "b=unix:", "unix:/x"],
+)
+def test_a_unix_socket_path_nginx_would_misread_is_refused(bad):
+    with pytest.raises(ValueError, match="not"):
+        parse_replica(bad)
+
+
+# The bridge's own `serve`, listening on a unix socket beside its TCP port (serve has no
+# option for it yet): aiohttp's TCP site opens a unix site as it starts.
+UNIX_REPLICA = """
+import os, sys
+from aiohttp import web
+class Both(web.TCPSite):
+    async def start(self):
+        await super().start()
+        await web.UnixSite(self._runner, os.environ["TEST_UNIX_SOCKET"]).start()
+        os.chmod(os.environ["TEST_UNIX_SOCKET"], 0o666)
+web.TCPSite = Both
+from bridge.cli import main
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+def test_nginx_reaches_a_replica_over_its_unix_socket(tmp_path):
+    """Sessions and balanced routes through the front to a replica on a unix socket."""
+    nginx = nginx_binary()
+    # nginx's workers may run as another user (nobody, under root): the socket's
+    # directory must be theirs to reach, which pytest's private tmp_path is not.
+    sockets = Path(tempfile.mkdtemp(prefix="front-unix-"))
+    sockets.chmod(0o755)
+    sock = sockets / "bridge-0.sock"
+    env = {
+        **{k: v for k, v in os.environ.items() if not k.startswith("REST_ADAPTER_")},
+        "REST_ADAPTER_REPLICA_ID": "bridge-0",
+        "TEST_UNIX_SOCKET": str(sock),
+    }
+    fake = str(Path(sys.executable).with_name("fake-codex")) + " app-server"
+    replica = subprocess.Popen(
+        [sys.executable, "-c", UNIX_REPLICA, "serve", "--port", "0", "--app-server", fake],
+        env=env,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    front_port = free_port("127.0.0.1")
+    prefix = tmp_path / "front"
+    prefix.mkdir()
+    config = render(
+        [Replica("bridge-0", f"unix:{sock}")],
+        RestLimits(),
+        FrontSettings(listen=f"127.0.0.1:{front_port}", runtime_dir=str(prefix)),
+    )
+    assert f"server unix:{sock};" in config
+    (prefix / "nginx.conf").write_text(config)
+    front = None
+    try:
+        assert replica.stdout is not None
+        for line in replica.stdout:  # waits on the replica's own words, no polling
+            if " listening on " in line:
+                break
+        else:
+            pytest.fail("the replica did not start")
+        front = subprocess.Popen(
+            [
+                *(nginx, "-p", f"{prefix}/", "-c", f"{prefix}/nginx.conf", "-e", "stderr"),
+                *("-g", "daemon off; error_log stderr notice;"),
+            ],
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        assert front.stderr is not None
+        for line in front.stderr:  # bound before its worker starts
+            if "start worker process" in line:
+                break
+        else:
+            pytest.fail("nginx did not start")
+
+        def call(method: str, path: str, body: str | None = None) -> tuple[int, Any]:
+            conn = http.client.HTTPConnection("127.0.0.1", front_port, timeout=30)
+            try:
+                conn.request(method, path, body=body, headers={"Content-Type": "application/json"})
+                response = conn.getresponse()
+                return response.status, yaml.safe_load(response.read() or b"null")
+            finally:
+                conn.close()
+
+        status, created = call("POST", "/v1/sessions", "{}")
+        assert status == 201, created
+        session = created["sessionId"]
+        assert session.startswith("bridge-0.")
+        # A session call (buffered) and a long-poll (unbuffered), to the session's replica.
+        status, answer = call("POST", f"/v1/sessions/{session}/call/thread/start", '{"params":{}}')
+        assert status == 200, answer
+        assert answer["result"]["thread"]["id"]
+        status, event = call("GET", f"/v1/sessions/{session}/events?after=0&waitMs=5000")
+        assert status == 200, event
+        assert event["seq"] > 0
+        status, listed = call("GET", "/v1/sessions")
+        assert status == 200
+        assert [s["sessionId"] for s in listed["sessions"]] == [session]
+        # The replica gone: its sessions get the payload, not nginx's HTML.
+        replica.terminate()
+        replica.wait(30)
+        status, body = call("GET", f"/v1/sessions/{session}/events?after=0&waitMs=0")
+        assert status == 503
+        assert body["error"] == "replica_unavailable"
+    finally:
+        if front is not None:
+            front.terminate()
+            front.wait(30)
+        if replica.poll() is None:
+            replica.kill()
+        replica.wait(30)
+        shutil.rmtree(sockets, ignore_errors=True)
