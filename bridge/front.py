@@ -11,12 +11,17 @@ What the configuration does:
   ``session_not_found``. A session never moves: no retry on another replica
   (``proxy_next_upstream off``). When its replica cannot be reached, the answer is a
   503 ``replica_unavailable`` error payload.
-- **Everything else is balanced** (least connections) over every replica: session
-  creation, text turns, sessionless calls, the listing, health, the OpenAPI document.
-  A replica that answers 429 (full) or 503 (draining, or its app-server overloaded),
-  or that cannot be reached, is passed over for the next (``proxy_next_upstream``);
-  when none can take the request the last answer stands, or a 503
-  ``replica_unavailable`` if none answered.
+- **Everything else is balanced** (least connections) over every replica, in pools
+  of the same replicas, one per kind of work (session creation, text turns, sessionless
+  calls) and one for reads (health, compatibility, the OpenAPI document, the listing,
+  any other path). Work that a replica refuses, 429 (full) or 503 (draining, or its
+  app-server overloaded), or that cannot reach it, passes to the next replica
+  (``proxy_next_upstream``) and marks the replica as failed for 2 s, in that pool only
+  (nginx counts failures per upstream); when none can take the request the last answer
+  stands, or a 503 ``replica_unavailable`` if none answered or all are marked. Reads
+  pass over, and mark, only a replica that cannot be reached or does not answer: a
+  refused creation never makes ``/health`` or the listing fail. ``/v1/sessions`` is
+  both: its pool is chosen by method (a ``map`` on ``$request_method``).
 - **Streams pass unbuffered.** SSE and long-poll responses are not buffered, and every
   read timeout is derived from the limits (``REST_ADAPTER_*``, read when the
   configuration is generated): the SSE keep-alive interval for streams, MAX_WAIT_MS for
@@ -51,6 +56,26 @@ KEEPALIVE_CONNECTIONS = 256
 _HOST_PORT = re.compile(r"(\[[0-9a-fA-F:.]+\]|[A-Za-z0-9.-]+):([0-9]{1,5})")
 #: An absolute socket path nginx reads as one word (no space, quote, brace, semicolon).
 _UNIX_PATH = re.compile(r"/[A-Za-z0-9._+@%=,:/-]*")
+
+#: The balanced pools: every replica in each, each pool with its own record of which
+#: replica failed lately (nginx keeps ``max_fails`` per upstream), so that a replica
+#: refusing one kind of work (full: 429; draining: 503) is passed over for that kind
+#: only, and never for reads.
+CREATE_POOL = "bridge_create"
+TEXT_TURN_POOL = "bridge_text_turns"
+CALL_POOL = "bridge_calls"
+READ_POOL = "bridge_reads"
+POOLS = (
+    (CREATE_POOL, "Session creation (POST /v1/sessions)."),
+    (TEXT_TURN_POOL, "Text turns."),
+    (CALL_POOL, "Sessionless calls."),
+    (READ_POOL, "Reads: health, compatibility, OpenAPI, the listing; anything else."),
+)
+#: Work passes over a replica that refuses it or cannot be reached, and each of those
+#: marks the replica as failed in the pool; even after the replica received it.
+WORK_NEXT = "error timeout http_429 http_503 non_idempotent"
+#: Reads pass over, and mark, only a replica that cannot be reached or does not answer.
+READ_NEXT = "error timeout"
 
 
 @dataclass(frozen=True, slots=True)
@@ -168,14 +193,24 @@ def render(
         "    keepalive_timeout 75s;",
         "    keepalive_requests 100000;",
         "",
-        "    # Balanced routes: least connections over every replica.",
-        "    upstream bridge_replicas {",
-        "        least_conn;",
     ]
-    out += [f"        server {r.address} max_fails=1 fail_timeout=2s;" for r in replicas]
+    # Balanced routes: one pool of every replica per kind of work, and one for reads.
+    for pool, what in POOLS:
+        out += [
+            f"    # {what}",
+            f"    upstream {pool} {{",
+            "        least_conn;",
+            *(f"        server {r.address} max_fails=1 fail_timeout=2s;" for r in replicas),
+            f"        keepalive {KEEPALIVE_CONNECTIONS};",
+            "        keepalive_requests 100000;",
+            "    }",
+        ]
     out += [
-        f"        keepalive {KEEPALIVE_CONNECTIONS};",
-        "        keepalive_requests 100000;",
+        "    # The listing is a read, a creation is work: the same path, two pools.",
+        "    map $request_method $bridge_sessions_pool {",
+        f"        default {CREATE_POOL};",
+        f"        GET {READ_POOL};",
+        f"        HEAD {READ_POOL};",
         "    }",
         "",
         "    # One upstream per replica, for the sessions it holds.",
@@ -234,27 +269,37 @@ def render(
         "            return 404 " + _payload("session_not_found", "No session with this id.") + ";",
         "        }",
         "",
-        "        # Balanced: the next replica when one is full (429), draining (503) or down.",
+        "        # Work is balanced: the next replica when one is full (429), draining (503)",
+        "        # or down; a refusal marks the replica for this kind of work only.",
         "        location = /v1/sessions {",
         *_error_pages("            ", "@no_replica"),
-        "            proxy_next_upstream error timeout http_429 http_503 non_idempotent;",
+        f"            proxy_next_upstream {WORK_NEXT};",
         f"            proxy_next_upstream_tries {tries};",
         f"            proxy_read_timeout {seconds(limits.spawn_timeout_ms)}s;",
-        "            proxy_pass http://bridge_replicas;",
+        "            proxy_pass http://$bridge_sessions_pool;",
         "        }",
         "        location = /v1/text-turn {",
         *_error_pages("            ", "@no_replica"),
-        "            proxy_next_upstream error timeout http_429 http_503 non_idempotent;",
+        f"            proxy_next_upstream {WORK_NEXT};",
         f"            proxy_next_upstream_tries {tries};",
         f"            proxy_read_timeout {seconds(limits.text_turn_timeout_ms)}s;",
-        "            proxy_pass http://bridge_replicas;",
+        f"            proxy_pass http://{TEXT_TURN_POOL};",
         "        }",
-        "        location / {",
+        "        location ^~ /v1/call/ {",
         *_error_pages("            ", "@no_replica"),
-        "            proxy_next_upstream error timeout http_429 http_503 non_idempotent;",
+        f"            proxy_next_upstream {WORK_NEXT};",
         f"            proxy_next_upstream_tries {tries};",
         f"            proxy_read_timeout {call}s;",
-        "            proxy_pass http://bridge_replicas;",
+        f"            proxy_pass http://{CALL_POOL};",
+        "        }",
+        "        # Reads (health, compatibility, the OpenAPI document, anything else): the next",
+        "        # replica only when one cannot be reached; never refused for a refused work.",
+        "        location / {",
+        *_error_pages("            ", "@no_replica"),
+        f"            proxy_next_upstream {READ_NEXT};",
+        f"            proxy_next_upstream_tries {tries};",
+        f"            proxy_read_timeout {call}s;",
+        f"            proxy_pass http://{READ_POOL};",
         "        }",
         "",
         "        location @session_replica_down {",

@@ -15,8 +15,20 @@ from typing import Any
 import pytest
 import yaml
 
+from bridge.app import ROUTES
 from bridge.cluster import free_port
-from bridge.front import FrontSettings, Replica, parse_replica, render, replace_config_map
+from bridge.front import (
+    CREATE_POOL,
+    POOLS,
+    READ_NEXT,
+    READ_POOL,
+    WORK_NEXT,
+    FrontSettings,
+    Replica,
+    parse_replica,
+    render,
+    replace_config_map,
+)
 from bridge.limits import RestLimits
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -268,8 +280,10 @@ def test_buffering_keepalive_and_routing_choices_of_the_generated_configuration(
     http, server = generated(replicas)
     assert http.value("access_log") == ["off"]
     assert int(http.value("keepalive_requests")[0]) >= 10_000
-    # No per-request regular expressions over the replica list, no `if`.
-    assert http.all("map") == []
+    # No per-request regular expressions over the replica list, no `if`; one map, a
+    # hash lookup of the method, for the one path that is both a read and work.
+    maps = [m.words[1:] for m in http.all("map")]
+    assert maps == [["$request_method", "$bridge_sessions_pool"]]
     # HTTP/1.1 with keep-alive to the replicas: more idle connections than in flight.
     assert server.value("proxy_http_version") == ["1.1"]
     assert ["Connection", ""] in [d.words[1:] for d in server.all("proxy_set_header")]
@@ -297,6 +311,60 @@ def test_buffering_keepalive_and_routing_choices_of_the_generated_configuration(
         assert location.all("if") == [], location.words
         if location.words[1] in ("=", "/") or location.words[1:] == ["/"]:
             assert location.value("proxy_buffering") is None  # balanced routes: buffered
+
+
+def balanced_route(http: Block, server: Block, method: str, path: str) -> tuple[str, Block]:
+    """The pool nginx picks for a balanced route, and the location that picks it.
+
+    Exact locations first, then the longest `^~` prefix, then `location /` (the
+    configuration has no regular expression outside the session paths).
+    """
+    locations = server.all("location")
+    exact = [loc for loc in locations if loc.words[1:] == ["=", path]]
+    prefixes = [loc for loc in locations if loc.words[1] == "^~" and path.startswith(loc.words[2])]
+    if exact:
+        location = exact[0]
+    elif prefixes:
+        location = max(prefixes, key=lambda loc: len(loc.words[2]))
+    else:
+        location = next(loc for loc in locations if loc.words[1:] == ["/"])
+    target = location.value("proxy_pass")[0].removeprefix("http://")
+    if target.startswith("$"):
+        (choice,) = [m for m in http.all("map") if m.words[2] == target]
+        pools = {c.words[0]: c.words[1] for c in choice.children}
+        target = pools.get(method, pools["default"])
+    return target, location
+
+
+def test_reads_and_each_kind_of_work_have_pools_of_their_own():
+    """A refusal marks a replica in one pool only (nginx counts failures per upstream)."""
+    replicas = [Replica(f"bridge-{n}", f"127.0.0.1:{8001 + n}") for n in range(3)]
+    http, server = generated(replicas)
+    upstreams = {u.words[1]: u for u in http.all("upstream")}
+    for pool, _ in POOLS:
+        servers = [s.words[1:] for s in upstreams[pool].all("server")]
+        assert servers == [[r.address, "max_fails=1", "fail_timeout=2s"] for r in replicas]
+        assert upstreams[pool].value("least_conn") == []
+    work_pools = set()
+    for route in ROUTES:
+        if route.path.startswith("/v1/sessions/"):
+            continue  # a session's own replica (test_replicas_whose_ids_share_a_prefix_...)
+        path = re.sub(r"\{(\w+)(:[^}]*)?\}", "x", route.path)
+        pool, location = balanced_route(http, server, route.method, path)
+        next_upstream = " ".join(location.value("proxy_next_upstream"))
+        if 429 in route.errors:  # work a full replica refuses: passed over, and marked
+            assert pool != READ_POOL, route.name
+            assert next_upstream == WORK_NEXT, route.name
+            work_pools.add(pool)
+        else:  # reads: never refused for a refused work
+            assert pool == READ_POOL, route.name
+            if route.path != "/v1/sessions":
+                assert next_upstream == READ_NEXT, route.name
+    # Creation, text turns and sessionless calls: three pools, none shared.
+    assert len(work_pools) == 3
+    assert CREATE_POOL in work_pools
+    assert balanced_route(http, server, "HEAD", "/v1/sessions")[0] == READ_POOL
+    assert balanced_route(http, server, "GET", "/anything/else")[0] == READ_POOL
 
 
 @pytest.mark.parametrize(

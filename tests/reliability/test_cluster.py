@@ -596,6 +596,62 @@ async def test_full_replicas_are_passed_over(tmp_path, http, report):
         assert cluster.stop() == 0
 
 
+READS = ("/health", "/v1/health", "/v1/compatibility", "/v1/openapi.json", "/v1/sessions")
+
+
+async def test_reads_are_never_refused_because_a_create_was(tmp_path, http, report):
+    """MAX_SESSIONS=1 on each of three replicas, all full, a creation refused"""
+    cluster = ClusterProcess(tmp_path / "front", env={"REST_ADAPTER_MAX_SESSIONS": "1"})
+    try:
+        front = cluster.front
+        held = []
+        for replica in cluster.replicas.values():
+            status, created, _ = await request(http, "POST", f"{replica['url']}/v1/sessions")
+            assert status == 201, created
+            held.append(created["sessionId"])
+        # Every replica refuses (429): nginx passes the creation over each, and the
+        # refusals mark every replica as failed for creations, for a moment.
+        refused = []
+        for _ in range(2):
+            status, body, _ = await request(http, "POST", f"{front}/v1/sessions")
+            refused.append(status)
+            assert (status, body["error"]) in (
+                (429, "session_limit_reached"),
+                (503, "replica_unavailable"),
+            )
+        # At once, and each several times (so that every replica is asked): every read
+        # is answered by a replica, as if no creation had been refused.
+        for _ in range(REPLICAS):
+            for path in READS:
+                status, body, headers = await request(http, "GET", f"{front}{path}")
+                assert status == 200, (path, body)
+                assert "Retry-After" not in headers
+        status, listed, _ = await request(http, "GET", f"{front}/v1/sessions")
+        assert sorted(s["sessionId"] for s in listed["sessions"]) == sorted(held)
+        assert listed["unavailableReplicas"] == []
+        # A sessionless call counts as held by a replica, so full replicas refuse it
+        # too; but a replica's own 429 answers it, not the front's 503: a refused
+        # creation does not mark the replicas for sessionless calls.
+        status, body, _ = await request(
+            http, "POST", f"{front}/v1/call/thread/start", {"params": {}}
+        )
+        assert (status, body["error"]) == (429, "session_limit_reached"), body
+        # The sessions held are served as ever.
+        for session_id in held:
+            url = f"{front}/v1/sessions/{session_id}/call/thread/start"
+            status, body, _ = await request(http, "POST", url, {"params": {}})
+            assert status == 200, body
+        report.outcome = (
+            f"3 replicas full, creations refused ({refused}); at once health, compatibility, "
+            "OpenAPI and the listing answered 200 three times each; a sessionless call got the "
+            "replicas' own 429"
+        )
+        report.survived = cluster.process.poll() is None
+        report.nothing_lost = True
+    finally:
+        assert cluster.stop() == 0
+
+
 async def test_a_front_port_already_taken(tmp_path, report):
     """`rest-bridge cluster --port P` with P held by another program"""
     mark = uuid.uuid4().hex
