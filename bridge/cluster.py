@@ -11,9 +11,15 @@ app-servers are re-parented to the launcher, which then kills every process carr
 the replica's mark and reaps them, so none outlives its replica; the other replicas
 serve on, and the front answers the dead replica's sessions with 503
 ``replica_unavailable``. A replica that exits after draining (SIGUSR1) is let go the
-same way. Replicas and nginx get SIGTERM if the launcher itself dies
+same way. Each exit is a line that says how many replicas are left.
+
+When no replica is left (killed, crashed or drained) or nginx exits, and the launcher
+was not asked to stop, the cluster can serve nothing any more (nginx would answer 503
+to everything): the launcher says so (``no replica left: stopping``), stops what is left
+and exits with status 1, so that a supervisor (systemd's ``Restart=on-failure``)
+starts the cluster again. Replicas and nginx get SIGTERM if the launcher itself dies
 (``PR_SET_PDEATHSIG``). On SIGINT or SIGTERM the launcher stops the replicas (which stop
-their app-servers) and nginx, and exits.
+their app-servers) and nginx, and exits 0.
 """
 
 from __future__ import annotations
@@ -117,6 +123,8 @@ class Cluster:
         self.loop_name = loop_name
         self.members: dict[str, Member] = {}
         self.stopping = False
+        #: Why the cluster stopped of itself (no replica left, nginx gone); empty: it did not.
+        self.failed = ""
         self._readers: list[asyncio.Task[None]] = []
 
     async def _spawn(self, name: str, argv: Sequence[str], env: dict[str, str]) -> Member:
@@ -228,8 +236,16 @@ class Cluster:
             return False
         return head.startswith(b"HTTP/1.1 200") and b"\r\nServer: nginx" in head
 
+    def replicas_left(self) -> list[Member]:
+        """The replicas still running."""
+        return [m for m in self.members.values() if m.mark and m.process.returncode is None]
+
     async def watch(self) -> None:
-        """Until every member has exited: report each exit, and bury dead replicas."""
+        """Until every member has exited: report each exit, and bury dead replicas.
+
+        When the last replica or nginx exits and the cluster is not stopping, the cluster
+        can serve nothing any more: it stops, and :attr:`failed` says why.
+        """
         waits = {asyncio.ensure_future(m.process.wait()): m for m in self.members.values()}
         while waits:
             done, _ = await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
@@ -239,10 +255,19 @@ class Cluster:
                 how = f"signal {-code}" if code is not None and code < 0 else f"status {code}"
                 if member.mark:
                     killed = await bury(member.mark)
-                    left = f"; killed {killed} of its processes" if killed else ""
-                    say(f"replica {member.name} exited ({how}){left}")
+                    buried = f"; killed {killed} of its processes" if killed else ""
+                    left = len(self.replicas_left())
+                    say(
+                        f"replica {member.name} exited ({how}){buried}; {left} of {self.count} left"
+                    )
+                    if not left and not self.stopping:
+                        self.failed = "no replica left"
+                        await self.stop(self.failed)
                 else:
                     say(f"{member.name} exited ({how})")
+                    if not self.stopping:
+                        self.failed = f"{member.name} exited"
+                        await self.stop(self.failed)
                 descendants.released(member.process.pid)
 
     def reset(self) -> None:
@@ -252,14 +277,15 @@ class Cluster:
         self._readers.clear()
         self.members.clear()
         self.stopping = False
+        self.failed = ""
         if self.chosen_port:
             self.port = free_port(self.host)
 
-    async def stop(self) -> None:
+    async def stop(self, reason: str = "") -> None:
         if self.stopping:
             return
         self.stopping = True
-        say("stopping")
+        say(f"{reason}: stopping" if reason else "stopping")
         for member in self.members.values():
             if member.process.returncode is None:
                 sig = signal.SIGQUIT if not member.mark else signal.SIGTERM
@@ -302,6 +328,10 @@ async def run(cluster: Cluster) -> int:
     killed = await descendants.end_all(5.0)
     if killed:
         say(f"killed {killed} leftover processes")
+    if cluster.failed:
+        # Not asked to stop: a supervisor (systemd's Restart=on-failure) starts it again.
+        say(f"stopped ({cluster.failed}): exit status 1")
+        return 1
     say("stopped")
     return 0
 

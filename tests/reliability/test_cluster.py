@@ -596,6 +596,76 @@ async def test_full_replicas_are_passed_over(tmp_path, http, report):
         assert cluster.stop() == 0
 
 
+async def test_the_cluster_stops_when_no_replica_is_left(cluster, http, report):
+    """One replica drained (SIGUSR1), then the two others SIGKILLed"""
+    front = cluster.front
+    nginx = [cluster.nginx_pid, *live_children_of(cluster.nginx_pid)]
+    assert len(nginx) >= 2  # master and worker
+    # A replica that exits while others live: its line says how many are left, and
+    # the cluster serves on.
+    os.kill(cluster.replicas["bridge-0"]["pid"], signal.SIGUSR1)
+    line = await cluster.line("replica bridge-0 exited")
+    assert line.endswith("exited (status 0); 2 of 3 left"), line
+    os.kill(cluster.replicas["bridge-1"]["pid"], signal.SIGKILL)
+    line = await cluster.line("replica bridge-1 exited")
+    assert "(signal 9)" in line, line
+    assert line.endswith("; 1 of 3 left"), line
+    for _ in range(REPLICAS):
+        status, body, _ = await request(http, "GET", f"{front}/health")
+        assert status == 200, body
+    status, created, _ = await request(http, "POST", f"{front}/v1/sessions")
+    assert status == 201, created
+    assert created["sessionId"].startswith("bridge-2."), created
+    assert cluster.process.poll() is None
+    # The last one: nothing can be served any more; the launcher says so, stops nginx,
+    # and exits 1 (a supervisor restarts it), leaving nothing behind.
+    os.kill(cluster.replicas["bridge-2"]["pid"], signal.SIGKILL)
+    line = await cluster.line("replica bridge-2 exited")
+    assert line.endswith("; 0 of 3 left"), line
+    await cluster.line("rest-bridge cluster: no replica left: stopping")
+    code = await asyncio.to_thread(cluster.process.wait, 60)
+    assert code == 1
+    lines = cluster.output_lines()
+    assert "rest-bridge cluster: nginx exited (status 0)" in lines
+    assert "rest-bridge cluster: stopped (no replica left): exit status 1" in lines
+    # Gone, not zombies (a zombie still takes signal 0): every one was reaped.
+    assert not [pid for pid in nginx if alive(pid)]
+    assert not [r["pid"] for r in cluster.replicas.values() if alive(r["pid"])]
+    assert cluster.stop() == 0  # nothing of the cluster left to kill
+    for name in cluster.replicas:
+        assert cluster.replica_processes(name) == set()
+    with pytest.raises(aiohttp.ClientConnectionError):
+        await request(http, "GET", f"{front}/health")
+    report.outcome = (
+        "drained, killed, killed: '2 of 3 left', '1 of 3 left' (still serving), then "
+        "'no replica left: stopping', nginx stopped, exit 1, no process left"
+    )
+    report.survived = True
+    report.no_leak = True
+
+
+async def test_the_cluster_stops_when_nginx_dies(cluster, http, report):
+    """SIGKILL to the front's nginx master (and its worker)"""
+    nginx = [cluster.nginx_pid, *live_children_of(cluster.nginx_pid)]
+    status, created, _ = await request(http, "POST", f"{cluster.front}/v1/sessions")
+    assert status == 201, created
+    for pid in nginx:
+        os.kill(pid, signal.SIGKILL)
+    await cluster.line("rest-bridge cluster: nginx exited (signal 9)")
+    await cluster.line("rest-bridge cluster: nginx exited: stopping")
+    code = await asyncio.to_thread(cluster.process.wait, 60)
+    assert code == 1
+    lines = cluster.output_lines()
+    assert "rest-bridge cluster: stopped (nginx exited): exit status 1" in lines
+    for name in cluster.replicas:
+        assert any(x.startswith(f"rest-bridge cluster: replica {name} exited") for x in lines)
+        assert cluster.replica_processes(name) == set()
+    assert cluster.stop() == 0
+    report.outcome = "nginx killed: 'nginx exited: stopping', replicas stopped, exit 1"
+    report.survived = True
+    report.no_leak = True
+
+
 READS = ("/health", "/v1/health", "/v1/compatibility", "/v1/openapi.json", "/v1/sessions")
 
 
