@@ -681,10 +681,8 @@ async def test_reads_are_never_refused_because_a_create_was(tmp_path, http, repo
             held.append(created["sessionId"])
         # Every replica refuses (429): nginx passes the creation over each, and the
         # refusals mark every replica as failed for creations, for a moment.
-        refused = []
         for _ in range(2):
             status, body, _ = await request(http, "POST", f"{front}/v1/sessions")
-            refused.append(status)
             assert (status, body["error"]) in (
                 (429, "session_limit_reached"),
                 (503, "replica_unavailable"),
@@ -712,7 +710,7 @@ async def test_reads_are_never_refused_because_a_create_was(tmp_path, http, repo
             status, body, _ = await request(http, "POST", url, {"params": {}})
             assert status == 200, body
         report.outcome = (
-            f"3 replicas full, creations refused ({refused}); at once health, compatibility, "
+            "3 replicas full, creations refused (429 or 503); at once health, compatibility, "
             "OpenAPI and the listing answered 200 three times each; a sessionless call got the "
             "replicas' own 429"
         )
