@@ -19,6 +19,7 @@ import orjson
 import yarl
 from aiohttp import web
 
+from bridge import TOKEN_VARIABLE
 from bridge.app import PRESET_ROUTES, PRESETS, SERVER_SETTINGS, route_path
 from bridge.auth import with_bearer_auth
 from bridge.limits import RestLimits
@@ -302,6 +303,11 @@ async def connect_bridge(url: str, token: str | None = None) -> RunningBridge:
         raise TargetError(f"{url}: cannot reach the bridge: {exc or type(exc).__name__}") from None
     if status == 401 and not token:
         return RunningBridge(base, None, None, [], "?", auth=True)
+    if status in (401, 403):
+        raise TargetError(
+            f"{url}: the target refused the token in ${TOKEN_VARIABLE} ({status} to GET "
+            f"{route_path('openapi')}): set it to the token the target was started with"
+        )
     if status != 200:
         raise TargetError(f"{url}: GET {route_path('openapi')} answered {status}")
     try:

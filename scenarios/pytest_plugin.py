@@ -115,6 +115,8 @@ def pytest_configure(config: pytest.Config) -> None:
         f"{REAL_MARKER}: runs the real codex (skips without it; fails when CI=true)",
     )
     config.stash[_TAGS] = set()
+    if _ci() and not hasattr(config, "workerinput"):
+        config.pluginmanager.register(_EverySkipFails(config), "codex-every-skip-fails")
 
 
 LOOP_SCOPE_OPTION = "asyncio_default_fixture_loop_scope"
@@ -141,11 +143,52 @@ def _settle_fixture_loop_scope(config: pytest.Config) -> None:
         cache[LOOP_SCOPE_OPTION] = "fixture-scope"
 
 
+def _is_scenario(config: pytest.Config, path: str) -> bool:
+    patterns = config.getini(PATTERNS_INI) or DEFAULT_PATTERNS
+    return any(fnmatch.fnmatch(os.path.basename(path), pattern) for pattern in patterns)
+
+
 def pytest_collect_file(file_path: Path, parent: pytest.Collector) -> pytest.Collector | None:
-    patterns = parent.config.getini(PATTERNS_INI) or DEFAULT_PATTERNS
-    if any(fnmatch.fnmatch(file_path.name, pattern) for pattern in patterns):
+    if _is_scenario(parent.config, str(file_path)):
         return ScenarioFile.from_parent(parent, path=file_path)
     return None
+
+
+class _EverySkipFails:
+    """Under `CI=true`, a run whose every scenario skipped fails: it checked nothing.
+
+    Registered in the process that reports (not in xdist workers, whose reports it
+    receives), so it sees each scenario item's outcome once."""
+
+    def __init__(self, config: pytest.Config) -> None:
+        self.config = config
+        self.skips: list[str | None] = []  # a skip's reason, None for a scenario that ran
+
+    def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
+        scenario = _is_scenario(self.config, report.nodeid.split("::")[0])
+        if scenario and (report.when == "call" or report.skipped):
+            reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else "?"
+            self.skips.append(str(reason) if report.skipped else None)
+
+    def _all_skipped(self) -> bool:
+        return bool(self.skips) and None not in self.skips
+
+    def pytest_sessionfinish(self, session: pytest.Session) -> None:
+        if self._all_skipped() and session.exitstatus == 0:
+            session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+    def pytest_terminal_summary(self, terminalreporter: Any) -> None:
+        if self._all_skipped():
+            reasons = "; ".join(dict.fromkeys(map(str, self.skips)))
+            terminalreporter.write_line(
+                f"CI=true: all {len(self.skips)} scenarios were skipped and none ran, which "
+                f"fails a CI run (it checked nothing). Skipped: {reasons}",
+                red=True,
+            )
+
+
+def _ci() -> bool:
+    return os.environ.get("CI", "").lower() == "true"
 
 
 class ScenarioFile(pytest.File):
@@ -256,7 +299,7 @@ def codex_bin(pytestconfig: pytest.Config) -> str:
         found = required_codex(
             pytestconfig.getoption("codex_bin"),
             "--codex-bin",
-            os.environ.get("CI", "").lower() == "true",
+            _ci(),
             root=pytestconfig.rootpath,
         )
     except CodexNotFound as exc:

@@ -60,6 +60,7 @@ from scenarios.harness import (
     NO_CODEX,
     CodexNotFound,
     RunningBridge,
+    TargetError,
     connect_bridge,
     fake_app_server_command,
     required_codex,
@@ -845,6 +846,8 @@ async def _run(
         await _steps(run, result)
         if not result.failures and model_server is not None:
             await _model_checks(run, model_server, result)
+    except TargetError as exc:
+        result.fail("the target", [Problem((), str(exc))])
     except Exception as exc:  # a bug or an environment problem, not a failed expectation
         result.fail("setup", [Problem((), f"the run could not go on: {exc!r}")])
     finally:
