@@ -454,9 +454,13 @@ async def codex_bridge(
 
 
 @_async_fixture
-async def codex_client(codex_bridge: RunningBridge) -> aiohttp.ClientSession:
+async def codex_client(
+    request: pytest.FixtureRequest, codex_bridge: RunningBridge
+) -> aiohttp.ClientSession:
     """An aiohttp session for `codex_bridge`: relative URLs, its token, contract checks."""
-    return codex_bridge.client()
+    from scenarios.harness import RunningBridge
+
+    return _ours(request, "codex_bridge", codex_bridge, RunningBridge).client()
 
 
 @_async_fixture
@@ -505,8 +509,26 @@ def _default_client(request: pytest.FixtureRequest) -> aiohttp.ClientSession:
             "codex_sse(...) without client= reads from codex_client: request the codex_client "
             "fixture in the test, or pass client=bridge.client()"
         )
-    client: aiohttp.ClientSession = request.getfixturevalue("codex_client")
-    return client
+    import aiohttp
+
+    client = request.getfixturevalue("codex_client")
+    return _ours(request, "codex_client", client, aiohttp.ClientSession)  # type: ignore[no-any-return]
+
+
+def _ours(request: pytest.FixtureRequest, name: str, value: Any, kind: type) -> Any:
+    """`value`, the fixture `name`, when it is the plugin's; else a failure naming the
+    clash (a host fixture of the same name overrides the plugin's where it is visible)."""
+    if isinstance(value, kind):
+        return value
+    definitions = getattr(request, "_arg2fixturedefs", {}).get(name) or []
+    func = getattr(definitions[-1], "func", None) if definitions else None
+    where = f" ({func.__module__}.{func.__name__})" if func is not None else ""
+    pytest.fail(
+        f"the fixture {name!r} is your suite's own{where}, a {type(value).__name__}, and it "
+        f"overrides the one of codex-rest-bridge's pytest plugin, which {request.fixturename} "
+        f"uses: rename yours (the plugin's names all start with `codex_`)",
+        pytrace=False,
+    )
 
 
 @pytest.fixture
