@@ -402,6 +402,12 @@ class ReadGoal:
             want = 1
         return cls(through, want)
 
+    def wanted(self, noun: str) -> str:
+        """What the read waits for, in words (`noun`: event, frame)."""
+        if self.want is not None:
+            return f"{self.want} {noun}s"
+        return f"a {noun} matching {render(self.through)}"
+
     def reached(self, read: list[Any]) -> bool:
         """Whether a read that got `read` (at least one event) stops there."""
         if self.through is not None and not match(self.through, read[-1], subset=True):

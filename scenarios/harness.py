@@ -57,7 +57,6 @@ def fake_app_server_command(
     *,
     report_dir: str | os.PathLike[str] | None = None,
     cwd: str | os.PathLike[str] | None = None,
-    base: Sequence[str] | None = None,
 ) -> list[str]:
     """`fake-codex app-server [--script S]`, behind `env` when it needs settings.
 
@@ -75,7 +74,7 @@ def fake_app_server_command(
         prefix.append(f"{SCRIPT_ENV}={script_path}")
         if report_dir is not None:
             prefix.append(f"{REPORT_ENV}={os.path.abspath(report_dir)}")
-    command = [*prefix, *(base or fake_codex_command()), "app-server"]
+    command = [*prefix, *fake_codex_command(), "app-server"]
     if script_path:
         command += ["--script", script_path]
     return command

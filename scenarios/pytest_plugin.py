@@ -21,7 +21,7 @@ import os
 import re
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import pytest
 from packaging.version import Version
@@ -46,6 +46,7 @@ PATTERNS_INI = "codex_scenario_patterns"
 MARKER = "codex_bridge"
 REAL_MARKER = "codex_real"
 _TAGS = pytest.StashKey[set[str]]()
+T = TypeVar("T")
 #: The tags that become marks (every tag is a keyword for `-k`).
 MARK_NAME = re.compile(r"[A-Za-z][\w-]*")
 
@@ -512,10 +513,10 @@ def _default_client(request: pytest.FixtureRequest) -> aiohttp.ClientSession:
     import aiohttp
 
     client = request.getfixturevalue("codex_client")
-    return _ours(request, "codex_client", client, aiohttp.ClientSession)  # type: ignore[no-any-return]
+    return _ours(request, "codex_client", client, aiohttp.ClientSession)
 
 
-def _ours(request: pytest.FixtureRequest, name: str, value: Any, kind: type) -> Any:
+def _ours(request: pytest.FixtureRequest, name: str, value: Any, kind: type[T]) -> T:
     """`value`, the fixture `name`, when it is the plugin's; else a failure naming the
     clash (a host fixture of the same name overrides the plugin's where it is visible)."""
     if isinstance(value, kind):

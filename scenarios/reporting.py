@@ -5,7 +5,8 @@ from __future__ import annotations
 import textwrap
 
 from fakes.app_server.script_source import _format_path
-from scenarios.runner import Failure, Problem, ScenarioResult, Transcript
+from scenarios.expectations import Problem
+from scenarios.runner import Failure, ScenarioResult, Transcript
 
 __all__ = ["format_failure", "format_result", "format_transcript"]
 

@@ -1,17 +1,11 @@
 """Running one scenario: a bridge in-process, fake-codex (or the real codex) behind it.
 
 Each run gets its own temporary directory, bridge, port, client, variables and
-streams; nothing is shared with other runs, so runs can go in parallel (pytest-xdist
-workers, or threads, each with its own event loop). The fake writes its reports into
-the run's directory (`$FAKE_CODEX_REPORT`), which the end-of-run checks read once the
-bridge has stopped every process. Against a bridge already running (`RunOptions.target`)
-no bridge is started and those checks are not made.
-
-`_Run` holds a run's state (variables, streams, the client); each step kind is a
-function of it (`run_step` picks one).
-
-    result = await run_scenario(load_scenario("x.scenario.yaml"))
-    print(format_result(result))            # scenarios.reporting
+streams, so runs can go in parallel (xdist workers, or threads with their own event
+loops). The fake writes its reports into the run's directory (`$FAKE_CODEX_REPORT`),
+read by the end-of-run checks once the bridge has stopped every process. Against a
+bridge already running (`RunOptions.target`) none is started and those checks are not
+made. `_Run` holds a run's state; each step kind is a function of it (`run_step`).
 """
 
 from __future__ import annotations
@@ -70,17 +64,6 @@ from scenarios.matching import find_jsonpath, match, render
 from scenarios.openapi_check import ContractViolation
 from scenarios.sse import SseFrame, SseReader
 
-__all__ = [
-    "Failure",
-    "Problem",
-    "RunOptions",
-    "ScenarioResult",
-    "Transcript",
-    "run_scenario",
-    "run_scenario_sync",
-]
-
-
 # -- results ---------------------------------------------------------------------------
 
 
@@ -137,8 +120,6 @@ class RunOptions:
     codex: str | None = None
     #: How the user gave `codex`, for messages: `--codex` (the CLI), `--codex-bin` (pytest).
     codex_option: str = "--codex"
-    #: How to start fake-codex (default: the installed console script).
-    fake_codex: list[str] | None = None
     #: Where run directories go (default: the system's temporary directory).
     tmp_root: Path | None = None
     #: Keep each run's directory (it is removed after a passing run otherwise).
@@ -432,100 +413,73 @@ async def _request(
     ex = await _repeat(run, background, attempt, getattr(step, "until", None))
     if isinstance(step, f.CreateSessionStep) and ex.status == 201 and isinstance(ex.json, dict):
         run.variables[step.create_session.as_] = ex.json.get("sessionId")
-    _capture_http(run, step, ex)
+    _capture(run, step, ex.json, ex.headers)
 
 
 async def _poll(run: _Run, step: f.PollStep) -> None:
-    spec = step.poll
-    expect = step.expect or f.EventsExpect()
-    session = run.sub(spec.session)
-    path = route_path("events", sessionId=str(session))
+    spec, expect = step.poll, step.expect or f.EventsExpect()
+    path = route_path("events", sessionId=str(run.sub(spec.session)))
     after = int_or_none(run.sub(spec.after))
-    goal = ReadGoal.of(spec, run.sub)
-    auth = run.sub(spec.auth)
+    goal, auth = ReadGoal.of(spec, run.sub), run.sub(spec.auth)
+
+    async def get(wait_ms: int, timeout_ms: int = 30_000) -> Exchange:
+        query = {"waitMs": wait_ms, **({"after": after} if after is not None else {})}
+        return await run.exchange(StepRequest("GET", path, auth, query=query), timeout_ms)
+
     events: list[dict[str, Any]] = []
     loop = asyncio.get_running_loop()
     deadline = loop.time() + spec.timeout_ms / 1000
     failed: Exchange | None = None
     reached = goal.want == 0
-    while not reached:
-        remaining = deadline - loop.time()
-        if remaining <= 0:
-            break
-        query: dict[str, Any] = {"waitMs": max(1, min(spec.wait_ms, int(remaining * 1000)))}
-        if after is not None:
-            query["after"] = after
-        ex = await run.exchange(StepRequest("GET", path, auth, query=query), 60_000)
+    while not reached and (remaining := deadline - loop.time()) > 0:
+        ex = await get(max(1, min(spec.wait_ms, int(remaining * 1000))), 60_000)
         if ex.status == 204:
             continue
         if ex.status != 200 or not isinstance(ex.json, dict):
             failed = ex
             break
         events.append(ex.json)
-        if after is not None:
-            after = ex.json.get("seq", after)
+        after = ex.json.get("seq", after) if after is not None else None
         reached = goal.reached(events)
     problems: list[Problem] = []
     if expect.keep_alives is not None:
         problems.append(Problem(("expect", "keepAlives"), "`keepAlives` applies to `read` only"))
-    if failed is not None or expect.error is not None:
-        problems += _check_read_error(run, expect, failed)
-    elif not reached:
-        wanted = (
-            f"{goal.want} events"
-            if goal.want is not None
-            else f"an event matching {render(goal.through)}"
-        )
+    if failed is None and expect.error is not None:
+        wanted = render(expect.error)
         problems.append(
             Problem(
-                ("poll",),
-                f"waited {spec.timeout_ms} ms for {wanted}; read {len(events)}",
-                detail=event_list(events),
+                ("expect", "error"), f"expected the read to fail with {wanted}, but it succeeded"
             )
+        )
+    elif failed is not None and expect.error is None:
+        answer = f"{failed.status} {cut(failed.text, 500)}"
+        problems.append(Problem((), f"GET {failed.path} answered {answer}"))
+    elif failed is not None:
+        problems += error_problems(run.sub(expect.error), failed)
+    elif not reached:
+        wanted = f"{goal.wanted('event')}; read {len(events)}"
+        problems.append(
+            Problem(("poll",), f"waited {spec.timeout_ms} ms for {wanted}", event_list(events))
         )
     if failed is None:
         problems += events_problems(expect, events, sub=run.sub)
         if expect.quiet_ms is not None and not problems:
-            query = {"waitMs": expect.quiet_ms}
-            if after is not None:
-                query["after"] = after
-            ex = await run.exchange(StepRequest("GET", path, auth, query=query))
+            ex = await get(expect.quiet_ms)
             if ex.status == 200:
-                problems.append(
-                    Problem(
-                        ("expect", "quietMs"),
-                        f"expected nothing more within {expect.quiet_ms} ms, "
-                        f"received {event_line(ex.json)}",
-                    )
-                )
+                problems.append(_not_quiet(expect.quiet_ms, ex.json))
             elif ex.status not in (204, 409):
-                problems.append(
-                    Problem(
-                        ("expect", "quietMs"),
-                        f"a quiet long-poll answered {ex.status} {cut(ex.text, 300)}",
-                    )
-                )
+                why = f"a quiet long-poll answered {ex.status} {cut(ex.text, 300)}"
+                problems.append(Problem(("expect", "quietMs"), why))
     if problems:
         raise StepFailed(problems)
     _capture(run, step, events[-1] if events else None)
 
 
-def _check_read_error(run: _Run, expect: f.EventsExpect, failed: Exchange | None) -> list[Problem]:
-    if failed is None:
-        return [
-            Problem(
-                ("expect", "error"),
-                f"expected the read to fail with {render(expect.error)}, but it succeeded",
-            )
-        ]
-    if expect.error is None:
-        return [
-            Problem(
-                (),
-                f"GET {failed.path} answered {failed.status} {cut(failed.text, 500)}",
-            )
-        ]
-    return error_problems(run.sub(expect.error), failed)
+def _not_quiet(quiet_ms: int, event: Any) -> Problem:
+    received = event_line(event)
+    return Problem(
+        ("expect", "quietMs"), f"expected nothing more within {quiet_ms} ms, received {received}"
+    )
 
 
 async def _stream(run: _Run, step: f.StreamStep) -> None:
@@ -570,8 +524,7 @@ async def _stream(run: _Run, step: f.StreamStep) -> None:
 
 
 async def _read(run: _Run, step: f.ReadStep) -> None:
-    spec = step.read
-    expect = step.expect or f.EventsExpect()
+    spec, expect = step.read, step.expect or f.EventsExpect()
     stream = run.streams.get(spec.stream)
     if stream is None:
         raise StepFailed([Problem(("read", "stream"), f"stream {spec.stream!r} is not open")])
@@ -582,12 +535,16 @@ async def _read(run: _Run, step: f.ReadStep) -> None:
     reached = goal.want == 0
     keep_alives = 0
     loop = asyncio.get_running_loop()
-    deadline = loop.time() + spec.timeout_ms / 1000
-    while not reached and not stream.ended:
+
+    async def next_frame(within_ms: int, deadline: float | None = None) -> SseFrame | None:
+        nonlocal keep_alives
+        deadline = deadline or loop.time() + within_ms / 1000
         frame, seen = await _next_event_frame(run, stream, deadline)
         keep_alives += seen
-        if frame is None:
-            break
+        return frame
+
+    deadline = loop.time() + spec.timeout_ms / 1000
+    while not reached and not stream.ended and (frame := await next_frame(0, deadline)):
         frames.append(frame)
         events.append(frame_event(frame))
         reached = goal.reached(events)
@@ -595,67 +552,36 @@ async def _read(run: _Run, step: f.ReadStep) -> None:
         problems.append(Problem(("read",), stream.failed))
         stream.failed = None
     if spec.to_end and not stream.ended:
-        problems.append(
-            Problem(
-                ("read", "toEnd"),
-                f"the stream was still open after {spec.timeout_ms} ms",
-                detail=event_list(events),
-            )
-        )
+        why = f"the stream was still open after {spec.timeout_ms} ms"
+        problems.append(Problem(("read", "toEnd"), why, detail=event_list(events)))
     elif not spec.to_end and not reached:
-        wanted = (
-            f"{goal.want} frames"
-            if goal.want is not None
-            else f"a frame matching {render(goal.through)}"
-        )
         why = "the stream ended" if stream.ended else f"waited {spec.timeout_ms} ms"
-        problems.append(
-            Problem(
-                ("read",),
-                f"{why} before {wanted}; read {len(frames)}",
-                detail=event_list(events),
-            )
-        )
+        read = f"{why} before {goal.wanted('frame')}; read {len(frames)}"
+        problems.append(Problem(("read",), read, detail=event_list(events)))
     for index, event in enumerate(events):
         if event is NO_JSON:
+            data = cut(frames[index].data, 300)
             problems.append(
-                Problem(
-                    ("read",),
-                    f"frame {index + 1} has data that is not JSON: {cut(frames[index].data, 300)}",
-                )
+                Problem(("read",), f"frame {index + 1} has data that is not JSON: {data}")
             )
     if not problems:
-        ids = [frame.id for frame in frames]
-        kinds = [frame.event for frame in frames]
+        ids, kinds = [frame.id for frame in frames], [frame.event for frame in frames]
         problems += events_problems(expect, events, ids, kinds, run.sub)
-    if not problems and expect.quiet_ms is not None and not stream.ended:
-        frame, seen = await _next_event_frame(run, stream, loop.time() + expect.quiet_ms / 1000)
-        keep_alives += seen
-        if frame is not None:
-            problems.append(
-                Problem(
-                    ("expect", "quietMs"),
-                    f"expected nothing more within {expect.quiet_ms} ms, received "
-                    f"{event_line(frame_event(frame))}",
-                )
-            )
+    quiet = expect.quiet_ms
+    late = await next_frame(quiet) if quiet and not problems and not stream.ended else None
+    if quiet and late is not None:
+        problems.append(_not_quiet(quiet, frame_event(late)))
     if not problems and expect.ended is not None:
+        loc = ("expect", "ended")
         if expect.ended and not stream.ended:
-            frame, seen = await _next_event_frame(run, stream, loop.time() + spec.timeout_ms / 1000)
-            keep_alives += seen
+            frame = await next_frame(spec.timeout_ms)
             if frame is not None:
-                problems.append(
-                    Problem(
-                        ("expect", "ended"),
-                        f"expected the stream to end, received {event_line(frame_event(frame))}",
-                    )
-                )
+                received = event_line(frame_event(frame))
+                problems.append(Problem(loc, f"expected the stream to end, received {received}"))
             elif not stream.ended:
-                problems.append(
-                    Problem(("expect", "ended"), "expected the stream to end; it stays open")
-                )
+                problems.append(Problem(loc, "expected the stream to end; it stays open"))
         elif not expect.ended and stream.ended:
-            problems.append(Problem(("expect", "ended"), "the stream ended"))
+            problems.append(Problem(loc, "the stream ended"))
     if expect.keep_alives is not None:
         for mismatch in match(
             run.sub(expect.keep_alives), keep_alives, subset=False, path="keepAlives"
@@ -716,7 +642,7 @@ async def _await(run: _Run, step: f.AwaitStep) -> None:
             [Problem(("await",), f"no response to {spec.request!r} within {spec.timeout_ms} ms")]
         ) from None
     _check_http(run, step.expect, ex, default_status="2xx")
-    _capture_http(run, step, ex)
+    _capture(run, step, ex.json, ex.headers)
 
 
 def _check_http(run: _Run, expect: f.HttpExpect | None, ex: Exchange, default_status: Any) -> None:
@@ -728,6 +654,7 @@ def _check_http(run: _Run, expect: f.HttpExpect | None, ex: Exchange, default_st
 def _capture(run: _Run, step: Any, document: Any, headers: Any = None) -> None:
     """Set the step's `capture` variables from a response (JSON and headers) or, without
     headers, from the last event read."""
+    document = None if document is NO_JSON else document
     for name, spec in step.capture.items():
         if isinstance(spec, dict) and "header" in spec:
             value = headers.get(spec["header"]) if headers is not None else None
@@ -742,10 +669,6 @@ def _capture(run: _Run, step: Any, document: Any, headers: Any = None) -> None:
             found = f"{expression} found nothing to capture in {render(document, 500)}"
             raise StepFailed([Problem(("capture", name), found)])
         run.variables[name] = values[0] if len(values) == 1 else values
-
-
-def _capture_http(run: _Run, step: Any, ex: Exchange) -> None:
-    _capture(run, step, None if ex.json is NO_JSON else ex.json, ex.headers)
 
 
 # -- running ---------------------------------------------------------------------------
@@ -828,9 +751,7 @@ async def _run(
             command = model_server.codex_command(codex, codex_home=home, cwd=work)
         else:
             script = _script_file(loaded, tmp)
-            command = fake_app_server_command(
-                script, report_dir=reports, cwd=work, base=options.fake_codex
-            )
+            command = fake_app_server_command(script, report_dir=reports, cwd=work)
         if options.app_server_prefix:
             command = [*options.app_server_prefix, *command]
         spec = scenario.bridge
