@@ -1,14 +1,10 @@
 """The scenario format, version 1: pydantic models, and loading files with useful errors.
 
-A scenario is one YAML (or JSON) document; `scenarios/README.md` documents it. Its
-`appServer:` section is a fake-codex script, validated by the fake's own models
-(`fakes.app_server.script.AppServerScript`), so the same file can be handed to
-`fake-codex --script`. Its `model:` section is a `fakes.model_provider.ModelScript`.
-
-Everything that can be checked before a run is checked at load time: the document's
-shape, matcher operators, JSONPath expressions, and that every `${variable}` and
-stream a step uses was defined by an earlier step. `ScenarioError` messages name the
-file, the line and the problem.
+`scenarios/README.md` documents it. `appServer:` is a fake-codex script validated by the
+fake's own models (so the file can be handed to `fake-codex --script`); `model:` is a
+`fakes.model_provider.ModelScript`. What can be checked before a run is checked at load
+(shape, matchers, JSONPath, every `${variable}` and stream defined by an earlier step);
+`ScenarioError` messages name the file, the line and the problem.
 """
 
 from __future__ import annotations
@@ -48,18 +44,7 @@ from fakes.app_server.script_source import (
     parse_yaml,
 )
 from fakes.model_provider import ModelScript
-from scenarios.matching import check_matchers, compile_jsonpath
-
-__all__ = [
-    "FORMAT_VERSION",
-    "BridgeSpec",
-    "LoadedScenario",
-    "Scenario",
-    "ScenarioError",
-    "Step",
-    "load_scenario",
-    "parse_scenario",
-]
+from scenarios.matching import check_matchers, compile_jsonpath, json_type
 
 FORMAT_VERSION = 1
 #: Variables every scenario has: the bridge's base URL, its token, a private directory.
@@ -94,9 +79,6 @@ class _Model(BaseModel):
         return name in self.model_fields_set
 
 
-# -- matchers and JSONPath -------------------------------------------------------------
-
-
 def check_jsonpath(expression: str) -> str:
     """A JSONPath expression that parses (compiled once and cached)."""
     try:
@@ -110,7 +92,7 @@ def check_jsonpath(expression: str) -> str:
 Expected = Annotated[Any, AfterValidator(check_matchers)]
 JsonPath = Annotated[str, AfterValidator(check_jsonpath)]
 #: An event matcher; a bare string is shorthand for `{method: <string>}`.
-EventMatcher = Annotated[Any, AfterValidator(check_matchers)]
+EventMatcher = Expected
 
 
 def _variable_name(value: str) -> str:
@@ -124,23 +106,15 @@ def _variable_name(value: str) -> str:
 VariableName = Annotated[str, AfterValidator(_variable_name)]
 
 
-# -- the bridge under test ---------------------------------------------------------------
-
-
-def _limits_model() -> type[_Model]:
-    """`RestLimits` as a model: every field optional, camelCase, positive."""
-    fields: dict[str, Any] = {
-        item.name: (PositiveInt | None, None) for item in dataclasses.fields(RestLimits)
-    }
-    model: type[_Model] = create_model("Limits", __base__=_Model, **fields)
-    model.__doc__ = "Bridge limits (`RestLimits`), each optional; see the README's table."
-    return model
-
-
 if TYPE_CHECKING:
     Limits = _Model
-else:
-    Limits = _limits_model()
+else:  # `RestLimits` as a model: every field optional, camelCase, positive
+    Limits = create_model(
+        "Limits",
+        __base__=_Model,
+        __doc__="Bridge limits (`RestLimits`), each optional; see the README's table.",
+        **{item.name: (PositiveInt | None, None) for item in dataclasses.fields(RestLimits)},
+    )
 
 
 class BridgeSpec(_Model):
@@ -174,9 +148,6 @@ class Checks(_Model):
     script_used: bool = True
     #: Every server request the app-server sent was answered (or dropped by an interrupt).
     requests_answered: bool = True
-
-
-# -- steps -----------------------------------------------------------------------------
 
 
 AuthSpec = bool | str
@@ -264,19 +235,13 @@ class _Step(_Model):
         """How the step is shown in reports."""
         return self.name or self.KIND
 
-    def captures(self) -> dict[str, Any]:
-        return {}
-
     def defines(self) -> list[str]:
         """Variables this step sets."""
-        return list(self.captures())
+        return list(getattr(self, "capture", ()))
 
 
 class _Captures(_Step):
     capture: dict[VariableName, Capture] = Field(default_factory=dict)
-
-    def captures(self) -> dict[str, Any]:
-        return dict(self.capture)
 
 
 class HttpRequest(_Model):
@@ -588,9 +553,6 @@ class Scenario(_Model):
         return self.model is not None
 
 
-# -- loading -----------------------------------------------------------------------------
-
-
 @dataclass
 class LoadedScenario:
     """A validated scenario and where it came from (to point at its lines)."""
@@ -688,8 +650,8 @@ def _step_kind_problem(step: Any) -> str:
     """Why `step` has no kind: the keys it has instead, named, and the kinds there are."""
     kinds = ", ".join(sorted(STEP_KINDS))
     if not isinstance(step, dict):
-        what = _json_type(step)
-        return f"a step is a mapping with exactly one of the keys {kinds}; this is a {what}"
+        what = json_type(step)
+        return f"a step is a mapping with exactly one of the keys {kinds}; this is a JSON {what}"
     present = [key for key in step if key in STEP_KINDS]
     if len(present) > 1:
         return f"a step has exactly one kind; this one has {', '.join(present)}"
@@ -702,16 +664,6 @@ def _step_kind_problem(step: Any) -> str:
         guesses.append(f"{key!r} (did you mean {close[0]!r}?)" if close else repr(key))
     noun = "kind" if len(unknown) == 1 else "kinds"
     return f"unknown step {noun} {', '.join(guesses)}; a step's kind is one of {kinds}"
-
-
-def _json_type(value: Any) -> str:
-    if isinstance(value, list):
-        return "list"
-    if isinstance(value, str):
-        return "string"
-    if value is None:
-        return "null"
-    return type(value).__name__
 
 
 def _static_problems(scenario: Scenario) -> Iterator[tuple[tuple[Any, ...], str]]:
