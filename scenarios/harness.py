@@ -80,6 +80,33 @@ def fake_app_server_command(
     return command
 
 
+async def app_server_command(
+    directory: Path,
+    script: str | os.PathLike[str] | None = None,
+    *,
+    model: Any = None,
+    codex: Any = None,
+) -> tuple[list[str], Any]:
+    """The app-server of a bridge whose files go in `directory` (its cwd `work/`): fake-codex
+    on `script`, reporting into `fake-reports/`; with `model` (a `ModelProviderServer`, a
+    `ModelScript` or its replies) the real `codex` behind that scripted model. Returns the
+    command and the model server started here (closed by the caller after the bridge)."""
+    from fakes.model_provider import ModelProviderServer
+
+    work = directory / "work"
+    work.mkdir(parents=True, exist_ok=True)
+    if model is None:
+        return fake_app_server_command(
+            script, report_dir=directory / "fake-reports", cwd=work
+        ), None
+    owned = None if isinstance(model, ModelProviderServer) else ModelProviderServer(model)
+    if owned is not None:
+        await owned.start()
+    home = directory / "codex-home"
+    home.mkdir()
+    return (owned or model).codex_command(codex, codex_home=home, cwd=work), owned
+
+
 #: What a run says when it needs the real codex and none was configured or found: the
 #: same words from `rest-bridge scenarios` and from pytest.
 NO_CODEX = (

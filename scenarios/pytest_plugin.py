@@ -353,31 +353,21 @@ async def codex_start_bridge(
     ) -> RunningBridge:
         from scenarios import harness
 
-        number = next(counter)
-        directory = tmp_path / f"bridge-{number}"
-        work = directory / "work"
-        work.mkdir(parents=True)
-        parsed = None
-        owned_model = None
-        report_dir = None
-        if model is not None:
-            command, owned_model = await _real_codex_command(request, model, directory, work)
-        elif app_server is not None:
-            command = list(app_server)
+        directory = tmp_path / f"bridge-{next(counter)}"
+        directory.mkdir()
+        path, parsed = _script_path(script, directory) if script is not None else (None, None)
+        if app_server is not None:
+            command, owned_model = list(app_server), None
         else:
-            path = None
-            if script is not None:
-                path, parsed = _script_path(script, directory)
-            report_dir = directory / "fake-reports"
-            command = harness.fake_app_server_command(path, report_dir=report_dir, cwd=work)
+            codex = request.getfixturevalue("codex_bin") if model is not None else None
+            command, owned_model = await harness.app_server_command(
+                directory, path, model=model, codex=codex
+            )
         bridge = await harness.start_bridge(
-            command,
-            preset=preset,
-            limits=_limits(limits),
-            token=token,
-            exempt_health=exempt_health,
+            command, preset=preset, limits=_limits(limits), token=token, exempt_health=exempt_health
         )
-        bridge.report_dir = report_dir
+        if model is None and app_server is None:
+            bridge.report_dir = directory / "fake-reports"
         started.append((bridge, parsed, check_script, owned_model))
         return bridge
 
@@ -395,25 +385,6 @@ async def codex_start_bridge(
             "after the test, the fake app-server reports (check_script=False to allow):\n" + lines,
             pytrace=False,
         )
-
-
-async def _real_codex_command(
-    request: pytest.FixtureRequest, model: Any, directory: Path, work: Path
-) -> tuple[list[str], Any]:
-    from fakes.model_provider import ModelProviderServer, ModelScript
-
-    codex = request.getfixturevalue("codex_bin")
-    owned = None
-    if isinstance(model, ModelProviderServer):
-        server = model
-    else:
-        script = model if isinstance(model, ModelScript) else ModelScript(replies=list(model))
-        server = owned = ModelProviderServer(script)
-        await server.start()
-    home = directory / "codex-home"
-    home.mkdir()
-    command = server.codex_command(codex, codex_home=home, cwd=work)
-    return command, owned
 
 
 def _script_path(script: Any, directory: Path) -> tuple[str, Any]:

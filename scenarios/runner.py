@@ -55,8 +55,8 @@ from scenarios.harness import (
     CodexNotFound,
     RunningBridge,
     TargetError,
+    app_server_command,
     connect_bridge,
-    fake_app_server_command,
     required_codex,
     start_bridge,
 )
@@ -724,9 +724,6 @@ async def _run(
     result: ScenarioResult,
 ) -> None:
     scenario = loaded.scenario
-    reports = tmp / "fake-reports"
-    work = tmp / "work"
-    work.mkdir()
     model_server = None
     run: _Run | None = None
     bridge: RunningBridge | None = None
@@ -738,31 +735,21 @@ async def _run(
                 result.skip(f"not against a target: {reason}")
                 return
             result.transcript.add("run", f"the target bridge at {bridge.url}")
-            run = _Run(loaded, bridge, tmp, result.transcript)
-            await _steps(run, result)
-            return
-        if scenario.model is not None and codex is not None:
-            from fakes.model_provider import ModelProviderServer
-
-            model_server = ModelProviderServer(scenario.model)
-            await model_server.start()
-            home = tmp / "codex-home"
-            home.mkdir()
-            command = model_server.codex_command(codex, codex_home=home, cwd=work)
         else:
-            script = _script_file(loaded, tmp)
-            command = fake_app_server_command(script, report_dir=reports, cwd=work)
-        if options.app_server_prefix:
-            command = [*options.app_server_prefix, *command]
-        spec = scenario.bridge
-        bridge = await start_bridge(
-            command,
-            preset=spec.preset,
-            limits=spec.rest_limits(),
-            token=spec.token,
-            exempt_health=spec.exempt_health,
-        )
-        result.transcript.add("run", f"bridge {spec.preset} at {bridge.url}: {' '.join(command)}")
+            command, model_server = await app_server_command(
+                tmp, _script_file(loaded, tmp), model=scenario.model if codex else None, codex=codex
+            )
+            command = [*(options.app_server_prefix or ()), *command]
+            spec = scenario.bridge
+            bridge = await start_bridge(
+                command,
+                preset=spec.preset,
+                limits=spec.rest_limits(),
+                token=spec.token,
+                exempt_health=spec.exempt_health,
+            )
+            shown = f"bridge {spec.preset} at {bridge.url}: {' '.join(command)}"
+            result.transcript.add("run", shown)
         run = _Run(loaded, bridge, tmp, result.transcript)
         await _steps(run, result)
         if not result.failures and model_server is not None:
@@ -779,16 +766,11 @@ async def _run(
         if model_server is not None:
             await model_server.close()
     if model_server is None and options.target is None:
-        found = read_reports(reports)
-        result.transcript.fakes = found
-        checks = scenario.checks
-        found_problems = report_problems(
-            scenario.app_server,
-            found,
-            script_used=checks.script_used,
-            requests_answered=checks.requests_answered,
-        )
-        problems = [Problem(loc, message) for loc, message in found_problems]
+        result.transcript.fakes = found = read_reports(tmp / "fake-reports")
+        checks = scenario.checks.model_dump()
+        problems = [
+            Problem(*each) for each in report_problems(scenario.app_server, found, **checks)
+        ]
         if problems and not result.failures:
             result.fail("end of run checks", problems)
 
