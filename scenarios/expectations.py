@@ -1,11 +1,8 @@
 """Expectations: what a response or a run of events must look like, and the problems.
 
-The scenario runner checks every step with these; they take plain values (an
-`Exchange`, a list of event objects) and a `sub` that fills in `${variables}`, so
-another interpreter of the same step models can use them too. What a step sends
-(`step_request`, its `${variables}` filled in by `substitute`) and where a read stops
-(`ReadGoal`) are here as well, so that the runner, the respx mock's planner and the
-tests' respx driver read the steps alike.
+They take plain values (an `Exchange`, a list of events) and a `sub` filling in
+`${variables}`; with what a step sends (`step_request`) and where a read stops
+(`ReadGoal`), they let the runner, the respx mock and the tests read steps alike.
 """
 
 from __future__ import annotations
@@ -62,9 +59,6 @@ class Exchange:
     json: Any = NO_JSON
 
 
-# -- HTTP responses --------------------------------------------------------------------
-
-
 def http_problems(
     expect: f.HttpExpect | None, ex: Exchange, default_status: Any, sub: Sub = _same
 ) -> list[Problem]:
@@ -75,36 +69,26 @@ def http_problems(
     if expect.status is None and expect.error is not None:
         status = "non-2xx"
     if not _status_ok(status, ex.status):
-        problems.append(
-            Problem(
-                ("expect", "status"),
-                f"expected status {status}, received {ex.status}",
-                detail=f"body: {cut(ex.text, 2000)}",
-            )
-        )
+        wrong = f"expected status {status}, received {ex.status}"
+        problems.append(Problem(("expect", "status"), wrong, detail=f"body: {cut(ex.text, 2000)}"))
     for name, expected in (expect.headers or {}).items():
-        actual = ex.headers.get(name, MISSING)
-        for mismatch in match(sub(expected), actual, subset=False, path=name):
-            problems.append(Problem(("expect", "headers", name), f"header {mismatch}"))
+        found = match(sub(expected), ex.headers.get(name, MISSING), subset=False, path=name)
+        problems += [Problem(("expect", "headers", name), f"header {m}") for m in found]
     body_json = ex.json
     needs_json = expect.given("json_body") or expect.json_subset is not None or expect.json_path
     if needs_json and body_json is NO_JSON:
-        problems.append(
-            Problem(("expect",), f"the body is not JSON: {cut(ex.text, 500) or '(empty)'}")
-        )
-        return problems
+        text = cut(ex.text, 500) or "(empty)"
+        return [*problems, Problem(("expect",), f"the body is not JSON: {text}")]
     if expect.given("json_body"):
         problems += _compare(("expect", "json"), sub(expect.json_body), body_json, False)
     if expect.json_subset is not None:
-        expected = sub(expect.json_subset)
-        problems += _compare(("expect", "jsonSubset"), expected, body_json, True)
+        problems += _compare(("expect", "jsonSubset"), sub(expect.json_subset), body_json, True)
     for expression, expected in (expect.json_path or {}).items():
         found = match_jsonpath(sub(expression), sub(expected), body_json)
-        for mismatch in found:
-            problems.append(Problem(("expect", "jsonPath", expression), str(mismatch)))
+        problems += [Problem(("expect", "jsonPath", expression), str(m)) for m in found]
     if expect.body is not None:
-        for mismatch in match(sub(expect.body), ex.text, subset=False, path="body"):
-            problems.append(Problem(("expect", "body"), str(mismatch)))
+        found = match(sub(expect.body), ex.text, subset=False, path="body")
+        problems += [Problem(("expect", "body"), str(m)) for m in found]
     if expect.error is not None:
         problems += error_problems(sub(expect.error), ex)
     return problems
@@ -114,16 +98,14 @@ def error_problems(expected: Any, ex: Exchange) -> list[Problem]:
     """`ex` must carry the bridge's error payload, matching `expected` (a kind or a subset)."""
     loc = ("expect", "error")
     payload = ex.json
-    if not (
-        isinstance(payload, dict)
-        and isinstance(payload.get("error"), str)
-        and isinstance(payload.get("message"), str)
+    if not isinstance(payload, dict) or not all(
+        isinstance(payload.get(key), str) for key in ("error", "message")
     ):
+        received = f"{ex.status} {cut(ex.text, 500)}"
         return [
             Problem(
                 loc,
-                f"expected the error payload {{error, message, code?, data?}}, received "
-                f"{ex.status} {cut(ex.text, 500)}",
+                f"expected the error payload {{error, message, code?, data?}}, received {received}",
             )
         ]
     if 200 <= ex.status < 300:
@@ -131,9 +113,6 @@ def error_problems(expected: Any, ex: Exchange) -> list[Problem]:
     if isinstance(expected, str):
         expected = {"error": expected}
     return _compare(loc, expected, payload, True)
-
-
-# -- events (long-poll and SSE) ---------------------------------------------------------
 
 
 def events_problems(
@@ -151,36 +130,18 @@ def events_problems(
         kinds = [event.get("kind") for event in events]
     problems: list[Problem] = []
     listing = event_list(events)
-    if expect.count is not None and len(events) != expect.count:
-        problems.append(
-            Problem(
-                ("expect", "count"),
-                f"expected {expect.count} events, read {len(events)}",
-                detail=listing,
-            )
-        )
-    if expect.events is not None:
-        wanted = [event_matcher(sub(item)) for item in expect.events]
-        if len(wanted) != len(events):
-            problems.append(
-                Problem(
-                    ("expect", "events"),
-                    f"expected {len(wanted)} events, read {len(events)}",
-                    detail=listing,
-                )
-            )
-        for index, (expected, event) in enumerate(zip(wanted, events, strict=False)):
-            mismatches = match(expected, event, subset=True, path=f"events[{index}]")
-            if mismatches:
-                problems.append(
-                    Problem(
-                        ("expect", "events", index),
-                        f"event {index + 1} ({event_line(event, 80)}) does not match: "
-                        f"{mismatches[0]}",
-                        diff=diff(expected, event, subset=True),
-                    )
-                )
-                break
+    length = None if expect.events is None else len(expect.events)
+    for key, want in (("count", expect.count), ("events", length)):
+        if want is not None and len(events) != want:
+            counted = f"expected {want} events, read {len(events)}"
+            problems.append(Problem(("expect", key), counted, detail=listing))
+    for index, (item, event) in enumerate(zip(expect.events or [], events, strict=False)):
+        expected = event_matcher(sub(item))
+        if mismatches := match(expected, event, subset=True, path=f"events[{index}]"):
+            line = f"event {index + 1} ({event_line(event, 80)}) does not match: {mismatches[0]}"
+            shown = diff(expected, event, subset=True)
+            problems.append(Problem(("expect", "events", index), line, diff=shown))
+            break
     if expect.subsequence is not None:
         position = start = 0
         for index, item in enumerate(expect.subsequence):
@@ -188,23 +149,15 @@ def events_problems(
             while position < len(events) and match(expected, events[position], subset=True):
                 position += 1
             if position >= len(events):
+                message = f"no event matching {render(expected)}"
                 if index:
                     matched = event_name(events[start - 1]).split(" ")[0]
-                    message = (
-                        f"no event matching {render(expected)} after {matched} "
-                        f"(the event subsequence[{index - 1}] matched)"
-                    )
+                    message += f" after {matched} (the event subsequence[{index - 1}] matched)"
                 else:
-                    message = f"no event matching {render(expected)} was read"
-                near, near_diff = _nearest(expected, events[start:])
-                problems.append(
-                    Problem(
-                        ("expect", "subsequence", index),
-                        message + near,
-                        diff=near_diff,
-                        detail=listing,
-                    )
-                )
+                    message += " was read"
+                near, nearest = _nearest(expected, events[start:])
+                loc = ("expect", "subsequence", index)
+                problems.append(Problem(loc, message + near, diff=nearest, detail=listing))
                 break
             position += 1
             start = position
@@ -212,29 +165,17 @@ def events_problems(
         expected = event_matcher(sub(item))
         hits = [event for event in events if not match(expected, event, subset=True)]
         if hits:
-            problems.append(
-                Problem(
-                    ("expect", "absent", index),
-                    f"expected no event matching {render(expected)}, read {event_line(hits[0])}",
-                )
-            )
-    if expect.kinds is not None and list(expect.kinds) != kinds:
-        problems.append(
-            Problem(
-                ("expect", "kinds"),
-                f"expected kinds {render(list(expect.kinds))}, read {render(kinds)}",
-            )
-        )
-    if expect.methods is not None:
-        methods = [event.get("method") if isinstance(event, dict) else None for event in events]
-        if list(expect.methods) != methods:
-            problems.append(
-                Problem(
-                    ("expect", "methods"),
-                    f"expected methods {render(list(expect.methods), 600)}, "
-                    f"read {render(methods, 600)}",
-                )
-            )
+            hit = f"expected no event matching {render(expected)}, read {event_line(hits[0])}"
+            problems.append(Problem(("expect", "absent", index), hit))
+    methods = [event.get("method") if isinstance(event, dict) else None for event in events]
+    listed: tuple[tuple[str, list[Any] | None, list[Any]], ...] = (
+        ("kinds", expect.kinds, kinds),
+        ("methods", expect.methods, methods),
+    )
+    for key, names, read in listed:
+        if names is not None and list(names) != read:
+            found = f"expected {key} {render(list(names), 600)}, read {render(read, 600)}"
+            problems.append(Problem(("expect", key), found))
     if expect.ids is not None:
         problems += ids_problems(expect.ids, ids, sub)
     return problems
@@ -268,9 +209,6 @@ def ids_problems(spec: Any, raw_ids: list[Any], sub: Sub = _same) -> list[Proble
                 )
                 break
     return problems
-
-
-# -- what a step sends, and where a read stops -----------------------------------------
 
 
 def substitute(value: Any, lookup: Callable[[str], Any]) -> Any:
@@ -413,9 +351,6 @@ class ReadGoal:
         if self.through is not None and not match(self.through, read[-1], subset=True):
             return True
         return self.want is not None and len(read) >= self.want
-
-
-# -- helpers ---------------------------------------------------------------------------
 
 
 def as_text(value: Any) -> str:

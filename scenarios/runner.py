@@ -64,8 +64,6 @@ from scenarios.matching import find_jsonpath, match, render
 from scenarios.openapi_check import ContractViolation
 from scenarios.sse import SseFrame, SseReader
 
-# -- results ---------------------------------------------------------------------------
-
 
 @dataclass
 class Failure:
@@ -136,15 +134,8 @@ class RunOptions:
 
 
 def target_skip_reason(loaded: LoadedScenario, options: RunOptions) -> str | None:
-    """Why `loaded` cannot run against `options.target` (None: it can).
-
-    A target is built already: a scenario runs there when it needs nothing built for it.
-    No scripted model, no app-server script unless it is the one the target's fake-codex
-    runs (`target_script`), no limits of its own, health exempt from auth as by default,
-    and a token in the environment when the scenario turns auth on (the scenario's token,
-    wherever it is written, then stands for the target's). The preset is compared with
-    the target's routes once connected.
-    """
+    """Why `loaded` cannot run against `options.target`, which is built already (None: it
+    can). The preset and auth are compared with the target's once connected."""
     scenario = loaded.scenario
     spec = scenario.bridge
     if scenario.model is not None:
@@ -164,11 +155,8 @@ def target_skip_reason(loaded: LoadedScenario, options: RunOptions) -> str | Non
 
 
 def _target_mismatch(spec: f.BridgeSpec, target: RunningBridge) -> str | None:
-    """How the target is built otherwise than the scenario asks (None: as asked).
-
-    Auth must agree: a scenario without a token is written for a bridge without auth
-    (it may check that the OpenAPI document has no security scheme), one with a token
-    for a bridge with auth on."""
+    """How the target is built otherwise than the scenario asks (None: as asked). Auth
+    must agree: a scenario without a token may check that a request without one passes."""
     if target.auth and spec.token is None:
         return (
             "the target has auth on, and the scenario is written for a bridge without it "
@@ -208,7 +196,7 @@ def _same_file(path: Path | None, other: Path | None) -> bool:
 
 
 def _broken_contract(exc: ContractViolation) -> StepFailed:
-    return StepFailed([Problem((), f"the response breaks the bridge's contract: {exc}")])
+    return _failed((), f"the response breaks the bridge's contract: {exc}")
 
 
 class StepFailed(Exception):
@@ -219,7 +207,8 @@ class StepFailed(Exception):
         self.problems = problems
 
 
-# -- HTTP exchanges ----------------------------------------------------------------------
+def _failed(loc: tuple[Any, ...], message: str) -> StepFailed:
+    return StepFailed([Problem(loc, message)])
 
 
 @dataclass
@@ -252,25 +241,14 @@ class _LogCapture(logging.Handler):
 _LOGGERS = ("bridge", "aiohttp")
 
 
-# -- the run -----------------------------------------------------------------------------
-
-
 class _Run:
     """One scenario's run: variables, streams, the bridge and its client; the steps are
     the functions below."""
 
     def __init__(
-        self,
-        loaded: LoadedScenario,
-        bridge: RunningBridge,
-        tmp: Path,
-        transcript: Transcript,
+        self, scenario: f.Scenario, bridge: RunningBridge, tmp: Path, transcript: Transcript
     ) -> None:
-        self.loaded = loaded
-        self.scenario = loaded.scenario
-        self.bridge = bridge
-        self.tmp = tmp
-        self.transcript = transcript
+        self.scenario, self.bridge, self.transcript = scenario, bridge, transcript
         self.variables: dict[str, Any] = {
             "base": bridge.url,
             "token": bridge.token,
@@ -290,7 +268,7 @@ class _Run:
 
     def _variable(self, name: str) -> Any:
         if name not in self.variables:
-            raise StepFailed([Problem((), f"${{{name}}} has no value")])
+            raise _failed((), f"${{{name}}} has no value")
         return self.variables[name]
 
     async def exchange(self, request: StepRequest, timeout_ms: int = 30_000) -> Exchange:
@@ -316,12 +294,10 @@ class _Run:
             raise _broken_contract(exc) from None
         except TimeoutError:
             self.transcript.add("http", f"← no response within {timeout_ms} ms")
-            raise StepFailed(
-                [Problem((), f"{method} {shown}: no response within {timeout_ms} ms")]
-            ) from None
+            raise _failed((), f"{method} {shown}: no response within {timeout_ms} ms") from None
         except aiohttp.ClientError as exc:
             self.transcript.add("http", f"← {type(exc).__name__}: {exc}")
-            raise StepFailed([Problem((), f"{method} {shown} failed: {exc}")]) from None
+            raise _failed((), f"{method} {shown} failed: {exc}") from None
         return self.received(method, shown, status, response_headers, raw)
 
     def received(self, method: str, path: str, status: int, headers: Any, raw: bytes) -> Exchange:
@@ -345,9 +321,6 @@ class _Run:
         for stream in self.streams.values():
             stream.response.close()
         self.streams.clear()
-
-
-# -- steps ------------------------------------------------------------------------------
 
 
 async def run_step(run: _Run, step: Any) -> None:
@@ -496,7 +469,7 @@ async def _stream(run: _Run, step: f.StreamStep) -> None:
     except ContractViolation as exc:
         raise _broken_contract(exc) from None
     except (TimeoutError, aiohttp.ClientError) as exc:
-        raise StepFailed([Problem((), f"opening the stream failed: {exc!r}")]) from None
+        raise _failed((), f"opening the stream failed: {exc!r}") from None
     if response.status != 200:
         raw = await response.read()
         response.release()
@@ -508,7 +481,7 @@ async def _stream(run: _Run, step: f.StreamStep) -> None:
     try:
         expect = step.expect
         if expect is not None and (expect.given("json_body") or expect.json_subset):
-            raise StepFailed([Problem(("expect",), "a stream has no JSON body to match")])
+            raise _failed(("expect",), "a stream has no JSON body to match")
         _check_http(run, expect, ex, default_status=200)
         # Comments come through so that `read` can count keep-alives (then skips them).
         reader = SseReader(response, comments=True)
@@ -516,7 +489,7 @@ async def _stream(run: _Run, step: f.StreamStep) -> None:
         response.close()
         if isinstance(exc, StepFailed):
             raise
-        raise StepFailed([Problem((), str(exc))]) from None
+        raise _failed((), str(exc)) from None
     previous = run.streams.pop(spec.as_, None)
     if previous is not None:
         previous.response.close()
@@ -527,7 +500,7 @@ async def _read(run: _Run, step: f.ReadStep) -> None:
     spec, expect = step.read, step.expect or f.EventsExpect()
     stream = run.streams.get(spec.stream)
     if stream is None:
-        raise StepFailed([Problem(("read", "stream"), f"stream {spec.stream!r} is not open")])
+        raise _failed(("read", "stream"), f"stream {spec.stream!r} is not open")
     goal = ReadGoal.of(spec, run.sub)
     frames: list[SseFrame] = []
     events: list[Any] = []
@@ -632,14 +605,14 @@ async def _await(run: _Run, step: f.AwaitStep) -> None:
     spec = step.await_
     task = run.background.pop(spec.request, None)
     if task is None:
-        raise StepFailed([Problem(("await",), f"no request {spec.request!r} is pending")])
+        raise _failed(("await",), f"no request {spec.request!r} is pending")
     try:
         async with asyncio.timeout(spec.timeout_ms / 1000):
             ex = await asyncio.shield(task)
     except TimeoutError:
         task.cancel()
-        raise StepFailed(
-            [Problem(("await",), f"no response to {spec.request!r} within {spec.timeout_ms} ms")]
+        raise _failed(
+            ("await",), f"no response to {spec.request!r} within {spec.timeout_ms} ms"
         ) from None
     _check_http(run, step.expect, ex, default_status="2xx")
     _capture(run, step, ex.json, ex.headers)
@@ -660,18 +633,15 @@ def _capture(run: _Run, step: Any, document: Any, headers: Any = None) -> None:
             value = headers.get(spec["header"]) if headers is not None else None
             if value is None:
                 why = f"no header {spec['header']!r} to capture" if headers is not None else ""
-                raise StepFailed([Problem(("capture", name), why or "events have no headers")])
+                raise _failed(("capture", name), why or "events have no headers")
             run.variables[name] = value
             continue
         expression = spec["jsonPath"] if isinstance(spec, dict) else spec
         values = find_jsonpath(expression, document) if document is not None else []
         if not values:
             found = f"{expression} found nothing to capture in {render(document, 500)}"
-            raise StepFailed([Problem(("capture", name), found)])
+            raise _failed(("capture", name), found)
         run.variables[name] = values[0] if len(values) == 1 else values
-
-
-# -- running ---------------------------------------------------------------------------
 
 
 async def run_scenario(loaded: LoadedScenario, options: RunOptions | None = None) -> ScenarioResult:
@@ -750,7 +720,7 @@ async def _run(
             )
             shown = f"bridge {spec.preset} at {bridge.url}: {' '.join(command)}"
             result.transcript.add("run", shown)
-        run = _Run(loaded, bridge, tmp, result.transcript)
+        run = _Run(loaded.scenario, bridge, tmp, result.transcript)
         await _steps(run, result)
         if not result.failures and model_server is not None:
             await _model_checks(run, model_server, result)
