@@ -161,10 +161,8 @@ class Until(_Model):
 
 
 class HttpExpect(_Model):
-    """What an HTTP response must look like.
-
-    `status` defaults to any 2xx, or any non-2xx when `error` is given.
-    """
+    """What an HTTP response must look like; `status` defaults to any 2xx (non-2xx with
+    `error`)."""
 
     status: int | list[int] | str | None = None
     headers: dict[str, Expected] | None = None
@@ -208,17 +206,13 @@ class EventsExpect(_Model):
     error: str | dict[str, Expected] | None = None
 
 
-def _check_capture(value: Any) -> Any:
-    if isinstance(value, str):
-        return check_jsonpath(value)
-    if isinstance(value, dict) and len(value) == 1:
-        ((key, item),) = value.items()
-        if key == "jsonPath" and isinstance(item, str):
-            check_jsonpath(item)
-            return value
-        if key == "header" and isinstance(item, str):
-            return value
-    raise ValueError("a capture is a JSONPath string, {jsonPath: ...} or {header: NAME}")
+def _check_capture(value: str | dict[str, str]) -> Any:
+    if isinstance(value, dict) and len(value) != 1:
+        raise ValueError("a capture is a JSONPath string, {jsonPath: ...} or {header: NAME}")
+    path = value if isinstance(value, str) else value.get("jsonPath")
+    if path is not None:
+        check_jsonpath(path)
+    return value
 
 
 #: A JSONPath string, `{jsonPath: ...}`, or `{header: NAME}`.

@@ -16,20 +16,18 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = [
-    "Mismatch",
-    "compile_jsonpath",
-    "diff",
-    "find_jsonpath",
-    "is_matcher",
-    "json_type",
-    "match",
-    "render",
-    "view",
-]
-
 MISSING = object()
-_TYPES = ("string", "number", "integer", "boolean", "null", "object", "array")
+#: Each JSON type and its Python type (bool before int: True is not a number in JSON).
+_JSON_TYPES = (
+    (bool, "boolean"),
+    (type(None), "null"),
+    (int, "integer"),
+    (float, "number"),
+    (str, "string"),
+    (list, "array"),
+    (dict, "object"),
+)
+_TYPES = [name for _, name in _JSON_TYPES]
 
 #: The operators a matcher mapping may use.
 OPERATORS = frozenset(
@@ -104,21 +102,9 @@ def render(value: Any, limit: int = 200) -> str:
 
 def json_type(value: Any) -> str:
     """The JSON type of `value` (`integer` for ints; a Python type's name if not JSON)."""
-    if isinstance(value, bool):
-        return "boolean"
-    if value is None:
-        return "null"
-    if isinstance(value, int):
-        return "integer"
-    if isinstance(value, float):
-        return "number"
-    if isinstance(value, str):
-        return "string"
-    if isinstance(value, list):
-        return "array"
-    if isinstance(value, dict):
-        return "object"
-    return type(value).__name__
+    return next(
+        (name for kind, name in _JSON_TYPES if isinstance(value, kind)), type(value).__name__
+    )
 
 
 def _has_type(value: Any, name: str) -> bool:

@@ -1,16 +1,10 @@
-"""pytest plugin of codex-rest-bridge: scenario files as tests, and `codex_` fixtures.
+"""pytest plugin of codex-rest-bridge (entry point `pytest11`): scenario files as tests,
+and `codex_` fixtures; scenarios/README.md ("pytest") documents what it registers.
 
-Registered through the `pytest11` entry point `scenarios.pytest_plugin`. Every name it
-registers starts with `codex_` (`--codex-...` for options), so that none can collide
-with a host suite's own; besides those it registers only the tags of the scenario
-files it collects, as markers (so `-m TAG` works under `--strict-markers`). The
-options, markers and fixtures are documented in scenarios/README.md ("pytest").
-
-A scenario file (`*.scenario.yaml`, ini `codex_scenario_patterns`) is one test item: a
-malformed one is a collection error naming the file and line, a failing one reports
-the file and line of the failing step, then the transcript (left out with `--tb=short`,
-`line` or `no`). Without pytest-asyncio (a base install, without the `harness` extra),
-the async fixtures say which extra to install when a test asks for them.
+A scenario file is one test item: a malformed one is a collection error naming the
+file and line, a failing one reports the failing step's file and line, then the
+transcript (left out with `--tb=short`, `line` or `no`). Without pytest-asyncio (no
+`harness` extra) the async fixtures say which extra to install when asked for.
 """
 
 from __future__ import annotations
@@ -278,9 +272,7 @@ def _run_options(config: pytest.Config, tmp_root: Path | None) -> RunOptions:
 
 def _tmp_root(node: pytest.Item) -> Path | None:
     factory = getattr(node.config, "_tmp_path_factory", None)
-    if factory is None:
-        return None
-    return Path(factory.getbasetemp()) / "scenarios"
+    return None if factory is None else Path(factory.getbasetemp()) / "scenarios"
 
 
 # -- fixtures ------------------------------------------------------------------------------

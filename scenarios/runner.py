@@ -338,10 +338,8 @@ async def run_step(run: _Run, step: Any) -> None:
 async def _repeat(
     run: _Run, background: str | None, attempt: Callable[[], Awaitable[Exchange]], until: Any
 ) -> Exchange:
-    """Run `attempt` (returns an exchange, raises StepFailed) until it passes.
-
-    A `background` step only starts it; its `await` step checks the response.
-    """
+    """Run `attempt` (returns an exchange, raises StepFailed) until it passes; a
+    `background` step only starts it (its `await` step checks the response)."""
     if background is not None:
         run.background[background] = asyncio.ensure_future(attempt())
         return Exchange("", "", 0, CIMultiDictProxy(CIMultiDict()), "")
@@ -356,15 +354,9 @@ async def _repeat(
             return await attempt()
         except StepFailed as failed:
             if loop.time() + until.interval_ms / 1000 > deadline:
-                first = failed.problems[0] if failed.problems else Problem((), "failed")
-                failed.problems.insert(
-                    0,
-                    Problem(
-                        ("until",),
-                        f"still failing after {attempts} attempts in "
-                        f"{until.deadline_ms} ms; the last: {first.message}",
-                    ),
-                )
+                last = f"the last: {failed}"
+                late = f"still failing after {attempts} attempts in {until.deadline_ms} ms; {last}"
+                failed.problems.insert(0, Problem(("until",), late))
                 raise
         await asyncio.sleep(until.interval_ms / 1000)
 
@@ -668,17 +660,16 @@ async def run_scenario(loaded: LoadedScenario, options: RunOptions | None = None
             return result
     if options.tmp_root is not None:
         options.tmp_root.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f"scenario-{_slug(loaded.name)}-", dir=options.tmp_root))
-    result.tmp = tmp
+    slug = "".join(ch if ch.isalnum() else "-" for ch in loaded.name)[:40] or "scenario"
+    result.tmp = tmp = Path(tempfile.mkdtemp(prefix=f"scenario-{slug}-", dir=options.tmp_root))
     capture = _LogCapture(result.transcript)
-    loggers = [logging.getLogger(name) for name in _LOGGERS]
-    for logger in loggers:
-        logger.addHandler(capture)
+    for name in _LOGGERS:
+        logging.getLogger(name).addHandler(capture)
     try:
         await _run(loaded, options, tmp, codex, result)
     finally:
-        for logger in loggers:
-            logger.removeHandler(capture)
+        for name in _LOGGERS:
+            logging.getLogger(name).removeHandler(capture)
         result.duration = time.monotonic() - started
         if result.outcome == "passed" and not options.keep_tmp:
             shutil.rmtree(tmp, ignore_errors=True)
@@ -783,13 +774,9 @@ async def _model_checks(run: _Run, model_server: Any, result: ScenarioResult) ->
             ex = await run.exchange(StepRequest("GET", route_path("list_sessions")))
             for session in ex.json.get("sessions", []) if isinstance(ex.json, dict) else []:
                 for key in session.get("pendingRequests", []):
-                    problems.append(
-                        Problem(
-                            ("checks", "requestsAnswered"),
-                            f"session {session.get('sessionId')}: server request {key} was "
-                            "never answered",
-                        )
-                    )
+                    never = f"server request {key} was never answered"
+                    never = f"session {session.get('sessionId')}: {never}"
+                    problems.append(Problem(("checks", "requestsAnswered"), never))
     if problems:
         result.fail("end of run checks", problems)
 
@@ -807,10 +794,6 @@ def _script_file(loaded: LoadedScenario, tmp: Path) -> Path | None:
         raw = script.model_dump(by_alias=True, exclude_unset=True, mode="json")
     path.write_text(f.dump_yaml({"appServer": raw}), encoding="utf-8")
     return path
-
-
-def _slug(name: str) -> str:
-    return "".join(ch if ch.isalnum() else "-" for ch in name)[:40] or "scenario"
 
 
 def run_scenario_sync(loaded: LoadedScenario, options: RunOptions | None = None) -> ScenarioResult:
