@@ -187,9 +187,7 @@ def ids_problems(spec: Any, raw_ids: list[Any], sub: Sub = _same) -> list[Proble
     ids = [int_or_none(value) for value in raw_ids]
     if isinstance(spec, list):
         wanted = [int_or_none(sub(value)) for value in spec]
-        if wanted != ids:
-            return [Problem(loc, f"expected ids {wanted}, read {ids}")]
-        return []
+        return [] if wanted == ids else [Problem(loc, f"expected ids {wanted}, read {ids}")]
     if spec == "consecutive":
         spec = f.IdsSpec()
     if any(value is None for value in ids):
@@ -201,13 +199,10 @@ def ids_problems(spec: Any, raw_ids: list[Any], sub: Sub = _same) -> list[Proble
         problems.append(Problem(loc, f"expected the first id {first}, read {ids[0]}"))
     if ids and after is not None and ids[0] != after + 1:
         problems.append(Problem(loc, f"expected the first id right after {after}, read {ids[0]}"))
-    if spec.consecutive:
-        for previous, current in itertools.pairwise(ids):
-            if current != previous + 1:  # type: ignore[operator]
-                problems.append(
-                    Problem(loc, f"ids are not consecutive: {previous} then {current} ({ids})")
-                )
-                break
+    gaps = [(a, b) for a, b in itertools.pairwise(ids) if b != a + 1]  # type: ignore[operator]
+    if spec.consecutive and gaps:
+        (a, b), *_ = gaps
+        problems.append(Problem(loc, f"ids are not consecutive: {a} then {b} ({ids})"))
     return problems
 
 
@@ -291,18 +286,13 @@ def step_request(step: Any, sub: Sub) -> StepRequest:
         return StepRequest("POST", route_path("create_session"), sub(create.auth), json_body=body)
     if isinstance(step, f.ReplyStep):
         reply = step.reply
-        key = {
-            "sessionId": as_text(sub(reply.session)),
-            "requestKey": as_text(sub(reply.request_key)),
-        }
+        key = {"sessionId": reply.session, "requestKey": reply.request_key}
+        key = {name: as_text(sub(value)) for name, value in key.items()}
         if reply.error is not None:
-            error = sub(reply.error.model_dump(exclude_unset=True))
-            path = route_path("reply_error", **key)
-            return StepRequest("POST", path, sub(reply.auth), json_body=error)
-        result = {"result": sub(reply.result)}
-        return StepRequest(
-            "POST", route_path("reply_result", **key), sub(reply.auth), json_body=result
-        )
+            route, body = "reply_error", sub(reply.error.model_dump(exclude_unset=True))
+        else:
+            route, body = "reply_result", {"result": sub(reply.result)}
+        return StepRequest("POST", route_path(route, **key), sub(reply.auth), json_body=body)
     if isinstance(step, f.StreamStep):
         stream = step.stream
         if stream.session is not None:

@@ -264,17 +264,10 @@ class _Background(_Captures):
 
     @model_validator(mode="after")
     def _checked_later(self) -> _Background:
-        if self.background is not None:
-            extra = [
-                key
-                for key in ("expect", "capture", "until")
-                if getattr(self, key, None) or key in self.model_fields_set
-            ]
-            if extra:
-                raise ValueError(
-                    f"a `background` request is checked by its `await` step; move "
-                    f"{', '.join(f'`{key}`' for key in extra)} there"
-                )
+        extra = [f"`{key}`" for key in ("expect", "capture", "until") if self.given(key)]
+        if self.background is not None and extra:
+            move = f"move {', '.join(extra)} there"
+            raise ValueError(f"a `background` request is checked by its `await` step; {move}")
         return self
 
 
@@ -561,22 +554,14 @@ class LoadedScenario:
 
     @property
     def name(self) -> str:
-        if self.scenario.name:
-            return self.scenario.name
-        if self.path is not None:
-            return self.path.name.split(".")[0]
-        return self.source
+        shown = self.path.name.split(".")[0] if self.path is not None else self.source
+        return self.scenario.name or shown
 
     def where(self, loc: tuple[Any, ...]) -> str:
         """`file:line` of the node at `loc` (the file alone when unknown)."""
-        if self.text is None:
-            return self.source
-        if self._root is None:
+        if self.text is not None and self._root is None:
             self._root = _compose(self.text) or False
-        if not self._root:
-            return self.source
-        line, _ = _mark(self._root, loc)
-        return f"{self.source}:{line}"
+        return f"{self.source}:{_mark(self._root, loc)[0]}" if self._root else self.source
 
 
 def load_scenario(path: str | os.PathLike[str]) -> LoadedScenario:
@@ -621,12 +606,12 @@ def parse_scenario(
             )
         ) from None
     loaded = LoadedScenario(scenario, source, path, text, data)
-    problems = list(_static_problems(scenario))
-    if problems:
-        lines = [f"invalid scenario {source}:"]
-        for loc, message in problems:
-            lines.append(f"  {loaded.where(loc)}: {_format_path(loc)}: {message}")
-        raise ScenarioError("\n".join(lines))
+    lines = [
+        f"  {loaded.where(loc)}: {_format_path(loc)}: {why}"
+        for loc, why in _static_problems(scenario)
+    ]
+    if lines:
+        raise ScenarioError("\n".join([f"invalid scenario {source}:", *lines]))
     return loaded
 
 
@@ -652,12 +637,14 @@ def _step_kind_problem(step: Any) -> str:
     unknown = [str(key) for key in step if key not in _STEP_EXTRAS]
     if not unknown:
         return f"the step has no kind: add one of the keys {kinds}"
-    guesses = []
-    for key in unknown:
-        close = difflib.get_close_matches(key, sorted(STEP_KINDS), n=1, cutoff=0.6)
-        guesses.append(f"{key!r} (did you mean {close[0]!r}?)" if close else repr(key))
+    guesses = [repr(key) + _did_you_mean(key) for key in unknown]
     noun = "kind" if len(unknown) == 1 else "kinds"
     return f"unknown step {noun} {', '.join(guesses)}; a step's kind is one of {kinds}"
+
+
+def _did_you_mean(key: str) -> str:
+    close = difflib.get_close_matches(key, sorted(STEP_KINDS), n=1, cutoff=0.6)
+    return f" (did you mean {close[0]!r}?)" if close else ""
 
 
 def _static_problems(scenario: Scenario) -> Iterator[tuple[tuple[Any, ...], str]]:

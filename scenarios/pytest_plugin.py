@@ -60,35 +60,30 @@ def _async_fixture(func: Callable[..., Any]) -> Any:
     return missing
 
 
-# -- options, markers, collection ----------------------------------------------------------
-
-
 def pytest_addoption(parser: pytest.Parser) -> None:
     group = parser.getgroup("codex-rest-bridge", "codex-rest-bridge scenarios and fixtures")
-    group.addoption(
-        "--codex-bin",
-        dest="codex_bin",
-        default=None,
-        help="the real codex, for codex_bin and scenarios that script the model "
-        "(default: $CODEX_BIN, .codex-npm/, codex on PATH)",
-    )
-    group.addoption(
-        "--codex-target",
-        dest="codex_target",
-        default=None,
-        metavar="URL",
-        help="run scenario files against the bridge running at URL (http://host:port) "
-        f"instead of one of their own; its token from ${TOKEN_VARIABLE}. Scenarios that "
-        "need a bridge built for them skip, saying why",
-    )
-    group.addoption(
-        "--codex-target-script",
-        dest="codex_target_script",
-        default=None,
-        metavar="FILE",
-        help="the scenario file whose appServer script the target's fake-codex runs "
-        "(that scenario runs against the target too)",
-    )
+    for option, metavar, text in (
+        (
+            "--codex-bin",
+            "PATH",
+            "the real codex, for codex_bin and scenarios that script the model "
+            "(default: $CODEX_BIN, .codex-npm/, codex on PATH)",
+        ),
+        (
+            "--codex-target",
+            "URL",
+            "run scenario files against the bridge running at URL (http://host:port) "
+            f"instead of one of their own; its token from ${TOKEN_VARIABLE}. Scenarios that "
+            "need a bridge built for them skip, saying why",
+        ),
+        (
+            "--codex-target-script",
+            "FILE",
+            "the scenario file whose appServer script the target's fake-codex runs "
+            "(that scenario runs against the target too)",
+        ),
+    ):
+        group.addoption(option, dest=option[2:].replace("-", "_"), metavar=metavar, help=text)
     parser.addini(
         PATTERNS_INI,
         type="linelist",
@@ -100,15 +95,12 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 @pytest.hookimpl(tryfirst=True)
 def pytest_configure(config: pytest.Config) -> None:
     _settle_fixture_loop_scope(config)
-    config.addinivalue_line(
-        "markers",
+    for marker in (
         f"{MARKER}(script=None, preset='trusted', token=None, limits=None, model=None, "
         "check_script=True): how the codex_bridge fixture's bridge is built",
-    )
-    config.addinivalue_line(
-        "markers",
         f"{REAL_MARKER}: runs the real codex (skips without it; fails when CI=true)",
-    )
+    ):
+        config.addinivalue_line("markers", marker)
     config.stash[_TAGS] = set()
     if _ci() and not hasattr(config, "workerinput"):
         config.pluginmanager.register(_EverySkipFails(config), "codex-every-skip-fails")
@@ -275,9 +267,6 @@ def _tmp_root(node: pytest.Item) -> Path | None:
     return None if factory is None else Path(factory.getbasetemp()) / "scenarios"
 
 
-# -- fixtures ------------------------------------------------------------------------------
-
-
 StartBridge = Callable[..., Awaitable["RunningBridge"]]
 
 
@@ -431,12 +420,9 @@ async def codex_client(
 async def codex_sse(
     request: pytest.FixtureRequest,
 ) -> AsyncIterator[Callable[..., Awaitable[SseReader]]]:
-    """Open SSE streams: `reader = await codex_sse("/v1/sessions/ID/events/stream")`.
-
-    The stream must answer 200 with `text/event-stream`; every read of the returned
-    `SseReader` has a timeout (`next`, `collect`, `until`, `rest`). Streams are closed
-    after the test. `client` defaults to `codex_client`.
-    """
+    """Open SSE streams: `reader = await codex_sse("/v1/sessions/ID/events/stream")`, read
+    through `codex_client` unless `client=` says otherwise. The stream must answer 200 with
+    `text/event-stream`; every read has a timeout. Streams are closed after the test."""
     from scenarios.sse import SseReader
 
     responses: list[aiohttp.ClientResponse] = []
@@ -499,11 +485,8 @@ def _ours(request: pytest.FixtureRequest, name: str, value: Any, kind: type[T]) 
 def codex_run_scenario(
     request: pytest.FixtureRequest, tmp_path: Path
 ) -> Callable[..., Awaitable[ScenarioResult]]:
-    """Run a scenario (a file path, or a mapping built in Python) inside the test.
-
-    Returns the result when it passes; fails the test with the scenario's report
-    otherwise (`check=False` returns a failed result instead).
-    """
+    """Run a scenario (a file path, or a mapping built in Python) inside the test; a
+    failing one fails the test with its report (`check=False` returns it instead)."""
     from scenarios.format import load_scenario, parse_scenario
     from scenarios.reporting import format_result
     from scenarios.runner import run_scenario as run
