@@ -221,6 +221,8 @@ class OpenStream:
     ended: bool = False
     #: Why reading it failed (a broken connection), until a `read` reports it.
     failed: str | None = None
+    #: The keep-alive comments read so far.
+    keep_alives: int = 0
 
 
 class _LogCapture(logging.Handler):
@@ -276,16 +278,15 @@ class _Run:
         method, path = request.method, request.path
         headers, params, content = request.encoded(self.bridge.token)
         shown = path + (f"?{'&'.join(f'{k}={v}' for k, v in params.items())}" if params else "")
-        json_body = request.json_body
-        sent = render(json_body, 500) if json_body is not NO_JSON else (request.body or "")
+        body = request.json_body
+        sent = render(body, 500) if body is not NO_JSON else (request.body or "")
         self.transcript.add("http", f"→ {method} {shown} {sent}".rstrip())
-        kwargs: dict[str, Any] = {"params": params, "headers": headers}
-        if content is not None:
-            kwargs["data"] = content
         try:
             async with (
                 asyncio.timeout(timeout_ms / 1000),
-                self.client.request(method, self._url(path), **kwargs) as response,
+                self.client.request(
+                    method, self._url(path), params=params, headers=headers, data=content
+                ) as response,
             ):
                 raw = await response.read()
                 status, response_headers = response.status, response.headers
@@ -448,13 +449,12 @@ def _not_quiet(quiet_ms: int, event: Any) -> Problem:
 
 
 async def _stream(run: _Run, step: f.StreamStep) -> None:
-    spec = step.stream
+    spec, expect = step.stream, step.expect
     request = step_request(step, run.sub)
     path = request.path
     headers, params, _ = request.encoded(run.bridge.token)
-    run.transcript.add(
-        "http", f"→ GET {path} (stream {spec.as_}) {render(headers.get('Last-Event-ID', ''))}"
-    )
+    last_id = render(headers.get("Last-Event-ID", ""))
+    run.transcript.add("http", f"→ GET {path} (stream {spec.as_}) {last_id}")
     try:
         async with asyncio.timeout(spec.timeout_ms / 1000):
             response = await run.client.get(run._url(path), headers=headers, params=params)
@@ -466,24 +466,21 @@ async def _stream(run: _Run, step: f.StreamStep) -> None:
         raw = await response.read()
         response.release()
         ex = run.received("GET", path, response.status, response.headers, raw)
-        _check_http(run, step.expect, ex, default_status=200)
-        return
+        return _check_http(run, expect, ex, default_status=200)
     run.transcript.add("http", f"← 200 {response.headers.get('Content-Type', '')}")
-    ex = Exchange("GET", path, 200, response.headers, "", NO_JSON)
     try:
-        expect = step.expect
         if expect is not None and (expect.given("json_body") or expect.json_subset):
             raise _failed(("expect",), "a stream has no JSON body to match")
-        _check_http(run, expect, ex, default_status=200)
+        _check_http(run, expect, Exchange("GET", path, 200, response.headers, ""), 200)
         # Comments come through so that `read` can count keep-alives (then skips them).
         reader = SseReader(response, comments=True)
-    except (StepFailed, ValueError) as exc:
+    except ValueError as exc:  # not an event stream
         response.close()
-        if isinstance(exc, StepFailed):
-            raise
         raise _failed((), str(exc)) from None
-    previous = run.streams.pop(spec.as_, None)
-    if previous is not None:
+    except StepFailed:
+        response.close()
+        raise
+    if (previous := run.streams.pop(spec.as_, None)) is not None:
         previous.response.close()
     run.streams[spec.as_] = OpenStream(spec.as_, response, reader)
 
@@ -497,19 +494,12 @@ async def _read(run: _Run, step: f.ReadStep) -> None:
     frames: list[SseFrame] = []
     events: list[Any] = []
     problems: list[Problem] = []
-    reached = goal.want == 0
-    keep_alives = 0
+    reached, keep_alives = goal.want == 0, stream.keep_alives
     loop = asyncio.get_running_loop()
-
-    async def next_frame(within_ms: int, deadline: float | None = None) -> SseFrame | None:
-        nonlocal keep_alives
-        deadline = deadline or loop.time() + within_ms / 1000
-        frame, seen = await _next_event_frame(run, stream, deadline)
-        keep_alives += seen
-        return frame
-
     deadline = loop.time() + spec.timeout_ms / 1000
-    while not reached and not stream.ended and (frame := await next_frame(0, deadline)):
+    while not reached and not stream.ended:
+        if (frame := await _next_event_frame(run, stream, (deadline - loop.time()) * 1000)) is None:
+            break
         frames.append(frame)
         events.append(frame_event(frame))
         reached = goal.reached(events)
@@ -525,22 +515,18 @@ async def _read(run: _Run, step: f.ReadStep) -> None:
         problems.append(Problem(("read",), read, detail=event_list(events)))
     for index, event in enumerate(events):
         if event is NO_JSON:
-            data = cut(frames[index].data, 300)
-            problems.append(
-                Problem(("read",), f"frame {index + 1} has data that is not JSON: {data}")
-            )
+            data = f"frame {index + 1} has data that is not JSON: {cut(frames[index].data, 300)}"
+            problems.append(Problem(("read",), data))
     if not problems:
         ids, kinds = [frame.id for frame in frames], [frame.event for frame in frames]
         problems += events_problems(expect, events, ids, kinds, run.sub)
-    quiet = expect.quiet_ms
-    late = await next_frame(quiet) if quiet and not problems and not stream.ended else None
-    if quiet and late is not None:
+    quiet = expect.quiet_ms if not problems and not stream.ended else None
+    if quiet and (late := await _next_event_frame(run, stream, quiet)) is not None:
         problems.append(_not_quiet(quiet, frame_event(late)))
     if not problems and expect.ended is not None:
         loc = ("expect", "ended")
         if expect.ended and not stream.ended:
-            frame = await next_frame(spec.timeout_ms)
-            if frame is not None:
+            if (frame := await _next_event_frame(run, stream, spec.timeout_ms)) is not None:
                 received = event_line(frame_event(frame))
                 problems.append(Problem(loc, f"expected the stream to end, received {received}"))
             elif not stream.ended:
@@ -548,12 +534,11 @@ async def _read(run: _Run, step: f.ReadStep) -> None:
         elif not expect.ended and stream.ended:
             problems.append(Problem(loc, "the stream ended"))
     if expect.keep_alives is not None:
-        for mismatch in match(
-            run.sub(expect.keep_alives), keep_alives, subset=False, path="keepAlives"
-        ):
-            problems.append(
-                Problem(("expect", "keepAlives"), f"keep-alive comments seen: {mismatch}")
-            )
+        seen = stream.keep_alives - keep_alives
+        found = match(run.sub(expect.keep_alives), seen, subset=False, path="keepAlives")
+        problems += [
+            Problem(("expect", "keepAlives"), f"keep-alive comments seen: {m}") for m in found
+        ]
     if expect.error is not None:
         problems.append(Problem(("expect", "error"), "`error` applies to `poll` only"))
     if problems:
@@ -561,29 +546,27 @@ async def _read(run: _Run, step: f.ReadStep) -> None:
     _capture(run, step, events[-1] if events else None)
 
 
-async def _next_event_frame(
-    run: _Run, stream: OpenStream, deadline: float
-) -> tuple[SseFrame | None, int]:
-    """The next event frame before `deadline` (None: quiet, or the stream ended or
-    failed: `stream.ended`), and the keep-alive comments read meanwhile."""
-    loop = asyncio.get_running_loop()
-    seen = 0
+async def _next_event_frame(run: _Run, stream: OpenStream, within_ms: float) -> SseFrame | None:
+    """The next event frame within `within_ms` (None: quiet, or the stream ended or failed:
+    `stream.ended`); keep-alive comments read meanwhile are counted in the stream."""
+    deadline = asyncio.get_running_loop().time() + within_ms / 1000
     while True:
         try:
-            frame = await stream.reader.next(timeout=max(0.0, deadline - loop.time()))
+            left = deadline - asyncio.get_running_loop().time()
+            frame = await stream.reader.next(timeout=max(0.0, left))
         except TimeoutError:
-            return None, seen
+            return None
         except aiohttp.ClientError as exc:
             stream.failed, frame = f"the stream failed: {exc!r}", None
         if frame is None:
             stream.ended = True
             run.transcript.add("sse", f"⇠ [{stream.name}] (end of stream)")
-            return None, seen
+            return None
         if frame.comment is None:
             shown = f"id={frame.id} {frame.event} {cut(frame.data, 1000)}"
             run.transcript.add("sse", f"⇠ [{stream.name}] {shown}")
-            return frame, seen
-        seen += 1
+            return frame
+        stream.keep_alives += 1
 
 
 async def _close(run: _Run, step: f.CloseStep) -> None:
