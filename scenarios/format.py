@@ -137,8 +137,7 @@ class BridgeSpec(_Model):
 
     def rest_limits(self) -> RestLimits:
         """The limits as the bridge takes them."""
-        values = {name: value for name, value in self.limits if value is not None}
-        return RestLimits(**values)
+        return RestLimits(**{name: value for name, value in self.limits if value is not None})
 
 
 class Checks(_Model):
@@ -223,11 +222,12 @@ class _Step(_Model):
     """A step: a mapping with exactly one kind key (the class's `KIND`)."""
 
     KIND: ClassVar[str]
+    #: How a step without a name is shown in reports (`step` is the step).
+    SHOWN: ClassVar[str] = "{step.KIND}"
     name: str | None = None
 
     def title(self) -> str:
-        """How the step is shown in reports."""
-        return self.name or self.KIND
+        return self.name or self.SHOWN.format(step=self)
 
     def defines(self) -> list[str]:
         """Variables this step sets."""
@@ -298,12 +298,10 @@ class CallStep(_Background):
     """`call:` POST `/v1/sessions/{session}/call/{method}` (or `/v1/call/{method}`)."""
 
     KIND = "call"
+    SHOWN = "call {step.call.method}"
     call: CallSpec
     expect: HttpExpect | None = None
     until: Until | None = None
-
-    def title(self) -> str:
-        return self.name or f"call {self.call.method}"
 
 
 class CreateSessionSpec(_Model):
@@ -315,26 +313,21 @@ class CreateSessionSpec(_Model):
 
 
 def _session_shorthand(value: Any) -> Any:
-    if value is None or value is True:
-        return {}
-    if isinstance(value, str):
-        return {"as": value}
-    return value
+    shorthand = value is None or value is True
+    return {"as": value} if isinstance(value, str) else {} if shorthand else value
 
 
 class CreateSessionStep(_Captures):
     """`createSession:` POST `/v1/sessions`; the id goes to `${session}` (or `as`)."""
 
     KIND = "createSession"
+    SHOWN = "createSession {step.create_session.as_}"
     create_session: CreateSessionSpec
     expect: HttpExpect | None = None
 
     _shorthand = field_validator(
         "create_session", mode="before", json_schema_input_type=CreateSessionSpec | str | None
     )(_session_shorthand)
-
-    def title(self) -> str:
-        return self.name or f"createSession {self.create_session.as_}"
 
     def defines(self) -> list[str]:
         return [self.create_session.as_, *self.capture]
@@ -423,11 +416,9 @@ class StreamStep(_Step):
     """`stream:` open an SSE stream."""
 
     KIND = "stream"
+    SHOWN = "stream {step.stream.as_}"
     stream: StreamSpec
     expect: HttpExpect | None = None
-
-    def title(self) -> str:
-        return self.name or f"stream {self.stream.as_}"
 
 
 class ReadSpec(_ReadUntil):
@@ -448,11 +439,9 @@ class ReadStep(_Captures):
     """`read:` frames of an open SSE stream."""
 
     KIND = "read"
+    SHOWN = "read {step.read.stream}"
     read: ReadSpec
     expect: EventsExpect | None = None
-
-    def title(self) -> str:
-        return self.name or f"read {self.read.stream}"
 
 
 class CloseStep(_Step):
@@ -477,15 +466,13 @@ class AwaitStep(_Captures):
     """`await:` the response of a request sent with `background: NAME`."""
 
     KIND = "await"
+    SHOWN = "await {step.await_.request}"
     await_: AwaitSpec = Field(alias="await")
     expect: HttpExpect | None = None
 
     _shorthand = field_validator("await_", mode="before", json_schema_input_type=AwaitSpec | str)(
         _await_shorthand
     )
-
-    def title(self) -> str:
-        return self.name or f"await {self.await_.request}"
 
 
 STEP_TYPES: tuple[type[_Step], ...] = (
