@@ -344,15 +344,10 @@ class ReadGoal:
 
 
 def as_text(value: Any) -> str:
+    """`value` as a path segment, a query value or a header: JSON text but for strings."""
     if isinstance(value, str):
         return value
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if value is None:
-        return ""
-    if isinstance(value, int | float):
-        return str(value)
-    return orjson.dumps(value).decode()
+    return "" if value is None else orjson.dumps(value).decode()
 
 
 def cut(text: str, limit: int) -> str:

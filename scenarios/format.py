@@ -681,10 +681,8 @@ def _variables(value: Any, loc: tuple[Any, ...]) -> Iterator[tuple[tuple[Any, ..
             yield loc, found.group(1)
     elif isinstance(value, dict):
         for key, item in value.items():
-            if isinstance(key, str):
-                # JSONPath keys of `jsonPath:` may use variables too.
-                for found in VARIABLE.finditer(key):
-                    yield (*loc, key), found.group(1)
+            if isinstance(key, str):  # JSONPath keys of `jsonPath:` may use variables too
+                yield from _variables(key, (*loc, key))
             yield from _variables(item, (*loc, key))
     elif isinstance(value, list):
         for index, item in enumerate(value):

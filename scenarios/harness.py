@@ -259,7 +259,6 @@ async def start_bridge(
     limits: RestLimits | None = None,
     token: str | None = None,
     exempt_health: bool = True,
-    host: str = "127.0.0.1",
 ) -> RunningBridge:
     """Build a preset on `command`, with bearer auth when `token` is given, and serve it."""
     if preset not in PRESETS:
@@ -268,7 +267,7 @@ async def start_bridge(
     if token is not None:
         with_bearer_auth(app, token, exempt_health=exempt_health)
     checker = checker_for(app)
-    runner, url = await serve_app(app, host)
+    runner, url = await serve_app(app)
     return RunningBridge(url, app, runner, list(command), preset, token, checker, auth=bool(token))
 
 

@@ -180,12 +180,8 @@ def _match_ops(ops: dict[str, Any], actual: Any, *, subset: bool, path: str) -> 
         return [Mismatch(path, f"expected nothing here, received {render(actual)}")]
     if actual is MISSING:
         return [Mismatch(path, f"expected a value matching {render(ops)}, found nothing")]
-    found: list[Mismatch] = []
-    for op, arg in ops.items():
-        problem = _op(op, arg, actual, subset=subset, path=path)
-        if problem is not None:
-            found.append(problem)
-    return found
+    found = (_op(op, arg, actual, subset=subset, path=path) for op, arg in ops.items())
+    return [problem for problem in found if problem is not None]
 
 
 def _op(op: str, arg: Any, actual: Any, *, subset: bool, path: str) -> Mismatch | None:
@@ -307,10 +303,5 @@ def match_jsonpath(expression: str, expected: Any, document: Any) -> list[Mismat
     selected.
     """
     values = find_jsonpath(expression, document)
-    if not values:
-        actual: Any = MISSING
-    elif len(values) == 1:
-        actual = values[0]
-    else:
-        actual = values
+    actual = MISSING if not values else values[0] if len(values) == 1 else values
     return match(expected, actual, subset=False, path=expression)

@@ -1,10 +1,6 @@
-"""Check HTTP responses against the bridge's own OpenAPI document.
-
-Used by the project's tests (every response they receive is checked) and
-available to host suites: a response whose status is not documented for its
-operation, or whose JSON body does not match the documented schema, fails with
-a message that says which.
-"""
+"""Check HTTP responses against the bridge's own OpenAPI document (the project's tests check
+every response they receive; host suites may too): an undocumented status, or a JSON body
+that does not match the documented schema, fails saying which."""
 
 from __future__ import annotations
 

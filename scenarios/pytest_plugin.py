@@ -110,14 +110,9 @@ LOOP_SCOPE_OPTION = "asyncio_default_fixture_loop_scope"
 
 
 def _settle_fixture_loop_scope(config: pytest.Config) -> None:
-    """Spare every host project pytest-asyncio's warning about an unset loop scope.
-
-    When the host's configuration leaves `asyncio_default_fixture_loop_scope` unset,
-    pytest-asyncio (1.5 and later) is told `fixture-scope`: what it does anyway when the
-    option is unset, so no fixture changes loop, and the `PytestDeprecationWarning` that
-    asks for a choice is not printed. A value the host sets always wins. Runs before
-    pytest-asyncio reads the option (`tryfirst`).
-    """
+    """Spare host projects pytest-asyncio's (1.5+) warning about an unset loop scope: when
+    the host leaves it unset, say `fixture-scope`, what pytest-asyncio does anyway then (no
+    fixture changes loop). A host's value wins. Runs before pytest-asyncio reads it."""
     if pytest_asyncio is None or Version(pytest_asyncio.__version__).release < (1, 5):
         return
     try:
@@ -200,13 +195,9 @@ class ScenarioFailed(AssertionError):
 
 
 class ScenarioItem(pytest.Item):
-    """Runs one scenario in a fresh event loop, bridge and temporary directory.
-
-    Its tags are keywords (`-k TAG`) and, when they are names (a letter, then letters,
-    digits, `_`, `-`), marks (`-m TAG`); one that scripts the model
-    is marked `codex_real`; `parallel: false` puts it in the xdist group `codex-serial`
-    (one worker runs them one after the other under `--dist loadgroup`).
-    """
+    """Runs one scenario in a fresh event loop, bridge and temporary directory. Its tags are
+    keywords (`-k TAG`) and, when names, marks (`-m TAG`); one scripting the model is marked
+    `codex_real`; `parallel: false` puts it in the xdist group `codex-serial`."""
 
     def __init__(self, *, loaded: LoadedScenario, **kwargs: Any) -> None:
         super().__init__(**kwargs)
@@ -277,13 +268,9 @@ def codex_bin(pytestconfig: pytest.Config) -> str:
     from scenarios.harness import NO_CODEX, CodexNotFound, required_codex
 
     unusable: str | None = None
+    given = pytestconfig.getoption("codex_bin")
     try:
-        found = required_codex(
-            pytestconfig.getoption("codex_bin"),
-            "--codex-bin",
-            _ci(),
-            root=pytestconfig.rootpath,
-        )
+        found = required_codex(given, "--codex-bin", _ci(), root=pytestconfig.rootpath)
     except CodexNotFound as exc:
         unusable = str(exc)
     if unusable is not None:  # failed outside the `except`: no chained traceback
@@ -382,13 +369,12 @@ def _script_path(script: Any, directory: Path) -> tuple[str, Any]:
 
 
 def _limits(limits: Any) -> Any:
-    from pydantic.alias_generators import to_snake
-
     from bridge.limits import RestLimits
+    from scenarios.format import BridgeSpec
 
     if limits is None or isinstance(limits, RestLimits):
         return limits
-    return RestLimits(**{to_snake(key): value for key, value in dict(limits).items()})
+    return BridgeSpec(limits=limits).rest_limits()  # snake_case or camelCase keys
 
 
 @_async_fixture

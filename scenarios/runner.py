@@ -586,9 +586,8 @@ async def _await(run: _Run, step: f.AwaitStep) -> None:
             ex = await asyncio.shield(task)
     except TimeoutError:
         task.cancel()
-        raise _failed(
-            ("await",), f"no response to {spec.request!r} within {spec.timeout_ms} ms"
-        ) from None
+        late = f"no response to {spec.request!r} within {spec.timeout_ms} ms"
+        raise _failed(("await",), late) from None
     _check_http(run, step.expect, ex, default_status="2xx")
     _capture(run, step, ex.json, ex.headers)
 

@@ -1,9 +1,5 @@
-"""A small, strict Server-Sent Events reader over an aiohttp response.
-
-It reads the real bytes of the stream and yields one :class:`SseFrame` per
-event (comments such as keep-alives are yielded too when asked), with a timeout
-on every wait, so a test never hangs on a stream that went quiet.
-"""
+"""A small, strict Server-Sent Events reader over an aiohttp response: one `SseFrame` per
+event (and per comment, such as a keep-alive, when asked), a timeout on every wait."""
 
 from __future__ import annotations
 
