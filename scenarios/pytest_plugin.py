@@ -223,11 +223,7 @@ class ScenarioItem(pytest.Item):
         if result.outcome == "failed":
             raise ScenarioFailed(result)
 
-    def repr_failure(
-        self,
-        excinfo: pytest.ExceptionInfo[BaseException],
-        style: Any = None,
-    ) -> Any:
+    def repr_failure(self, excinfo: pytest.ExceptionInfo[BaseException], style: Any = None) -> Any:
         if isinstance(excinfo.value, ScenarioFailed):
             from scenarios.reporting import format_result
 
