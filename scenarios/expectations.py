@@ -319,10 +319,8 @@ class ReadGoal:
     @classmethod
     def of(cls, spec: f.PollSpec | f.ReadSpec, sub: Sub) -> ReadGoal:
         through = event_matcher(sub(spec.through)) if spec.through is not None else None
-        want = spec.count
-        if want is None and through is None and not getattr(spec, "to_end", False):
-            want = 1
-        return cls(through, want)
+        one = None if through is not None or getattr(spec, "to_end", False) else 1
+        return cls(through, spec.count if spec.count is not None else one)
 
     def wanted(self, noun: str) -> str:
         """What the read waits for, in words (`noun`: event, frame)."""

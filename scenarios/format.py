@@ -35,7 +35,7 @@ from pydantic.alias_generators import to_camel
 
 from bridge.limits import RestLimits
 from fakes.app_server.script import STEP_KINDS as FAKE_STEP_KINDS
-from fakes.app_server.script import AppServerScript, one_key_union
+from fakes.app_server.script import AppServerScript, ScriptError, one_key_union
 from fakes.app_server.script_source import (
     _compose,
     _format_path,
@@ -553,21 +553,18 @@ class LoadedScenario:
 
 def load_scenario(path: str | os.PathLike[str]) -> LoadedScenario:
     """Read and validate the scenario at `path`; raise ScenarioError naming the problem."""
-    file = Path(path)
     source = os.fspath(path)
     try:
-        text = file.read_text(encoding="utf-8")
+        text = Path(path).read_text(encoding="utf-8")
     except OSError as exc:
         raise ScenarioError(f"{source}: cannot read the scenario: {exc.strerror}") from None
     except UnicodeDecodeError:
         raise ScenarioError(f"{source}: not UTF-8 text") from None
-    return parse_scenario_text(text, source, file)
+    return parse_scenario_text(text, source, Path(path))
 
 
 def parse_scenario_text(text: str, source: str, path: Path | None = None) -> LoadedScenario:
     """Validate a scenario given as YAML or JSON text."""
-    from fakes.app_server.script import ScriptError
-
     try:
         data = parse_yaml(text, source)
     except ScriptError as exc:

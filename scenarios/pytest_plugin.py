@@ -137,10 +137,8 @@ def pytest_collect_file(file_path: Path, parent: pytest.Collector) -> pytest.Col
 
 
 class _EverySkipFails:
-    """Under `CI=true`, a run whose every scenario skipped fails: it checked nothing.
-
-    Registered in the process that reports (not in xdist workers, whose reports it
-    receives), so it sees each scenario item's outcome once."""
+    """Under `CI=true`, a run whose every scenario skipped fails: it checked nothing. Not in
+    xdist workers: the main process receives their reports, so sees each outcome once."""
 
     def __init__(self, config: pytest.Config) -> None:
         self.config = config

@@ -236,8 +236,9 @@ class _LogCapture(logging.Handler):
     def emit(self, record: logging.LogRecord) -> None:
         if record.thread == self.thread:
             with contextlib.suppress(Exception):
-                message = record.getMessage()
-                self.transcript.add("log", f"{record.levelname} {record.name}: {message}")
+                self.transcript.add(
+                    "log", f"{record.levelname} {record.name}: {record.getMessage()}"
+                )
 
 
 _LOGGERS = ("bridge", "aiohttp")
@@ -734,9 +735,8 @@ async def _steps(run: _Run, result: ScenarioResult) -> None:
     except TimeoutError:
         late = [Problem((), f"the scenario ran past its timeoutMs ({scenario.timeout_ms} ms)")]
         if index < 0:
-            result.fail("scenario", late, ("timeoutMs",))
-        else:
-            result.fail(_step_title(index, scenario.steps[index], scenario), late, ("steps", index))
+            return result.fail("scenario", late, ("timeoutMs",))
+        result.fail(_step_title(index, scenario.steps[index], scenario), late, ("steps", index))
 
 
 def _step_title(index: int, step: Any, scenario: f.Scenario) -> str:
@@ -765,16 +765,10 @@ async def _model_checks(run: _Run, model_server: Any, result: ScenarioResult) ->
 
 def _script_file(loaded: LoadedScenario, tmp: Path) -> Path | None:
     """The file fake-codex reads: the scenario file itself, else one written for the run."""
-    script = loaded.scenario.app_server
-    if script is None:
-        return None
-    if loaded.path is not None:
-        return loaded.path
+    if loaded.scenario.app_server is None or loaded.path is not None:
+        return loaded.path if loaded.scenario.app_server is not None else None
     path = tmp / "app-server.yaml"
-    raw = loaded.data.get("appServer") if isinstance(loaded.data, dict) else None
-    if raw is None:
-        raw = script.model_dump(by_alias=True, exclude_unset=True, mode="json")
-    path.write_text(f.dump_yaml({"appServer": raw}), encoding="utf-8")
+    path.write_text(f.dump_yaml({"appServer": loaded.data["appServer"]}), encoding="utf-8")
     return path
 
 

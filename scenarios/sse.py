@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import sys
-from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -66,10 +65,6 @@ class SseReader:
     async def rest(self, timeout: float = 10.0) -> list[SseFrame]:
         """Every frame until the server ends the stream."""
         return await self.collect(sys.maxsize, timeout)
-
-    async def __aiter__(self) -> AsyncIterator[SseFrame]:
-        while (frame := await self._next_frame()) is not None:
-            yield frame
 
     async def _next_frame(self) -> SseFrame | None:
         frame = SseFrame()
