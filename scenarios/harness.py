@@ -295,7 +295,7 @@ async def connect_bridge(url: str, token: str | None = None) -> RunningBridge:
         raise TargetError(f"{url}: cannot reach the bridge: {exc or type(exc).__name__}") from None
     if status == 401 and not token:
         return RunningBridge(base, None, None, [], "?", auth=True)
-    if status in (401, 403):
+    if status in (401, 403) and token:
         raise TargetError(
             f"{url}: the target refused the token in ${TOKEN_VARIABLE} ({status} to GET "
             f"{route_path('openapi')}): set it to the token the target was started with"
