@@ -22,16 +22,16 @@ import sys
 from pathlib import Path
 
 #: The launcher's own table (`bin/codex.js` in @openai/codex 0.169.0): target triple and
-#: platform package for each (sys.platform, machine).
+#: platform package for each (sys.platform, machine), machine names as `_MACHINES` has them.
 _TARGETS: dict[tuple[str, str], tuple[str, str]] = {
     ("linux", "x86_64"): ("x86_64-unknown-linux-musl", "codex-linux-x64"),
     ("linux", "aarch64"): ("aarch64-unknown-linux-musl", "codex-linux-arm64"),
     ("darwin", "x86_64"): ("x86_64-apple-darwin", "codex-darwin-x64"),
-    ("darwin", "arm64"): ("aarch64-apple-darwin", "codex-darwin-arm64"),
-    ("win32", "amd64"): ("x86_64-pc-windows-msvc", "codex-win32-x64"),
-    ("win32", "arm64"): ("aarch64-pc-windows-msvc", "codex-win32-arm64"),
+    ("darwin", "aarch64"): ("aarch64-apple-darwin", "codex-darwin-arm64"),
+    ("win32", "x86_64"): ("x86_64-pc-windows-msvc", "codex-win32-x64"),
+    ("win32", "aarch64"): ("aarch64-pc-windows-msvc", "codex-win32-arm64"),
 }
-_MACHINE_ALIASES = {"amd64": "x86_64", "arm64": "aarch64"}
+_MACHINES = {"amd64": "x86_64", "arm64": "aarch64"}
 
 
 def native_relative_path(system: str | None = None, machine: str | None = None) -> Path | None:
@@ -39,11 +39,7 @@ def native_relative_path(system: str | None = None, machine: str | None = None) 
     given), None on a platform the package does not ship."""
     system = system or sys.platform
     machine = (machine or platform.machine()).lower()
-    target = _TARGETS.get((system, machine))
-    if target is None and system != "win32":
-        target = _TARGETS.get((system, _MACHINE_ALIASES.get(machine, machine)))
-        if target is None and system == "darwin" and machine == "aarch64":
-            target = _TARGETS[("darwin", "arm64")]
+    target = _TARGETS.get((system, _MACHINES.get(machine, machine)))
     if target is None:
         return None
     triple, package = target

@@ -1,14 +1,10 @@
 """The scenario format, version 1: pydantic models, and loading files with useful errors.
 
-A scenario is one YAML (or JSON) document; `scenarios/README.md` documents it. Its
-`appServer:` section is a fake-codex script, validated by the fake's own models
-(`fakes.app_server.script.AppServerScript`), so the same file can be handed to
-`fake-codex --script`. Its `model:` section is a `fakes.model_provider.ModelScript`.
-
-Everything that can be checked before a run is checked at load time: the document's
-shape, matcher operators, JSONPath expressions, and that every `${variable}` and
-stream a step uses was defined by an earlier step. `ScenarioError` messages name the
-file, the line and the problem.
+`scenarios/README.md` documents it. `appServer:` is a fake-codex script validated by the
+fake's own models (so the file can be handed to `fake-codex --script`); `model:` is a
+`fakes.model_provider.ModelScript`. What can be checked before a run is checked at load
+(shape, matchers, JSONPath, every `${variable}` and stream defined by an earlier step);
+`ScenarioError` messages name the file, the line and the problem.
 """
 
 from __future__ import annotations
@@ -39,7 +35,7 @@ from pydantic.alias_generators import to_camel
 
 from bridge.limits import RestLimits
 from fakes.app_server.script import STEP_KINDS as FAKE_STEP_KINDS
-from fakes.app_server.script import AppServerScript, one_key_union
+from fakes.app_server.script import AppServerScript, ScriptError, one_key_union
 from fakes.app_server.script_source import (
     _compose,
     _format_path,
@@ -48,18 +44,7 @@ from fakes.app_server.script_source import (
     parse_yaml,
 )
 from fakes.model_provider import ModelScript
-from scenarios.matching import check_matchers, compile_jsonpath
-
-__all__ = [
-    "FORMAT_VERSION",
-    "BridgeSpec",
-    "LoadedScenario",
-    "Scenario",
-    "ScenarioError",
-    "Step",
-    "load_scenario",
-    "parse_scenario",
-]
+from scenarios.matching import check_matchers, compile_jsonpath, json_type
 
 FORMAT_VERSION = 1
 #: Variables every scenario has: the bridge's base URL, its token, a private directory.
@@ -94,9 +79,6 @@ class _Model(BaseModel):
         return name in self.model_fields_set
 
 
-# -- matchers and JSONPath -------------------------------------------------------------
-
-
 def check_jsonpath(expression: str) -> str:
     """A JSONPath expression that parses (compiled once and cached)."""
     try:
@@ -110,7 +92,7 @@ def check_jsonpath(expression: str) -> str:
 Expected = Annotated[Any, AfterValidator(check_matchers)]
 JsonPath = Annotated[str, AfterValidator(check_jsonpath)]
 #: An event matcher; a bare string is shorthand for `{method: <string>}`.
-EventMatcher = Annotated[Any, AfterValidator(check_matchers)]
+EventMatcher = Expected
 
 
 def _variable_name(value: str) -> str:
@@ -124,23 +106,15 @@ def _variable_name(value: str) -> str:
 VariableName = Annotated[str, AfterValidator(_variable_name)]
 
 
-# -- the bridge under test ---------------------------------------------------------------
-
-
-def _limits_model() -> type[_Model]:
-    """`RestLimits` as a model: every field optional, camelCase, positive."""
-    fields: dict[str, Any] = {
-        item.name: (PositiveInt | None, None) for item in dataclasses.fields(RestLimits)
-    }
-    model: type[_Model] = create_model("Limits", __base__=_Model, **fields)
-    model.__doc__ = "Bridge limits (`RestLimits`), each optional; see the README's table."
-    return model
-
-
 if TYPE_CHECKING:
     Limits = _Model
-else:
-    Limits = _limits_model()
+else:  # `RestLimits` as a model: every field optional, camelCase, positive
+    Limits = create_model(
+        "Limits",
+        __base__=_Model,
+        __doc__="Bridge limits (`RestLimits`), each optional; see the README's table.",
+        **{item.name: (PositiveInt | None, None) for item in dataclasses.fields(RestLimits)},
+    )
 
 
 class BridgeSpec(_Model):
@@ -163,8 +137,7 @@ class BridgeSpec(_Model):
 
     def rest_limits(self) -> RestLimits:
         """The limits as the bridge takes them."""
-        values = {name: value for name, value in self.limits if value is not None}
-        return RestLimits(**values)
+        return RestLimits(**{name: value for name, value in self.limits if value is not None})
 
 
 class Checks(_Model):
@@ -174,9 +147,6 @@ class Checks(_Model):
     script_used: bool = True
     #: Every server request the app-server sent was answered (or dropped by an interrupt).
     requests_answered: bool = True
-
-
-# -- steps -----------------------------------------------------------------------------
 
 
 AuthSpec = bool | str
@@ -190,10 +160,8 @@ class Until(_Model):
 
 
 class HttpExpect(_Model):
-    """What an HTTP response must look like.
-
-    `status` defaults to any 2xx, or any non-2xx when `error` is given.
-    """
+    """What an HTTP response must look like; `status` defaults to any 2xx (non-2xx with
+    `error`)."""
 
     status: int | list[int] | str | None = None
     headers: dict[str, Expected] | None = None
@@ -237,17 +205,13 @@ class EventsExpect(_Model):
     error: str | dict[str, Expected] | None = None
 
 
-def _check_capture(value: Any) -> Any:
-    if isinstance(value, str):
-        return check_jsonpath(value)
-    if isinstance(value, dict) and len(value) == 1:
-        ((key, item),) = value.items()
-        if key == "jsonPath" and isinstance(item, str):
-            check_jsonpath(item)
-            return value
-        if key == "header" and isinstance(item, str):
-            return value
-    raise ValueError("a capture is a JSONPath string, {jsonPath: ...} or {header: NAME}")
+def _check_capture(value: str | dict[str, str]) -> Any:
+    if isinstance(value, dict) and len(value) != 1:
+        raise ValueError("a capture is a JSONPath string, {jsonPath: ...} or {header: NAME}")
+    path = value if isinstance(value, str) else value.get("jsonPath")
+    if path is not None:
+        check_jsonpath(path)
+    return value
 
 
 #: A JSONPath string, `{jsonPath: ...}`, or `{header: NAME}`.
@@ -258,25 +222,20 @@ class _Step(_Model):
     """A step: a mapping with exactly one kind key (the class's `KIND`)."""
 
     KIND: ClassVar[str]
+    #: How a step without a name is shown in reports (`step` is the step).
+    SHOWN: ClassVar[str] = "{step.KIND}"
     name: str | None = None
 
     def title(self) -> str:
-        """How the step is shown in reports."""
-        return self.name or self.KIND
-
-    def captures(self) -> dict[str, Any]:
-        return {}
+        return self.name or self.SHOWN.format(step=self)
 
     def defines(self) -> list[str]:
         """Variables this step sets."""
-        return list(self.captures())
+        return list(getattr(self, "capture", ()))
 
 
 class _Captures(_Step):
     capture: dict[VariableName, Capture] = Field(default_factory=dict)
-
-    def captures(self) -> dict[str, Any]:
-        return dict(self.capture)
 
 
 class HttpRequest(_Model):
@@ -305,17 +264,10 @@ class _Background(_Captures):
 
     @model_validator(mode="after")
     def _checked_later(self) -> _Background:
-        if self.background is not None:
-            extra = [
-                key
-                for key in ("expect", "capture", "until")
-                if getattr(self, key, None) or key in self.model_fields_set
-            ]
-            if extra:
-                raise ValueError(
-                    f"a `background` request is checked by its `await` step; move "
-                    f"{', '.join(f'`{key}`' for key in extra)} there"
-                )
+        extra = [f"`{key}`" for key in ("expect", "capture", "until") if self.given(key)]
+        if self.background is not None and extra:
+            move = f"move {', '.join(extra)} there"
+            raise ValueError(f"a `background` request is checked by its `await` step; {move}")
         return self
 
 
@@ -346,12 +298,10 @@ class CallStep(_Background):
     """`call:` POST `/v1/sessions/{session}/call/{method}` (or `/v1/call/{method}`)."""
 
     KIND = "call"
+    SHOWN = "call {step.call.method}"
     call: CallSpec
     expect: HttpExpect | None = None
     until: Until | None = None
-
-    def title(self) -> str:
-        return self.name or f"call {self.call.method}"
 
 
 class CreateSessionSpec(_Model):
@@ -363,26 +313,21 @@ class CreateSessionSpec(_Model):
 
 
 def _session_shorthand(value: Any) -> Any:
-    if value is None or value is True:
-        return {}
-    if isinstance(value, str):
-        return {"as": value}
-    return value
+    shorthand = value is None or value is True
+    return {"as": value} if isinstance(value, str) else {} if shorthand else value
 
 
 class CreateSessionStep(_Captures):
     """`createSession:` POST `/v1/sessions`; the id goes to `${session}` (or `as`)."""
 
     KIND = "createSession"
+    SHOWN = "createSession {step.create_session.as_}"
     create_session: CreateSessionSpec
     expect: HttpExpect | None = None
 
     _shorthand = field_validator(
         "create_session", mode="before", json_schema_input_type=CreateSessionSpec | str | None
     )(_session_shorthand)
-
-    def title(self) -> str:
-        return self.name or f"createSession {self.create_session.as_}"
 
     def defines(self) -> list[str]:
         return [self.create_session.as_, *self.capture]
@@ -471,11 +416,9 @@ class StreamStep(_Step):
     """`stream:` open an SSE stream."""
 
     KIND = "stream"
+    SHOWN = "stream {step.stream.as_}"
     stream: StreamSpec
     expect: HttpExpect | None = None
-
-    def title(self) -> str:
-        return self.name or f"stream {self.stream.as_}"
 
 
 class ReadSpec(_ReadUntil):
@@ -496,11 +439,9 @@ class ReadStep(_Captures):
     """`read:` frames of an open SSE stream."""
 
     KIND = "read"
+    SHOWN = "read {step.read.stream}"
     read: ReadSpec
     expect: EventsExpect | None = None
-
-    def title(self) -> str:
-        return self.name or f"read {self.read.stream}"
 
 
 class CloseStep(_Step):
@@ -525,15 +466,13 @@ class AwaitStep(_Captures):
     """`await:` the response of a request sent with `background: NAME`."""
 
     KIND = "await"
+    SHOWN = "await {step.await_.request}"
     await_: AwaitSpec = Field(alias="await")
     expect: HttpExpect | None = None
 
     _shorthand = field_validator("await_", mode="before", json_schema_input_type=AwaitSpec | str)(
         _await_shorthand
     )
-
-    def title(self) -> str:
-        return self.name or f"await {self.await_.request}"
 
 
 STEP_TYPES: tuple[type[_Step], ...] = (
@@ -588,9 +527,6 @@ class Scenario(_Model):
         return self.model is not None
 
 
-# -- loading -----------------------------------------------------------------------------
-
-
 @dataclass
 class LoadedScenario:
     """A validated scenario and where it came from (to point at its lines)."""
@@ -605,41 +541,30 @@ class LoadedScenario:
 
     @property
     def name(self) -> str:
-        if self.scenario.name:
-            return self.scenario.name
-        if self.path is not None:
-            return self.path.name.split(".")[0]
-        return self.source
+        shown = self.path.name.split(".")[0] if self.path is not None else self.source
+        return self.scenario.name or shown
 
     def where(self, loc: tuple[Any, ...]) -> str:
         """`file:line` of the node at `loc` (the file alone when unknown)."""
-        if self.text is None:
-            return self.source
-        if self._root is None:
+        if self.text is not None and self._root is None:
             self._root = _compose(self.text) or False
-        if not self._root:
-            return self.source
-        line, _ = _mark(self._root, loc)
-        return f"{self.source}:{line}"
+        return f"{self.source}:{_mark(self._root, loc)[0]}" if self._root else self.source
 
 
 def load_scenario(path: str | os.PathLike[str]) -> LoadedScenario:
     """Read and validate the scenario at `path`; raise ScenarioError naming the problem."""
-    file = Path(path)
     source = os.fspath(path)
     try:
-        text = file.read_text(encoding="utf-8")
+        text = Path(path).read_text(encoding="utf-8")
     except OSError as exc:
         raise ScenarioError(f"{source}: cannot read the scenario: {exc.strerror}") from None
     except UnicodeDecodeError:
         raise ScenarioError(f"{source}: not UTF-8 text") from None
-    return parse_scenario_text(text, source, file)
+    return parse_scenario_text(text, source, Path(path))
 
 
 def parse_scenario_text(text: str, source: str, path: Path | None = None) -> LoadedScenario:
     """Validate a scenario given as YAML or JSON text."""
-    from fakes.app_server.script import ScriptError
-
     try:
         data = parse_yaml(text, source)
     except ScriptError as exc:
@@ -665,12 +590,12 @@ def parse_scenario(
             )
         ) from None
     loaded = LoadedScenario(scenario, source, path, text, data)
-    problems = list(_static_problems(scenario))
-    if problems:
-        lines = [f"invalid scenario {source}:"]
-        for loc, message in problems:
-            lines.append(f"  {loaded.where(loc)}: {_format_path(loc)}: {message}")
-        raise ScenarioError("\n".join(lines))
+    lines = [
+        f"  {loaded.where(loc)}: {_format_path(loc)}: {why}"
+        for loc, why in _static_problems(scenario)
+    ]
+    if lines:
+        raise ScenarioError("\n".join([f"invalid scenario {source}:", *lines]))
     return loaded
 
 
@@ -688,30 +613,22 @@ def _step_kind_problem(step: Any) -> str:
     """Why `step` has no kind: the keys it has instead, named, and the kinds there are."""
     kinds = ", ".join(sorted(STEP_KINDS))
     if not isinstance(step, dict):
-        what = _json_type(step)
-        return f"a step is a mapping with exactly one of the keys {kinds}; this is a {what}"
+        what = json_type(step)
+        return f"a step is a mapping with exactly one of the keys {kinds}; this is a JSON {what}"
     present = [key for key in step if key in STEP_KINDS]
     if len(present) > 1:
         return f"a step has exactly one kind; this one has {', '.join(present)}"
     unknown = [str(key) for key in step if key not in _STEP_EXTRAS]
     if not unknown:
         return f"the step has no kind: add one of the keys {kinds}"
-    guesses = []
-    for key in unknown:
-        close = difflib.get_close_matches(key, sorted(STEP_KINDS), n=1, cutoff=0.6)
-        guesses.append(f"{key!r} (did you mean {close[0]!r}?)" if close else repr(key))
+    guesses = [repr(key) + _did_you_mean(key) for key in unknown]
     noun = "kind" if len(unknown) == 1 else "kinds"
     return f"unknown step {noun} {', '.join(guesses)}; a step's kind is one of {kinds}"
 
 
-def _json_type(value: Any) -> str:
-    if isinstance(value, list):
-        return "list"
-    if isinstance(value, str):
-        return "string"
-    if value is None:
-        return "null"
-    return type(value).__name__
+def _did_you_mean(key: str) -> str:
+    close = difflib.get_close_matches(key, sorted(STEP_KINDS), n=1, cutoff=0.6)
+    return f" (did you mean {close[0]!r}?)" if close else ""
 
 
 def _static_problems(scenario: Scenario) -> Iterator[tuple[tuple[Any, ...], str]]:
@@ -761,10 +678,8 @@ def _variables(value: Any, loc: tuple[Any, ...]) -> Iterator[tuple[tuple[Any, ..
             yield loc, found.group(1)
     elif isinstance(value, dict):
         for key, item in value.items():
-            if isinstance(key, str):
-                # JSONPath keys of `jsonPath:` may use variables too.
-                for found in VARIABLE.finditer(key):
-                    yield (*loc, key), found.group(1)
+            if isinstance(key, str):  # JSONPath keys of `jsonPath:` may use variables too
+                yield from _variables(key, (*loc, key))
             yield from _variables(item, (*loc, key))
     elif isinstance(value, list):
         for index, item in enumerate(value):

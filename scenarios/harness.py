@@ -19,6 +19,7 @@ import orjson
 import yarl
 from aiohttp import web
 
+from bridge import TOKEN_VARIABLE
 from bridge.app import PRESET_ROUTES, PRESETS, SERVER_SETTINGS, route_path
 from bridge.auth import with_bearer_auth
 from bridge.limits import RestLimits
@@ -37,18 +38,11 @@ RECORDER: contextvars.ContextVar[aiohttp.ClientMiddlewareType | None] = contextv
 
 
 def fake_codex_command() -> list[str]:
-    """How to start the bundled fake (without `app-server`): the installed script.
-
-    The console script beside this interpreter (a venv's bin/), else one on PATH, else
-    the module run by this interpreter.
-    """
+    """How to start the bundled fake (without `app-server`): the console script beside this
+    interpreter (a venv's bin/), else one on PATH, else the module run by this interpreter."""
     sibling = Path(sys.executable).with_name("fake-codex")
-    if sibling.exists():
-        return [str(sibling)]
-    found = shutil.which("fake-codex")
-    if found:
-        return [found]
-    return [sys.executable, "-m", "fakes.app_server.cli"]
+    found = str(sibling) if sibling.exists() else shutil.which("fake-codex")
+    return [found] if found else [sys.executable, "-m", "fakes.app_server.cli"]
 
 
 def fake_app_server_command(
@@ -56,28 +50,47 @@ def fake_app_server_command(
     *,
     report_dir: str | os.PathLike[str] | None = None,
     cwd: str | os.PathLike[str] | None = None,
-    base: Sequence[str] | None = None,
 ) -> list[str]:
-    """`fake-codex app-server [--script S]`, behind `env` when it needs settings.
+    """`fake-codex app-server [--script S]` behind `env`, which sets `$FAKE_CODEX_SCRIPT`
+    (so `--version` reads the script's `versionOutput`; empty without a script, so a stray
+    one in the environment is not picked up) and, as given, `$FAKE_CODEX_REPORT` and the
+    working directory. The bridge keeps wrappers before `app-server` for `--version`."""
+    path = os.path.abspath(script) if script is not None else ""
+    env = [
+        "env",
+        *(["-C", os.path.abspath(cwd)] if cwd is not None else []),
+        f"{SCRIPT_ENV}={path}",
+    ]
+    if report_dir is not None:
+        env.append(f"{REPORT_ENV}={os.path.abspath(report_dir)}")
+    return [*env, *fake_codex_command(), "app-server", *(["--script", path] if path else [])]
 
-    `env` sets `$FAKE_CODEX_SCRIPT` too (so `--version` reads the script's
-    `versionOutput`; empty without a script, so a stray one in the environment is not
-    picked up), `$FAKE_CODEX_REPORT`, and with `cwd` the working directory. The bridge
-    keeps wrappers before `app-server` when it asks for `--version`.
-    """
-    prefix: list[str] = []
-    script_path = os.path.abspath(script) if script is not None else ""
-    if report_dir is not None or cwd is not None or script is not None:
-        prefix = ["env"]
-        if cwd is not None:
-            prefix += ["-C", os.path.abspath(cwd)]
-        prefix.append(f"{SCRIPT_ENV}={script_path}")
-        if report_dir is not None:
-            prefix.append(f"{REPORT_ENV}={os.path.abspath(report_dir)}")
-    command = [*prefix, *(base or fake_codex_command()), "app-server"]
-    if script_path:
-        command += ["--script", script_path]
-    return command
+
+async def app_server_command(
+    directory: Path,
+    script: str | os.PathLike[str] | None = None,
+    *,
+    model: Any = None,
+    codex: Any = None,
+) -> tuple[list[str], Any]:
+    """The app-server of a bridge whose files go in `directory` (its cwd `work/`): fake-codex
+    on `script`, reporting into `fake-reports/`; with `model` (a `ModelProviderServer`, a
+    `ModelScript` or its replies) the real `codex` behind that scripted model. Returns the
+    command and the model server started here (closed by the caller after the bridge)."""
+    from fakes.model_provider import ModelProviderServer
+
+    work = directory / "work"
+    work.mkdir(parents=True, exist_ok=True)
+    if model is None:
+        return fake_app_server_command(
+            script, report_dir=directory / "fake-reports", cwd=work
+        ), None
+    owned = None if isinstance(model, ModelProviderServer) else ModelProviderServer(model)
+    if owned is not None:
+        await owned.start()
+    home = directory / "codex-home"
+    home.mkdir()
+    return (owned or model).codex_command(codex, codex_home=home, cwd=work), owned
 
 
 #: What a run says when it needs the real codex and none was configured or found: the
@@ -90,23 +103,17 @@ NO_CODEX = (
 
 
 class CodexNotFound(Exception):
-    """A codex the user named (an option or `$CODEX_BIN`) cannot be run.
-
-    Never a skip: a path given on purpose that does not work is a mistake to fix.
-    """
+    """A codex the user named (an option or `$CODEX_BIN`) cannot be run: never a skip, a
+    path given on purpose that does not work is a mistake to fix."""
 
 
 def find_codex(
     explicit: str | None = None, root: Path | None = None, *, option: str = "--codex"
 ) -> str | None:
-    """The real codex, as an absolute path.
-
-    A codex the user named, `explicit` (given as `option`) or else `$CODEX_BIN`, is used as
-    given: when it cannot be run, `CodexNotFound` names it. With neither, the pinned copy
-    `make codex` installs (`.codex-npm/` in `root`, then in the working directory), its
-    native binary rather than its Node launcher (see `scenarios.codex_install`), then
-    `codex` on PATH; None when there is none.
-    """
+    """The real codex, as an absolute path: the one named, `explicit` (given as `option`)
+    or else `$CODEX_BIN`, as given (`CodexNotFound` when it cannot run); else the pinned
+    copy `make codex` installs (`.codex-npm/` in `root`, then in the working directory),
+    then `codex` on PATH; None when there is none."""
     for source, value in ((option, explicit), ("CODEX_BIN", os.environ.get("CODEX_BIN"))):
         if value:
             return _named_codex(source, value)
@@ -153,12 +160,8 @@ def _named_codex(source: str, value: str) -> str:
 
 
 def contract_middleware(checkers: Mapping[str, OpenApiChecker]) -> aiohttp.ClientMiddlewareType:
-    """A client middleware checking each response of a known base URL against its contract.
-
-    Raises `scenarios.openapi_check.ContractViolation` (an AssertionError) for a
-    response the bridge's own OpenAPI document does not allow. Streams are checked for
-    status and content type only.
-    """
+    """A client middleware checking each response of a known base URL against its OpenAPI
+    document (`ContractViolation`, an AssertionError); streams for status and type only."""
 
     async def check_contract(
         request: aiohttp.ClientRequest, handler: aiohttp.ClientHandlerType
@@ -179,9 +182,7 @@ def contract_middleware(checkers: Mapping[str, OpenApiChecker]) -> aiohttp.Clien
 def checker_for(app: web.Application) -> OpenApiChecker | None:
     """An OpenAPI checker for an application built by `bridge.app`, if it has a document."""
     source = app.get(OPENAPI)
-    if source is None:
-        return None
-    return OpenApiChecker(orjson.loads(source.encoded()))
+    return None if source is None else OpenApiChecker(orjson.loads(source.encoded()))
 
 
 async def serve_app(app: web.Application, host: str = "127.0.0.1") -> tuple[web.AppRunner, str]:
@@ -190,8 +191,7 @@ async def serve_app(app: web.Application, host: str = "127.0.0.1") -> tuple[web.
     await runner.setup()
     site = web.TCPSite(runner, host, 0)
     await site.start()
-    port = runner.addresses[0][1]
-    return runner, f"http://{host}:{port}"
+    return runner, f"http://{host}:{runner.addresses[0][1]}"
 
 
 def bearer(auth: bool | str, token: str | None) -> dict[str, str]:
@@ -227,11 +227,8 @@ class RunningBridge:
     def client(
         self, *, auth: bool | str = True, contract_check: bool = True, **kwargs: Any
     ) -> aiohttp.ClientSession:
-        """An aiohttp session bound to this bridge (relative URLs), closed with it.
-
-        Every response is checked against the bridge's OpenAPI document unless
-        `contract_check` is false.
-        """
+        """An aiohttp session bound to this bridge (relative URLs), closed with it, checking
+        every response against the bridge's OpenAPI document unless `contract_check` is false."""
         checkers = {self.url: self.checker} if contract_check and self.checker else {}
         recorder = RECORDER.get()
         middlewares = (contract_middleware(checkers), *((recorder,) if recorder else ()))
@@ -262,7 +259,6 @@ async def start_bridge(
     limits: RestLimits | None = None,
     token: str | None = None,
     exempt_health: bool = True,
-    host: str = "127.0.0.1",
 ) -> RunningBridge:
     """Build a preset on `command`, with bearer auth when `token` is given, and serve it."""
     if preset not in PRESETS:
@@ -271,7 +267,7 @@ async def start_bridge(
     if token is not None:
         with_bearer_auth(app, token, exempt_health=exempt_health)
     checker = checker_for(app)
-    runner, url = await serve_app(app, host)
+    runner, url = await serve_app(app)
     return RunningBridge(url, app, runner, list(command), preset, token, checker, auth=bool(token))
 
 
@@ -280,12 +276,9 @@ class TargetError(Exception):
 
 
 async def connect_bridge(url: str, token: str | None = None) -> RunningBridge:
-    """A bridge already running at `url` (`http://host:port`), e.g. a staging deployment.
-
-    Its own OpenAPI document (`GET /v1/openapi.json`, with `token` when given) checks
-    every response, names the routes it mounts and says whether it has auth on (a 401
-    without a token says so too); closing it closes only the clients.
-    """
+    """A bridge already running at `url` (`http://host:port`). Its OpenAPI document (asked
+    with `token`, when given) checks every response, names its routes and says whether it
+    has auth on (as a 401 without a token does); closing it closes only the clients."""
     target = yarl.URL(url)
     if target.scheme not in ("http", "https") or not target.host or target.path not in ("", "/"):
         raise TargetError(f"{url}: a target is an http(s)://host:port URL without a path")
@@ -302,6 +295,11 @@ async def connect_bridge(url: str, token: str | None = None) -> RunningBridge:
         raise TargetError(f"{url}: cannot reach the bridge: {exc or type(exc).__name__}") from None
     if status == 401 and not token:
         return RunningBridge(base, None, None, [], "?", auth=True)
+    if status in (401, 403) and token:
+        raise TargetError(
+            f"{url}: the target refused the token in ${TOKEN_VARIABLE} ({status} to GET "
+            f"{route_path('openapi')}): set it to the token the target was started with"
+        )
     if status != 200:
         raise TargetError(f"{url}: GET {route_path('openapi')} answered {status}")
     try:

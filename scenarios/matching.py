@@ -11,33 +11,23 @@ from __future__ import annotations
 import difflib
 import functools
 import json
+import operator
 import re
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = [
-    "Mismatch",
-    "compile_jsonpath",
-    "diff",
-    "find_jsonpath",
-    "is_matcher",
-    "json_type",
-    "match",
-    "render",
-    "view",
-]
-
-_MISSING = object()
-_TYPES: dict[str, tuple[type, ...]] = {
-    "string": (str,),
-    "number": (int, float),
-    "integer": (int,),
-    "boolean": (bool,),
-    "null": (type(None),),
-    "object": (dict,),
-    "array": (list,),
-}
-
+MISSING = object()
+#: Each JSON type and its Python type (bool before int: True is not a number in JSON).
+_JSON_TYPES = (
+    (bool, "boolean"),
+    (type(None), "null"),
+    (int, "integer"),
+    (float, "number"),
+    (str, "string"),
+    (list, "array"),
+    (dict, "object"),
+)
+_TYPES = [name for _, name in _JSON_TYPES]
 
 #: The operators a matcher mapping may use.
 OPERATORS = frozenset(
@@ -104,7 +94,7 @@ def is_matcher(value: Any) -> bool:
 
 def render(value: Any, limit: int = 200) -> str:
     """Compact JSON for messages, cut at `limit` characters."""
-    if value is _MISSING:
+    if value is MISSING:
         return "(nothing)"
     text = json.dumps(value, ensure_ascii=False, default=str)
     return text if len(text) <= limit else f"{text[: limit - 3]}..."
@@ -112,27 +102,14 @@ def render(value: Any, limit: int = 200) -> str:
 
 def json_type(value: Any) -> str:
     """The JSON type of `value` (`integer` for ints; a Python type's name if not JSON)."""
-    if isinstance(value, bool):
-        return "boolean"
-    if value is None:
-        return "null"
-    if isinstance(value, int):
-        return "integer"
-    if isinstance(value, float):
-        return "number"
-    if isinstance(value, str):
-        return "string"
-    if isinstance(value, list):
-        return "array"
-    if isinstance(value, dict):
-        return "object"
-    return type(value).__name__
+    return next(
+        (name for kind, name in _JSON_TYPES if isinstance(value, kind)), type(value).__name__
+    )
 
 
 def _has_type(value: Any, name: str) -> bool:
-    if isinstance(value, bool):
-        return name == "boolean"
-    return isinstance(value, _TYPES[name])
+    found = json_type(value)
+    return found == name or (name == "number" and found == "integer")
 
 
 def _equal(expected: Any, actual: Any) -> bool:
@@ -160,14 +137,14 @@ def match(expected: Any, actual: Any, *, subset: bool, path: str = "$") -> list[
     """
     if is_matcher(expected):
         return _match_ops(expected, actual, subset=subset, path=path)
-    if actual is _MISSING:
+    if actual is MISSING:
         return [Mismatch(path, f"expected {render(expected)}, found nothing")]
     if isinstance(expected, dict):
         if not isinstance(actual, dict):
             return [Mismatch(path, f"expected an object, received {render(actual)}")]
         found: list[Mismatch] = []
         for key, item in expected.items():
-            found += match(item, actual.get(key, _MISSING), subset=subset, path=_child(path, key))
+            found += match(item, actual.get(key, MISSING), subset=subset, path=_child(path, key))
         if not subset:
             for key in actual:
                 if key not in expected:
@@ -198,17 +175,13 @@ def _child(path: str, key: Any) -> str:
 
 def _match_ops(ops: dict[str, Any], actual: Any, *, subset: bool, path: str) -> list[Mismatch]:
     if "$absent" in ops:
-        if bool(ops["$absent"]) == (actual is _MISSING):
+        if bool(ops["$absent"]) == (actual is MISSING):
             return []
         return [Mismatch(path, f"expected nothing here, received {render(actual)}")]
-    if actual is _MISSING:
+    if actual is MISSING:
         return [Mismatch(path, f"expected a value matching {render(ops)}, found nothing")]
-    found: list[Mismatch] = []
-    for op, arg in ops.items():
-        problem = _op(op, arg, actual, subset=subset, path=path)
-        if problem is not None:
-            found.append(problem)
-    return found
+    found = (_op(op, arg, actual, subset=subset, path=path) for op, arg in ops.items())
+    return [problem for problem in found if problem is not None]
 
 
 def _op(op: str, arg: Any, actual: Any, *, subset: bool, path: str) -> Mismatch | None:
@@ -248,23 +221,29 @@ def _op(op: str, arg: Any, actual: Any, *, subset: bool, path: str) -> Mismatch 
         else:
             ok = False
         return None if ok else Mismatch(path, f"expected it to contain {render(arg)}: {received}")
-    if op in ("$gt", "$gte", "$lt", "$lte"):
+    if op in _COMPARE:
         if not isinstance(actual, int | float) or isinstance(actual, bool):
             return Mismatch(path, f"expected a number, received {received}")
-        holds = {
-            "$gt": actual > arg,
-            "$gte": actual >= arg,
-            "$lt": actual < arg,
-            "$lte": actual <= arg,
-        }[op]
-        symbol = {"$gt": ">", "$gte": ">=", "$lt": "<", "$lte": "<="}[op]
-        return None if holds else Mismatch(path, f"expected {symbol} {arg}, received {received}")
+        holds, symbol = _COMPARE[op]
+        return (
+            None
+            if holds(actual, arg)
+            else Mismatch(path, f"expected {symbol} {arg}, received {received}")
+        )
     if op == "$oneOf":
         options = arg if isinstance(arg, list) else [arg]
         if any(not match(option, actual, subset=subset) for option in options):
             return None
         return Mismatch(path, f"expected one of {render(options)}, received {received}")
     return Mismatch(path, f"unknown matcher {op}")
+
+
+_COMPARE = {
+    "$gt": (operator.gt, ">"),
+    "$gte": (operator.ge, ">="),
+    "$lt": (operator.lt, "<"),
+    "$lte": (operator.le, "<="),
+}
 
 
 def view(expected: Any, actual: Any, *, subset: bool) -> Any:
@@ -274,7 +253,7 @@ def view(expected: Any, actual: Any, *, subset: bool) -> Any:
     satisfy a matcher are shown as the matcher, so they diff as equal.
     """
     if is_matcher(expected):
-        if actual is _MISSING and "$absent" in expected:
+        if actual is MISSING and "$absent" in expected:
             return expected
         return expected if not _match_ops(expected, actual, subset=subset, path="$") else actual
     if isinstance(expected, dict) and isinstance(actual, dict):
@@ -324,13 +303,5 @@ def match_jsonpath(expression: str, expected: Any, document: Any) -> list[Mismat
     selected.
     """
     values = find_jsonpath(expression, document)
-    if not values:
-        actual: Any = _MISSING
-    elif len(values) == 1:
-        actual = values[0]
-    else:
-        actual = values
+    actual = MISSING if not values else values[0] if len(values) == 1 else values
     return match(expected, actual, subset=False, path=expression)
-
-
-MISSING = _MISSING

@@ -1,16 +1,10 @@
-"""pytest plugin of codex-rest-bridge: scenario files as tests, and `codex_` fixtures.
+"""pytest plugin of codex-rest-bridge (entry point `pytest11`): scenario files as tests,
+and `codex_` fixtures; scenarios/README.md ("pytest") documents what it registers.
 
-Registered through the `pytest11` entry point `scenarios.pytest_plugin`. Every name it
-registers starts with `codex_` (`--codex-...` for options), so that none can collide
-with a host suite's own; besides those it registers only the tags of the scenario
-files it collects, as markers (so `-m TAG` works under `--strict-markers`). The
-options, markers and fixtures are documented in scenarios/README.md ("pytest").
-
-A scenario file (`*.scenario.yaml`, ini `codex_scenario_patterns`) is one test item: a
-malformed one is a collection error naming the file and line, a failing one reports
-the file and line of the failing step, then the transcript (left out with `--tb=short`,
-`line` or `no`). Without pytest-asyncio (a base install, without the `harness` extra),
-the async fixtures say which extra to install when a test asks for them.
+A scenario file is one test item: a malformed one is a collection error naming the
+file and line, a failing one reports the failing step's file and line, then the
+transcript (left out with `--tb=short`, `line` or `no`). Without pytest-asyncio (no
+`harness` extra) the async fixtures say which extra to install when asked for.
 """
 
 from __future__ import annotations
@@ -21,7 +15,7 @@ import os
 import re
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import pytest
 from packaging.version import Version
@@ -46,6 +40,7 @@ PATTERNS_INI = "codex_scenario_patterns"
 MARKER = "codex_bridge"
 REAL_MARKER = "codex_real"
 _TAGS = pytest.StashKey[set[str]]()
+T = TypeVar("T")
 #: The tags that become marks (every tag is a keyword for `-k`).
 MARK_NAME = re.compile(r"[A-Za-z][\w-]*")
 
@@ -65,35 +60,30 @@ def _async_fixture(func: Callable[..., Any]) -> Any:
     return missing
 
 
-# -- options, markers, collection ----------------------------------------------------------
-
-
 def pytest_addoption(parser: pytest.Parser) -> None:
     group = parser.getgroup("codex-rest-bridge", "codex-rest-bridge scenarios and fixtures")
-    group.addoption(
-        "--codex-bin",
-        dest="codex_bin",
-        default=None,
-        help="the real codex, for codex_bin and scenarios that script the model "
-        "(default: $CODEX_BIN, .codex-npm/, codex on PATH)",
-    )
-    group.addoption(
-        "--codex-target",
-        dest="codex_target",
-        default=None,
-        metavar="URL",
-        help="run scenario files against the bridge running at URL (http://host:port) "
-        f"instead of one of their own; its token from ${TOKEN_VARIABLE}. Scenarios that "
-        "need a bridge built for them skip, saying why",
-    )
-    group.addoption(
-        "--codex-target-script",
-        dest="codex_target_script",
-        default=None,
-        metavar="FILE",
-        help="the scenario file whose appServer script the target's fake-codex runs "
-        "(that scenario runs against the target too)",
-    )
+    for option, metavar, text in (
+        (
+            "--codex-bin",
+            "PATH",
+            "the real codex, for codex_bin and scenarios that script the model "
+            "(default: $CODEX_BIN, .codex-npm/, codex on PATH)",
+        ),
+        (
+            "--codex-target",
+            "URL",
+            "run scenario files against the bridge running at URL (http://host:port) "
+            f"instead of one of their own; its token from ${TOKEN_VARIABLE}. Scenarios that "
+            "need a bridge built for them skip, saying why",
+        ),
+        (
+            "--codex-target-script",
+            "FILE",
+            "the scenario file whose appServer script the target's fake-codex runs "
+            "(that scenario runs against the target too)",
+        ),
+    ):
+        group.addoption(option, dest=option[2:].replace("-", "_"), metavar=metavar, help=text)
     parser.addini(
         PATTERNS_INI,
         type="linelist",
@@ -105,30 +95,24 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 @pytest.hookimpl(tryfirst=True)
 def pytest_configure(config: pytest.Config) -> None:
     _settle_fixture_loop_scope(config)
-    config.addinivalue_line(
-        "markers",
+    for marker in (
         f"{MARKER}(script=None, preset='trusted', token=None, limits=None, model=None, "
         "check_script=True): how the codex_bridge fixture's bridge is built",
-    )
-    config.addinivalue_line(
-        "markers",
         f"{REAL_MARKER}: runs the real codex (skips without it; fails when CI=true)",
-    )
+    ):
+        config.addinivalue_line("markers", marker)
     config.stash[_TAGS] = set()
+    if _ci() and not hasattr(config, "workerinput"):
+        config.pluginmanager.register(_EverySkipFails(config), "codex-every-skip-fails")
 
 
 LOOP_SCOPE_OPTION = "asyncio_default_fixture_loop_scope"
 
 
 def _settle_fixture_loop_scope(config: pytest.Config) -> None:
-    """Spare every host project pytest-asyncio's warning about an unset loop scope.
-
-    When the host's configuration leaves `asyncio_default_fixture_loop_scope` unset,
-    pytest-asyncio (1.5 and later) is told `fixture-scope`: what it does anyway when the
-    option is unset, so no fixture changes loop, and the `PytestDeprecationWarning` that
-    asks for a choice is not printed. A value the host sets always wins. Runs before
-    pytest-asyncio reads the option (`tryfirst`).
-    """
+    """Spare host projects pytest-asyncio's (1.5+) warning about an unset loop scope: when
+    the host leaves it unset, say `fixture-scope`, what pytest-asyncio does anyway then (no
+    fixture changes loop). A host's value wins. Runs before pytest-asyncio reads it."""
     if pytest_asyncio is None or Version(pytest_asyncio.__version__).release < (1, 5):
         return
     try:
@@ -141,11 +125,50 @@ def _settle_fixture_loop_scope(config: pytest.Config) -> None:
         cache[LOOP_SCOPE_OPTION] = "fixture-scope"
 
 
+def _is_scenario(config: pytest.Config, path: str) -> bool:
+    patterns = config.getini(PATTERNS_INI) or DEFAULT_PATTERNS
+    return any(fnmatch.fnmatch(os.path.basename(path), pattern) for pattern in patterns)
+
+
 def pytest_collect_file(file_path: Path, parent: pytest.Collector) -> pytest.Collector | None:
-    patterns = parent.config.getini(PATTERNS_INI) or DEFAULT_PATTERNS
-    if any(fnmatch.fnmatch(file_path.name, pattern) for pattern in patterns):
+    if _is_scenario(parent.config, str(file_path)):
         return ScenarioFile.from_parent(parent, path=file_path)
     return None
+
+
+class _EverySkipFails:
+    """Under `CI=true`, a run whose every scenario skipped fails: it checked nothing. Not in
+    xdist workers: the main process receives their reports, so sees each outcome once."""
+
+    def __init__(self, config: pytest.Config) -> None:
+        self.config = config
+        self.skips: list[str | None] = []  # a skip's reason, None for a scenario that ran
+
+    def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
+        scenario = _is_scenario(self.config, report.nodeid.split("::")[0])
+        if scenario and (report.when == "call" or report.skipped):
+            reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else "?"
+            self.skips.append(str(reason) if report.skipped else None)
+
+    def _all_skipped(self) -> bool:
+        return bool(self.skips) and None not in self.skips
+
+    def pytest_sessionfinish(self, session: pytest.Session) -> None:
+        if self._all_skipped() and session.exitstatus == 0:
+            session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+    def pytest_terminal_summary(self, terminalreporter: Any) -> None:
+        if self._all_skipped():
+            reasons = "; ".join(dict.fromkeys(map(str, self.skips)))
+            terminalreporter.write_line(
+                f"CI=true: all {len(self.skips)} scenarios were skipped and none ran, which "
+                f"fails a CI run (it checked nothing). Skipped: {reasons}",
+                red=True,
+            )
+
+
+def _ci() -> bool:
+    return os.environ.get("CI", "").lower() == "true"
 
 
 class ScenarioFile(pytest.File):
@@ -170,13 +193,9 @@ class ScenarioFailed(AssertionError):
 
 
 class ScenarioItem(pytest.Item):
-    """Runs one scenario in a fresh event loop, bridge and temporary directory.
-
-    Its tags are keywords (`-k TAG`) and, when they are names (a letter, then letters,
-    digits, `_`, `-`), marks (`-m TAG`); one that scripts the model
-    is marked `codex_real`; `parallel: false` puts it in the xdist group `codex-serial`
-    (one worker runs them one after the other under `--dist loadgroup`).
-    """
+    """Runs one scenario in a fresh event loop, bridge and temporary directory. Its tags are
+    keywords (`-k TAG`) and, when names, marks (`-m TAG`); one scripting the model is marked
+    `codex_real`; `parallel: false` puts it in the xdist group `codex-serial`."""
 
     def __init__(self, *, loaded: LoadedScenario, **kwargs: Any) -> None:
         super().__init__(**kwargs)
@@ -202,11 +221,7 @@ class ScenarioItem(pytest.Item):
         if result.outcome == "failed":
             raise ScenarioFailed(result)
 
-    def repr_failure(
-        self,
-        excinfo: pytest.ExceptionInfo[BaseException],
-        style: Any = None,
-    ) -> Any:
+    def repr_failure(self, excinfo: pytest.ExceptionInfo[BaseException], style: Any = None) -> Any:
         if isinstance(excinfo.value, ScenarioFailed):
             from scenarios.reporting import format_result
 
@@ -234,12 +249,7 @@ def _run_options(config: pytest.Config, tmp_root: Path | None) -> RunOptions:
 
 def _tmp_root(node: pytest.Item) -> Path | None:
     factory = getattr(node.config, "_tmp_path_factory", None)
-    if factory is None:
-        return None
-    return Path(factory.getbasetemp()) / "scenarios"
-
-
-# -- fixtures ------------------------------------------------------------------------------
+    return None if factory is None else Path(factory.getbasetemp()) / "scenarios"
 
 
 StartBridge = Callable[..., Awaitable["RunningBridge"]]
@@ -252,13 +262,9 @@ def codex_bin(pytestconfig: pytest.Config) -> str:
     from scenarios.harness import NO_CODEX, CodexNotFound, required_codex
 
     unusable: str | None = None
+    given = pytestconfig.getoption("codex_bin")
     try:
-        found = required_codex(
-            pytestconfig.getoption("codex_bin"),
-            "--codex-bin",
-            os.environ.get("CI", "").lower() == "true",
-            root=pytestconfig.rootpath,
-        )
+        found = required_codex(given, "--codex-bin", _ci(), root=pytestconfig.rootpath)
     except CodexNotFound as exc:
         unusable = str(exc)
     if unusable is not None:  # failed outside the `except`: no chained traceback
@@ -309,31 +315,21 @@ async def codex_start_bridge(
     ) -> RunningBridge:
         from scenarios import harness
 
-        number = next(counter)
-        directory = tmp_path / f"bridge-{number}"
-        work = directory / "work"
-        work.mkdir(parents=True)
-        parsed = None
-        owned_model = None
-        report_dir = None
-        if model is not None:
-            command, owned_model = await _real_codex_command(request, model, directory, work)
-        elif app_server is not None:
-            command = list(app_server)
+        directory = tmp_path / f"bridge-{next(counter)}"
+        directory.mkdir()
+        path, parsed = _script_path(script, directory) if script is not None else (None, None)
+        if app_server is not None:
+            command, owned_model = list(app_server), None
         else:
-            path = None
-            if script is not None:
-                path, parsed = _script_path(script, directory)
-            report_dir = directory / "fake-reports"
-            command = harness.fake_app_server_command(path, report_dir=report_dir, cwd=work)
+            codex = request.getfixturevalue("codex_bin") if model is not None else None
+            command, owned_model = await harness.app_server_command(
+                directory, path, model=model, codex=codex
+            )
         bridge = await harness.start_bridge(
-            command,
-            preset=preset,
-            limits=_limits(limits),
-            token=token,
-            exempt_health=exempt_health,
+            command, preset=preset, limits=_limits(limits), token=token, exempt_health=exempt_health
         )
-        bridge.report_dir = report_dir
+        if model is None and app_server is None:
+            bridge.report_dir = directory / "fake-reports"
         started.append((bridge, parsed, check_script, owned_model))
         return bridge
 
@@ -353,25 +349,6 @@ async def codex_start_bridge(
         )
 
 
-async def _real_codex_command(
-    request: pytest.FixtureRequest, model: Any, directory: Path, work: Path
-) -> tuple[list[str], Any]:
-    from fakes.model_provider import ModelProviderServer, ModelScript
-
-    codex = request.getfixturevalue("codex_bin")
-    owned = None
-    if isinstance(model, ModelProviderServer):
-        server = model
-    else:
-        script = model if isinstance(model, ModelScript) else ModelScript(replies=list(model))
-        server = owned = ModelProviderServer(script)
-        await server.start()
-    home = directory / "codex-home"
-    home.mkdir()
-    command = server.codex_command(codex, codex_home=home, cwd=work)
-    return command, owned
-
-
 def _script_path(script: Any, directory: Path) -> tuple[str, Any]:
     """A script file for fake-codex, and the validated script (for the end checks)."""
     from fakes.app_server.script import load_script, parse_script
@@ -386,13 +363,12 @@ def _script_path(script: Any, directory: Path) -> tuple[str, Any]:
 
 
 def _limits(limits: Any) -> Any:
-    from pydantic.alias_generators import to_snake
-
     from bridge.limits import RestLimits
+    from scenarios.format import BridgeSpec
 
     if limits is None or isinstance(limits, RestLimits):
         return limits
-    return RestLimits(**{to_snake(key): value for key, value in dict(limits).items()})
+    return BridgeSpec(limits=limits).rest_limits()  # snake_case or camelCase keys
 
 
 @_async_fixture
@@ -411,21 +387,22 @@ async def codex_bridge(
 
 
 @_async_fixture
-async def codex_client(codex_bridge: RunningBridge) -> aiohttp.ClientSession:
+async def codex_client(
+    request: pytest.FixtureRequest, codex_bridge: RunningBridge
+) -> aiohttp.ClientSession:
     """An aiohttp session for `codex_bridge`: relative URLs, its token, contract checks."""
-    return codex_bridge.client()
+    from scenarios.harness import RunningBridge
+
+    return _ours(request, "codex_bridge", codex_bridge, RunningBridge).client()
 
 
 @_async_fixture
 async def codex_sse(
     request: pytest.FixtureRequest,
 ) -> AsyncIterator[Callable[..., Awaitable[SseReader]]]:
-    """Open SSE streams: `reader = await codex_sse("/v1/sessions/ID/events/stream")`.
-
-    The stream must answer 200 with `text/event-stream`; every read of the returned
-    `SseReader` has a timeout (`next`, `collect`, `until`, `rest`). Streams are closed
-    after the test. `client` defaults to `codex_client`.
-    """
+    """Open SSE streams: `reader = await codex_sse("/v1/sessions/ID/events/stream")`, read
+    through `codex_client` unless `client=` says otherwise. The stream must answer 200 with
+    `text/event-stream`; every read has a timeout. Streams are closed after the test."""
     from scenarios.sse import SseReader
 
     responses: list[aiohttp.ClientResponse] = []
@@ -462,19 +439,34 @@ def _default_client(request: pytest.FixtureRequest) -> aiohttp.ClientSession:
             "codex_sse(...) without client= reads from codex_client: request the codex_client "
             "fixture in the test, or pass client=bridge.client()"
         )
-    client: aiohttp.ClientSession = request.getfixturevalue("codex_client")
-    return client
+    import aiohttp
+
+    client = request.getfixturevalue("codex_client")
+    return _ours(request, "codex_client", client, aiohttp.ClientSession)
+
+
+def _ours(request: pytest.FixtureRequest, name: str, value: Any, kind: type[T]) -> T:
+    """`value`, the fixture `name`, when it is the plugin's; else a failure naming the
+    clash (a host fixture of the same name overrides the plugin's where it is visible)."""
+    if isinstance(value, kind):
+        return value
+    definitions = getattr(request, "_arg2fixturedefs", {}).get(name) or []
+    func = getattr(definitions[-1], "func", None) if definitions else None
+    where = f" ({func.__module__}.{func.__name__})" if func is not None else ""
+    pytest.fail(
+        f"the fixture {name!r} is your suite's own{where}, a {type(value).__name__}, and it "
+        f"overrides the one of codex-rest-bridge's pytest plugin, which {request.fixturename} "
+        f"uses: rename yours (the plugin's names all start with `codex_`)",
+        pytrace=False,
+    )
 
 
 @pytest.fixture
 def codex_run_scenario(
     request: pytest.FixtureRequest, tmp_path: Path
 ) -> Callable[..., Awaitable[ScenarioResult]]:
-    """Run a scenario (a file path, or a mapping built in Python) inside the test.
-
-    Returns the result when it passes; fails the test with the scenario's report
-    otherwise (`check=False` returns a failed result instead).
-    """
+    """Run a scenario (a file path, or a mapping built in Python) inside the test; a
+    failing one fails the test with its report (`check=False` returns it instead)."""
     from scenarios.format import load_scenario, parse_scenario
     from scenarios.reporting import format_result
     from scenarios.runner import run_scenario as run

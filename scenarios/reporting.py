@@ -5,7 +5,8 @@ from __future__ import annotations
 import textwrap
 
 from fakes.app_server.script_source import _format_path
-from scenarios.runner import Failure, Problem, ScenarioResult, Transcript
+from scenarios.expectations import Problem, cut
+from scenarios.runner import Failure, ScenarioResult, Transcript
 
 __all__ = ["format_failure", "format_result", "format_transcript"]
 
@@ -65,7 +66,7 @@ def format_transcript(transcript: Transcript) -> str:
         lines.append(f"  ... {len(entries) - BRIDGE_LINES} earlier entries ...")
         entries = entries[-BRIDGE_LINES:]
     for at, source, text in entries:
-        lines.append(f"  [+{at:7.3f}s] {source:4} {_width(text)}")
+        lines.append(f"  [+{at:7.3f}s] {source:4} {cut(text, LINE_WIDTH)}")
     for report in transcript.fakes:
         wire = report.get("wire", [])
         exit_info = report.get("exit")
@@ -85,14 +86,8 @@ def format_transcript(transcript: Transcript) -> str:
         for entry in wire:
             arrow = "→ fake" if entry.get("dir") == "in" else "← fake"
             for text in str(entry.get("text")).splitlines() or [""]:
-                lines.append(f"  {arrow} {_width(text)}")
+                lines.append(f"  {arrow} {cut(text, LINE_WIDTH)}")
     return "\n".join(lines)
-
-
-def _width(text: str) -> str:
-    if len(text) <= LINE_WIDTH:
-        return text
-    return f"{text[:LINE_WIDTH]}... (+{len(text) - LINE_WIDTH})"
 
 
 def _indent(text: str, spaces: int) -> str:

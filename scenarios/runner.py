@@ -1,17 +1,11 @@
 """Running one scenario: a bridge in-process, fake-codex (or the real codex) behind it.
 
 Each run gets its own temporary directory, bridge, port, client, variables and
-streams; nothing is shared with other runs, so runs can go in parallel (pytest-xdist
-workers, or threads, each with its own event loop). The fake writes its reports into
-the run's directory (`$FAKE_CODEX_REPORT`), which the end-of-run checks read once the
-bridge has stopped every process. Against a bridge already running (`RunOptions.target`)
-no bridge is started and those checks are not made.
-
-`_Run` holds a run's state (variables, streams, the client); each step kind is a
-function of it (`run_step` picks one).
-
-    result = await run_scenario(load_scenario("x.scenario.yaml"))
-    print(format_result(result))            # scenarios.reporting
+streams, so runs can go in parallel (xdist workers, or threads with their own event
+loops). The fake writes its reports into the run's directory (`$FAKE_CODEX_REPORT`),
+read by the end-of-run checks once the bridge has stopped every process. Against a
+bridge already running (`RunOptions.target`) none is started and those checks are not
+made. `_Run` holds a run's state; each step kind is a function of it (`run_step`).
 """
 
 from __future__ import annotations
@@ -60,27 +54,15 @@ from scenarios.harness import (
     NO_CODEX,
     CodexNotFound,
     RunningBridge,
+    TargetError,
+    app_server_command,
     connect_bridge,
-    fake_app_server_command,
     required_codex,
     start_bridge,
 )
 from scenarios.matching import find_jsonpath, match, render
 from scenarios.openapi_check import ContractViolation
 from scenarios.sse import SseFrame, SseReader
-
-__all__ = [
-    "Failure",
-    "Problem",
-    "RunOptions",
-    "ScenarioResult",
-    "Transcript",
-    "run_scenario",
-    "run_scenario_sync",
-]
-
-
-# -- results ---------------------------------------------------------------------------
 
 
 @dataclass
@@ -136,8 +118,6 @@ class RunOptions:
     codex: str | None = None
     #: How the user gave `codex`, for messages: `--codex` (the CLI), `--codex-bin` (pytest).
     codex_option: str = "--codex"
-    #: How to start fake-codex (default: the installed console script).
-    fake_codex: list[str] | None = None
     #: Where run directories go (default: the system's temporary directory).
     tmp_root: Path | None = None
     #: Keep each run's directory (it is removed after a passing run otherwise).
@@ -154,15 +134,8 @@ class RunOptions:
 
 
 def target_skip_reason(loaded: LoadedScenario, options: RunOptions) -> str | None:
-    """Why `loaded` cannot run against `options.target` (None: it can).
-
-    A target is built already: a scenario runs there when it needs nothing built for it.
-    No scripted model, no app-server script unless it is the one the target's fake-codex
-    runs (`target_script`), no limits of its own, health exempt from auth as by default,
-    and a token in the environment when the scenario turns auth on (the scenario's token,
-    wherever it is written, then stands for the target's). The preset is compared with
-    the target's routes once connected.
-    """
+    """Why `loaded` cannot run against `options.target`, which is built already (None: it
+    can). The preset and auth are compared with the target's once connected."""
     scenario = loaded.scenario
     spec = scenario.bridge
     if scenario.model is not None:
@@ -182,11 +155,8 @@ def target_skip_reason(loaded: LoadedScenario, options: RunOptions) -> str | Non
 
 
 def _target_mismatch(spec: f.BridgeSpec, target: RunningBridge) -> str | None:
-    """How the target is built otherwise than the scenario asks (None: as asked).
-
-    Auth must agree: a scenario without a token is written for a bridge without auth
-    (it may check that the OpenAPI document has no security scheme), one with a token
-    for a bridge with auth on."""
+    """How the target is built otherwise than the scenario asks (None: as asked). Auth
+    must agree: a scenario without a token may check that a request without one passes."""
     if target.auth and spec.token is None:
         return (
             "the target has auth on, and the scenario is written for a bridge without it "
@@ -226,7 +196,7 @@ def _same_file(path: Path | None, other: Path | None) -> bool:
 
 
 def _broken_contract(exc: ContractViolation) -> StepFailed:
-    return StepFailed([Problem((), f"the response breaks the bridge's contract: {exc}")])
+    return _failed((), f"the response breaks the bridge's contract: {exc}")
 
 
 class StepFailed(Exception):
@@ -237,7 +207,8 @@ class StepFailed(Exception):
         self.problems = problems
 
 
-# -- HTTP exchanges ----------------------------------------------------------------------
+def _failed(loc: tuple[Any, ...], message: str) -> StepFailed:
+    return StepFailed([Problem(loc, message)])
 
 
 @dataclass
@@ -250,6 +221,8 @@ class OpenStream:
     ended: bool = False
     #: Why reading it failed (a broken connection), until a `read` reports it.
     failed: str | None = None
+    #: The keep-alive comments read so far.
+    keep_alives: int = 0
 
 
 class _LogCapture(logging.Handler):
@@ -263,14 +236,12 @@ class _LogCapture(logging.Handler):
     def emit(self, record: logging.LogRecord) -> None:
         if record.thread == self.thread:
             with contextlib.suppress(Exception):
-                message = record.getMessage()
-                self.transcript.add("log", f"{record.levelname} {record.name}: {message}")
+                self.transcript.add(
+                    "log", f"{record.levelname} {record.name}: {record.getMessage()}"
+                )
 
 
 _LOGGERS = ("bridge", "aiohttp")
-
-
-# -- the run -----------------------------------------------------------------------------
 
 
 class _Run:
@@ -278,17 +249,9 @@ class _Run:
     the functions below."""
 
     def __init__(
-        self,
-        loaded: LoadedScenario,
-        bridge: RunningBridge,
-        tmp: Path,
-        transcript: Transcript,
+        self, scenario: f.Scenario, bridge: RunningBridge, tmp: Path, transcript: Transcript
     ) -> None:
-        self.loaded = loaded
-        self.scenario = loaded.scenario
-        self.bridge = bridge
-        self.tmp = tmp
-        self.transcript = transcript
+        self.scenario, self.bridge, self.transcript = scenario, bridge, transcript
         self.variables: dict[str, Any] = {
             "base": bridge.url,
             "token": bridge.token,
@@ -308,7 +271,7 @@ class _Run:
 
     def _variable(self, name: str) -> Any:
         if name not in self.variables:
-            raise StepFailed([Problem((), f"${{{name}}} has no value")])
+            raise _failed((), f"${{{name}}} has no value")
         return self.variables[name]
 
     async def exchange(self, request: StepRequest, timeout_ms: int = 30_000) -> Exchange:
@@ -316,16 +279,15 @@ class _Run:
         method, path = request.method, request.path
         headers, params, content = request.encoded(self.bridge.token)
         shown = path + (f"?{'&'.join(f'{k}={v}' for k, v in params.items())}" if params else "")
-        json_body = request.json_body
-        sent = render(json_body, 500) if json_body is not NO_JSON else (request.body or "")
+        body = request.json_body
+        sent = render(body, 500) if body is not NO_JSON else (request.body or "")
         self.transcript.add("http", f"→ {method} {shown} {sent}".rstrip())
-        kwargs: dict[str, Any] = {"params": params, "headers": headers}
-        if content is not None:
-            kwargs["data"] = content
         try:
             async with (
                 asyncio.timeout(timeout_ms / 1000),
-                self.client.request(method, self._url(path), **kwargs) as response,
+                self.client.request(
+                    method, self._url(path), params=params, headers=headers, data=content
+                ) as response,
             ):
                 raw = await response.read()
                 status, response_headers = response.status, response.headers
@@ -334,12 +296,10 @@ class _Run:
             raise _broken_contract(exc) from None
         except TimeoutError:
             self.transcript.add("http", f"← no response within {timeout_ms} ms")
-            raise StepFailed(
-                [Problem((), f"{method} {shown}: no response within {timeout_ms} ms")]
-            ) from None
+            raise _failed((), f"{method} {shown}: no response within {timeout_ms} ms") from None
         except aiohttp.ClientError as exc:
             self.transcript.add("http", f"← {type(exc).__name__}: {exc}")
-            raise StepFailed([Problem((), f"{method} {shown} failed: {exc}")]) from None
+            raise _failed((), f"{method} {shown} failed: {exc}") from None
         return self.received(method, shown, status, response_headers, raw)
 
     def received(self, method: str, path: str, status: int, headers: Any, raw: bytes) -> Exchange:
@@ -365,9 +325,6 @@ class _Run:
         self.streams.clear()
 
 
-# -- steps ------------------------------------------------------------------------------
-
-
 async def run_step(run: _Run, step: Any) -> None:
     """Run one step; a failed expectation raises StepFailed."""
     handlers: dict[type[Any], Callable[[_Run, Any], Awaitable[None]]] = {
@@ -383,10 +340,8 @@ async def run_step(run: _Run, step: Any) -> None:
 async def _repeat(
     run: _Run, background: str | None, attempt: Callable[[], Awaitable[Exchange]], until: Any
 ) -> Exchange:
-    """Run `attempt` (returns an exchange, raises StepFailed) until it passes.
-
-    A `background` step only starts it; its `await` step checks the response.
-    """
+    """Run `attempt` (returns an exchange, raises StepFailed) until it passes; a
+    `background` step only starts it (its `await` step checks the response)."""
     if background is not None:
         run.background[background] = asyncio.ensure_future(attempt())
         return Exchange("", "", 0, CIMultiDictProxy(CIMultiDict()), "")
@@ -401,15 +356,9 @@ async def _repeat(
             return await attempt()
         except StepFailed as failed:
             if loop.time() + until.interval_ms / 1000 > deadline:
-                first = failed.problems[0] if failed.problems else Problem((), "failed")
-                failed.problems.insert(
-                    0,
-                    Problem(
-                        ("until",),
-                        f"still failing after {attempts} attempts in "
-                        f"{until.deadline_ms} ms; the last: {first.message}",
-                    ),
-                )
+                last = f"the last: {failed}"
+                late = f"still failing after {attempts} attempts in {until.deadline_ms} ms; {last}"
+                failed.problems.insert(0, Problem(("until",), late))
                 raise
         await asyncio.sleep(until.interval_ms / 1000)
 
@@ -431,161 +380,126 @@ async def _request(
     ex = await _repeat(run, background, attempt, getattr(step, "until", None))
     if isinstance(step, f.CreateSessionStep) and ex.status == 201 and isinstance(ex.json, dict):
         run.variables[step.create_session.as_] = ex.json.get("sessionId")
-    _capture_http(run, step, ex)
+    _capture(run, step, ex.json, ex.headers)
 
 
 async def _poll(run: _Run, step: f.PollStep) -> None:
-    spec = step.poll
-    expect = step.expect or f.EventsExpect()
-    session = run.sub(spec.session)
-    path = route_path("events", sessionId=str(session))
+    spec, expect = step.poll, step.expect or f.EventsExpect()
+    path = route_path("events", sessionId=str(run.sub(spec.session)))
     after = int_or_none(run.sub(spec.after))
-    goal = ReadGoal.of(spec, run.sub)
-    auth = run.sub(spec.auth)
+    goal, auth = ReadGoal.of(spec, run.sub), run.sub(spec.auth)
+
+    async def get(wait_ms: int, timeout_ms: int = 30_000) -> Exchange:
+        query = {"waitMs": wait_ms, **({"after": after} if after is not None else {})}
+        return await run.exchange(StepRequest("GET", path, auth, query=query), timeout_ms)
+
     events: list[dict[str, Any]] = []
     loop = asyncio.get_running_loop()
     deadline = loop.time() + spec.timeout_ms / 1000
     failed: Exchange | None = None
     reached = goal.want == 0
-    while not reached:
-        remaining = deadline - loop.time()
-        if remaining <= 0:
-            break
-        query: dict[str, Any] = {"waitMs": max(1, min(spec.wait_ms, int(remaining * 1000)))}
-        if after is not None:
-            query["after"] = after
-        ex = await run.exchange(StepRequest("GET", path, auth, query=query), 60_000)
+    while not reached and (remaining := deadline - loop.time()) > 0:
+        ex = await get(max(1, min(spec.wait_ms, int(remaining * 1000))), 60_000)
         if ex.status == 204:
             continue
         if ex.status != 200 or not isinstance(ex.json, dict):
             failed = ex
             break
         events.append(ex.json)
-        if after is not None:
-            after = ex.json.get("seq", after)
+        after = ex.json.get("seq", after) if after is not None else None
         reached = goal.reached(events)
     problems: list[Problem] = []
     if expect.keep_alives is not None:
         problems.append(Problem(("expect", "keepAlives"), "`keepAlives` applies to `read` only"))
-    if failed is not None or expect.error is not None:
-        problems += _check_read_error(run, expect, failed)
-    elif not reached:
-        wanted = (
-            f"{goal.want} events"
-            if goal.want is not None
-            else f"an event matching {render(goal.through)}"
-        )
+    if failed is None and expect.error is not None:
+        wanted = render(expect.error)
         problems.append(
             Problem(
-                ("poll",),
-                f"waited {spec.timeout_ms} ms for {wanted}; read {len(events)}",
-                detail=event_list(events),
+                ("expect", "error"), f"expected the read to fail with {wanted}, but it succeeded"
             )
+        )
+    elif failed is not None and expect.error is None:
+        answer = f"{failed.status} {cut(failed.text, 500)}"
+        problems.append(Problem((), f"GET {failed.path} answered {answer}"))
+    elif failed is not None:
+        problems += error_problems(run.sub(expect.error), failed)
+    elif not reached:
+        wanted = f"{goal.wanted('event')}; read {len(events)}"
+        problems.append(
+            Problem(("poll",), f"waited {spec.timeout_ms} ms for {wanted}", event_list(events))
         )
     if failed is None:
         problems += events_problems(expect, events, sub=run.sub)
         if expect.quiet_ms is not None and not problems:
-            query = {"waitMs": expect.quiet_ms}
-            if after is not None:
-                query["after"] = after
-            ex = await run.exchange(StepRequest("GET", path, auth, query=query))
+            ex = await get(expect.quiet_ms)
             if ex.status == 200:
-                problems.append(
-                    Problem(
-                        ("expect", "quietMs"),
-                        f"expected nothing more within {expect.quiet_ms} ms, "
-                        f"received {event_line(ex.json)}",
-                    )
-                )
+                problems.append(_not_quiet(expect.quiet_ms, ex.json))
             elif ex.status not in (204, 409):
-                problems.append(
-                    Problem(
-                        ("expect", "quietMs"),
-                        f"a quiet long-poll answered {ex.status} {cut(ex.text, 300)}",
-                    )
-                )
+                why = f"a quiet long-poll answered {ex.status} {cut(ex.text, 300)}"
+                problems.append(Problem(("expect", "quietMs"), why))
     if problems:
         raise StepFailed(problems)
     _capture(run, step, events[-1] if events else None)
 
 
-def _check_read_error(run: _Run, expect: f.EventsExpect, failed: Exchange | None) -> list[Problem]:
-    if failed is None:
-        return [
-            Problem(
-                ("expect", "error"),
-                f"expected the read to fail with {render(expect.error)}, but it succeeded",
-            )
-        ]
-    if expect.error is None:
-        return [
-            Problem(
-                (),
-                f"GET {failed.path} answered {failed.status} {cut(failed.text, 500)}",
-            )
-        ]
-    return error_problems(run.sub(expect.error), failed)
+def _not_quiet(quiet_ms: int, event: Any) -> Problem:
+    received = event_line(event)
+    return Problem(
+        ("expect", "quietMs"), f"expected nothing more within {quiet_ms} ms, received {received}"
+    )
 
 
 async def _stream(run: _Run, step: f.StreamStep) -> None:
-    spec = step.stream
+    spec, expect = step.stream, step.expect
     request = step_request(step, run.sub)
     path = request.path
     headers, params, _ = request.encoded(run.bridge.token)
-    run.transcript.add(
-        "http", f"→ GET {path} (stream {spec.as_}) {render(headers.get('Last-Event-ID', ''))}"
-    )
+    last_id = render(headers.get("Last-Event-ID", ""))
+    run.transcript.add("http", f"→ GET {path} (stream {spec.as_}) {last_id}")
     try:
         async with asyncio.timeout(spec.timeout_ms / 1000):
             response = await run.client.get(run._url(path), headers=headers, params=params)
     except ContractViolation as exc:
         raise _broken_contract(exc) from None
     except (TimeoutError, aiohttp.ClientError) as exc:
-        raise StepFailed([Problem((), f"opening the stream failed: {exc!r}")]) from None
+        raise _failed((), f"opening the stream failed: {exc!r}") from None
     if response.status != 200:
         raw = await response.read()
         response.release()
         ex = run.received("GET", path, response.status, response.headers, raw)
-        _check_http(run, step.expect, ex, default_status=200)
-        return
+        return _check_http(run, expect, ex, default_status=200)
     run.transcript.add("http", f"← 200 {response.headers.get('Content-Type', '')}")
-    ex = Exchange("GET", path, 200, response.headers, "", NO_JSON)
     try:
-        expect = step.expect
         if expect is not None and (expect.given("json_body") or expect.json_subset):
-            raise StepFailed([Problem(("expect",), "a stream has no JSON body to match")])
-        _check_http(run, expect, ex, default_status=200)
+            raise _failed(("expect",), "a stream has no JSON body to match")
+        _check_http(run, expect, Exchange("GET", path, 200, response.headers, ""), 200)
         # Comments come through so that `read` can count keep-alives (then skips them).
         reader = SseReader(response, comments=True)
-    except (StepFailed, ValueError) as exc:
+    except ValueError as exc:  # not an event stream
         response.close()
-        if isinstance(exc, StepFailed):
-            raise
-        raise StepFailed([Problem((), str(exc))]) from None
-    previous = run.streams.pop(spec.as_, None)
-    if previous is not None:
+        raise _failed((), str(exc)) from None
+    except StepFailed:
+        response.close()
+        raise
+    if (previous := run.streams.pop(spec.as_, None)) is not None:
         previous.response.close()
     run.streams[spec.as_] = OpenStream(spec.as_, response, reader)
 
 
 async def _read(run: _Run, step: f.ReadStep) -> None:
-    spec = step.read
-    expect = step.expect or f.EventsExpect()
+    spec, expect = step.read, step.expect or f.EventsExpect()
     stream = run.streams.get(spec.stream)
     if stream is None:
-        raise StepFailed([Problem(("read", "stream"), f"stream {spec.stream!r} is not open")])
+        raise _failed(("read", "stream"), f"stream {spec.stream!r} is not open")
     goal = ReadGoal.of(spec, run.sub)
     frames: list[SseFrame] = []
     events: list[Any] = []
     problems: list[Problem] = []
-    reached = goal.want == 0
-    keep_alives = 0
+    reached, keep_alives = goal.want == 0, stream.keep_alives
     loop = asyncio.get_running_loop()
     deadline = loop.time() + spec.timeout_ms / 1000
     while not reached and not stream.ended:
-        frame, seen = await _next_event_frame(run, stream, deadline)
-        keep_alives += seen
-        if frame is None:
+        if (frame := await _next_event_frame(run, stream, (deadline - loop.time()) * 1000)) is None:
             break
         frames.append(frame)
         events.append(frame_event(frame))
@@ -594,74 +508,38 @@ async def _read(run: _Run, step: f.ReadStep) -> None:
         problems.append(Problem(("read",), stream.failed))
         stream.failed = None
     if spec.to_end and not stream.ended:
-        problems.append(
-            Problem(
-                ("read", "toEnd"),
-                f"the stream was still open after {spec.timeout_ms} ms",
-                detail=event_list(events),
-            )
-        )
+        why = f"the stream was still open after {spec.timeout_ms} ms"
+        problems.append(Problem(("read", "toEnd"), why, detail=event_list(events)))
     elif not spec.to_end and not reached:
-        wanted = (
-            f"{goal.want} frames"
-            if goal.want is not None
-            else f"a frame matching {render(goal.through)}"
-        )
         why = "the stream ended" if stream.ended else f"waited {spec.timeout_ms} ms"
-        problems.append(
-            Problem(
-                ("read",),
-                f"{why} before {wanted}; read {len(frames)}",
-                detail=event_list(events),
-            )
-        )
+        read = f"{why} before {goal.wanted('frame')}; read {len(frames)}"
+        problems.append(Problem(("read",), read, detail=event_list(events)))
     for index, event in enumerate(events):
         if event is NO_JSON:
-            problems.append(
-                Problem(
-                    ("read",),
-                    f"frame {index + 1} has data that is not JSON: {cut(frames[index].data, 300)}",
-                )
-            )
+            data = f"frame {index + 1} has data that is not JSON: {cut(frames[index].data, 300)}"
+            problems.append(Problem(("read",), data))
     if not problems:
-        ids = [frame.id for frame in frames]
-        kinds = [frame.event for frame in frames]
+        ids, kinds = [frame.id for frame in frames], [frame.event for frame in frames]
         problems += events_problems(expect, events, ids, kinds, run.sub)
-    if not problems and expect.quiet_ms is not None and not stream.ended:
-        frame, seen = await _next_event_frame(run, stream, loop.time() + expect.quiet_ms / 1000)
-        keep_alives += seen
-        if frame is not None:
-            problems.append(
-                Problem(
-                    ("expect", "quietMs"),
-                    f"expected nothing more within {expect.quiet_ms} ms, received "
-                    f"{event_line(frame_event(frame))}",
-                )
-            )
+    quiet = expect.quiet_ms if not problems and not stream.ended else None
+    if quiet and (late := await _next_event_frame(run, stream, quiet)) is not None:
+        problems.append(_not_quiet(quiet, frame_event(late)))
     if not problems and expect.ended is not None:
+        loc = ("expect", "ended")
         if expect.ended and not stream.ended:
-            frame, seen = await _next_event_frame(run, stream, loop.time() + spec.timeout_ms / 1000)
-            keep_alives += seen
-            if frame is not None:
-                problems.append(
-                    Problem(
-                        ("expect", "ended"),
-                        f"expected the stream to end, received {event_line(frame_event(frame))}",
-                    )
-                )
+            if (frame := await _next_event_frame(run, stream, spec.timeout_ms)) is not None:
+                received = event_line(frame_event(frame))
+                problems.append(Problem(loc, f"expected the stream to end, received {received}"))
             elif not stream.ended:
-                problems.append(
-                    Problem(("expect", "ended"), "expected the stream to end; it stays open")
-                )
+                problems.append(Problem(loc, "expected the stream to end; it stays open"))
         elif not expect.ended and stream.ended:
-            problems.append(Problem(("expect", "ended"), "the stream ended"))
+            problems.append(Problem(loc, "the stream ended"))
     if expect.keep_alives is not None:
-        for mismatch in match(
-            run.sub(expect.keep_alives), keep_alives, subset=False, path="keepAlives"
-        ):
-            problems.append(
-                Problem(("expect", "keepAlives"), f"keep-alive comments seen: {mismatch}")
-            )
+        seen = stream.keep_alives - keep_alives
+        found = match(run.sub(expect.keep_alives), seen, subset=False, path="keepAlives")
+        problems += [
+            Problem(("expect", "keepAlives"), f"keep-alive comments seen: {m}") for m in found
+        ]
     if expect.error is not None:
         problems.append(Problem(("expect", "error"), "`error` applies to `poll` only"))
     if problems:
@@ -669,29 +547,27 @@ async def _read(run: _Run, step: f.ReadStep) -> None:
     _capture(run, step, events[-1] if events else None)
 
 
-async def _next_event_frame(
-    run: _Run, stream: OpenStream, deadline: float
-) -> tuple[SseFrame | None, int]:
-    """The next event frame before `deadline` (None: quiet, or the stream ended or
-    failed: `stream.ended`), and the keep-alive comments read meanwhile."""
-    loop = asyncio.get_running_loop()
-    seen = 0
+async def _next_event_frame(run: _Run, stream: OpenStream, within_ms: float) -> SseFrame | None:
+    """The next event frame within `within_ms` (None: quiet, or the stream ended or failed:
+    `stream.ended`); keep-alive comments read meanwhile are counted in the stream."""
+    deadline = asyncio.get_running_loop().time() + within_ms / 1000
     while True:
         try:
-            frame = await stream.reader.next(timeout=max(0.0, deadline - loop.time()))
+            left = deadline - asyncio.get_running_loop().time()
+            frame = await stream.reader.next(timeout=max(0.0, left))
         except TimeoutError:
-            return None, seen
+            return None
         except aiohttp.ClientError as exc:
             stream.failed, frame = f"the stream failed: {exc!r}", None
         if frame is None:
             stream.ended = True
             run.transcript.add("sse", f"⇠ [{stream.name}] (end of stream)")
-            return None, seen
+            return None
         if frame.comment is None:
             shown = f"id={frame.id} {frame.event} {cut(frame.data, 1000)}"
             run.transcript.add("sse", f"⇠ [{stream.name}] {shown}")
-            return frame, seen
-        seen += 1
+            return frame
+        stream.keep_alives += 1
 
 
 async def _close(run: _Run, step: f.CloseStep) -> None:
@@ -705,17 +581,16 @@ async def _await(run: _Run, step: f.AwaitStep) -> None:
     spec = step.await_
     task = run.background.pop(spec.request, None)
     if task is None:
-        raise StepFailed([Problem(("await",), f"no request {spec.request!r} is pending")])
+        raise _failed(("await",), f"no request {spec.request!r} is pending")
     try:
         async with asyncio.timeout(spec.timeout_ms / 1000):
             ex = await asyncio.shield(task)
     except TimeoutError:
         task.cancel()
-        raise StepFailed(
-            [Problem(("await",), f"no response to {spec.request!r} within {spec.timeout_ms} ms")]
-        ) from None
+        late = f"no response to {spec.request!r} within {spec.timeout_ms} ms"
+        raise _failed(("await",), late) from None
     _check_http(run, step.expect, ex, default_status="2xx")
-    _capture_http(run, step, ex)
+    _capture(run, step, ex.json, ex.headers)
 
 
 def _check_http(run: _Run, expect: f.HttpExpect | None, ex: Exchange, default_status: Any) -> None:
@@ -727,27 +602,21 @@ def _check_http(run: _Run, expect: f.HttpExpect | None, ex: Exchange, default_st
 def _capture(run: _Run, step: Any, document: Any, headers: Any = None) -> None:
     """Set the step's `capture` variables from a response (JSON and headers) or, without
     headers, from the last event read."""
+    document = None if document is NO_JSON else document
     for name, spec in step.capture.items():
         if isinstance(spec, dict) and "header" in spec:
             value = headers.get(spec["header"]) if headers is not None else None
             if value is None:
                 why = f"no header {spec['header']!r} to capture" if headers is not None else ""
-                raise StepFailed([Problem(("capture", name), why or "events have no headers")])
+                raise _failed(("capture", name), why or "events have no headers")
             run.variables[name] = value
             continue
         expression = spec["jsonPath"] if isinstance(spec, dict) else spec
         values = find_jsonpath(expression, document) if document is not None else []
         if not values:
             found = f"{expression} found nothing to capture in {render(document, 500)}"
-            raise StepFailed([Problem(("capture", name), found)])
+            raise _failed(("capture", name), found)
         run.variables[name] = values[0] if len(values) == 1 else values
-
-
-def _capture_http(run: _Run, step: Any, ex: Exchange) -> None:
-    _capture(run, step, None if ex.json is NO_JSON else ex.json, ex.headers)
-
-
-# -- running ---------------------------------------------------------------------------
 
 
 async def run_scenario(loaded: LoadedScenario, options: RunOptions | None = None) -> ScenarioResult:
@@ -774,17 +643,16 @@ async def run_scenario(loaded: LoadedScenario, options: RunOptions | None = None
             return result
     if options.tmp_root is not None:
         options.tmp_root.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f"scenario-{_slug(loaded.name)}-", dir=options.tmp_root))
-    result.tmp = tmp
+    slug = "".join(ch if ch.isalnum() else "-" for ch in loaded.name)[:40] or "scenario"
+    result.tmp = tmp = Path(tempfile.mkdtemp(prefix=f"scenario-{slug}-", dir=options.tmp_root))
     capture = _LogCapture(result.transcript)
-    loggers = [logging.getLogger(name) for name in _LOGGERS]
-    for logger in loggers:
-        logger.addHandler(capture)
+    for name in _LOGGERS:
+        logging.getLogger(name).addHandler(capture)
     try:
         await _run(loaded, options, tmp, codex, result)
     finally:
-        for logger in loggers:
-            logger.removeHandler(capture)
+        for name in _LOGGERS:
+            logging.getLogger(name).removeHandler(capture)
         result.duration = time.monotonic() - started
         if result.outcome == "passed" and not options.keep_tmp:
             shutil.rmtree(tmp, ignore_errors=True)
@@ -800,9 +668,6 @@ async def _run(
     result: ScenarioResult,
 ) -> None:
     scenario = loaded.scenario
-    reports = tmp / "fake-reports"
-    work = tmp / "work"
-    work.mkdir()
     model_server = None
     run: _Run | None = None
     bridge: RunningBridge | None = None
@@ -814,37 +679,27 @@ async def _run(
                 result.skip(f"not against a target: {reason}")
                 return
             result.transcript.add("run", f"the target bridge at {bridge.url}")
-            run = _Run(loaded, bridge, tmp, result.transcript)
-            await _steps(run, result)
-            return
-        if scenario.model is not None and codex is not None:
-            from fakes.model_provider import ModelProviderServer
-
-            model_server = ModelProviderServer(scenario.model)
-            await model_server.start()
-            home = tmp / "codex-home"
-            home.mkdir()
-            command = model_server.codex_command(codex, codex_home=home, cwd=work)
         else:
-            script = _script_file(loaded, tmp)
-            command = fake_app_server_command(
-                script, report_dir=reports, cwd=work, base=options.fake_codex
+            command, model_server = await app_server_command(
+                tmp, _script_file(loaded, tmp), model=scenario.model if codex else None, codex=codex
             )
-        if options.app_server_prefix:
-            command = [*options.app_server_prefix, *command]
-        spec = scenario.bridge
-        bridge = await start_bridge(
-            command,
-            preset=spec.preset,
-            limits=spec.rest_limits(),
-            token=spec.token,
-            exempt_health=spec.exempt_health,
-        )
-        result.transcript.add("run", f"bridge {spec.preset} at {bridge.url}: {' '.join(command)}")
-        run = _Run(loaded, bridge, tmp, result.transcript)
+            command = [*(options.app_server_prefix or ()), *command]
+            spec = scenario.bridge
+            bridge = await start_bridge(
+                command,
+                preset=spec.preset,
+                limits=spec.rest_limits(),
+                token=spec.token,
+                exempt_health=spec.exempt_health,
+            )
+            shown = f"bridge {spec.preset} at {bridge.url}: {' '.join(command)}"
+            result.transcript.add("run", shown)
+        run = _Run(loaded.scenario, bridge, tmp, result.transcript)
         await _steps(run, result)
         if not result.failures and model_server is not None:
             await _model_checks(run, model_server, result)
+    except TargetError as exc:
+        result.fail("the target", [Problem((), str(exc))])
     except Exception as exc:  # a bug or an environment problem, not a failed expectation
         result.fail("setup", [Problem((), f"the run could not go on: {exc!r}")])
     finally:
@@ -855,16 +710,11 @@ async def _run(
         if model_server is not None:
             await model_server.close()
     if model_server is None and options.target is None:
-        found = read_reports(reports)
-        result.transcript.fakes = found
-        checks = scenario.checks
-        found_problems = report_problems(
-            scenario.app_server,
-            found,
-            script_used=checks.script_used,
-            requests_answered=checks.requests_answered,
-        )
-        problems = [Problem(loc, message) for loc, message in found_problems]
+        result.transcript.fakes = found = read_reports(tmp / "fake-reports")
+        checks = scenario.checks.model_dump()
+        problems = [
+            Problem(*each) for each in report_problems(scenario.app_server, found, **checks)
+        ]
         if problems and not result.failures:
             result.fail("end of run checks", problems)
 
@@ -885,9 +735,8 @@ async def _steps(run: _Run, result: ScenarioResult) -> None:
     except TimeoutError:
         late = [Problem((), f"the scenario ran past its timeoutMs ({scenario.timeout_ms} ms)")]
         if index < 0:
-            result.fail("scenario", late, ("timeoutMs",))
-        else:
-            result.fail(_step_title(index, scenario.steps[index], scenario), late, ("steps", index))
+            return result.fail("scenario", late, ("timeoutMs",))
+        result.fail(_step_title(index, scenario.steps[index], scenario), late, ("steps", index))
 
 
 def _step_title(index: int, step: Any, scenario: f.Scenario) -> str:
@@ -907,34 +756,20 @@ async def _model_checks(run: _Run, model_server: Any, result: ScenarioResult) ->
             ex = await run.exchange(StepRequest("GET", route_path("list_sessions")))
             for session in ex.json.get("sessions", []) if isinstance(ex.json, dict) else []:
                 for key in session.get("pendingRequests", []):
-                    problems.append(
-                        Problem(
-                            ("checks", "requestsAnswered"),
-                            f"session {session.get('sessionId')}: server request {key} was "
-                            "never answered",
-                        )
-                    )
+                    never = f"server request {key} was never answered"
+                    never = f"session {session.get('sessionId')}: {never}"
+                    problems.append(Problem(("checks", "requestsAnswered"), never))
     if problems:
         result.fail("end of run checks", problems)
 
 
 def _script_file(loaded: LoadedScenario, tmp: Path) -> Path | None:
     """The file fake-codex reads: the scenario file itself, else one written for the run."""
-    script = loaded.scenario.app_server
-    if script is None:
-        return None
-    if loaded.path is not None:
-        return loaded.path
+    if loaded.scenario.app_server is None or loaded.path is not None:
+        return loaded.path if loaded.scenario.app_server is not None else None
     path = tmp / "app-server.yaml"
-    raw = loaded.data.get("appServer") if isinstance(loaded.data, dict) else None
-    if raw is None:
-        raw = script.model_dump(by_alias=True, exclude_unset=True, mode="json")
-    path.write_text(f.dump_yaml({"appServer": raw}), encoding="utf-8")
+    path.write_text(f.dump_yaml({"appServer": loaded.data["appServer"]}), encoding="utf-8")
     return path
-
-
-def _slug(name: str) -> str:
-    return "".join(ch if ch.isalnum() else "-" for ch in name)[:40] or "scenario"
 
 
 def run_scenario_sync(loaded: LoadedScenario, options: RunOptions | None = None) -> ScenarioResult:

@@ -1,10 +1,6 @@
-"""The JSON Schema of the scenario format, generated from the pydantic models.
-
-`rest-bridge scenarios schema` prints it; editors use it to complete and check
-scenario files (e.g. `# yaml-language-server: $schema=scenario.schema.json`). It is
-generated, never committed: the models are the single description of the format,
-their shorthands included (each "before" validator declares what it accepts).
-"""
+"""The JSON Schema of the scenario format (`rest-bridge scenarios schema`; for editors),
+generated from the pydantic models, never committed: they are the single description of
+the format, shorthands included (each "before" validator declares what it accepts)."""
 
 from __future__ import annotations
 

@@ -1,14 +1,10 @@
-"""A small, strict Server-Sent Events reader over an aiohttp response.
-
-It reads the real bytes of the stream and yields one :class:`SseFrame` per
-event (comments such as keep-alives are yielded too when asked), with a timeout
-on every wait, so a test never hangs on a stream that went quiet.
-"""
+"""A small, strict Server-Sent Events reader over an aiohttp response: one `SseFrame` per
+event (and per comment, such as a keep-alive, when asked), a timeout on every wait."""
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+import sys
 from dataclasses import dataclass
 from typing import Any
 
@@ -51,10 +47,7 @@ class SseReader:
         """Exactly ``count`` frames (fewer only if the stream ends first)."""
         frames: list[SseFrame] = []
         async with asyncio.timeout(timeout):
-            while len(frames) < count:
-                frame = await self._next_frame()
-                if frame is None:
-                    break
+            while len(frames) < count and (frame := await self._next_frame()) is not None:
                 frames.append(frame)
         return frames
 
@@ -62,25 +55,16 @@ class SseReader:
         """Frames up to and including the first for which ``predicate(frame)`` holds."""
         frames: list[SseFrame] = []
         async with asyncio.timeout(timeout):
-            while True:
+            while not frames or not predicate(frames[-1]):
                 frame = await self._next_frame()
                 if frame is None:
                     raise EOFError("the stream ended before the expected frame")
                 frames.append(frame)
-                if predicate(frame):
-                    return frames
+        return frames
 
     async def rest(self, timeout: float = 10.0) -> list[SseFrame]:
         """Every frame until the server ends the stream."""
-        frames: list[SseFrame] = []
-        async with asyncio.timeout(timeout):
-            while (frame := await self._next_frame()) is not None:
-                frames.append(frame)
-        return frames
-
-    async def __aiter__(self) -> AsyncIterator[SseFrame]:
-        while (frame := await self._next_frame()) is not None:
-            yield frame
+        return await self.collect(sys.maxsize, timeout)
 
     async def _next_frame(self) -> SseFrame | None:
         frame = SseFrame()

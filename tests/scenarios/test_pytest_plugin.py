@@ -360,3 +360,40 @@ def test_everything_the_plugin_registers_is_prefixed_and_documented(
         for name in names:
             assert name.startswith(("codex_", "--codex-")), (kind, name)
             assert f"`{name}" in readme, f"the {kind} {name} is not in scenarios/README.md"
+
+
+@pytest.mark.parametrize("name", ["codex_client", "codex_bridge"])
+def test_a_host_fixture_overriding_one_the_plugin_uses_fails_naming_the_clash(
+    pytester: pytest.Pytester, name: str
+) -> None:
+    """pytest lets a host's fixture override the plugin's of the same name; the plugin's
+    fixtures that use it then say so instead of failing on what they were given."""
+    pytester.makeconftest(
+        f"""
+        import pytest
+
+        @pytest.fixture
+        def {name}():
+            return "the host's own"
+        """
+    )
+    pytester.makepyfile(
+        """
+        import pytest
+
+        @pytest.mark.asyncio
+        async def test_a_stream(codex_sse, codex_client):
+            await codex_sse("/v1/sessions/x/events/stream")
+        """
+    )
+    result = pytester.runpytest_subprocess(*QUIET)
+    result.assert_outcomes(**({"failed": 1} if name == "codex_client" else {"errors": 1}))
+    user = "codex_sse" if name == "codex_client" else "codex_client"
+    result.stdout.fnmatch_lines(
+        [
+            f"*the fixture {name!r} is your suite's own (conftest.{name}), a str, and it "
+            f"overrides the one of codex-rest-bridge's pytest plugin, which {user} uses: "
+            "rename yours*"
+        ]
+    )
+    assert "AttributeError" not in result.stdout.str()

@@ -87,12 +87,24 @@ def fake(*script: str) -> list[str]:
     return ["--app-server", command]
 
 
-def run(*args: str, token: str | None = None) -> subprocess.CompletedProcess[str]:
+def run(
+    *args: str, token: str | None = None, ci: bool = False, pytest_itself: bool = False
+) -> subprocess.CompletedProcess[str]:
+    """`rest-bridge scenarios run ARGS` (or pytest with the plugin's own options), with
+    `CI` set to true or unset whatever the suite runs under."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("REST_ADAPTER_")}
+    env.pop("CI", None)
+    if ci:
+        env["CI"] = "true"
     if token is not None:
         env["REST_ADAPTER_TOKEN"] = token
+    front = (
+        [sys.executable, "-m", "pytest"]
+        if pytest_itself
+        else [BIN / "rest-bridge", "scenarios", "run"]
+    )
     return subprocess.run(
-        [str(BIN / "rest-bridge"), "scenarios", "run", "-p", "no:cacheprovider", "-v", *args],
+        [*map(str, front), "-p", "no:cacheprovider", "-v", *args],
         capture_output=True,
         text=True,
         cwd=ROOT,
@@ -118,7 +130,8 @@ def test_the_library_runs_against_a_running_bridge_and_the_rest_skips_saying_why
 ) -> None:
     target = Served(*fake(), token=TOKEN)
     served.append(target)
-    done = run(str(LIBRARY), "--target", target.url, token=TOKEN)
+    # Under CI=true too: skips beside scenarios that ran are no failure.
+    done = run(str(LIBRARY), "--target", target.url, token=TOKEN, ci=True)
     assert done.returncode == 0, done.stdout + done.stderr
     seen = outcomes(done.stdout)
     assert len(seen) == len(list(LIBRARY.glob("*.scenario.yaml"))), done.stdout
@@ -177,9 +190,36 @@ def test_a_scenario_without_a_token_skips_on_a_target_with_auth_on(
 def test_without_the_token_a_scenario_that_turns_auth_on_skips(served: list[Served]) -> None:
     target = Served(*fake(), token=TOKEN)
     served.append(target)
-    done = run(str(LIBRARY / "auth-rejection.scenario.yaml"), "--target", target.url)
+    scenario = str(LIBRARY / "auth-rejection.scenario.yaml")
+    done = run(scenario, "--target", target.url)
     assert done.returncode == 0, done.stdout
     assert "turns auth on: set REST_ADAPTER_TOKEN to the target's token" in done.stdout
+    # Under CI=true a run in which every scenario skipped checked nothing: it fails, from
+    # the front, from pytest itself and under xdist (whose workers report to the main one).
+    for extra, pytest_itself in (((), False), ((), True), (("-n", "2"), True)):
+        args = (scenario, "--codex-target" if pytest_itself else "--target", target.url)
+        done = run(*args, *extra, ci=True, pytest_itself=pytest_itself)
+        assert done.returncode == 1, done.stdout
+        assert "turns auth on: set REST_ADAPTER_TOKEN" in done.stdout, done.stdout
+        assert "CI=true: all 1 scenarios were skipped and none ran, which fails" in done.stdout, (
+            done.stdout
+        )
+
+
+def test_a_wrong_token_is_said_to_be_refused_by_the_target_and_never_printed(
+    served: list[Served],
+) -> None:
+    target = Served(*fake(), token=TOKEN)
+    served.append(target)
+    wrong = "wr0ng-s3cret-t0ken"
+    done = run(str(LIBRARY / "auth-variants.scenario.yaml"), "--target", target.url, token=wrong)
+    assert done.returncode == 1, done.stdout
+    assert f"{target.url}: the target refused the token in $REST_ADAPTER_TOKEN (401 to GET " in (
+        done.stdout
+    ), done.stdout
+    assert "TargetError" not in done.stdout, done.stdout
+    assert wrong not in done.stdout + done.stderr
+    assert TOKEN not in done.stdout + done.stderr
 
 
 def test_a_scenario_whose_script_the_target_runs_runs_there(
