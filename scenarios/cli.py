@@ -8,6 +8,7 @@ check-cassettes; scenarios/README.md ("Running") has each. `--codex`, `--target`
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
 import logging
 import os
@@ -77,17 +78,13 @@ def _schema(args: argparse.Namespace) -> int:
 
 def _record(args: argparse.Namespace) -> int:
     """Record a `model:` scenario on the real codex; write and replay its fake-codex twin."""
-    from scenarios.record import RecordError, record_scenario_sync
+    from scenarios.record import RecordError, record_scenario
 
     _quiet_logging()
+    options = {"codex": args.codex, "name": args.name, "keep_tmp": args.keep_tmp}
     try:
-        recording = record_scenario_sync(
-            args.source,
-            args.output,
-            codex=args.codex,
-            name=args.name,
-            verify=not args.no_verify,
-            keep_tmp=args.keep_tmp,
+        recording = asyncio.run(
+            record_scenario(args.source, args.output, verify=not args.no_verify, **options)
         )
     except RecordError as exc:
         print(f"rest-bridge scenarios record: {exc}", file=sys.stderr)

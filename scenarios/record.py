@@ -1,24 +1,17 @@
-"""Record, then replay: a scenario run on the real codex, written as one for fake-codex.
-
-    recording = await record_scenario("x.scenario.yaml", "x-replay.scenario.yaml")
-
-runs a `model:` scenario through the bridge in front of the real codex, with
-`scenarios.wire_tee` logging every JSON-RPC line between the bridge and each codex
-process; from those logs it writes the same scenario with an `appServer:` script that
-makes fake-codex say what codex said, then replays it on fake-codex. How a log becomes a
-script, and what is normalised, is in scenarios/README.md ("Record, then replay").
+"""Record, then replay: a `model:` scenario run on the real codex (through the bridge,
+with `scenarios.wire_tee` logging each codex process's JSON-RPC lines), written again
+with an `appServer:` script that makes fake-codex say what codex said, and replayed.
+scenarios/README.md ("Record, then replay") says how and what is normalised.
 """
 
 from __future__ import annotations
 
-import asyncio
 import copy
 import os
 import re
 import shutil
 import signal
 import socket
-import subprocess
 import sys
 import tempfile
 from dataclasses import dataclass, field
@@ -27,6 +20,7 @@ from typing import Any
 
 import orjson
 
+from bridge.process.backend import _probe_version
 from fakes.app_server.wire import SEEDED_EPOCH_MS
 from scenarios.cassette import yaml_text
 from scenarios.format import LoadedScenario, ScenarioError, load_scenario, parse_scenario_text
@@ -171,52 +165,41 @@ def _frozen_date_time(found: re.Match[str]) -> str:
 # -- reading the wire logs ----------------------------------------------------------------
 
 
-@dataclass
-class _Line:
-    direction: str  # "c": from the client (the bridge), "s": from the server
-    message: Any  # the parsed JSON, or None when the line is not JSON
-    raw: str = ""
+_Entry = tuple[str, dict[str, Any] | None, str]
 
 
 @dataclass
 class _ProcessLog:
-    name: str
-    started: int
-    lines: list[_Line]
+    started: int = 0
+    #: (direction, the JSON object or None, the line): "c" from the client (the
+    #: bridge), "s" from the server.
+    lines: list[_Entry] = field(default_factory=list)
     client_eof: bool = False
     exit: int | None = None
 
-    @property
-    def speaks_protocol(self) -> bool:
-        return any(line.direction == "c" and line.message is not None for line in self.lines)
+
+def _object(text: str) -> dict[str, Any] | None:
+    try:
+        message = orjson.loads(text)
+    except orjson.JSONDecodeError:
+        return None
+    return message if isinstance(message, dict) else None
 
 
 def _read_logs(directory: Path) -> list[_ProcessLog]:
     logs = []
     for path in sorted(directory.glob("wire-*.jsonl")):
-        log = _ProcessLog(path.name, 0, [])
+        log = _ProcessLog()
         for raw in path.read_bytes().splitlines():
-            try:
-                entry = orjson.loads(raw)
-            except orjson.JSONDecodeError:
-                continue  # a line cut by a kill
-            if "argv" in entry:
-                log.started = int(entry.get("started", 0))
-            elif "exit" in entry:
-                log.exit = entry["exit"]
-            elif entry.get("eof"):
-                log.client_eof = True
-            elif "line" in entry:
-                text = entry["line"]
-                try:
-                    message = orjson.loads(text) if text.strip() else None
-                except orjson.JSONDecodeError:
-                    message = None
-                if message is None and not text.strip():
-                    continue
-                log.lines.append(_Line(entry["dir"], message, text))
-        logs.append(log)
-    return sorted((log for log in logs if log.speaks_protocol), key=lambda log: log.started)
+            entry = _object(raw.decode("utf-8", "replace")) or {}  # {}: a line cut by a kill
+            log.started = int(entry.get("started", log.started))
+            log.exit = entry.get("exit", log.exit)
+            log.client_eof = log.client_eof or bool(entry.get("eof"))
+            if str(entry.get("line", "")).strip():
+                log.lines.append((entry["dir"], _object(entry["line"]), entry["line"]))
+        if any(direction == "c" and message is not None for direction, message, _ in log.lines):
+            logs.append(log)  # it speaks the protocol
+    return sorted(logs, key=lambda log: log.started)
 
 
 # -- races: one order for messages codex writes in either order --------------------------
@@ -268,36 +251,21 @@ RACES = (
 )
 
 
-def _canonical_order(lines: list[_Line]) -> list[_Line]:
+def _canonical_order(lines: list[_Entry]) -> list[_Entry]:
     """`lines` with each racing pair (adjacent server messages) in its usual order."""
     lines = list(lines)
     changed = True
     while changed:
         changed = False
         for index in range(len(lines) - 1):
-            first, second = lines[index], lines[index + 1]
-            if first.direction != "s" or second.direction != "s":
-                continue
-            if not isinstance(first.message, dict) or not isinstance(second.message, dict):
-                continue
-            if any(race(first.message, second.message) for race in RACES):
-                lines[index], lines[index + 1] = second, first
+            (one, first, _), (other, second, _) = lines[index], lines[index + 1]
+            if one == other == "s" and first and second and any(r(first, second) for r in RACES):
+                lines[index], lines[index + 1] = lines[index + 1], lines[index]
                 changed = True
     return lines
 
 
 # -- from one process's log to script entries ---------------------------------------------
-
-
-@dataclass
-class _ProcessScript:
-    initialize: dict[str, Any] | None = None
-    on_initialized: list[dict[str, Any]] = field(default_factory=list)
-    methods: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
-    #: The (normalised) params of each call in `methods`, index for index.
-    method_params: dict[str, list[Any]] = field(default_factory=dict)
-    server_messages: list[dict[str, Any]] = field(default_factory=list)
-    unanswered_requests: int = 0
 
 
 Steps = list[dict[str, Any]]
@@ -309,12 +277,6 @@ class _Turn:
     #: Where the turn's next messages go: its `turn/start` entry, then the `onReply`
     #: branch of its latest answered server request, or a later `turn/*` call on it.
     sink: Steps
-
-
-@dataclass
-class _Request:
-    step: dict[str, Any]
-    turn: _Turn | None
 
 
 class _Translator:
@@ -337,30 +299,38 @@ class _Translator:
 
     def __init__(self, norm: Normaliser) -> None:
         self.norm = norm
-        self.out = _ProcessScript()
+        # What it makes: the script's entries, and the server's messages as normalised.
+        self.initialize: dict[str, Any] | None = None
+        self.on_initialized: Steps = []
+        self.methods: dict[str, list[dict[str, Any]]] = {}
+        #: The (normalised) params of each call in `methods`, index for index.
+        self.method_params: dict[str, list[Any]] = {}
+        self.server_messages: list[dict[str, Any]] = []
+        self.unanswered_requests = 0
         self.latest: Steps | None = None
         self.prelude: Steps = []
         self.startup: Steps = []
-        self.calls: dict[Any, dict[str, Any]] = {}
-        self.requests: dict[Any, _Request] = {}
+        #: Client calls not answered yet, by id: their entry and params.
+        self.calls: dict[Any, tuple[dict[str, Any], Any]] = {}
+        #: Server requests by id: their step, and the turn they are about.
+        self.requests: dict[Any, tuple[dict[str, Any], _Turn | None]] = {}
         self.turns: dict[str, _Turn] = {}
         self.active: dict[str | None, _Turn] = {}
         self.done: set[str] = set()
-        self.call_params: dict[Any, Any] = {}
         self.thread_replies: dict[str, Steps] = {}
         self.saw_initialized = False
         self.dropped_remote_control = False
         self.thread_seen = False
 
-    def run(self, log: _ProcessLog) -> _ProcessScript:
-        for line in _canonical_order(log.lines):
-            if line.direction == "c":
-                if isinstance(line.message, dict):
-                    self.client(line.message)
-            elif isinstance(line.message, dict):
-                self.server(line.message)
+    def run(self, log: _ProcessLog) -> _Translator:
+        for direction, message, raw in _canonical_order(log.lines):
+            if direction == "c":
+                if message is not None:
+                    self.client(message)
+            elif message is not None:
+                self.server(message)
             else:
-                self.default_sink().append({"raw": self.norm.string(line.raw)})
+                self.default_sink().append({"raw": self.norm.string(raw)})
         if log.exit is not None and not log.client_eof:
             # It ended before the client let it go: the replay ends there too.
             self.default_sink().append(_exit_step(log.exit))
@@ -377,13 +347,12 @@ class _Translator:
             behavior: dict[str, Any] = {"steps": self.prelude}
             self.prelude = []
             params = message.get("params")
-            if method == "initialize" and self.out.initialize is None:
-                self.out.initialize = behavior
+            if method == "initialize" and self.initialize is None:
+                self.initialize = behavior
             else:
-                self.out.methods.setdefault(method, []).append(behavior)
-                self.out.method_params.setdefault(method, []).append(self.norm.value(params))
-            self.calls[_id_key(message["id"])] = behavior
-            self.call_params[_id_key(message["id"])] = params
+                self.methods.setdefault(method, []).append(behavior)
+                self.method_params.setdefault(method, []).append(self.norm.value(params))
+            self.calls[_id_key(message["id"])] = (behavior, params)
             self.latest = behavior["steps"]
             if method.startswith("turn/"):
                 turn = self.active.get(_text(_at(params, "threadId")))
@@ -392,17 +361,17 @@ class _Translator:
         elif isinstance(method, str):
             if method == "initialized" and not self.saw_initialized:
                 self.saw_initialized = True
-                self.latest = self.out.on_initialized
+                self.latest = self.on_initialized
         elif has_id:
-            request = self.requests.get(_id_key(message["id"]))
-            if request is not None and "onReply" not in request.step:
+            step, turn = self.requests.get(_id_key(message["id"]), ({"onReply": 0}, None))
+            if "onReply" not in step:
                 from fakes.app_server.steps import reply_key
 
                 branch: Steps = []
-                request.step["onReply"] = {reply_key(message): branch}
+                step["onReply"] = {reply_key(message): branch}
                 self.latest = branch
-                if request.turn is not None:
-                    request.turn.sink = branch
+                if turn is not None:
+                    turn.sink = branch
 
     # -- the server
 
@@ -417,17 +386,17 @@ class _Translator:
         if "id" in message:
             request = {"method": method, "id": message["id"]}
             request |= {"params": params} if params is not None else {}
-            self.out.server_messages.append(dict(request))  # the step gains `wait`
+            self.server_messages.append(dict(request))  # the step gains `wait`
             step = {"request": request}
             turn = self.turn_of(message.get("params"))
-            self.requests[_id_key(message["id"])] = _Request(step, turn)
+            self.requests[_id_key(message["id"])] = (step, turn)
             (turn.sink if turn is not None else self.default_sink()).append(step)
             return
         if method == _FAKE_SENDS_ITSELF and not self.dropped_remote_control:
             self.dropped_remote_control = True
             return
         step = {"notify": {"method": method, "params": params}}
-        self.out.server_messages.append({"method": method, "params": params})
+        self.server_messages.append({"method": method, "params": params})
         raw = message.get("params")
         if method in STARTUP_NOTIFICATIONS and starting:
             self.startup.append(step)
@@ -452,9 +421,8 @@ class _Translator:
             if "error" in message
             else {"result": norm.value(message.get("result"))}
         )
-        self.out.server_messages.append({"id": message["id"], **reply})
-        call = self.calls.pop(_id_key(message["id"]), None)
-        params = self.call_params.pop(_id_key(message["id"]), None)
+        self.server_messages.append({"id": message["id"], **reply})
+        call, params = self.calls.pop(_id_key(message["id"]), (None, None))
         if call is None:
             self.default_sink().append({"respondUnknownId": {"id": message["id"], **reply}})
             return
@@ -488,19 +456,16 @@ class _Translator:
         # About nothing in particular (rate limits): the running turn, if exactly one.
         return next(iter(self.active.values())) if len(self.active) == 1 else None
 
-    def finish(self) -> _ProcessScript:
-        out = self.out
-        out.on_initialized[:0] = self.startup
-        for call in self.calls.values():
+    def finish(self) -> _Translator:
+        self.on_initialized[:0] = self.startup
+        for call, _ in self.calls.values():
             call["noReply"] = True
-        out.unanswered_requests = sum(
-            1 for request in self.requests.values() if "onReply" not in request.step
-        )
-        for behavior in [out.initialize, *[b for bs in out.methods.values() for b in bs]]:
+        self.unanswered_requests = sum("onReply" not in s for s, _ in self.requests.values())
+        for behavior in [self.initialize, *[b for bs in self.methods.values() for b in bs]]:
             if behavior is not None:
                 _tidy(behavior)
-        _no_wait_before_more(out.on_initialized)
-        return out
+        _no_wait_before_more(self.on_initialized)
+        return self
 
 
 def _text(value: Any) -> str | None:
@@ -549,7 +514,7 @@ def _no_wait_before_more(steps: list[dict[str, Any]]) -> None:
 # -- merging processes ----------------------------------------------------------------------
 
 
-def _merge(scripts: list[_ProcessScript], warnings: list[str]) -> dict[str, Any]:
+def _merge(scripts: list[_Translator], warnings: list[str]) -> dict[str, Any]:
     """One `appServer:` script for all processes (each replays it from its start)."""
     script: dict[str, Any] = {}
     initialize = next((s.initialize for s in scripts if s.initialize is not None), None)
@@ -573,7 +538,7 @@ def _merge(scripts: list[_ProcessScript], warnings: list[str]) -> dict[str, Any]
 
 
 def _merge_method(
-    method: str, scripts: list[_ProcessScript], warnings: list[str]
+    method: str, scripts: list[_Translator], warnings: list[str]
 ) -> list[dict[str, Any]]:
     """The entries of `method` for all processes.
 
@@ -665,16 +630,6 @@ def translate_wire_logs(
 # -- the recording ------------------------------------------------------------------------
 
 
-def _codex_version(codex: str) -> str | None:
-    try:
-        done = subprocess.run(
-            [codex, "--version"], capture_output=True, text=True, timeout=60, check=False
-        )
-    except (OSError, subprocess.TimeoutExpired):
-        return None
-    return done.stdout.strip() or None
-
-
 def _build_document(
     loaded: LoadedScenario,
     app_server: dict[str, Any],
@@ -751,7 +706,7 @@ async def record_scenario(
             f"cannot record {loaded.source}: {NO_CODEX}. In a checkout of codex-rest-bridge "
             "`make codex` installs the pinned one; elsewhere `npm install -g @openai/codex`."
         )
-    codex_version = await asyncio.to_thread(_codex_version, found)
+    codex_version, _ = await _probe_version([found, "--version"])  # the bridge's way
     workspace = Path(tempfile.mkdtemp(prefix="scenario-record-", dir=tmp_root))
     wire, home, runs = workspace / "wire", workspace / "home", workspace / "runs"
     for directory in (wire, home, runs):
@@ -799,7 +754,8 @@ async def record_scenario(
         "# Recorded by `rest-bridge scenarios record`: the appServer section is what the\n"
         '# real codex said, normalised (see scenarios/README.md, "Record, then replay").\n'
     ) + yaml_text(document, width=100)
-    if _names(text, workspace):  # pragma: no cover - a normalisation bug; never write it
+    real = os.path.realpath(workspace)  # noqa: ASYNC240 - a local folder
+    if any(path in text for path in {str(workspace), real}):  # pragma: no cover - a bug
         raise RecordError(f"the recording still names the machine path {str(workspace)!r}")
     path = Path(output) if output is not None else None
     try:
@@ -824,10 +780,6 @@ async def record_scenario(
     return recording
 
 
-def _names(text: str, directory: Path) -> bool:
-    return any(path in text for path in {str(directory), os.path.realpath(directory)})
-
-
 def _check_output(path: Path) -> None:
     """Refuse, before anything runs, an output file that could not be written at the end."""
     folder = path.parent
@@ -844,12 +796,3 @@ def _check_output(path: Path) -> None:
     else:
         return
     raise RecordError(f"the output {str(path)!r} {problem}; nothing was recorded")
-
-
-def record_scenario_sync(
-    source: str | os.PathLike[str] | LoadedScenario,
-    output: str | os.PathLike[str] | None = None,
-    **kwargs: Any,
-) -> Recording:
-    """`record_scenario` in a fresh event loop."""
-    return asyncio.run(record_scenario(source, output, **kwargs))
