@@ -1,11 +1,7 @@
 """Cassettes: what the real bridge answered a scenario's steps, in VCR.py's YAML format
-(what `scenarios.respx_mock` needs more sits under `codex:` keys vcrpy ignores). See
-scenarios/README.md ("Cassettes").
-
-    rest-bridge scenarios record-cassettes PATHS...   # the missing and stale ones (--all)
-    rest-bridge scenarios check-cassettes PATHS...    # exit 1 naming each missing or stale
-
-`python -m scenarios.cassette record|check PATHS...` is the same.
+(what `scenarios.respx_mock` needs more sits under `codex:` keys vcrpy ignores), made
+and checked by `rest-bridge scenarios record-cassettes|check-cassettes` (or `python -m
+scenarios.cassette record|check`). See scenarios/README.md ("Cassettes").
 """
 
 from __future__ import annotations
@@ -108,11 +104,8 @@ class Interaction:
         item.status, item.reason = status["code"], status.get("message", "")
         item.response_headers = response.get("headers") or {}
         item.response_body = (response.get("body") or {}).get("string") or ""
-        item.step, item.after, item.marks = (
-            codex.get("step"),
-            codex.get("after"),
-            codex.get("marks") or [],
-        )
+        item.step, item.after = codex.get("step"), codex.get("after")
+        item.marks = codex.get("marks") or []
         return item
 
 
@@ -160,33 +153,24 @@ class _Dumper(yaml.SafeDumper):
     bodies) as blocks, so that a file reads as the wire did."""
 
 
-def _flat(data: dict[Any, Any] | list[Any]) -> bool:
+def _represent(dumper: _Dumper, data: Any) -> yaml.Node:
+    if isinstance(data, str):
+        style = "|" if "\n" in data.rstrip("\n") else None
+        return dumper.represent_scalar("tag:yaml.org,2002:str", data, style=style)
     items = list(data.values()) if isinstance(data, dict) else data
-    if any(isinstance(item, dict | list | bytes) for item in items):
-        return False
-    return len(orjson.dumps(data)) <= 60 and not any(
-        isinstance(item, str) and ("\n" in item or len(item) > 40) for item in items
+    flat = not any(isinstance(item, dict | list | bytes) for item in items) and (
+        len(orjson.dumps(data)) <= 60
+        and not any(isinstance(item, str) and ("\n" in item or len(item) > 40) for item in items)
     )
+    if isinstance(data, dict):
+        return dumper.represent_mapping(
+            "tag:yaml.org,2002:map", data.items(), flow_style=flat or None
+        )
+    return dumper.represent_sequence("tag:yaml.org,2002:seq", data, flow_style=flat or None)
 
 
-_Dumper.add_representer(
-    dict,
-    lambda dumper, data: dumper.represent_mapping(
-        "tag:yaml.org,2002:map", data.items(), flow_style=_flat(data) or None
-    ),
-)
-_Dumper.add_representer(
-    list,
-    lambda dumper, data: dumper.represent_sequence(
-        "tag:yaml.org,2002:seq", data, flow_style=_flat(data) or None
-    ),
-)
-_Dumper.add_representer(
-    str,
-    lambda dumper, data: dumper.represent_scalar(
-        "tag:yaml.org,2002:str", data, style="|" if "\n" in data.rstrip("\n") else None
-    ),
-)
+for _kind in (dict, list, str):
+    _Dumper.add_representer(_kind, _represent)
 
 
 def yaml_text(document: Any, *, width: int) -> str:
@@ -223,8 +207,9 @@ class _Recorder:
     ) -> aiohttp.ClientResponse:
         payload: Any = request.body
         body = payload if isinstance(payload, bytes) else await payload.as_bytes()
-        item = Interaction(request.method, request.url.raw_path_qs, _kept_headers(request), None)
-        item.body, item.started = _decoded(body), time.monotonic()
+        headers, started = _kept_headers(request), time.monotonic()
+        item = Interaction(request.method, request.url.raw_path_qs, headers, _decoded(body))
+        item.started = started
         self.items.append(item)
         response = await handler(request)
         item.response_headers = _kept_headers(response)
@@ -232,11 +217,8 @@ class _Recorder:
             response.content = _Tee(response.content, item, self)  # type: ignore[assignment]
         else:
             item.response_body = _decoded(await response.read()) or ""
-        item.seen, item.status, item.reason = (
-            len(self.items),
-            response.status,
-            response.reason or "",
-        )
+        item.seen, item.status = len(self.items), response.status
+        item.reason = response.reason or ""
         return response
 
 

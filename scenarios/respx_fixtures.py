@@ -47,13 +47,10 @@ def codex_respx(request: pytest.FixtureRequest) -> Iterator[Callable[..., Any]]:
     After the test, an exchange the host never made fails it (unless the test failed
     already, or `assert_all_called=False`).
     """
-    missing = None
     try:
         from scenarios import respx_mock
-    except ModuleNotFoundError as exc:
-        missing = str(exc)
-    if missing is not None:  # failed outside the `except`: no chained traceback
-        pytest.fail(missing, pytrace=False)
+    except ModuleNotFoundError as exc:  # `from None`: no chained traceback
+        raise pytest.fail.Exception(str(exc), pytrace=False) from None
     refresh = request.config.getoption("codex_record_cassettes", False)
     defaults = {"record": "refresh"} if refresh else {}
     routers: list[Any] = []
@@ -66,9 +63,7 @@ def codex_respx(request: pytest.FixtureRequest) -> Iterator[Callable[..., Any]]:
         try:
             router = respx_mock.scenario_router(scenario, **{**defaults, **options})
         except respx_mock.CassetteError as exc:
-            router, problem = None, str(exc)
-        if router is None:  # failed outside the `except`: no chained traceback
-            pytest.fail(problem, pytrace=False)
+            raise pytest.fail.Exception(str(exc), pytrace=False) from None
         router.start()
         routers.append(router)
         return router
