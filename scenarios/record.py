@@ -415,12 +415,8 @@ class _Translator:
             self.default_sink().append(step)
 
     def response(self, message: dict[str, Any]) -> None:
-        norm = self.norm
-        reply = (
-            {"error": norm.value(message["error"])}
-            if "error" in message
-            else {"result": norm.value(message.get("result"))}
-        )
+        kind = "error" if "error" in message else "result"
+        reply = {kind: self.norm.value(message.get(kind))}
         self.server_messages.append({"id": message["id"], **reply})
         call, params = self.calls.pop(_id_key(message["id"]), (None, None))
         if call is None:
@@ -438,21 +434,17 @@ class _Translator:
 
     def turn_of(self, params: Any) -> _Turn | None:
         """The turn a message's params are about (registering a turn seen first here)."""
-        if not isinstance(params, dict):
-            return next(iter(self.active.values())) if len(self.active) == 1 else None
-        thread = _text(params.get("threadId"))
-        turn_id = _text(params.get("turnId")) or _text(_at(params, "turn", "id"))
-        if turn_id is not None:
-            turn = self.turns.setdefault(turn_id, _Turn(thread, self.default_sink()))
-            if turn.thread is None:
-                turn.thread = thread
-            if thread is not None and turn_id not in self.done:
-                self.active.setdefault(thread, turn)
-            return turn
-        if thread is not None:
-            return self.active.get(thread)
-        if "thread" in params:
-            return None
+        if isinstance(params, dict):
+            thread = _text(params.get("threadId"))
+            turn_id = _text(params.get("turnId")) or _text(_at(params, "turn", "id"))
+            if turn_id is not None:
+                turn = self.turns.setdefault(turn_id, _Turn(thread, self.default_sink()))
+                turn.thread = turn.thread or thread
+                if thread is not None and turn_id not in self.done:
+                    self.active.setdefault(thread, turn)
+                return turn
+            if thread is not None or "thread" in params:
+                return None if thread is None else self.active.get(thread)
         # About nothing in particular (rate limits): the running turn, if exactly one.
         return next(iter(self.active.values())) if len(self.active) == 1 else None
 
@@ -631,12 +623,7 @@ def translate_wire_logs(
 
 
 def _build_document(
-    loaded: LoadedScenario,
-    app_server: dict[str, Any],
-    *,
-    name: str,
-    codex_version: str | None,
-    unanswered: int,
+    loaded: LoadedScenario, translated: Translation, name: str, codex_version: str | None
 ) -> dict[str, Any]:
     source_data = loaded.data if isinstance(loaded.data, dict) else {}
     source_name = loaded.path.name if loaded.path is not None else loaded.name
@@ -657,10 +644,10 @@ def _build_document(
     document["tags"] = [*kept, "recorded"] if "recorded" not in kept else kept
     for key, value in source_data.items():
         if key == "model":
-            document["appServer"] = app_server
+            document["appServer"] = translated.script
         elif key not in document:
             document[key] = copy.deepcopy(value)
-    if unanswered:
+    if translated.unanswered_requests:
         # A request codex sent and nobody answered (dropped by an interrupt, or left
         # pending): fake-codex keeps it pending, which the end check would flag.
         document["checks"] = {**(document.get("checks") or {}), "requestsAnswered": False}
@@ -743,13 +730,7 @@ async def record_scenario(
             f"cannot record {loaded.source}: the bridge started no codex process that "
             "spoke the protocol (does the scenario make any call?)"
         )
-    document = _build_document(
-        loaded,
-        translated.script,
-        name=name or f"{loaded.name}-replay",
-        codex_version=codex_version,
-        unanswered=translated.unanswered_requests,
-    )
+    document = _build_document(loaded, translated, name or f"{loaded.name}-replay", codex_version)
     text = (
         "# Recorded by `rest-bridge scenarios record`: the appServer section is what the\n"
         '# real codex said, normalised (see scenarios/README.md, "Record, then replay").\n'
