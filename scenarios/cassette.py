@@ -363,11 +363,7 @@ def _pattern(step: Any) -> tuple[str, re.Pattern[str], Any] | None:
     except TypeError:
         return None
     path = unquote(urlsplit(request.path).path if "://" in request.path else request.path)
-    return (
-        request.method,
-        re.compile(re.escape(path).replace(re.escape(_ANY), ".*?")),
-        (request.json_body),
-    )
+    return request.method, _wildcards(path), request.json_body
 
 
 def _matches(pattern: tuple[str, re.Pattern[str], Any] | None, item: Interaction) -> bool:
@@ -381,10 +377,15 @@ def _matches(pattern: tuple[str, re.Pattern[str], Any] | None, item: Interaction
     return pattern[2] is NO_JSON or body is NO_JSON or not json_difference(pattern[2], body, _fits)
 
 
+def _wildcards(template: str) -> re.Pattern[str]:
+    return re.compile(re.escape(template).replace(re.escape(_ANY), ".*?"))
+
+
 def _fits(template: Any, value: Any) -> bool:
     if isinstance(template, str) and _ANY in template:
-        pattern = ".*?".join(re.escape(part) for part in template.split(_ANY))
-        return template == _ANY or (isinstance(value, str) and bool(re.fullmatch(pattern, value)))
+        return template == _ANY or (
+            isinstance(value, str) and bool(_wildcards(template).fullmatch(value))
+        )
     return bool(template == value)
 
 

@@ -1,8 +1,6 @@
-"""`rest-bridge scenarios`: run (pytest with the plugin, collecting scenario files only:
-pytest's options and exit statuses), check, schema, record, record-cassettes and
-check-cassettes; scenarios/README.md ("Running") has each. `--codex`, `--target` and
-`--target-script` are the plugin's `--codex-bin`, `--codex-target` and
-`--codex-target-script`.
+"""`rest-bridge scenarios`: run (pytest with the plugin, on scenario files only), check,
+schema, record, record-cassettes and check-cassettes; scenarios/README.md ("Running")
+has each.
 """
 
 from __future__ import annotations
@@ -146,10 +144,6 @@ def build_parser() -> argparse.ArgumentParser:
         help="run scenario files and folders: pytest with the plugin, pytest's options "
         "work (`run --help` lists them); --codex, --target and --target-script stand for "
         "the plugin's --codex-bin, --codex-target and --codex-target-script",
-        description="pytest over scenario files. Front options: --codex PATH (the real "
-        "codex), --target URL (a bridge already running; token from $REST_ADAPTER_TOKEN), "
-        "--target-script FILE (the scenario the target's fake-codex runs). Everything else "
-        "goes to pytest: PATH..., -n N, -k EXPR, -m TAG, --lf, --junitxml FILE, -x, -v.",
         add_help=False,
     )
     run.add_argument("rest", nargs="*", metavar="PATH|OPTION")

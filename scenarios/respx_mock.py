@@ -1,11 +1,7 @@
-"""A respx mock of the bridge for host code that calls it with httpx: no process at all.
-
-:func:`scenario_router` replays a scenario's cassette (`scenarios.cassette`): what the
-real bridge answered when the scenario ran, byte for byte. See scenarios/README.md
-("respx: no process at all") for how requests are matched and what fails loudly.
-
-    with scenario_router("approval.scenario.yaml") as bridge:
-        client = MyBridgeClient(bridge.base_url, token=bridge.token)
+"""A respx mock of the bridge for host code that calls it with httpx, no process at all:
+`scenario_router(path)` replays the scenario's cassette (`scenarios.cassette`), what the
+real bridge answered, byte for byte. scenarios/README.md ("respx: no process at all")
+says how requests are matched and what fails loudly.
 """
 
 from __future__ import annotations

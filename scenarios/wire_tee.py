@@ -1,19 +1,14 @@
-"""A transparent wrapper that logs an app-server's JSON-RPC lines, both ways.
+"""`python -m scenarios.wire_tee LOG_DIR -- COMMAND [ARG...]`: runs COMMAND with its
+stdin and stdout piped through this process (stderr untouched), appending each line to
+``LOG_DIR/wire-<pid>.jsonl`` before passing it on (so a reply is logged after the line
+that caused it): ``{"argv": [...], "started": <monotonic ns>}``, then ``{"dir": "c" or
+"s", "line": "..."}`` per line from the client (the bridge) or the server, ``{"dir":
+"c", "eof": true}`` when the client closes stdin, last ``{"exit": <status>}``
+(negative: killed by that signal). `scenarios.record` reads these logs.
 
-    python -m scenarios.wire_tee LOG_DIR -- COMMAND [ARG...]
-
-runs COMMAND with its stdin and stdout piped through this process (stderr is passed
-on untouched) and appends every line, in the order this process sees them, to
-``LOG_DIR/wire-<pid>.jsonl``: first ``{"argv": [...], "started": <monotonic ns>}``,
-then one ``{"dir": "c", "line": "..."}`` per line from the client (the bridge) and one
-``{"dir": "s", "line": "..."}`` per line from the server, ``{"dir": "c", "eof": true}``
-when the client closes stdin, and last ``{"exit": <status>}`` (negative: killed by that
-signal). A line is logged before it is passed on, so a reply the server wrote because
-of a client line is always logged after that line. `scenarios.record` reads these logs.
-
-The exit status is COMMAND's; when COMMAND dies by a signal, so does this process.
-SIGTERM and SIGINT are left to COMMAND (the bridge signals the whole process group):
-this process goes on relaying until COMMAND's stdout ends, so nothing it wrote is lost.
+It exits with COMMAND's status, or dies by the same signal. SIGTERM and SIGINT are left
+to COMMAND (the bridge signals the whole group): this process relays until COMMAND's
+stdout ends, so nothing it wrote is lost.
 """
 
 from __future__ import annotations
