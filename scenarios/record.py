@@ -91,17 +91,13 @@ class Normaliser:
     """
 
     def __init__(self, paths: dict[str, str], hostname: str | None = None) -> None:
-        variants: dict[str, str] = {}
+        self._standins: dict[str, str] = {}
         for path, standin in paths.items():
             for form in {path, os.path.realpath(path)}:
-                variants.setdefault(form.rstrip("/"), standin)
-        ordered = sorted(variants, key=len, reverse=True)
-        self._standins = variants
-        self._paths = (
-            re.compile("|".join(re.escape(p) for p in ordered) + r"(?=$|[/\s'\"`:;,)\]}\\])")
-            if ordered
-            else None
-        )
+                self._standins.setdefault(form.rstrip("/"), standin)
+        longest_first = sorted(self._standins, key=len, reverse=True)
+        either = "|".join(re.escape(p) for p in longest_first)
+        self._paths = re.compile(either + r"(?=$|[/\s'\"`:;,)\]}\\])") if either else None
         self._hostname = hostname
         self._uuids: dict[str, str] = {}
         self._process_ids: dict[str, int] = {}
@@ -155,10 +151,8 @@ class Normaliser:
 
 
 def _frozen_date_time(found: re.Match[str]) -> str:
-    sep = found.group(1)
-    fraction = ".000" if found.group(2) else ""
-    zone = found.group(3)
-    suffix = "" if zone is None else ("Z" if zone == "Z" else "+00:00")
+    sep, fraction = found.group(1), ".000" if found.group(2) else ""
+    suffix = {None: "", "Z": "Z"}.get(found.group(3), "+00:00")
     return f"2026-01-01T00{sep}00{sep}00{fraction}{suffix}"
 
 
@@ -282,19 +276,11 @@ class _Turn:
 class _Translator:
     """One process's log → script entries (scenarios/README.md, "What the script says").
 
-    Each server message goes where fake-codex will write it from:
-
-    - a response: as a `respond` step at the end of its own call's entry so far;
-    - `thread/started`: after the reply that carried that thread;
-    - a message about a turn (its `turnId`, or a `threadId` while a turn runs on that
-      thread, or none at all while a turn runs): the turn's current steps;
-    - start-up warnings (`STARTUP_NOTIFICATIONS`, before anything about a thread):
-      `onInitialized`;
-    - anything else: the entry of the latest client request (or answer).
-
-    So where a message lands does not depend on how it raced the client's next
-    request, only on what it is about; and nothing waits for a client action that
-    came after it in the recording.
+    A server message goes where fake-codex will write it from, by what it is about (a
+    reply: its call's entry; `thread/started`: after the reply that carried the thread;
+    a turn's message: the turn's current steps; else the latest client request's entry),
+    not by how it raced the client's next request: nothing waits for a client action
+    that came after it in the recording.
     """
 
     def __init__(self, norm: Normaliser) -> None:
@@ -465,11 +451,8 @@ def _text(value: Any) -> str | None:
 
 
 def _about_a_thread(message: dict[str, Any]) -> bool:
-    for key in ("params", "result"):
-        body = message.get(key)
-        if isinstance(body, dict) and ("threadId" in body or "thread" in body):
-            return True
-    return False
+    bodies = (message.get("params"), message.get("result"))
+    return any(isinstance(body, dict) and {"threadId", "thread"} & body.keys() for body in bodies)
 
 
 def _id_key(value: Any) -> tuple[str, Any]:
@@ -477,22 +460,18 @@ def _id_key(value: Any) -> tuple[str, Any]:
 
 
 def _exit_step(code: int) -> dict[str, Any]:
-    if code < 0:
-        return {"exit": {"signal": signal.Signals(-code).name}}
-    return {"exit": code}
+    return {"exit": {"signal": signal.Signals(-code).name} if code < 0 else code}
 
 
 def _tidy(behavior: dict[str, Any]) -> None:
     """A `respond` that is the last step becomes the entry's `result`/`error`; a request
     followed by more steps in the same list does not wait."""
-    steps = behavior["steps"]
+    steps = behavior.pop("steps")
     if steps and "respond" in steps[-1] and not ({"result", "error"} & behavior.keys()):
         behavior.update(steps.pop()["respond"])
     _no_wait_before_more(steps)
-    if not steps:
-        del behavior["steps"]
-    else:
-        behavior["steps"] = behavior.pop("steps")  # after result/error in the file
+    if steps:
+        behavior["steps"] = steps  # after result/error in the file
 
 
 def _no_wait_before_more(steps: list[dict[str, Any]]) -> None:
@@ -508,7 +487,6 @@ def _no_wait_before_more(steps: list[dict[str, Any]]) -> None:
 
 def _merge(scripts: list[_Translator], warnings: list[str]) -> dict[str, Any]:
     """One `appServer:` script for all processes (each replays it from its start)."""
-    script: dict[str, Any] = {}
     initialize = next((s.initialize for s in scripts if s.initialize is not None), None)
     for number, other in enumerate(scripts[1:], start=2):
         if other.initialize is not None and other.initialize != initialize:
@@ -516,17 +494,13 @@ def _merge(scripts: list[_Translator], warnings: list[str]) -> dict[str, Any]:
                 f"process {number} answered `initialize` differently from the first; "
                 "the replay gives every process the first answer"
             )
-    if initialize is not None:
-        script["initialize"] = initialize
     on_initialized = max((s.on_initialized for s in scripts), key=len, default=[])
-    if on_initialized:
-        script["onInitialized"] = on_initialized
-    methods: dict[str, list[dict[str, Any]]] = {}
-    for method in dict.fromkeys(m for process in scripts for m in process.methods):
-        methods[method] = _merge_method(method, scripts, warnings)
-    if methods:
-        script["methods"] = methods
-    return script
+    methods = dict.fromkeys(m for process in scripts for m in process.methods)
+    return {
+        "initialize": initialize,
+        "onInitialized": on_initialized,
+        "methods": {method: _merge_method(method, scripts, warnings) for method in methods},
+    }
 
 
 def _merge_method(
@@ -607,10 +581,8 @@ def translate_wire_logs(
     host = socket.gethostname() if hostname is None else hostname
     scripts = [_Translator(Normaliser(paths, host)).run(log) for log in logs]
     warnings: list[str] = []
-    script: dict[str, Any] = {"version": 1, "seed": REPLAY_SEED}
-    if version_output:
-        script["versionOutput"] = version_output
-    script.update(_merge(scripts, warnings))
+    script = {"version": 1, "seed": REPLAY_SEED, "versionOutput": version_output}
+    script = {key: value for key, value in (script | _merge(scripts, warnings)).items() if value}
     return Translation(
         script,
         [s.server_messages for s in scripts],

@@ -235,9 +235,7 @@ class ScenarioRouter(respx.MockRouter):
         self._idle.pop(item.route[1], None)
         if cursor is not None:
             self._cursor[cursor] = self._seqs[index]
-        headers = [
-            (name, value) for name, values in item.response_headers.items() for value in values
-        ]
+        headers = [(key, value) for key, vs in item.response_headers.items() for value in vs]
         body = _raw(item.response_body)
         if not item.marks:
             return httpx.Response(item.status, headers=headers, content=body)
@@ -330,7 +328,7 @@ class _Replay(httpx.SyncByteStream, httpx.AsyncByteStream):
             f"(scenario {router.cassette.scenario})"
         )
 
-    def _sent(self, end: int) -> bytes:
+    def _sent(self, start: int, end: int) -> bytes:
         router, item = self.router, self.router.cassette.interactions[self.index]
         with router._lock:
             router._read[self.index] = max(router._read[self.index], end)
@@ -341,13 +339,13 @@ class _Replay(httpx.SyncByteStream, httpx.AsyncByteStream):
                 last = int(re.findall(rb"^id: (\d+)$", self.body, re.M)[-1])
                 path = item.route[1].removesuffix("/stream")
                 router._cursor[path] = max(router._cursor.get(path, 0), last)
-        return self.body[:end]
+        return self.body[start:end]
 
     def __iter__(self) -> Iterator[bytes]:
         for start, end, after in self.parts:
             if after is not None and not self.router._made[after].wait(self.router.release_timeout):
                 raise self._unreleased(after)
-            yield self._sent(end)[start:]
+            yield self._sent(start, end)
 
     async def __aiter__(self) -> AsyncIterator[bytes]:
         for start, end, after in self.parts:
@@ -355,7 +353,7 @@ class _Replay(httpx.SyncByteStream, httpx.AsyncByteStream):
                 made = self.router._made[after]
                 if not await asyncio.to_thread(made.wait, self.router.release_timeout):
                     raise self._unreleased(after)
-            yield self._sent(end)[start:]
+            yield self._sent(start, end)
 
 
 def _raw(body: str | bytes | None) -> bytes:
@@ -412,14 +410,9 @@ def scenario_router(
     record: str | None = None,
     **options: Any,
 ) -> ScenarioRouter:
-    """A respx router replaying `scenario`'s cassette (a file, a mapping or a loaded one).
-
-    `record`: when to (re)record it (`scenarios.cassette.cassette_for`). `options` are
-    `ScenarioRouter`'s: `base_url`, `assert_all_called`, `check_bodies` (a body unlike the
-    recorded one fails), `max_idle_polls` (empty long-polls in a row before the host's
-    loop fails), `release_timeout` (how long a stream or an async long-poll waits for
-    the request its next event comes after).
-    """
+    """A respx router replaying `scenario`'s cassette (a file, a mapping or a loaded one);
+    `record` is `cassette_for`'s, `options` are `ScenarioRouter`'s (scenarios/README.md,
+    "respx: no process at all", says what each does)."""
     if isinstance(scenario, Mapping):
         scenario = parse_scenario({"scenario": 1, **scenario}, source="<scenario>")
     loaded = scenario if isinstance(scenario, LoadedScenario) else load_scenario(Path(scenario))
