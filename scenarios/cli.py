@@ -93,14 +93,10 @@ def _record(args: argparse.Namespace) -> int:
     if recording.directory is not None:
         print(f"the recording's directory (wire logs) is kept: {recording.directory}")
     replay = recording.replay_result
-    if replay is None:
-        return 0
-    if replay.passed:
-        print(f"replayed {args.output} on fake-codex: passed")
-        return 0
-    print(f"replayed {args.output} on fake-codex: FAILED (the file is written)\n")
-    print(format_result(replay))
-    return 1
+    if replay is not None:
+        failed = f"FAILED (the file is written)\n\n{format_result(replay)}"
+        print(f"replayed {args.output} on fake-codex: {'passed' if replay.passed else failed}")
+    return 0 if replay is None or replay.passed else 1
 
 
 def _cassettes(args: argparse.Namespace) -> int:

@@ -34,19 +34,11 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
 
 @pytest.fixture
 def codex_respx(request: pytest.FixtureRequest) -> Iterator[Callable[..., Any]]:
-    """Mock the bridge for httpx by replaying a scenario's cassette: no process at all.
-
-        bridge = codex_respx("approval.scenario.yaml")   # a path, or a mapping
-        client = MyBridgeClient(bridge.base_url, token=bridge.token)
-
-    Returns a started `scenarios.respx_mock.ScenarioRouter` (keywords as
-    `scenario_router`'s). A relative path is found from the test file's folder, then
-    the working directory. The cassette (`cassettes/NAME.yaml` beside the scenario) is
-    recorded when missing (not when `CI=true`); a stale one fails the test naming the
-    command that regenerates it, or is re-recorded with `--codex-record-cassettes`.
-    After the test, an exchange the host never made fails it (unless the test failed
-    already, or `assert_all_called=False`).
-    """
+    """`codex_respx(path or mapping, **options)`: a started `ScenarioRouter` mocking the
+    bridge for httpx from the scenario's cassette (`scenario_router`'s keywords; a relative
+    path is found beside the test file, then in the working directory). After the test,
+    an exchange the host never made fails it, unless the test failed already.
+    scenarios/README.md ("respx: no process at all") has the rest."""
     try:
         from scenarios import respx_mock
     except ModuleNotFoundError as exc:  # `from None`: no chained traceback

@@ -20,7 +20,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 
 import orjson
@@ -41,34 +41,15 @@ class _Log:
                 self.file.write(orjson.dumps(entry) + b"\n")
 
 
-#: Bytes asked of the kernel per read; a longer line is gathered over several reads.
-CHUNK_BYTES = 65536
-
-
-def _lines(fd: int) -> Iterator[bytes]:
-    """The lines read from `fd` (each with its newline; the last one maybe without)."""
-    pending = bytearray()
-    while chunk := os.read(fd, CHUNK_BYTES):
-        searched = len(pending)
-        pending += chunk
-        start = 0
-        while (end := pending.find(b"\n", searched)) >= 0:
-            yield bytes(pending[start : end + 1])
-            start = searched = end + 1
-        del pending[:start]
-    if pending:
-        yield bytes(pending)
-
-
 def _pump(source: int, sink: int | None, log: _Log, direction: str) -> None:
     """Copy lines from fd `source` to fd `sink`, logging each; close `sink` at EOF.
 
-    Raw file descriptors, not `sys.stdin.buffer` and friends: the stdin pump is a daemon
-    thread that may still be blocked in a read when this process exits, and a buffered
-    stream's lock held by such a thread makes the interpreter abort at shutdown.
+    The stdin pump is a daemon thread that may still be blocked in a read when this
+    process ends: it reads through a reader of its own, never `sys.stdin` (which the
+    interpreter flushes on its way out), and the process ends by `os._exit`.
     """
     try:
-        for raw in _lines(source):
+        for raw in open(source, "rb", closefd=False):  # noqa: SIM115 - the fd is closed below
             log.write({"dir": direction, "line": raw.rstrip(b"\n").decode("utf-8", "replace")})
             if sink is not None:
                 try:
@@ -131,6 +112,6 @@ if __name__ == "__main__":
     status = main()
     with contextlib.suppress(OSError, ValueError):  # stdout is closed once relayed
         sys.stdout.flush()
-    # Not sys.exit: the stdin thread may be blocked in a read holding sys.stdin's lock,
-    # and the interpreter's shutdown would then abort (SIGABRT) flushing sys.stdin.
+    # Not sys.exit: the stdin thread may still be blocked in a read (holding its reader's
+    # lock), and nothing of the interpreter's shutdown must wait on it.
     os._exit(status)
