@@ -193,9 +193,6 @@ def cassette_path(scenario: Path) -> Path:
     return scenario.parent / "cassettes" / f"{name}.yaml"
 
 
-# -- recording ---------------------------------------------------------------------------
-
-
 class _Recorder:
     """A client middleware keeping every exchange of the run, in the order they started."""
 
@@ -409,9 +406,6 @@ def json_difference(
         shown = orjson.dumps(received)[:200].decode()
         return f"at {path}: {shown} instead of {orjson.dumps(expected)[:200].decode()}"
     return next((found for a, b, p in pairs if (found := json_difference(a, b, alike, p))), None)
-
-
-# -- finding one -------------------------------------------------------------------------
 
 
 def cassette_for(

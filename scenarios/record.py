@@ -81,9 +81,6 @@ class Recording:
         return None if self.replay_result is None else self.replay_result.passed
 
 
-# -- normalising -------------------------------------------------------------------------
-
-
 class Normaliser:
     """Makes one process's messages free of machine paths and run-to-run values (the
     table in scenarios/README.md, "Volatile values"). UUIDs, process ids and the scripted
@@ -154,9 +151,6 @@ def _frozen_date_time(found: re.Match[str]) -> str:
     sep, fraction = found.group(1), ".000" if found.group(2) else ""
     suffix = {None: "", "Z": "Z"}.get(found.group(3), "+00:00")
     return f"2026-01-01T00{sep}00{sep}00{fraction}{suffix}"
-
-
-# -- reading the wire logs ----------------------------------------------------------------
 
 
 _Entry = tuple[str, dict[str, Any] | None, str]
@@ -259,9 +253,6 @@ def _canonical_order(lines: list[_Entry]) -> list[_Entry]:
     return lines
 
 
-# -- from one process's log to script entries ---------------------------------------------
-
-
 Steps = list[dict[str, Any]]
 
 
@@ -325,8 +316,6 @@ class _Translator:
     def default_sink(self) -> Steps:
         return self.latest if self.latest is not None else self.prelude
 
-    # -- the client
-
     def client(self, message: dict[str, Any]) -> None:
         method, has_id = message.get("method"), "id" in message
         if isinstance(method, str) and has_id:
@@ -358,8 +347,6 @@ class _Translator:
                 self.latest = branch
                 if turn is not None:
                     turn.sink = branch
-
-    # -- the server
 
     def server(self, message: dict[str, Any]) -> None:
         method = message.get("method")
@@ -482,9 +469,6 @@ def _no_wait_before_more(steps: list[dict[str, Any]]) -> None:
             _no_wait_before_more(branch)
 
 
-# -- merging processes ----------------------------------------------------------------------
-
-
 def _merge(scripts: list[_Translator], warnings: list[str]) -> dict[str, Any]:
     """One `appServer:` script for all processes (each replays it from its start)."""
     initialize = next((s.initialize for s in scripts if s.initialize is not None), None)
@@ -589,9 +573,6 @@ def translate_wire_logs(
         warnings,
         sum(s.unanswered_requests for s in scripts),
     )
-
-
-# -- the recording ------------------------------------------------------------------------
 
 
 def _build_document(

@@ -162,8 +162,6 @@ class ScenarioRouter(respx.MockRouter):
         item = self.cassette.interactions[index]
         return f"{self._step(item.step)}: {item.method} {item.path}"
 
-    # -- answers
-
     def _answer(self, request: httpx.Request, indexes: list[int]) -> Any:
         items = self.cassette.interactions
         if items[indexes[0]].events and not items[indexes[0]].route[1].endswith("/stream"):
@@ -286,8 +284,6 @@ class ScenarioRouter(respx.MockRouter):
         if difference and self.check_bodies:
             why.append(f"the body {difference}")
         return why
-
-    # -- the end check
 
     def unserved(self) -> list[str]:
         """The exchanges the host never made (requests never sent, streams not read)."""
