@@ -267,7 +267,9 @@ async def record_cassette(
     root = Path(tempfile.mkdtemp(prefix="cassette-", dir=options.tmp_root))
     token = RECORDER.set(recorder)
     try:
-        result = await run_scenario(loaded, dataclasses.replace(options, tmp_root=root))
+        result = await run_scenario(
+            loaded, dataclasses.replace(options, tmp_root=root, keep_tmp=True)
+        )
     finally:
         RECORDER.reset(token)
     if not result.passed:  # a failed run's directory stays, as its report says
@@ -278,10 +280,9 @@ async def record_cassette(
     if not options.keep_tmp:
         shutil.rmtree(root, ignore_errors=True)
     # The run's `${tmp}` varies from run to run: replay takes any path in its place.
-    runs = " ".join(text for _, source, text in result.transcript.entries if source == "run")
-    tmp = re.search(re.escape(str(root)) + r"/scenario-[^/\s\"]+", runs)
+    tmp = str(result.tmp) if result.tmp is not None else None
     items = _kept(loaded, result, recorder.items)
-    return Cassette(loaded.name, scenario_hash(loaded), items, tmp and tmp.group(0)), result
+    return Cassette(loaded.name, scenario_hash(loaded), items, tmp), result
 
 
 def _kept(
@@ -326,7 +327,9 @@ def _kept(
         if isinstance(item.response_body, bytes):  # an SSE body: text when it is UTF-8
             item.response_body = _decoded(item.response_body) or ""
         keep.append(item)
-    changers = [(items.index(item), kept) for kept, item in enumerate(keep) if _changes(item)]
+    # A request that may cause events: not a read, not refused.
+    changes = [item.method != "GET" and 200 <= item.status < 400 for item in keep]
+    changers = [(items.index(item), kept) for kept, item in enumerate(keep) if changes[kept]]
 
     def trigger(seen: int | None, own: int) -> int | None:
         return next((k for o, k in reversed(changers) if o < (seen or 0) and k != own), None)
@@ -340,11 +343,6 @@ def _kept(
                 marks.append([offset, trigger(seen, own)])
         item.marks = marks
     return keep
-
-
-def _changes(item: Interaction) -> bool:
-    """A request that may cause events: not a read, not refused."""
-    return item.method != "GET" and 200 <= item.status < 400
 
 
 _ANY = "\x00any\x00"

@@ -45,8 +45,6 @@ from scenarios.format import LoadedScenario, load_scenario, parse_scenario
 __all__ = ["CassetteError", "ScenarioMockError", "ScenarioRouter", "StaleCassette"]
 __all__ += ["UnmatchedRequest", "scenario_router"]
 
-DEFAULT_BASE_URL = "http://bridge.test"
-
 
 class ScenarioMockError(AssertionError):
     """The host made a request the recording has no answer for."""
@@ -91,7 +89,7 @@ class ScenarioRouter(respx.MockRouter):
         loaded: LoadedScenario,
         cassette: Cassette,
         *,
-        base_url: str = DEFAULT_BASE_URL,
+        base_url: str = "http://bridge.test",
         assert_all_called: bool = True,
         check_bodies: bool = True,
         max_idle_polls: int = 20,
@@ -128,21 +126,19 @@ class ScenarioRouter(respx.MockRouter):
     def resolve(self, request: httpx.Request) -> Any:
         try:
             return super().resolve(request)
-        except AllMockedAssertionError as exc:
-            raise self._unmatched(request, exc) from None
+        except AllMockedAssertionError:
+            raise self._unmatched(request) from None
 
     async def aresolve(self, request: httpx.Request) -> Any:
         token = _ASYNC.set(True)
         try:
             return await super().aresolve(request)
-        except AllMockedAssertionError as exc:
-            raise self._unmatched(request, exc) from None
+        except AllMockedAssertionError:
+            raise self._unmatched(request) from None
         finally:
             _ASYNC.reset(token)
 
-    def _unmatched(self, request: httpx.Request, exc: AllMockedAssertionError) -> Exception:
-        if isinstance(exc, UnmatchedRequest):
-            return exc
+    def _unmatched(self, request: httpx.Request) -> UnmatchedRequest:
         with self._lock:
             self.unmatched.append(request)
         routes = [f"  {route.name}" for route in self.routes] or ["  (none)"]
@@ -194,12 +190,11 @@ class ScenarioRouter(respx.MockRouter):
         auth = request.headers.get("Authorization")
         with self._lock:
             position = self._cursor.get(path, 0) if after is None else _int(after)
+            unread = [i for i in indexes if items[i].status == 200 and not self._made[i].is_set()]
             events = [
                 i
-                for i in indexes
+                for i in unread
                 if position is not None
-                and items[i].status == 200
-                and not self._made[i].is_set()
                 and items[i].header("Authorization") == auth
                 and self._seqs[i] > position
             ]
@@ -210,7 +205,6 @@ class ScenarioRouter(respx.MockRouter):
                 answered = items[i].status not in (200, 204) and not self._made[i].is_set()
                 if answered and not self._differences(items[i], request):
                     return self._serve(i)
-            unread = [i for i in indexes if items[i].status == 200 and not self._made[i].is_set()]
         if waiting is not None and _ASYNC.get():
             return self._poll_later(request, path if after is None else None, waiting)
         hint = "; ".join(self._differences(items[unread[0]], request)) if unread else ""
