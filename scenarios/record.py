@@ -586,13 +586,10 @@ def _build_document(
         + " by `rest-bridge scenarios record`; replays on fake-codex, without codex. "
         "Re-record rather than edit the appServer section."
     )
-    # Keys in the usual order: scenario, name, description, tags, then the rest.
-    document = {key: source_data[key] for key in ("scenario",) if key in source_data}
-    document |= {"name": name, "description": recorded}
     if "description" in source_data:
-        document["description"] += (
-            f"\nThe recorded scenario: {str(source_data['description']).strip()}"
-        )
+        recorded += f"\nThe recorded scenario: {str(source_data['description']).strip()}"
+    # Keys in the usual order: scenario, name, description, tags, then the rest.
+    document = {"scenario": source_data.get("scenario", 1), "name": name, "description": recorded}
     kept = [tag for tag in source_data.get("tags") or [] if tag != "real-codex"]
     document["tags"] = [*kept, "recorded"] if "recorded" not in kept else kept
     for key, value in source_data.items():
@@ -621,8 +618,8 @@ async def record_scenario(
 
     Raises `RecordError` when it cannot record: an `output` that could not be written
     (checked first), no real codex, a scenario without `model:`, or a source run that
-    fails (its report is in the message). With
-    `verify`, the written scenario is then run on fake-codex (`replay_result`).
+    fails (its report is in the message). With `verify`, the written scenario is then
+    run on fake-codex (`replay_result`).
     """
     if output is not None:
         _check_output(Path(output))
