@@ -248,11 +248,8 @@ class _Tee:
             self._item.response_body = kept + data
         return data
 
-    async def readline(self) -> bytes:
+    async def readline(self) -> bytes:  # how `scenarios.sse.SseReader` reads, the only way
         return self._keep(await self._inner.readline())
-
-    async def read(self, n: int = -1) -> bytes:
-        return self._keep(await self._inner.read(n))
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._inner, name)

@@ -57,8 +57,21 @@ class RecordError(Exception):
 
 
 @dataclass
-class Recording:
-    """What `record_scenario` produced."""
+class Translation:
+    """Wire logs as an `appServer:` script."""
+
+    script: dict[str, Any]
+    #: Per process (in start order): the server's messages, normalised, in the order
+    #: the replay writes them (`emittedAtMs` and what fake-codex sends itself left out).
+    server_messages: list[list[dict[str, Any]]]
+    warnings: list[str]
+    #: Server requests the client never answered.
+    unanswered_requests: int
+
+
+@dataclass
+class Recording(Translation):
+    """What `record_scenario` produced: the translation of the wire logs, and more."""
 
     #: The written scenario as data, and as the YAML text written.
     data: dict[str, Any]
@@ -69,9 +82,6 @@ class Recording:
     source_result: ScenarioResult
     #: The run of the written scenario on fake-codex (None: not verified).
     replay_result: ScenarioResult | None = None
-    #: Per codex process: the server's messages as normalised (what the replay says).
-    server_messages: list[list[dict[str, Any]]] = field(default_factory=list)
-    warnings: list[str] = field(default_factory=list)
     codex_version: str | None = None
     #: The recording's directory (wire logs, the run), when kept (`keep_tmp`).
     directory: Path | None = None
@@ -122,12 +132,10 @@ class Normaliser:
     def string(self, text: str) -> str:
         if self._hostname and text == self._hostname:
             return "localhost"
-        if model_id := _MODEL_ID.match(text):
+        if model_id := _MODEL_ID.match(text):  # numbered per prefix
             prefix = model_id.group(1)
-            if text not in self._model_ids:
-                taken = sum(1 for known in self._model_ids if known.startswith(f"{prefix}_"))
-                self._model_ids[text] = f"{prefix}_{taken + 1}"
-            return self._model_ids[text]
+            taken = sum(known.startswith(f"{prefix}_") for known in self._model_ids)
+            return self._model_ids.setdefault(text, f"{prefix}_{taken + 1}")
         text = text.replace("$", "$$")
         if self._paths is not None:
             text = self._paths.sub(lambda m: self._standins[m.group(0)], text)
@@ -136,15 +144,12 @@ class Normaliser:
         return _DATE_TIME.sub(_frozen_date_time, text)
 
     def _uuid(self, found: re.Match[str]) -> str:
-        original = found.group(0).lower()
-        canonical = self._uuids.get(original)
-        if canonical is None:
-            number = len(self._uuids) + 1
-            version = found.group(1).lower()
+        original, version = found.group(0).lower(), found.group(1).lower()
+        if original not in self._uuids:
             head = f"{FROZEN_MS:012x}" if version == "7" else "0" * 12
-            canonical = f"{head[:8]}-{head[8:]}-{version}000-8000-{number:012x}"
-            self._uuids[original] = canonical
-        return canonical
+            number = len(self._uuids) + 1
+            self._uuids[original] = f"{head[:8]}-{head[8:]}-{version}000-8000-{number:012x}"
+        return self._uuids[original]
 
 
 def _frozen_date_time(found: re.Match[str]) -> str:
@@ -536,19 +541,6 @@ def _telling_keys(all_params: list[Any]) -> list[str]:
     ]
 
 
-@dataclass
-class Translation:
-    """Wire logs as an `appServer:` script."""
-
-    script: dict[str, Any]
-    #: Per process (in start order): the server's messages, normalised, in the order
-    #: the replay writes them (`emittedAtMs` and what fake-codex sends itself left out).
-    server_messages: list[list[dict[str, Any]]]
-    warnings: list[str]
-    #: Server requests the client never answered.
-    unanswered_requests: int
-
-
 def translate_wire_logs(
     directory: str | os.PathLike[str],
     paths: dict[str, str],
@@ -696,12 +688,11 @@ async def record_scenario(
     if path is not None:
         path.write_text(text, encoding="utf-8")
     recording = Recording(
+        **vars(translated),
         data=document,
         text=text,
         path=path,
         source_result=result,
-        server_messages=translated.server_messages,
-        warnings=translated.warnings,
         codex_version=codex_version,
         directory=workspace if keep_tmp else None,
     )
