@@ -495,13 +495,9 @@ def _merge(scripts: list[_Translator], warnings: list[str]) -> dict[str, Any]:
 def _merge_method(
     method: str, scripts: list[_Translator], warnings: list[str]
 ) -> list[dict[str, Any]]:
-    """The entries of `method` for all processes.
-
-    In order, when every process got the same answers as far as it went. Otherwise
-    each entry gets a `match` on the request params that tell the calls apart (those
-    whose values differ and that the replay's client sends the same: not paths), so
-    that each process finds its own answer whatever its turn in the list.
-    """
+    """The entries of `method` for all processes: in order when every process got the
+    same answers as far as it went, else each with a `match` on the params that tell the
+    calls apart (`_telling_keys`), so that each process finds its own answer."""
     sequences = [process.methods.get(method, []) for process in scripts]
     longest = max(sequences, key=len)
     if all(sequence == longest[: len(sequence)] for sequence in sequences):
@@ -548,11 +544,8 @@ def translate_wire_logs(
     version_output: str | None = None,
     hostname: str | None = None,
 ) -> Translation:
-    """The `appServer:` script that replays the `scenarios.wire_tee` logs in `directory`.
-
-    `paths` maps machine directories to what they become (see `Normaliser`), e.g.
-    `{"/tmp/run/work": "${cwd}"}`; `hostname` defaults to this machine's.
-    """
+    """The `appServer:` script that replays the `scenarios.wire_tee` logs in `directory`;
+    `paths` maps machine directories to what they become (`{"/tmp/run/work": "${cwd}"}`)."""
     logs = _read_logs(Path(directory))
     host = socket.gethostname() if hostname is None else hostname
     scripts = [_Translator(Normaliser(paths, host)).run(log) for log in logs]

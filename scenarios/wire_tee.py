@@ -83,11 +83,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     from_child_r, from_child_w = os.pipe()
     try:
         child = subprocess.Popen(command, stdin=to_child_r, stdout=from_child_w)
-    except OSError as exc:
+    except OSError as exc:  # our ends of the pipes go with this process
         print(f"wire_tee: cannot start {command[0]}: {exc.strerror}", file=sys.stderr)
-        os.close(to_child_w)
-        os.close(from_child_r)
-        log.file.close()
         return 127
     finally:  # COMMAND's ends: only COMMAND holds them now
         os.close(to_child_r)
