@@ -205,12 +205,18 @@ def _at(value: Any, *keys: str) -> Any:
     return value
 
 
-def _thread_started_before_its_reply(first: Any, second: Any) -> bool:
-    """`thread/started` written before the `thread/start` reply (usually it follows)."""
-    if first.get("method") != "thread/started" or "method" in second or "id" not in second:
+def _news_before_its_reply(first: Any, second: Any) -> bool:
+    """A reply written after the news about what it made (usually it comes first): the
+    `thread/start` reply after `thread/started`, the `turn/start` reply after the turn's
+    first notifications (the thread active, `turn/started`)."""
+    if "method" in second or "id" not in second or "method" not in first:
         return False
-    started = _at(first, "params", "thread", "id")
-    return started is not None and bool(started == _at(second, "result", "thread", "id"))
+    made = (_at(second, "result", "thread", "id"), _at(second, "result", "turn", "id"))
+    if first["method"] == "thread/status/changed":
+        return made[1] is not None and _at(first, "params", "status", "type") == "active"
+    params = first.get("params")
+    about = (_at(params, "thread", "id"), _at(params, "turnId"), _at(params, "turn", "id"))
+    return any(value is not None and value in made for value in about)
 
 
 def _active_before_declined_item(first: Any, second: Any) -> bool:
@@ -224,24 +230,9 @@ def _active_before_declined_item(first: Any, second: Any) -> bool:
     )
 
 
-def _turn_news_before_its_reply(first: Any, second: Any) -> bool:
-    """The `turn/start` reply written after the turn's first notifications (the thread
-    active, `turn/started`; usually it comes before them)."""
-    turn = _at(second, "result", "turn", "id")
-    if "method" in second or "id" not in second or "method" not in first or turn is None:
-        return False
-    if first["method"] == "thread/status/changed":
-        return bool(_at(first, "params", "status", "type") == "active")
-    return bool(turn == (_at(first, "params", "turnId") or _at(first, "params", "turn", "id")))
-
-
 #: Pairs of adjacent server messages that codex 0.169.0 writes in either order from run
 #: to run; a recording always has them in the usual order (second one first).
-RACES = (
-    _thread_started_before_its_reply,
-    _turn_news_before_its_reply,
-    _active_before_declined_item,
-)
+RACES = (_news_before_its_reply, _active_before_declined_item)
 
 
 def _canonical_order(lines: list[_Entry]) -> list[_Entry]:
