@@ -279,7 +279,6 @@ class _Translator:
         #: The (normalised) params of each call in `methods`, index for index.
         self.method_params: dict[str, list[Any]] = {}
         self.server_messages: list[dict[str, Any]] = []
-        self.unanswered_requests = 0
         self.latest: Steps | None = None
         self.prelude: Steps = []
         self.startup: Steps = []
@@ -421,7 +420,6 @@ class _Translator:
         self.on_initialized[:0] = self.startup
         for call, _ in self.calls.values():
             call["noReply"] = True
-        self.unanswered_requests = sum("onReply" not in s for s, _ in self.requests.values())
         for behavior in [self.initialize, *[b for bs in self.methods.values() for b in bs]]:
             if behavior is not None:
                 _tidy(behavior)
@@ -547,7 +545,7 @@ def translate_wire_logs(
         script,
         [s.server_messages for s in scripts],
         warnings,
-        sum(s.unanswered_requests for s in scripts),
+        sum("onReply" not in step for s in scripts for step, _ in s.requests.values()),
     )
 
 

@@ -22,10 +22,9 @@ import threading
 import time
 from collections.abc import Sequence
 from pathlib import Path
+from typing import IO
 
 import orjson
-
-from fakes.app_server.wire import write_all
 
 
 class _Log:
@@ -41,27 +40,28 @@ class _Log:
                 self.file.write(orjson.dumps(entry) + b"\n")
 
 
-def _pump(source: int, sink: int | None, log: _Log, direction: str) -> None:
-    """Copy lines from fd `source` to fd `sink`, logging each; close `sink` at EOF.
+def _pump(source: IO[bytes], sink: IO[bytes] | None, log: _Log, direction: str) -> None:
+    """Copy lines from `source` to `sink`, logging each; close `sink` at EOF.
 
     The stdin pump is a daemon thread that may still be blocked in a read when this
     process ends: it reads through a reader of its own, never `sys.stdin` (which the
     interpreter flushes on its way out), and the process ends by `os._exit`.
     """
     try:
-        for raw in open(source, "rb", closefd=False):  # noqa: SIM115 - the fd is closed below
+        for raw in source:
             log.write({"dir": direction, "line": raw.rstrip(b"\n").decode("utf-8", "replace")})
             if sink is not None:
                 try:
-                    write_all(sink, raw)
-                except OSError:  # the reader is gone (EPIPE) or the fd is unusable
+                    sink.write(raw)
+                    sink.flush()
+                except OSError:  # the reader is gone (EPIPE)
                     sink = None
     finally:
         if direction == "c":
             log.write({"dir": "c", "eof": True})
         if sink is not None:
             with contextlib.suppress(OSError):
-                os.close(sink)
+                sink.close()
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -77,24 +77,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     # A handler rather than SIG_IGN: COMMAND must not inherit an ignored signal.
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: None)
-    # Pipes of our own rather than Popen's buffered file objects, so that both pumps
-    # work on plain fds (os.pipe() fds are not inherited by COMMAND).
-    to_child_r, to_child_w = os.pipe()
-    from_child_r, from_child_w = os.pipe()
     try:
-        child = subprocess.Popen(command, stdin=to_child_r, stdout=from_child_w)
-    except OSError as exc:  # our ends of the pipes go with this process
+        child = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+    except OSError as exc:
         print(f"wire_tee: cannot start {command[0]}: {exc.strerror}", file=sys.stderr)
         return 127
-    finally:  # COMMAND's ends: only COMMAND holds them now
-        os.close(to_child_r)
-        os.close(from_child_w)
-    inbound = threading.Thread(
-        target=_pump, args=(sys.stdin.fileno(), to_child_w, log, "c"), daemon=True
-    )
-    inbound.start()
-    _pump(from_child_r, sys.stdout.fileno(), log, "s")
-    os.close(from_child_r)
+    assert child.stdin is not None
+    assert child.stdout is not None
+    stdin = open(sys.stdin.fileno(), "rb", closefd=False)  # noqa: SIM115 - read till the end
+    threading.Thread(target=_pump, args=(stdin, child.stdin, log, "c"), daemon=True).start()
+    stdout = open(sys.stdout.fileno(), "wb")  # noqa: SIM115 - closed at EOF: the client sees it
+    _pump(child.stdout, stdout, log, "s")
     code = child.wait()
     log.write({"exit": code})
     with log.lock:
