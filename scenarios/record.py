@@ -296,12 +296,9 @@ class _Translator:
 
     def run(self, log: _ProcessLog) -> _Translator:
         for direction, message, raw in _canonical_order(log.lines):
-            if direction == "c":
-                if message is not None:
-                    self.client(message)
-            elif message is not None:
-                self.server(message)
-            else:
+            if message is not None:
+                (self.client if direction == "c" else self.server)(message)
+            elif direction == "s":
                 self.default_sink().append({"raw": self.norm.string(raw)})
         if log.exit is not None and not log.client_eof:
             # It ended before the client let it go: the replay ends there too.
@@ -328,10 +325,9 @@ class _Translator:
                 turn = self.active.get(_text(_at(params, "threadId")))
                 if turn is not None:  # it acts on the running turn (interrupt, steer)
                     turn.sink = behavior["steps"]
-        elif isinstance(method, str):
-            if method == "initialized" and not self.saw_initialized:
-                self.saw_initialized = True
-                self.latest = self.on_initialized
+        elif method == "initialized" and not self.saw_initialized:
+            self.saw_initialized = True
+            self.latest = self.on_initialized
         elif has_id:
             step, turn = self.requests.get(_id_key(message["id"]), ({"onReply": 0}, None))
             if "onReply" not in step:

@@ -78,11 +78,8 @@ def _origin(url: httpx.URL) -> tuple[str, str, int]:
 
 
 class ScenarioRouter(respx.MockRouter):
-    """The bridge at `base_url` replaying `cassette` (see :func:`scenario_router`).
-
-    `token` is the scenario's bearer token (None without auth); `unmatched` the requests
-    no route matched.
-    """
+    """The bridge at `base_url` replaying `cassette` (see `scenario_router`); `token` is the
+    scenario's bearer token (None without auth), `unmatched` the requests no route matched."""
 
     def __init__(
         self,
