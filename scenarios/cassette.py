@@ -30,6 +30,7 @@ from scenarios import format as f
 from scenarios.expectations import NO_JSON, step_request, substitute
 from scenarios.format import LoadedScenario, ScenarioError
 from scenarios.harness import RECORDER
+from scenarios.matching import is_matcher, match
 from scenarios.reporting import format_result
 from scenarios.runner import RunOptions, ScenarioResult, run_scenario
 
@@ -366,41 +367,35 @@ def _matches(pattern: tuple[str, re.Pattern[str], Any] | None, item: Interaction
         body = orjson.loads(item.body) if isinstance(item.body, str) else NO_JSON
     except orjson.JSONDecodeError:
         body = NO_JSON
-    return pattern[2] is NO_JSON or body is NO_JSON or not json_difference(pattern[2], body, _fits)
+    return (
+        pattern[2] is NO_JSON or body is NO_JSON or not json_difference(pattern[2], body, _variable)
+    )
 
 
 def _wildcards(template: str) -> re.Pattern[str]:
     return re.compile(re.escape(template).replace(re.escape(_ANY), ".*?"))
 
 
-def _fits(template: Any, value: Any) -> bool:
-    if isinstance(template, str) and _ANY in template:
-        return template == _ANY or (
-            isinstance(value, str) and bool(_wildcards(template).fullmatch(value))
-        )
-    return bool(template == value)
+def _variable(text: str) -> Any:
+    """A string of a step's template: its variables (`_ANY`) match anything."""
+    if text == _ANY:
+        return {"$any": True}
+    return {"$regex": rf"\A(?:{_wildcards(text).pattern})\Z"} if _ANY in text else text
 
 
-def json_difference(
-    expected: Any, received: Any, alike: Callable[[Any, Any], bool], path: str = "$"
-) -> str | None:
-    """Where and how `received` differs from `expected` (None: alike), in a few words;
-    `alike` compares values other than two mappings or two lists."""
-    if isinstance(expected, dict) and isinstance(received, dict):
-        if expected.keys() != received.keys():
-            extra, lacking = sorted(received.keys() - expected), sorted(expected.keys() - received)
-            return f"at {path}: keys {extra} not recorded, recorded keys {lacking} missing"
-        pairs = [(expected[key], received[key], f"{path}.{key}") for key in expected]
-    elif isinstance(expected, list) and isinstance(received, list):
-        if len(expected) != len(received):
-            return f"at {path}: {len(received)} items instead of {len(expected)}"
-        pairs = [(a, received[i], f"{path}[{i}]") for i, a in enumerate(expected)]
-    elif alike(expected, received):
-        return None
-    else:
-        shown = orjson.dumps(received)[:200].decode()
-        return f"at {path}: {shown} instead of {orjson.dumps(expected)[:200].decode()}"
-    return next((found for a, b, p in pairs if (found := json_difference(a, b, alike, p))), None)
+def json_difference(expected: Any, received: Any, template: Callable[[str], Any]) -> str | None:
+    """Where and how `received` differs from `expected` (None: alike), in a few words, by
+    `scenarios.matching.match`; `template` makes a string of `expected` what it matches."""
+
+    def shaped(value: Any) -> Any:
+        if isinstance(value, dict):
+            return {"$eq": value} if is_matcher(value) else {k: shaped(v) for k, v in value.items()}
+        if isinstance(value, list):
+            return [shaped(item) for item in value]
+        return template(value) if isinstance(value, str) else value
+
+    found = match(shaped(expected), received, subset=False)
+    return str(found[0]) if found else None
 
 
 def cassette_for(
