@@ -122,8 +122,7 @@ class Cassette:
     def dump(self) -> str:
         codex = {"format": 1, "scenario": self.scenario, "hash": self.hash, "tmp": self.tmp}
         items = [item.to_vcr() for item in self.interactions]
-        document = {"version": 1, "codex": codex, "interactions": items}
-        return yaml_text(document, width=10**6)
+        return yaml_text({"version": 1, "codex": codex, "interactions": items}, width=10**6)
 
     def save(self, path: Path) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)

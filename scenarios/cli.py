@@ -155,12 +155,8 @@ def build_parser() -> argparse.ArgumentParser:
     record.add_argument("-o", "--output", required=True, metavar="OUT", help="the file to write")
     record.add_argument("--codex", help="the real codex (default: as `run` finds it)")
     record.add_argument("--name", help="the written scenario's name (default: IN's + -replay)")
-    record.add_argument(
-        "--no-verify", action="store_true", help="do not replay the written file on fake-codex"
-    )
-    record.add_argument(
-        "--keep-tmp", action="store_true", help="keep the recording's directory (wire logs)"
-    )
+    record.add_argument("--no-verify", action="store_true", help="do not replay OUT on fake-codex")
+    record.add_argument("--keep-tmp", action="store_true", help="keep the wire logs' directory")
     for action, what in (
         ("record", "record the cassettes the respx mock replays: the missing and stale ones"),
         ("check", "exit 1 naming each cassette that is missing or older than its scenario"),

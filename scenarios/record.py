@@ -125,9 +125,7 @@ class Normaliser:
                     return 0
                 if _TIME_KEY.match(key):
                     return FROZEN_MS if key.endswith("Ms") else FROZEN_S
-        if isinstance(value, str):
-            return self.string(value)
-        return value
+        return self.string(value) if isinstance(value, str) else value
 
     def string(self, text: str) -> str:
         if self._hostname and text == self._hostname:
@@ -302,7 +300,8 @@ class _Translator:
                 self.default_sink().append({"raw": self.norm.string(raw)})
         if log.exit is not None and not log.client_eof:
             # It ended before the client let it go: the replay ends there too.
-            self.default_sink().append(_exit_step(log.exit))
+            died = {"signal": signal.Signals(-log.exit).name} if log.exit < 0 else log.exit
+            self.default_sink().append({"exit": died})
         return self.finish()
 
     def default_sink(self) -> Steps:
@@ -434,10 +433,6 @@ def _about_a_thread(message: dict[str, Any]) -> bool:
 
 def _id_key(value: Any) -> tuple[str, Any]:
     return (type(value).__name__, value)
-
-
-def _exit_step(code: int) -> dict[str, Any]:
-    return {"exit": {"signal": signal.Signals(-code).name} if code < 0 else code}
 
 
 def _tidy(behavior: dict[str, Any]) -> None:
@@ -584,13 +579,10 @@ async def record_scenario(
     tmp_root: Path | None = None,
     keep_tmp: bool = False,
 ) -> Recording:
-    """Run `source` (a scenario with `model:`) on the real codex and write its replay.
-
-    Raises `RecordError` when it cannot record: an `output` that could not be written
-    (checked first), no real codex, a scenario without `model:`, or a source run that
-    fails (its report is in the message). With `verify`, the written scenario is then
-    run on fake-codex (`replay_result`).
-    """
+    """Run `source` (a scenario with `model:`) on the real codex, write its replay to
+    `output` and, with `verify`, run that on fake-codex (`replay_result`). `RecordError`
+    when it cannot: an unwritable `output` (checked first), no real codex, no `model:`,
+    or a source run that fails (its report in the message)."""
     if output is not None:
         _check_output(Path(output))
     try:

@@ -289,8 +289,7 @@ class ScenarioRouter(respx.MockRouter):
         return missing
 
     def assert_all_called(self) -> None:
-        missing = self.unserved()
-        if missing:
+        if missing := self.unserved():
             raise AssertionError(
                 f"scenario {self.cassette.scenario}: {len(missing)} recorded exchange(s) the "
                 "host never made (assert_all_called):\n"

@@ -1,10 +1,9 @@
-"""`python -m scenarios.wire_tee LOG_DIR -- COMMAND [ARG...]`: runs COMMAND with its
-stdin and stdout piped through this process (stderr untouched), appending each line to
-``LOG_DIR/wire-<pid>.jsonl`` before passing it on (so a reply is logged after the line
-that caused it): ``{"argv": [...], "started": <monotonic ns>}``, then ``{"dir": "c" or
-"s", "line": "..."}`` per line from the client (the bridge) or the server, ``{"dir":
-"c", "eof": true}`` when the client closes stdin, last ``{"exit": <status>}``
-(negative: killed by that signal). `scenarios.record` reads these logs.
+"""`python -m scenarios.wire_tee LOG_DIR -- COMMAND [ARG...]` runs COMMAND with its stdin
+and stdout piped through this process, appending each line to ``LOG_DIR/wire-<pid>.jsonl``
+before passing it on (a reply is logged after the line that caused it), for
+`scenarios.record`: ``{"argv": [...], "started": <monotonic ns>}``, ``{"dir": "c"|"s",
+"line": "..."}`` per line from the client (the bridge) or the server, ``{"dir": "c",
+"eof": true}`` when stdin ends, last ``{"exit": <status>}`` (negative: a signal).
 
 It exits with COMMAND's status, or dies by the same signal. SIGTERM and SIGINT are left
 to COMMAND (the bridge signals the whole group): this process relays until COMMAND's
