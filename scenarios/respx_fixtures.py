@@ -18,8 +18,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         "--codex-record-cassettes",
         action="store_true",
         dest="codex_record_cassettes",
-        help="codex_respx: re-record the cassettes of scenarios changed since they were "
-        "recorded (by default a stale cassette fails the test)",
+        help="codex_respx: re-record stale cassettes (by default a stale one fails the test)",
     )
 
 

@@ -211,8 +211,7 @@ class ScenarioRouter(respx.MockRouter):
         after = self.cassette.interactions[index].after
         if after is not None and not self._made[after].is_set():
             wait = (_int(request.url.params.get("waitMs", "")) or 30_000) / 1000
-            timeout = min(wait, self.release_timeout)
-            await asyncio.to_thread(self._made[after].wait, timeout)
+            await asyncio.to_thread(self._made[after].wait, min(wait, self.release_timeout))
         with self._lock:
             if not self._made[index].is_set() and self._released(index):
                 return self._serve(index, path)
@@ -306,13 +305,14 @@ class _Replay(httpx.SyncByteStream, httpx.AsyncByteStream):
         ends = [int(offset or 0) for offset, _ in marks[1:]] + [len(body)]
         self.parts = [(int(m[0] or 0), end, m[1]) for m, end in zip(marks, ends, strict=True)]
 
-    def _unreleased(self, after: int) -> ScenarioMockError:
+    def _wait(self, after: int | None) -> None:  # for the request the next part comes after
         router = self.router
-        return ScenarioMockError(
-            f"the event stream of {router._what(self.index)} goes on only after "
-            f"{router._what(after)}; the host did not make it within {router.release_timeout} s "
-            f"(scenario {router.cassette.scenario})"
-        )
+        if after is not None and not router._made[after].wait(router.release_timeout):
+            raise ScenarioMockError(
+                f"the event stream of {router._what(self.index)} goes on only after "
+                f"{router._what(after)}; the host did not make it within "
+                f"{router.release_timeout} s (scenario {router.cassette.scenario})"
+            )
 
     def _sent(self, start: int, end: int) -> bytes:
         router, item = self.router, self.router.cassette.interactions[self.index]
@@ -329,16 +329,13 @@ class _Replay(httpx.SyncByteStream, httpx.AsyncByteStream):
 
     def __iter__(self) -> Iterator[bytes]:
         for start, end, after in self.parts:
-            if after is not None and not self.router._made[after].wait(self.router.release_timeout):
-                raise self._unreleased(after)
+            self._wait(after)
             yield self._sent(start, end)
 
     async def __aiter__(self) -> AsyncIterator[bytes]:
         for start, end, after in self.parts:
             if after is not None and not self.router._made[after].is_set():
-                made = self.router._made[after]
-                if not await asyncio.to_thread(made.wait, self.router.release_timeout):
-                    raise self._unreleased(after)
+                await asyncio.to_thread(self._wait, after)
             yield self._sent(start, end)
 
 
