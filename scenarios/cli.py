@@ -177,11 +177,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     if argv[:1] == ["run"]:  # pytest's options are pytest's to parse
         argv = ["run", "--", *argv[1:]]
     args = build_parser().parse_args(argv)
-    action = {"run": _run, "check": _check, "schema": _schema, "record": _record}.get(
-        args.action, _cassettes
-    )
+    actions = {"run": _run, "check": _check, "schema": _schema, "record": _record}
     try:
-        return action(args)
+        return actions.get(args.action, _cassettes)(args)
     except BrokenPipeError:
         # The reader went away (`... | head`): what it wanted it has; no traceback. What
         # is still buffered for the closed pipe is dropped (Python would complain at exit

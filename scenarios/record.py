@@ -320,10 +320,9 @@ class _Translator:
                 self.method_params.setdefault(method, []).append(self.norm.value(params))
             self.calls[_id_key(message["id"])] = (behavior, params)
             self.latest = behavior["steps"]
-            if method.startswith("turn/"):
-                turn = self.active.get(_text(_at(params, "threadId")))
-                if turn is not None:  # it acts on the running turn (interrupt, steer)
-                    turn.sink = behavior["steps"]
+            turn = self.active.get(_text(_at(params, "threadId")))
+            if method.startswith("turn/") and turn is not None:  # an interrupt, a steer
+                turn.sink = behavior["steps"]  # the rest of the running turn goes there
         elif method == "initialized" and not self.saw_initialized:
             self.saw_initialized = True
             self.latest = self.on_initialized
@@ -526,9 +525,8 @@ def translate_wire_logs(
 ) -> Translation:
     """The `appServer:` script that replays the `scenarios.wire_tee` logs in `directory`;
     `paths` maps machine directories to what they become (`{"/tmp/run/work": "${cwd}"}`)."""
-    logs = _read_logs(Path(directory))
     host = socket.gethostname() if hostname is None else hostname
-    scripts = [_Translator(Normaliser(paths, host)).run(log) for log in logs]
+    scripts = [_Translator(Normaliser(paths, host)).run(log) for log in _read_logs(Path(directory))]
     warnings: list[str] = []
     script = {"version": 1, "seed": REPLAY_SEED, "versionOutput": version_output}
     script = {key: value for key, value in (script | _merge(scripts, warnings)).items() if value}
@@ -677,10 +675,9 @@ def _check_output(path: Path) -> None:
     folder = path.parent
     if path.is_dir():
         problem = "is a directory"
-    elif not folder.exists():
-        problem = f"cannot be written: its folder {str(folder)!r} does not exist"
     elif not folder.is_dir():
-        problem = f"cannot be written: {str(folder)!r} is not a folder"
+        what = "is not a folder" if folder.exists() else "does not exist"
+        problem = f"cannot be written: its folder {str(folder)!r} {what}"
     elif not os.access(folder, os.W_OK | os.X_OK) or (
         path.exists() and not os.access(path, os.W_OK)
     ):

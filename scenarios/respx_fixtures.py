@@ -42,8 +42,7 @@ def codex_respx(request: pytest.FixtureRequest) -> Iterator[Callable[..., Any]]:
         from scenarios import respx_mock
     except ModuleNotFoundError as exc:  # `from None`: no chained traceback
         raise pytest.fail.Exception(str(exc), pytrace=False) from None
-    refresh = request.config.getoption("codex_record_cassettes", False)
-    defaults = {"record": "refresh"} if refresh else {}
+    defaults = {"record": "refresh"} if request.config.getoption("codex_record_cassettes") else {}
     routers: list[Any] = []
 
     def start(scenario: Any, **options: Any) -> Any:

@@ -98,9 +98,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    status = main()
-    with contextlib.suppress(OSError, ValueError):  # stdout is closed once relayed
-        sys.stdout.flush()
+    status = main()  # sys.stdout is never written: the relay writes a file of its own
     # Not sys.exit: the stdin thread may still be blocked in a read (holding its reader's
     # lock), and nothing of the interpreter's shutdown must wait on it.
     os._exit(status)
