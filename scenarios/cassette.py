@@ -1,11 +1,7 @@
 """Cassettes: what the real bridge answered a scenario's steps, in VCR.py's YAML format
-(what `scenarios.respx_mock` needs more sits under `codex:` keys vcrpy ignores). See
-scenarios/README.md ("Cassettes").
-
-    rest-bridge scenarios record-cassettes PATHS...   # the missing and stale ones (--all)
-    rest-bridge scenarios check-cassettes PATHS...    # exit 1 naming each missing or stale
-
-`python -m scenarios.cassette record|check PATHS...` is the same.
+(what `scenarios.respx_mock` needs more sits under `codex:` keys vcrpy ignores), made
+and checked by `rest-bridge scenarios record-cassettes|check-cassettes` (or `python -m
+scenarios.cassette record|check`). See scenarios/README.md ("Cassettes").
 """
 
 from __future__ import annotations
@@ -34,6 +30,7 @@ from scenarios import format as f
 from scenarios.expectations import NO_JSON, step_request, substitute
 from scenarios.format import LoadedScenario, ScenarioError
 from scenarios.harness import RECORDER
+from scenarios.matching import is_matcher, match
 from scenarios.reporting import format_result
 from scenarios.runner import RunOptions, ScenarioResult, run_scenario
 
@@ -108,11 +105,8 @@ class Interaction:
         item.status, item.reason = status["code"], status.get("message", "")
         item.response_headers = response.get("headers") or {}
         item.response_body = (response.get("body") or {}).get("string") or ""
-        item.step, item.after, item.marks = (
-            codex.get("step"),
-            codex.get("after"),
-            codex.get("marks") or [],
-        )
+        item.step, item.after = codex.get("step"), codex.get("after")
+        item.marks = codex.get("marks") or []
         return item
 
 
@@ -128,8 +122,7 @@ class Cassette:
     def dump(self) -> str:
         codex = {"format": 1, "scenario": self.scenario, "hash": self.hash, "tmp": self.tmp}
         items = [item.to_vcr() for item in self.interactions]
-        document = {"version": 1, "codex": codex, "interactions": items}
-        return yaml_text(document, width=10**6)
+        return yaml_text({"version": 1, "codex": codex, "interactions": items}, width=10**6)
 
     def save(self, path: Path) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -160,33 +153,24 @@ class _Dumper(yaml.SafeDumper):
     bodies) as blocks, so that a file reads as the wire did."""
 
 
-def _flat(data: dict[Any, Any] | list[Any]) -> bool:
+def _represent(dumper: _Dumper, data: Any) -> yaml.Node:
+    if isinstance(data, str):
+        style = "|" if "\n" in data.rstrip("\n") else None
+        return dumper.represent_scalar("tag:yaml.org,2002:str", data, style=style)
     items = list(data.values()) if isinstance(data, dict) else data
-    if any(isinstance(item, dict | list | bytes) for item in items):
-        return False
-    return len(orjson.dumps(data)) <= 60 and not any(
-        isinstance(item, str) and ("\n" in item or len(item) > 40) for item in items
+    flat = not any(isinstance(item, dict | list | bytes) for item in items) and (
+        len(orjson.dumps(data)) <= 60
+        and not any(isinstance(item, str) and ("\n" in item or len(item) > 40) for item in items)
     )
+    if isinstance(data, dict):
+        return dumper.represent_mapping(
+            "tag:yaml.org,2002:map", data.items(), flow_style=flat or None
+        )
+    return dumper.represent_sequence("tag:yaml.org,2002:seq", data, flow_style=flat or None)
 
 
-_Dumper.add_representer(
-    dict,
-    lambda dumper, data: dumper.represent_mapping(
-        "tag:yaml.org,2002:map", data.items(), flow_style=_flat(data) or None
-    ),
-)
-_Dumper.add_representer(
-    list,
-    lambda dumper, data: dumper.represent_sequence(
-        "tag:yaml.org,2002:seq", data, flow_style=_flat(data) or None
-    ),
-)
-_Dumper.add_representer(
-    str,
-    lambda dumper, data: dumper.represent_scalar(
-        "tag:yaml.org,2002:str", data, style="|" if "\n" in data.rstrip("\n") else None
-    ),
-)
+for _kind in (dict, list, str):
+    _Dumper.add_representer(_kind, _represent)
 
 
 def yaml_text(document: Any, *, width: int) -> str:
@@ -209,9 +193,6 @@ def cassette_path(scenario: Path) -> Path:
     return scenario.parent / "cassettes" / f"{name}.yaml"
 
 
-# -- recording ---------------------------------------------------------------------------
-
-
 class _Recorder:
     """A client middleware keeping every exchange of the run, in the order they started."""
 
@@ -223,8 +204,9 @@ class _Recorder:
     ) -> aiohttp.ClientResponse:
         payload: Any = request.body
         body = payload if isinstance(payload, bytes) else await payload.as_bytes()
-        item = Interaction(request.method, request.url.raw_path_qs, _kept_headers(request), None)
-        item.body, item.started = _decoded(body), time.monotonic()
+        headers, started = _kept_headers(request), time.monotonic()
+        item = Interaction(request.method, request.url.raw_path_qs, headers, _decoded(body))
+        item.started = started
         self.items.append(item)
         response = await handler(request)
         item.response_headers = _kept_headers(response)
@@ -232,11 +214,8 @@ class _Recorder:
             response.content = _Tee(response.content, item, self)  # type: ignore[assignment]
         else:
             item.response_body = _decoded(await response.read()) or ""
-        item.seen, item.status, item.reason = (
-            len(self.items),
-            response.status,
-            response.reason or "",
-        )
+        item.seen, item.status = len(self.items), response.status
+        item.reason = response.reason or ""
         return response
 
 
@@ -269,11 +248,8 @@ class _Tee:
             self._item.response_body = kept + data
         return data
 
-    async def readline(self) -> bytes:
+    async def readline(self) -> bytes:  # how `scenarios.sse.SseReader` reads, the only way
         return self._keep(await self._inner.readline())
-
-    async def read(self, n: int = -1) -> bytes:
-        return self._keep(await self._inner.read(n))
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._inner, name)
@@ -288,7 +264,9 @@ async def record_cassette(
     root = Path(tempfile.mkdtemp(prefix="cassette-", dir=options.tmp_root))
     token = RECORDER.set(recorder)
     try:
-        result = await run_scenario(loaded, dataclasses.replace(options, tmp_root=root))
+        result = await run_scenario(
+            loaded, dataclasses.replace(options, tmp_root=root, keep_tmp=True)
+        )
     finally:
         RECORDER.reset(token)
     if not result.passed:  # a failed run's directory stays, as its report says
@@ -299,10 +277,9 @@ async def record_cassette(
     if not options.keep_tmp:
         shutil.rmtree(root, ignore_errors=True)
     # The run's `${tmp}` varies from run to run: replay takes any path in its place.
-    runs = " ".join(text for _, source, text in result.transcript.entries if source == "run")
-    tmp = re.search(re.escape(str(root)) + r"/scenario-[^/\s\"]+", runs)
+    tmp = str(result.tmp) if result.tmp is not None else None
     items = _kept(loaded, result, recorder.items)
-    return Cassette(loaded.name, scenario_hash(loaded), items, tmp and tmp.group(0)), result
+    return Cassette(loaded.name, scenario_hash(loaded), items, tmp), result
 
 
 def _kept(
@@ -347,7 +324,9 @@ def _kept(
         if isinstance(item.response_body, bytes):  # an SSE body: text when it is UTF-8
             item.response_body = _decoded(item.response_body) or ""
         keep.append(item)
-    changers = [(items.index(item), kept) for kept, item in enumerate(keep) if _changes(item)]
+    # A request that may cause events: not a read, not refused.
+    changes = [item.method != "GET" and 200 <= item.status < 400 for item in keep]
+    changers = [(items.index(item), kept) for kept, item in enumerate(keep) if changes[kept]]
 
     def trigger(seen: int | None, own: int) -> int | None:
         return next((k for o, k in reversed(changers) if o < (seen or 0) and k != own), None)
@@ -363,11 +342,6 @@ def _kept(
     return keep
 
 
-def _changes(item: Interaction) -> bool:
-    """A request that may cause events: not a read, not refused."""
-    return item.method != "GET" and 200 <= item.status < 400
-
-
 _ANY = "\x00any\x00"
 
 
@@ -381,11 +355,7 @@ def _pattern(step: Any) -> tuple[str, re.Pattern[str], Any] | None:
     except TypeError:
         return None
     path = unquote(urlsplit(request.path).path if "://" in request.path else request.path)
-    return (
-        request.method,
-        re.compile(re.escape(path).replace(re.escape(_ANY), ".*?")),
-        (request.json_body),
-    )
+    return request.method, _wildcards(path), request.json_body
 
 
 def _matches(pattern: tuple[str, re.Pattern[str], Any] | None, item: Interaction) -> bool:
@@ -396,39 +366,35 @@ def _matches(pattern: tuple[str, re.Pattern[str], Any] | None, item: Interaction
         body = orjson.loads(item.body) if isinstance(item.body, str) else NO_JSON
     except orjson.JSONDecodeError:
         body = NO_JSON
-    return pattern[2] is NO_JSON or body is NO_JSON or not json_difference(pattern[2], body, _fits)
+    return (
+        pattern[2] is NO_JSON or body is NO_JSON or not json_difference(pattern[2], body, _variable)
+    )
 
 
-def _fits(template: Any, value: Any) -> bool:
-    if isinstance(template, str) and _ANY in template:
-        pattern = ".*?".join(re.escape(part) for part in template.split(_ANY))
-        return template == _ANY or (isinstance(value, str) and bool(re.fullmatch(pattern, value)))
-    return bool(template == value)
+def _wildcards(template: str) -> re.Pattern[str]:
+    return re.compile(re.escape(template).replace(re.escape(_ANY), ".*?"))
 
 
-def json_difference(
-    expected: Any, received: Any, alike: Callable[[Any, Any], bool], path: str = "$"
-) -> str | None:
-    """Where and how `received` differs from `expected` (None: alike), in a few words;
-    `alike` compares values other than two mappings or two lists."""
-    if isinstance(expected, dict) and isinstance(received, dict):
-        if expected.keys() != received.keys():
-            extra, lacking = sorted(received.keys() - expected), sorted(expected.keys() - received)
-            return f"at {path}: keys {extra} not recorded, recorded keys {lacking} missing"
-        pairs = [(expected[key], received[key], f"{path}.{key}") for key in expected]
-    elif isinstance(expected, list) and isinstance(received, list):
-        if len(expected) != len(received):
-            return f"at {path}: {len(received)} items instead of {len(expected)}"
-        pairs = [(a, received[i], f"{path}[{i}]") for i, a in enumerate(expected)]
-    elif alike(expected, received):
-        return None
-    else:
-        shown = orjson.dumps(received)[:200].decode()
-        return f"at {path}: {shown} instead of {orjson.dumps(expected)[:200].decode()}"
-    return next((found for a, b, p in pairs if (found := json_difference(a, b, alike, p))), None)
+def _variable(text: str) -> Any:
+    """A string of a step's template: its variables (`_ANY`) match anything."""
+    if text == _ANY:
+        return {"$any": True}
+    return {"$regex": rf"\A(?:{_wildcards(text).pattern})\Z"} if _ANY in text else text
 
 
-# -- finding one -------------------------------------------------------------------------
+def json_difference(expected: Any, received: Any, template: Callable[[str], Any]) -> str | None:
+    """Where and how `received` differs from `expected` (None: alike), in a few words, by
+    `scenarios.matching.match`; `template` makes a string of `expected` what it matches."""
+
+    def shaped(value: Any) -> Any:
+        if isinstance(value, dict):
+            return {"$eq": value} if is_matcher(value) else {k: shaped(v) for k, v in value.items()}
+        if isinstance(value, list):
+            return [shaped(item) for item in value]
+        return template(value) if isinstance(value, str) else value
+
+    found = match(shaped(expected), received, subset=False)
+    return str(found[0]) if found else None
 
 
 def cassette_for(

@@ -1,13 +1,12 @@
-"""`rest-bridge scenarios`: run (pytest with the plugin, collecting scenario files only:
-pytest's options and exit statuses), check, schema, record, record-cassettes and
-check-cassettes; scenarios/README.md ("Running") has each. `--codex`, `--target` and
-`--target-script` are the plugin's `--codex-bin`, `--codex-target` and
-`--codex-target-script`.
+"""`rest-bridge scenarios`: run (pytest with the plugin, on scenario files only), check,
+schema, record, record-cassettes and check-cassettes; scenarios/README.md ("Running")
+has each.
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
 import logging
 import os
@@ -77,17 +76,13 @@ def _schema(args: argparse.Namespace) -> int:
 
 def _record(args: argparse.Namespace) -> int:
     """Record a `model:` scenario on the real codex; write and replay its fake-codex twin."""
-    from scenarios.record import RecordError, record_scenario_sync
+    from scenarios.record import RecordError, record_scenario
 
     _quiet_logging()
+    options = {"codex": args.codex, "name": args.name, "keep_tmp": args.keep_tmp}
     try:
-        recording = record_scenario_sync(
-            args.source,
-            args.output,
-            codex=args.codex,
-            name=args.name,
-            verify=not args.no_verify,
-            keep_tmp=args.keep_tmp,
+        recording = asyncio.run(
+            record_scenario(args.source, args.output, verify=not args.no_verify, **options)
         )
     except RecordError as exc:
         print(f"rest-bridge scenarios record: {exc}", file=sys.stderr)
@@ -98,14 +93,10 @@ def _record(args: argparse.Namespace) -> int:
     if recording.directory is not None:
         print(f"the recording's directory (wire logs) is kept: {recording.directory}")
     replay = recording.replay_result
-    if replay is None:
-        return 0
-    if replay.passed:
-        print(f"replayed {args.output} on fake-codex: passed")
-        return 0
-    print(f"replayed {args.output} on fake-codex: FAILED (the file is written)\n")
-    print(format_result(replay))
-    return 1
+    if replay is not None:
+        failed = f"FAILED (the file is written)\n\n{format_result(replay)}"
+        print(f"replayed {args.output} on fake-codex: {'passed' if replay.passed else failed}")
+    return 0 if replay is None or replay.passed else 1
 
 
 def _cassettes(args: argparse.Namespace) -> int:
@@ -149,10 +140,6 @@ def build_parser() -> argparse.ArgumentParser:
         help="run scenario files and folders: pytest with the plugin, pytest's options "
         "work (`run --help` lists them); --codex, --target and --target-script stand for "
         "the plugin's --codex-bin, --codex-target and --codex-target-script",
-        description="pytest over scenario files. Front options: --codex PATH (the real "
-        "codex), --target URL (a bridge already running; token from $REST_ADAPTER_TOKEN), "
-        "--target-script FILE (the scenario the target's fake-codex runs). Everything else "
-        "goes to pytest: PATH..., -n N, -k EXPR, -m TAG, --lf, --junitxml FILE, -x, -v.",
         add_help=False,
     )
     run.add_argument("rest", nargs="*", metavar="PATH|OPTION")
@@ -168,12 +155,8 @@ def build_parser() -> argparse.ArgumentParser:
     record.add_argument("-o", "--output", required=True, metavar="OUT", help="the file to write")
     record.add_argument("--codex", help="the real codex (default: as `run` finds it)")
     record.add_argument("--name", help="the written scenario's name (default: IN's + -replay)")
-    record.add_argument(
-        "--no-verify", action="store_true", help="do not replay the written file on fake-codex"
-    )
-    record.add_argument(
-        "--keep-tmp", action="store_true", help="keep the recording's directory (wire logs)"
-    )
+    record.add_argument("--no-verify", action="store_true", help="do not replay OUT on fake-codex")
+    record.add_argument("--keep-tmp", action="store_true", help="keep the wire logs' directory")
     for action, what in (
         ("record", "record the cassettes the respx mock replays: the missing and stale ones"),
         ("check", "exit 1 naming each cassette that is missing or older than its scenario"),
@@ -194,11 +177,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     if argv[:1] == ["run"]:  # pytest's options are pytest's to parse
         argv = ["run", "--", *argv[1:]]
     args = build_parser().parse_args(argv)
-    action = {"run": _run, "check": _check, "schema": _schema, "record": _record}.get(
-        args.action, _cassettes
-    )
+    actions = {"run": _run, "check": _check, "schema": _schema, "record": _record}
     try:
-        return action(args)
+        return actions.get(args.action, _cassettes)(args)
     except BrokenPipeError:
         # The reader went away (`... | head`): what it wanted it has; no traceback. What
         # is still buffered for the closed pipe is dropped (Python would complain at exit

@@ -1,24 +1,17 @@
-"""Record, then replay: a scenario run on the real codex, written as one for fake-codex.
-
-    recording = await record_scenario("x.scenario.yaml", "x-replay.scenario.yaml")
-
-runs a `model:` scenario through the bridge in front of the real codex, with
-`scenarios.wire_tee` logging every JSON-RPC line between the bridge and each codex
-process; from those logs it writes the same scenario with an `appServer:` script that
-makes fake-codex say what codex said, then replays it on fake-codex. How a log becomes a
-script, and what is normalised, is in scenarios/README.md ("Record, then replay").
+"""Record, then replay: a `model:` scenario run on the real codex (through the bridge,
+with `scenarios.wire_tee` logging each codex process's JSON-RPC lines), written again
+with an `appServer:` script that makes fake-codex say what codex said, and replayed.
+scenarios/README.md ("Record, then replay") says how and what is normalised.
 """
 
 from __future__ import annotations
 
-import asyncio
 import copy
 import os
 import re
 import shutil
 import signal
 import socket
-import subprocess
 import sys
 import tempfile
 from dataclasses import dataclass, field
@@ -27,6 +20,7 @@ from typing import Any
 
 import orjson
 
+from bridge.process.backend import _probe_version
 from fakes.app_server.wire import SEEDED_EPOCH_MS
 from scenarios.cassette import yaml_text
 from scenarios.format import LoadedScenario, ScenarioError, load_scenario, parse_scenario_text
@@ -63,8 +57,21 @@ class RecordError(Exception):
 
 
 @dataclass
-class Recording:
-    """What `record_scenario` produced."""
+class Translation:
+    """Wire logs as an `appServer:` script."""
+
+    script: dict[str, Any]
+    #: Per process (in start order): the server's messages, normalised, in the order
+    #: the replay writes them (`emittedAtMs` and what fake-codex sends itself left out).
+    server_messages: list[list[dict[str, Any]]]
+    warnings: list[str]
+    #: Server requests the client never answered.
+    unanswered_requests: int
+
+
+@dataclass
+class Recording(Translation):
+    """What `record_scenario` produced: the translation of the wire logs, and more."""
 
     #: The written scenario as data, and as the YAML text written.
     data: dict[str, Any]
@@ -75,9 +82,6 @@ class Recording:
     source_result: ScenarioResult
     #: The run of the written scenario on fake-codex (None: not verified).
     replay_result: ScenarioResult | None = None
-    #: Per codex process: the server's messages as normalised (what the replay says).
-    server_messages: list[list[dict[str, Any]]] = field(default_factory=list)
-    warnings: list[str] = field(default_factory=list)
     codex_version: str | None = None
     #: The recording's directory (wire logs, the run), when kept (`keep_tmp`).
     directory: Path | None = None
@@ -87,9 +91,6 @@ class Recording:
         return None if self.replay_result is None else self.replay_result.passed
 
 
-# -- normalising -------------------------------------------------------------------------
-
-
 class Normaliser:
     """Makes one process's messages free of machine paths and run-to-run values (the
     table in scenarios/README.md, "Volatile values"). UUIDs, process ids and the scripted
@@ -97,17 +98,13 @@ class Normaliser:
     """
 
     def __init__(self, paths: dict[str, str], hostname: str | None = None) -> None:
-        variants: dict[str, str] = {}
+        self._standins: dict[str, str] = {}
         for path, standin in paths.items():
             for form in {path, os.path.realpath(path)}:
-                variants.setdefault(form.rstrip("/"), standin)
-        ordered = sorted(variants, key=len, reverse=True)
-        self._standins = variants
-        self._paths = (
-            re.compile("|".join(re.escape(p) for p in ordered) + r"(?=$|[/\s'\"`:;,)\]}\\])")
-            if ordered
-            else None
-        )
+                self._standins.setdefault(form.rstrip("/"), standin)
+        longest_first = sorted(self._standins, key=len, reverse=True)
+        either = "|".join(re.escape(p) for p in longest_first)
+        self._paths = re.compile(either + r"(?=$|[/\s'\"`:;,)\]}\\])") if either else None
         self._hostname = hostname
         self._uuids: dict[str, str] = {}
         self._process_ids: dict[str, int] = {}
@@ -128,19 +125,15 @@ class Normaliser:
                     return 0
                 if _TIME_KEY.match(key):
                     return FROZEN_MS if key.endswith("Ms") else FROZEN_S
-        if isinstance(value, str):
-            return self.string(value)
-        return value
+        return self.string(value) if isinstance(value, str) else value
 
     def string(self, text: str) -> str:
         if self._hostname and text == self._hostname:
             return "localhost"
-        if model_id := _MODEL_ID.match(text):
+        if model_id := _MODEL_ID.match(text):  # numbered per prefix
             prefix = model_id.group(1)
-            if text not in self._model_ids:
-                taken = sum(1 for known in self._model_ids if known.startswith(f"{prefix}_"))
-                self._model_ids[text] = f"{prefix}_{taken + 1}"
-            return self._model_ids[text]
+            taken = sum(known.startswith(f"{prefix}_") for known in self._model_ids)
+            return self._model_ids.setdefault(text, f"{prefix}_{taken + 1}")
         text = text.replace("$", "$$")
         if self._paths is not None:
             text = self._paths.sub(lambda m: self._standins[m.group(0)], text)
@@ -149,74 +142,55 @@ class Normaliser:
         return _DATE_TIME.sub(_frozen_date_time, text)
 
     def _uuid(self, found: re.Match[str]) -> str:
-        original = found.group(0).lower()
-        canonical = self._uuids.get(original)
-        if canonical is None:
-            number = len(self._uuids) + 1
-            version = found.group(1).lower()
+        original, version = found.group(0).lower(), found.group(1).lower()
+        if original not in self._uuids:
             head = f"{FROZEN_MS:012x}" if version == "7" else "0" * 12
-            canonical = f"{head[:8]}-{head[8:]}-{version}000-8000-{number:012x}"
-            self._uuids[original] = canonical
-        return canonical
+            number = len(self._uuids) + 1
+            self._uuids[original] = f"{head[:8]}-{head[8:]}-{version}000-8000-{number:012x}"
+        return self._uuids[original]
 
 
 def _frozen_date_time(found: re.Match[str]) -> str:
-    sep = found.group(1)
-    fraction = ".000" if found.group(2) else ""
-    zone = found.group(3)
-    suffix = "" if zone is None else ("Z" if zone == "Z" else "+00:00")
+    sep, fraction = found.group(1), ".000" if found.group(2) else ""
+    suffix = {None: "", "Z": "Z"}.get(found.group(3), "+00:00")
     return f"2026-01-01T00{sep}00{sep}00{fraction}{suffix}"
 
 
-# -- reading the wire logs ----------------------------------------------------------------
-
-
-@dataclass
-class _Line:
-    direction: str  # "c": from the client (the bridge), "s": from the server
-    message: Any  # the parsed JSON, or None when the line is not JSON
-    raw: str = ""
+_Entry = tuple[str, dict[str, Any] | None, str]
 
 
 @dataclass
 class _ProcessLog:
-    name: str
-    started: int
-    lines: list[_Line]
+    started: int = 0
+    #: (direction, the JSON object or None, the line): "c" from the client (the
+    #: bridge), "s" from the server.
+    lines: list[_Entry] = field(default_factory=list)
     client_eof: bool = False
     exit: int | None = None
 
-    @property
-    def speaks_protocol(self) -> bool:
-        return any(line.direction == "c" and line.message is not None for line in self.lines)
+
+def _object(text: str) -> dict[str, Any] | None:
+    try:
+        message = orjson.loads(text)
+    except orjson.JSONDecodeError:
+        return None
+    return message if isinstance(message, dict) else None
 
 
 def _read_logs(directory: Path) -> list[_ProcessLog]:
     logs = []
     for path in sorted(directory.glob("wire-*.jsonl")):
-        log = _ProcessLog(path.name, 0, [])
+        log = _ProcessLog()
         for raw in path.read_bytes().splitlines():
-            try:
-                entry = orjson.loads(raw)
-            except orjson.JSONDecodeError:
-                continue  # a line cut by a kill
-            if "argv" in entry:
-                log.started = int(entry.get("started", 0))
-            elif "exit" in entry:
-                log.exit = entry["exit"]
-            elif entry.get("eof"):
-                log.client_eof = True
-            elif "line" in entry:
-                text = entry["line"]
-                try:
-                    message = orjson.loads(text) if text.strip() else None
-                except orjson.JSONDecodeError:
-                    message = None
-                if message is None and not text.strip():
-                    continue
-                log.lines.append(_Line(entry["dir"], message, text))
-        logs.append(log)
-    return sorted((log for log in logs if log.speaks_protocol), key=lambda log: log.started)
+            entry = _object(raw.decode("utf-8", "replace")) or {}  # {}: a line cut by a kill
+            log.started = int(entry.get("started", log.started))
+            log.exit = entry.get("exit", log.exit)
+            log.client_eof = log.client_eof or bool(entry.get("eof"))
+            if str(entry.get("line", "")).strip():
+                log.lines.append((entry["dir"], _object(entry["line"]), entry["line"]))
+        if any(direction == "c" and message is not None for direction, message, _ in log.lines):
+            logs.append(log)  # it speaks the protocol
+    return sorted(logs, key=lambda log: log.started)
 
 
 # -- races: one order for messages codex writes in either order --------------------------
@@ -229,12 +203,18 @@ def _at(value: Any, *keys: str) -> Any:
     return value
 
 
-def _thread_started_before_its_reply(first: Any, second: Any) -> bool:
-    """`thread/started` written before the `thread/start` reply (usually it follows)."""
-    if first.get("method") != "thread/started" or "method" in second or "id" not in second:
+def _news_before_its_reply(first: Any, second: Any) -> bool:
+    """A reply written after the news about what it made (usually it comes first): the
+    `thread/start` reply after `thread/started`, the `turn/start` reply after the turn's
+    first notifications (the thread active, `turn/started`)."""
+    if "method" in second or "id" not in second or "method" not in first:
         return False
-    started = _at(first, "params", "thread", "id")
-    return started is not None and bool(started == _at(second, "result", "thread", "id"))
+    made = (_at(second, "result", "thread", "id"), _at(second, "result", "turn", "id"))
+    if first["method"] == "thread/status/changed":
+        return made[1] is not None and _at(first, "params", "status", "type") == "active"
+    params = first.get("params")
+    about = (_at(params, "thread", "id"), _at(params, "turnId"), _at(params, "turn", "id"))
+    return any(value is not None and value in made for value in about)
 
 
 def _active_before_declined_item(first: Any, second: Any) -> bool:
@@ -248,56 +228,23 @@ def _active_before_declined_item(first: Any, second: Any) -> bool:
     )
 
 
-def _turn_news_before_its_reply(first: Any, second: Any) -> bool:
-    """The `turn/start` reply written after the turn's first notifications (the thread
-    active, `turn/started`; usually it comes before them)."""
-    turn = _at(second, "result", "turn", "id")
-    if "method" in second or "id" not in second or "method" not in first or turn is None:
-        return False
-    if first["method"] == "thread/status/changed":
-        return bool(_at(first, "params", "status", "type") == "active")
-    return bool(turn == (_at(first, "params", "turnId") or _at(first, "params", "turn", "id")))
-
-
 #: Pairs of adjacent server messages that codex 0.169.0 writes in either order from run
 #: to run; a recording always has them in the usual order (second one first).
-RACES = (
-    _thread_started_before_its_reply,
-    _turn_news_before_its_reply,
-    _active_before_declined_item,
-)
+RACES = (_news_before_its_reply, _active_before_declined_item)
 
 
-def _canonical_order(lines: list[_Line]) -> list[_Line]:
+def _canonical_order(lines: list[_Entry]) -> list[_Entry]:
     """`lines` with each racing pair (adjacent server messages) in its usual order."""
     lines = list(lines)
     changed = True
     while changed:
         changed = False
         for index in range(len(lines) - 1):
-            first, second = lines[index], lines[index + 1]
-            if first.direction != "s" or second.direction != "s":
-                continue
-            if not isinstance(first.message, dict) or not isinstance(second.message, dict):
-                continue
-            if any(race(first.message, second.message) for race in RACES):
-                lines[index], lines[index + 1] = second, first
+            (one, first, _), (other, second, _) = lines[index], lines[index + 1]
+            if one == other == "s" and first and second and any(r(first, second) for r in RACES):
+                lines[index], lines[index + 1] = lines[index + 1], lines[index]
                 changed = True
     return lines
-
-
-# -- from one process's log to script entries ---------------------------------------------
-
-
-@dataclass
-class _ProcessScript:
-    initialize: dict[str, Any] | None = None
-    on_initialized: list[dict[str, Any]] = field(default_factory=list)
-    methods: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
-    #: The (normalised) params of each call in `methods`, index for index.
-    method_params: dict[str, list[Any]] = field(default_factory=dict)
-    server_messages: list[dict[str, Any]] = field(default_factory=list)
-    unanswered_requests: int = 0
 
 
 Steps = list[dict[str, Any]]
@@ -311,65 +258,54 @@ class _Turn:
     sink: Steps
 
 
-@dataclass
-class _Request:
-    step: dict[str, Any]
-    turn: _Turn | None
-
-
 class _Translator:
     """One process's log → script entries (scenarios/README.md, "What the script says").
 
-    Each server message goes where fake-codex will write it from:
-
-    - a response: as a `respond` step at the end of its own call's entry so far;
-    - `thread/started`: after the reply that carried that thread;
-    - a message about a turn (its `turnId`, or a `threadId` while a turn runs on that
-      thread, or none at all while a turn runs): the turn's current steps;
-    - start-up warnings (`STARTUP_NOTIFICATIONS`, before anything about a thread):
-      `onInitialized`;
-    - anything else: the entry of the latest client request (or answer).
-
-    So where a message lands does not depend on how it raced the client's next
-    request, only on what it is about; and nothing waits for a client action that
-    came after it in the recording.
+    A server message goes where fake-codex will write it from, by what it is about (a
+    reply: its call's entry; `thread/started`: after the reply that carried the thread;
+    a turn's message: the turn's current steps; else the latest client request's entry),
+    not by how it raced the client's next request: nothing waits for a client action
+    that came after it in the recording.
     """
 
     def __init__(self, norm: Normaliser) -> None:
         self.norm = norm
-        self.out = _ProcessScript()
+        # What it makes: the script's entries, and the server's messages as normalised.
+        self.initialize: dict[str, Any] | None = None
+        self.on_initialized: Steps = []
+        self.methods: dict[str, list[dict[str, Any]]] = {}
+        #: The (normalised) params of each call in `methods`, index for index.
+        self.method_params: dict[str, list[Any]] = {}
+        self.server_messages: list[dict[str, Any]] = []
         self.latest: Steps | None = None
         self.prelude: Steps = []
         self.startup: Steps = []
-        self.calls: dict[Any, dict[str, Any]] = {}
-        self.requests: dict[Any, _Request] = {}
+        #: Client calls not answered yet, by id: their entry and params.
+        self.calls: dict[Any, tuple[dict[str, Any], Any]] = {}
+        #: Server requests by id: their step, and the turn they are about.
+        self.requests: dict[Any, tuple[dict[str, Any], _Turn | None]] = {}
         self.turns: dict[str, _Turn] = {}
         self.active: dict[str | None, _Turn] = {}
         self.done: set[str] = set()
-        self.call_params: dict[Any, Any] = {}
         self.thread_replies: dict[str, Steps] = {}
         self.saw_initialized = False
         self.dropped_remote_control = False
         self.thread_seen = False
 
-    def run(self, log: _ProcessLog) -> _ProcessScript:
-        for line in _canonical_order(log.lines):
-            if line.direction == "c":
-                if isinstance(line.message, dict):
-                    self.client(line.message)
-            elif isinstance(line.message, dict):
-                self.server(line.message)
-            else:
-                self.default_sink().append({"raw": self.norm.string(line.raw)})
+    def run(self, log: _ProcessLog) -> _Translator:
+        for direction, message, raw in _canonical_order(log.lines):
+            if message is not None:
+                (self.client if direction == "c" else self.server)(message)
+            elif direction == "s":
+                self.default_sink().append({"raw": self.norm.string(raw)})
         if log.exit is not None and not log.client_eof:
             # It ended before the client let it go: the replay ends there too.
-            self.default_sink().append(_exit_step(log.exit))
+            died = {"signal": signal.Signals(-log.exit).name} if log.exit < 0 else log.exit
+            self.default_sink().append({"exit": died})
         return self.finish()
 
     def default_sink(self) -> Steps:
         return self.latest if self.latest is not None else self.prelude
-
-    # -- the client
 
     def client(self, message: dict[str, Any]) -> None:
         method, has_id = message.get("method"), "id" in message
@@ -377,34 +313,29 @@ class _Translator:
             behavior: dict[str, Any] = {"steps": self.prelude}
             self.prelude = []
             params = message.get("params")
-            if method == "initialize" and self.out.initialize is None:
-                self.out.initialize = behavior
+            if method == "initialize" and self.initialize is None:
+                self.initialize = behavior
             else:
-                self.out.methods.setdefault(method, []).append(behavior)
-                self.out.method_params.setdefault(method, []).append(self.norm.value(params))
-            self.calls[_id_key(message["id"])] = behavior
-            self.call_params[_id_key(message["id"])] = params
+                self.methods.setdefault(method, []).append(behavior)
+                self.method_params.setdefault(method, []).append(self.norm.value(params))
+            self.calls[_id_key(message["id"])] = (behavior, params)
             self.latest = behavior["steps"]
-            if method.startswith("turn/"):
-                turn = self.active.get(_text(_at(params, "threadId")))
-                if turn is not None:  # it acts on the running turn (interrupt, steer)
-                    turn.sink = behavior["steps"]
-        elif isinstance(method, str):
-            if method == "initialized" and not self.saw_initialized:
-                self.saw_initialized = True
-                self.latest = self.out.on_initialized
+            turn = self.active.get(_text(_at(params, "threadId")))
+            if method.startswith("turn/") and turn is not None:  # an interrupt, a steer
+                turn.sink = behavior["steps"]  # the rest of the running turn goes there
+        elif method == "initialized" and not self.saw_initialized:
+            self.saw_initialized = True
+            self.latest = self.on_initialized
         elif has_id:
-            request = self.requests.get(_id_key(message["id"]))
-            if request is not None and "onReply" not in request.step:
+            step, turn = self.requests.get(_id_key(message["id"]), ({"onReply": 0}, None))
+            if "onReply" not in step:
                 from fakes.app_server.steps import reply_key
 
                 branch: Steps = []
-                request.step["onReply"] = {reply_key(message): branch}
+                step["onReply"] = {reply_key(message): branch}
                 self.latest = branch
-                if request.turn is not None:
-                    request.turn.sink = branch
-
-    # -- the server
+                if turn is not None:
+                    turn.sink = branch
 
     def server(self, message: dict[str, Any]) -> None:
         method = message.get("method")
@@ -417,17 +348,17 @@ class _Translator:
         if "id" in message:
             request = {"method": method, "id": message["id"]}
             request |= {"params": params} if params is not None else {}
-            self.out.server_messages.append(dict(request))  # the step gains `wait`
+            self.server_messages.append(dict(request))  # the step gains `wait`
             step = {"request": request}
             turn = self.turn_of(message.get("params"))
-            self.requests[_id_key(message["id"])] = _Request(step, turn)
+            self.requests[_id_key(message["id"])] = (step, turn)
             (turn.sink if turn is not None else self.default_sink()).append(step)
             return
         if method == _FAKE_SENDS_ITSELF and not self.dropped_remote_control:
             self.dropped_remote_control = True
             return
         step = {"notify": {"method": method, "params": params}}
-        self.out.server_messages.append({"method": method, "params": params})
+        self.server_messages.append({"method": method, "params": params})
         raw = message.get("params")
         if method in STARTUP_NOTIFICATIONS and starting:
             self.startup.append(step)
@@ -446,15 +377,10 @@ class _Translator:
             self.default_sink().append(step)
 
     def response(self, message: dict[str, Any]) -> None:
-        norm = self.norm
-        reply = (
-            {"error": norm.value(message["error"])}
-            if "error" in message
-            else {"result": norm.value(message.get("result"))}
-        )
-        self.out.server_messages.append({"id": message["id"], **reply})
-        call = self.calls.pop(_id_key(message["id"]), None)
-        params = self.call_params.pop(_id_key(message["id"]), None)
+        kind = "error" if "error" in message else "result"
+        reply = {kind: self.norm.value(message.get(kind))}
+        self.server_messages.append({"id": message["id"], **reply})
+        call, params = self.calls.pop(_id_key(message["id"]), (None, None))
         if call is None:
             self.default_sink().append({"respondUnknownId": {"id": message["id"], **reply}})
             return
@@ -470,37 +396,29 @@ class _Translator:
 
     def turn_of(self, params: Any) -> _Turn | None:
         """The turn a message's params are about (registering a turn seen first here)."""
-        if not isinstance(params, dict):
-            return next(iter(self.active.values())) if len(self.active) == 1 else None
-        thread = _text(params.get("threadId"))
-        turn_id = _text(params.get("turnId")) or _text(_at(params, "turn", "id"))
-        if turn_id is not None:
-            turn = self.turns.setdefault(turn_id, _Turn(thread, self.default_sink()))
-            if turn.thread is None:
-                turn.thread = thread
-            if thread is not None and turn_id not in self.done:
-                self.active.setdefault(thread, turn)
-            return turn
-        if thread is not None:
-            return self.active.get(thread)
-        if "thread" in params:
-            return None
+        if isinstance(params, dict):
+            thread = _text(params.get("threadId"))
+            turn_id = _text(params.get("turnId")) or _text(_at(params, "turn", "id"))
+            if turn_id is not None:
+                turn = self.turns.setdefault(turn_id, _Turn(thread, self.default_sink()))
+                turn.thread = turn.thread or thread
+                if thread is not None and turn_id not in self.done:
+                    self.active.setdefault(thread, turn)
+                return turn
+            if thread is not None or "thread" in params:
+                return None if thread is None else self.active.get(thread)
         # About nothing in particular (rate limits): the running turn, if exactly one.
         return next(iter(self.active.values())) if len(self.active) == 1 else None
 
-    def finish(self) -> _ProcessScript:
-        out = self.out
-        out.on_initialized[:0] = self.startup
-        for call in self.calls.values():
+    def finish(self) -> _Translator:
+        self.on_initialized[:0] = self.startup
+        for call, _ in self.calls.values():
             call["noReply"] = True
-        out.unanswered_requests = sum(
-            1 for request in self.requests.values() if "onReply" not in request.step
-        )
-        for behavior in [out.initialize, *[b for bs in out.methods.values() for b in bs]]:
+        for behavior in [self.initialize, *[b for bs in self.methods.values() for b in bs]]:
             if behavior is not None:
                 _tidy(behavior)
-        _no_wait_before_more(out.on_initialized)
-        return out
+        _no_wait_before_more(self.on_initialized)
+        return self
 
 
 def _text(value: Any) -> str | None:
@@ -508,34 +426,23 @@ def _text(value: Any) -> str | None:
 
 
 def _about_a_thread(message: dict[str, Any]) -> bool:
-    for key in ("params", "result"):
-        body = message.get(key)
-        if isinstance(body, dict) and ("threadId" in body or "thread" in body):
-            return True
-    return False
+    bodies = (message.get("params"), message.get("result"))
+    return any(isinstance(body, dict) and {"threadId", "thread"} & body.keys() for body in bodies)
 
 
 def _id_key(value: Any) -> tuple[str, Any]:
     return (type(value).__name__, value)
 
 
-def _exit_step(code: int) -> dict[str, Any]:
-    if code < 0:
-        return {"exit": {"signal": signal.Signals(-code).name}}
-    return {"exit": code}
-
-
 def _tidy(behavior: dict[str, Any]) -> None:
     """A `respond` that is the last step becomes the entry's `result`/`error`; a request
     followed by more steps in the same list does not wait."""
-    steps = behavior["steps"]
+    steps = behavior.pop("steps")
     if steps and "respond" in steps[-1] and not ({"result", "error"} & behavior.keys()):
         behavior.update(steps.pop()["respond"])
     _no_wait_before_more(steps)
-    if not steps:
-        del behavior["steps"]
-    else:
-        behavior["steps"] = behavior.pop("steps")  # after result/error in the file
+    if steps:
+        behavior["steps"] = steps  # after result/error in the file
 
 
 def _no_wait_before_more(steps: list[dict[str, Any]]) -> None:
@@ -546,12 +453,8 @@ def _no_wait_before_more(steps: list[dict[str, Any]]) -> None:
             _no_wait_before_more(branch)
 
 
-# -- merging processes ----------------------------------------------------------------------
-
-
-def _merge(scripts: list[_ProcessScript], warnings: list[str]) -> dict[str, Any]:
+def _merge(scripts: list[_Translator], warnings: list[str]) -> dict[str, Any]:
     """One `appServer:` script for all processes (each replays it from its start)."""
-    script: dict[str, Any] = {}
     initialize = next((s.initialize for s in scripts if s.initialize is not None), None)
     for number, other in enumerate(scripts[1:], start=2):
         if other.initialize is not None and other.initialize != initialize:
@@ -559,29 +462,21 @@ def _merge(scripts: list[_ProcessScript], warnings: list[str]) -> dict[str, Any]
                 f"process {number} answered `initialize` differently from the first; "
                 "the replay gives every process the first answer"
             )
-    if initialize is not None:
-        script["initialize"] = initialize
     on_initialized = max((s.on_initialized for s in scripts), key=len, default=[])
-    if on_initialized:
-        script["onInitialized"] = on_initialized
-    methods: dict[str, list[dict[str, Any]]] = {}
-    for method in dict.fromkeys(m for process in scripts for m in process.methods):
-        methods[method] = _merge_method(method, scripts, warnings)
-    if methods:
-        script["methods"] = methods
-    return script
+    methods = dict.fromkeys(m for process in scripts for m in process.methods)
+    return {
+        "initialize": initialize,
+        "onInitialized": on_initialized,
+        "methods": {method: _merge_method(method, scripts, warnings) for method in methods},
+    }
 
 
 def _merge_method(
-    method: str, scripts: list[_ProcessScript], warnings: list[str]
+    method: str, scripts: list[_Translator], warnings: list[str]
 ) -> list[dict[str, Any]]:
-    """The entries of `method` for all processes.
-
-    In order, when every process got the same answers as far as it went. Otherwise
-    each entry gets a `match` on the request params that tell the calls apart (those
-    whose values differ and that the replay's client sends the same: not paths), so
-    that each process finds its own answer whatever its turn in the list.
-    """
+    """The entries of `method` for all processes: in order when every process got the
+    same answers as far as it went, else each with a `match` on the params that tell the
+    calls apart (`_telling_keys`), so that each process finds its own answer."""
     sequences = [process.methods.get(method, []) for process in scripts]
     longest = max(sequences, key=len)
     if all(sequence == longest[: len(sequence)] for sequence in sequences):
@@ -621,19 +516,6 @@ def _telling_keys(all_params: list[Any]) -> list[str]:
     ]
 
 
-@dataclass
-class Translation:
-    """Wire logs as an `appServer:` script."""
-
-    script: dict[str, Any]
-    #: Per process (in start order): the server's messages, normalised, in the order
-    #: the replay writes them (`emittedAtMs` and what fake-codex sends itself left out).
-    server_messages: list[list[dict[str, Any]]]
-    warnings: list[str]
-    #: Server requests the client never answered.
-    unanswered_requests: int
-
-
 def translate_wire_logs(
     directory: str | os.PathLike[str],
     paths: dict[str, str],
@@ -641,47 +523,23 @@ def translate_wire_logs(
     version_output: str | None = None,
     hostname: str | None = None,
 ) -> Translation:
-    """The `appServer:` script that replays the `scenarios.wire_tee` logs in `directory`.
-
-    `paths` maps machine directories to what they become (see `Normaliser`), e.g.
-    `{"/tmp/run/work": "${cwd}"}`; `hostname` defaults to this machine's.
-    """
-    logs = _read_logs(Path(directory))
+    """The `appServer:` script that replays the `scenarios.wire_tee` logs in `directory`;
+    `paths` maps machine directories to what they become (`{"/tmp/run/work": "${cwd}"}`)."""
     host = socket.gethostname() if hostname is None else hostname
-    scripts = [_Translator(Normaliser(paths, host)).run(log) for log in logs]
+    scripts = [_Translator(Normaliser(paths, host)).run(log) for log in _read_logs(Path(directory))]
     warnings: list[str] = []
-    script: dict[str, Any] = {"version": 1, "seed": REPLAY_SEED}
-    if version_output:
-        script["versionOutput"] = version_output
-    script.update(_merge(scripts, warnings))
+    script = {"version": 1, "seed": REPLAY_SEED, "versionOutput": version_output}
+    script = {key: value for key, value in (script | _merge(scripts, warnings)).items() if value}
     return Translation(
         script,
         [s.server_messages for s in scripts],
         warnings,
-        sum(s.unanswered_requests for s in scripts),
+        sum("onReply" not in step for s in scripts for step, _ in s.requests.values()),
     )
 
 
-# -- the recording ------------------------------------------------------------------------
-
-
-def _codex_version(codex: str) -> str | None:
-    try:
-        done = subprocess.run(
-            [codex, "--version"], capture_output=True, text=True, timeout=60, check=False
-        )
-    except (OSError, subprocess.TimeoutExpired):
-        return None
-    return done.stdout.strip() or None
-
-
 def _build_document(
-    loaded: LoadedScenario,
-    app_server: dict[str, Any],
-    *,
-    name: str,
-    codex_version: str | None,
-    unanswered: int,
+    loaded: LoadedScenario, translated: Translation, name: str, codex_version: str | None
 ) -> dict[str, Any]:
     source_data = loaded.data if isinstance(loaded.data, dict) else {}
     source_name = loaded.path.name if loaded.path is not None else loaded.name
@@ -691,21 +549,18 @@ def _build_document(
         + " by `rest-bridge scenarios record`; replays on fake-codex, without codex. "
         "Re-record rather than edit the appServer section."
     )
-    # Keys in the usual order: scenario, name, description, tags, then the rest.
-    document = {key: source_data[key] for key in ("scenario",) if key in source_data}
-    document |= {"name": name, "description": recorded}
     if "description" in source_data:
-        document["description"] += (
-            f"\nThe recorded scenario: {str(source_data['description']).strip()}"
-        )
+        recorded += f"\nThe recorded scenario: {str(source_data['description']).strip()}"
+    # Keys in the usual order: scenario, name, description, tags, then the rest.
+    document = {"scenario": source_data.get("scenario", 1), "name": name, "description": recorded}
     kept = [tag for tag in source_data.get("tags") or [] if tag != "real-codex"]
     document["tags"] = [*kept, "recorded"] if "recorded" not in kept else kept
     for key, value in source_data.items():
         if key == "model":
-            document["appServer"] = app_server
+            document["appServer"] = translated.script
         elif key not in document:
             document[key] = copy.deepcopy(value)
-    if unanswered:
+    if translated.unanswered_requests:
         # A request codex sent and nobody answered (dropped by an interrupt, or left
         # pending): fake-codex keeps it pending, which the end check would flag.
         document["checks"] = {**(document.get("checks") or {}), "requestsAnswered": False}
@@ -722,13 +577,10 @@ async def record_scenario(
     tmp_root: Path | None = None,
     keep_tmp: bool = False,
 ) -> Recording:
-    """Run `source` (a scenario with `model:`) on the real codex and write its replay.
-
-    Raises `RecordError` when it cannot record: an `output` that could not be written
-    (checked first), no real codex, a scenario without `model:`, or a source run that
-    fails (its report is in the message). With
-    `verify`, the written scenario is then run on fake-codex (`replay_result`).
-    """
+    """Run `source` (a scenario with `model:`) on the real codex, write its replay to
+    `output` and, with `verify`, run that on fake-codex (`replay_result`). `RecordError`
+    when it cannot: an unwritable `output` (checked first), no real codex, no `model:`,
+    or a source run that fails (its report in the message)."""
     if output is not None:
         _check_output(Path(output))
     try:
@@ -751,7 +603,7 @@ async def record_scenario(
             f"cannot record {loaded.source}: {NO_CODEX}. In a checkout of codex-rest-bridge "
             "`make codex` installs the pinned one; elsewhere `npm install -g @openai/codex`."
         )
-    codex_version = await asyncio.to_thread(_codex_version, found)
+    codex_version, _ = await _probe_version([found, "--version"])  # the bridge's way
     workspace = Path(tempfile.mkdtemp(prefix="scenario-record-", dir=tmp_root))
     wire, home, runs = workspace / "wire", workspace / "home", workspace / "runs"
     for directory in (wire, home, runs):
@@ -788,18 +640,13 @@ async def record_scenario(
             f"cannot record {loaded.source}: the bridge started no codex process that "
             "spoke the protocol (does the scenario make any call?)"
         )
-    document = _build_document(
-        loaded,
-        translated.script,
-        name=name or f"{loaded.name}-replay",
-        codex_version=codex_version,
-        unanswered=translated.unanswered_requests,
-    )
+    document = _build_document(loaded, translated, name or f"{loaded.name}-replay", codex_version)
     text = (
         "# Recorded by `rest-bridge scenarios record`: the appServer section is what the\n"
         '# real codex said, normalised (see scenarios/README.md, "Record, then replay").\n'
     ) + yaml_text(document, width=100)
-    if _names(text, workspace):  # pragma: no cover - a normalisation bug; never write it
+    real = os.path.realpath(workspace)  # noqa: ASYNC240 - a local folder
+    if any(path in text for path in {str(workspace), real}):  # pragma: no cover - a bug
         raise RecordError(f"the recording still names the machine path {str(workspace)!r}")
     path = Path(output) if output is not None else None
     try:
@@ -809,12 +656,11 @@ async def record_scenario(
     if path is not None:
         path.write_text(text, encoding="utf-8")
     recording = Recording(
+        **vars(translated),
         data=document,
         text=text,
         path=path,
         source_result=result,
-        server_messages=translated.server_messages,
-        warnings=translated.warnings,
         codex_version=codex_version,
         directory=workspace if keep_tmp else None,
     )
@@ -824,19 +670,14 @@ async def record_scenario(
     return recording
 
 
-def _names(text: str, directory: Path) -> bool:
-    return any(path in text for path in {str(directory), os.path.realpath(directory)})
-
-
 def _check_output(path: Path) -> None:
     """Refuse, before anything runs, an output file that could not be written at the end."""
     folder = path.parent
     if path.is_dir():
         problem = "is a directory"
-    elif not folder.exists():
-        problem = f"cannot be written: its folder {str(folder)!r} does not exist"
     elif not folder.is_dir():
-        problem = f"cannot be written: {str(folder)!r} is not a folder"
+        what = "is not a folder" if folder.exists() else "does not exist"
+        problem = f"cannot be written: its folder {str(folder)!r} {what}"
     elif not os.access(folder, os.W_OK | os.X_OK) or (
         path.exists() and not os.access(path, os.W_OK)
     ):
@@ -844,12 +685,3 @@ def _check_output(path: Path) -> None:
     else:
         return
     raise RecordError(f"the output {str(path)!r} {problem}; nothing was recorded")
-
-
-def record_scenario_sync(
-    source: str | os.PathLike[str] | LoadedScenario,
-    output: str | os.PathLike[str] | None = None,
-    **kwargs: Any,
-) -> Recording:
-    """`record_scenario` in a fresh event loop."""
-    return asyncio.run(record_scenario(source, output, **kwargs))

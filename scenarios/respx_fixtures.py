@@ -18,8 +18,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         "--codex-record-cassettes",
         action="store_true",
         dest="codex_record_cassettes",
-        help="codex_respx: re-record the cassettes of scenarios changed since they were "
-        "recorded (by default a stale cassette fails the test)",
+        help="codex_respx: re-record stale cassettes (by default a stale one fails the test)",
     )
 
 
@@ -34,28 +33,16 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
 
 @pytest.fixture
 def codex_respx(request: pytest.FixtureRequest) -> Iterator[Callable[..., Any]]:
-    """Mock the bridge for httpx by replaying a scenario's cassette: no process at all.
-
-        bridge = codex_respx("approval.scenario.yaml")   # a path, or a mapping
-        client = MyBridgeClient(bridge.base_url, token=bridge.token)
-
-    Returns a started `scenarios.respx_mock.ScenarioRouter` (keywords as
-    `scenario_router`'s). A relative path is found from the test file's folder, then
-    the working directory. The cassette (`cassettes/NAME.yaml` beside the scenario) is
-    recorded when missing (not when `CI=true`); a stale one fails the test naming the
-    command that regenerates it, or is re-recorded with `--codex-record-cassettes`.
-    After the test, an exchange the host never made fails it (unless the test failed
-    already, or `assert_all_called=False`).
-    """
-    missing = None
+    """`codex_respx(path or mapping, **options)`: a started `ScenarioRouter` mocking the
+    bridge for httpx from the scenario's cassette (`scenario_router`'s keywords; a relative
+    path is found beside the test file, then in the working directory). After the test,
+    an exchange the host never made fails it, unless the test failed already.
+    scenarios/README.md ("respx: no process at all") has the rest."""
     try:
         from scenarios import respx_mock
-    except ModuleNotFoundError as exc:
-        missing = str(exc)
-    if missing is not None:  # failed outside the `except`: no chained traceback
-        pytest.fail(missing, pytrace=False)
-    refresh = request.config.getoption("codex_record_cassettes", False)
-    defaults = {"record": "refresh"} if refresh else {}
+    except ModuleNotFoundError as exc:  # `from None`: no chained traceback
+        raise pytest.fail.Exception(str(exc), pytrace=False) from None
+    defaults = {"record": "refresh"} if request.config.getoption("codex_record_cassettes") else {}
     routers: list[Any] = []
 
     def start(scenario: Any, **options: Any) -> Any:
@@ -66,9 +53,7 @@ def codex_respx(request: pytest.FixtureRequest) -> Iterator[Callable[..., Any]]:
         try:
             router = respx_mock.scenario_router(scenario, **{**defaults, **options})
         except respx_mock.CassetteError as exc:
-            router, problem = None, str(exc)
-        if router is None:  # failed outside the `except`: no chained traceback
-            pytest.fail(problem, pytrace=False)
+            raise pytest.fail.Exception(str(exc), pytrace=False) from None
         router.start()
         routers.append(router)
         return router

@@ -1,11 +1,7 @@
-"""A respx mock of the bridge for host code that calls it with httpx: no process at all.
-
-:func:`scenario_router` replays a scenario's cassette (`scenarios.cassette`): what the
-real bridge answered when the scenario ran, byte for byte. See scenarios/README.md
-("respx: no process at all") for how requests are matched and what fails loudly.
-
-    with scenario_router("approval.scenario.yaml") as bridge:
-        client = MyBridgeClient(bridge.base_url, token=bridge.token)
+"""A respx mock of the bridge for host code that calls it with httpx, no process at all:
+`scenario_router(path)` replays the scenario's cassette (`scenarios.cassette`), what the
+real bridge answered, byte for byte. scenarios/README.md ("respx: no process at all")
+says how requests are matched and what fails loudly.
 """
 
 from __future__ import annotations
@@ -49,8 +45,6 @@ from scenarios.format import LoadedScenario, load_scenario, parse_scenario
 __all__ = ["CassetteError", "ScenarioMockError", "ScenarioRouter", "StaleCassette"]
 __all__ += ["UnmatchedRequest", "scenario_router"]
 
-DEFAULT_BASE_URL = "http://bridge.test"
-
 
 class ScenarioMockError(AssertionError):
     """The host made a request the recording has no answer for."""
@@ -84,18 +78,15 @@ def _origin(url: httpx.URL) -> tuple[str, str, int]:
 
 
 class ScenarioRouter(respx.MockRouter):
-    """The bridge at `base_url` replaying `cassette` (see :func:`scenario_router`).
-
-    `token` is the scenario's bearer token (None without auth); `unmatched` the requests
-    no route matched.
-    """
+    """The bridge at `base_url` replaying `cassette` (see `scenario_router`); `token` is the
+    scenario's bearer token (None without auth), `unmatched` the requests no route matched."""
 
     def __init__(
         self,
         loaded: LoadedScenario,
         cassette: Cassette,
         *,
-        base_url: str = DEFAULT_BASE_URL,
+        base_url: str = "http://bridge.test",
         assert_all_called: bool = True,
         check_bodies: bool = True,
         max_idle_polls: int = 20,
@@ -132,21 +123,19 @@ class ScenarioRouter(respx.MockRouter):
     def resolve(self, request: httpx.Request) -> Any:
         try:
             return super().resolve(request)
-        except AllMockedAssertionError as exc:
-            raise self._unmatched(request, exc) from None
+        except AllMockedAssertionError:
+            raise self._unmatched(request) from None
 
     async def aresolve(self, request: httpx.Request) -> Any:
         token = _ASYNC.set(True)
         try:
             return await super().aresolve(request)
-        except AllMockedAssertionError as exc:
-            raise self._unmatched(request, exc) from None
+        except AllMockedAssertionError:
+            raise self._unmatched(request) from None
         finally:
             _ASYNC.reset(token)
 
-    def _unmatched(self, request: httpx.Request, exc: AllMockedAssertionError) -> Exception:
-        if isinstance(exc, UnmatchedRequest):
-            return exc
+    def _unmatched(self, request: httpx.Request) -> UnmatchedRequest:
         with self._lock:
             self.unmatched.append(request)
         routes = [f"  {route.name}" for route in self.routes] or ["  (none)"]
@@ -165,8 +154,6 @@ class ScenarioRouter(respx.MockRouter):
     def _what(self, index: int) -> str:
         item = self.cassette.interactions[index]
         return f"{self._step(item.step)}: {item.method} {item.path}"
-
-    # -- answers
 
     def _answer(self, request: httpx.Request, indexes: list[int]) -> Any:
         items = self.cassette.interactions
@@ -200,12 +187,11 @@ class ScenarioRouter(respx.MockRouter):
         auth = request.headers.get("Authorization")
         with self._lock:
             position = self._cursor.get(path, 0) if after is None else _int(after)
+            unread = [i for i in indexes if items[i].status == 200 and not self._made[i].is_set()]
             events = [
                 i
-                for i in indexes
+                for i in unread
                 if position is not None
-                and items[i].status == 200
-                and not self._made[i].is_set()
                 and items[i].header("Authorization") == auth
                 and self._seqs[i] > position
             ]
@@ -216,7 +202,6 @@ class ScenarioRouter(respx.MockRouter):
                 answered = items[i].status not in (200, 204) and not self._made[i].is_set()
                 if answered and not self._differences(items[i], request):
                     return self._serve(i)
-            unread = [i for i in indexes if items[i].status == 200 and not self._made[i].is_set()]
         if waiting is not None and _ASYNC.get():
             return self._poll_later(request, path if after is None else None, waiting)
         hint = "; ".join(self._differences(items[unread[0]], request)) if unread else ""
@@ -226,8 +211,7 @@ class ScenarioRouter(respx.MockRouter):
         after = self.cassette.interactions[index].after
         if after is not None and not self._made[after].is_set():
             wait = (_int(request.url.params.get("waitMs", "")) or 30_000) / 1000
-            timeout = min(wait, self.release_timeout)
-            await asyncio.to_thread(self._made[after].wait, timeout)
+            await asyncio.to_thread(self._made[after].wait, min(wait, self.release_timeout))
         with self._lock:
             if not self._made[index].is_set() and self._released(index):
                 return self._serve(index, path)
@@ -239,9 +223,7 @@ class ScenarioRouter(respx.MockRouter):
         self._idle.pop(item.route[1], None)
         if cursor is not None:
             self._cursor[cursor] = self._seqs[index]
-        headers = [
-            (name, value) for name, values in item.response_headers.items() for value in values
-        ]
+        headers = [(key, value) for key, vs in item.response_headers.items() for value in vs]
         body = _raw(item.response_body)
         if not item.marks:
             return httpx.Response(item.status, headers=headers, content=body)
@@ -293,8 +275,6 @@ class ScenarioRouter(respx.MockRouter):
             why.append(f"the body {difference}")
         return why
 
-    # -- the end check
-
     def unserved(self) -> list[str]:
         """The exchanges the host never made (requests never sent, streams not read)."""
         missing = []
@@ -308,8 +288,7 @@ class ScenarioRouter(respx.MockRouter):
         return missing
 
     def assert_all_called(self) -> None:
-        missing = self.unserved()
-        if missing:
+        if missing := self.unserved():
             raise AssertionError(
                 f"scenario {self.cassette.scenario}: {len(missing)} recorded exchange(s) the "
                 "host never made (assert_all_called):\n"
@@ -326,15 +305,16 @@ class _Replay(httpx.SyncByteStream, httpx.AsyncByteStream):
         ends = [int(offset or 0) for offset, _ in marks[1:]] + [len(body)]
         self.parts = [(int(m[0] or 0), end, m[1]) for m, end in zip(marks, ends, strict=True)]
 
-    def _unreleased(self, after: int) -> ScenarioMockError:
+    def _wait(self, after: int | None) -> None:  # for the request the next part comes after
         router = self.router
-        return ScenarioMockError(
-            f"the event stream of {router._what(self.index)} goes on only after "
-            f"{router._what(after)}; the host did not make it within {router.release_timeout} s "
-            f"(scenario {router.cassette.scenario})"
-        )
+        if after is not None and not router._made[after].wait(router.release_timeout):
+            raise ScenarioMockError(
+                f"the event stream of {router._what(self.index)} goes on only after "
+                f"{router._what(after)}; the host did not make it within "
+                f"{router.release_timeout} s (scenario {router.cassette.scenario})"
+            )
 
-    def _sent(self, end: int) -> bytes:
+    def _sent(self, start: int, end: int) -> bytes:
         router, item = self.router, self.router.cassette.interactions[self.index]
         with router._lock:
             router._read[self.index] = max(router._read[self.index], end)
@@ -345,21 +325,18 @@ class _Replay(httpx.SyncByteStream, httpx.AsyncByteStream):
                 last = int(re.findall(rb"^id: (\d+)$", self.body, re.M)[-1])
                 path = item.route[1].removesuffix("/stream")
                 router._cursor[path] = max(router._cursor.get(path, 0), last)
-        return self.body[:end]
+        return self.body[start:end]
 
     def __iter__(self) -> Iterator[bytes]:
         for start, end, after in self.parts:
-            if after is not None and not self.router._made[after].wait(self.router.release_timeout):
-                raise self._unreleased(after)
-            yield self._sent(end)[start:]
+            self._wait(after)
+            yield self._sent(start, end)
 
     async def __aiter__(self) -> AsyncIterator[bytes]:
         for start, end, after in self.parts:
             if after is not None and not self.router._made[after].is_set():
-                made = self.router._made[after]
-                if not await asyncio.to_thread(made.wait, self.router.release_timeout):
-                    raise self._unreleased(after)
-            yield self._sent(end)[start:]
+                await asyncio.to_thread(self._wait, after)
+            yield self._sent(start, end)
 
 
 def _raw(body: str | bytes | None) -> bytes:
@@ -391,23 +368,19 @@ def _body_difference(recorded: str | bytes | None, sent: bytes, tmp: str | None)
         return None
     try:  # the bridge takes an empty body for `{}`
         recorded_json, sent_json = orjson.loads(raw or b"{}"), orjson.loads(sent or b"{}")
-        return json_difference(recorded_json, sent_json, lambda a, b: _alike(a, b, tmp))
+        return json_difference(recorded_json, sent_json, lambda text: _volatile(text, tmp))
     except orjson.JSONDecodeError:
         return f"is {sent[:200]!r} instead of {raw[:200]!r}"
 
 
-def _alike(expected: Any, received: Any, tmp: str | None) -> bool:
-    """Equal, or both values of a kind that varies from run to run: UUIDs, date-times,
-    and paths in the recording's `${tmp}` (any path may stand in its place)."""
-    if type(expected) is type(received) and expected == received:
-        return True
-    if not (isinstance(expected, str) and isinstance(received, str)):
-        return False
-    if any(kind.fullmatch(expected) and kind.fullmatch(received) for kind in (_UUID, _TIME)):
-        return True
-    if not tmp or tmp not in expected:
-        return False
-    return bool(re.fullmatch(".+".join(map(re.escape, expected.split(tmp))), received, re.S))
+def _volatile(text: str, tmp: str | None) -> Any:
+    """A recorded string as what it matches: UUIDs and date-times any of their kind, a path
+    in the recording's `${tmp}` any path in its place, anything else itself."""
+    if kind := next((k for k in (_UUID, _TIME) if k.fullmatch(text)), None):
+        return {"$regex": rf"\A(?:{kind.pattern})\Z"}
+    if tmp and tmp in text:
+        return {"$regex": r"(?s)\A" + ".+".join(map(re.escape, text.split(tmp))) + r"\Z"}
+    return text
 
 
 def scenario_router(
@@ -416,14 +389,9 @@ def scenario_router(
     record: str | None = None,
     **options: Any,
 ) -> ScenarioRouter:
-    """A respx router replaying `scenario`'s cassette (a file, a mapping or a loaded one).
-
-    `record`: when to (re)record it (`scenarios.cassette.cassette_for`). `options` are
-    `ScenarioRouter`'s: `base_url`, `assert_all_called`, `check_bodies` (a body unlike the
-    recorded one fails), `max_idle_polls` (empty long-polls in a row before the host's
-    loop fails), `release_timeout` (how long a stream or an async long-poll waits for
-    the request its next event comes after).
-    """
+    """A respx router replaying `scenario`'s cassette (a file, a mapping or a loaded one);
+    `record` is `cassette_for`'s, `options` are `ScenarioRouter`'s (scenarios/README.md,
+    "respx: no process at all", says what each does)."""
     if isinstance(scenario, Mapping):
         scenario = parse_scenario({"scenario": 1, **scenario}, source="<scenario>")
     loaded = scenario if isinstance(scenario, LoadedScenario) else load_scenario(Path(scenario))

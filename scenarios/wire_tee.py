@@ -1,19 +1,13 @@
-"""A transparent wrapper that logs an app-server's JSON-RPC lines, both ways.
+"""`python -m scenarios.wire_tee LOG_DIR -- COMMAND [ARG...]` runs COMMAND with its stdin
+and stdout piped through this process, appending each line to ``LOG_DIR/wire-<pid>.jsonl``
+before passing it on (a reply is logged after the line that caused it), for
+`scenarios.record`: ``{"argv": [...], "started": <monotonic ns>}``, ``{"dir": "c"|"s",
+"line": "..."}`` per line from the client (the bridge) or the server, ``{"dir": "c",
+"eof": true}`` when stdin ends, last ``{"exit": <status>}`` (negative: a signal).
 
-    python -m scenarios.wire_tee LOG_DIR -- COMMAND [ARG...]
-
-runs COMMAND with its stdin and stdout piped through this process (stderr is passed
-on untouched) and appends every line, in the order this process sees them, to
-``LOG_DIR/wire-<pid>.jsonl``: first ``{"argv": [...], "started": <monotonic ns>}``,
-then one ``{"dir": "c", "line": "..."}`` per line from the client (the bridge) and one
-``{"dir": "s", "line": "..."}`` per line from the server, ``{"dir": "c", "eof": true}``
-when the client closes stdin, and last ``{"exit": <status>}`` (negative: killed by that
-signal). A line is logged before it is passed on, so a reply the server wrote because
-of a client line is always logged after that line. `scenarios.record` reads these logs.
-
-The exit status is COMMAND's; when COMMAND dies by a signal, so does this process.
-SIGTERM and SIGINT are left to COMMAND (the bridge signals the whole process group):
-this process goes on relaying until COMMAND's stdout ends, so nothing it wrote is lost.
+It exits with COMMAND's status, or dies by the same signal. SIGTERM and SIGINT are left
+to COMMAND (the bridge signals the whole group): this process relays until COMMAND's
+stdout ends, so nothing it wrote is lost.
 """
 
 from __future__ import annotations
@@ -25,12 +19,11 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from pathlib import Path
+from typing import IO
 
 import orjson
-
-from fakes.app_server.wire import write_all
 
 
 class _Log:
@@ -46,46 +39,28 @@ class _Log:
                 self.file.write(orjson.dumps(entry) + b"\n")
 
 
-#: Bytes asked of the kernel per read; a longer line is gathered over several reads.
-CHUNK_BYTES = 65536
+def _pump(source: IO[bytes], sink: IO[bytes] | None, log: _Log, direction: str) -> None:
+    """Copy lines from `source` to `sink`, logging each; close `sink` at EOF.
 
-
-def _lines(fd: int) -> Iterator[bytes]:
-    """The lines read from `fd` (each with its newline; the last one maybe without)."""
-    pending = bytearray()
-    while chunk := os.read(fd, CHUNK_BYTES):
-        searched = len(pending)
-        pending += chunk
-        start = 0
-        while (end := pending.find(b"\n", searched)) >= 0:
-            yield bytes(pending[start : end + 1])
-            start = searched = end + 1
-        del pending[:start]
-    if pending:
-        yield bytes(pending)
-
-
-def _pump(source: int, sink: int | None, log: _Log, direction: str) -> None:
-    """Copy lines from fd `source` to fd `sink`, logging each; close `sink` at EOF.
-
-    Raw file descriptors, not `sys.stdin.buffer` and friends: the stdin pump is a daemon
-    thread that may still be blocked in a read when this process exits, and a buffered
-    stream's lock held by such a thread makes the interpreter abort at shutdown.
+    The stdin pump is a daemon thread that may still be blocked in a read when this
+    process ends: it reads through a reader of its own, never `sys.stdin` (which the
+    interpreter flushes on its way out), and the process ends by `os._exit`.
     """
     try:
-        for raw in _lines(source):
+        for raw in source:
             log.write({"dir": direction, "line": raw.rstrip(b"\n").decode("utf-8", "replace")})
             if sink is not None:
                 try:
-                    write_all(sink, raw)
-                except OSError:  # the reader is gone (EPIPE) or the fd is unusable
+                    sink.write(raw)
+                    sink.flush()
+                except OSError:  # the reader is gone (EPIPE)
                     sink = None
     finally:
         if direction == "c":
             log.write({"dir": "c", "eof": True})
         if sink is not None:
             with contextlib.suppress(OSError):
-                os.close(sink)
+                sink.close()
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -101,27 +76,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     # A handler rather than SIG_IGN: COMMAND must not inherit an ignored signal.
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: None)
-    # Pipes of our own rather than Popen's buffered file objects, so that both pumps
-    # work on plain fds (os.pipe() fds are not inherited by COMMAND).
-    to_child_r, to_child_w = os.pipe()
-    from_child_r, from_child_w = os.pipe()
     try:
-        child = subprocess.Popen(command, stdin=to_child_r, stdout=from_child_w)
+        child = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE)
     except OSError as exc:
         print(f"wire_tee: cannot start {command[0]}: {exc.strerror}", file=sys.stderr)
-        os.close(to_child_w)
-        os.close(from_child_r)
-        log.file.close()
         return 127
-    finally:  # COMMAND's ends: only COMMAND holds them now
-        os.close(to_child_r)
-        os.close(from_child_w)
-    inbound = threading.Thread(
-        target=_pump, args=(sys.stdin.fileno(), to_child_w, log, "c"), daemon=True
-    )
-    inbound.start()
-    _pump(from_child_r, sys.stdout.fileno(), log, "s")
-    os.close(from_child_r)
+    assert child.stdin is not None
+    assert child.stdout is not None
+    stdin = open(sys.stdin.fileno(), "rb", closefd=False)  # noqa: SIM115 - read till the end
+    threading.Thread(target=_pump, args=(stdin, child.stdin, log, "c"), daemon=True).start()
+    stdout = open(sys.stdout.fileno(), "wb")  # noqa: SIM115 - closed at EOF: the client sees it
+    _pump(child.stdout, stdout, log, "s")
     code = child.wait()
     log.write({"exit": code})
     with log.lock:
@@ -133,9 +98,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    status = main()
-    with contextlib.suppress(OSError, ValueError):  # stdout is closed once relayed
-        sys.stdout.flush()
-    # Not sys.exit: the stdin thread may be blocked in a read holding sys.stdin's lock,
-    # and the interpreter's shutdown would then abort (SIGABRT) flushing sys.stdin.
+    status = main()  # sys.stdout is never written: the relay writes a file of its own
+    # Not sys.exit: the stdin thread may still be blocked in a read (holding its reader's
+    # lock), and nothing of the interpreter's shutdown must wait on it.
     os._exit(status)
