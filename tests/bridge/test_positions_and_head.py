@@ -96,7 +96,8 @@ async def test_a_stream_past_the_end_still_ends_with_the_exit_event(bridge, http
         assert response.status == 200
         reader = SseReader(response, comments=True)
         first = await reader.next()  # the stream is open: a keep-alive, nothing to send
-        assert first is not None and first.comment == "keep-alive"
+        assert first is not None
+        assert first.comment == "keep-alive"
         async with http.delete(f"{base}/v1/sessions/{session}") as deleted:
             assert deleted.status == 200
         frames = [f for f in await reader.rest() if f.comment is None]
