@@ -55,7 +55,8 @@ async def flood(port: int, headers: int, header_bytes: int) -> tuple[bool, async
     return refused, writer
 
 
-async def run(connections: int, headers: int, header_bytes: int) -> None:
+def start_bridge() -> tuple[subprocess.Popen[str], int]:
+    """A `rest-bridge serve` on a free port (auth on, the fake app-server), and its port."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("REST_ADAPTER_")}
     env["REST_ADAPTER_TOKEN"] = "bench-token"
     bridge = subprocess.Popen(
@@ -66,35 +67,31 @@ async def run(connections: int, headers: int, header_bytes: int) -> None:
         stderr=subprocess.DEVNULL,
         text=True,
     )
-    try:
-        assert bridge.stdout is not None
-        port = 0
-        for text in bridge.stdout:
-            found = re.search(r"listening on http://127\.0\.0\.1:(\d+)", text)
-            if found:
-                port = int(found.group(1))
-                break
-        before = rss_mb(bridge.pid)
-        results = await asyncio.gather(
-            *(flood(port, headers, header_bytes) for _ in range(connections))
-        )
-        during = rss_mb(bridge.pid)
-        for _, writer in results:
-            writer.close()
-        await asyncio.gather(*(w.wait_closed() for _, w in results), return_exceptions=True)
-        # The bridge notices each close on its next read: ask it something, then measure.
-        _, probe = await asyncio.open_connection("127.0.0.1", port)
-        probe.close()
-        await asyncio.sleep(1.0)  # a benchmark, not a test: let the closes be processed
-        after = rss_mb(bridge.pid)
-        refused = sum(r for r, _ in results)
-        print(
-            f"connections={connections} headers={headers}x{header_bytes}B "
-            f"refused={refused} rss_mb before={before:.0f} during={during:.0f} after={after:.0f}"
-        )
-    finally:
-        bridge.terminate()
-        bridge.wait(timeout=30)
+    assert bridge.stdout is not None
+    for text in bridge.stdout:
+        found = re.search(r"listening on http://127\.0\.0\.1:(\d+)", text)
+        if found:
+            return bridge, int(found.group(1))
+    bridge.wait(timeout=30)
+    raise SystemExit("the bridge did not start")
+
+
+async def run(pid: int, port: int, connections: int, headers: int, header_bytes: int) -> None:
+    before = rss_mb(pid)
+    results = await asyncio.gather(
+        *(flood(port, headers, header_bytes) for _ in range(connections))
+    )
+    during = rss_mb(pid)
+    for _, writer in results:
+        writer.close()
+    await asyncio.gather(*(w.wait_closed() for _, w in results), return_exceptions=True)
+    await asyncio.sleep(1.0)  # a benchmark, not a test: let the bridge see the closes
+    after = rss_mb(pid)
+    refused = sum(r for r, _ in results)
+    print(
+        f"connections={connections} headers={headers}x{header_bytes}B "
+        f"refused={refused} rss_mb before={before:.0f} during={during:.0f} after={after:.0f}"
+    )
 
 
 def main() -> None:
@@ -103,7 +100,12 @@ def main() -> None:
     parser.add_argument("--headers", type=int, default=120)
     parser.add_argument("--header-bytes", type=int, default=8000)
     args = parser.parse_args()
-    asyncio.run(run(args.connections, args.headers, args.header_bytes))
+    bridge, port = start_bridge()
+    try:
+        asyncio.run(run(bridge.pid, port, args.connections, args.headers, args.header_bytes))
+    finally:
+        bridge.terminate()
+        bridge.wait(timeout=30)
 
 
 if __name__ == "__main__":
