@@ -16,7 +16,7 @@ from aiohttp import web
 from pydantic import BaseModel
 
 from bridge import errors, models, routes
-from bridge.auth import AUTH
+from bridge.auth import AUTH, HEALTH_PATHS
 from bridge.backend import Backend
 from bridge.limits import AppServerSettings, RestLimits
 from bridge.openapi import build_openapi
@@ -295,6 +295,10 @@ def create_app(backend: Backend, options: RouterOptions | None = None) -> web.Ap
     for route in sorted(mounted, key=lambda r: r.name not in HOT_ROUTES):
         handler = errors.guarded(route.handler, guard)
         app.router.add_route(route.method, route.path, handler, name=route.name)
+        if route.method == "GET" and route.path in HEALTH_PATHS:
+            # HEAD for load balancers' checks: GET's status and headers, no body. Other
+            # GET routes answer HEAD with 405 (it would open a stream, wait on a poll).
+            app.router.add_route("HEAD", route.path, handler, name=f"{route.name}_head")
     add_no_route(app, guard)
 
     closed = False

@@ -19,6 +19,8 @@ from aiohttp.typedefs import Middleware
 from bridge import errors
 
 HEALTH_PATHS = frozenset({"/health", "/v1/health"})
+#: A load balancer checks health with GET or HEAD (GET's status and headers, no body).
+HEALTH_METHODS = frozenset({"GET", "HEAD"})
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,7 +85,7 @@ def bearer_check(token: str, *, exempt_health: bool = True) -> Callable[[web.Req
     secret = BearerToken(token)
 
     def admits(request: web.Request) -> bool:
-        if exempt_health and request.method == "GET" and request.path in HEALTH_PATHS:
+        if exempt_health and request.method in HEALTH_METHODS and request.path in HEALTH_PATHS:
             return True
         presented = request.headers.getall("Authorization", [])
         # Two headers are two answers: which one counts would be the proxy's guess.

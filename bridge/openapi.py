@@ -15,7 +15,7 @@ from pydantic import BaseModel
 from pydantic.json_schema import models_json_schema
 
 from bridge import __version__
-from bridge.auth import HEALTH_PATHS, AuthSettings
+from bridge.auth import HEALTH_METHODS, HEALTH_PATHS, AuthSettings
 from bridge.models import ErrorPayload, EventResponse
 
 if TYPE_CHECKING:
@@ -97,6 +97,18 @@ def _error_response(status: int) -> dict[str, Any]:
     }
 
 
+def _head_operation(get: dict[str, Any]) -> dict[str, Any]:
+    """HEAD on a health route: the GET's status and headers, without a body."""
+    head = {k: v for k, v in get.items() if k not in ("operationId", "responses")}
+    head["operationId"] = f"{get['operationId']}_head"
+    head["summary"] = f"{get['summary']} (HEAD: GET's status and headers, no body)"
+    head["responses"] = {
+        status: {"description": answer["description"]}
+        for status, answer in get["responses"].items()
+    }
+    return head
+
+
 def build_openapi(routes: Iterable[Route], *, auth: AuthSettings | None = None) -> dict[str, Any]:
     """The OpenAPI 3.1.0 document of exactly ``routes``, with the auth layer if given."""
     bearer_auth = auth is not None
@@ -163,7 +175,7 @@ def build_openapi(routes: Iterable[Route], *, auth: AuthSettings | None = None) 
         for status in route.extra_statuses:
             responses[str(status)] = {"description": "No event arrived within `waitMs`."}
         secured = bearer_auth and not (
-            exempt and route.method == "GET" and route.path in HEALTH_PATHS
+            exempt and route.method in HEALTH_METHODS and route.path in HEALTH_PATHS
         )
         if secured:
             statuses.add(401)
@@ -174,6 +186,8 @@ def build_openapi(routes: Iterable[Route], *, auth: AuthSettings | None = None) 
         if route.tags:
             operation["tags"] = list(route.tags)
         paths.setdefault(path, {})[route.method.lower()] = operation
+        if route.method == "GET" and route.path in HEALTH_PATHS:
+            paths[path]["head"] = _head_operation(operation)
     document: dict[str, Any] = {
         "openapi": "3.1.0",
         "info": {

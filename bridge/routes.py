@@ -219,15 +219,28 @@ def query_int(request: web.Request, name: str, default: int | None) -> int | Non
     return parse_query_int(name, request.query.get(name), default)
 
 
+#: The largest position or count a request may name (a signed 64-bit integer).
+MAX_QUERY_INT = 2**63 - 1
+
+
+def plain_int(raw: str) -> int | None:
+    """``raw`` as an integer if it is ASCII digits only (``[0-9]+``) up to MAX_QUERY_INT.
+
+    Not ``int()``'s reading, which takes ``" 3"``, ``"+3"``, ``"1_0"`` (as 10) and digits
+    of other scripts (``"\u0663"``, fullwidth): what the client sent is what is used.
+    """
+    if not raw or not raw.isascii() or not raw.isdigit() or len(raw) > 19:
+        return None
+    value = int(raw)
+    return value if value <= MAX_QUERY_INT else None
+
+
 def parse_query_int(name: str, raw: str | None, default: int | None) -> int | None:
     """A non-negative integer query parameter, ``default`` when absent, else the 400."""
     if raw is None:
         return default
-    try:
-        value = int(raw)
-    except ValueError:
-        value = -1
-    if value < 0:
+    value = plain_int(raw)
+    if value is None:
         raise errors.bad_request(f"Query parameter {name!r} must be a non-negative integer.")
     return value
 
@@ -333,19 +346,25 @@ def sse_frames(batch: Sequence[Event]) -> bytes:
 
 
 def sse_position(request: web.Request) -> int | None:
-    return parse_sse_position(request.query.get("after"), request.headers.get("Last-Event-ID"))
+    """Where a stream starts; ``Last-Event-ID`` or ``after`` given twice is a 400."""
+    headers = request.headers.getall("Last-Event-ID", [])
+    if len(headers) > 1:
+        raise errors.bad_request("Last-Event-ID must be sent at most once.")
+    if len(request.query.getall("after", [])) > 1:
+        raise errors.bad_request("Query parameter 'after' must be sent at most once.")
+    return parse_sse_position(request.query.get("after"), headers[0] if headers else None)
 
 
 def parse_sse_position(after_raw: str | None, header: str | None) -> int | None:
-    """Where a stream starts: ``Last-Event-ID`` over ``?after=``; a bad value is a 400."""
+    """Where a stream starts: ``Last-Event-ID`` over ``?after=``; a bad value is a 400.
+
+    Both are ASCII digits only (:func:`plain_int`); the header may be blank (absent).
+    """
     # `after` is checked even when Last-Event-ID wins: a bad value is a 400 either way.
     after = parse_query_int("after", after_raw, None)
-    if header is not None and header.strip():
-        try:
-            value = int(header.strip())
-        except ValueError:
-            value = -1
-        if value < 0:
+    if header is not None and header.strip(" \t"):
+        value = plain_int(header.strip(" \t"))
+        if value is None:
             raise errors.bad_request("Last-Event-ID must be a non-negative integer.")
         return value
     return after

@@ -298,8 +298,25 @@ def _remote(peername: Any) -> str | None:
 class BridgeServer(web.Server):
     """``web.Server`` making :class:`BoundedRequestHandler` connections."""
 
-    max_header_bytes = RestLimits().max_header_bytes
-    header_timeout = RestLimits().header_timeout_ms / 1000
+    def __init__(
+        self, *args: Any, max_header_bytes: int, header_timeout: float, **kwargs: Any
+    ) -> None:
+        super().__init__(*args, **kwargs)
+        self.max_header_bytes = max_header_bytes
+        self.header_timeout = header_timeout
+
+    @classmethod
+    def like(cls, server: web.Server, limits: RestLimits) -> BridgeServer:
+        """A server with ``server``'s handler and settings, and ``limits``' head bounds."""
+        return cls(
+            server.request_handler,
+            request_factory=server.request_factory,
+            handler_cancellation=server.handler_cancellation,
+            loop=server._loop,
+            max_header_bytes=limits.max_header_bytes,
+            header_timeout=limits.header_timeout_ms / 1000,
+            **server._kwargs,
+        )
 
     def __call__(self) -> RequestHandler:
         return BoundedRequestHandler(
@@ -327,11 +344,8 @@ class BridgeRunner(web.AppRunner):
         self._limits = limits or (config.limits if config is not None else RestLimits())
 
     async def _make_server(self) -> web.Server:
-        server = await super()._make_server()
-        # aiohttp builds its Server in the application (Application._make_handler);
-        # the bridge's differs only in the connections it makes.
-        server.__class__ = BridgeServer
-        assert isinstance(server, BridgeServer)
-        server.max_header_bytes = self._limits.max_header_bytes
-        server.header_timeout = self._limits.header_timeout_ms / 1000
-        return server
+        # aiohttp builds the application's server (and starts the application) in
+        # AppRunner._make_server; the bridge's is built from it, with the same handler
+        # and settings, and differs only in the connections it makes. Nothing else
+        # holds the first one, which has no connections yet.
+        return BridgeServer.like(await super()._make_server(), self._limits)

@@ -303,6 +303,9 @@ class SessionStream:
         self._start = log.cursor if after is None else after
         self._cursor_set: int | None = None
         self._reader: LogReader | None = log.attach(self._start)
+        #: Whether a batch was read before the log closed: the stream is then open and
+        #: owed its ``exit`` event, wherever its position is.
+        self._open = False
         session.readers += 1
 
     @property
@@ -312,17 +315,27 @@ class SessionStream:
     async def next_batch(self, wait: float, limit: int) -> list[Event]:
         """Events after the position (a ``gap`` first if some were dropped), waiting up to ``wait``.
 
-        Raises ``session_exited`` once the log has ended and the stream is past its end.
+        Raises ``session_exited`` once the log has ended and the stream is past its end,
+        unless the stream was open before it ended: a stream opened at a position past
+        the last event still ends with the ``exit`` event (which is what ends it).
         """
         log = self.session.events
         position = self.position
         batch = log.read(position, limit)
         if batch:
+            self._open = True
             return batch
         if log.closed:
+            if self._open:
+                # The exit event is the newest, always kept; its seq is next_seq - 1.
+                return log.read(log.next_seq - 2, 1)
             raise self.session.exited_error()
+        self._open = True
         await log.wait(position, wait)
-        return log.read(position, limit)
+        batch = log.read(position, limit)
+        if not batch and log.closed:
+            return log.read(log.next_seq - 2, 1)
+        return batch
 
     def delivered(self, seq: int) -> None:
         """Everything through ``seq`` has been written to the client."""

@@ -1,0 +1,354 @@
+"""The bridge's HTTP connections (bridge/server.py), as raw bytes on a real socket.
+
+Every test talks to a real `rest-bridge serve` (bearer auth on, the fake app-server)
+with bytes no HTTP client would send: request heads over the bounds, heads that never
+end, requests the parser refuses, pipelined requests. Whatever is refused is answered
+with the error payload, the token in the request never comes back nor reaches the log.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import socket
+import subprocess
+import sys
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+TOKEN = "s3cret-bridge-token-0fd2"
+AUTH = f"Authorization: Bearer {TOKEN}\r\n".encode()
+REST_BRIDGE = str(Path(sys.executable).with_name("rest-bridge"))
+FAKE = str(Path(sys.executable).with_name("fake-codex")) + " app-server"
+#: How long a test waits on the bridge for anything (it answers in milliseconds).
+WAIT = 60.0
+
+
+@dataclass
+class Bridge:
+    process: subprocess.Popen[str]
+    port: int
+    stderr: Path
+
+    def stop(self) -> str:
+        """Stop the bridge; its whole stderr."""
+        if self.process.poll() is None:
+            self.process.terminate()
+            self.process.wait(timeout=WAIT)
+        return self.stderr.read_text()
+
+
+def start_bridge(tmp: Path, **limits: int) -> Bridge:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("REST_ADAPTER_")}
+    env["REST_ADAPTER_TOKEN"] = TOKEN
+    env.update({f"REST_ADAPTER_{name.upper()}": str(value) for name, value in limits.items()})
+    stderr = tmp / f"bridge-{len(list(tmp.glob('bridge-*')))}.stderr"
+    with stderr.open("w") as err:
+        process = subprocess.Popen(
+            [REST_BRIDGE, "serve", "--port", "0", "--app-server", FAKE],
+            env=env,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=err,
+            text=True,
+        )
+    assert process.stdout is not None
+    for line in process.stdout:  # waits on the bridge's own words
+        found = re.search(r"listening on http://127\.0\.0\.1:(\d+)", line)
+        if found:
+            # The rest of stdout is not read: close it so the bridge never blocks on it.
+            return Bridge(process, int(found.group(1)), stderr)
+    process.wait(timeout=WAIT)
+    pytest.fail(f"the bridge did not start: {stderr.read_text()}")
+
+
+@pytest.fixture(scope="module")
+def bridge(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Bridge]:
+    served = start_bridge(tmp_path_factory.mktemp("server"))
+    yield served
+    served.stop()
+    assert served.process.returncode == 0
+
+
+def exchange(port: int, *chunks: bytes) -> bytes:
+    """Send ``chunks`` (one write each) and read until the bridge closes the connection."""
+    with socket.create_connection(("127.0.0.1", port), timeout=WAIT) as sock:
+        for chunk in chunks:
+            sock.sendall(chunk)
+        received = bytearray()
+        while True:
+            try:
+                data = sock.recv(65536)
+            except ConnectionResetError:
+                break
+            if not data:
+                break
+            received += data
+    return bytes(received)
+
+
+@dataclass
+class Response:
+    status: int
+    headers: dict[str, str]
+    body: bytes
+
+    def json(self) -> Any:
+        return json.loads(self.body)
+
+
+def responses(raw: bytes) -> list[Response]:
+    """The HTTP/1.1 responses in ``raw``, each with a Content-Length."""
+    out: list[Response] = []
+    while raw:
+        head, sep, rest = raw.partition(b"\r\n\r\n")
+        assert sep, f"an incomplete response: {raw[:200]!r}"
+        status_line, *lines = head.decode("latin-1").split("\r\n")
+        headers = {}
+        for line in lines:
+            name, _, value = line.partition(":")
+            headers[name.strip().lower()] = value.strip()
+        length = int(headers["content-length"])
+        out.append(Response(int(status_line.split()[1]), headers, rest[:length]))
+        raw = rest[length:]
+    return out
+
+
+def only_response(raw: bytes) -> Response:
+    [response] = responses(raw)
+    return response
+
+
+def assert_error_payload(response: Response, status: int, kind: str | None = None) -> None:
+    assert response.status == status, response
+    assert response.headers["content-type"].startswith("application/json")
+    body = response.json()
+    assert set(body) <= {"error", "message", "code", "data"}
+    assert isinstance(body["error"], str)
+    assert isinstance(body["message"], str)
+    if kind is not None:
+        assert body["error"] == kind
+    assert TOKEN.encode() not in response.body
+
+
+def head(*headers: bytes, target: bytes = b"/health", method: bytes = b"GET") -> bytes:
+    return method + b" " + target + b" HTTP/1.1\r\nHost: bridge\r\n" + b"".join(headers) + b"\r\n"
+
+
+def header(name: str, size: int) -> bytes:
+    """A header line of ``size`` bytes in all (CRLF included)."""
+    prefix = f"{name}: ".encode()
+    return prefix + b"v" * (size - len(prefix) - 2) + b"\r\n"
+
+
+# -- bounded heads -----------------------------------------------------------------
+
+
+def test_a_head_over_32_kib_in_all_is_431_and_closed(bridge):
+    # Each line within aiohttp's own bound; five of them over MAX_HEADER_BYTES.
+    lines = [header(f"X-Filler-{i}", 8000) for i in range(5)]
+    raw = exchange(bridge.port, head(AUTH, *lines))
+    response = only_response(raw)  # and then the connection closed
+    assert_error_payload(response, 431, "headers_too_large")
+    assert response.json()["data"] == {"limitBytes": 32768}
+    assert response.headers["connection"] == "close"
+
+
+def test_a_head_over_the_bound_sent_in_pieces_is_refused_at_the_bound(bridge):
+    """The head is counted across reads: the bridge answers before the head has ended."""
+    lines = [header(f"X-Filler-{i}", 8000) for i in range(5)]
+    with socket.create_connection(("127.0.0.1", bridge.port), timeout=WAIT) as sock:
+        sock.sendall(head(AUTH)[:-2])  # not ended
+        for line in lines:
+            sock.sendall(line)
+        response = only_response(sock.makefile("rb").read())
+    assert_error_payload(response, 431, "headers_too_large")
+
+
+def test_a_head_just_under_the_bound_is_served(bridge):
+    request = head(header("X-Filler", 8000), header("X-Filler-2", 8000), b"Connection: close\r\n")
+    assert len(request) < 32768
+    response = only_response(exchange(bridge.port, request))
+    assert response.status == 200
+    assert response.json()["status"] == "ok"
+
+
+def test_a_head_never_finished_is_408_after_header_timeout(tmp_path):
+    bridge = start_bridge(tmp_path, header_timeout_ms=300)
+    try:
+        # The bytes arrive, the head never ends: the bridge answers on its own.
+        response = only_response(exchange(bridge.port, b"GET /health HTTP/1.1\r\n" + AUTH))
+        assert_error_payload(response, 408, "request_timeout")
+        assert response.json()["data"] == {"limitMs": 300}
+        # So does a second request, begun on a connection that served a first one.
+        complete = head()
+        raw = exchange(bridge.port, complete + b"GET /health HTTP/1.1\r\nHost: b")
+        first, second = responses(raw)
+        assert first.status == 200
+        assert_error_payload(second, 408, "request_timeout")
+    finally:
+        stderr = bridge.stop()
+    assert TOKEN not in stderr
+    assert "Traceback" not in stderr
+
+
+# -- what the parser refuses ---------------------------------------------------------
+
+CLIENT_HELLO = bytes.fromhex(
+    "16030100c4010000c00303" + "ab" * 32 + "00" + "0004130113020100" + "0093" + "00" * 0x93
+)
+
+REFUSED: dict[str, tuple[bytes, int, str | None]] = {
+    "10 KB header line": (head(AUTH, header("X-Big", 10_000)), 431, "headers_too_large"),
+    "20 KB URL": (head(AUTH, target=b"/health?q=" + b"a" * 20_000), 414, "uri_too_long"),
+    "129 headers": (
+        head(AUTH, *(f"X-H{i}: v\r\n".encode() for i in range(129))),
+        431,
+        "headers_too_large",
+    ),
+    "NUL in a header": (head(AUTH, b"X-Nul: a\x00b\r\n"), 400, "bad_request"),
+    "two Content-Length": (
+        head(AUTH, b"Content-Length: 1\r\nContent-Length: 2\r\n", method=b"POST") + b"xy",
+        400,
+        "bad_request",
+    ),
+    "Transfer-Encoding and Content-Length": (
+        head(AUTH, b"Transfer-Encoding: chunked\r\nContent-Length: 3\r\n", method=b"POST")
+        + b"0\r\n\r\n",
+        400,
+        "bad_request",
+    ),
+    "method BREW": (head(AUTH, method=b"BREW"), 400, "bad_request"),
+    "TLS ClientHello": (CLIENT_HELLO, 400, "bad_request"),
+    "a space in the method": (head(AUTH, method=b"G ET"), 400, "bad_request"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(REFUSED))
+def test_refused_requests_get_the_error_payload_without_the_token(bridge, case):
+    request, status, kind = REFUSED[case]
+    raw = exchange(bridge.port, request)
+    assert TOKEN.encode() not in raw
+    response = only_response(raw)
+    assert_error_payload(response, status, kind)
+
+
+def test_a_burst_of_refusals_is_one_warning_line_without_bytes_or_traceback(tmp_path):
+    bridge = start_bridge(tmp_path)
+    try:
+        for _ in range(3):
+            for request, status, _kind in REFUSED.values():
+                assert only_response(exchange(bridge.port, request)).status == status
+    finally:
+        stderr = bridge.stop()
+    assert TOKEN not in stderr
+    assert "Traceback" not in stderr
+    assert " ERROR " not in stderr
+    warnings = [line for line in stderr.splitlines() if " WARNING " in line]
+    assert len(warnings) == 1, stderr
+    assert "refused a request from 127.0.0.1" in warnings[0]
+
+
+# -- what must go on working ----------------------------------------------------------
+
+
+def test_pipelined_gets_in_one_write_are_all_answered(bridge):
+    requests = head() * 6 + head(b"Connection: close\r\n")
+    answered = responses(exchange(bridge.port, requests))
+    assert [r.status for r in answered] == [200] * 7
+
+
+def test_pipelined_requests_of_many_heads_are_counted_one_by_one(bridge):
+    """Twenty heads of 8 KB in one write: 160 KB in all, each under the bound."""
+    one = head(header("X-Filler", 8000))
+    answered = responses(exchange(bridge.port, one * 20 + head(b"Connection: close\r\n")))
+    assert [r.status for r in answered] == [200] * 21
+
+
+def test_a_post_with_a_body_then_a_get_in_one_write_are_both_answered(bridge):
+    # The body looks like the end of a head and is bigger than the head bound.
+    body = json.dumps({"params": {}, "pad": "\r\n\r\n" + "x" * 40_000}).encode()
+    post = head(
+        AUTH,
+        b"Content-Type: application/json\r\n",
+        f"Content-Length: {len(body)}\r\n".encode(),
+        target=b"/v1/call/no-such-method",
+        method=b"POST",
+    )
+    raw = exchange(
+        bridge.port, post + body + head(header("X-Filler", 8000), b"Connection: close\r\n")
+    )
+    first, second = responses(raw)
+    assert first.status != 431
+    assert first.headers["content-type"].startswith("application/json")
+    assert second.status == 200
+
+
+def test_a_large_body_under_the_body_limit_is_read_whole(bridge):
+    """A body over the head bound, sent in pieces: counted as a body, not a head."""
+    body = json.dumps({"params": {}, "pad": "y" * 900_000}).encode()
+    post = head(
+        AUTH,
+        b"Content-Type: application/json\r\n",
+        f"Content-Length: {len(body)}\r\n".encode(),
+        b"Connection: close\r\n",
+        target=b"/v1/sessions",
+        method=b"POST",
+    )
+    pieces = [body[i : i + 50_000] for i in range(0, len(body), 50_000)]
+    response = only_response(exchange(bridge.port, post, *pieces))
+    # Read and decoded whole: the bridge answers about its content, not its size.
+    assert response.status in {201, 400, 422}, response
+    assert response.json().get("error") not in {"payload_too_large", "headers_too_large"}
+    if response.status == 201:
+        session = response.json()["sessionId"]
+        delete = head(AUTH, b"Connection: close\r\n", target=f"/v1/sessions/{session}".encode())
+        only_response(exchange(bridge.port, delete.replace(b"GET", b"DELETE", 1)))
+
+
+def test_a_long_sse_stream_is_unaffected_by_the_head_timeout(tmp_path):
+    """A stream outlives HEADER_TIMEOUT_MS many times over: the timer is the head's only."""
+    bridge = start_bridge(tmp_path, header_timeout_ms=200, sse_keepalive_ms=50)
+    try:
+        created = only_response(
+            exchange(
+                bridge.port,
+                head(
+                    AUTH,
+                    b"Content-Type: application/json\r\nContent-Length: 2\r\n",
+                    b"Connection: close\r\n",
+                    target=b"/v1/sessions",
+                    method=b"POST",
+                )
+                + b"{}",
+            )
+        )
+        assert created.status == 201, created
+        session = created.json()["sessionId"]
+        stream = head(
+            AUTH, b"Connection: close\r\n", target=f"/v1/sessions/{session}/events/stream".encode()
+        )
+        with socket.create_connection(("127.0.0.1", bridge.port), timeout=WAIT) as sock:
+            sock.sendall(stream)
+            reader = sock.makefile("rb")
+            assert reader.readline().startswith(b"HTTP/1.1 200")
+            # Forty keep-alive comments at 50 ms: ten header timeouts' worth of stream.
+            keepalives = 0
+            while keepalives < 40:
+                line = reader.readline()
+                assert line, "the stream ended"
+                keepalives += b": keep-alive" in line
+            delete = head(AUTH, b"Connection: close\r\n", target=f"/v1/sessions/{session}".encode())
+            deleted = only_response(exchange(bridge.port, delete.replace(b"GET", b"DELETE", 1)))
+            assert deleted.status in {200, 204}
+            rest = reader.read()  # the stream ends with the exit event
+            assert b"event: exit" in rest
+            assert rest.endswith(b"0\r\n\r\n")
+    finally:
+        stderr = bridge.stop()
+    assert "Traceback" not in stderr
