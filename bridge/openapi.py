@@ -36,10 +36,14 @@ _ERROR_TEXT = {
     404: "Unknown route, session or request (`not_found`, `session_not_found`, "
     "`request_not_found`)",
     405: "Method not allowed (`method_not_allowed`)",
+    408: "The request head or body did not arrive in time (`request_timeout`); "
+    "the connection is closed",
     409: "Session exited, or request already answered (`session_exited`, "
     "`request_already_answered`)",
     413: "Body over MAX_BODY_BYTES (`payload_too_large`)",
+    414: "Request line too long (`uri_too_long`); the connection is closed",
     429: "Capacity reached (`session_limit_reached`, `busy`); see Retry-After",
+    431: "Request head over MAX_HEADER_BYTES (`headers_too_large`); the connection is closed",
     500: "Internal error (`internal_error`)",
     502: "The app-server failed (`app_server_error`, `app_server_exited`, "
     "`app_server_spawn_failed`, `protocol_error`)",
@@ -147,7 +151,8 @@ def build_openapi(routes: Iterable[Route], *, auth: AuthSettings | None = None) 
         ]
         if parameters:
             operation["parameters"] = parameters
-        statuses = set(route.errors) | {500}
+        # Refusals of the request head, before any route (`rest-bridge serve`'s server).
+        statuses = set(route.errors) | {408, 414, 431, 500}
         if route.path not in HEALTH_PATHS:
             # A host backend may not serve every route it is mounted on.
             statuses.add(404)

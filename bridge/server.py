@@ -74,11 +74,13 @@ def headers_too_large(limit: int) -> errors.RestError:
     )
 
 
-def uri_too_long() -> errors.RestError:
+def uri_too_long(limit: int) -> errors.RestError:
+    """The request line did not end within ``limit`` bytes (the head's or a line's)."""
     return errors.RestError(
         414,
         "uri_too_long",
-        f"The request line is over {MAX_LINE_SIZE} bytes.",
+        f"The request line is over {min(limit, MAX_LINE_SIZE)} bytes.",
+        data={"limitBytes": min(limit, MAX_LINE_SIZE)},
         close_connection=True,
     )
 
@@ -187,9 +189,10 @@ class BoundedRequestHandler(RequestHandler):
             self._count_pipelined(data, message, payload)
 
     def _note_first_line(self, data: bytes) -> None:
-        """Whether the request line ended within aiohttp's bound (else a 414)."""
+        """Whether the request line ended within its bound (else a 414): aiohttp's for a
+        line, or the head's when that is smaller."""
         assert self._head_bytes is not None
-        room = MAX_LINE_SIZE + 2 - self._head_bytes
+        room = min(MAX_LINE_SIZE + 2, self._max_header_bytes) - self._head_bytes
         if not self._first_line_ended and room > 0:
             self._first_line_ended = data.find(b"\n", 0, room) != -1
 
@@ -208,7 +211,9 @@ class BoundedRequestHandler(RequestHandler):
         if end != -1 and end + len(_HEAD_END) <= room:
             return True
         error = headers_too_large(self._max_header_bytes)
-        self._refuse(error if self._first_line_ended else uri_too_long(), "request head too big")
+        self._refuse(
+            error if self._first_line_ended else uri_too_long(self._max_header_bytes),
+            "request head too big")
         return False
 
     def _count_pipelined(self, data: bytes, message: Any, payload: Any) -> None:
@@ -282,7 +287,7 @@ class BoundedRequestHandler(RequestHandler):
     def _refusal(self, exc: BaseException | None) -> errors.RestError:
         if isinstance(exc, LineTooLong):
             if not self._first_line_ended:
-                return uri_too_long()
+                return uri_too_long(self._max_header_bytes)
             return headers_too_large(self._max_header_bytes)
         if isinstance(exc, HttpProcessingError) and "Too many headers" in (exc.message or ""):
             return headers_too_large(self._max_header_bytes)

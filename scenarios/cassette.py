@@ -354,7 +354,7 @@ def _pattern(step: Any) -> tuple[str, re.Pattern[str], Any] | None:
         request = step_request(step, lambda value: substitute(value, lambda name: _ANY))
     except TypeError:
         return None
-    path = unquote(urlsplit(request.path).path if "://" in request.path else request.path)
+    path = unquote(urlsplit(request.path).path)  # as `Interaction.route`: no query
     return request.method, _wildcards(path), request.json_body
 
 

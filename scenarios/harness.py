@@ -306,10 +306,11 @@ async def connect_bridge(url: str, token: str | None = None) -> RunningBridge:
         document = orjson.loads(raw)
     except orjson.JSONDecodeError:
         raise TargetError(f"{url}: {route_path('openapi')} is not JSON") from None
-    mounted = frozenset(
+    mounted = frozenset(  # HEAD on the health routes comes with their GET
         operation.get("operationId")
         for operations in document.get("paths", {}).values()
-        for operation in operations.values()
+        for method, operation in operations.items()
+        if method != "head"
     )
     preset = next((name for name, routes in PRESET_ROUTES.items() if routes == mounted), "?")
     checker = OpenApiChecker(document)

@@ -521,9 +521,17 @@ LIBRARY = Path(__file__).resolve().parents[2] / "scenarios" / "library"
 FRONT_TOKEN = "front-t0k3n"
 
 
-async def test_the_scenario_library_runs_against_the_front(tmp_path, report):
+#: With auth on, the scenarios written for a token run; with it off, those without one.
+THROUGH_THE_FRONT = {
+    "auth on": ({"REST_ADAPTER_TOKEN": FRONT_TOKEN}, {"auth-rejection", "auth-variants"}),
+    "auth off": ({}, {"errors-client-mistakes"}),
+}
+
+
+@pytest.mark.parametrize("auth", list(THROUGH_THE_FRONT))
+async def test_the_scenario_library_runs_against_the_front(tmp_path, report, auth):
     """The scenario library against the front (`rest-bridge scenarios run --target`)"""
-    env = {"REST_ADAPTER_TOKEN": FRONT_TOKEN}
+    env, expected = THROUGH_THE_FRONT[auth]
     front = ClusterProcess(tmp_path / "front", env=env)
     try:
         done = await asyncio.to_thread(
@@ -541,7 +549,7 @@ async def test_the_scenario_library_runs_against_the_front(tmp_path, report):
     passed = [line.split("::")[1].split()[0] for line in done.stdout.splitlines()
               if line.endswith("%]") and " PASSED " in line]  # fmt: skip
     # The scenarios that need no bridge of their own (auth, client mistakes) pass there.
-    assert {"auth-rejection", "auth-variants", "errors-client-mistakes"} <= set(passed)
+    assert expected <= set(passed), done.stdout
     assert "not against a target: scripts the app-server" in done.stdout
     assert left == 0
     report.outcome = f"{len(passed)} scenarios passed through nginx, the others skipped"

@@ -74,6 +74,8 @@ ALLOWED_GAPS: dict[str, str] = {
     # tests/reliability/test_cluster.py (nginx, a replica killed or drained) cover it.
     "error 503 replica_unavailable": "a scenario cannot drain its bridge or stop a replica",
     "limit bodyTimeoutMs": "a scenario cannot send a body slowly",
+    # tests/bridge/test_server.py sends a head that never completes.
+    "limit headerTimeoutMs": "a scenario cannot send a request head slowly",
     # tests/reliability/test_streams.py has a client that stops reading its socket.
     "limit readerStallMs": "a scenario's streams are always read as fast as they come",
 }
