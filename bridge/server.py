@@ -213,7 +213,8 @@ class BoundedRequestHandler(RequestHandler):
         error = headers_too_large(self._max_header_bytes)
         self._refuse(
             error if self._first_line_ended else uri_too_long(self._max_header_bytes),
-            "request head too big")
+            "request head too big",
+        )
         return False
 
     def _count_pipelined(self, data: bytes, message: Any, payload: Any) -> None:
