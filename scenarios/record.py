@@ -228,9 +228,19 @@ def _active_before_declined_item(first: Any, second: Any) -> bool:
     )
 
 
+def _warning_before_a_turn_reply(first: Any, second: Any) -> bool:
+    """A `warning` (the model's metadata not found, say) written before the `turn/start`
+    reply (usually it follows): both go to the `turn/start` entry, in this order."""
+    return bool(
+        first.get("method") == "warning"
+        and "method" not in second
+        and _at(second, "result", "turn", "id") is not None
+    )
+
+
 #: Pairs of adjacent server messages that codex 0.169.0 writes in either order from run
 #: to run; a recording always has them in the usual order (second one first).
-RACES = (_news_before_its_reply, _active_before_declined_item)
+RACES = (_news_before_its_reply, _active_before_declined_item, _warning_before_a_turn_reply)
 
 
 def _canonical_order(lines: list[_Entry]) -> list[_Entry]:

@@ -464,6 +464,27 @@ async def test_a_wire_log_becomes_a_script_that_fake_codex_replays(
     assert b"$$" not in written
 
 
+@pytest.mark.parametrize("warning_first", [True, False])
+def test_a_warning_racing_the_turn_start_reply_is_recorded_after_it(
+    tmp_path: Path, warning_first: bool
+) -> None:
+    """codex writes the model-metadata `warning` before or after the `turn/start` reply,
+    from run to run; a recording has it after, either way."""
+    reply = {"id": 2, "result": {"turn": {"id": "t1", "status": "inProgress"}}}
+    warning = {"method": "warning", "params": {"threadId": "th", "message": "no metadata"}}
+    server = [warning, reply] if warning_first else [reply, warning]
+    lines: list[dict[str, Any]] = [
+        {"argv": ["codex"], "started": 1},
+        {"dir": "c", "line": json.dumps({"id": 2, "method": "turn/start", "params": {}})},
+        *({"dir": "s", "line": json.dumps(message)} for message in server),
+        {"exit": 0},
+    ]
+    (tmp_path / "wire-1.jsonl").write_bytes(b"\n".join(orjson.dumps(line) for line in lines))
+    (turn_start,) = translate_wire_logs(tmp_path, {}).script["methods"]["turn/start"]
+    assert [next(iter(step)) for step in turn_start["steps"]][:2] == ["respond", "notify"]
+    assert turn_start["steps"][1]["notify"]["method"] == "warning"
+
+
 def test_a_process_that_died_with_a_request_unanswered(tmp_path: Path) -> None:
     lines: list[dict[str, Any]] = [
         {"argv": ["codex"], "started": 1},
