@@ -133,12 +133,19 @@ def _payload(kind: str, message: str, extra: str = "") -> str:
     return _json(f'{{"error":"{kind}","message":"{message}"{extra}}}')
 
 
+#: Where nginx's 414 goes (internal: asked for directly, it is a 404).
+URI_TOO_LONG = "/.front/uri-too-long"
+
+
 def _error_pages(indent: str, unreachable: str) -> list[str]:
     """nginx's own errors as the payload; ``unreachable`` answers when no replica did."""
     pages = [
         ("400", "@bad_request"),
         ("413", "@payload_too_large"),
-        ("414 494", "@too_large_head"),
+        ("404", "@not_found"),
+        # A request line nginx could not read has no URI: a named location cannot take it.
+        ("414", URI_TOO_LONG),
+        ("494", "@headers_too_large"),
         ("500", "@internal_error"),
         ("502", unreachable),
         ("504", "@front_timeout"),
@@ -190,6 +197,8 @@ def render(
         "    default_type application/json;",
         f"    client_max_body_size {limits.max_body_bytes};",
         "    client_body_buffer_size 64k;",
+        # The replicas' bounds on a request head: a line, and MAX_HEADER_BYTES in all.
+        f"    large_client_header_buffers {max(2, -(-limits.max_header_bytes // 8192))} 8k;",
         "    keepalive_timeout 75s;",
         "    keepalive_requests 100000;",
         "",
@@ -329,9 +338,23 @@ def render(
         )
         + ";",
         "        }",
-        "        location @too_large_head {",
-        "            return 400 "
-        + _payload("bad_request", "The request line or headers are too large.")
+        "        location @not_found {",
+        "            return 404 " + _payload("not_found", "No such route.") + ";",
+        "        }",
+        f"        location = {URI_TOO_LONG} {{",
+        "            internal;",
+        "            return 414 "
+        + _payload("uri_too_long", "The request line is over 8 KiB.")
+        + ";",
+        "        }",
+        "        location @headers_too_large {",
+        "            return 431 "
+        + _payload(
+            "headers_too_large",
+            "The request head is over the limits: "
+            f"{limits.max_header_bytes} bytes in all (MAX_HEADER_BYTES), 8 KiB a line.",
+            f',"data":{{"limitBytes":{limits.max_header_bytes}}}',
+        )
         + ";",
         "        }",
         "        location @internal_error {",

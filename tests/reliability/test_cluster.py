@@ -32,6 +32,7 @@ from processes import marked_processes, zombie_children
 
 from bridge.app import mounted_routes, trusted_bridge_app
 from bridge.cluster import CLUSTER_MARK_VARIABLE
+from bridge.front import URI_TOO_LONG
 from bridge.openapi import build_openapi
 from scenarios.openapi_check import OpenApiChecker
 from scenarios.sse import SseReader
@@ -590,13 +591,19 @@ async def test_full_replicas_are_passed_over(tmp_path, http, report):
         status, body, headers = await request(
             http, "GET", f"{front}/health", headers={"X-Big": "x" * 20_000}
         )
-        assert status == 400
+        assert status == 431
         assert headers["Content-Type"].startswith("application/json")
-        assert body["error"] == "bad_request"
+        assert body["error"] == "headers_too_large"
+        status, body, headers = await request(http, "GET", f"{front}/health?q={'a' * 10_000}")
+        assert (status, body["error"]) == (414, "uri_too_long")
+        assert headers["Content-Type"].startswith("application/json")
+        # Where nginx sends its 414 is internal: asked for, it is a JSON 404.
+        status, body, _ = await request(http, "GET", f"{front}{URI_TOO_LONG}")
+        assert (status, body["error"]) == (404, "not_found")
         report.outcome = (
             "2 of 3 replicas full: 6 creations in a row all on the free one (429s passed "
             "over); all full: 429 session_limit_reached or 503 replica_unavailable; a 20 kB "
-            "header: 400 JSON"
+            "header: 431 headers_too_large, a 10 kB URL: 414 uri_too_long, both JSON"
         )
         report.survived = cluster.process.poll() is None
         report.nothing_lost = True
