@@ -3,13 +3,12 @@
 from __future__ import annotations
 
 import contextlib
-import resource
 import statistics
 import subprocess
 from typing import Any
 
 from bench import profile, wrk
-from bench.common import Bridge, CpuMeter, Section, child_pids, log, percentile
+from bench.common import Bridge, CpuMeter, Section, child_pids, children_cpu, log, percentile
 from bench.pipe import Pipe
 
 METHOD = "bench/ping"
@@ -18,11 +17,6 @@ THROUGHPUT_CALLS = 40000
 WRK_SECONDS = 2
 TARGET_RATE = 15_000
 TARGET_ADDED_P50_US = 150
-
-
-def children_cpu() -> float:
-    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
-    return usage.ru_utime + usage.ru_stime
 
 
 class BridgeRuns:

@@ -26,7 +26,6 @@ import concurrent.futures
 import contextlib
 import os
 import re
-import resource
 import signal
 import statistics
 import subprocess
@@ -83,11 +82,6 @@ def app_server_label(kind: str) -> str:
     if kind == "lean-python":
         return "lean app-server (python)"
     return f"lean app-server ({lean.kind_of(lean.argv('auto'))})"
-
-
-def children_cpu() -> float:
-    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
-    return usage.ru_utime + usage.ru_stime
 
 
 class Cluster:
@@ -218,17 +212,14 @@ class Target:
         self.errors += result.errors + result.status_errors
         self.p50.append(result.p50_us)
         pids = self.pids()
-        start: dict[str, int] = {}
-        before = children_cpu()
-        result, _ = wrk.run(
+        result, used_ns, wrk_cpu = wrk.loaded(
             self.url,
-            connections=IN_FLIGHT,
-            seconds=WRK_SECONDS,
-            lua=self.lua,
-            on_start=lambda proc: start.update({k: cpu_ns(p) for k, p in pids.items()}),
+            self.lua,
+            WRK_SECONDS,
+            IN_FLIGHT,
+            lambda: {k: cpu_ns(p) for k, p in pids.items()},
         )
-        used = {k: (cpu_ns(p) - start[k]) / 1000 for k, p in pids.items()}  # µs
-        wrk_cpu = children_cpu() - before
+        used = {k: v / 1000 for k, v in used_ns.items()}  # µs
         self.errors += result.errors + result.status_errors
         self.rate.append(result.rate)
         calls = result.requests

@@ -9,7 +9,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
-import resource
 import signal
 import statistics
 import time
@@ -20,6 +19,7 @@ import orjson
 from bench.common import (
     Bridge,
     Section,
+    children_cpu,
     client_process,
     fake_argv,
     fake_env,
@@ -94,11 +94,6 @@ async def direct(count: int) -> dict[str, Any]:
         # Each fake's whole life (start, initialize, exit), once they are all reaped.
         "fake_cpu": (children_cpu() - children) / count,
     }
-
-
-def children_cpu() -> float:
-    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
-    return usage.ru_utime + usage.ru_stime
 
 
 async def direct_sequential(count: int) -> list[float]:

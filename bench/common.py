@@ -67,6 +67,12 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / CLOCK_TICKS
 
 
+def children_cpu() -> float:
+    """CPU seconds of this process's waited-for children (wrk, fakes), once reaped."""
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
 def cpu_ns(pid: int) -> int:
     """CPU time one process's live threads have used, in ns (the scheduler's own count).
 

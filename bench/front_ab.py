@@ -27,7 +27,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from bench import lean, wrk
-from bench.b_cluster import IN_FLIGHT, SESSIONS_PER_REPLICA, WRK_SECONDS, children_cpu, rotating_lua
+from bench.b_cluster import IN_FLIGHT, SESSIONS_PER_REPLICA, WRK_SECONDS, rotating_lua
 from bench.common import HOST, child_pids, cpu_ns, fake_env, free_port, http_json, log
 from bridge.front import FrontSettings, Replica, render
 from bridge.limits import RestLimits
@@ -209,17 +209,15 @@ class Way:
             "replicas": self.replicas.pids() if self.nginx_pid else self.replicas.pids()[:1],
             "app-servers": self.replicas.app_server_pids(),
         }
-        start: dict[str, int] = {}
-        before = children_cpu()
-        result, _ = wrk.run(
+        result, used, wrk_cpu = wrk.loaded(
             self.url,
-            connections=IN_FLIGHT,
-            seconds=WRK_SECONDS,
-            lua=self.lua,
-            on_start=lambda proc: start.update({k: cpu(v) for k, v in groups.items()}),
+            self.lua,
+            WRK_SECONDS,
+            IN_FLIGHT,
+            lambda: {k: cpu(v) for k, v in groups.items()},
         )
-        row = {k: (cpu(v) - start[k]) / 1000 / result.requests for k, v in groups.items()}
-        row["wrk"] = (children_cpu() - before) / result.requests * 1e6
+        row = {k: v / 1000 / result.requests for k, v in used.items()}
+        row["wrk"] = wrk_cpu / result.requests * 1e6
         row["calls/s"] = result.rate
         row["p50"] = p50.p50_us
         row["errors"] = result.errors + result.status_errors + p50.errors + p50.status_errors

@@ -6,8 +6,11 @@ import json
 import shutil
 import subprocess
 import tempfile
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
+
+from bench.common import children_cpu
 
 _REPORT = """
 done = function(summary, latency, requests)
@@ -96,3 +99,21 @@ def run(
                 proc,
             )
     raise RuntimeError(f"wrk printed no report:\n{out}\n{err}")
+
+
+def loaded(
+    url: str, lua: str, seconds: float, connections: int, counters: Callable[[], dict[str, int]]
+) -> tuple[WrkResult, dict[str, int], float]:
+    """wrk at ``connections``; how much each of ``counters()`` grew from wrk's start to its
+    end, and wrk's own CPU seconds."""
+    start: dict[str, int] = {}
+    before = children_cpu()
+    result, _ = run(
+        url,
+        connections=connections,
+        seconds=seconds,
+        lua=lua,
+        on_start=lambda proc: start.update(counters()),
+    )
+    end = counters()
+    return result, {k: end[k] - start[k] for k in start if k in end}, children_cpu() - before
