@@ -75,7 +75,7 @@ class Route:
 
 
 #: Path parameters whose values may hold a `/` (`thread/start`, a request key `a/b`):
-#: in the route table they are `{name:.+}`.
+#: in the route table they are `{name:(?s:.+)}` (any character, a decoded line feed too).
 SLASHED_PARAMS = frozenset({"method", "requestKey"})
 
 _SESSION = (404, 409)
@@ -115,7 +115,7 @@ ROUTES: tuple[Route, ...] = (
     Route(
         "call",
         "POST",
-        "/v1/call/{method:.+}",
+        "/v1/call/{method:(?s:.+)}",
         routes.call,
         "Call a raw method on an app-server process spawned for this call",
         body=models.SessionlessCallBody,
@@ -153,7 +153,7 @@ ROUTES: tuple[Route, ...] = (
     Route(
         "session_call",
         "POST",
-        "/v1/sessions/{sessionId}/call/{method:.+}",
+        "/v1/sessions/{sessionId}/call/{method:(?s:.+)}",
         routes.session_call,
         "Call a raw method in a session",
         body=models.CallBody,
@@ -191,7 +191,7 @@ ROUTES: tuple[Route, ...] = (
     Route(
         "reply_result",
         "POST",
-        "/v1/sessions/{sessionId}/requests/{requestKey:.+}/result",
+        "/v1/sessions/{sessionId}/requests/{requestKey:(?s:.+)}/result",
         routes.reply_result,
         "Answer a server-originated request with a result",
         body=models.ReplyResult,
@@ -201,7 +201,7 @@ ROUTES: tuple[Route, ...] = (
     Route(
         "reply_error",
         "POST",
-        "/v1/sessions/{sessionId}/requests/{requestKey:.+}/error",
+        "/v1/sessions/{sessionId}/requests/{requestKey:(?s:.+)}/error",
         routes.reply_error,
         "Answer a server-originated request with a JSON-RPC error",
         body=models.ReplyError,
@@ -218,7 +218,7 @@ _PARAM = re.compile(r"\{(\w+)(?::[^}]*)?\}")
 def path_pattern(template: str) -> re.Pattern[str]:
     """A pattern for the paths of a route template, one named group per parameter.
 
-    ``template`` is a route's aiohttp path (``/v1/call/{method:.+}``) or its OpenAPI
+    ``template`` is a route's aiohttp path (``/v1/call/{method:(?s:.+)}``) or its OpenAPI
     path (``/v1/call/{method}``); the parameters in :data:`SLASHED_PARAMS` may hold a
     ``/``, the others may not. The harness matches requests with these, so that it never
     restates the route table.
@@ -227,9 +227,9 @@ def path_pattern(template: str) -> re.Pattern[str]:
     for found in _PARAM.finditer(template):
         name = found.group(1)
         regex += re.escape(template[end : found.start()])
-        regex += f"(?P<{name}>{'.+' if name in SLASHED_PARAMS else '[^/]+'})"
+        regex += f"(?P<{name}>{'(?s:.+)' if name in SLASHED_PARAMS else '[^/]+'})"
         end = found.end()
-    return re.compile(f"^{regex}{re.escape(template[end:])}$")
+    return re.compile(f"^{regex}{re.escape(template[end:])}\\Z")
 
 
 def route_path(name: str, **params: str) -> str:
@@ -322,7 +322,7 @@ def create_app(backend: Backend, options: RouterOptions | None = None) -> web.Ap
 
 
 #: The path of the last route of every application built here: any method, any path.
-NO_ROUTE_PATH = "/{path:.*}"
+NO_ROUTE_PATH = "/{path:(?s:.*)}"
 
 
 def add_no_route(app: web.Application, guard: errors.Guard) -> None:

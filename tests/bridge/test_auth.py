@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+import json
 import logging
 
 import pytest
@@ -215,3 +217,41 @@ async def test_auth_and_errors_need_no_middleware_and_coexist_with_a_hosts(serve
         assert await response.json() == UNAUTHORIZED
     async with http.get(other + "/hello", headers=auth) as response:
         assert await response.json() == {"hello": True}
+
+
+#: Paths whose values hold a decoded line feed or carriage return (`%0A`, `%0D`): once
+#: matched by no route, not even the last one, and answered by aiohttp in plain text.
+LINE_BREAK_PATHS = {
+    "POST /v1/sessions/x%0A": (405, "method_not_allowed"),
+    "POST /v1/call/a%0Ab": (None, None),  # a call for method "a\nb": the backend's answer
+    "POST /v1/sessions/s/requests/k%0A/result": (None, None),
+    "POST /v1/sessions/x%0A/events": (405, "method_not_allowed"),
+    "GET /v1/nothing%0A": (404, "not_found"),
+    "GET /v1/sessions/x%0D%0A/events": (None, None),
+}
+
+
+@pytest.mark.asyncio
+@pytest.mark.parametrize("request_line", list(LINE_BREAK_PATHS))
+async def test_a_line_break_in_a_path_is_routed_like_any_character(protected, request_line):
+    base, backend = await protected()
+    host, port = base.removeprefix("http://").split(":")
+    status, kind = LINE_BREAK_PATHS[request_line]
+    for auth in ("", f"Authorization: Bearer {TOKEN}\r\n"):
+        reader, writer = await asyncio.open_connection(host, int(port))
+        head = f"{request_line} HTTP/1.1\r\nHost: x\r\n{auth}Content-Length: 2\r\n"
+        writer.write(f"{head}Connection: close\r\n\r\n{{}}".encode())
+        answer = await asyncio.wait_for(reader.read(), 30)
+        writer.close()
+        head_bytes, _, body = answer.partition(b"\r\n\r\n")
+        assert b"application/json" in head_bytes, answer
+        payload = json.loads(body)
+        if not auth:  # 401 before any 404 or 405, as for every other path
+            assert answer.startswith(b"HTTP/1.1 401 "), answer
+            assert payload["error"] == "unauthorized"
+        elif status is not None:
+            assert answer.startswith(f"HTTP/1.1 {status} ".encode()), answer
+            assert payload["error"] == kind
+        else:
+            assert set(payload) <= {"error", "message", "data"}, payload
+    assert backend.calls == 0
