@@ -385,6 +385,11 @@ async def serve(
         if killed:
             print(f"rest-bridge: killed {killed} leftover processes", flush=True)
         shortage.close()
+        # Stopped: a second SIGINT or SIGTERM (Ctrl-C reaches a replica of `rest-bridge
+        # cluster` from the terminal, then from the cluster) must not kill the exit.
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.remove_signal_handler(sig)
+            signal.signal(sig, signal.SIG_IGN)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -215,6 +215,11 @@ class Cluster:
         while loop.time() < deadline:
             if front.process.returncode is not None:
                 raise FrontError(f"nginx exited with status {front.process.returncode}")
+            gone = [
+                m.name for m in self.members.values() if m.mark and m.process.returncode is not None
+            ]
+            if gone:
+                raise RuntimeError(f"{', '.join(gone)} exited while the front was starting")
             if await self._health_through_front():
                 front.ready.set()
                 return
@@ -257,9 +262,8 @@ class Cluster:
                     killed = await bury(member.mark)
                     buried = f"; killed {killed} of its processes" if killed else ""
                     left = len(self.replicas_left())
-                    say(
-                        f"replica {member.name} exited ({how}){buried}; {left} of {self.count} left"
-                    )
+                    counted = "" if self.stopping else f"; {left} of {self.count} left"
+                    say(f"replica {member.name} exited ({how}){buried}{counted}")
                     if not left and not self.stopping:
                         self.failed = "no replica left"
                         await self.stop(self.failed)
@@ -293,6 +297,21 @@ class Cluster:
                     member.process.send_signal(sig)
 
 
+async def _started(cluster: Cluster, stop: asyncio.Event) -> bool:
+    """Start ``cluster``, unless ``stop`` is set first (False, the start abandoned)."""
+    starting = asyncio.ensure_future(cluster.start())
+    stopping = asyncio.ensure_future(stop.wait())
+    await asyncio.wait({starting, stopping}, return_when=asyncio.FIRST_COMPLETED)
+    stopping.cancel()
+    if stop.is_set():
+        starting.cancel()
+        with contextlib.suppress(asyncio.CancelledError, RuntimeError, OSError):
+            await starting
+        return False
+    starting.result()  # its error, if it failed
+    return True
+
+
 async def run(cluster: Cluster) -> int:
     loop = asyncio.get_running_loop()
     stop = asyncio.Event()
@@ -301,7 +320,13 @@ async def run(cluster: Cluster) -> int:
     descendants.become_subreaper()
     for attempt in range(1, START_ATTEMPTS + 1):
         try:
-            await cluster.start()
+            if not await _started(cluster, stop):
+                # Asked to stop while starting (Ctrl-C reaches the replicas too).
+                await cluster.stop()
+                await asyncio.wait_for(cluster.watch(), STOP_SECONDS)
+                await descendants.end_all(5.0)
+                say("stopped before it was ready")
+                return 0
             break
         except (RuntimeError, OSError) as exc:
             # Most likely a port taken between choosing it and binding it: new ports.

@@ -67,7 +67,12 @@ class ClusterProcess:
     """`rest-bridge cluster` as a child process: the front, the replicas, the output."""
 
     def __init__(
-        self, directory: Path, env: dict[str, str] | None = None, app_server: str = ""
+        self,
+        directory: Path,
+        env: dict[str, str] | None = None,
+        app_server: str = "",
+        nginx: str = "",
+        until: str = "rest-bridge cluster: ready",
     ) -> None:
         self.mark = uuid.uuid4().hex
         environment = {k: v for k, v in os.environ.items() if not k.startswith("REST_ADAPTER_")}
@@ -77,7 +82,7 @@ class ClusterProcess:
             REST_BRIDGE,
             "cluster",
             *("--replicas", str(REPLICAS), "--port", "0", "--id-prefix", "bridge"),
-            *("--nginx", nginx_binary(), "--dir", str(directory)),
+            *("--nginx", nginx or nginx_binary(), "--dir", str(directory)),
             *("--app-server", app_server or f"{FAKE_CODEX} app-server"),
         ]
         self.lines: list[str] = []
@@ -90,10 +95,11 @@ class ClusterProcess:
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
             text=True,
+            start_new_session=True,  # its own process group, as in a terminal
         )
         self._reader = threading.Thread(target=self._drain, daemon=True)
         self._reader.start()
-        self.wait_for_line("rest-bridge cluster: ready", START_SECONDS)
+        self.wait_for_line(until, START_SECONDS)
         self.replicas: dict[str, dict[str, Any]] = {}
         self.front = ""
         self.nginx_pid = 0
@@ -767,3 +773,29 @@ async def test_a_front_port_already_taken(tmp_path, report):
     report.outcome = "one attempt, stopped cleanly; exit 1, never 'ready'; nothing left"
     report.survived = True
     report.no_leak = not left
+
+
+async def test_ctrl_c_while_the_cluster_is_starting(tmp_path, report):
+    """Ctrl-C to `rest-bridge cluster` while it starts: the replicas up, the front not yet"""
+    # A front that starts and never answers: the launcher waits for it to.
+    silent = tmp_path / "silent-nginx"
+    silent.write_text("#!/bin/sh\necho 'silent front up'\nexec sleep 600\n")
+    silent.chmod(0o755)
+    cluster = ClusterProcess(tmp_path / "front", nginx=str(silent), until="silent front up")
+    try:
+        assert "rest-bridge cluster: ready" not in cluster.output_lines()
+        # As a terminal's Ctrl-C: SIGINT to the whole process group.
+        os.killpg(cluster.process.pid, signal.SIGINT)
+        code = await asyncio.to_thread(cluster.process.wait, 60)
+    finally:
+        left = cluster.stop()
+    lines = cluster.output_lines()
+    assert code == 0, lines
+    assert "rest-bridge cluster: stopped before it was ready" in lines
+    assert not [line for line in lines if "could not start" in line], lines
+    cut_short = [line for line in lines if ": replica " in line and "exited (signal" in line]
+    assert not cut_short, lines  # the second signal (the launcher's) did not kill a replica
+    assert left == 0
+    report.outcome = "stopped at once, exit 0, every replica exited by itself, nothing left"
+    report.survived = True
+    report.no_leak = left == 0
