@@ -118,7 +118,7 @@ RELIABILITY_RESULTS := $(VENV)/reliability-results.json
 reliability: $(STAMP)
 	RELIABILITY_SOAK=full RELIABILITY_RESULTS=$(RELIABILITY_RESULTS) \
 		$(BIN)/pytest tests/reliability -p no:cacheprovider; status=$$?; \
-	$(BIN)/python tests/reliability/report.py $(RELIABILITY_RESULTS) docs/RELIABILITY.md \
+	PYTHONPATH=. $(BIN)/python tests/reliability/report.py $(RELIABILITY_RESULTS) docs/RELIABILITY.md \
 		&& exit $$status
 
 clean:
