@@ -74,7 +74,8 @@ def pytest_addoption(parser: pytest.Parser) -> None:
             "URL",
             "run scenario files against the bridge running at URL (http://host:port) "
             f"instead of one of their own; its token from ${TOKEN_VARIABLE}. Scenarios that "
-            "need a bridge built for them skip, saying why",
+            "need a bridge built for them skip, saying why. Python tests' fixtures "
+            "(codex_bridge, codex_client, ...) still start bridges of their own",
         ),
         (
             "--codex-target-script",
@@ -159,7 +160,7 @@ class _EverySkipFails:
 
     def pytest_terminal_summary(self, terminalreporter: Any) -> None:
         if self._all_skipped():
-            reasons = "; ".join(dict.fromkeys(map(str, self.skips)))
+            reasons = "; ".join(dict.fromkeys(str(s).removeprefix("Skipped: ") for s in self.skips))
             terminalreporter.write_line(
                 f"CI=true: all {len(self.skips)} scenarios were skipped and none ran, which "
                 f"fails a CI run (it checked nothing). Skipped: {reasons}",

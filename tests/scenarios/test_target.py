@@ -204,6 +204,7 @@ def test_without_the_token_a_scenario_that_turns_auth_on_skips(served: list[Serv
         assert "CI=true: all 1 scenarios were skipped and none ran, which fails" in done.stdout, (
             done.stdout
         )
+        assert "Skipped: Skipped:" not in done.stdout
 
 
 def test_a_wrong_token_is_said_to_be_refused_by_the_target_and_never_printed(
