@@ -17,6 +17,7 @@ from pydantic.json_schema import models_json_schema
 from bridge import __version__
 from bridge.auth import HEALTH_METHODS, HEALTH_PATHS, AuthSettings
 from bridge.models import ErrorPayload, EventResponse
+from bridge.routes import MAX_QUERY_INT
 
 if TYPE_CHECKING:
     from bridge.app import Route
@@ -145,7 +146,7 @@ def build_openapi(routes: Iterable[Route], *, auth: AuthSettings | None = None) 
                 "in": "header" if q.header else "query",
                 "required": False,
                 "description": q.description,
-                "schema": {"type": "integer", "minimum": 0},
+                "schema": {"type": "integer", "minimum": 0, "maximum": MAX_QUERY_INT},
             }
             for q in route.query
         ]
