@@ -153,6 +153,19 @@ def _error_pages(indent: str, unreachable: str) -> list[str]:
     return [f"{indent}error_page {codes} = {target};" for codes, target in pages]
 
 
+def _balanced(match: str, next_upstream: str, tries: int, timeout: int, pool: str) -> list[str]:
+    """A location balanced over ``pool``, passing on to the next replica on ``next_upstream``."""
+    return [
+        f"        location {match} {{",
+        *_error_pages("            ", "@no_replica"),
+        f"            proxy_next_upstream {next_upstream};",
+        f"            proxy_next_upstream_tries {tries};",
+        f"            proxy_read_timeout {timeout}s;",
+        f"            proxy_pass http://{pool};",
+        "        }",
+    ]
+
+
 def seconds(milliseconds: int) -> int:
     return -(-milliseconds // 1000) + MARGIN_SECONDS
 
@@ -172,6 +185,7 @@ def render(
     access_log = f"{run}access.log" if settings.access_log else "off"
     tries = len(replicas)
     call = seconds(limits.call_timeout_ms)
+    spawn, text_turn = seconds(limits.spawn_timeout_ms), seconds(limits.text_turn_timeout_ms)
     # Several workers: one listening socket each, so the kernel spreads connections.
     reuseport = "" if settings.workers == "1" else " reuseport"
     out: list[str] = [
@@ -280,36 +294,12 @@ def render(
         "",
         "        # Work is balanced: the next replica when one is full (429), draining (503)",
         "        # or down; a refusal marks the replica for this kind of work only.",
-        "        location = /v1/sessions {",
-        *_error_pages("            ", "@no_replica"),
-        f"            proxy_next_upstream {WORK_NEXT};",
-        f"            proxy_next_upstream_tries {tries};",
-        f"            proxy_read_timeout {seconds(limits.spawn_timeout_ms)}s;",
-        "            proxy_pass http://$bridge_sessions_pool;",
-        "        }",
-        "        location = /v1/text-turn {",
-        *_error_pages("            ", "@no_replica"),
-        f"            proxy_next_upstream {WORK_NEXT};",
-        f"            proxy_next_upstream_tries {tries};",
-        f"            proxy_read_timeout {seconds(limits.text_turn_timeout_ms)}s;",
-        f"            proxy_pass http://{TEXT_TURN_POOL};",
-        "        }",
-        "        location ^~ /v1/call/ {",
-        *_error_pages("            ", "@no_replica"),
-        f"            proxy_next_upstream {WORK_NEXT};",
-        f"            proxy_next_upstream_tries {tries};",
-        f"            proxy_read_timeout {call}s;",
-        f"            proxy_pass http://{CALL_POOL};",
-        "        }",
+        *_balanced("= /v1/sessions", WORK_NEXT, tries, spawn, "$bridge_sessions_pool"),
+        *_balanced("= /v1/text-turn", WORK_NEXT, tries, text_turn, TEXT_TURN_POOL),
+        *_balanced("^~ /v1/call/", WORK_NEXT, tries, call, CALL_POOL),
         "        # Reads (health, compatibility, the OpenAPI document, anything else): the next",
         "        # replica only when one cannot be reached; never refused for a refused work.",
-        "        location / {",
-        *_error_pages("            ", "@no_replica"),
-        f"            proxy_next_upstream {READ_NEXT};",
-        f"            proxy_next_upstream_tries {tries};",
-        f"            proxy_read_timeout {call}s;",
-        f"            proxy_pass http://{READ_POOL};",
-        "        }",
+        *_balanced("/", READ_NEXT, tries, call, READ_POOL),
         "",
         "        location @session_replica_down {",
         "            add_header Retry-After 1 always;",
