@@ -35,7 +35,7 @@ import signal
 import socket
 import sys
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Awaitable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -312,6 +312,17 @@ async def _started(cluster: Cluster, stop: asyncio.Event) -> bool:
     return True
 
 
+async def _stop_all(cluster: Cluster, watching: Awaitable[None]) -> int:
+    """Stop every member, wait (``watching``) for them to exit, at most STOP_SECONDS,
+    then kill and reap whatever is left below the launcher: how many that was."""
+    await cluster.stop()
+    try:
+        await asyncio.wait_for(watching, STOP_SECONDS)
+    except TimeoutError:
+        say("members still running after the grace period: killing them")
+    return await descendants.end_all(5.0)
+
+
 async def run(cluster: Cluster) -> int:
     loop = asyncio.get_running_loop()
     stop = asyncio.Event()
@@ -322,18 +333,14 @@ async def run(cluster: Cluster) -> int:
         try:
             if not await _started(cluster, stop):
                 # Asked to stop while starting (Ctrl-C reaches the replicas too).
-                await cluster.stop()
-                await asyncio.wait_for(cluster.watch(), STOP_SECONDS)
-                await descendants.end_all(5.0)
+                await _stop_all(cluster, cluster.watch())
                 say("stopped before it was ready")
                 return 0
             break
         except (RuntimeError, OSError) as exc:
             # Most likely a port taken between choosing it and binding it: new ports.
             say(f"could not start (attempt {attempt} of {START_ATTEMPTS}): {exc}")
-            await cluster.stop()
-            await asyncio.wait_for(cluster.watch(), STOP_SECONDS)
-            await descendants.end_all(5.0)
+            await _stop_all(cluster, cluster.watch())
             given_port_taken = isinstance(exc, FrontError) and not cluster.chosen_port
             if attempt == START_ATTEMPTS or stop.is_set() or given_port_taken:
                 return 1
@@ -343,14 +350,9 @@ async def run(cluster: Cluster) -> int:
     watching = asyncio.ensure_future(cluster.watch())
     stopping = asyncio.ensure_future(stop.wait())
     await asyncio.wait({watching, stopping}, return_when=asyncio.FIRST_COMPLETED)
-    await cluster.stop()
-    try:
-        await asyncio.wait_for(watching, STOP_SECONDS)
-    except TimeoutError:
-        say("members still running after the grace period: killing them")
     stopping.cancel()
-    orphans.cancel()
-    killed = await descendants.end_all(5.0)
+    orphans.cancel()  # end_all reaps what is left
+    killed = await _stop_all(cluster, watching)
     if killed:
         say(f"killed {killed} leftover processes")
     if cluster.failed:
