@@ -73,6 +73,13 @@ class Route:
     #: A plain JSON Schema for a response that has no wire model.
     response_schema: dict[str, Any] | None = None
 
+    @property
+    def answers_head(self) -> bool:
+        """A health check, which load balancers make with HEAD too (GET's status and
+        headers, no body). Other GET routes answer HEAD with 405: it would open a
+        stream or wait on a poll."""
+        return self.method == "GET" and self.path in HEALTH_PATHS
+
 
 #: Path parameters whose values may hold a `/` (`thread/start`, a request key `a/b`):
 #: in the route table they are `{name:(?s:.+)}` (any character, a decoded line feed too).
@@ -295,9 +302,7 @@ def create_app(backend: Backend, options: RouterOptions | None = None) -> web.Ap
     for route in sorted(mounted, key=lambda r: r.name not in HOT_ROUTES):
         handler = errors.guarded(route.handler, guard)
         app.router.add_route(route.method, route.path, handler, name=route.name)
-        if route.method == "GET" and route.path in HEALTH_PATHS:
-            # HEAD for load balancers' checks: GET's status and headers, no body. Other
-            # GET routes answer HEAD with 405 (it would open a stream, wait on a poll).
+        if route.answers_head:
             app.router.add_route("HEAD", route.path, handler, name=f"{route.name}_head")
     add_no_route(app, guard)
 

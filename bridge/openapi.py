@@ -192,7 +192,7 @@ def build_openapi(routes: Iterable[Route], *, auth: AuthSettings | None = None) 
         if route.tags:
             operation["tags"] = list(route.tags)
         paths.setdefault(path, {})[route.method.lower()] = operation
-        if route.method == "GET" and route.path in HEALTH_PATHS:
+        if route.answers_head:
             paths[path]["head"] = _head_operation(operation)
     document: dict[str, Any] = {
         "openapi": "3.1.0",
