@@ -22,7 +22,7 @@ import sys
 import threading
 import uuid
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -220,6 +220,16 @@ async def request(
         return response.status, payload, response.headers
 
 
+async def served_through(
+    http: aiohttp.ClientSession, front: str, session_ids: Iterable[str]
+) -> None:
+    """Each of these sessions answers a call through the front."""
+    for session_id in session_ids:
+        url = f"{front}/v1/sessions/{session_id}/call/thread/start"
+        status, body, _ = await request(http, "POST", url, {"params": {}})
+        assert status == 200, body
+
+
 def alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
@@ -409,11 +419,7 @@ async def test_a_killed_replica(lingering_cluster, http, report, eventually):
         )
         assert (status, body["error"]) == (503, "replica_unavailable")
     survivors = [s for name, ids in by_replica.items() if name != victim for s in ids]
-    for session_id in survivors:
-        status, body, _ = await request(
-            http, "POST", f"{front}/v1/sessions/{session_id}/call/thread/start", {"params": {}}
-        )
-        assert status == 200, body
+    await served_through(http, front, survivors)
     for _ in range(2 * REPLICAS):
         status, created, _ = await request(http, "POST", f"{front}/v1/sessions")
         assert status == 201, created
@@ -488,11 +494,7 @@ async def test_a_drained_replica(cluster, http, report):
     assert any(f"[{victim}] rest-bridge: drained" in x for x in cluster.output_lines())
     status, answer, _ = await request(http, "POST", f"{session}/call/thread/start", {"params": {}})
     assert (status, answer["error"]) == (503, "replica_unavailable")
-    for name, session_id in held.items():
-        if name != victim:
-            url = f"{front}/v1/sessions/{session_id}/call/thread/start"
-            status, answer, _ = await request(http, "POST", url, {"params": {}})
-            assert status == 200, answer
+    await served_through(http, front, [s for name, s in held.items() if name != victim])
     report.outcome = (
         "draining: 503 replica_unavailable for new sessions, calls and text turns asked "
         "directly; through the front all went elsewhere; its session was served to its "
@@ -726,10 +728,7 @@ async def test_reads_are_never_refused_because_a_create_was(tmp_path, http, repo
         )
         assert (status, body["error"]) == (429, "session_limit_reached"), body
         # The sessions held are served as ever.
-        for session_id in held:
-            url = f"{front}/v1/sessions/{session_id}/call/thread/start"
-            status, body, _ = await request(http, "POST", url, {"params": {}})
-            assert status == 200, body
+        await served_through(http, front, held)
         report.outcome = (
             "3 replicas full, creations refused (429 or 503); at once health, compatibility, "
             "OpenAPI and the listing answered 200 three times each; a sessionless call got the "
