@@ -79,15 +79,22 @@ def marked_processes(variable: str, value: str) -> set[int]:
     return found
 
 
-def descriptor_kinds(pid: int | None = None) -> dict[str, int]:
-    """Open descriptors of ``pid`` (default: this process) by kind: pipe, socket, other."""
+def descriptor_targets(pid: int | None = None) -> list[str]:
+    """What the open descriptors of ``pid`` (default: this process) point at."""
     directory = f"/proc/{'self' if pid is None else pid}/fd"
-    kinds = {"pipe": 0, "socket": 0, "other": 0}
+    targets = []
     for fd in os.listdir(directory):
         try:
-            target = os.readlink(f"{directory}/{fd}")
+            targets.append(os.readlink(f"{directory}/{fd}"))
         except OSError:
             continue  # closed while listing (the listing's own descriptor, for one)
+    return targets
+
+
+def descriptor_kinds(pid: int | None = None) -> dict[str, int]:
+    """Open descriptors of ``pid`` (default: this process) by kind: pipe, socket, other."""
+    kinds = {"pipe": 0, "socket": 0, "other": 0}
+    for target in descriptor_targets(pid):
         kind = target.split(":", 1)[0]
         kinds[kind if kind in ("pipe", "socket") else "other"] += 1
     return kinds

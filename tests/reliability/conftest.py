@@ -29,6 +29,7 @@ import pytest
 import pytest_asyncio
 from processes import (
     descriptor_kinds,
+    descriptor_targets,
     exited,
     marked_processes,
     resident_kib,
@@ -242,6 +243,7 @@ class Resources:
         assert not current.zombies - baseline.zombies, f"zombies: {sorted(current.zombies)}"
         assert current.descriptors == baseline.descriptors, (
             f"descriptors {dict(current.descriptors)} != baseline {dict(baseline.descriptors)}"
+            f"; open now: {sorted(descriptor_targets(self.pid))}"
         )
         assert current.tasks == baseline.tasks, f"tasks {current.tasks} != {baseline.tasks}"
         return current
