@@ -236,6 +236,9 @@ class SpawnChildSpec(_Model):
 
     command: list[str] = Field(default_factory=lambda: ["sleep", "1000"], min_length=1)
     inherit_stdio: bool = False
+    #: Wait for the command to exit before the next step (a command that hands work to
+    #: a descendant and exits once it is set up).
+    wait: bool = False
 
 
 class TurnErrorSpec(_Model):

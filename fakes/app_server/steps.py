@@ -480,8 +480,11 @@ class StepRunner:
         child = subprocess.Popen(  # noqa: ASYNC220
             step.spawn_child.command, stdin=stdio, stdout=stdio, stderr=stdio
         )
-        self._children.append(child)
         log(f"child pid {child.pid}")
+        if step.spawn_child.wait:
+            log(f"child pid {child.pid} exited: {await asyncio.to_thread(child.wait)}")
+        else:
+            self._children.append(child)
 
     async def _complete_turn(self, step: s.CompleteTurnStep, ctx: StepContext) -> None:
         turn = self._turn(ctx, step.KIND)

@@ -1231,6 +1231,20 @@ async def test_spawn_child_leaves_a_grandchild_in_the_process_group(spawn: Spawn
         os.kill(pid, signal.SIGKILL)
 
 
+async def test_spawn_child_with_wait_goes_on_once_the_command_exits(
+    spawn: Spawn, tmp_path: Path
+) -> None:
+    # The agent message comes after the command's exit: its marker file exists by then.
+    marker = tmp_path / "done"
+    child = {"command": ["sh", "-c", f"touch {marker}; exit 3"], "wait": True}
+    script = {"version": 1, "turns": [{"steps": [{"spawnChild": child}, {"stderr": "after\n"}]}]}
+    fake, thread_id = await ready(spawn, json.dumps(script))
+    await fake.start_turn(thread_id)
+    stderr = await fake.stderr_contains("after")
+    assert re.search(r"fake-codex: child pid \d+ exited: 3\n.*after", stderr, re.S), stderr
+    assert marker.exists()
+
+
 # --- the real schema -----------------------------------------------------------------
 
 

@@ -47,12 +47,22 @@ def report():
     os.write(fd, f"{os.getpid()} {origin}\\n".encode())
     os.close(fd)
 
-def double_fork():
+def double_fork(then_report=False):
+    # The first process exits only once the escapee has reported (or died): the fake's
+    # `spawnChild` with `wait: true` goes on only then, so the bridge cannot stop the
+    # app-server while the escape is under way.
+    ready, done = os.pipe()
     if os.fork():
+        os.close(done)
+        os.read(ready, 1)
         os._exit(0)
+    os.close(ready)
     os.setsid()
     if os.fork():
         os._exit(0)
+    if then_report:
+        report()
+    os.close(done)
 
 if how == "late":
     os.setsid()
@@ -68,8 +78,7 @@ elif how == "clean":
     os.setsid()
     report()
 else:
-    double_fork()
-    report()
+    double_fork(then_report=True)
 while True:
     signal.pause()
 """
@@ -148,7 +157,11 @@ def escape_script(write_script, tmp_path: Path, fifo: str) -> str:
         command = [sys.executable, str(helper), fifo, how]
         if clear_env:
             command = ["env", "-i", *command]
-        return {"steps": [{"spawnChild": {"command": command}}], "result": {}}
+        # A double fork returns once its escapee has reported: the call's reply comes
+        # after the report, so even a sessionless call's app-server, stopped right after
+        # the reply, is stopped with the escape complete.
+        wait = how in ("now", "orphan")
+        return {"steps": [{"spawnChild": {"command": command, "wait": wait}}], "result": {}}
 
     return write_script(
         {

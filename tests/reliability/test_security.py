@@ -55,13 +55,16 @@ async def test_token_never_in_logs_errors_ps_or_child_environments(
 ):
     """The token, with every kind of request, fault and malformed header"""
     env_dump = tmp_path / "grandchild.env"
+    dump = ["sh", "-c", f"env > {env_dump}"]
     script = write_script(
         {
             "methods": {
                 "x/crash": {"steps": [{"stderr": f"{STDERR_SECRET}\n"}, {"exit": 3}]},
                 "x/fork": {
                     "steps": [
-                        {"spawnChild": {"command": ["sh", "-c", f"env > {env_dump}; sleep 1000"]}}
+                        # The dump is written before the call answers; the sleeper stays.
+                        {"spawnChild": {"command": dump, "wait": True}},
+                        {"spawnChild": {"command": ["sleep", "1000"]}},
                     ],
                     "result": {},
                 },
