@@ -306,9 +306,6 @@ def print_front_config(args: argparse.Namespace) -> int:
     return 0
 
 
-STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
-
-
 async def serve(
     preset: str,
     command: list[str],
@@ -326,22 +323,12 @@ async def serve(
         with_bearer_auth(app, token)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
-
-    def on_stop_signal(signum: int, frame: object) -> None:
-        # The first SIGINT or SIGTERM stops the bridge; those after it are ignored, by
-        # the kernel (Ctrl-C reaches a replica of `rest-bridge cluster` from the terminal,
-        # then from the launcher). Never at their default (death) on the way: a plain
-        # handler swapped for SIG_IGN in one step, not the loop's, whose removal restores
-        # the default first. Ignored at once, a flood of them cannot fill the loop's
-        # wakeup pipe while the bridge stops (CPython then deadlocks in its handler).
-        for sig in STOP_SIGNALS:
-            signal.signal(sig, signal.SIG_IGN)
-        loop.call_soon_threadsafe(stop.set)
-
-    for sig in STOP_SIGNALS:
-        signal.signal(sig, on_stop_signal)
+    # Ctrl-C reaches a replica of `rest-bridge cluster` from the terminal, then from the
+    # launcher: the first signal stops, the second must not kill the exit.
+    descendants.stop_on_first_signal(stop)
     # SIGUSR1: drain (no new work; exit once the last session has ended).
     loop.add_signal_handler(signal.SIGUSR1, drain.start, stop)
+    descendants.quiet_wakeup_fd()
     descriptors = budget_line(*raise_soft_limit())
     shortage = ShortageReporter()
     loop.set_exception_handler(shortage)
@@ -401,8 +388,7 @@ async def serve(
             print(f"rest-bridge: killed {killed} leftover processes", flush=True)
         shortage.close()
         # Stopped otherwise (drained): a signal now must not kill the exit either.
-        for sig in STOP_SIGNALS:
-            signal.signal(sig, signal.SIG_IGN)
+        descendants.ignore_stop_signals()
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -324,10 +324,8 @@ async def _stop_all(cluster: Cluster, watching: Awaitable[None]) -> int:
 
 
 async def run(cluster: Cluster) -> int:
-    loop = asyncio.get_running_loop()
     stop = asyncio.Event()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, stop.set)
+    descendants.stop_on_first_signal(stop)
     descendants.become_subreaper()
     for attempt in range(1, START_ATTEMPTS + 1):
         try:

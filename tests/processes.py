@@ -3,7 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
+import signal
+import subprocess
+import time
 from collections.abc import Iterable
 
 
@@ -168,3 +172,17 @@ async def exited(pids: Iterable[int], timeout: float) -> None:
         for fd in descriptors:
             loop.remove_reader(fd)
             os.close(fd)
+
+
+def storm_of_sigterm_after_sigint(process: subprocess.Popen[bytes], seconds: float = 60) -> int:
+    """SIGINT, then SIGTERM without a pause until ``process`` exits; its exit code.
+
+    The storm stops after ``seconds`` (then the process has 30 s more), so that one it
+    keeps busy, or one hung, fails a test instead of hanging it.
+    """
+    process.send_signal(signal.SIGINT)
+    deadline = time.monotonic() + seconds
+    while process.poll() is None and time.monotonic() < deadline:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(process.pid, signal.SIGTERM)
+    return process.wait(30)
