@@ -13,6 +13,7 @@ tests skip, unless `CI=true`, where they fail.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import shutil
 import signal
@@ -171,17 +172,9 @@ class ClusterProcess:
             self.process.stdout.close()
         left = self.processes()
         for pid in left:
-            with _suppress():
+            with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
         return len(left)
-
-
-class _suppress:
-    def __enter__(self) -> None:
-        return None
-
-    def __exit__(self, *exc: object) -> bool:
-        return exc[0] is ProcessLookupError
 
 
 @pytest.fixture
