@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import http.client
+import json
 import os
 import re
 import shutil
@@ -16,6 +17,7 @@ import pytest
 import yaml
 
 from bridge.app import ROUTES
+from bridge.auth import BearerToken, presented_token
 from bridge.cluster import free_port
 from bridge.front import (
     CREATE_POOL,
@@ -28,6 +30,7 @@ from bridge.front import (
     parse_replica,
     render,
     replace_config_map,
+    token_map_text,
 )
 from bridge.limits import RestLimits
 
@@ -156,13 +159,26 @@ def test_kubernetes_manifests_match_the_generated_configuration(tmp_path):
     replicas = [parse_replica(f"{rid}={host}") for rid, host in hosts.items()]
     nginx = front["spec"]["template"]["spec"]["containers"][0]
     listen = str(nginx["ports"][0]["containerPort"])
-    settings = FrontSettings(listen=listen, workers="auto", runtime_dir="/tmp", error_log="stderr")
+    # The front checks the token from a Secret of its own (the token map), never the
+    # ConfigMap, which holds no secret.
+    mounts = {m["name"]: m["mountPath"] for m in nginx["volumeMounts"]}
+    volumes = {v["name"]: v for v in front["spec"]["template"]["spec"]["volumes"]}
+    assert volumes["token"]["secret"]["secretName"] == "bridge-front-token"
+    token_map = f"{mounts['token']}/token-map.conf"
+    settings = FrontSettings(
+        listen=listen,
+        workers="auto",
+        runtime_dir="/tmp",
+        error_log="stderr",
+        token_map=token_map,
+    )
     assert config_map["data"]["nginx.conf"] == render(replicas, limits, settings)
-    mount = nginx["volumeMounts"][0]["mountPath"]
+    mount = mounts["config"]
     assert nginx["command"][nginx["command"].index("-c") + 1] == f"{mount}/nginx.conf"
     # nginx takes it (loopback addresses instead of the pods' names, which only the
     # cluster's DNS resolves, and a runtime directory of the test's own).
     local = [Replica(r.id, f"127.0.0.1:{8001 + n}") for n, r in enumerate(replicas)]
+    (tmp_path / "token-map.conf").write_text(token_map_text("a-token"))
     nginx_accepts(
         render(
             local,
@@ -171,6 +187,7 @@ def test_kubernetes_manifests_match_the_generated_configuration(tmp_path):
                 listen=f"127.0.0.1:{free_port('127.0.0.1')}",
                 workers="auto",
                 runtime_dir=str(tmp_path),
+                token_map=str(tmp_path / "token-map.conf"),
             ),
         ),
         tmp_path / "k8s",
@@ -498,3 +515,89 @@ def test_nginx_reaches_a_replica_over_its_unix_socket(tmp_path):
             replica.kill()
         replica.wait(30)
         shutil.rmtree(sockets, ignore_errors=True)
+
+
+# -- strangers ---------------------------------------------------------------------------
+
+
+HEADERS = [
+    "Bearer s3cr3t",
+    "bearer s3cr3t",
+    "BEARER   s3cr3t  ",
+    "Bearer s3cr3t\t",
+    "Bearer \x1fs3cr3t\x1c",
+    "Bearer s3cr3t\u00a0",
+    "Bearer\ts3cr3t",
+    "Bearer s3cr3tx",
+    "Bearer xs3cr3t",
+    "Bearer s3cr",
+    "Basic s3cr3t",
+    "s3cr3t",
+    "Bearer  ",
+    "Bearer S3CR3T",
+    "",
+]
+
+
+@pytest.mark.parametrize("token", ["s3cr3t", "a\"b'c;d{e}$f\\g h", "t\u00e9k\u00e9n"])
+def test_the_front_admits_every_token_a_replica_admits(token):
+    """The token map's pattern against the replica's own check, header by header: the
+    front never refuses what a replica accepts (it may let a little more through, which
+    the replica then refuses), and the token is written only as escapes."""
+    text = token_map_text(token)
+    pattern = re.search(r'"~(.*)" 1;', text).group(1)
+    assert token not in text
+    assert "'" not in pattern
+    assert '"' not in pattern
+    admits = re.compile(pattern.encode())  # PCRE's and Python's syntax agree here
+    secret = BearerToken(token)
+    for header in [h.replace("s3cr3t", token) for h in HEADERS]:
+        replica = secret.matches(presented_token(header))
+        front = admits.search(header.encode("utf-8")) is not None
+        assert front >= replica, (header, front, replica)
+        if header.isascii():  # outside the multi-byte trimming, exactly the same
+            assert front == replica, (header, front, replica)
+
+
+def test_a_token_the_front_cannot_check_is_refused():
+    with pytest.raises(ValueError, match="blank"):
+        token_map_text("  ")
+    with pytest.raises(ValueError, match="one word"):
+        render([Replica("a", "h:1")], RestLimits(), FrontSettings(token_map="/x y;"))
+
+
+def test_every_error_nginx_answers_itself_goes_to_an_internal_location():
+    """Named locations cannot take a request whose request line nginx could not read:
+    every error page is an internal URI that returns the error payload."""
+    replicas = [Replica("b-0", "h:1")]
+    tree = Block(
+        ["main"], parse_nginx(render(replicas, RestLimits(), FrontSettings(token_map="t")))
+    )
+    server = tree.all("http")[0].all("server")[0]
+    pages = {p.words[1]: p.words[-1] for p in server.all("error_page")}
+    for status in (
+        "400",
+        "401",
+        "404",
+        "405",
+        "408",
+        "411",
+        "413",
+        "414",
+        "494",
+        "500",
+        "501",
+        "504",
+        "505",
+    ):
+        target = pages[status]
+        assert target.startswith("/.front/"), (status, target)
+        (location,) = [loc for loc in server.all("location") if loc.words[1:] == ["=", target]]
+        assert location.value("internal") == []
+        code, body = location.value("return")
+        assert code == ("431" if status == "494" else status)
+        assert set(json.loads(body)) >= {"error", "message"}
+    # The token check runs before a location is chosen: in the server block itself.
+    (check,) = server.all("if")
+    assert check.words[1:] == ["($bridge_stranger)"]
+    assert check.value("rewrite") == ["^", "/.front/401", "last"]

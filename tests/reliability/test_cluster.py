@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import os
 import shutil
 import signal
@@ -796,3 +797,131 @@ async def test_ctrl_c_while_the_cluster_is_starting(tmp_path, report):
     report.outcome = "stopped at once, exit 0, every replica exited by itself, nothing left"
     report.survived = True
     report.no_leak = left == 0
+
+
+# -- strangers -------------------------------------------------------------------------
+
+
+SECRET = "s3cr3t-t0k3n"
+
+
+async def raw_answer(url: str, data: bytes) -> tuple[int, dict[str, str], bytes]:
+    """Send raw bytes to ``url``'s host; the status, headers (lower-case) and body of the
+    one response (read by its Content-Length, or to the end of the connection)."""
+    host, port = url.removeprefix("http://").rsplit(":", 1)
+    reader, writer = await asyncio.open_connection(host, int(port))
+    try:
+        writer.write(data)
+        async with asyncio.timeout(30):
+            head = await reader.readuntil(b"\r\n\r\n")
+            while head.startswith(b"HTTP/1.1 100 "):  # nginx's interim answer: the next
+                head = await reader.readuntil(b"\r\n\r\n")
+            status_line, *lines = head.decode("latin-1").split("\r\n")
+            headers = {}
+            for line in filter(None, lines):
+                name, _, value = line.partition(":")
+                headers[name.strip().lower()] = value.strip()
+            if "content-length" in headers:
+                body = await reader.readexactly(int(headers["content-length"]))
+            else:
+                body = await reader.read()
+    finally:
+        writer.close()
+    return int(status_line.split()[1]), headers, body
+
+
+#: Requests nginx cannot or will not pass on, each with the status it answers.
+ODD_REQUESTS = {
+    "OPTIONS *": (b"OPTIONS * HTTP/1.1\r\nHost: x\r\n\r\n", 400),
+    "CONNECT": (b"CONNECT evil.example:443 HTTP/1.1\r\nHost: evil.example:443\r\n\r\n", 400),
+    "a NUL byte in the path": (b"GET /v1/ses\x00sions HTTP/1.1\r\nHost: x\r\n\r\n", 400),
+    "a lower-case method": (b"get /v1/sessions HTTP/1.1\r\nHost: x\r\n\r\n", 400),
+    "%2e%2e above the root": (b"GET /%2e%2e/%2e%2e/etc/passwd HTTP/1.1\r\nHost: x\r\n\r\n", 400),
+    "TRACE": (b"TRACE / HTTP/1.1\r\nHost: x\r\n\r\n", 405),
+    "Transfer-Encoding: gzip, chunked": (
+        b"POST /v1/sessions HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: gzip, chunked\r\n\r\n"
+        b"0\r\n\r\n",
+        501,
+    ),
+    "HTTP/2.0 on the request line": (b"GET /v1/sessions HTTP/2.0\r\nHost: x\r\n\r\n", 505),
+}
+
+
+async def test_strangers_learn_nothing_but_401_through_the_front(tmp_path, http):
+    """Without the token, through the front: sessions of live, dead and unknown replicas,
+    a 5 MB body, and requests nginx refuses itself"""
+    cluster = ClusterProcess(tmp_path / "front", env={"REST_ADAPTER_TOKEN": SECRET})
+    try:
+        front = cluster.front
+        token_map = tmp_path / "front" / "token-map.conf"
+        assert token_map.stat().st_mode & 0o777 == 0o600
+        assert SECRET not in (tmp_path / "front" / "nginx.conf").read_text()
+        os.kill(cluster.replicas["bridge-2"]["pid"], signal.SIGKILL)
+        await cluster.line("replica bridge-2 exited")
+        # What a replica itself answers a stranger: the reference, byte for byte.
+        replica = cluster.replicas["bridge-0"]["url"]
+        reference = await raw_answer(replica, b"GET /v1/sessions HTTP/1.1\r\nHost: x\r\n\r\n")
+        assert reference[0] == 401, reference
+        unknown_session = f"{uuid.uuid4()}"
+        paths = [
+            f"GET /v1/sessions/bridge-0.{unknown_session}/events",  # a live replica
+            f"GET /v1/sessions/bridge-2.{unknown_session}/events",  # a dead one
+            f"DELETE /v1/sessions/bridge-9.{unknown_session}",  # none
+            "GET /v1/sessions/nodot",
+            "GET /v1/sessions",
+            "GET /v1/compatibility",
+            "GET /v1/openapi.json",
+            "POST /v1/call/thread/start",
+            "GET /nowhere",
+        ]
+        wrong = ["", "Authorization: Bearer nope\r\n", "Authorization: Basic czNjcjN0\r\n"]
+        answers = []
+        for line in paths:
+            for header in wrong:
+                raw = f"{line} HTTP/1.1\r\nHost: x\r\n{header}\r\n".encode()
+                answers.append((line, header, await raw_answer(front, raw)))
+        # A 5 MB body, announced: the 401, not a 413 that names the limit.
+        big = b"POST /v1/sessions HTTP/1.1\r\nHost: x\r\nContent-Length: 5000000\r\n\r\n"
+        answers.append(("POST /v1/sessions (5 MB)", "", await raw_answer(front, big)))
+        for line, header, (status, headers, body) in answers:
+            assert status == 401, (line, header, status, body)
+            assert headers["www-authenticate"] == "Bearer", (line, header)
+            assert headers["content-type"] == reference[1]["content-type"], (line, headers)
+            assert body == reference[2], (line, header, body)
+
+        # The front's own error pages, internal, are a 404 to anyone: no replica is asked.
+        status, headers, body = await raw_answer(
+            front, b"GET /.front/401 HTTP/1.1\r\nHost: x\r\n\r\n"
+        )
+        assert (status, json.loads(body)["error"]) == (404, "not_found")
+
+        # Health stays exempt, as on a replica; with the token, the front routes.
+        status, body, _ = await request(http, "GET", f"{front}/health")
+        assert (status, body["status"]) == (200, "ok")
+        auth = {"Authorization": f"Bearer {SECRET}"}
+        status, body, _ = await request(
+            http, "GET", f"{front}/v1/sessions/bridge-2.{unknown_session}/events", headers=auth
+        )
+        assert (status, body["error"]) == (503, "replica_unavailable")
+        status, created, _ = await request(http, "POST", f"{front}/v1/sessions", headers=auth)
+        assert status == 201, created
+        # Accepted the way a replica accepts it: the scheme in any case, spaces trimmed.
+        status, body, _ = await request(
+            http, "GET", f"{front}/v1/sessions", headers={"Authorization": f"bEARER   {SECRET}  "}
+        )
+        assert status == 200, body
+        assert [s["sessionId"] for s in body["sessions"]] == [created["sessionId"]]
+
+        # What nginx refuses itself is the error payload too, never its HTML.
+        for name, (raw, expected) in ODD_REQUESTS.items():
+            status, headers, body = await raw_answer(front, raw)
+            assert status == expected, (name, status, body)
+            assert headers["content-type"] == "application/json", (name, headers)
+            payload = json.loads(body)
+            assert set(payload) == {"error", "message"}, (name, payload)
+            assert b"<html" not in body
+        status, headers, body = await raw_answer(front, ODD_REQUESTS["TRACE"][0])
+        assert headers["allow"] == "DELETE, GET, HEAD, POST"
+        assert cluster.process.poll() is None
+    finally:
+        assert cluster.stop() == 0
