@@ -802,7 +802,8 @@ async def test_ctrl_c_while_the_cluster_is_starting(tmp_path, report):
 # -- strangers -------------------------------------------------------------------------
 
 
-SECRET = "s3cr3t-t0k3n"
+#: A token with what could end a string, a pattern or a directive in nginx.conf.
+SECRET = 's3cr3t "t0k3n" \';{$x}\\ (a|b)*'
 
 
 async def raw_answer(url: str, data: bytes) -> tuple[int, dict[str, str], bytes]:
@@ -874,7 +875,13 @@ async def test_strangers_learn_nothing_but_401_through_the_front(tmp_path, http)
             "POST /v1/call/thread/start",
             "GET /nowhere",
         ]
-        wrong = ["", "Authorization: Bearer nope\r\n", "Authorization: Basic czNjcjN0\r\n"]
+        wrong = [
+            "",
+            "Authorization: Bearer nope\r\n",
+            "Authorization: Basic czNjcjN0\r\n",
+            f"Authorization: Bearer {SECRET[:-1]}\r\n",  # a prefix of the token
+            f"Authorization: Bearer {SECRET}x\r\n",
+        ]
         answers = []
         for line in paths:
             for header in wrong:
