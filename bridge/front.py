@@ -26,7 +26,10 @@ What the configuration does:
   read timeout is derived from the limits (``REST_ADAPTER_*``, read when the
   configuration is generated): the SSE keep-alive interval for streams, MAX_WAIT_MS for
   long-polls, SPAWN_TIMEOUT_MS for creation, TEXT_TURN_TIMEOUT_MS for text turns,
-  CALL_TIMEOUT_MS for the rest, each plus :data:`MARGIN_SECONDS`. Plain routes keep
+  CALL_TIMEOUT_MS for session calls, each plus :data:`MARGIN_SECONDS`, and
+  :data:`READ_SECONDS` for reads (which wait on nothing: a replica that does not answer
+  one by then is hung, and the read passes on; reads then pass it over for
+  :data:`READ_FAIL_SECONDS`). Plain routes keep
   nginx's buffering, which costs it less CPU per call.
 - **Keep-alive to the replicas**, HTTP/1.1, and request bodies bounded by
   MAX_BODY_BYTES as the replicas bound them. A replica on the same machine may be
@@ -90,6 +93,20 @@ POOLS = (
 WORK_NEXT = "error timeout http_429 http_503 non_idempotent"
 #: Reads pass over, and mark, only a replica that cannot be reached or does not answer.
 READ_NEXT = "error timeout"
+#: How long a read (health, compatibility, the OpenAPI document, any other path but the
+#: listing) may take: none waits on anything, so a replica that has not answered by then
+#: is hung (stopped, its kernel still accepting connections), and the read passes on.
+READ_SECONDS = 3 + MARGIN_SECONDS
+#: How long a replica that failed a request stays passed over: 2 s for work (a full
+#: replica refuses it, 429, and may take it again soon), 30 s for reads, which mark a
+#: replica only when it cannot be reached or hangs: a hung replica costs one read
+#: READ_SECONDS once every 30 s, not every 2 s.
+WORK_FAIL_SECONDS = 2
+READ_FAIL_SECONDS = 30
+
+
+def _fail_seconds(pool: str) -> int:
+    return READ_FAIL_SECONDS if pool == READ_POOL else WORK_FAIL_SECONDS
 
 
 @dataclass(frozen=True, slots=True)
@@ -336,7 +353,10 @@ def render(
             f"    # {what}",
             f"    upstream {pool} {{",
             "        least_conn;",
-            *(f"        server {r.address} max_fails=1 fail_timeout=2s;" for r in replicas),
+            *(
+                f"        server {r.address} max_fails=1 fail_timeout={_fail_seconds(pool)}s;"
+                for r in replicas
+            ),
             f"        keepalive {KEEPALIVE_CONNECTIONS};",
             "        keepalive_requests 100000;",
             "    }",
@@ -427,7 +447,7 @@ def render(
         *_balanced("^~ /v1/call/", WORK_NEXT, tries, call, CALL_POOL),
         "        # Reads (health, compatibility, the OpenAPI document, anything else): the next",
         "        # replica only when one cannot be reached; never refused for a refused work.",
-        *_balanced("/", READ_NEXT, tries, call, READ_POOL),
+        *_balanced("/", READ_NEXT, tries, READ_SECONDS, READ_POOL),
         "",
         "        location @session_replica_down {",
         "            add_header Retry-After 1 always;",

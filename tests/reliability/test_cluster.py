@@ -932,3 +932,57 @@ async def test_strangers_learn_nothing_but_401_through_the_front(tmp_path, http)
         assert cluster.process.poll() is None
     finally:
         assert cluster.stop() == 0
+
+
+# -- a hung replica --------------------------------------------------------------------
+
+
+async def test_a_stopped_replica_is_passed_over(cluster, http):
+    """SIGSTOP to one replica (alive, its kernel still accepting connections)"""
+    front = cluster.front
+    by_replica: dict[str, list[str]] = {}
+    while len(by_replica) < REPLICAS:
+        status, created, _ = await request(http, "POST", f"{front}/v1/sessions")
+        assert status == 201, created
+        session_id = created["sessionId"]
+        by_replica.setdefault(session_id.split(".", 1)[0], []).append(session_id)
+    victim = "bridge-2"
+    pid = cluster.replicas[victim]["pid"]
+    asked = cluster.replicas["bridge-0"]["url"]
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        # The first listing waits for the stopped peer, up to the peers' timeout, and
+        # names it; the next ones pass over it without asking.
+        for _ in range(3):
+            status, listed, _ = await request(http, "GET", f"{asked}/v1/sessions")
+            assert status == 200, listed
+            assert listed["unavailableReplicas"] == [victim]
+            ids = {s["sessionId"] for s in listed["sessions"]}
+            assert ids == {s for name, ss in by_replica.items() if name != victim for s in ss}
+        # Reads through the front: a stopped replica costs one read a bounded wait,
+        # then the others answer (it is passed over for reads, 30 s at a time).
+        for _ in range(2 * REPLICAS):
+            status, body, _ = await request(http, "GET", f"{front}/health")
+            assert status == 200, body
+    finally:
+        os.kill(pid, signal.SIGCONT)
+    # Once it answers again, the replica that asked lists it again: it says so once.
+    again = await cluster.line(f"replica {victim} answers again")
+    assert again.startswith("[bridge-0] "), again
+    asked_about = [
+        line
+        for line in cluster.output_lines()
+        if line.startswith("[bridge-0] ") and f"replica {victim} could not list" in line
+    ]
+    assert len(asked_about) == 1, asked_about  # asked once, then passed over
+    assert "timed out" in asked_about[0]
+    status, listed, _ = await request(http, "GET", f"{asked}/v1/sessions")
+    assert status == 200, listed
+    assert listed["unavailableReplicas"] == []
+    assert {s["sessionId"] for s in listed["sessions"]} == {
+        s for ss in by_replica.values() for s in ss
+    }
+    await served_through(http, front, by_replica[victim])
+    timeouts = [line for line in cluster.output_lines() if "upstream timed out" in line]
+    assert len(timeouts) <= 1, timeouts
+    assert cluster.process.poll() is None
