@@ -363,6 +363,8 @@ def render(
         ]
     if settings.token_map:
         exempt = [f'        "0:{key}" 0;' for key in EXEMPT]
+        # Exactly the pages there are: any other /.front/ path goes to a replica.
+        pages = "|".join(sorted({str(status) for status, *_ in _FRONT_PAGES} | {"413", "494"}))
         out += [
             "    # The bearer token, checked before anything is routed ($bridge_token_ok).",
             f"    include {settings.token_map};",
@@ -371,7 +373,7 @@ def render(
             '        "~^1:" 0;',
             # The front's own error pages: a request nginx could not read gets its 400
             # (414, 494, 505), never a 401 for headers nginx never read.
-            f'        "~^0:[^:]*:{FRONT_ERRORS.replace(".", chr(92) + ".")}" 0;',
+            f'        "~^0:[^:]*:{FRONT_ERRORS.replace(".", chr(92) + ".")}({pages})$" 0;',
             *exempt,
             "    }",
         ]

@@ -599,6 +599,20 @@ def test_every_error_nginx_answers_itself_goes_to_an_internal_location():
         code, body = location.value("return")
         assert code == ("431" if status == "494" else status)
         assert set(json.loads(body)) >= {"error", "message"}
+    # A stranger's request is exempt from the check only on those exact pages (where
+    # nginx sends what it could not read), and on health; anything else is checked.
+    (stranger,) = [m for m in tree.all("http")[0].all("map") if m.words[2] == "$bridge_stranger"]
+    exempt = [c.words[0] for c in stranger.children if c.words[1] == "0"]
+    patterns = [re.compile(e[1:]) for e in exempt if e.startswith("~")]
+
+    def is_exempt(key: str) -> bool:
+        return key in exempt or any(p.search(key) for p in patterns)
+
+    assert is_exempt("0:GET:/.front/401")
+    assert is_exempt("0:HEAD:/v1/health")
+    assert is_exempt("1:POST:/v1/sessions")
+    for key in ("0:GET:/.front/401;x", "0:GET:/.front/999", "0:GET:/.front/", "0:GET:/v1/sessions"):
+        assert not is_exempt(key), key
     # The token check runs before a location is chosen: in the server block itself.
     (check,) = server.all("if")
     assert check.words[1:] == ["($bridge_stranger)"]
