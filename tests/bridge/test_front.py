@@ -617,3 +617,51 @@ def test_every_error_nginx_answers_itself_goes_to_an_internal_location():
     (check,) = server.all("if")
     assert check.words[1:] == ["($bridge_stranger)"]
     assert check.value("rewrite") == ["^", "/.front/401", "last"]
+
+
+def test_front_config_prints_the_token_map_and_includes_it(tmp_path):
+    """The token comes from the environment only; the map holds it as escapes, the
+    configuration names the map and never holds the token; nginx takes both."""
+    secret = "front-s3cr3t"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("REST_ADAPTER_")}
+    printed = subprocess.run(
+        [REST_BRIDGE, "front-config", "--print-token-map"],
+        env={**env, "REST_ADAPTER_TOKEN": secret},
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    ).stdout
+    assert printed == token_map_text(secret)
+    assert secret not in printed
+    directory = tmp_path / "front"
+    directory.mkdir()
+    (directory / "token-map.conf").write_text(printed)
+    config = subprocess.run(
+        [
+            *(REST_BRIDGE, "front-config", "--replica", "b-0=127.0.0.1:8001"),
+            *("--listen", f"127.0.0.1:{free_port('127.0.0.1')}"),
+            *("--token-map", "token-map.conf", "--runtime-dir", str(directory)),
+        ],
+        env={**env, "REST_ADAPTER_TOKEN": secret},
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    ).stdout
+    assert "include token-map.conf;" in config
+    assert secret not in config
+    nginx_accepts(config, directory)
+    # No token, or one no header could carry: exit 2, the token never echoed.
+    for value in (None, "  ", " front-s3cr3t"):
+        done = subprocess.run(
+            [REST_BRIDGE, "front-config", "--print-token-map"],
+            env=env if value is None else {**env, "REST_ADAPTER_TOKEN": value},
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert done.returncode == 2, done
+        assert done.stdout == ""
+        assert secret not in done.stderr
+        assert "REST_ADAPTER_TOKEN" in done.stderr or "token" in done.stderr
