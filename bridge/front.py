@@ -21,7 +21,8 @@ What the configuration does:
   stands, or a 503 ``replica_unavailable`` if none answered or all are marked. Reads
   pass over, and mark, only a replica that cannot be reached or does not answer: a
   refused creation never makes ``/health`` or the listing fail. ``/v1/sessions`` is
-  both: its pool is chosen by method (a ``map`` on ``$request_method``).
+  both: ``GET`` and ``HEAD`` are rewritten, in the server block, to an internal location
+  of the reads (:data:`LISTING`, its own read timeout), anything else creates.
 - **Streams pass unbuffered.** SSE and long-poll responses are not buffered, and every
   read timeout is derived from the limits (``REST_ADAPTER_*``, read when the
   configuration is generated): the SSE keep-alive interval for streams, MAX_WAIT_MS for
@@ -53,6 +54,7 @@ What the configuration does:
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -60,7 +62,7 @@ from dataclasses import dataclass
 from bridge import errors
 from bridge.auth import token_problem
 from bridge.limits import RestLimits
-from bridge.replica import ReplicaSettingsError, validate_replica_id
+from bridge.replica import PEER_TIMEOUT_SECONDS, ReplicaSettingsError, validate_replica_id
 
 #: Added to every read timeout derived from a limit: the replica answers first.
 MARGIN_SECONDS = 5
@@ -97,6 +99,10 @@ READ_NEXT = "error timeout"
 #: listing) may take: none waits on anything, so a replica that has not answered by then
 #: is hung (stopped, its kernel still accepting connections), and the read passes on.
 READ_SECONDS = 3 + MARGIN_SECONDS
+#: Where the listing (``GET /v1/sessions``) goes, internally: a read, unlike a creation.
+LISTING = "/.front/sessions"
+#: The listing's read timeout: a replica may wait PEER_TIMEOUT_SECONDS for its peers.
+LISTING_SECONDS = math.ceil(PEER_TIMEOUT_SECONDS) + MARGIN_SECONDS
 #: How long a replica that failed a request stays passed over: 2 s for work (a full
 #: replica refuses it, 429, and may take it again soon), 30 s for reads, which mark a
 #: replica only when it cannot be reached or hangs: a hung replica costs one read
@@ -250,6 +256,7 @@ def _balanced(match: str, next_upstream: str, tries: int, timeout: int, pool: st
     """A location balanced over ``pool``, passing on to the next replica on ``next_upstream``."""
     return [
         f"        location {match} {{",
+        *(["            internal;"] if match.startswith(f"= {FRONT_ERRORS}") else []),
         *_error_pages("            ", "@no_replica"),
         f"            proxy_next_upstream {next_upstream};",
         f"            proxy_next_upstream_tries {tries};",
@@ -378,12 +385,6 @@ def render(
             "    }",
         ]
     out += [
-        "    # The listing is a read, a creation is work: the same path, two pools.",
-        "    map $request_method $bridge_sessions_pool {",
-        f"        default {CREATE_POOL};",
-        f"        GET {READ_POOL};",
-        f"        HEAD {READ_POOL};",
-        "    }",
         "",
         "    # One upstream per replica, for the sessions it holds.",
     ]
@@ -411,6 +412,12 @@ def render(
         *_error_pages("        ", "@no_replica"),
         "",
         *_stranger_check(settings),
+        "        # The listing is a read, a creation is work: the same path, two locations",
+        "        # (each its own read timeout), chosen by method before a location is.",
+        '        if ($request_method ~ "^(GET|HEAD)$") {',
+        f"            rewrite ^/v1/sessions$ {LISTING} last;",
+        "        }",
+        "",
         "        # Sessions: a session id reads <replica>.<uuid>, and goes to that replica,",
         "        # never another. One prefix location per replica: a lookup in nginx's tree",
         "        # of locations, not a regular expression per replica; `^~` keeps the",
@@ -444,12 +451,15 @@ def render(
         "",
         "        # Work is balanced: the next replica when one is full (429), draining (503)",
         "        # or down; a refusal marks the replica for this kind of work only.",
-        *_balanced("= /v1/sessions", WORK_NEXT, tries, spawn, "$bridge_sessions_pool"),
+        *_balanced("= /v1/sessions", WORK_NEXT, tries, spawn, CREATE_POOL),
         *_balanced("= /v1/text-turn", WORK_NEXT, tries, text_turn, TEXT_TURN_POOL),
         *_balanced("^~ /v1/call/", WORK_NEXT, tries, call, CALL_POOL),
         "        # Reads (health, compatibility, the OpenAPI document, anything else): the next",
         "        # replica only when one cannot be reached; never refused for a refused work.",
         *_balanced("/", READ_NEXT, tries, READ_SECONDS, READ_POOL),
+        "        # The listing (GET or HEAD /v1/sessions, rewritten here): a read that may wait",
+        "        # for the peers' answers (PEER_TIMEOUT_SECONDS), passed on as it was asked.",
+        *_balanced(f"= {LISTING}", READ_NEXT, tries, LISTING_SECONDS, READ_POOL + "$request_uri"),
         "",
         "        location @session_replica_down {",
         "            add_header Retry-After 1 always;",

@@ -21,6 +21,7 @@ from bridge.auth import BearerToken, presented_token
 from bridge.cluster import free_port
 from bridge.front import (
     CREATE_POOL,
+    LISTING,
     POOLS,
     READ_NEXT,
     READ_POOL,
@@ -297,10 +298,13 @@ def test_buffering_keepalive_and_routing_choices_of_the_generated_configuration(
     http, server = generated(replicas)
     assert http.value("access_log") == ["off"]
     assert int(http.value("keepalive_requests")[0]) >= 10_000
-    # No per-request regular expressions over the replica list, no `if`; one map, a
-    # hash lookup of the method, for the one path that is both a read and work.
-    maps = [m.words[1:] for m in http.all("map")]
-    assert maps == [["$request_method", "$bridge_sessions_pool"]]
+    # No per-request regular expressions over the replica list, no `if` in a location,
+    # no map; one `if` in the server block, a regular expression on the method, for the
+    # one path that is both a read and work (it rewrites the listing to a read).
+    assert http.all("map") == []
+    (listing,) = server.all("if")
+    assert listing.words[1:] == ["($request_method", "~", "^(GET|HEAD)$", ")"]
+    assert listing.value("rewrite") == ["^/v1/sessions$", LISTING, "last"]
     # HTTP/1.1 with keep-alive to the replicas: more idle connections than in flight.
     assert server.value("proxy_http_version") == ["1.1"]
     assert ["Connection", ""] in [d.words[1:] for d in server.all("proxy_set_header")]
@@ -337,6 +341,8 @@ def balanced_route(http: Block, server: Block, method: str, path: str) -> tuple[
     configuration has no regular expression outside the session paths).
     """
     locations = server.all("location")
+    if path == "/v1/sessions" and method in ("GET", "HEAD"):  # the server block's rewrite
+        path = LISTING
     exact = [loc for loc in locations if loc.words[1:] == ["=", path]]
     prefixes = [loc for loc in locations if loc.words[1] == "^~" and path.startswith(loc.words[2])]
     if exact:
@@ -346,11 +352,7 @@ def balanced_route(http: Block, server: Block, method: str, path: str) -> tuple[
     else:
         location = next(loc for loc in locations if loc.words[1:] == ["/"])
     target = location.value("proxy_pass")[0].removeprefix("http://")
-    if target.startswith("$"):
-        (choice,) = [m for m in http.all("map") if m.words[2] == target]
-        pools = {c.words[0]: c.words[1] for c in choice.children}
-        target = pools.get(method, pools["default"])
-    return target, location
+    return target.removesuffix("$request_uri"), location
 
 
 def test_reads_and_each_kind_of_work_have_pools_of_their_own():
@@ -614,7 +616,7 @@ def test_every_error_nginx_answers_itself_goes_to_an_internal_location():
     for key in ("0:GET:/.front/401;x", "0:GET:/.front/999", "0:GET:/.front/", "0:GET:/v1/sessions"):
         assert not is_exempt(key), key
     # The token check runs before a location is chosen: in the server block itself.
-    (check,) = server.all("if")
+    (check,) = [c for c in server.all("if") if c.words[1] == "($bridge_stranger)"]
     assert check.words[1:] == ["($bridge_stranger)"]
     assert check.value("rewrite") == ["^", "/.front/401", "last"]
 

@@ -131,12 +131,14 @@ class ClusterProcess:
         with self._lock:
             return list(self.lines)
 
-    def wait_for_line(self, text: str, timeout: float = 60.0) -> str:
-        """The first output line containing ``text`` (waits on the reader, no polling)."""
+    def wait_for_line(self, text: str, timeout: float = 60.0, member: str = "") -> str:
+        """The first output line containing ``text`` (waits on the reader, no polling);
+        with ``member``, the first such line that member printed."""
+        prefix = f"[{member}] " if member else ""
 
         def found() -> str | None:
             for line in self.lines:
-                if text in line:
+                if text in line and line.startswith(prefix):
                     return line
             return "<eof>" if self.lines[-1:] == ["<eof>"] else None
 
@@ -149,8 +151,8 @@ class ClusterProcess:
             raise AssertionError(f"the cluster ended before {text!r}: {self.lines[-30:]}")
         return line
 
-    async def line(self, text: str, timeout: float = 60.0) -> str:
-        return await asyncio.to_thread(self.wait_for_line, text, timeout)
+    async def line(self, text: str, timeout: float = 60.0, member: str = "") -> str:
+        return await asyncio.to_thread(self.wait_for_line, text, timeout, member)
 
     def processes(self) -> set[int]:
         """Every process the cluster runs (its launcher excluded)."""
@@ -964,11 +966,15 @@ async def test_a_stopped_replica_is_passed_over(cluster, http):
         for _ in range(2 * REPLICAS):
             status, body, _ = await request(http, "GET", f"{front}/health")
             assert status == 200, body
+        # The listing through the front is a read too, and names it.
+        for _ in range(REPLICAS):
+            status, listed, _ = await request(http, "GET", f"{front}/v1/sessions?x=1")
+            assert status == 200, listed
+            assert listed["unavailableReplicas"] == [victim]
     finally:
         os.kill(pid, signal.SIGCONT)
     # Once it answers again, the replica that asked lists it again: it says so once.
-    again = await cluster.line(f"replica {victim} answers again")
-    assert again.startswith("[bridge-0] "), again
+    await cluster.line(f"replica {victim} answers again", member="bridge-0")
     asked_about = [
         line
         for line in cluster.output_lines()
