@@ -83,6 +83,11 @@ VARIANTS: dict[str, Callable[[str], str]] = {
     # on every request's Authorization header and the `if`. wrk sends no token and the
     # replicas ask for none, so this map admits every header, after the same match.
     "token-check": lambda c: c,
+    # Without the server block's `if` on the method that sends the listing to the reads
+    # (what it costs every call; the bench's calls never list).
+    "no-listing-if": _sub(
+        r'^        if \(\$request_method ~ "\^\(GET\|HEAD\)\$"\) \{\n.*\n        \}\n', ""
+    ),
 }
 #: Variants rendered with a token map (written to nginx's prefix directory).
 TOKEN_MAPPED = frozenset({"token-check"})
