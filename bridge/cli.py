@@ -146,7 +146,10 @@ def build_parser() -> argparse.ArgumentParser:
         description="Serve the HTTP API (docs/API.md) in front of app-server processes.",
         epilog=(
             f"Environment: {TOKEN_VARIABLE} turns bearer auth on (never a command-line "
-            "option); REST_ADAPTER_<LIMIT> sets a limit, e.g. REST_ADAPTER_MAX_SESSIONS=16 "
+            f"option), or {TOKEN_VARIABLE}_FILE, a file holding the token (the same goes "
+            f"for {APP_SERVER_TOKEN_VARIABLE}_FILE); both are read once at start and then "
+            "removed from serve's environment. REST_ADAPTER_<LIMIT> sets a limit, e.g. "
+            "REST_ADAPTER_MAX_SESSIONS=16 "
             f"({', '.join(RestLimits.env_variable(f) for f in LIMIT_FIELDS)}). "
             "A limit that is not a positive integer stops serve with exit status 2; an "
             "unknown REST_ADAPTER_* variable is reported at start. "
