@@ -153,6 +153,7 @@ class ProcessBackend(Backend):
         return argv
 
     def _env(self, options: ClientOptions | None) -> dict[str, str]:
+        refuse_reserved_env(options)
         return credentials.child_environment(options.env if options else None)
 
     def _initialize_params(self, options: ClientOptions | None) -> dict[str, Any]:
@@ -443,6 +444,15 @@ def _refuse_server_request(process: AppServerProcess) -> Any:
             )
 
     return refuse
+
+
+def refuse_reserved_env(options: ClientOptions | None) -> None:
+    """403 ``options_not_allowed`` for an ``options.env`` naming a ``REST_ADAPTER_*``
+    variable: those are the bridge's own (its secrets, the marks that tie a process to
+    its bridge and replica), never a caller's to set in a process."""
+    names = credentials.reserved_variables(options.env if options else None)
+    if names:
+        raise errors.reserved_variables(names)
 
 
 async def _probe_version(argv: list[str]) -> tuple[str | None, str | None]:

@@ -22,6 +22,10 @@ import aiohttp
 import pytest
 from processes import marked_processes
 
+from bridge.errors import RestError
+from bridge.models import ClientOptions
+from bridge.process.backend import ProcessBackend
+
 REST_BRIDGE = str(Path(sys.executable).with_name("rest-bridge"))
 FAKE_CODEX = str(Path(sys.executable).with_name("fake-codex"))
 TOKEN = "tok-5d0c-secrets-NEVER-IN-ENVIRON"
@@ -305,3 +309,54 @@ def test_a_secret_file_that_cannot_be_used_stops_serve(tmp_path: Path) -> None:
         assert output.count("\n") == 1, output  # one line
         assert TOKEN not in output
         assert "Traceback" not in output
+
+
+RESERVED = {
+    "REST_ADAPTER_CLUSTER_MARK": "x",
+    "REST_ADAPTER_PROCESS_MARK": "y",
+    "REST_ADAPTER_TOKEN": "z",
+}
+
+
+@pytest.mark.asyncio
+async def test_options_env_may_not_name_a_rest_adapter_variable(start_bridge) -> None:
+    """In every preset and mode: 403 options_not_allowed, and nothing is started."""
+    configurations = [
+        ("trusted", "process", ["/v1/sessions", "/v1/call/model/list", "/v1/text-turn"]),
+        ("text-turn", "process", ["/v1/text-turn"]),
+        ("default", "process", ["/v1/sessions", "/v1/text-turn"]),
+        ("trusted", "shared", ["/v1/sessions", "/v1/call/model/list", "/v1/text-turn"]),
+    ]
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=WAIT)) as http:
+        for preset, mode, paths in configurations:
+            served = start_bridge({"REST_ADAPTER_APP_SERVER_MODE": mode}, preset=preset)
+            before = served.environments()
+            for path in paths:
+                for name, value in RESERVED.items():
+                    body = {"options": {"env": {"SOMETHING": "fine", name: value}}}
+                    if path == "/v1/text-turn":
+                        body["text"] = "hi"
+                    async with http.post(served.base + path, json=body) as response:
+                        payload = await response.json()
+                        where = (preset, mode, path, name)
+                        assert response.status == 403, (where, payload)
+                        assert payload["error"] == "options_not_allowed", (where, payload)
+                        if preset != "default":  # which refuses `env` altogether
+                            assert payload["data"] == {"fields": ["env"], "variables": [name]}
+                            assert name in payload["message"]
+            assert served.environments() == before  # nothing was started
+            assert not marked_processes(MARK, served.mark) - {served.pid}
+
+
+@pytest.mark.asyncio
+async def test_the_library_backend_refuses_a_rest_adapter_variable_too() -> None:
+    """A host calling ProcessBackend itself, without a router in front."""
+    backend = ProcessBackend([FAKE_CODEX, "app-server"])
+    options = ClientOptions.model_validate({"env": {"REST_ADAPTER_CLUSTER_MARK": "x"}})
+    try:
+        with pytest.raises(RestError) as raised:
+            await backend.create_session(options)
+        assert (raised.value.status, raised.value.kind) == (403, "options_not_allowed")
+        assert not backend.sessions()
+    finally:
+        await backend.close()
