@@ -10,9 +10,13 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 import signal
 import subprocess
 import sys
+import threading
+import urllib.error
+import urllib.request
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -360,3 +364,95 @@ async def test_the_library_backend_refuses_a_rest_adapter_variable_too() -> None
         assert not backend.sessions()
     finally:
         await backend.close()
+
+
+def nginx_binary() -> str:
+    found = shutil.which("nginx") or ("/usr/sbin/nginx" if Path("/usr/sbin/nginx").exists() else "")
+    if not found:
+        message = "nginx is not installed (make cluster installs Debian's package)"
+        if os.environ.get("CI", "").lower() == "true":
+            pytest.fail(message)
+        pytest.skip(message)
+    return found
+
+
+def status_of(method: str, url: str, headers: dict[str, str]) -> int:
+    request = urllib.request.Request(url, data=b"{}" if method == "POST" else None, method=method)
+    request.add_header("Content-Type", "application/json")
+    for name, value in headers.items():
+        request.add_header(name, value)
+    try:
+        with urllib.request.urlopen(request, timeout=WAIT) as response:
+            return int(response.status)
+    except urllib.error.HTTPError as error:
+        error.close()
+        return error.code
+
+
+def test_the_cluster_launcher_and_nginx_hold_no_secret(tmp_path: Path) -> None:
+    """`rest-bridge cluster` hands the token to its replicas only, and forgets it."""
+    mark = uuid.uuid4().hex
+    command = dumping_app_server(tmp_path)
+    # nginx writes its process title over its original environment: what it was given
+    # is saved by a wrapper, as the app-servers' is.
+    nginx = tmp_path / "nginx.sh"
+    nginx.write_text(
+        f'#!/bin/sh\ncat /proc/$$/environ > "{tmp_path}/dumps/$$-nginx.env"\n'
+        f'exec "{nginx_binary()}" "$@"\n'
+    )
+    nginx.chmod(0o755)
+    process = subprocess.Popen(
+        [
+            *(REST_BRIDGE, "cluster", "--replicas", "1", "--port", "0"),
+            *("--nginx", str(nginx), "--dir", str(tmp_path / "front")),
+            *("--app-server", command),
+        ],
+        env=bridge_environment({"REST_ADAPTER_TOKEN": TOKEN, MARK: mark}),
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
+    lines: list[str] = []
+    ready = threading.Event()
+
+    def drain() -> None:
+        assert process.stdout is not None
+        for line in process.stdout:
+            lines.append(line)
+            if "rest-bridge cluster: ready" in line or "rest-bridge cluster: stopped" in line:
+                ready.set()
+        ready.set()
+
+    reader = threading.Thread(target=drain, daemon=True)
+    reader.start()
+    try:
+        assert ready.wait(WAIT)
+        front = next(line.split()[3] for line in lines if "rest-bridge cluster: front " in line)
+        assert status_of("GET", front + "/v1/sessions", {}) == 401
+        assert status_of("POST", front + "/v1/sessions", AUTH) == 201
+        blocks = {}
+        for pid in {process.pid, *marked_processes(MARK, mark)}:
+            with contextlib.suppress(OSError):
+                blocks[pid] = Path(f"/proc/{pid}/environ").read_bytes()
+        # The launcher, the replica and its app-server, running...
+        assert process.pid in blocks
+        assert len(blocks) >= 3, blocks.keys()
+        assert_no_secret(blocks)
+        # ...and what nginx, the app-server and the probe were started with.
+        environments = {p.stem: p.read_bytes() for p in (tmp_path / "dumps").glob("*.env")}
+        for kind in ("-nginx", "-app-server", "-version"):
+            assert any(name.endswith(kind) for name in environments), environments.keys()
+        assert_no_secret(environments)
+    finally:
+        if process.poll() is None:
+            process.send_signal(signal.SIGTERM)
+            process.wait(WAIT)
+        reader.join(WAIT)
+        if process.stdout is not None:
+            process.stdout.close()
+        for pid in marked_processes(MARK, mark):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+    assert "Traceback" not in "".join(lines)
