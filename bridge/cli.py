@@ -411,8 +411,13 @@ def read_secrets(app_server: AppServerSettings) -> tuple[str | None, AppServerSe
         if os.environ.get(TOKEN_VARIABLE + credentials.FILE_SUFFIX) is not None:
             shown = f"the token in {TOKEN_VARIABLE}{credentials.FILE_SUFFIX}"
         raise ValueError(f"{shown} {problem}: no request could match it")
-    app_server_token = credentials.read_secret(APP_SERVER_TOKEN_VARIABLE)
-    app_server = dataclasses.replace(app_server, token=app_server_token or None)
+    app_server_token = credentials.read_secret(APP_SERVER_TOKEN_VARIABLE) or None
+    problem = None if app_server_token is None else token_problem(app_server_token)
+    if problem is not None:
+        # Sent in a header: one the HTTP client would refuse to write, or that the
+        # app-server would read trimmed, could never be accepted.
+        raise ValueError(f"{APP_SERVER_TOKEN_VARIABLE} {problem}: no header could carry it")
+    app_server = dataclasses.replace(app_server, token=app_server_token)
     in_environment = [v for v in credentials.SECRET_VARIABLES if os.environ.get(v) is not None]
     if not credentials.forget_secrets() and in_environment:
         raise ValueError(

@@ -301,6 +301,16 @@ def secret_file_cases(tmp: Path) -> list[tuple[dict[str, str], str]]:
             "the token in REST_ADAPTER_TOKEN_FILE has leading or trailing whitespace",
         )
     )
+    # Bigger than any token: refused before it is read whole.
+    cases.append(({"REST_ADAPTER_TOKEN_FILE": "/dev/zero"}, "is larger than 65536 bytes"))
+    # The app-server token goes in a header too: one no header can carry is refused.
+    for token in ("ab\x01cd", " " + APP_SERVER_TOKEN):
+        cases.append(
+            (
+                {"REST_ADAPTER_APP_SERVER_TOKEN": token, "REST_ADAPTER_APP_SERVER_MODE": "shared"},
+                "REST_ADAPTER_APP_SERVER_TOKEN ",
+            )
+        )
     return cases
 
 
@@ -312,6 +322,7 @@ def test_a_secret_file_that_cannot_be_used_stops_serve(tmp_path: Path) -> None:
         assert output.startswith("rest-bridge: "), output
         assert output.count("\n") == 1, output  # one line
         assert TOKEN not in output
+        assert APP_SERVER_TOKEN not in output
         assert "Traceback" not in output
 
 
