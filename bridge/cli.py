@@ -398,8 +398,8 @@ async def serve(
 
 
 def read_secrets(app_server: AppServerSettings) -> tuple[str | None, AppServerSettings]:
-    """The bearer token and the app-server's settings with its token, each from its
-    variable or its ``_FILE``; then both leave this process's environment for good.
+    """The bearer token (from its variable or its ``_FILE``), once ``app_server`` has its
+    own; then both leave this process's environment for good.
 
     Raises ValueError (naming the variable, never the secret) for a secret that cannot be
     used, or that cannot be removed from ``/proc/self/environ``.
@@ -411,13 +411,13 @@ def read_secrets(app_server: AppServerSettings) -> tuple[str | None, AppServerSe
         if os.environ.get(TOKEN_VARIABLE + credentials.FILE_SUFFIX) is not None:
             shown = f"the token in {TOKEN_VARIABLE}{credentials.FILE_SUFFIX}"
         raise ValueError(f"{shown} {problem}: no request could match it")
-    app_server_token = credentials.read_secret(APP_SERVER_TOKEN_VARIABLE) or None
+    # Read by AppServerSettings.from_env, from the variable or its _FILE.
+    app_server_token = app_server.token
     problem = None if app_server_token is None else token_problem(app_server_token)
     if problem is not None:
         # Sent in a header: one the HTTP client would refuse to write, or that the
         # app-server would read trimmed, could never be accepted.
         raise ValueError(f"{APP_SERVER_TOKEN_VARIABLE} {problem}: no header could carry it")
-    app_server = dataclasses.replace(app_server, token=app_server_token)
     in_environment = [v for v in credentials.SECRET_VARIABLES if os.environ.get(v) is not None]
     if not credentials.forget_secrets() and in_environment:
         raise ValueError(

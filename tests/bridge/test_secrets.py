@@ -26,7 +26,9 @@ import aiohttp
 import pytest
 from processes import marked_processes
 
+from bridge.credentials import SecretError
 from bridge.errors import RestError
+from bridge.limits import AppServerSettings
 from bridge.models import ClientOptions
 from bridge.process.backend import ProcessBackend
 
@@ -467,3 +469,14 @@ def test_the_cluster_launcher_and_nginx_hold_no_secret(tmp_path: Path) -> None:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
     assert "Traceback" not in "".join(lines)
+
+
+def test_app_server_settings_read_the_token_file_too(tmp_path: Path) -> None:
+    """The library's way in (and the harness's): AppServerSettings.from_env."""
+    (tmp_path / "ws-token").write_text(APP_SERVER_TOKEN + "\n")
+    url = {"REST_ADAPTER_APP_SERVER_URL": "ws://127.0.0.1:9"}
+    env = {**url, "REST_ADAPTER_APP_SERVER_TOKEN_FILE": str(tmp_path / "ws-token")}
+    assert AppServerSettings.from_env(env).token == APP_SERVER_TOKEN
+    with pytest.raises(SecretError, match="are both set"):
+        AppServerSettings.from_env({**env, "REST_ADAPTER_APP_SERVER_TOKEN": "x"})
+    assert APP_SERVER_TOKEN not in repr(AppServerSettings.from_env(env))
