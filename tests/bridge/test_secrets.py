@@ -303,6 +303,8 @@ def secret_file_cases(tmp: Path) -> list[tuple[dict[str, str], str]]:
             "the token in REST_ADAPTER_TOKEN_FILE has leading or trailing whitespace",
         )
     )
+    (tmp / "latin-1").write_bytes(b"caf\xe9\n")
+    cases.append(({"REST_ADAPTER_TOKEN_FILE": str(tmp / "latin-1")}, "is not UTF-8 text"))
     # Bigger than any token: refused before it is read whole.
     cases.append(({"REST_ADAPTER_TOKEN_FILE": "/dev/zero"}, "is larger than 65536 bytes"))
     # The app-server token goes in a header too: one no header can carry is refused.
