@@ -17,12 +17,13 @@ from pathlib import Path
 
 from aiohttp import web
 
-from bridge import TOKEN_VARIABLE, __version__, front, replica
+from bridge import TOKEN_VARIABLE, __version__, credentials, front, replica
 from bridge.app import PRESETS, SERVER_SETTINGS, mounted_routes
 from bridge.auth import AuthSettings, token_problem, with_bearer_auth
 from bridge.descriptors import BridgeEventLoop, ShortageReporter, budget_line, raise_soft_limit
 from bridge.limits import (
     APP_SERVER_MODES,
+    APP_SERVER_TOKEN_VARIABLE,
     APP_SERVER_VARIABLES,
     AppServerSettings,
     RestLimits,
@@ -52,6 +53,7 @@ OTHER_VARIABLES = frozenset(
         DRAIN_TIMEOUT_VARIABLE,
         "REST_ADAPTER_CLUSTER_MARK",  # set by `rest-bridge cluster` on its replicas
         *APP_SERVER_VARIABLES,
+        *credentials.HIDDEN_VARIABLES,
     }
 )
 LIMIT_FIELDS = tuple(f.name for f in dataclasses.fields(RestLimits))
@@ -144,7 +146,10 @@ def build_parser() -> argparse.ArgumentParser:
         description="Serve the HTTP API (docs/API.md) in front of app-server processes.",
         epilog=(
             f"Environment: {TOKEN_VARIABLE} turns bearer auth on (never a command-line "
-            "option); REST_ADAPTER_<LIMIT> sets a limit, e.g. REST_ADAPTER_MAX_SESSIONS=16 "
+            f"option), or {TOKEN_VARIABLE}_FILE, a file holding the token (the same goes "
+            f"for {APP_SERVER_TOKEN_VARIABLE}_FILE); both are read once at start and then "
+            "removed from serve's environment. REST_ADAPTER_<LIMIT> sets a limit, e.g. "
+            "REST_ADAPTER_MAX_SESSIONS=16 "
             f"({', '.join(RestLimits.env_variable(f) for f in LIMIT_FIELDS)}). "
             "A limit that is not a positive integer stops serve with exit status 2; an "
             "unknown REST_ADAPTER_* variable is reported at start. "
@@ -312,13 +317,14 @@ async def serve(
     host: str,
     port: int,
     app_server: AppServerSettings | None = None,
+    token: str | None = None,
 ) -> None:
+    """Serve until stopped; ``token`` (None: auth off) turns bearer auth on."""
     limits = RestLimits.from_env()
     app_server = app_server or AppServerSettings.from_env()
     app = PRESETS[preset](command, limits, app_server)
     settings = ReplicaSettings.from_env()
     drain = replica.configure(app, app[BACKEND], settings)
-    token = os.environ.get(TOKEN_VARIABLE)
     if token is not None:
         with_bearer_auth(app, token)
     stop = asyncio.Event()
@@ -391,6 +397,39 @@ async def serve(
         descendants.ignore_stop_signals()
 
 
+def read_secrets(app_server: AppServerSettings) -> tuple[str | None, AppServerSettings]:
+    """The bearer token (from its variable or its ``_FILE``), once ``app_server`` has its
+    own; then both leave this process's environment for good.
+
+    Raises ValueError (naming the variable, never the secret) for a secret that cannot be
+    used, or that cannot be removed from ``/proc/self/environ``.
+    """
+    token = credentials.read_secret(TOKEN_VARIABLE)
+    problem = None if token is None else token_problem(token)
+    if problem is not None:
+        shown = TOKEN_VARIABLE
+        if os.environ.get(TOKEN_VARIABLE + credentials.FILE_SUFFIX) is not None:
+            shown = f"the token in {TOKEN_VARIABLE}{credentials.FILE_SUFFIX}"
+        raise ValueError(f"{shown} {problem}: no request could match it")
+    # Read by AppServerSettings.from_env, from the variable or its _FILE.
+    app_server_token = app_server.token
+    problem = None if app_server_token is None else token_problem(app_server_token)
+    if problem is not None:
+        # Sent in a header: one the HTTP client would refuse to write, or that the
+        # app-server would read trimmed, could never be accepted.
+        raise ValueError(f"{APP_SERVER_TOKEN_VARIABLE} {problem}: no header could carry it")
+    in_environment = [v for v in credentials.SECRET_VARIABLES if os.environ.get(v) is not None]
+    if not credentials.forget_secrets() and in_environment:
+        raise ValueError(
+            f"cannot remove {', '.join(in_environment)} from this process's /proc/self/environ, "
+            "where every process of the same user could read it: give it in "
+            f"{in_environment[0]}{credentials.FILE_SUFFIX} instead"
+        )
+    if token is not None or app_server_token:
+        credentials.make_undumpable()
+    return token, app_server
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     arguments = list(sys.argv[1:] if argv is None else argv)
     if arguments[:1] == ["scenarios"]:
@@ -422,10 +461,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 mode=args.app_server_mode, url=args.app_server_url
             )
             ReplicaSettings.from_env()
-            token = os.environ.get(TOKEN_VARIABLE)
-            problem = None if token is None else token_problem(token)
-            if problem is not None:
-                raise ValueError(f"{TOKEN_VARIABLE} {problem}: no request could match it")
+            token, app_server = read_secrets(app_server)
         except (RestLimitsEnvError, ReplicaSettingsError, ValueError) as exc:
             print(f"rest-bridge: {exc}", file=sys.stderr)
             return 2
@@ -436,7 +472,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             return 2
         try:
             with asyncio.Runner(loop_factory=loop_factory) as runner:
-                runner.run(serve(args.preset, command, args.host, args.port, app_server))
+                runner.run(serve(args.preset, command, args.host, args.port, app_server, token))
         except StartupError as exc:
             print(f"rest-bridge: {exc}", file=sys.stderr)
             return 2

@@ -96,6 +96,16 @@ def options_not_allowed(fields: list[str]) -> RestError:
     )
 
 
+def reserved_variables(names: list[str]) -> RestError:
+    """403 ``options_not_allowed``: ``options.env`` names ``REST_ADAPTER_*`` variables."""
+    return RestError(
+        403,
+        "options_not_allowed",
+        "options.env may not set the bridge's own REST_ADAPTER_* variables: " + ", ".join(names),
+        data={"fields": ["env"], "variables": names},
+    )
+
+
 def not_found(message: str = "No such route.") -> RestError:
     return RestError(404, "not_found", message)
 

@@ -182,11 +182,12 @@ class AppServerSettings:
         mode: str | None = None,
         url: str | None = None,
     ) -> AppServerSettings:
-        """From ``REST_ADAPTER_APP_SERVER_MODE``, ``_URL`` and ``_TOKEN``; ``mode`` and
-        ``url`` (command-line options) win over the variables.
+        """From ``REST_ADAPTER_APP_SERVER_MODE``, ``_URL`` and ``_TOKEN`` (or
+        ``_TOKEN_FILE``); ``mode`` and ``url`` (command-line options) win over the variables.
 
         Raises :class:`RestLimitsEnvError` for a variable that is set to something else
-        than what it can be, naming it (a token's value is never repeated).
+        than what it can be, naming it (a token's value is never repeated), and
+        ``bridge.credentials.SecretError`` for a token file that cannot be used.
         """
         env = os.environ if environ is None else environ
         raw_mode = env.get(MODE_VARIABLE)
@@ -201,7 +202,11 @@ class AppServerSettings:
             url = raw_url
         if url is not None and mode is None:
             mode = "shared"
-        token = env.get(APP_SERVER_TOKEN_VARIABLE) or None
+        # The variable, or the file its _FILE names (bridge.credentials, which needs this
+        # module: imported here).
+        from bridge.credentials import read_secret
+
+        token = read_secret(APP_SERVER_TOKEN_VARIABLE, env) or None
         return cls(mode=mode or "process", url=url, token=token)
 
 

@@ -19,7 +19,7 @@ from aiohttp import web
 from multidict import CIMultiDict
 from pydantic import BaseModel, ValidationError
 
-from bridge import __version__, errors, replica
+from bridge import __version__, credentials, errors, replica
 from bridge.backend import Backend
 from bridge.events import Event
 from bridge.limits import RestLimits
@@ -208,11 +208,15 @@ def check_options(request: web.Request, options: ClientOptions | None) -> None:
 
 def refuse_options(options: ClientOptions | None, allowed: frozenset[str] | None) -> None:
     """Raise the bridge's 403 for ClientOptions fields outside ``allowed`` (None: all)."""
-    if options is None or allowed is None:
+    if options is None:
         return
-    refused = sorted(f for f in options.set_fields() if f not in allowed)
+    refused = sorted(f for f in options.set_fields() if allowed is not None and f not in allowed)
     if refused:
         raise errors.options_not_allowed(refused)
+    reserved = credentials.reserved_variables(options.env)
+    if reserved:
+        # The bridge's own variables (its secrets, its processes' marks), whatever backend.
+        raise errors.reserved_variables(reserved)
 
 
 def query_int(request: web.Request, name: str, default: int | None) -> int | None:

@@ -30,7 +30,7 @@ from typing import Any
 
 import aiohttp
 
-from bridge import __version__, errors
+from bridge import __version__, credentials, errors
 from bridge.events import rfc3339
 from bridge.limits import (
     APP_SERVER_TOKEN_VARIABLE,
@@ -361,7 +361,8 @@ def connect_failure(exc: BaseException) -> str:
 
 
 def _env_without(secrets: Sequence[str]) -> dict[str, str]:
-    return {k: v for k, v in os.environ.items() if k not in secrets}
+    # Never the bridge's secrets (bridge.credentials), whatever ``secrets`` says.
+    return {k: v for k, v in credentials.child_environment().items() if k not in secrets}
 
 
 class SharedAppServer:
