@@ -29,6 +29,7 @@ from bridge.limits import (
     RestLimitsEnvError,
 )
 from bridge.openapi import build_openapi
+from bridge.policy import POLICY_VARIABLES, MethodPolicy
 from bridge.process import descendants
 from bridge.process.backend import DEFAULT_COMMAND, parse_command
 from bridge.process.startup import describe_command
@@ -52,6 +53,7 @@ OTHER_VARIABLES = frozenset(
         DRAIN_TIMEOUT_VARIABLE,
         "REST_ADAPTER_CLUSTER_MARK",  # set by `rest-bridge cluster` on its replicas
         *APP_SERVER_VARIABLES,
+        *POLICY_VARIABLES,
     }
 )
 LIMIT_FIELDS = tuple(f.name for f in dataclasses.fields(RestLimits))
@@ -150,7 +152,9 @@ def build_parser() -> argparse.ArgumentParser:
             "unknown REST_ADAPTER_* variable is reported at start. "
             f"Replicas: {REPLICA_ID_VARIABLE}, {PEERS_VARIABLE}, {DRAIN_TIMEOUT_VARIABLE} "
             "(docs/SCALING.md). Shared mode: "
-            f"{', '.join(sorted(APP_SERVER_VARIABLES))} (docs/API.md)."
+            f"{', '.join(sorted(APP_SERVER_VARIABLES))} (docs/API.md). Method policy: "
+            f"{', '.join(sorted(POLICY_VARIABLES))}, comma-separated method names or "
+            "prefixes ending in '/' (docs/API.md)."
         ),
     )
     serve.add_argument("--preset", choices=sorted(PRESETS), default="trusted")
@@ -315,6 +319,8 @@ async def serve(
 ) -> None:
     limits = RestLimits.from_env()
     app_server = app_server or AppServerSettings.from_env()
+    # The preset reads the method policy from the environment too (None).
+    method_policy = MethodPolicy.from_env()
     app = PRESETS[preset](command, limits, app_server)
     settings = ReplicaSettings.from_env()
     drain = replica.configure(app, app[BACKEND], settings)
@@ -364,6 +370,7 @@ async def serve(
     print(f"  preset: {preset}; auth: {auth}; loop: {loop_name}", flush=True)
     changed = ", ".join(f"{name}={value}" for name, value in limits.changed().items())
     print(f"  limits: {changed or 'the defaults'}", flush=True)
+    print(f"  methods: {describe_policy(preset, method_policy)}", flush=True)
     for variable in RestLimits.unknown_variables(others=OTHER_VARIABLES):
         print(f"  ignoring {variable}: not a variable rest-bridge reads (misspelt?)", flush=True)
     print(f"  {described}", flush=True)
@@ -389,6 +396,17 @@ async def serve(
         shortage.close()
         # Stopped otherwise (drained): a signal now must not kill the exit either.
         descendants.ignore_stop_signals()
+
+
+def describe_policy(preset: str, policy: MethodPolicy) -> str:
+    """The banner's line on the method policy."""
+    said = [
+        f"{name} {', '.join(sorted(rules))}"
+        for name, rules in (("allowed:", policy.allow), ("refused:", policy.refuse))
+        if rules
+    ]
+    base = "the host-reaching ones refused" if preset == "default" else "all allowed"
+    return "; ".join([base, *said])
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -418,6 +436,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             except ValueError as exc:
                 raise ValueError(f"--app-server {args.app_server!r}: {exc}") from None
             RestLimits.from_env()
+            MethodPolicy.from_env()
             app_server = AppServerSettings.from_env(
                 mode=args.app_server_mode, url=args.app_server_url
             )
