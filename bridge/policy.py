@@ -37,6 +37,8 @@ EVERY_METHOD = "*"
 #: What a rule may be spelt with (codex's method names use letters, digits, `_` and `/`);
 #: no `.` or `%`, so that a rule means what it says (`..` would be every method).
 _RULE = re.compile(r"^(\*|[A-Za-z0-9_\-]+(/[A-Za-z0-9_\-]+)*/?)$")
+#: What a segment may have around it that the rules ignore: whitespace, controls.
+_BLANK = "".join(chr(c) for c in range(33)) + "\x7f"
 #: Percent-decoding rounds before a name counts as decoded (each round shortens it).
 _UNQUOTE_ROUNDS = 8
 
@@ -206,6 +208,9 @@ def canonical(name: str) -> str:
         name = decoded
     segments: list[str] = []
     for segment in name.casefold().split("/"):
+        # Codex takes no whitespace or control characters around a name; an app-server
+        # that did must not find `fs/readFile ` past a rule.
+        segment = segment.strip(_BLANK)
         if segment in ("", "."):
             continue
         if segment == "..":

@@ -22,7 +22,7 @@ from openapi_spec_validator import validate
 
 from bridge.app import DEFAULT_REFUSED_METHODS, default_app, text_turn_app, trusted_bridge_app
 from bridge.limits import RestLimitsEnvError
-from bridge.policy import HOST_METHODS, THREAD_METHODS, MethodPolicy, MethodRules, canonical
+from bridge.policy import HOST_METHODS, MethodPolicy, MethodRules, canonical
 from bridge.routes import OPENAPI
 from scenarios.format import dump_yaml
 
@@ -170,10 +170,15 @@ def reached(events: list[dict[str, Any]]) -> list[str]:
 # -- the default preset refuses what reaches the host -----------------------------------
 
 
+@pytest.mark.parametrize("mode", ["process", "shared"])
 def test_default_preset_refuses_every_host_method_before_the_app_server_sees_it(
-    serve_process, tmp_path
+    serve_process, tmp_path, mode
 ):
-    served = serve_process("default", f"{FAKE_CODEX} app-server --script {fake_script(tmp_path)}")
+    served = serve_process(
+        "default",
+        f"{FAKE_CODEX} app-server --script {fake_script(tmp_path)}",
+        REST_ADAPTER_APP_SERVER_MODE=mode,
+    )
     session_id = session(served)
     for method in HOST_CALLS:
         params = {"command": ["cat", "/etc/shadow"], "sandboxPolicy": {"type": "dangerFullAccess"}}
@@ -217,6 +222,10 @@ ODD_SPELLINGS = [
     "config/value/write/",
     "thread/shellCommand/",
     "thread/SHELLCOMMAND",
+    "thread/shellCommand%20",
+    "thread/shellCommand%00",
+    "thread/shellCommand%0A",
+    "%09thread/shellCommand",
 ]
 
 
@@ -446,39 +455,3 @@ def test_openapi_describes_the_403_and_the_policy_of_the_preset(factory, refused
         }
         assert "`method_not_allowed`" in operation["responses"]["403"]["description"]
         assert "`data.method`" in operation["responses"]["403"]["description"]
-
-
-# -- the list comes from the pinned codex -----------------------------------------------
-
-
-def schema_methods(codex_bin: str, out: Path, *flags: str) -> list[str]:
-    subprocess.run(
-        [codex_bin, "app-server", "generate-json-schema", "--out", str(out), *flags],
-        check=True,
-        capture_output=True,
-        timeout=120,
-    )
-    document = json.loads((out / "ClientRequest.json").read_text())
-    return [v["properties"]["method"]["enum"][0] for v in document["oneOf"]]
-
-
-def test_every_method_of_the_pinned_codex_is_classified(codex_bin, tmp_path):
-    stable = schema_methods(codex_bin, tmp_path / "stable")
-    every = schema_methods(codex_bin, tmp_path / "experimental", "--experimental")
-    assert set(stable) <= set(every)
-    assert len(stable) > 100
-    assert {"command/exec", "fs/readFile", "fs/writeFile", "config/value/write"} <= set(stable)
-    rules = MethodRules(DEFAULT_REFUSED_METHODS, MethodPolicy())
-    allowed = {name for names in THREAD_METHODS.values() for name in names}
-    # Every rule of the default preset refuses something codex has.
-    for rule in HOST_METHODS:
-        one = MethodRules({rule}, MethodPolicy())
-        assert any(not one.allows(m) for m in every), f"{rule} refuses no method of codex"
-    # Every method is refused, or allowed by its exact name with a reason: a method a
-    # new codex adds fails here until someone decides.
-    unclassified = [m for m in every if rules.allows(m) and m not in allowed]
-    assert unclassified == [], "classify these in bridge/policy.py"
-    # And nothing is both; every name allowed is one codex has.
-    assert sorted(m for m in allowed if not rules.allows(m)) == []
-    assert sorted(allowed - set(every)) == []
-    assert all(reason.strip() for reason in [*HOST_METHODS.values(), *THREAD_METHODS])
