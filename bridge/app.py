@@ -284,6 +284,11 @@ def mounted_routes(app: web.Application) -> tuple[Route, ...]:
     return app[MOUNTED]
 
 
+def router_method_rules(app: web.Application) -> MethodRules:
+    """The method policy of an application built here (for its OpenAPI document)."""
+    return app[routes.CONFIG].method_rules
+
+
 def create_app(backend: Backend, options: RouterOptions | None = None) -> web.Application:
     """An application serving ``options.routes`` from ``backend``."""
     options = options or RouterOptions()

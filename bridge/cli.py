@@ -18,7 +18,7 @@ from pathlib import Path
 from aiohttp import web
 
 from bridge import TOKEN_VARIABLE, __version__, front, replica
-from bridge.app import PRESETS, SERVER_SETTINGS, mounted_routes
+from bridge.app import PRESETS, SERVER_SETTINGS, mounted_routes, router_method_rules
 from bridge.auth import AuthSettings, token_problem, with_bearer_auth
 from bridge.descriptors import BridgeEventLoop, ShortageReporter, budget_line, raise_soft_limit
 from bridge.limits import (
@@ -263,7 +263,9 @@ def run_scenarios(argv: Sequence[str]) -> int:
 def print_openapi(preset: str, auth: bool) -> None:
     app = PRESETS[preset](DEFAULT_COMMAND, None, AppServerSettings())
     settings = AuthSettings(exempt_health=True) if auth else None
-    document = build_openapi(mounted_routes(app), auth=settings)
+    document = build_openapi(
+        mounted_routes(app), auth=settings, method_rules=router_method_rules(app)
+    )
     sys.stdout.write(json.dumps(document, indent=2) + "\n")
     sys.stdout.flush()
 

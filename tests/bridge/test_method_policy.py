@@ -455,3 +455,43 @@ def test_openapi_describes_the_403_and_the_policy_of_the_preset(factory, refused
         }
         assert "`method_not_allowed`" in operation["responses"]["403"]["description"]
         assert "`data.method`" in operation["responses"]["403"]["description"]
+
+
+def test_rest_bridge_openapi_prints_the_policy_the_served_document_has(serve_process, tmp_path):
+    env = {k: v for k, v in os.environ.items() if not k.startswith("REST_ADAPTER_")}
+    env["REST_ADAPTER_ALLOW_METHODS"] = "fs/readFile"
+    printed = subprocess.run(
+        [REST_BRIDGE, "openapi", "--preset", "default"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=WAIT,
+        check=True,
+    )
+    document = json.loads(printed.stdout)
+    served = serve_process(
+        "default", f"{FAKE_CODEX} app-server", REST_ADAPTER_ALLOW_METHODS="fs/readFile"
+    )
+    status, served_document = served.request("GET", "/v1/openapi.json")
+    assert status == 200
+    assert document == served_document
+    policy = document["paths"]["/v1/sessions/{sessionId}/call/{method}"]["post"]
+    assert policy["x-method-policy"]["hostAllows"] == ["fs/readFile"]
+
+
+@pytest.mark.asyncio
+async def test_a_scenario_bridge_in_the_default_preset_refuses_host_methods(
+    codex_start_bridge, http
+):
+    """The scenario harness and the pytest plugin build presets the same way."""
+    bridge = await codex_start_bridge(preset="default")
+    async with http.post(f"{bridge.url}/v1/sessions", json={}) as response:
+        session_id = (await response.json())["sessionId"]
+    url = f"{bridge.url}/v1/sessions/{session_id}/call/fs/readFile"
+    async with http.post(url, json={"params": {"path": "/etc/shadow"}}) as response:
+        assert response.status == 403
+        assert await response.json() == {
+            "error": "method_not_allowed",
+            "message": "This router does not allow the app-server method 'fs/readFile'.",
+            "data": {"method": "fs/readFile"},
+        }
