@@ -70,13 +70,15 @@ class Served:
     banner: list[str]
     stderr: Path
 
-    def request(self, method: str, path: str, body: Any = None) -> tuple[int, Any]:
+    def request(
+        self, method: str, path: str, body: Any = None, headers: dict[str, str] | None = None
+    ) -> tuple[int, Any]:
         """One request whose request line carries ``path`` byte for byte."""
         connection = http.client.HTTPConnection("127.0.0.1", self.port, timeout=WAIT)
         try:
             data = None if body is None else json.dumps(body).encode()
-            headers = {"Content-Type": "application/json"} if data is not None else {}
-            connection.request(method, path, body=data, headers=headers)
+            sent = {"Content-Type": "application/json"} if data is not None else {}
+            connection.request(method, path, body=data, headers={**sent, **(headers or {})})
             response = connection.getresponse()
             payload = response.read()
             return response.status, json.loads(payload) if payload else None
@@ -495,3 +497,23 @@ async def test_a_scenario_bridge_in_the_default_preset_refuses_host_methods(
             "message": "This router does not allow the app-server method 'fs/readFile'.",
             "data": {"method": "fs/readFile"},
         }
+
+
+def test_authentication_comes_before_the_policy(serve_process, tmp_path):
+    """Without the token, a refused method is a 401 like any other: the policy is not
+    something an anonymous caller can probe."""
+    token = "policy-test-token-5e1"
+    served = serve_process(
+        "trusted",
+        f"{FAKE_CODEX} app-server",
+        REST_ADAPTER_TOKEN=token,
+        REST_ADAPTER_REFUSE_METHODS="fs/",
+    )
+    for method in ("model/list", "fs/readFile"):
+        status, body = served.request("POST", f"/v1/call/{method}", {"params": {}})
+        assert (status, body["error"]) == (401, "unauthorized"), method
+    bearer = {"Authorization": f"Bearer {token}"}
+    status, body = served.request("POST", "/v1/call/fs/readFile", {"params": {}}, bearer)
+    assert (status, body["error"]) == (403, "method_not_allowed")
+    status, body = served.request("POST", "/v1/call/model/list", {"params": {}}, bearer)
+    assert status == 200, body
