@@ -8,7 +8,7 @@ handlers and it is what the OpenAPI document is built from.
 from __future__ import annotations
 
 import re
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -20,7 +20,7 @@ from bridge.auth import AUTH, HEALTH_PATHS
 from bridge.backend import Backend
 from bridge.limits import AppServerSettings, RestLimits
 from bridge.openapi import build_openapi
-from bridge.policy import HOST_METHODS, MethodPolicy, MethodRules
+from bridge.policy import HOST_METHODS, HOST_PARAMS, MethodPolicy, MethodRules
 from bridge.process.backend import DEFAULT_COMMAND, ProcessBackend
 from bridge.process.shared import SharedBackend
 
@@ -269,6 +269,8 @@ class RouterOptions:
     refused_methods: frozenset[str] = frozenset()
     #: The host's method rules, which win over the preset's.
     method_policy: MethodPolicy = field(default_factory=MethodPolicy)
+    #: Method → params a call of it may not carry (the preset's; bridge.policy).
+    refused_params: Mapping[str, frozenset[str]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         unknown = set(self.routes) - ALL_ROUTES
@@ -300,7 +302,9 @@ def create_app(backend: Backend, options: RouterOptions | None = None) -> web.Ap
     guard = errors.Guard(limits.max_body_bytes)
     app[errors.GUARD] = guard
     app[routes.BACKEND] = backend
-    method_rules = MethodRules(options.refused_methods, options.method_policy)
+    method_rules = MethodRules(
+        options.refused_methods, options.method_policy, options.refused_params
+    )
     app[routes.CONFIG] = routes.RouterConfig(
         limits=limits,
         allowed_client_options=options.allowed_client_options,
@@ -392,6 +396,8 @@ def _host_policy(method_policy: MethodPolicy | None) -> MethodPolicy:
 
 #: The rules of the ``default`` preset: it refuses the methods that reach the host.
 DEFAULT_REFUSED_METHODS = frozenset(HOST_METHODS)
+#: ... and the params of thread methods that reach it all the same.
+DEFAULT_REFUSED_PARAMS = {method: frozenset(params) for method, params in HOST_PARAMS.items()}
 
 
 def trusted_bridge_app(
@@ -442,6 +448,7 @@ def default_app(
             allowed_client_options=DEFAULT_CLIENT_OPTIONS,
             limits=limits,
             refused_methods=DEFAULT_REFUSED_METHODS,
+            refused_params=DEFAULT_REFUSED_PARAMS,
             method_policy=_host_policy(method_policy),
         ),
     )

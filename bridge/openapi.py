@@ -111,7 +111,9 @@ _REFUSED_METHOD = (
     "then the host's allowed and refused rules, which win. A rule is a method name (which "
     "covers the methods under it), a prefix ending in `/`, or `*`; the host's most specific "
     "matching rule decides, else the preset's, else the method is allowed; names are "
-    "compared case-folded, percent-decoded, with `.`, `..` and empty segments resolved"
+    "compared case-folded, percent-decoded, with `.`, `..` and empty segments resolved. "
+    "`presetRefusesParams`: params an allowed method may not carry here (`data.params` "
+    "names those a call had)"
 )
 
 

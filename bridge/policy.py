@@ -24,6 +24,7 @@ import os
 import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
+from typing import Any
 from urllib.parse import unquote
 
 from bridge.limits import ENV_PREFIX, RestLimitsEnvError
@@ -93,6 +94,19 @@ HOST_METHODS: dict[str, str] = {
     "rollout/": "rewrites the stored threads on disk (experimental)",
     "project/": "creates, imports, moves and deletes projects over host directories (experimental)",
     "server/diagnostics": "reports on the host and the app-server process (experimental)",
+}
+
+# Parameters of allowed methods that reach the host all the same; the ``default`` preset
+# refuses a call that names one (whatever its value, null included), by method.
+_CONFIG = (
+    "configuration for the thread: an MCP server in it is a command the app-server runs "
+    "on the host at once"
+)
+_PATH = "reads a thread file at any path on the host"
+HOST_PARAMS: dict[str, dict[str, str]] = {
+    "thread/start": {"config": _CONFIG},
+    "thread/resume": {"config": _CONFIG, "path": _PATH},
+    "thread/fork": {"config": _CONFIG, "path": _PATH},
 }
 
 # The other methods, which act on threads and turns or only read what a client needs,
@@ -311,11 +325,22 @@ class MethodRules:
     CACHE_SIZE = 4096
     CACHED_NAME = 128
 
-    def __init__(self, preset_refuses: Iterable[str], host: MethodPolicy) -> None:
+    def __init__(
+        self,
+        preset_refuses: Iterable[str],
+        host: MethodPolicy,
+        refused_params: Mapping[str, Iterable[str]] | None = None,
+    ) -> None:
         self.preset_refuses = frozenset(preset_refuses)
         self.host = host
+        #: Canonical method → case-folded names of the params a call may not carry.
+        self.refused_params = {
+            canonical(method): frozenset(name.casefold() for name in names)
+            for method, names in (refused_params or {}).items()
+        }
         self._keys = _rule_keys(self.preset_refuses, host)
         self._cache: dict[str, bool] = {}
+        self._params_cache: dict[str, frozenset[str]] = {}
         #: Nothing is ever refused: the routes need not ask.
         self.allows_all = all(self._keys.values())
 
@@ -327,6 +352,19 @@ class MethodRules:
                 self._cache[method] = decided
         return decided
 
+    def refused_params_of(self, method: str, params: object) -> list[str]:
+        """The params (as the caller spelt them) that this router refuses ``method`` to carry."""
+        if not self.refused_params or not isinstance(params, dict):
+            return []
+        refused = self._params_cache.get(method)
+        if refused is None:
+            refused = self.refused_params.get(canonical(method), frozenset())
+            if len(method) <= self.CACHED_NAME and len(self._params_cache) < self.CACHE_SIZE:
+                self._params_cache[method] = refused
+        if not refused:
+            return []
+        return sorted(k for k in params if isinstance(k, str) and k.casefold() in refused)
+
     def _decide(self, method: str) -> bool:
         for key in _keys_of(method):
             allowed = self._keys.get(key)
@@ -334,10 +372,11 @@ class MethodRules:
                 return allowed
         return True
 
-    def describe(self) -> dict[str, list[str]]:
+    def describe(self) -> dict[str, Any]:
         """The rules, for the OpenAPI document and the start-up banner."""
         return {
             "presetRefuses": sorted(self.preset_refuses),
+            "presetRefusesParams": {m: sorted(p) for m, p in sorted(self.refused_params.items())},
             "hostAllows": sorted(self.host.allow),
             "hostRefuses": sorted(self.host.refuse),
         }

@@ -226,6 +226,13 @@ def check_method(request: web.Request, method: str) -> None:
         raise errors.method_refused(method)
 
 
+def check_params(request: web.Request, method: str, params: Any) -> None:
+    """Refuse the params the router's method policy refuses ``method`` to carry (403)."""
+    refused = request.app[CONFIG].method_rules.refused_params_of(method, params)
+    if refused:
+        raise errors.method_refused(method, refused)
+
+
 def query_int(request: web.Request, name: str, default: int | None) -> int | None:
     return parse_query_int(name, request.query.get(name), default)
 
@@ -280,6 +287,8 @@ async def text_turn(request: web.Request) -> web.Response:
         check_method(request, method)
     body = await read_body(request, TextTurnRequest)
     check_options(request, body.options)
+    check_params(request, "thread/start", body.thread_params)
+    check_params(request, "turn/start", body.turn_params)
     result = await backend(request).text_turn(body)
     return json_response(result.model_dump(mode="json", by_alias=True, exclude_unset=True))
 
@@ -289,6 +298,7 @@ async def call(request: web.Request) -> web.Response:
     check_method(request, method)
     body = await read_body(request, SessionlessCallBody)
     check_options(request, body.options)
+    check_params(request, method, body.params)
     result = await backend(request).call(
         method, body.params, options=body.options, timeout_ms=body.timeout_ms
     )
@@ -320,6 +330,7 @@ async def session_call(request: web.Request) -> web.Response:
     match_info = request.match_info
     check_method(request, match_info["method"])
     params, timeout_ms = call_body(await read_raw_body(request))
+    check_params(request, match_info["method"], params)
     result = await backend(request).session_call(
         match_info["sessionId"], match_info["method"], params, timeout_ms=timeout_ms
     )

@@ -322,6 +322,60 @@ def test_a_method_rule_that_is_not_one_stops_the_start_naming_the_variable(varia
     assert done.stderr.count("\n") == 1, done.stderr
 
 
+# -- params of allowed methods that reach the host --------------------------------------
+
+EVIL_CONFIG = {"mcp_servers": {"evil": {"command": "sh", "args": ["-c", "id > /tmp/x"]}}}
+
+
+@pytest.mark.parametrize("mode", ["process", "shared"])
+def test_default_preset_refuses_thread_config_and_paths(serve_process, tmp_path, mode):
+    script = tmp_path / "threads.yaml"
+    reached_step = {"notify": {"method": REACHED, "params": {"method": "${method}"}}}
+    script.write_text(
+        dump_yaml(
+            {
+                "version": 1,
+                "methods": {
+                    "thread/start": {"steps": [reached_step]},
+                    "thread/resume": {"steps": [reached_step], "result": {}},
+                    "thread/fork": {"steps": [reached_step], "result": {}},
+                    MARKER: {"steps": [{"notify": {"method": MARKER}}], "result": {}},
+                },
+            }
+        )
+    )
+    served = serve_process(
+        "default", f"{FAKE_CODEX} app-server --script {script}", REST_ADAPTER_APP_SERVER_MODE=mode
+    )
+    session_id = session(served)
+    refused = [
+        ("thread/start", {"config": EVIL_CONFIG}, ["config"]),
+        ("thread/start", {"Config": EVIL_CONFIG}, ["Config"]),
+        ("thread/start", {"config": None, "cwd": str(tmp_path)}, ["config"]),
+        ("Thread/Start", {"config": {}}, ["config"]),
+        ("thread/resume", {"threadId": "t", "path": "/etc/shadow"}, ["path"]),
+        ("thread/fork", {"threadId": "t", "config": {}, "path": "/x"}, ["config", "path"]),
+    ]
+    for method, params, names in refused:
+        status, body = served.request(
+            "POST", f"/v1/sessions/{session_id}/call/{method}", {"params": params}
+        )
+        assert status == 403, (method, params, body)
+        assert body["error"] == "method_not_allowed"
+        assert body["data"] == {"method": method, "params": names}
+    # The text turn's threadParams go to thread/start: the same refusal, nothing spawned.
+    status, body = served.request(
+        "POST", "/v1/text-turn", {"text": "hi", "threadParams": {"config": EVIL_CONFIG}}
+    )
+    assert (status, body["data"]) == (403, {"method": "thread/start", "params": ["config"]})
+    assert reached(notifications_until_marker(served, session_id)) == []
+    status, body = served.request(
+        "POST", f"/v1/sessions/{session_id}/call/thread/start", {"params": {"cwd": "/tmp"}}
+    )
+    assert status == 200, body
+    assert reached(notifications_until_marker(served, session_id)) == ["thread/start"]
+
+
 # -- server requests are not calls ------------------------------------------------------
 
 
@@ -429,11 +483,24 @@ def test_policy_variables_parse_like_the_limits():
 # -- the OpenAPI document ---------------------------------------------------------------
 
 
+HOST_PARAMS_DOCUMENTED = {
+    "thread/fork": ["config", "path"],
+    "thread/resume": ["config", "path"],
+    "thread/start": ["config"],
+}
+
+
 @pytest.mark.parametrize(
-    ("factory", "refused"),
-    [(default_app, sorted(HOST_METHODS)), (trusted_bridge_app, []), (text_turn_app, [])],
+    ("factory", "refused", "refused_params"),
+    [
+        (default_app, sorted(HOST_METHODS), HOST_PARAMS_DOCUMENTED),
+        (trusted_bridge_app, [], {}),
+        (text_turn_app, [], {}),
+    ],
 )
-def test_openapi_describes_the_403_and_the_policy_of_the_preset(factory, refused, fake_codex):
+def test_openapi_describes_the_403_and_the_policy_of_the_preset(
+    factory, refused, refused_params, fake_codex
+):
     app = factory(fake_codex, method_policy=MethodPolicy(allow=frozenset({"fs/readFile"})))
     document = json.loads(app[OPENAPI].encoded())
     validate(document)
@@ -452,6 +519,7 @@ def test_openapi_describes_the_403_and_the_policy_of_the_preset(factory, refused
     for operation in calling.values():
         assert operation["x-method-policy"] == {
             "presetRefuses": refused,
+            "presetRefusesParams": refused_params,
             "hostAllows": ["fs/readFile"],
             "hostRefuses": [],
         }

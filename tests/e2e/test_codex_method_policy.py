@@ -7,9 +7,11 @@ be real: the trusted preset lets the same calls read, write and run on the host.
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import json
 import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -17,13 +19,14 @@ import pytest
 
 from bridge.app import DEFAULT_REFUSED_METHODS, default_app, trusted_bridge_app
 from bridge.limits import RestLimits
-from bridge.policy import HOST_METHODS, THREAD_METHODS, MethodPolicy, MethodRules
+from bridge.policy import HOST_METHODS, HOST_PARAMS, THREAD_METHODS, MethodPolicy, MethodRules
 
 pytestmark = [pytest.mark.real_codex]
 
 
-def schema_methods(codex_bin: str, out: Path, *flags: str) -> list[str]:
-    """The client request methods of the pinned codex's generated JSON Schema."""
+def client_requests(codex_bin: str, out: Path, *flags: str) -> dict[str, set[str]]:
+    """The client request methods of the pinned codex's generated JSON Schema, each with
+    the names of its params."""
     subprocess.run(
         [codex_bin, "app-server", "generate-json-schema", "--out", str(out), *flags],
         check=True,
@@ -31,7 +34,16 @@ def schema_methods(codex_bin: str, out: Path, *flags: str) -> list[str]:
         timeout=120,
     )
     document = json.loads((out / "ClientRequest.json").read_text())
-    return [v["properties"]["method"]["enum"][0] for v in document["oneOf"]]
+    methods = {}
+    for request in document["oneOf"]:
+        reference = request["properties"].get("params", {}).get("$ref", "")
+        definition = document["definitions"].get(reference.rsplit("/", 1)[-1], {})
+        methods[request["properties"]["method"]["enum"][0]] = set(definition.get("properties", {}))
+    return methods
+
+
+def schema_methods(codex_bin: str, out: Path, *flags: str) -> list[str]:
+    return list(client_requests(codex_bin, out, *flags))
 
 
 def test_every_method_of_the_pinned_codex_is_classified(codex_bin, tmp_path):
@@ -54,6 +66,13 @@ def test_every_method_of_the_pinned_codex_is_classified(codex_bin, tmp_path):
     assert sorted(m for m in allowed if not rules.allows(m)) == []
     assert sorted(allowed - set(every)) == []
     assert all(reason.strip() for reason in [*HOST_METHODS.values(), *THREAD_METHODS])
+
+
+def test_every_param_the_default_preset_refuses_is_one_codex_takes(codex_bin, tmp_path):
+    params = client_requests(codex_bin, tmp_path / "experimental", "--experimental")
+    for method, names in HOST_PARAMS.items():
+        assert set(names) <= params[method], method
+        assert all(reason.strip() for reason in names.values())
 
 
 ODD_SPELLINGS = [
@@ -153,3 +172,57 @@ async def test_the_default_preset_keeps_a_session_off_the_host_the_trusted_one_d
         http, default, default_session, "thread/start", {"cwd": str(workspace)}
     )
     assert status == 200, body
+
+
+@pytest.mark.asyncio
+async def test_thread_config_runs_a_host_command_in_trusted_and_is_refused_in_default(
+    serve, http, codex_bin, codex_home, workspace, model, codex_options
+):
+    """`thread/start` with `config.mcp_servers`: codex starts the server's command at once.
+
+    The command connects back to a socket this test listens on; the connection is the
+    proof that it ran (waited on, not slept for).
+    """
+    connected: asyncio.Queue[bytes] = asyncio.Queue()
+
+    async def on_connect(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await connected.put(await reader.read(100))
+        writer.close()
+
+    listener = await asyncio.start_server(on_connect, "127.0.0.1", 0)
+    port = listener.sockets[0].getsockname()[1]
+    beacon = f"import socket; socket.create_connection(('127.0.0.1', {port})).sendall(b'ran')"
+    params = {
+        "cwd": str(workspace),
+        "config": {"mcp_servers": {"beacon": {"command": sys.executable, "args": ["-c", beacon]}}},
+    }
+    try:
+        trusted = await serve(trusted_bridge_app([codex_bin, "app-server"], RestLimits()))
+        trusted_session = await session(http, trusted, codex_options)
+        status, body = await call(http, trusted, trusted_session, "thread/start", params)
+        assert status == 200, body
+        assert await asyncio.wait_for(connected.get(), 30) == b"ran"
+        command = [
+            "env",
+            f"CODEX_HOME={codex_home}",
+            "OPENAI_API_KEY=x",
+            codex_bin,
+            "app-server",
+            *model.codex_cli_args(),
+        ]
+        default = await serve(default_app(command, RestLimits(), method_policy=MethodPolicy()))
+        default_session = await session(http, default)
+        status, body = await call(http, default, default_session, "thread/start", params)
+        assert status == 403, body
+        assert body["data"] == {"method": "thread/start", "params": ["config"]}
+        async with http.post(
+            f"{default}/v1/text-turn", json={"text": "hi", "threadParams": params}
+        ) as response:
+            assert response.status == 403
+        status, body = await call(
+            http, default, default_session, "thread/start", {"cwd": str(workspace)}
+        )
+        assert status == 200, body
+    finally:
+        listener.close()
+        await listener.wait_closed()
