@@ -15,7 +15,10 @@ allows ``fs/`` opens what the ``default`` preset's ``fs/`` closes, while allowin
 Names are compared in a canonical form, so an odd spelling cannot step around a rule:
 case-folded, percent-decoded, empty and ``.`` segments dropped and ``..`` segments
 resolved (``FS//readFile/``, ``thread/../fs/readFile`` and ``fs%2FreadFile`` are all
-``fs/readfile``). The app-server itself is sent the name exactly as the caller spelt it.
+``fs/readfile``). The app-server itself is sent the name as the route decoded it.
+
+Beyond names, a preset may refuse params of methods it allows (:data:`HOST_PARAMS`, by
+the ``default`` preset): a call that carries one is refused as the method would be.
 """
 
 from __future__ import annotations
