@@ -18,7 +18,7 @@ from pathlib import Path
 from aiohttp import web
 
 from bridge import TOKEN_VARIABLE, __version__, credentials, front, replica
-from bridge.app import PRESETS, SERVER_SETTINGS, mounted_routes
+from bridge.app import PRESETS, SERVER_SETTINGS, mounted_routes, router_method_rules
 from bridge.auth import AuthSettings, token_problem, with_bearer_auth
 from bridge.descriptors import BridgeEventLoop, ShortageReporter, budget_line, raise_soft_limit
 from bridge.limits import (
@@ -30,6 +30,7 @@ from bridge.limits import (
     RestLimitsEnvError,
 )
 from bridge.openapi import build_openapi
+from bridge.policy import POLICY_VARIABLES, MethodPolicy
 from bridge.process import descendants
 from bridge.process.backend import DEFAULT_COMMAND, parse_command
 from bridge.process.startup import describe_command
@@ -54,6 +55,7 @@ OTHER_VARIABLES = frozenset(
         "REST_ADAPTER_CLUSTER_MARK",  # set by `rest-bridge cluster` on its replicas
         *APP_SERVER_VARIABLES,
         *credentials.HIDDEN_VARIABLES,
+        *POLICY_VARIABLES,
     }
 )
 LIMIT_FIELDS = tuple(f.name for f in dataclasses.fields(RestLimits))
@@ -155,7 +157,9 @@ def build_parser() -> argparse.ArgumentParser:
             "unknown REST_ADAPTER_* variable is reported at start. "
             f"Replicas: {REPLICA_ID_VARIABLE}, {PEERS_VARIABLE}, {DRAIN_TIMEOUT_VARIABLE} "
             "(docs/SCALING.md). Shared mode: "
-            f"{', '.join(sorted(APP_SERVER_VARIABLES))} (docs/API.md)."
+            f"{', '.join(sorted(APP_SERVER_VARIABLES))} (docs/API.md). Method policy: "
+            f"{', '.join(sorted(POLICY_VARIABLES))}, comma-separated method names or "
+            "prefixes ending in '/' (docs/API.md)."
         ),
     )
     serve.add_argument("--preset", choices=sorted(PRESETS), default="trusted")
@@ -264,7 +268,9 @@ def run_scenarios(argv: Sequence[str]) -> int:
 def print_openapi(preset: str, auth: bool) -> None:
     app = PRESETS[preset](DEFAULT_COMMAND, None, AppServerSettings())
     settings = AuthSettings(exempt_health=True) if auth else None
-    document = build_openapi(mounted_routes(app), auth=settings)
+    document = build_openapi(
+        mounted_routes(app), auth=settings, method_rules=router_method_rules(app)
+    )
     sys.stdout.write(json.dumps(document, indent=2) + "\n")
     sys.stdout.flush()
 
@@ -322,6 +328,8 @@ async def serve(
     """Serve until stopped; ``token`` (None: auth off) turns bearer auth on."""
     limits = RestLimits.from_env()
     app_server = app_server or AppServerSettings.from_env()
+    # The preset reads the method policy from the environment too (None).
+    method_policy = MethodPolicy.from_env()
     app = PRESETS[preset](command, limits, app_server)
     settings = ReplicaSettings.from_env()
     drain = replica.configure(app, app[BACKEND], settings)
@@ -370,6 +378,7 @@ async def serve(
     print(f"  preset: {preset}; auth: {auth}; loop: {loop_name}", flush=True)
     changed = ", ".join(f"{name}={value}" for name, value in limits.changed().items())
     print(f"  limits: {changed or 'the defaults'}", flush=True)
+    print(f"  methods: {describe_policy(preset, method_policy)}", flush=True)
     for variable in RestLimits.unknown_variables(others=OTHER_VARIABLES):
         print(f"  ignoring {variable}: not a variable rest-bridge reads (misspelt?)", flush=True)
     print(f"  {described}", flush=True)
@@ -430,6 +439,17 @@ def read_secrets(app_server: AppServerSettings) -> tuple[str | None, AppServerSe
     return token, app_server
 
 
+def describe_policy(preset: str, policy: MethodPolicy) -> str:
+    """The banner's line on the method policy."""
+    said = [
+        f"{name} {', '.join(sorted(rules))}"
+        for name, rules in (("allowed:", policy.allow), ("refused:", policy.refuse))
+        if rules
+    ]
+    base = "the host-reaching ones refused" if preset == "default" else "all allowed"
+    return "; ".join([base, *said])
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     arguments = list(sys.argv[1:] if argv is None else argv)
     if arguments[:1] == ["scenarios"]:
@@ -457,6 +477,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             except ValueError as exc:
                 raise ValueError(f"--app-server {args.app_server!r}: {exc}") from None
             RestLimits.from_env()
+            MethodPolicy.from_env()
             app_server = AppServerSettings.from_env(
                 mode=args.app_server_mode, url=args.app_server_url
             )

@@ -130,6 +130,30 @@ def method_not_allowed(method: str, allowed: set[str]) -> RestError:
     )
 
 
+def method_refused(method: str, params: list[str] | None = None) -> RestError:
+    """403 for an app-server method the router's method policy refuses (bridge.policy).
+
+    The same kind as the 405 above, told apart by the status: here the HTTP method is
+    right and the app-server method named in the path is not allowed; ``data.method``
+    names it as the caller spelt it, ``data.params`` the params refused, when the method
+    is allowed but not with them.
+    """
+    if params:
+        return RestError(
+            403,
+            "method_not_allowed",
+            f"This router does not allow the app-server method {method!r} with these "
+            "params: " + ", ".join(params),
+            data={"method": method, "params": params},
+        )
+    return RestError(
+        403,
+        "method_not_allowed",
+        f"This router does not allow the app-server method {method!r}.",
+        data={"method": method},
+    )
+
+
 def session_exited(session_id: str, *, shared: bool = False) -> RestError:
     """409 for a session that has ended: its process exited, or in shared mode its
     connection to the shared app-server ended (the app-server may well serve on)."""
