@@ -1256,6 +1256,7 @@ RESPONSE_SCHEMAS = {
     "model/list": "v2/ModelListResponse.json",
     "thread/read": "v2/ThreadReadResponse.json",
     "thread/list": "v2/ThreadListResponse.json",
+    "thread/loaded/list": "v2/ThreadLoadedListResponse.json",
     "thread/name/set": "v2/ThreadSetNameResponse.json",
     "thread/resume": "v2/ThreadResumeResponse.json",
     "thread/fork": "v2/ThreadForkResponse.json",
@@ -1314,6 +1315,7 @@ async def test_every_message_matches_the_real_json_schema(
         ("thread/read", {"threadId": thread_id, "includeTurns": True}),
         ("thread/name/set", {"threadId": thread_id, "name": "Checked"}),
         ("thread/list", {}),
+        ("thread/loaded/list", {"limit": 1}),
         ("thread/resume", {"threadId": thread_id}),
         ("thread/fork", {"threadId": thread_id}),
         ("thread/archive", {"threadId": thread_id}),
@@ -1389,6 +1391,27 @@ async def test_thread_list_shows_threads_with_turns_newest_first(spawn: Spawn) -
     assert set(listed["readStates"]) == {first, second}
     assert listed["data"][0]["canAcceptDirectInput"] is None
     assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z", listed["backwardsCursor"])
+
+
+async def test_thread_loaded_list_pages_the_threads_in_memory(spawn: Spawn) -> None:
+    fake, first = await ready(spawn)
+    second = await fake.start_thread()
+    third = await fake.start_thread()
+    assert (await fake.request("thread/loaded/list"))["result"] == {
+        "data": [first, second, third],
+        "nextCursor": None,
+    }
+    page = (await fake.request("thread/loaded/list", {"limit": 2}))["result"]
+    assert page == {"data": [first, second], "nextCursor": second}
+    rest = {"limit": 2, "cursor": page["nextCursor"]}
+    assert (await fake.request("thread/loaded/list", rest))["result"] == {
+        "data": [third],
+        "nextCursor": None,
+    }
+    await finished_turn(fake, second)
+    assert "result" in await fake.request("thread/archive", {"threadId": second})
+    listed = (await fake.request("thread/loaded/list"))["result"]
+    assert listed["data"] == [first, third]
 
 
 async def test_thread_name_set_answers_then_announces(spawn: Spawn) -> None:
