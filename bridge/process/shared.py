@@ -62,6 +62,9 @@ _EXIT_TO_FINISH_SECONDS = 2.0
 BACKOFF_FIRST = 0.5
 BACKOFF_MAX = 30.0
 BACKOFF_RESET_AFTER = 60.0
+#: Connection attempts of one request when the supervised app-server dies under them
+#: (each waits for its restart; one that keeps dying backs off past SPAWN_TIMEOUT_MS).
+_CONNECT_ATTEMPTS = 3
 #: How the ends of a connection are told in the ``exit`` event (``params.connection``).
 #: Calls whose answer is a thread this connection then follows ({"thread": {"id"}}).
 THREAD_OPENERS = frozenset({"thread/start", "thread/resume", "thread/fork"})
@@ -422,37 +425,7 @@ class SharedAppServer:
         """
         if self._closing:
             raise errors.app_server_spawn_failed("The bridge is shutting down.")
-        if self.supervised:
-            await self._ensure_running()
-        client, url, headers = self._target()
-        try:
-            async with asyncio.timeout(self._spawn_timeout):
-                ws = await client.ws_connect(
-                    url,
-                    headers=headers,
-                    max_msg_size=self._max_line_bytes,
-                    autoclose=False,
-                    autoping=True,
-                    timeout=aiohttp.ClientWSTimeout(ws_close=self._shutdown_grace),
-                )
-        except TimeoutError:
-            log.error("the shared app-server did not accept a connection in time")
-            raise errors.timeout(
-                "Connecting to the shared app-server did not complete before its deadline."
-            ) from None
-        except (aiohttp.ClientError, OSError) as exc:
-            reason = connect_failure(exc)
-            # The operator's log names where; the client's payload only why (no path, no
-            # host: see docs/SECURITY.md, "Errors say little").
-            log.error(
-                "could not connect to the app-server at %s: %s",
-                self.url or f"unix://{self._socket}",
-                reason,
-            )
-            raise errors.app_server_spawn_failed(
-                f"Could not connect to the shared app-server: {reason}; check the bridge's "
-                "app-server settings."
-            ) from None
+        ws = await self._handshake()
         connection = AppServerConnection(ws, max_line_bytes=self._max_line_bytes, server=self)
         self._connections.add(connection)
         connection.exit_callbacks.append(lambda _: self._connections.discard(connection))
@@ -460,6 +433,67 @@ class SharedAppServer:
             await connection.shutdown(self._shutdown_grace)
             raise errors.app_server_spawn_failed("The bridge is shutting down.")
         return connection
+
+    async def _handshake(self) -> aiohttp.ClientWebSocketResponse:
+        """A WebSocket to the app-server; a supervised one found dead on the way (killed,
+        crashed, before the bridge saw it go) is waited for in its restart, as a request
+        arriving in the restart's backoff waits for it."""
+        for attempt in range(1, _CONNECT_ATTEMPTS + 1):
+            process = None
+            if self.supervised:
+                await self._ensure_running()
+                process = self.process
+            try:
+                async with asyncio.timeout(self._spawn_timeout):
+                    return await self._ws_connect()
+            except TimeoutError:
+                log.error("the shared app-server did not accept a connection in time")
+                raise errors.timeout(
+                    "Connecting to the shared app-server did not complete before its deadline."
+                ) from None
+            except (aiohttp.ClientError, OSError) as exc:
+                if attempt < _CONNECT_ATTEMPTS and await self._died(process):
+                    continue
+                reason = connect_failure(exc)
+                # The operator's log names where; the client's payload only why (no path,
+                # no host: see docs/SECURITY.md, "Errors say little").
+                log.error(
+                    "could not connect to the app-server at %s: %s",
+                    self.url or f"unix://{self._socket}",
+                    reason,
+                )
+                raise errors.app_server_spawn_failed(
+                    f"Could not connect to the shared app-server: {reason}; check the "
+                    "bridge's app-server settings."
+                ) from None
+        raise AssertionError("unreachable")  # the last attempt returns or raises
+
+    async def _ws_connect(self) -> aiohttp.ClientWebSocketResponse:
+        client, url, headers = self._target()
+        return await client.ws_connect(
+            url,
+            headers=headers,
+            max_msg_size=self._max_line_bytes,
+            autoclose=False,
+            autoping=True,
+            timeout=aiohttp.ClientWSTimeout(ws_close=self._shutdown_grace),
+        )
+
+    async def _died(self, process: AppServerProcess | None) -> bool:
+        """Whether the supervised ``process`` has died: waited for a moment (a refused
+        connection can come before the bridge learns of the exit), and then until the
+        bridge has taken note of it (its restart is scheduled)."""
+        if not isinstance(process, _ListeningProcess):
+            return False
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(_CLOSE_TO_EXIT_SECONDS):
+                await process.dead.wait()
+        if not process.dead.is_set():
+            return False
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(_EXIT_TO_FINISH_SECONDS):
+                await process.wait()
+        return True
 
     def _target(self) -> tuple[aiohttp.ClientSession, str, dict[str, str]]:
         if self._client is None or self._client.closed:

@@ -201,3 +201,26 @@ async def test_concurrent_first_requests_start_one_process(serve, http):
     state = await shared_state(http, base)
     assert state["connections"] == 20
     assert {os.getpgid(pid) for pid in live_children() - before} == {state["pid"]}
+
+
+async def test_a_create_racing_a_sigkill_restart_waits_for_the_new_process(http, contract_checkers):
+    """Creates sent right after the shared process is SIGKILLed, before the bridge has
+    seen it die, wait for the restart (docs/API.md) instead of a 502 "Connection
+    refused". A fresh bridge per trial: each starts from the first backoff (0.5 s)."""
+    from scenarios.harness import checker_for, serve_app
+
+    for trial in range(20):
+        app = trusted_bridge_app(fake_app_server_command(), RestLimits(), SHARED)
+        runner, base = await serve_app(app)
+        contract_checkers[base] = checker_for(app)
+        try:
+            await new_session(http, base)
+            pid = (await shared_state(http, base))["pid"]
+            os.kill(pid, signal.SIGKILL)
+            results = await asyncio.gather(*(post(http, f"{base}/v1/sessions") for _ in range(3)))
+            assert [status for status, _ in results] == [201] * 3, (trial, results)
+            state = await shared_state(http, base)
+            assert (state["restarts"], state["connections"]) == (1, 3), (trial, state)
+            assert state["pid"] not in (None, pid)
+        finally:
+            await runner.cleanup()
