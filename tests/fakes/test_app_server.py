@@ -378,6 +378,23 @@ async def test_a_second_initialize_is_refused(spawn: Spawn) -> None:
     assert reply["error"] == {"code": -32600, "message": "Already initialized"}
 
 
+async def test_a_scripted_initialize_with_match_applies_to_the_clients_it_fits(
+    spawn: Spawn,
+) -> None:
+    script = """
+        version: 1
+        initialize:
+          match: {clientInfo: {name: probe, version: "1"}}
+          error: {code: -32001, message: not you}
+    """
+    refused = await spawn(script)
+    reply = await refused.request("initialize", {"clientInfo": {"name": "probe", "version": "1"}})
+    assert reply["error"] == {"code": -32001, "message": "not you"}
+    welcome = await spawn(script)
+    reply = await welcome.request("initialize", {"clientInfo": CLIENT_INFO})
+    assert reply["result"]["userAgent"].startswith(f"{CLIENT_INFO['name']}/")
+
+
 async def test_requests_are_served_between_initialize_and_initialized(spawn: Spawn) -> None:
     fake = await spawn()
     await fake.request("initialize", {"clientInfo": CLIENT_INFO})
