@@ -22,6 +22,7 @@ import logging
 import os
 import shlex
 import shutil
+import signal
 import tempfile
 import time
 from collections import deque
@@ -46,6 +47,7 @@ from bridge.process.rpc import (
     ExitInfo,
     NotificationHandler,
     ProcessGone,
+    RpcError,
     StdinFull,
 )
 from bridge.wire import dumps
@@ -75,6 +77,17 @@ _MAX_OPENING = 1024
 CLOSED_BY_BRIDGE = "closed by the bridge"
 CLOSED_BY_SERVER = "closed by the app-server"
 SERVER_EXITED = "the shared app-server exited"
+SERVER_WEDGED = "the shared app-server stopped answering and was killed"
+#: The liveness probe's question: answered from memory by codex 0.169.0 (and fake-codex);
+#: any answer, an error too, means the app-server reads and answers.
+LIVENESS_METHOD = "thread/loaded/list"
+_LIVENESS_PARAMS = {"limit": 1}
+#: The probe connection's ``clientInfo`` (how the app-server's logs tell it from sessions).
+PROBE_CLIENT_INFO = {
+    "name": "codex_rest_bridge_liveness",
+    "title": "Codex REST Bridge liveness probe",
+    "version": __version__,
+}
 _SOCKET_NAME = "app-server.sock"
 
 
@@ -293,9 +306,9 @@ class AppServerConnection(AppServerProcess):
         if not self._ws.closed:
             _close_soon(self._ws)
 
-    def server_exited(self, info: ExitInfo) -> None:
+    def server_exited(self, info: ExitInfo, how: str = SERVER_EXITED) -> None:
         """The shared process died: the session ends with its exit code and signal."""
-        self._end(ExitInfo(info.exit_code, info.signal, "", None, SERVER_EXITED))
+        self._end(ExitInfo(info.exit_code, info.signal, "", None, how))
 
     async def shutdown(self, grace: float) -> ExitInfo:
         """Close the connection (the app-server keeps running for the others)."""
@@ -328,6 +341,12 @@ class _ListeningProcess(AppServerProcess):
     def _process_exited(self) -> None:
         self.dead.set()
         super()._process_exited()
+
+    def kill(self) -> None:
+        """SIGKILL to the process group now (a stopped process ignores SIGTERM until it is
+        continued); what left the group is swept once it has exited (rpc.py)."""
+        self.lineage.remember_tree()
+        self._kill_group(signal.SIGKILL)
 
     def _feed_stdout(self, data: bytes) -> None:
         self._feed_stderr(data)
@@ -379,6 +398,8 @@ class SharedAppServer:
         spawn_timeout: float,
         shutdown_grace: float,
         secret_env: Sequence[str] = (),
+        liveness_interval: float = 10.0,
+        liveness_timeout: float = 10.0,
     ) -> None:
         self.command = list(command)
         self.url = settings.url
@@ -405,6 +426,12 @@ class SharedAppServer:
         self._restart_task: asyncio.Task[None] | None = None
         self.last_user_agent: str | None = None
         self._closing = False
+        #: The liveness probe of the supervised process (:meth:`_watch`), one per start.
+        self._liveness_interval = liveness_interval
+        self._liveness_timeout = liveness_timeout
+        self._watchers: set[asyncio.Task[None]] = set()
+        #: The process the probe found wedged and killed (said so in ``lastExit``).
+        self._wedged_process: AppServerProcess | None = None
 
     @property
     def supervised(self) -> bool:
@@ -600,6 +627,10 @@ class SharedAppServer:
         self._socket_target = _real_path(self._socket)
         self._started_at = loop.time()
         self.state = "running"
+        assert isinstance(process, _ListeningProcess)
+        watcher = loop.create_task(self._watch(process))
+        self._watchers.add(watcher)
+        watcher.add_done_callback(self._watchers.discard)
         log.info(
             "shared app-server started (pid %s, restart %d): %s",
             process.pid,
@@ -617,6 +648,95 @@ class SharedAppServer:
         with contextlib.suppress(OSError):
             await writer.wait_closed()
         return True
+
+    # -- liveness ----------------------------------------------------------------
+
+    def _watching(self, process: _ListeningProcess) -> bool:
+        return (
+            process is self.process
+            and self.state == "running"
+            and not process.dead.is_set()
+            and not self._closing
+        )
+
+    async def _watch(self, process: _ListeningProcess) -> None:
+        """The liveness probe of ``process``: every LIVENESS_INTERVAL_MS one
+        :data:`LIVENESS_METHOD` over a connection of the bridge's own (not a session's).
+
+        A stopped or deadlocked process still has its socket: connections are accepted
+        into its backlog and calls are written, and nothing ever comes back. Once no
+        answer has come for LIVENESS_TIMEOUT_MS (one probe that times out, or probes that
+        fail at once for that long), it is wedged (:meth:`_wedged`).
+        """
+        loop = asyncio.get_running_loop()
+        probe: AppServerConnection | None = None
+        unanswered_since: float | None = None
+        try:
+            while True:
+                await asyncio.sleep(self._liveness_interval)
+                if not self._watching(process):
+                    return
+                asked_at = loop.time()
+                try:
+                    async with asyncio.timeout(self._liveness_timeout):
+                        probe = await self._ask(probe)
+                    unanswered_since = None
+                    continue
+                except (TimeoutError, ProcessGone, StdinFull, aiohttp.ClientError, OSError):
+                    pass
+                except Exception as exc:  # a probe must not end the watch: count it a miss
+                    log.error("the liveness probe failed: %s", type(exc).__name__)
+                if probe is not None:
+                    stale, probe = probe, None
+                    await stale.shutdown(0)
+                if not self._watching(process):
+                    return
+                if unanswered_since is None:
+                    unanswered_since = asked_at
+                if loop.time() - unanswered_since >= self._liveness_timeout:
+                    self._wedged(process)
+                    return
+        finally:
+            if probe is not None:
+                await probe.shutdown(0)
+
+    async def _ask(self, probe: AppServerConnection | None) -> AppServerConnection | None:
+        """One question over the probe connection, opened (and initialized) first if there
+        is none; returns it (None if it cannot be asked again). Any answer, an error too,
+        returns; raises what a call or a connection raises."""
+        if probe is None or not probe.running:
+            ws = await self._ws_connect()
+            probe = AppServerConnection(ws, max_line_bytes=self._max_line_bytes, server=self)
+            try:
+                params = {"clientInfo": PROBE_CLIENT_INFO}
+                await probe.call("initialize", params, self._liveness_timeout)
+                probe.notify("initialized")
+            except RpcError:
+                # An answer, on a connection that is no use: a new one next time.
+                await probe.shutdown(0)
+                return None
+            except BaseException:
+                await probe.shutdown(0)
+                raise
+        with contextlib.suppress(RpcError):
+            await probe.call(LIVENESS_METHOD, _LIVENESS_PARAMS, self._liveness_timeout)
+        return probe
+
+    def _wedged(self, process: _ListeningProcess) -> None:
+        """``process`` stopped answering: kill it (its exit restarts it, as any death
+        does), and end its sessions now, saying why."""
+        log.error(
+            "shared app-server (pid %s) did not answer the liveness probe within %g s: "
+            "wedged; killing it (SIGKILL) with its descendants and ending its %d sessions",
+            process.pid,
+            self._liveness_timeout,
+            len(self._connections),
+        )
+        self._wedged_process = process
+        process.kill()
+        info = ExitInfo(None, signal.SIGKILL.name, "")
+        for connection in list(self._connections):
+            connection.server_exited(info, SERVER_WEDGED)
 
     def _failed(self, loop: asyncio.AbstractEventLoop) -> None:
         self.state = "failed"
@@ -641,6 +761,7 @@ class SharedAppServer:
             "exitCode": info.exit_code,
             "signal": info.signal,
             "at": rfc3339(time.time()),
+            "wedged": process is self._wedged_process,
         }
         if loop.time() - self._started_at > BACKOFF_RESET_AFTER:
             self._backoff = BACKOFF_FIRST
@@ -694,6 +815,10 @@ class SharedAppServer:
 
     async def close(self) -> None:
         self._closing = True
+        for watcher in list(self._watchers):
+            watcher.cancel()
+        if self._watchers:
+            await asyncio.wait(list(self._watchers))
         if self._restart_task is not None:
             self._restart_task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -762,6 +887,8 @@ class SharedBackend(ProcessBackend):
             spawn_timeout=self.limits.spawn_timeout_ms / 1000,
             shutdown_grace=self.limits.shutdown_grace_ms / 1000,
             secret_env=(*SECRET_ENV, APP_SERVER_TOKEN_VARIABLE),
+            liveness_interval=self.limits.liveness_interval_ms / 1000,
+            liveness_timeout=self.limits.liveness_timeout_ms / 1000,
         )
 
     async def _spawn(self, options: ClientOptions | None) -> AppServerProcess:
