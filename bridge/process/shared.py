@@ -727,7 +727,7 @@ class SharedAppServer:
         does), and end its sessions now, saying why."""
         log.error(
             "shared app-server (pid %s) did not answer the liveness probe within %g s: "
-            "wedged; killing it (SIGKILL) with its descendants and ending its %d sessions",
+            "wedged; killing it (SIGKILL) with its descendants and ending its %d connections",
             process.pid,
             self._liveness_timeout,
             len(self._connections),

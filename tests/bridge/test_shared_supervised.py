@@ -238,14 +238,25 @@ WEDGED = {
 }
 
 
-async def test_a_stopped_shared_process_is_killed_its_sessions_end_and_it_restarts(serve, http):
+async def test_a_stopped_shared_process_is_killed_its_sessions_end_and_it_restarts(
+    serve, http, write_script
+):
     """SIGSTOP: the socket still accepts and nothing answers. The liveness probe finds it
-    wedged: its sessions end (a call waiting on it too), it is killed and restarted."""
-    base = await serve(trusted_bridge_app(fake_app_server_command(), PROBED, SHARED))
+    wedged: its sessions end (a call waiting on it too), it is killed with what it
+    started, and it restarts; a create sent into the wedge waits for the new process."""
+    child = {"steps": [{"spawnChild": True}], "result": {}}
+    command = fake_app_server_command(write_script({"methods": {"x/child": child}}))
+    base = await serve(trusted_bridge_app(command, PROBED, SHARED))
+    before = live_children()
     sessions = [await new_session(http, base) for _ in range(2)]
+    status, answer = await post(http, f"{base}/v1/sessions/{sessions[1]}/call/x/child", NO_PARAMS)
+    assert status == 200, answer
     first = await shared_state(http, base)
     assert (first["connections"], first["restarts"]) == (2, 0)  # the probe is not one
     pid = first["pid"]
+    started = live_children() - before
+    assert pid in started
+    assert len(started) >= 2  # the shared process and the child it started
     streams = [
         await http.get(f"{base}/v1/sessions/{s}/events/stream").__aenter__() for s in sessions
     ]
@@ -255,13 +266,16 @@ async def test_a_stopped_shared_process_is_killed_its_sessions_end_and_it_restar
         waiting = asyncio.ensure_future(
             post(http, f"{base}/v1/sessions/{sessions[0]}/call/thread/list", body)
         )
+        creating = asyncio.ensure_future(post(http, f"{base}/v1/sessions"))
         for stream in streams:
             frames = await SseReader(stream).until(lambda f: f.event == "exit", timeout=WAIT)
             assert frames[-1].json()["params"] == WEDGED
         status, answer = await waiting
         assert status == 502, answer
         assert answer["error"] == "app_server_exited"
-        assert await gone([pid], WAIT) == set()
+        assert await gone(started, WAIT) == set()
+        status, answer = await creating
+        assert status == 201, answer
     finally:
         for stream in streams:
             stream.release()
@@ -271,7 +285,7 @@ async def test_a_stopped_shared_process_is_killed_its_sessions_end_and_it_restar
     status, answer = await post(http, f"{base}/v1/sessions/{fresh}/call/thread/start", NO_PARAMS)
     assert status == 200, answer
     state = await shared_state(http, base)
-    assert (state["state"], state["restarts"], state["connections"]) == ("running", 1, 1)
+    assert (state["state"], state["restarts"], state["connections"]) == ("running", 1, 2)
     assert state["pid"] not in (None, pid)
     assert (state["lastExit"]["signal"], state["lastExit"]["wedged"]) == ("SIGKILL", True)
 
