@@ -58,9 +58,11 @@ class RestLimits:
     header_timeout_ms: int = 10_000
     #: Shared mode, supervised: how often the app-server is asked a cheap question over a
     #: connection of the bridge's own, and how long it has to answer before it counts as
-    #: wedged (killed and restarted, its sessions ended).
+    #: wedged (killed and restarted, its sessions ended): twice READER_STALL_MS, the
+    #: longest the bridge holds a connection's output back for a slow reader, in case the
+    #: app-server waits on that connection meanwhile.
     liveness_interval_ms: int = 10_000
-    liveness_timeout_ms: int = 10_000
+    liveness_timeout_ms: int = 20_000
 
     def __post_init__(self) -> None:
         for field in dataclasses.fields(self):

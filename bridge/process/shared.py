@@ -399,7 +399,7 @@ class SharedAppServer:
         shutdown_grace: float,
         secret_env: Sequence[str] = (),
         liveness_interval: float = 10.0,
-        liveness_timeout: float = 10.0,
+        liveness_timeout: float = 20.0,
     ) -> None:
         self.command = list(command)
         self.url = settings.url
