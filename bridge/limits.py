@@ -56,6 +56,13 @@ class RestLimits:
     max_header_bytes: int = 32_768
     #: How long a request head may take to arrive once begun (408, connection closed).
     header_timeout_ms: int = 10_000
+    #: Shared mode, supervised: how often the app-server is asked a cheap question over a
+    #: connection of the bridge's own, and how long it has to answer before it counts as
+    #: wedged (killed and restarted, its sessions ended): twice READER_STALL_MS, the
+    #: longest the bridge holds a connection's output back for a slow reader, in case the
+    #: app-server waits on that connection meanwhile.
+    liveness_interval_ms: int = 10_000
+    liveness_timeout_ms: int = 20_000
 
     def __post_init__(self) -> None:
         for field in dataclasses.fields(self):

@@ -22,6 +22,7 @@ import logging
 import os
 import shlex
 import shutil
+import signal
 import tempfile
 import time
 from collections import deque
@@ -46,6 +47,7 @@ from bridge.process.rpc import (
     ExitInfo,
     NotificationHandler,
     ProcessGone,
+    RpcError,
     StdinFull,
 )
 from bridge.wire import dumps
@@ -62,6 +64,9 @@ _EXIT_TO_FINISH_SECONDS = 2.0
 BACKOFF_FIRST = 0.5
 BACKOFF_MAX = 30.0
 BACKOFF_RESET_AFTER = 60.0
+#: Connection attempts of one request when the supervised app-server dies under them
+#: (each waits for its restart; one that keeps dying backs off past SPAWN_TIMEOUT_MS).
+_CONNECT_ATTEMPTS = 3
 #: How the ends of a connection are told in the ``exit`` event (``params.connection``).
 #: Calls whose answer is a thread this connection then follows ({"thread": {"id"}}).
 THREAD_OPENERS = frozenset({"thread/start", "thread/resume", "thread/fork"})
@@ -72,6 +77,17 @@ _MAX_OPENING = 1024
 CLOSED_BY_BRIDGE = "closed by the bridge"
 CLOSED_BY_SERVER = "closed by the app-server"
 SERVER_EXITED = "the shared app-server exited"
+SERVER_WEDGED = "the shared app-server stopped answering and was killed"
+#: The liveness probe's question: answered from memory by codex 0.169.0 (and fake-codex);
+#: any answer, an error too, means the app-server reads and answers.
+LIVENESS_METHOD = "thread/loaded/list"
+_LIVENESS_PARAMS = {"limit": 1}
+#: The probe connection's ``clientInfo`` (how the app-server's logs tell it from sessions).
+PROBE_CLIENT_INFO = {
+    "name": "codex_rest_bridge_liveness",
+    "title": "Codex REST Bridge liveness probe",
+    "version": __version__,
+}
 _SOCKET_NAME = "app-server.sock"
 
 
@@ -290,9 +306,9 @@ class AppServerConnection(AppServerProcess):
         if not self._ws.closed:
             _close_soon(self._ws)
 
-    def server_exited(self, info: ExitInfo) -> None:
+    def server_exited(self, info: ExitInfo, how: str = SERVER_EXITED) -> None:
         """The shared process died: the session ends with its exit code and signal."""
-        self._end(ExitInfo(info.exit_code, info.signal, "", None, SERVER_EXITED))
+        self._end(ExitInfo(info.exit_code, info.signal, "", None, how))
 
     async def shutdown(self, grace: float) -> ExitInfo:
         """Close the connection (the app-server keeps running for the others)."""
@@ -325,6 +341,12 @@ class _ListeningProcess(AppServerProcess):
     def _process_exited(self) -> None:
         self.dead.set()
         super()._process_exited()
+
+    def kill(self) -> None:
+        """SIGKILL to the process group now (a stopped process ignores SIGTERM until it is
+        continued); what left the group is swept once it has exited (rpc.py)."""
+        self.lineage.remember_tree()
+        self._kill_group(signal.SIGKILL)
 
     def _feed_stdout(self, data: bytes) -> None:
         self._feed_stderr(data)
@@ -377,6 +399,8 @@ class SharedAppServer:
         spawn_timeout: float,
         shutdown_grace: float,
         secret_env: Sequence[str] = (),
+        liveness_interval: float = 10.0,
+        liveness_timeout: float = 20.0,
     ) -> None:
         self.command = list(command)
         self.url = settings.url
@@ -403,6 +427,12 @@ class SharedAppServer:
         self._restart_task: asyncio.Task[None] | None = None
         self.last_user_agent: str | None = None
         self._closing = False
+        #: The liveness probe of the supervised process (:meth:`_watch`), one per start.
+        self._liveness_interval = liveness_interval
+        self._liveness_timeout = liveness_timeout
+        self._watchers: set[asyncio.Task[None]] = set()
+        #: The process the probe found wedged and killed (said so in ``lastExit``).
+        self._wedged_process: AppServerProcess | None = None
 
     @property
     def supervised(self) -> bool:
@@ -423,37 +453,7 @@ class SharedAppServer:
         """
         if self._closing:
             raise errors.app_server_spawn_failed("The bridge is shutting down.")
-        if self.supervised:
-            await self._ensure_running()
-        client, url, headers = self._target()
-        try:
-            async with asyncio.timeout(self._spawn_timeout):
-                ws = await client.ws_connect(
-                    url,
-                    headers=headers,
-                    max_msg_size=self._max_line_bytes,
-                    autoclose=False,
-                    autoping=True,
-                    timeout=aiohttp.ClientWSTimeout(ws_close=self._shutdown_grace),
-                )
-        except TimeoutError:
-            log.error("the shared app-server did not accept a connection in time")
-            raise errors.timeout(
-                "Connecting to the shared app-server did not complete before its deadline."
-            ) from None
-        except (aiohttp.ClientError, OSError) as exc:
-            reason = connect_failure(exc)
-            # The operator's log names where; the client's payload only why (no path, no
-            # host: see docs/SECURITY.md, "Errors say little").
-            log.error(
-                "could not connect to the app-server at %s: %s",
-                self.url or f"unix://{self._socket}",
-                reason,
-            )
-            raise errors.app_server_spawn_failed(
-                f"Could not connect to the shared app-server: {reason}; check the bridge's "
-                "app-server settings."
-            ) from None
+        ws = await self._handshake()
         connection = AppServerConnection(ws, max_line_bytes=self._max_line_bytes, server=self)
         self._connections.add(connection)
         connection.exit_callbacks.append(lambda _: self._connections.discard(connection))
@@ -461,6 +461,67 @@ class SharedAppServer:
             await connection.shutdown(self._shutdown_grace)
             raise errors.app_server_spawn_failed("The bridge is shutting down.")
         return connection
+
+    async def _handshake(self) -> aiohttp.ClientWebSocketResponse:
+        """A WebSocket to the app-server; a supervised one found dead on the way (killed,
+        crashed, before the bridge saw it go) is waited for in its restart, as a request
+        arriving in the restart's backoff waits for it."""
+        for attempt in range(1, _CONNECT_ATTEMPTS + 1):
+            process = None
+            if self.supervised:
+                await self._ensure_running()
+                process = self.process
+            try:
+                async with asyncio.timeout(self._spawn_timeout):
+                    return await self._ws_connect()
+            except TimeoutError:
+                log.error("the shared app-server did not accept a connection in time")
+                raise errors.timeout(
+                    "Connecting to the shared app-server did not complete before its deadline."
+                ) from None
+            except (aiohttp.ClientError, OSError) as exc:
+                if attempt < _CONNECT_ATTEMPTS and await self._died(process):
+                    continue
+                reason = connect_failure(exc)
+                # The operator's log names where; the client's payload only why (no path,
+                # no host: see docs/SECURITY.md, "Errors say little").
+                log.error(
+                    "could not connect to the app-server at %s: %s",
+                    self.url or f"unix://{self._socket}",
+                    reason,
+                )
+                raise errors.app_server_spawn_failed(
+                    f"Could not connect to the shared app-server: {reason}; check the "
+                    "bridge's app-server settings."
+                ) from None
+        raise AssertionError("unreachable")  # the last attempt returns or raises
+
+    async def _ws_connect(self) -> aiohttp.ClientWebSocketResponse:
+        client, url, headers = self._target()
+        return await client.ws_connect(
+            url,
+            headers=headers,
+            max_msg_size=self._max_line_bytes,
+            autoclose=False,
+            autoping=True,
+            timeout=aiohttp.ClientWSTimeout(ws_close=self._shutdown_grace),
+        )
+
+    async def _died(self, process: AppServerProcess | None) -> bool:
+        """Whether the supervised ``process`` has died: waited for a moment (a refused
+        connection can come before the bridge learns of the exit), and then until the
+        bridge has taken note of it (its restart is scheduled)."""
+        if not isinstance(process, _ListeningProcess):
+            return False
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(_CLOSE_TO_EXIT_SECONDS):
+                await process.dead.wait()
+        if not process.dead.is_set():
+            return False
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(_EXIT_TO_FINISH_SECONDS):
+                await process.wait()
+        return True
 
     def _target(self) -> tuple[aiohttp.ClientSession, str, dict[str, str]]:
         if self._client is None or self._client.closed:
@@ -567,6 +628,10 @@ class SharedAppServer:
         self._socket_target = _real_path(self._socket)
         self._started_at = loop.time()
         self.state = "running"
+        assert isinstance(process, _ListeningProcess)
+        watcher = loop.create_task(self._watch(process))
+        self._watchers.add(watcher)
+        watcher.add_done_callback(self._watchers.discard)
         log.info(
             "shared app-server started (pid %s, restart %d): %s",
             process.pid,
@@ -584,6 +649,95 @@ class SharedAppServer:
         with contextlib.suppress(OSError):
             await writer.wait_closed()
         return True
+
+    # -- liveness ----------------------------------------------------------------
+
+    def _watching(self, process: _ListeningProcess) -> bool:
+        return (
+            process is self.process
+            and self.state == "running"
+            and not process.dead.is_set()
+            and not self._closing
+        )
+
+    async def _watch(self, process: _ListeningProcess) -> None:
+        """The liveness probe of ``process``: every LIVENESS_INTERVAL_MS one
+        :data:`LIVENESS_METHOD` over a connection of the bridge's own (not a session's).
+
+        A stopped or deadlocked process still has its socket: connections are accepted
+        into its backlog and calls are written, and nothing ever comes back. Once no
+        answer has come for LIVENESS_TIMEOUT_MS (one probe that times out, or probes that
+        fail at once for that long), it is wedged (:meth:`_wedged`).
+        """
+        loop = asyncio.get_running_loop()
+        probe: AppServerConnection | None = None
+        unanswered_since: float | None = None
+        try:
+            while True:
+                await asyncio.sleep(self._liveness_interval)
+                if not self._watching(process):
+                    return
+                asked_at = loop.time()
+                try:
+                    async with asyncio.timeout(self._liveness_timeout):
+                        probe = await self._ask(probe)
+                    unanswered_since = None
+                    continue
+                except (TimeoutError, ProcessGone, StdinFull, aiohttp.ClientError, OSError):
+                    pass
+                except Exception as exc:  # a probe must not end the watch: count it a miss
+                    log.error("the liveness probe failed: %s", type(exc).__name__)
+                if probe is not None:
+                    stale, probe = probe, None
+                    await stale.shutdown(0)
+                if not self._watching(process):
+                    return
+                if unanswered_since is None:
+                    unanswered_since = asked_at
+                if loop.time() - unanswered_since >= self._liveness_timeout:
+                    self._wedged(process)
+                    return
+        finally:
+            if probe is not None:
+                await probe.shutdown(0)
+
+    async def _ask(self, probe: AppServerConnection | None) -> AppServerConnection | None:
+        """One question over the probe connection, opened (and initialized) first if there
+        is none; returns it (None if it cannot be asked again). Any answer, an error too,
+        returns; raises what a call or a connection raises."""
+        if probe is None or not probe.running:
+            ws = await self._ws_connect()
+            probe = AppServerConnection(ws, max_line_bytes=self._max_line_bytes, server=self)
+            try:
+                params = {"clientInfo": PROBE_CLIENT_INFO}
+                await probe.call("initialize", params, self._liveness_timeout)
+                probe.notify("initialized")
+            except RpcError:
+                # An answer, on a connection that is no use: a new one next time.
+                await probe.shutdown(0)
+                return None
+            except BaseException:
+                await probe.shutdown(0)
+                raise
+        with contextlib.suppress(RpcError):
+            await probe.call(LIVENESS_METHOD, _LIVENESS_PARAMS, self._liveness_timeout)
+        return probe
+
+    def _wedged(self, process: _ListeningProcess) -> None:
+        """``process`` stopped answering: kill it (its exit restarts it, as any death
+        does), and end its sessions now, saying why."""
+        log.error(
+            "shared app-server (pid %s) did not answer the liveness probe within %g s: "
+            "wedged; killing it (SIGKILL) with its descendants and ending its %d connections",
+            process.pid,
+            self._liveness_timeout,
+            len(self._connections),
+        )
+        self._wedged_process = process
+        process.kill()
+        info = ExitInfo(None, signal.SIGKILL.name, "")
+        for connection in list(self._connections):
+            connection.server_exited(info, SERVER_WEDGED)
 
     def _failed(self, loop: asyncio.AbstractEventLoop) -> None:
         self.state = "failed"
@@ -608,6 +762,7 @@ class SharedAppServer:
             "exitCode": info.exit_code,
             "signal": info.signal,
             "at": rfc3339(time.time()),
+            "wedged": process is self._wedged_process,
         }
         if loop.time() - self._started_at > BACKOFF_RESET_AFTER:
             self._backoff = BACKOFF_FIRST
@@ -661,6 +816,10 @@ class SharedAppServer:
 
     async def close(self) -> None:
         self._closing = True
+        for watcher in list(self._watchers):
+            watcher.cancel()
+        if self._watchers:
+            await asyncio.wait(list(self._watchers))
         if self._restart_task is not None:
             self._restart_task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -729,6 +888,8 @@ class SharedBackend(ProcessBackend):
             spawn_timeout=self.limits.spawn_timeout_ms / 1000,
             shutdown_grace=self.limits.shutdown_grace_ms / 1000,
             secret_env=(*SECRET_ENV, APP_SERVER_TOKEN_VARIABLE),
+            liveness_interval=self.limits.liveness_interval_ms / 1000,
+            liveness_timeout=self.limits.liveness_timeout_ms / 1000,
         )
 
     async def _spawn(self, options: ClientOptions | None) -> AppServerProcess:

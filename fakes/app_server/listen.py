@@ -262,7 +262,7 @@ class FrameOutput:
             self._partial.clear()
         self._closing = True
         await self._flushed.wait()
-        self._writer.cancel()
+        await self.stop()
         with contextlib.suppress(ConnectionError, RuntimeError):
             await self._ws.close(code=code, message=reason.encode())
 
@@ -274,9 +274,21 @@ class FrameOutput:
             self._partial.clear()
         self._closing = True
         await self._flushed.wait()
-        self._writer.cancel()
+        await self.stop()
         if isinstance(transport, asyncio.Transport):
             transport.abort()
+
+    async def stop(self) -> None:
+        """End the writer task and wait until it has ended (what is queued is dropped).
+
+        Every path out of a connection comes here, so no writer is left pending for the
+        garbage collector to find ("Task was destroyed but it is pending!")."""
+        self._closing = True
+        if not self._writer.done():
+            self._writer.cancel()
+            # asyncio.wait, not `await task`: the writer's CancelledError stays its own,
+            # and a cancellation of this task still propagates.
+            await asyncio.wait([self._writer])
 
 
 class Connection(AppServer):
@@ -446,14 +458,17 @@ class Listener:
         )
         self.connections.add(connection)
         try:
-            report = f"fake-codex-{os.getpid()}-{number}.json"
-            code = await connection.serve(_Closing(output), _messages(ws), report)
+            try:
+                report = f"fake-codex-{os.getpid()}-{number}.json"
+                code = await connection.serve(_Closing(output), _messages(ws), report)
+            finally:
+                self.connections.discard(connection)
+            if connection.aborted:
+                await output.abort(request.transport)
+            elif not ws.closed:
+                await output.close(1000 if code == 0 else 1011, "" if code == 0 else f"exit {code}")
         finally:
-            self.connections.discard(connection)
-        if connection.aborted:
-            await output.abort(request.transport)
-        elif not ws.closed:
-            await output.close(1000 if code == 0 else 1011, "" if code == 0 else f"exit {code}")
+            await output.stop()
 
 
 class _Closing:

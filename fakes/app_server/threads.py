@@ -1,7 +1,7 @@
 """The thread methods, as `codex app-server` 0.169.0 answers them.
 
-`thread/start`, `thread/read`, `thread/list`, `thread/name/set`, `thread/resume`,
-`thread/fork`, `thread/archive`, `thread/unarchive` and `turn/steer`: results, the
+`thread/start`, `thread/read`, `thread/list`, `thread/loaded/list`, `thread/name/set`,
+`thread/resume`, `thread/fork`, `thread/archive`, `thread/unarchive` and `turn/steer`: results, the
 notifications around them and the error messages were recorded from the real server
 (see the README). Threads live in this process only; there are no rollout files.
 """
@@ -69,6 +69,7 @@ class ThreadMethods:
             "thread/start": self.start,
             "thread/read": self.read,
             "thread/list": self.list,
+            "thread/loaded/list": self.loaded_list,
             "thread/name/set": self.set_name,
             "thread/resume": self.resume,
             "thread/fork": self.fork,
@@ -171,6 +172,20 @@ class ThreadMethods:
                 "backwardsCursor": cursor,
             }
         )
+
+    def loaded_list(self, call: Call) -> Reply:
+        """`thread/loaded/list {limit?, cursor?}`: the ids of the threads in memory (not
+        archived), in the order they were started; `nextCursor` continues a page."""
+        ids = [thread.id for thread in self.server.threads.values() if thread.loaded]
+        cursor = call.params.get("cursor")
+        if isinstance(cursor, str) and cursor in ids:
+            ids = ids[ids.index(cursor) + 1 :]
+        limit = call.params.get("limit")
+        next_cursor = None
+        if isinstance(limit, int) and not isinstance(limit, bool) and 0 < limit < len(ids):
+            ids = ids[:limit]
+            next_cursor = ids[-1]
+        return Reply({"data": ids, "nextCursor": next_cursor})
 
     def set_name(self, call: Call) -> Reply:
         """`thread/name/set`: `{}`, then `thread/name/updated`."""

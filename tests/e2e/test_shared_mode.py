@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 import pytest_asyncio
 from aiohttp import web
-from processes import live_children
+from processes import exited, live_children
 
 from bridge.app import trusted_bridge_app
 from bridge.limits import AppServerSettings, RestLimits
@@ -371,3 +371,92 @@ async def test_what_codex_listens_on_is_removed_and_only_its_directory_stays(
 
 def _present(path: str) -> bool:
     return os.path.lexists(path)
+
+
+def _dead(pid: int) -> bool:
+    """Whether ``pid`` has exited (gone, or a zombie not reaped yet)."""
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().rsplit(")", 1)[1].split()[0] == "Z"
+    except OSError:
+        return True
+
+
+#: A probe every 0.2 s; the real codex answers `thread/loaded/list` in milliseconds, and
+#: has 5 s (it shares two cores with whatever else runs).
+PROBED = RestLimits(liveness_interval_ms=200, liveness_timeout_ms=5000)
+WEDGED = {
+    "exitCode": None,
+    "signal": "SIGKILL",
+    "stderrTail": "",
+    "connection": "the shared app-server stopped answering and was killed",
+}
+
+
+async def test_a_stopped_codex_is_found_wedged_killed_and_restarted(
+    model, codex_home, workspace, serve, codex_bin, http
+):
+    """SIGSTOP of the shared codex (its whole group): the socket still accepts, nothing
+    answers. The liveness probe finds it: every session ends with an `exit` event that
+    says so, a call waiting on it fails, codex is killed and a new one serves."""
+    command = model.codex_command(codex_bin, codex_home=codex_home, cwd=workspace)
+    base = await serve(trusted_bridge_app(command, PROBED, SHARED))
+    sessions = [await create_session(http, base, None) for _ in range(2)]
+    await start_thread(http, base, sessions[0], cwd=str(workspace))
+    first = await shared_state(http, base)
+    pid = first["pid"]
+    assert (first["connections"], first["restarts"]) == (2, 0)
+    streams = [
+        await http.get(f"{base}/v1/sessions/{s}/events/stream?after=0").__aenter__()
+        for s in sessions
+    ]
+    try:
+        os.killpg(pid, signal.SIGSTOP)
+        waiting = asyncio.ensure_future(call(http, base, sessions[1], "thread/start", {}))
+        for stream in streams:
+            frames = await SseReader(stream).until(lambda f: f.event == "exit", timeout=WAIT)
+            assert frames[-1].json()["params"] == WEDGED
+        status, body = await waiting
+        assert (status, body["error"]) == (502, "app_server_exited"), body
+        await exited([pid], WAIT)
+        assert _dead(pid)
+    finally:
+        for stream in streams:
+            stream.release()
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(pid, signal.SIGCONT)
+    fresh = await create_session(http, base, None)
+    assert await start_thread(http, base, fresh, cwd=str(workspace))
+    state = await shared_state(http, base)
+    assert (state["state"], state["restarts"], state["connections"]) == ("running", 1, 1)
+    assert state["pid"] not in (None, pid)
+    assert (state["lastExit"]["signal"], state["lastExit"]["wedged"]) == ("SIGKILL", True)
+
+
+async def test_a_session_that_stops_its_codex_with_command_exec_does_not_hang_the_others(
+    model, codex_home, workspace, serve, codex_bin, http
+):
+    """A session's `command/exec` of `kill -STOP $PPID` stops the shared codex itself
+    (trusted preset: the method is allowed). The others are not left hanging: the probe
+    finds it wedged, their sessions end, and a new codex serves new ones."""
+    command = model.codex_command(codex_bin, codex_home=codex_home, cwd=workspace)
+    base = await serve(trusted_bridge_app(command, PROBED, SHARED))
+    attacker, bystander = [await create_session(http, base, None) for _ in range(2)]
+    pid = (await shared_state(http, base))["pid"]
+    async with http.get(f"{base}/v1/sessions/{bystander}/events/stream?after=0") as stream:
+        try:
+            params = {
+                "command": ["sh", "-c", "kill -STOP $PPID"],
+                "sandboxPolicy": {"type": "dangerFullAccess"},
+            }
+            status, body = await call(http, base, attacker, "command/exec", params)
+            assert (status, body["error"]) == (502, "app_server_exited"), body
+            frames = await SseReader(stream).until(lambda f: f.event == "exit", timeout=WAIT)
+            assert frames[-1].json()["params"] == WEDGED
+        finally:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(pid, signal.SIGCONT)
+    fresh = await create_session(http, base, None)
+    assert await start_thread(http, base, fresh, cwd=str(workspace))
+    state = await shared_state(http, base)
+    assert (state["restarts"], state["lastExit"]["wedged"]) == (1, True)

@@ -378,6 +378,23 @@ async def test_a_second_initialize_is_refused(spawn: Spawn) -> None:
     assert reply["error"] == {"code": -32600, "message": "Already initialized"}
 
 
+async def test_a_scripted_initialize_with_match_applies_to_the_clients_it_fits(
+    spawn: Spawn,
+) -> None:
+    script = """
+        version: 1
+        initialize:
+          match: {clientInfo: {name: probe, version: "1"}}
+          error: {code: -32001, message: not you}
+    """
+    refused = await spawn(script)
+    reply = await refused.request("initialize", {"clientInfo": {"name": "probe", "version": "1"}})
+    assert reply["error"] == {"code": -32001, "message": "not you"}
+    welcome = await spawn(script)
+    reply = await welcome.request("initialize", {"clientInfo": CLIENT_INFO})
+    assert reply["result"]["userAgent"].startswith(f"{CLIENT_INFO['name']}/")
+
+
 async def test_requests_are_served_between_initialize_and_initialized(spawn: Spawn) -> None:
     fake = await spawn()
     await fake.request("initialize", {"clientInfo": CLIENT_INFO})
@@ -1256,6 +1273,7 @@ RESPONSE_SCHEMAS = {
     "model/list": "v2/ModelListResponse.json",
     "thread/read": "v2/ThreadReadResponse.json",
     "thread/list": "v2/ThreadListResponse.json",
+    "thread/loaded/list": "v2/ThreadLoadedListResponse.json",
     "thread/name/set": "v2/ThreadSetNameResponse.json",
     "thread/resume": "v2/ThreadResumeResponse.json",
     "thread/fork": "v2/ThreadForkResponse.json",
@@ -1314,6 +1332,7 @@ async def test_every_message_matches_the_real_json_schema(
         ("thread/read", {"threadId": thread_id, "includeTurns": True}),
         ("thread/name/set", {"threadId": thread_id, "name": "Checked"}),
         ("thread/list", {}),
+        ("thread/loaded/list", {"limit": 1}),
         ("thread/resume", {"threadId": thread_id}),
         ("thread/fork", {"threadId": thread_id}),
         ("thread/archive", {"threadId": thread_id}),
@@ -1389,6 +1408,27 @@ async def test_thread_list_shows_threads_with_turns_newest_first(spawn: Spawn) -
     assert set(listed["readStates"]) == {first, second}
     assert listed["data"][0]["canAcceptDirectInput"] is None
     assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z", listed["backwardsCursor"])
+
+
+async def test_thread_loaded_list_pages_the_threads_in_memory(spawn: Spawn) -> None:
+    fake, first = await ready(spawn)
+    second = await fake.start_thread()
+    third = await fake.start_thread()
+    assert (await fake.request("thread/loaded/list"))["result"] == {
+        "data": [first, second, third],
+        "nextCursor": None,
+    }
+    page = (await fake.request("thread/loaded/list", {"limit": 2}))["result"]
+    assert page == {"data": [first, second], "nextCursor": second}
+    rest = {"limit": 2, "cursor": page["nextCursor"]}
+    assert (await fake.request("thread/loaded/list", rest))["result"] == {
+        "data": [third],
+        "nextCursor": None,
+    }
+    await finished_turn(fake, second)
+    assert "result" in await fake.request("thread/archive", {"threadId": second})
+    listed = (await fake.request("thread/loaded/list"))["result"]
+    assert listed["data"] == [first, third]
 
 
 async def test_thread_name_set_answers_then_announces(spawn: Spawn) -> None:

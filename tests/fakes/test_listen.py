@@ -407,3 +407,39 @@ async def test_under_a_seed_connection_0_plays_like_a_stdio_process(
     )
     replies = [json.loads(line) for line in out.splitlines()]
     assert next(m for m in replies if m.get("id") == 2)["result"]["thread"]["id"] == ids[0]
+
+
+async def test_connections_that_come_and_go_leave_no_task_behind(
+    start: Any, tmp_path: Path
+) -> None:
+    """Every connection's writer task is owned, and ended with it: asyncio reports a task
+    collected while still pending ("Task was destroyed but it is pending!") on stderr."""
+    server = await start(f"unix://{tmp_path / 'app.sock'}")
+    async with server.session() as session:
+        for round_ in range(30):
+            client = await server.connect(session)
+            await client.open()
+            await client.request("thread/start", {})
+            if round_ % 2 == 0:
+                await client.send({"id": 99, "method": "test/leave", "params": {}})
+                await client.end()
+            else:
+                await client.ws.close()
+        for _ in range(10):
+            # Connections dropped mid-frame, without a close frame.
+            reader, writer = await asyncio.open_unix_connection(os.readlink(server.link))
+            writer.write(
+                b"GET / HTTP/1.1\r\nHost: x\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
+                b"Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n\r\n"
+            )
+            assert b" 101 " in await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), WAIT)
+            writer.write(bytes([0x81, 0x80 | 100, 1, 2, 3, 4]) + b"x" * 10)
+            await writer.drain()
+            writer.close()
+            await writer.wait_closed()
+    server.proc.send_signal(signal.SIGTERM)
+    assert await server.wait() == 0
+    assert server.proc.stderr is not None
+    stderr = (await server.proc.stderr.read()).decode(errors="replace")
+    assert "Task was destroyed" not in stderr, stderr
+    assert "Traceback" not in stderr, stderr
