@@ -39,13 +39,15 @@ from bridge.limits import (
     RestLimits,
 )
 from bridge.models import AppServerInfo, ClientOptions, Compatibility, SharedAppServerState
-from bridge.process import startup
+from bridge.process import startup, tenancy
 from bridge.process.backend import DEFAULT_COMMAND, SECRET_ENV, ProcessBackend
 from bridge.process.rpc import (
     AppServerProcess,
     ExitInfo,
     NotificationHandler,
     ProcessGone,
+    RequestHandler,
+    RpcError,
     StdinFull,
 )
 from bridge.wire import dumps
@@ -63,10 +65,8 @@ BACKOFF_FIRST = 0.5
 BACKOFF_MAX = 30.0
 BACKOFF_RESET_AFTER = 60.0
 #: How the ends of a connection are told in the ``exit`` event (``params.connection``).
-#: Calls whose answer is a thread this connection then follows ({"thread": {"id"}}).
-THREAD_OPENERS = frozenset({"thread/start", "thread/resume", "thread/fork"})
-#: Fields of a thread that name the thread it came from (a fork, a sub-agent).
-_THREAD_ORIGINS = ("parentThreadId", "forkedFromId", "attachedToThreadId")
+#: Calls whose answer is a thread this connection then owns (tenancy.py).
+THREAD_OPENERS = frozenset(tenancy.OPENERS)
 #: Thread-opening calls remembered at most (those in flight are always kept).
 _MAX_OPENING = 1024
 CLOSED_BY_BRIDGE = "closed by the bridge"
@@ -114,15 +114,16 @@ class AppServerConnection(AppServerProcess):
         self._held_frame: bytes | None = None
         self._readable = asyncio.Event()
         self._readable.set()
-        #: The threads this connection opened (or that came from them), and the ids of
+        #: The threads this connection owns (tenancy.py), and the ids (and methods) of
         #: its calls that open one; see :meth:`_notify`.
-        self._threads: set[str] = set()
-        self._opening: set[int] = set()
-        #: How many other connections' `thread/started` were kept from this one.
+        self._threads = tenancy.Threads()
+        self._opening: dict[int, str] = {}
+        #: How many notifications and server requests about other connections' threads
+        #: were kept from this one.
         self.foreign_threads_hidden = 0
         self._reader = self._loop.create_task(self._read())
 
-    # -- other connections' threads ----------------------------------------------
+    # -- other connections' threads (tenancy.py) -----------------------------------
 
     @property
     def on_notification(self) -> NotificationHandler:
@@ -132,28 +133,98 @@ class AppServerConnection(AppServerProcess):
     def on_notification(self, handler: NotificationHandler) -> None:
         self._notification_handler = handler
 
+    @property
+    def on_request(self) -> RequestHandler:
+        return self._request
+
+    @on_request.setter
+    def on_request(self, handler: RequestHandler) -> None:
+        self._request_handler = handler
+
     def _notify(self, method: str, params: Any) -> None:
-        """codex announces every new thread (`thread/started`) to every connection:
-        pass on only this connection's own (which codex answers before announcing)."""
-        if method == "thread/started" and isinstance(params, dict):
-            thread = params.get("thread")
-            if isinstance(thread, dict) and isinstance(thread.get("id"), str):
-                origins = {thread.get(key) for key in _THREAD_ORIGINS}
-                if thread["id"] not in self._threads and self._threads.isdisjoint(origins):
-                    self.foreign_threads_hidden += 1
-                    return
-                self._threads.add(thread["id"])
+        """codex tells every connection of every thread (`thread/started`, status, name,
+        archive, ...): pass on only what concerns this connection's own threads (codex
+        answers a `thread/start` before it announces it)."""
+        if method == "thread/started":
+            mine = self._threads.announced(params)
+        else:
+            mine = self._threads.concerns_me(params)
+        if not mine:
+            self.foreign_threads_hidden += 1
+            return
         self._notification_handler(method, params)
 
+    def _request(self, request_id: Any, method: str, params: Any) -> None:
+        """A server request about another connection's thread is not this one's to
+        answer: it is left to the owner (an answer from here would settle it)."""
+        if not self._threads.concerns_me(params):
+            self.foreign_threads_hidden += 1
+            return
+        self._request_handler(request_id, method, params)
+
     def _resolve(self, message: dict[str, Any]) -> None:
-        request_id = message["id"]
-        if request_id in self._opening:
-            self._opening.discard(request_id)
-            result = message.get("result")
-            thread = result.get("thread") if isinstance(result, dict) else None
-            if isinstance(thread, dict) and isinstance(thread.get("id"), str):
-                self._threads.add(thread["id"])
+        method = self._opening.pop(message["id"], None)
+        if method is not None and "result" in message:
+            self._threads.opened(method, message["result"])
         super()._resolve(message)
+
+    async def call(self, method: str, params: Any, timeout: float) -> Any:
+        """A call on a thread this connection does not own is answered by codex as for
+        a thread that does not exist; a listing shows this connection's threads only."""
+        if method in tenancy.LISTINGS:
+            return await self._list_owned(method, params, timeout)
+        disguised, substitutes = self._threads.disguise(method, params)
+        if not substitutes:
+            return await super().call(method, params, timeout)
+        try:
+            result = await super().call(method, disguised, timeout)
+        except RpcError as exc:
+            undo = tenancy.Threads.undisguise
+            raise RpcError(
+                exc.code, undo(exc.message, substitutes), undo(exc.data, substitutes)
+            ) from None
+        return tenancy.Threads.undisguise(result, substitutes)
+
+    async def _list_owned(self, method: str, params: Any, timeout: float) -> Any:
+        """Read codex's pages until one page of owned threads is full (or codex has no
+        more, or :data:`tenancy.MAX_LIST_ROUNDS` pages were read); cursors are tokens."""
+        threads = self._threads
+        deadline = self._loop.time() + timeout
+        asked = dict(params) if isinstance(params, dict) else {}
+        if "cursor" in asked:
+            asked["cursor"] = threads.cursor_for(asked["cursor"])
+        limit = asked.get("limit")
+        #: How many owned threads make a page (codex's own page size if none is asked).
+        wanted = limit if isinstance(limit, int) and not isinstance(limit, bool) else -1
+        first: dict[str, Any] | None = None
+        kept: list[Any] = []
+        cursor: Any = None
+        for _ in range(tenancy.MAX_LIST_ROUNDS):
+            try:
+                result = await super().call(
+                    method, asked if asked or params is not None else None, timeout
+                )
+            except (RpcError, TimeoutError):
+                if first is None:
+                    raise
+                break  # what was read so far is a page, and its cursor goes on from there
+            if not isinstance(result, dict):
+                result = {}
+            page = result.get("data")
+
+            kept += threads.owned_items(method, page)
+            if first is None:
+                first = result
+                if wanted < 0:
+                    wanted = len(page) if isinstance(page, list) else 0
+            cursor = result.get("nextCursor")
+            timeout = deadline - self._loop.time()
+            if not isinstance(cursor, str) or len(kept) >= wanted or timeout <= 0:
+                break
+            asked["cursor"] = cursor
+            asked["limit"] = wanted - len(kept)
+        assert first is not None
+        return threads.only_owned(first, kept, cursor)
 
     # -- outgoing --------------------------------------------------------------
 
@@ -165,11 +236,13 @@ class AppServerConnection(AppServerProcess):
         # JSON text as UTF-8 bytes, sent as a text frame as is (send_str would encode a
         # str again); the bound below counts bytes, as the wire does.
         frame = dumps(message)
-        if message.get("method") in THREAD_OPENERS and "id" in message:
+        method = message.get("method")
+        if method in THREAD_OPENERS and "id" in message:
             if len(self._opening) >= _MAX_OPENING:
                 # Calls that were never answered (timed out): forget them.
-                self._opening.intersection_update(self._pending)
-            self._opening.add(message["id"])
+                pending = self._pending
+                self._opening = {i: m for i, m in self._opening.items() if i in pending}
+            self._opening[message["id"]] = method
         self._frames.append(frame)
         self._frames_bytes += len(frame)
         if self._writer is None:
