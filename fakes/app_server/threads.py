@@ -155,9 +155,20 @@ class ThreadMethods:
             if thread.history and thread.archived == archived
         ]
         threads.sort(key=lambda thread: thread.id, reverse=True)
+        after = call.params.get("cursor")
+        if isinstance(after, str):
+            # The real cursor: the last listed thread's creation second and id.
+            _, bar, last_id = after.rpartition("|")
+            if not bar or not last_id:
+                return invalid(f"invalid cursor: {after}")
+            threads = [thread for thread in threads if thread.id < last_id]
         limit = call.params.get("limit")
-        if isinstance(limit, int) and limit > 0:
+        next_cursor = None
+        if isinstance(limit, int) and 0 < limit < len(threads):
             threads = threads[:limit]
+            last = threads[-1]
+            created = datetime.fromtimestamp(int(last.info["createdAt"]), UTC)
+            next_cursor = created.strftime("%Y-%m-%dT%H:%M:%SZ") + f"|{last.id}"
         cursor = None
         if threads:
             millis = int(threads[0].id.replace("-", "")[:12], 16)
@@ -167,7 +178,7 @@ class ThreadMethods:
             {
                 "data": [_listed(thread) for thread in threads],
                 "readStates": {thread.id: self._read_state(thread) for thread in threads},
-                "nextCursor": None,
+                "nextCursor": next_cursor,
                 "backwardsCursor": cursor,
             }
         )

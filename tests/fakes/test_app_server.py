@@ -1391,6 +1391,35 @@ async def test_thread_list_shows_threads_with_turns_newest_first(spawn: Spawn) -
     assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z", listed["backwardsCursor"])
 
 
+async def test_thread_list_pages_with_the_real_cursor(spawn: Spawn) -> None:
+    """As codex 0.169.0: with a `limit` short of the rest, `nextCursor` is the last
+    listed thread's creation second and id (`2026-11-27T08:50:09Z|<id>`); the next page
+    starts after it; the last page's is null; a cursor of another shape is refused."""
+    fake, first = await ready(spawn)
+    await finished_turn(fake, first)
+    threads = [first]
+    for _ in range(2):
+        thread_id = await fake.start_thread()
+        await fake.until_method("thread/started")
+        await finished_turn(fake, thread_id)
+        threads.append(thread_id)
+    seen: list[str] = []
+    cursor = None
+    for _ in range(len(threads)):
+        page = (await fake.request("thread/list", {"limit": 1, "cursor": cursor}))["result"]
+        seen += [thread["id"] for thread in page["data"]]
+        cursor = page["nextCursor"]
+        if cursor is None:
+            break
+        assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ\|" + seen[-1], cursor)
+    assert seen == threads[::-1]
+    assert cursor is None
+    whole = (await fake.request("thread/list", {"limit": 3}))["result"]
+    assert whole["nextCursor"] is None
+    refused = await fake.request("thread/list", {"cursor": "garbage"})
+    assert refused["error"] == {"code": -32600, "message": "invalid cursor: garbage"}
+
+
 async def test_thread_name_set_answers_then_announces(spawn: Spawn) -> None:
     fake, thread_id = await ready(spawn)
     assert (await fake.request("thread/name/set", {"threadId": thread_id, "name": "Mine"}))[
