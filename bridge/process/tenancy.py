@@ -17,7 +17,8 @@ connection. :class:`Threads` is what one connection (one session) owns, and the 
   nothing tells "not yours" from "no such thread". The experimental ``path`` of
   ``thread/resume`` and ``thread/fork`` (a rollout file, any thread's) is replaced the
   same way by a file that does not exist.
-- A listing (``thread/list``, ``thread/loaded/list``) shows owned threads only; its
+- A listing (``thread/list``, ``thread/loaded/list``, ``thread/attachmentOwner/list``)
+  shows owned threads only; its
   cursors, which name codex's last thread of a page, are replaced by tokens of the
   connection's own.
 - A notification or server request about a thread the connection does not own is not
@@ -44,7 +45,11 @@ PATH_CALLS = frozenset({"thread/resume", "thread/fork"})
 #: Fields of a thread that name the thread it came from (a fork, a sub-agent).
 ORIGINS = ("parentThreadId", "forkedFromId", "attachedToThreadId")
 #: Listings: where each item names its thread ("" for an item that is the id itself).
-LISTINGS = {"thread/list": "id", "thread/loaded/list": ""}
+LISTINGS = {
+    "thread/list": "id",
+    "thread/loaded/list": "",
+    "thread/attachmentOwner/list": "threadId",
+}
 #: Pages of codex's a listing reads at most to fill one page of owned threads.
 MAX_LIST_ROUNDS = 16
 #: Cursor tokens a connection remembers (the oldest are forgotten first).

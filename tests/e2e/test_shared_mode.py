@@ -391,6 +391,46 @@ async def test_listings_show_a_session_its_own_threads_only(shared_bridge, http,
         assert (await answer.json())["result"]["data"] == []
 
 
+async def test_attachment_owners_are_the_sessions_own_threads(shared_bridge, http, workspace):
+    """`thread/attachmentOwner/list` names every thread with an attachment of that
+    identity; a session is shown its own (and the cursor, which names one, is a token)."""
+    sessions = [await create_session(http, shared_bridge, None) for _ in range(2)]
+    owned: dict[str, list[str]] = {s: [] for s in sessions}
+    for session_id in (*sessions, *sessions):
+        thread_id = await start_thread(http, shared_bridge, session_id, cwd=str(workspace))
+        await run_turn(http, shared_bridge, session_id, thread_id, "Hello.")
+        attachment = {"attachmentType": "pr", "identityKey": "k1", "payload": {}}
+        status, body = await call(
+            http,
+            shared_bridge,
+            session_id,
+            "thread/attachment/add",
+            {**attachment, "threadId": thread_id},
+        )
+        assert status == 200, body
+        owned[session_id].append(thread_id)
+    for session_id, threads in owned.items():
+        for limit in (1, 10):
+            seen: list[str] = []
+            cursor = None
+            for _ in range(10):
+                params = {"attachmentType": "pr", "identityKey": "k1", "limit": limit}
+                status, body = await call(
+                    http,
+                    shared_bridge,
+                    session_id,
+                    "thread/attachmentOwner/list",
+                    {**params, "cursor": cursor},
+                )
+                assert status == 200, body
+                seen += [owner["threadId"] for owner in body["result"]["data"]]
+                cursor = body["result"]["nextCursor"]
+                if cursor is None:
+                    break
+                assert cursor.startswith("tc_"), cursor
+            assert sorted(seen) == sorted(threads), (limit, seen)
+
+
 async def test_an_idle_session_hears_nothing_of_other_sessions_threads(
     shared_bridge, http, model, workspace
 ):
