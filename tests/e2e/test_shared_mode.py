@@ -314,14 +314,19 @@ async def test_another_sessions_thread_is_answered_as_one_that_does_not_exist(
         ), method
         assert "secret" not in json.dumps(body), method
     # Another spelling of the same id (codex reads it as the same thread) is no way in.
-    for spelling in (thread_id.upper(), f"urn:uuid:{thread_id}"):
+    spellings = (
+        thread_id.upper(),
+        f"urn:uuid:{thread_id}",
+        f"{{{thread_id}}}",
+        thread_id.replace("-", ""),
+    )
+    for spelling in spellings:
         status, body = await call(http, shared_bridge, other, "thread/read", {"threadId": spelling})
         assert status == 502, body
         assert body["message"] == f"thread not loaded: {thread_id}"
-    status, body = await call(
-        http, shared_bridge, owner, "thread/read", {"threadId": thread_id.upper()}
-    )
-    assert (status, body["result"]["thread"]["id"]) == (200, thread_id)
+    for spelling in spellings:
+        status, body = await call(http, shared_bridge, owner, "thread/read", {"threadId": spelling})
+        assert (status, body["result"]["thread"]["id"]) == (200, thread_id)
     # The refusals reached nothing: the owner's thread is whole, named as before.
     status, body = await call(
         http, shared_bridge, owner, "thread/read", {"threadId": thread_id, "includeTurns": True}
