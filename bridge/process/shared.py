@@ -69,6 +69,9 @@ BACKOFF_RESET_AFTER = 60.0
 THREAD_OPENERS = frozenset(tenancy.OPENERS)
 #: Thread-opening calls remembered at most (those in flight are always kept).
 _MAX_OPENING = 1024
+#: Frames about threads a connection does not own, kept (the newest, up to this many
+#: bytes) in case one is about a sub-agent of its own not yet named (see _notify).
+_LIMBO_BYTES = 64 * 1024
 CLOSED_BY_BRIDGE = "closed by the bridge"
 CLOSED_BY_SERVER = "closed by the app-server"
 SERVER_EXITED = "the shared app-server exited"
@@ -121,6 +124,10 @@ class AppServerConnection(AppServerProcess):
         #: How many notifications and server requests about other connections' threads
         #: were kept from this one.
         self.foreign_threads_hidden = 0
+        #: The frame being dispatched, and the latest frames about threads not owned.
+        self._frame = b""
+        self._limbo: deque[tuple[str, bytes]] = deque()
+        self._limbo_bytes = 0
         self._reader = self._loop.create_task(self._read())
 
     # -- other connections' threads (tenancy.py) -----------------------------------
@@ -144,21 +151,50 @@ class AppServerConnection(AppServerProcess):
     def _notify(self, method: str, params: Any) -> None:
         """codex tells every connection of every thread (`thread/started`, status, name,
         archive, ...): pass on only what concerns this connection's own threads (codex
-        answers a `thread/start` before it announces it)."""
+        answers a `thread/start` before it announces it).
+
+        codex may tell of a sub-agent (its status) before the parent's `spawnAgent` item
+        names it: the latest such frames are kept, and passed on once it is named."""
+        threads = self._threads
         if method == "thread/started":
-            mine = self._threads.announced(params)
-        else:
-            mine = self._threads.concerns_me(params)
-        if not mine:
+            if not threads.announced(params):
+                self.foreign_threads_hidden += 1
+                return
+        elif (foreign := threads.foreign_thread(params)) is not None:
             self.foreign_threads_hidden += 1
+            self._keep_in_limbo(foreign)
             return
         self._notification_handler(method, params)
+        spawned = threads.spawned(method, params)
+        if spawned and self._limbo:
+            self._release_from_limbo(spawned)
+
+    def _keep_in_limbo(self, thread_id: str) -> None:
+        frame = self._frame
+        if len(frame) > _LIMBO_BYTES:
+            return
+        self._limbo.append((thread_id, frame))
+        self._limbo_bytes += len(frame)
+        while self._limbo_bytes > _LIMBO_BYTES:
+            self._limbo_bytes -= len(self._limbo.popleft()[1])
+
+    def _release_from_limbo(self, thread_ids: list[str]) -> None:
+        owned = set(thread_ids)
+        kept = [entry for entry in self._limbo if entry[0] not in owned]
+        released = [frame for thread_id, frame in self._limbo if thread_id in owned]
+        self._limbo = deque(kept)
+        self._limbo_bytes = sum(len(frame) for _, frame in kept)
+        for frame in released:
+            self.foreign_threads_hidden -= 1
+            self._dispatch_line(frame)
 
     def _request(self, request_id: Any, method: str, params: Any) -> None:
         """A server request about another connection's thread is not this one's to
         answer: it is left to the owner (an answer from here would settle it)."""
-        if not self._threads.concerns_me(params):
+        foreign = self._threads.foreign_thread(params)
+        if foreign is not None:
             self.foreign_threads_hidden += 1
+            self._keep_in_limbo(foreign)
             return
         self._request_handler(request_id, method, params)
 
@@ -322,6 +358,7 @@ class AppServerConnection(AppServerProcess):
             self._paused = True
             self._readable.clear()
             return True
+        self._frame = data
         self._dispatch_line(data)
         return self._protocol_error is None
 
@@ -359,6 +396,9 @@ class AppServerConnection(AppServerProcess):
         self._frames.clear()
         self._frames_bytes = 0
         self._held_frame = None
+        self._frame = b""
+        self._limbo.clear()
+        self._limbo_bytes = 0
         self._readable.set()
         if not self._ws.closed:
             _close_soon(self._ws)

@@ -7,7 +7,9 @@ connection. :class:`Threads` is what one connection (one session) owns, and the 
 
 - A thread is owned by the connection whose ``thread/start`` or ``thread/fork`` answered
   it (or ``review/start``'s detached review thread), and so is a thread codex announces
-  as coming from an owned one (a fork, a sub-agent).
+  as coming from an owned one (a fork), and a sub-agent an owned thread spawned (codex
+  0.169.0 announces no ``thread/started`` for those: the ``spawnAgent`` tool call item
+  of the parent names it in ``receiverThreadIds``).
 - Thread ids are UUIDs (codex's are, and it refuses anything else as an invalid id): a
   value that is none names no thread and is left alone.
 - A call that names a thread the connection does not own (``threadId``,
@@ -44,6 +46,8 @@ OPENERS = {
 PATH_CALLS = frozenset({"thread/resume", "thread/fork"})
 #: Fields of a thread that name the thread it came from (a fork, a sub-agent).
 ORIGINS = ("parentThreadId", "forkedFromId", "attachedToThreadId")
+#: Items of an owned thread whose receivers are new threads of the same owner.
+SPAWNING_TOOLS = frozenset({"spawnAgent"})
 #: Listings: where each item names its thread ("" for an item that is the id itself).
 LISTINGS = {
     "thread/list": "id",
@@ -153,16 +157,34 @@ class Threads:
             return True
         return False
 
-    def concerns_me(self, params: Any) -> bool:
-        """False for a message about a thread the connection does not own (a value
-        that is no UUID, such as an empty ``threadId``, names no thread)."""
+    def spawned(self, method: str, params: Any) -> list[str]:
+        """The sub-agents an owned thread's item says it spawned, now owned too (only a
+        spawn: a tool call that sends to or resumes an agent names a thread it did not
+        create)."""
+        if method not in ("item/started", "item/completed") or not isinstance(params, dict):
+            return []
+        item = params.get("item")
+        if not isinstance(item, dict) or item.get("tool") not in SPAWNING_TOOLS:
+            return []
+        receivers = item.get("receiverThreadIds")
+        if item.get("type") != "collabAgentToolCall" or not isinstance(receivers, list):
+            return []
+        new = [r for r in receivers if isinstance(r, str) and r not in self]
+        for thread_id in new:
+            self.add(thread_id)
+        return new
+
+    def foreign_thread(self, params: Any) -> str | None:
+        """The thread, not the connection's own, that a message is about (or None)."""
         if not isinstance(params, dict):
-            return True
+            return None
         for field in THREAD_FIELDS:
             value = params.get(field)
-            if isinstance(value, str) and value not in self and canonical(value) is not None:
-                return False
-        return True
+            if isinstance(value, str) and value not in self:
+                thread_id = canonical(value)
+                if thread_id is not None:
+                    return thread_id
+        return None
 
     # -- listings ------------------------------------------------------------------
 

@@ -27,6 +27,31 @@ SHARED = AppServerSettings(mode="shared")
 WAIT = 60.0
 #: A thread id no session of these tests owns.
 FOREIGN = str(uuid.uuid4())
+#: A sub-agent the scripted turn "spawns", and one it only sends a message to.
+SUB_AGENT = str(uuid.uuid4())
+MESSAGED = str(uuid.uuid4())
+
+
+def _agent_call(tool: str, receiver: str) -> dict[str, Any]:
+    item = {
+        "type": "collabAgentToolCall",
+        "id": f"call_{tool}",
+        "tool": tool,
+        "status": "completed",
+        "senderThreadId": "${threadId}",
+        "receiverThreadIds": [receiver],
+        "prompt": "Say hi.",
+        "agentsStates": {},
+    }
+    params = {"threadId": "${threadId}", "turnId": "${turnId}", "item": item}
+    return {"notify": {"method": "item/completed", "params": params}}
+
+
+def _status(thread_id: str) -> dict[str, Any]:
+    params = {"threadId": thread_id, "status": {"type": "idle"}}
+    return {"notify": {"method": "thread/status/changed", "params": params}}
+
+
 SCRIPT: dict[str, Any] = {
     "methods": {
         # An app-server that tells this connection of a thread that is not its own.
@@ -50,9 +75,21 @@ SCRIPT: dict[str, Any] = {
     },
     "turns": [
         {
+            # As codex may: the sub-agent's first news before the item that names it.
+            "match": {"input": [{"type": "text", "text": "Spawn."}]},
+            "steps": [
+                _status(SUB_AGENT),
+                _status(MESSAGED),
+                _agent_call("spawnAgent", SUB_AGENT),
+                _agent_call("sendInput", MESSAGED),
+                _status(MESSAGED),
+                {"agentMessage": "ok"},
+            ],
+        },
+        {
             "match": {"input": [{"type": "text", "text": "Ask me."}]},
             "steps": [{"commandApproval": {"command": "touch marker"}}, {"agentMessage": "ok"}],
-        }
+        },
     ],
 }
 
@@ -233,3 +270,24 @@ async def test_a_command_approval_is_asked_of_the_owner_alone(base, http, tmp_pa
         assert status == 200, body
         await reader.until(lambda f: f.json().get("method") == "turn/completed", timeout=WAIT)
     assert thread_id not in json.dumps(await events_of(http, base, other))
+
+
+async def test_a_sub_agent_is_its_spawners_with_the_news_that_came_first(base, http):
+    """The status of a sub-agent that arrives before the `spawnAgent` item naming it is
+    passed on once the item has; a thread a tool call only sends to is not adopted."""
+    owner, bystander = await new_session(http, base), await new_session(http, base)
+    thread_id = await start_thread(http, base, owner)
+    await run_turn(http, base, owner, thread_id, "Spawn.")
+    heard = await events_of(http, base, owner)
+    about = [(e["method"], e["params"].get("threadId")) for e in heard]
+    [spawn] = [
+        index
+        for index, e in enumerate(heard)
+        if e["method"] == "item/completed" and e["params"]["item"].get("tool") == "spawnAgent"
+    ]
+    assert about[spawn + 1] == ("thread/status/changed", SUB_AGENT), about
+    # Its own item names the agent it sent to, but that agent's news is not its.
+    assert [thread for _, thread in about if thread == MESSAGED] == []
+    told = json.dumps(await events_of(http, base, bystander))
+    assert SUB_AGENT not in told
+    assert thread_id not in told

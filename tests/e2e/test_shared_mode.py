@@ -396,6 +396,58 @@ async def test_listings_show_a_session_its_own_threads_only(shared_bridge, http,
         assert (await answer.json())["result"]["data"] == []
 
 
+SPAWN_AGENT = {
+    "functionCall": {
+        "name": "spawn_agent",
+        "namespace": "multi_agent_v1",
+        "arguments": {"message": "Say hi."},
+    }
+}
+
+
+async def test_a_sub_agent_belongs_to_the_session_whose_thread_spawned_it(
+    shared_bridge, http, model, workspace
+):
+    """codex 0.169.0 announces no `thread/started` for a sub-agent and tells every
+    connection of its turn; the parent's `spawnAgent` item names it, and from then on
+    it is the parent's session's: its news reaches that session alone (the earliest,
+    sent before the item, too), and it is no other session's to read."""
+    owner = await create_session(http, shared_bridge, None)
+    bystander = await create_session(http, shared_bridge, None)
+    thread_id = await start_thread(http, shared_bridge, owner, cwd=str(workspace))
+    model.model.add(SPAWN_AGENT)
+    async with http.get(f"{shared_bridge}/v1/sessions/{owner}/events/stream") as stream:
+        reader = SseReader(stream)
+        await start_turn(http, shared_bridge, owner, thread_id, "Spawn a helper.")
+        completed: set[str] = set()
+
+        def both_done(frame) -> bool:
+            event = frame.json()
+            if event["method"] == "turn/completed":
+                completed.add(event["params"]["threadId"])
+            return len(completed) == 2
+
+        heard = events(await reader.until(both_done, timeout=WAIT))
+    spawns = [
+        e["params"]["item"]
+        for e in heard
+        if e["method"] == "item/completed" and e["params"]["item"]["type"] == "collabAgentToolCall"
+    ]
+    [agent] = spawns[0]["receiverThreadIds"]
+    assert completed == {thread_id, agent}
+    about_agent = [e["method"] for e in heard if e["params"].get("threadId") == agent]
+    # Its first news, idle on creation, is there whether or not it came before the item.
+    assert about_agent[0] == "thread/status/changed", about_agent
+    assert {"turn/started", "item/agentMessage/delta", "turn/completed"} <= set(about_agent)
+    status, body = await call(http, shared_bridge, owner, "thread/read", {"threadId": agent})
+    assert status == 200, body
+    status, body = await call(http, shared_bridge, bystander, "thread/read", {"threadId": agent})
+    assert (status, body["message"]) == (502, f"thread not loaded: {agent}")
+    told = json.dumps(await events_of(http, shared_bridge, bystander))
+    assert agent not in told
+    assert thread_id not in told
+
+
 async def test_attachment_owners_are_the_sessions_own_threads(shared_bridge, http, workspace):
     """`thread/attachmentOwner/list` names every thread with an attachment of that
     identity; a session is shown its own (and the cursor, which names one, is a token)."""
