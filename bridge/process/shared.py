@@ -70,8 +70,9 @@ THREAD_OPENERS = frozenset(tenancy.OPENERS)
 #: Thread-opening calls remembered at most (those in flight are always kept).
 _MAX_OPENING = 1024
 #: Frames about threads a connection does not own, kept (the newest, up to this many
-#: bytes) in case one is about a sub-agent of its own not yet named (see _notify).
-_LIMBO_BYTES = 64 * 1024
+#: bytes, by a connection that owns a thread) in case one is about a sub-agent of its
+#: own not yet named (see _notify). A sub-agent's first frames are a few hundred bytes.
+_LIMBO_BYTES = 16 * 1024
 CLOSED_BY_BRIDGE = "closed by the bridge"
 CLOSED_BY_SERVER = "closed by the app-server"
 SERVER_EXITED = "the shared app-server exited"
@@ -171,8 +172,8 @@ class AppServerConnection(AppServerProcess):
 
     def _keep_in_limbo(self, thread_id: str) -> None:
         frame = self._frame
-        if len(frame) > _LIMBO_BYTES:
-            return
+        if len(frame) > _LIMBO_BYTES or not self._threads:
+            return  # too big for it, or no thread of its own to have a sub-agent
         self._limbo.append((thread_id, frame))
         self._limbo_bytes += len(frame)
         while self._limbo_bytes > _LIMBO_BYTES:
@@ -247,7 +248,6 @@ class AppServerConnection(AppServerProcess):
             if not isinstance(result, dict):
                 result = {}
             page = result.get("data")
-
             kept += threads.owned_items(method, page)
             if first is None:
                 first = result

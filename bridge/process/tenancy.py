@@ -96,6 +96,9 @@ class Threads:
         self._owned: set[str] = set()
         self._cursors: OrderedDict[str, str] = OrderedDict()
 
+    def __bool__(self) -> bool:
+        return bool(self._owned)
+
     def __contains__(self, thread_id: object) -> bool:
         return isinstance(thread_id, str) and (
             thread_id in self._owned or canonical(thread_id) in self._owned

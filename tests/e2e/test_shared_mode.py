@@ -456,6 +456,8 @@ async def test_attachment_owners_are_the_sessions_own_threads(shared_bridge, htt
     for session_id in (*sessions, *sessions):
         thread_id = await start_thread(http, shared_bridge, session_id, cwd=str(workspace))
         await run_turn(http, shared_bridge, session_id, thread_id, "Hello.")
+        # codex takes an attachment on a thread it lists (a little after the turn).
+        await until_listed(http, shared_bridge, session_id, [thread_id])
         attachment = {"attachmentType": "pr", "identityKey": "k1", "payload": {}}
         status, body = await call(
             http,
