@@ -69,6 +69,7 @@ class ThreadMethods:
             "thread/start": self.start,
             "thread/read": self.read,
             "thread/list": self.list,
+            "thread/loaded/list": self.loaded,
             "thread/name/set": self.set_name,
             "thread/resume": self.resume,
             "thread/fork": self.fork,
@@ -182,6 +183,20 @@ class ThreadMethods:
                 "backwardsCursor": cursor,
             }
         )
+
+    def loaded(self, call: Call) -> Reply:
+        """`thread/loaded/list`: the ids of the threads in memory, oldest first; with a
+        `limit` short of the rest, `nextCursor` is the last id listed."""
+        ids = sorted(thread.id for thread in self.server.threads.values() if not thread.archived)
+        after = call.params.get("cursor")
+        if isinstance(after, str):
+            ids = [thread_id for thread_id in ids if thread_id > after]
+        limit = call.params.get("limit")
+        next_cursor = None
+        if isinstance(limit, int) and 0 < limit < len(ids):
+            ids = ids[:limit]
+            next_cursor = ids[-1]
+        return Reply({"data": ids, "nextCursor": next_cursor})
 
     def set_name(self, call: Call) -> Reply:
         """`thread/name/set`: `{}`, then `thread/name/updated`."""

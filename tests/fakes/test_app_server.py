@@ -1420,6 +1420,18 @@ async def test_thread_list_pages_with_the_real_cursor(spawn: Spawn) -> None:
     assert refused["error"] == {"code": -32600, "message": "invalid cursor: garbage"}
 
 
+async def test_thread_loaded_list_pages_by_the_last_id(spawn: Spawn) -> None:
+    fake, first = await ready(spawn)
+    second = await fake.start_thread()
+    await fake.until_method("thread/started")
+    whole = (await fake.request("thread/loaded/list"))["result"]
+    assert whole == {"data": sorted([first, second]), "nextCursor": None}
+    page = (await fake.request("thread/loaded/list", {"limit": 1}))["result"]
+    assert page == {"data": [min(first, second)], "nextCursor": min(first, second)}
+    rest = await fake.request("thread/loaded/list", {"limit": 1, "cursor": page["nextCursor"]})
+    assert rest["result"] == {"data": [max(first, second)], "nextCursor": None}
+
+
 async def test_thread_name_set_answers_then_announces(spawn: Spawn) -> None:
     fake, thread_id = await ready(spawn)
     assert (await fake.request("thread/name/set", {"threadId": thread_id, "name": "Mine"}))[
