@@ -71,7 +71,27 @@ SCRIPT: dict[str, Any] = {
                 },
             ],
             "result": {},
-        }
+        },
+        # And one that asks this connection about a thread that is not its own.
+        "x/asks": {
+            "steps": [
+                {
+                    "request": {
+                        "method": "item/tool/requestUserInput",
+                        "params": {"threadId": FOREIGN},
+                        "wait": False,
+                    }
+                },
+                {
+                    "request": {
+                        "method": "item/tool/requestUserInput",
+                        "params": {"threadId": "${threadId}"},
+                        "wait": False,
+                    }
+                },
+            ],
+            "result": {},
+        },
     },
     "turns": [
         {
@@ -291,3 +311,19 @@ async def test_a_sub_agent_is_its_spawners_with_the_news_that_came_first(base, h
     told = json.dumps(await events_of(http, base, bystander))
     assert SUB_AGENT not in told
     assert thread_id not in told
+
+
+async def test_a_server_request_about_a_foreign_thread_is_not_the_sessions_to_answer(base, http):
+    """An app-server that asks this connection about someone else's thread: the request
+    is not shown (its owner answers it), the one about the session's own thread is."""
+    session_id = await new_session(http, base)
+    own = await start_thread(http, base, session_id)
+    status, body = await call(http, base, session_id, "x/asks", {"threadId": own})
+    assert status == 200, body
+    heard = await events_of(http, base, session_id)
+    asked = [e for e in heard if e["kind"] == "request"]
+    assert [e["params"]["threadId"] for e in asked] == [own]
+    assert FOREIGN not in json.dumps(heard)
+    async with http.get(f"{base}/v1/sessions") as response:
+        [summary] = [s for s in (await response.json())["sessions"] if s["sessionId"] == session_id]
+    assert summary["pendingRequests"] == [asked[0]["requestKey"]]
