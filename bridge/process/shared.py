@@ -228,8 +228,13 @@ class AppServerConnection(AppServerProcess):
         threads = self._threads
         deadline = self._loop.time() + timeout
         asked = dict(params) if isinstance(params, dict) else {}
+        #: A token of this connection's, and codex's cursor behind it, to put back.
+        back: dict[str, str] = {}
         if "cursor" in asked:
-            asked["cursor"] = threads.cursor_for(asked["cursor"])
+            token = asked["cursor"]
+            asked["cursor"] = threads.cursor_for(method, token)
+            if isinstance(token, str) and asked["cursor"] != token:
+                back[asked["cursor"]] = token
         limit = asked.get("limit")
         #: How many owned threads make a page (codex's own page size if none is asked).
         wanted = limit if isinstance(limit, int) and not isinstance(limit, bool) else -1
@@ -241,10 +246,17 @@ class AppServerConnection(AppServerProcess):
                 result = await super().call(
                     method, asked if asked or params is not None else None, timeout
                 )
-            except (RpcError, TimeoutError):
+            except RpcError as exc:
+                if first is None:
+                    # codex may quote its cursor, which names a thread: quote the token.
+                    undo = tenancy.Threads.undisguise
+                    message, data = undo(exc.message, back), undo(exc.data, back)
+                    raise RpcError(exc.code, message, data) from None
+                break  # what was read so far is a page, and its cursor goes on from there
+            except TimeoutError:
                 if first is None:
                     raise
-                break  # what was read so far is a page, and its cursor goes on from there
+                break
             if not isinstance(result, dict):
                 result = {}
             page = result.get("data")
@@ -260,7 +272,7 @@ class AppServerConnection(AppServerProcess):
             asked["cursor"] = cursor
             asked["limit"] = wanted - len(kept)
         assert first is not None
-        return threads.only_owned(first, kept, cursor)
+        return threads.only_owned(method, first, kept, cursor)
 
     # -- outgoing --------------------------------------------------------------
 

@@ -94,7 +94,8 @@ class Threads:
 
     def __init__(self) -> None:
         self._owned: set[str] = set()
-        self._cursors: OrderedDict[str, str] = OrderedDict()
+        #: Token → (the listing it came from, codex's cursor).
+        self._cursors: OrderedDict[str, tuple[str, str]] = OrderedDict()
 
     def __bool__(self) -> bool:
         return bool(self._owned)
@@ -191,19 +192,22 @@ class Threads:
 
     # -- listings ------------------------------------------------------------------
 
-    def cursor_for(self, token: Any) -> Any:
-        """The codex cursor behind a token this connection gave out (else as is)."""
+    def cursor_for(self, method: str, token: Any) -> Any:
+        """The codex cursor behind a token this connection gave out for this listing
+        (else the value as is: codex judges it, and its answer names only it)."""
         if isinstance(token, str) and token in self._cursors:
-            self._cursors.move_to_end(token)
-            return self._cursors[token]
+            listing, cursor = self._cursors[token]
+            if listing == method:
+                self._cursors.move_to_end(token)
+                return cursor
         return token
 
-    def token_for(self, cursor: Any) -> Any:
+    def token_for(self, method: str, cursor: Any) -> Any:
         """A token of this connection's for a codex cursor (which may name a thread)."""
         if not isinstance(cursor, str):
             return cursor
         token = "tc_" + secrets.token_urlsafe(18)
-        self._cursors[token] = cursor
+        self._cursors[token] = (method, cursor)
         while len(self._cursors) > MAX_CURSORS:
             self._cursors.popitem(last=False)
         return token
@@ -216,15 +220,20 @@ class Threads:
             return [item for item in items if isinstance(item, dict) and item.get(key) in self]
         return [item for item in items if item in self]
 
-    def only_owned(self, result: dict[str, Any], items: list[Any], after: Any) -> dict[str, Any]:
+    def only_owned(
+        self, method: str, result: dict[str, Any], items: list[Any], after: Any
+    ) -> dict[str, Any]:
         """The first page's result with the owned ``items``, the last page's cursor
-        ``after`` and this connection's tokens for the cursors."""
+        ``after`` and this connection's tokens for the cursors. A page with nothing of
+        the connection's has no backwards cursor (codex's would say other threads are
+        there)."""
         shown = dict(result)
         shown["data"] = items
         if "nextCursor" in shown or after is not None:
-            shown["nextCursor"] = self.token_for(after)
+            shown["nextCursor"] = self.token_for(method, after)
         if "backwardsCursor" in shown:
-            shown["backwardsCursor"] = self.token_for(shown["backwardsCursor"])
+            backwards = shown["backwardsCursor"] if items else None
+            shown["backwardsCursor"] = self.token_for(method, backwards)
         states = shown.get("readStates")
         if isinstance(states, dict):
             shown["readStates"] = {key: state for key, state in states.items() if key in self}

@@ -233,6 +233,15 @@ async def test_thread_list_pages_through_own_threads_only(base, http):
     status, body = await call(http, base, second, "thread/list", {"limit": 1, "cursor": token})
     assert status == 502, body
     assert body["message"] == f"invalid cursor: {token}"
+    # A session with no thread of its own sees an empty listing with no cursor at all:
+    # nothing says that other threads are there.
+    newcomer = await new_session(http, base)
+    for params in ({}, {"limit": 1}, {"limit": 100}):
+        status, body = await call(http, base, newcomer, "thread/list", params)
+        assert status == 200, body
+        page = body["result"]
+        assert (page["data"], page["nextCursor"], page["backwardsCursor"]) == ([], None, None)
+        assert page["readStates"] == {}
 
 
 async def test_a_bystander_hears_nothing_of_other_sessions_threads(base, http):
@@ -327,3 +336,34 @@ async def test_a_server_request_about_a_foreign_thread_is_not_the_sessions_to_an
     async with http.get(f"{base}/v1/sessions") as response:
         [summary] = [s for s in (await response.json())["sessions"] if s["sessionId"] == session_id]
     assert summary["pendingRequests"] == [asked[0]["requestKey"]]
+
+
+async def test_a_cursor_token_serves_only_the_listing_that_gave_it(base, http):
+    """codex's cursors name threads (thread/loaded/list's is a thread id), and a listing
+    that reads its 16 pages without finding a thread of the session's own stops at one
+    of another session's. Its token is a cursor for that listing only: given to another,
+    codex's complaint quotes the token, never the thread id behind it."""
+    crowd = await new_session(http, base)
+    others = [await start_thread(http, base, crowd) for _ in range(17)]
+    owner = await new_session(http, base)
+    own = await start_thread(http, base, owner)
+    status, body = await call(http, base, owner, "thread/loaded/list", {"limit": 1})
+    assert status == 200, body
+    page = body["result"]
+    assert page["data"] == []  # 16 pages of others' threads: none of them shown
+    token = page["nextCursor"]
+    assert token.startswith("tc_")
+    seen: list[str] = []
+    while token is not None:
+        status, body = await call(
+            http, base, owner, "thread/loaded/list", {"limit": 1, "cursor": token}
+        )
+        assert status == 200, body
+        seen += body["result"]["data"]
+        token = body["result"]["nextCursor"]
+    assert seen == [own]
+    status, body = await call(http, base, owner, "thread/loaded/list", {"limit": 1})
+    token = body["result"]["nextCursor"]
+    status, body = await call(http, base, owner, "thread/list", {"cursor": token})
+    assert (status, body["message"]) == (502, f"invalid cursor: {token}")
+    assert not any(thread_id in json.dumps(body) for thread_id in others)

@@ -390,10 +390,21 @@ async def test_listings_show_a_session_its_own_threads_only(shared_bridge, http,
                 http, shared_bridge, session_id, "thread/loaded/list", limit=limit
             )
             assert sorted(loaded) == sorted(threads)
+    # A thread/list token is no cursor for another listing: codex's answer names the
+    # token, never the cursor behind it (which names a thread).
+    status, body = await call(http, shared_bridge, first, "thread/list", {"limit": 1})
+    token = body["result"]["nextCursor"]
+    params = {"attachmentType": "pr", "identityKey": "k", "cursor": token}
+    status, body = await call(http, shared_bridge, first, "thread/attachmentOwner/list", params)
+    never = {**params, "cursor": "tc_never-given"}
+    _, nowhere = await call(http, shared_bridge, first, "thread/attachmentOwner/list", never)
+    assert (status, body["message"]) == (502, nowhere["message"]), body
+    assert all(t not in json.dumps(body) for t in owned[first] + owned[second]), body
     # A sessionless call is a connection of its own: it owns no thread, so lists none.
     async with http.post(f"{shared_bridge}/v1/call/thread/list", json={"params": {}}) as answer:
         assert answer.status == 200
-        assert (await answer.json())["result"]["data"] == []
+        page = (await answer.json())["result"]
+        assert (page["data"], page["nextCursor"], page["backwardsCursor"]) == ([], None, None)
 
 
 SPAWN_AGENT = {
