@@ -20,9 +20,9 @@ connection. :class:`Threads` is what one connection (one session) owns, and the 
   ``thread/resume`` and ``thread/fork`` (a rollout file, any thread's) is replaced the
   same way by a file that does not exist.
 - A listing (``thread/list``, ``thread/loaded/list``, ``thread/attachmentOwner/list``)
-  shows owned threads only; its
-  cursors, which name codex's last thread of a page, are replaced by tokens of the
-  connection's own.
+  shows owned threads only, reading on through codex's pages to fill one; its cursors,
+  which name a thread of codex's page, are replaced by tokens of the connection's own,
+  each good for the listing that gave it.
 - A notification or server request about a thread the connection does not own is not
   passed on (a server request is left to the owner, who answers it).
 """
@@ -113,7 +113,8 @@ class Threads:
 
     def disguise(self, method: str, params: Any) -> tuple[Any, dict[str, str]]:
         """``params`` with each thread the connection does not own replaced by a fresh
-        random id, and the map from those ids back to what the caller wrote."""
+        random id, and the map from those ids back to the caller's (as codex prints an
+        id: lower case, hyphenated)."""
         if not isinstance(params, dict):
             return params, {}
         substitutes: dict[str, str] = {}
