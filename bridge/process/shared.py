@@ -40,13 +40,14 @@ from bridge.limits import (
     RestLimits,
 )
 from bridge.models import AppServerInfo, ClientOptions, Compatibility, SharedAppServerState
-from bridge.process import startup
+from bridge.process import startup, tenancy
 from bridge.process.backend import DEFAULT_COMMAND, SECRET_ENV, ProcessBackend
 from bridge.process.rpc import (
     AppServerProcess,
     ExitInfo,
     NotificationHandler,
     ProcessGone,
+    RequestHandler,
     RpcError,
     StdinFull,
 )
@@ -68,12 +69,14 @@ BACKOFF_RESET_AFTER = 60.0
 #: (each waits for its restart; one that keeps dying backs off past SPAWN_TIMEOUT_MS).
 _CONNECT_ATTEMPTS = 3
 #: How the ends of a connection are told in the ``exit`` event (``params.connection``).
-#: Calls whose answer is a thread this connection then follows ({"thread": {"id"}}).
-THREAD_OPENERS = frozenset({"thread/start", "thread/resume", "thread/fork"})
-#: Fields of a thread that name the thread it came from (a fork, a sub-agent).
-_THREAD_ORIGINS = ("parentThreadId", "forkedFromId", "attachedToThreadId")
+#: Calls whose answer is a thread this connection then owns (tenancy.py).
+THREAD_OPENERS = frozenset(tenancy.OPENERS)
 #: Thread-opening calls remembered at most (those in flight are always kept).
 _MAX_OPENING = 1024
+#: Frames about threads a connection does not own, kept (the newest, up to this many
+#: bytes, by a connection that owns a thread) in case one is about a sub-agent of its
+#: own not yet named (see _notify). A sub-agent's first frames are a few hundred bytes.
+_LIMBO_BYTES = 16 * 1024
 CLOSED_BY_BRIDGE = "closed by the bridge"
 CLOSED_BY_SERVER = "closed by the app-server"
 SERVER_EXITED = "the shared app-server exited"
@@ -130,15 +133,20 @@ class AppServerConnection(AppServerProcess):
         self._held_frame: bytes | None = None
         self._readable = asyncio.Event()
         self._readable.set()
-        #: The threads this connection opened (or that came from them), and the ids of
+        #: The threads this connection owns (tenancy.py), and the ids (and methods) of
         #: its calls that open one; see :meth:`_notify`.
-        self._threads: set[str] = set()
-        self._opening: set[int] = set()
-        #: How many other connections' `thread/started` were kept from this one.
+        self._threads = tenancy.Threads()
+        self._opening: dict[int, str] = {}
+        #: How many notifications and server requests about other connections' threads
+        #: were kept from this one.
         self.foreign_threads_hidden = 0
+        #: The frame being dispatched, and the latest frames about threads not owned.
+        self._frame = b""
+        self._limbo: deque[tuple[str, bytes]] = deque()
+        self._limbo_bytes = 0
         self._reader = self._loop.create_task(self._read())
 
-    # -- other connections' threads ----------------------------------------------
+    # -- other connections' threads (tenancy.py) -----------------------------------
 
     @property
     def on_notification(self) -> NotificationHandler:
@@ -148,28 +156,138 @@ class AppServerConnection(AppServerProcess):
     def on_notification(self, handler: NotificationHandler) -> None:
         self._notification_handler = handler
 
+    @property
+    def on_request(self) -> RequestHandler:
+        return self._request
+
+    @on_request.setter
+    def on_request(self, handler: RequestHandler) -> None:
+        self._request_handler = handler
+
     def _notify(self, method: str, params: Any) -> None:
-        """codex announces every new thread (`thread/started`) to every connection:
-        pass on only this connection's own (which codex answers before announcing)."""
-        if method == "thread/started" and isinstance(params, dict):
-            thread = params.get("thread")
-            if isinstance(thread, dict) and isinstance(thread.get("id"), str):
-                origins = {thread.get(key) for key in _THREAD_ORIGINS}
-                if thread["id"] not in self._threads and self._threads.isdisjoint(origins):
-                    self.foreign_threads_hidden += 1
-                    return
-                self._threads.add(thread["id"])
+        """codex tells every connection of every thread (`thread/started`, status, name,
+        archive, ...): pass on only what concerns this connection's own threads (codex
+        answers a `thread/start` before it announces it).
+
+        codex may tell of a sub-agent (its status) before the parent's `spawnAgent` item
+        names it: the latest such frames are kept, and passed on once it is named."""
+        threads = self._threads
+        if method == "thread/started":
+            if not threads.announced(params):
+                self.foreign_threads_hidden += 1
+                return
+        elif (foreign := threads.foreign_thread(params)) is not None:
+            self.foreign_threads_hidden += 1
+            self._keep_in_limbo(foreign)
+            return
         self._notification_handler(method, params)
+        spawned = threads.spawned(method, params)
+        if spawned and self._limbo:
+            self._release_from_limbo(spawned)
+
+    def _keep_in_limbo(self, thread_id: str) -> None:
+        frame = self._frame
+        if len(frame) > _LIMBO_BYTES or not self._threads:
+            return  # too big for it, or no thread of its own to have a sub-agent
+        self._limbo.append((thread_id, frame))
+        self._limbo_bytes += len(frame)
+        while self._limbo_bytes > _LIMBO_BYTES:
+            self._limbo_bytes -= len(self._limbo.popleft()[1])
+
+    def _release_from_limbo(self, thread_ids: list[str]) -> None:
+        owned = set(thread_ids)
+        kept = [entry for entry in self._limbo if entry[0] not in owned]
+        released = [frame for thread_id, frame in self._limbo if thread_id in owned]
+        self._limbo = deque(kept)
+        self._limbo_bytes = sum(len(frame) for _, frame in kept)
+        for frame in released:
+            self.foreign_threads_hidden -= 1
+            self._dispatch_line(frame)
+
+    def _request(self, request_id: Any, method: str, params: Any) -> None:
+        """A server request about another connection's thread is not this one's to
+        answer: it is left to the owner (an answer from here would settle it)."""
+        foreign = self._threads.foreign_thread(params)
+        if foreign is not None:
+            self.foreign_threads_hidden += 1
+            self._keep_in_limbo(foreign)
+            return
+        self._request_handler(request_id, method, params)
 
     def _resolve(self, message: dict[str, Any]) -> None:
-        request_id = message["id"]
-        if request_id in self._opening:
-            self._opening.discard(request_id)
-            result = message.get("result")
-            thread = result.get("thread") if isinstance(result, dict) else None
-            if isinstance(thread, dict) and isinstance(thread.get("id"), str):
-                self._threads.add(thread["id"])
+        method = self._opening.pop(message["id"], None)
+        if method is not None and "result" in message:
+            self._threads.opened(method, message["result"])
         super()._resolve(message)
+
+    async def call(self, method: str, params: Any, timeout: float) -> Any:
+        """A call on a thread this connection does not own is answered by codex as for
+        a thread that does not exist; a listing shows this connection's threads only."""
+        if method in tenancy.LISTINGS:
+            return await self._list_owned(method, params, timeout)
+        disguised, substitutes = self._threads.disguise(method, params)
+        if not substitutes:
+            return await super().call(method, params, timeout)
+        try:
+            result = await super().call(method, disguised, timeout)
+        except RpcError as exc:
+            undo = tenancy.Threads.undisguise
+            raise RpcError(
+                exc.code, undo(exc.message, substitutes), undo(exc.data, substitutes)
+            ) from None
+        return tenancy.Threads.undisguise(result, substitutes)
+
+    async def _list_owned(self, method: str, params: Any, timeout: float) -> Any:
+        """Read codex's pages until one page of owned threads is full (or codex has no
+        more, or :data:`tenancy.MAX_LIST_ROUNDS` pages were read); cursors are tokens."""
+        threads = self._threads
+        deadline = self._loop.time() + timeout
+        asked = dict(params) if isinstance(params, dict) else {}
+        #: A token of this connection's, and codex's cursor behind it, to put back.
+        back: dict[str, str] = {}
+        if "cursor" in asked:
+            token = asked["cursor"]
+            asked["cursor"] = threads.cursor_for(method, token)
+            if isinstance(token, str) and asked["cursor"] != token:
+                back[asked["cursor"]] = token
+        limit = asked.get("limit")
+        #: How many owned threads make a page (codex's own page size if none is asked).
+        wanted = limit if isinstance(limit, int) and not isinstance(limit, bool) else -1
+        first: dict[str, Any] | None = None
+        kept: list[Any] = []
+        cursor: Any = None
+        for _ in range(tenancy.MAX_LIST_ROUNDS):
+            try:
+                result = await super().call(
+                    method, asked if asked or params is not None else None, timeout
+                )
+            except RpcError as exc:
+                if first is None:
+                    # codex may quote its cursor, which names a thread: quote the token.
+                    undo = tenancy.Threads.undisguise
+                    message, data = undo(exc.message, back), undo(exc.data, back)
+                    raise RpcError(exc.code, message, data) from None
+                break  # what was read so far is a page, and its cursor goes on from there
+            except TimeoutError:
+                if first is None:
+                    raise
+                break
+            if not isinstance(result, dict):
+                result = {}
+            page = result.get("data")
+            kept += threads.owned_items(method, page)
+            if first is None:
+                first = result
+                if wanted < 0:
+                    wanted = len(page) if isinstance(page, list) else 0
+            cursor = result.get("nextCursor")
+            timeout = deadline - self._loop.time()
+            if not isinstance(cursor, str) or len(kept) >= wanted or timeout <= 0:
+                break
+            asked["cursor"] = cursor
+            asked["limit"] = wanted - len(kept)
+        assert first is not None
+        return threads.only_owned(method, first, kept, cursor)
 
     # -- outgoing --------------------------------------------------------------
 
@@ -181,11 +299,13 @@ class AppServerConnection(AppServerProcess):
         # JSON text as UTF-8 bytes, sent as a text frame as is (send_str would encode a
         # str again); the bound below counts bytes, as the wire does.
         frame = dumps(message)
-        if message.get("method") in THREAD_OPENERS and "id" in message:
+        method = message.get("method")
+        if method in THREAD_OPENERS and "id" in message:
             if len(self._opening) >= _MAX_OPENING:
                 # Calls that were never answered (timed out): forget them.
-                self._opening.intersection_update(self._pending)
-            self._opening.add(message["id"])
+                pending = self._pending
+                self._opening = {i: m for i, m in self._opening.items() if i in pending}
+            self._opening[message["id"]] = method
         self._frames.append(frame)
         self._frames_bytes += len(frame)
         if self._writer is None:
@@ -265,6 +385,7 @@ class AppServerConnection(AppServerProcess):
             self._paused = True
             self._readable.clear()
             return True
+        self._frame = data
         self._dispatch_line(data)
         return self._protocol_error is None
 
@@ -302,6 +423,9 @@ class AppServerConnection(AppServerProcess):
         self._frames.clear()
         self._frames_bytes = 0
         self._held_frame = None
+        self._frame = b""
+        self._limbo.clear()
+        self._limbo_bytes = 0
         self._readable.set()
         if not self._ws.closed:
             _close_soon(self._ws)

@@ -69,7 +69,7 @@ class ThreadMethods:
             "thread/start": self.start,
             "thread/read": self.read,
             "thread/list": self.list,
-            "thread/loaded/list": self.loaded_list,
+            "thread/loaded/list": self.loaded,
             "thread/name/set": self.set_name,
             "thread/resume": self.resume,
             "thread/fork": self.fork,
@@ -156,9 +156,20 @@ class ThreadMethods:
             if thread.history and thread.archived == archived
         ]
         threads.sort(key=lambda thread: thread.id, reverse=True)
+        after = call.params.get("cursor")
+        if isinstance(after, str):
+            # The real cursor: the last listed thread's creation second and id.
+            _, bar, last_id = after.rpartition("|")
+            if not bar or not last_id:
+                return invalid(f"invalid cursor: {after}")
+            threads = [thread for thread in threads if thread.id < last_id]
         limit = call.params.get("limit")
-        if isinstance(limit, int) and limit > 0:
+        next_cursor = None
+        if isinstance(limit, int) and 0 < limit < len(threads):
             threads = threads[:limit]
+            last = threads[-1]
+            created = datetime.fromtimestamp(int(last.info["createdAt"]), UTC)
+            next_cursor = created.strftime("%Y-%m-%dT%H:%M:%SZ") + f"|{last.id}"
         cursor = None
         if threads:
             millis = int(threads[0].id.replace("-", "")[:12], 16)
@@ -168,21 +179,21 @@ class ThreadMethods:
             {
                 "data": [_listed(thread) for thread in threads],
                 "readStates": {thread.id: self._read_state(thread) for thread in threads},
-                "nextCursor": None,
+                "nextCursor": next_cursor,
                 "backwardsCursor": cursor,
             }
         )
 
-    def loaded_list(self, call: Call) -> Reply:
-        """`thread/loaded/list {limit?, cursor?}`: the ids of the threads in memory (not
-        archived), in the order they were started; `nextCursor` continues a page."""
-        ids = [thread.id for thread in self.server.threads.values() if thread.loaded]
-        cursor = call.params.get("cursor")
-        if isinstance(cursor, str) and cursor in ids:
-            ids = ids[ids.index(cursor) + 1 :]
+    def loaded(self, call: Call) -> Reply:
+        """`thread/loaded/list`: the ids of the threads in memory, oldest first; with a
+        `limit` short of the rest, `nextCursor` is the last id listed."""
+        ids = sorted(thread.id for thread in self.server.threads.values() if not thread.archived)
+        after = call.params.get("cursor")
+        if isinstance(after, str):
+            ids = [thread_id for thread_id in ids if thread_id > after]
         limit = call.params.get("limit")
         next_cursor = None
-        if isinstance(limit, int) and not isinstance(limit, bool) and 0 < limit < len(ids):
+        if isinstance(limit, int) and 0 < limit < len(ids):
             ids = ids[:limit]
             next_cursor = ids[-1]
         return Reply({"data": ids, "nextCursor": next_cursor})

@@ -1411,24 +1411,68 @@ async def test_thread_list_shows_threads_with_turns_newest_first(spawn: Spawn) -
 
 
 async def test_thread_loaded_list_pages_the_threads_in_memory(spawn: Spawn) -> None:
+    """The ids in codex's order (sorted: its ids are UUIDv7, so oldest first but for
+    threads of one millisecond), a page at a time; archived threads are not loaded."""
     fake, first = await ready(spawn)
     second = await fake.start_thread()
     third = await fake.start_thread()
+    ids = sorted([first, second, third])
     assert (await fake.request("thread/loaded/list"))["result"] == {
-        "data": [first, second, third],
+        "data": ids,
         "nextCursor": None,
     }
     page = (await fake.request("thread/loaded/list", {"limit": 2}))["result"]
-    assert page == {"data": [first, second], "nextCursor": second}
+    assert page == {"data": ids[:2], "nextCursor": ids[1]}
     rest = {"limit": 2, "cursor": page["nextCursor"]}
     assert (await fake.request("thread/loaded/list", rest))["result"] == {
-        "data": [third],
+        "data": ids[2:],
         "nextCursor": None,
     }
     await finished_turn(fake, second)
     assert "result" in await fake.request("thread/archive", {"threadId": second})
     listed = (await fake.request("thread/loaded/list"))["result"]
-    assert listed["data"] == [first, third]
+    assert listed["data"] == sorted([first, third])
+
+
+async def test_thread_list_pages_with_the_real_cursor(spawn: Spawn) -> None:
+    """As codex 0.169.0: with a `limit` short of the rest, `nextCursor` is the last
+    listed thread's creation second and id (`2026-11-27T08:50:09Z|<id>`); the next page
+    starts after it; the last page's is null; a cursor of another shape is refused."""
+    fake, first = await ready(spawn)
+    await finished_turn(fake, first)
+    threads = [first]
+    for _ in range(2):
+        thread_id = await fake.start_thread()
+        await fake.until_method("thread/started")
+        await finished_turn(fake, thread_id)
+        threads.append(thread_id)
+    seen: list[str] = []
+    cursor = None
+    for _ in range(len(threads)):
+        page = (await fake.request("thread/list", {"limit": 1, "cursor": cursor}))["result"]
+        seen += [thread["id"] for thread in page["data"]]
+        cursor = page["nextCursor"]
+        if cursor is None:
+            break
+        assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ\|" + seen[-1], cursor)
+    assert seen == threads[::-1]
+    assert cursor is None
+    whole = (await fake.request("thread/list", {"limit": 3}))["result"]
+    assert whole["nextCursor"] is None
+    refused = await fake.request("thread/list", {"cursor": "garbage"})
+    assert refused["error"] == {"code": -32600, "message": "invalid cursor: garbage"}
+
+
+async def test_thread_loaded_list_pages_by_the_last_id(spawn: Spawn) -> None:
+    fake, first = await ready(spawn)
+    second = await fake.start_thread()
+    await fake.until_method("thread/started")
+    whole = (await fake.request("thread/loaded/list"))["result"]
+    assert whole == {"data": sorted([first, second]), "nextCursor": None}
+    page = (await fake.request("thread/loaded/list", {"limit": 1}))["result"]
+    assert page == {"data": [min(first, second)], "nextCursor": min(first, second)}
+    rest = await fake.request("thread/loaded/list", {"limit": 1, "cursor": page["nextCursor"]})
+    assert rest["result"] == {"data": [max(first, second)], "nextCursor": None}
 
 
 async def test_thread_name_set_answers_then_announces(spawn: Spawn) -> None:

@@ -227,7 +227,13 @@ async def test_a_conversation_over_ws(start: Any) -> None:
         assert refused.value.status == 403
 
 
-async def test_two_connections_keep_separate_state(start: Any, tmp_path: Path) -> None:
+async def test_connections_have_their_own_handshake_and_share_the_threads(
+    start: Any, tmp_path: Path
+) -> None:
+    """As codex 0.169.0: each connection initializes on its own, but the threads are the
+    process's. Another connection's thread can be resumed and turned; its turn's news
+    reaches every connection subscribed to it, and every thread's `thread/started` and
+    `thread/status/changed` reach every connection."""
     server = await start(f"unix://{tmp_path / 'app.sock'}")
     async with server.session() as session:
         first, second = await server.connect(session), await server.connect(session)
@@ -236,12 +242,23 @@ async def test_two_connections_keep_separate_state(start: Any, tmp_path: Path) -
         refused = await second.request("thread/start", {})
         assert refused["error"] == {"code": -32600, "message": "Not initialized"}
         await second.open()
-        unknown = await second.request(
+        read = await second.request("thread/read", {"threadId": thread_id})
+        assert read["result"]["thread"]["id"] == thread_id
+        resumed = await second.request("thread/resume", {"threadId": thread_id})
+        assert resumed["result"]["thread"]["id"] == thread_id
+        reply = await second.request(
             "turn/start", {"threadId": thread_id, "input": [{"type": "text", "text": "x"}]}
         )
-        assert unknown["error"]["message"] == f"thread not found: {thread_id}"
+        turn_id = reply["result"]["turn"]["id"]
+        await second.wait_for("turn/completed")
+        # The first started the thread, so it hears the second's turn on it.
+        heard = await first.wait_for("turn/completed")
+        assert (heard["params"]["threadId"], heard["params"]["turn"]["id"]) == (thread_id, turn_id)
         own = await second.request("thread/start", {})
-        assert own["result"]["thread"]["id"] != thread_id
+        own_id = own["result"]["thread"]["id"]
+        assert own_id != thread_id
+        announced = await first.wait_for("thread/started")
+        assert announced["params"]["thread"]["id"] == own_id
         again = await first.request("initialize", {"clientInfo": CLIENT_INFO})
         assert again["error"]["message"] == "Already initialized"
 
