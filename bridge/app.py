@@ -8,7 +8,7 @@ handlers and it is what the OpenAPI document is built from.
 from __future__ import annotations
 
 import re
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -20,6 +20,7 @@ from bridge.auth import AUTH, HEALTH_PATHS
 from bridge.backend import Backend
 from bridge.limits import AppServerSettings, RestLimits
 from bridge.openapi import build_openapi
+from bridge.policy import HOST_METHODS, HOST_PARAMS, MethodPolicy, MethodRules
 from bridge.process.backend import DEFAULT_COMMAND, ProcessBackend
 from bridge.process.shared import SharedBackend
 
@@ -264,6 +265,12 @@ class RouterOptions:
     #: Wire names of allowed ClientOptions fields; None allows every field.
     allowed_client_options: frozenset[str] | None = None
     limits: RestLimits = field(default_factory=RestLimits)
+    #: Rules of the preset: the app-server methods it refuses (bridge.policy).
+    refused_methods: frozenset[str] = frozenset()
+    #: The host's method rules, which win over the preset's.
+    method_policy: MethodPolicy = field(default_factory=MethodPolicy)
+    #: Method → params a call of it may not carry (the preset's; bridge.policy).
+    refused_params: Mapping[str, frozenset[str]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         unknown = set(self.routes) - ALL_ROUTES
@@ -279,6 +286,11 @@ def mounted_routes(app: web.Application) -> tuple[Route, ...]:
     return app[MOUNTED]
 
 
+def router_method_rules(app: web.Application) -> MethodRules:
+    """The method policy of an application built here (for its OpenAPI document)."""
+    return app[routes.CONFIG].method_rules
+
+
 def create_app(backend: Backend, options: RouterOptions | None = None) -> web.Application:
     """An application serving ``options.routes`` from ``backend``."""
     options = options or RouterOptions()
@@ -290,12 +302,19 @@ def create_app(backend: Backend, options: RouterOptions | None = None) -> web.Ap
     guard = errors.Guard(limits.max_body_bytes)
     app[errors.GUARD] = guard
     app[routes.BACKEND] = backend
+    method_rules = MethodRules(
+        options.refused_methods, options.method_policy, options.refused_params
+    )
     app[routes.CONFIG] = routes.RouterConfig(
-        limits=limits, allowed_client_options=options.allowed_client_options
+        limits=limits,
+        allowed_client_options=options.allowed_client_options,
+        method_rules=method_rules,
     )
     mounted = tuple(r for r in ROUTES if r.name in options.routes)
     app[MOUNTED] = mounted
-    app[routes.OPENAPI] = routes.OpenApiSource(lambda: build_openapi(mounted, auth=app.get(AUTH)))
+    app[routes.OPENAPI] = routes.OpenApiSource(
+        lambda: build_openapi(mounted, auth=app.get(AUTH), method_rules=method_rules)
+    )
     # aiohttp tries the routes under a common prefix in the order they were added, and
     # no two routes match the same path: the busiest goes first (the order of
     # ROUTES, and of the OpenAPI document, stays).
@@ -379,43 +398,76 @@ def _process_backend(
     return ProcessBackend(app_server_command, limits), limits
 
 
+def _host_policy(method_policy: MethodPolicy | None) -> MethodPolicy:
+    """The host's method rules: as given, else the environment's
+    (``REST_ADAPTER_ALLOW_METHODS``, ``REST_ADAPTER_REFUSE_METHODS``)."""
+    return method_policy if method_policy is not None else MethodPolicy.from_env()
+
+
+#: The rules of the ``default`` preset: it refuses the methods that reach the host.
+DEFAULT_REFUSED_METHODS = frozenset(HOST_METHODS)
+#: ... and the params of thread methods that reach it all the same.
+DEFAULT_REFUSED_PARAMS = {method: frozenset(params) for method, params in HOST_PARAMS.items()}
+
+
 def trusted_bridge_app(
     app_server_command: str | Sequence[str] = DEFAULT_COMMAND,
     limits: RestLimits | None = None,
     app_server: AppServerSettings | None = None,
+    method_policy: MethodPolicy | None = None,
 ) -> web.Application:
-    """Every route of spec section 4, every ClientOptions field, real processes."""
+    """Every route of spec section 4, every ClientOptions field, every method unless the
+    host's ``method_policy`` refuses it, real processes."""
     backend, limits = _process_backend(app_server_command, limits, app_server)
-    return create_app(backend, RouterOptions(limits=limits))
+    return create_app(
+        backend, RouterOptions(limits=limits, method_policy=_host_policy(method_policy))
+    )
 
 
 def text_turn_app(
     app_server_command: str | Sequence[str] = DEFAULT_COMMAND,
     limits: RestLimits | None = None,
     app_server: AppServerSettings | None = None,
+    method_policy: MethodPolicy | None = None,
 ) -> web.Application:
-    """Health, compatibility and the one-shot text turn only."""
+    """Health, compatibility and the one-shot text turn only (refused if the host's
+    ``method_policy`` refuses ``thread/start`` or ``turn/start``)."""
     backend, limits = _process_backend(app_server_command, limits, app_server)
-    return create_app(backend, RouterOptions(routes=TEXT_TURN_ROUTES, limits=limits))
+    return create_app(
+        backend,
+        RouterOptions(
+            routes=TEXT_TURN_ROUTES, limits=limits, method_policy=_host_policy(method_policy)
+        ),
+    )
 
 
 def default_app(
     app_server_command: str | Sequence[str] = DEFAULT_COMMAND,
     limits: RestLimits | None = None,
     app_server: AppServerSettings | None = None,
+    method_policy: MethodPolicy | None = None,
 ) -> web.Application:
-    """The conservative router: no sessionless calls, no process-shaping options."""
+    """The conservative router: no sessionless calls, no process-shaping options, none of
+    the methods that reach the host (:data:`bridge.policy.HOST_METHODS`) unless the
+    host's ``method_policy`` allows them."""
     backend, limits = _process_backend(app_server_command, limits, app_server)
     return create_app(
         backend,
         RouterOptions(
-            routes=DEFAULT_ROUTES, allowed_client_options=DEFAULT_CLIENT_OPTIONS, limits=limits
+            routes=DEFAULT_ROUTES,
+            allowed_client_options=DEFAULT_CLIENT_OPTIONS,
+            limits=limits,
+            refused_methods=DEFAULT_REFUSED_METHODS,
+            refused_params=DEFAULT_REFUSED_PARAMS,
+            method_policy=_host_policy(method_policy),
         ),
     )
 
 
 def backend_app(backend: Backend, options: RouterOptions | None = None) -> web.Application:
-    """The routes of ``options`` (all by default) served by a host-provided backend."""
+    """The routes of ``options`` (all by default) served by a host-provided backend; its
+    methods as ``options.refused_methods`` and ``options.method_policy`` say (all by
+    default; the environment is not read)."""
     return create_app(backend, options)
 
 

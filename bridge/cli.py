@@ -17,18 +17,20 @@ from pathlib import Path
 
 from aiohttp import web
 
-from bridge import TOKEN_VARIABLE, __version__, front, replica
-from bridge.app import PRESETS, SERVER_SETTINGS, mounted_routes
+from bridge import TOKEN_VARIABLE, __version__, credentials, front, replica
+from bridge.app import PRESETS, SERVER_SETTINGS, mounted_routes, router_method_rules
 from bridge.auth import AuthSettings, token_problem, with_bearer_auth
 from bridge.descriptors import BridgeEventLoop, ShortageReporter, budget_line, raise_soft_limit
 from bridge.limits import (
     APP_SERVER_MODES,
+    APP_SERVER_TOKEN_VARIABLE,
     APP_SERVER_VARIABLES,
     AppServerSettings,
     RestLimits,
     RestLimitsEnvError,
 )
 from bridge.openapi import build_openapi
+from bridge.policy import POLICY_VARIABLES, MethodPolicy
 from bridge.process import descendants
 from bridge.process.backend import DEFAULT_COMMAND, parse_command
 from bridge.process.startup import describe_command
@@ -52,6 +54,8 @@ OTHER_VARIABLES = frozenset(
         DRAIN_TIMEOUT_VARIABLE,
         "REST_ADAPTER_CLUSTER_MARK",  # set by `rest-bridge cluster` on its replicas
         *APP_SERVER_VARIABLES,
+        *credentials.HIDDEN_VARIABLES,
+        *POLICY_VARIABLES,
     }
 )
 LIMIT_FIELDS = tuple(f.name for f in dataclasses.fields(RestLimits))
@@ -144,13 +148,18 @@ def build_parser() -> argparse.ArgumentParser:
         description="Serve the HTTP API (docs/API.md) in front of app-server processes.",
         epilog=(
             f"Environment: {TOKEN_VARIABLE} turns bearer auth on (never a command-line "
-            "option); REST_ADAPTER_<LIMIT> sets a limit, e.g. REST_ADAPTER_MAX_SESSIONS=16 "
+            f"option), or {TOKEN_VARIABLE}_FILE, a file holding the token (the same goes "
+            f"for {APP_SERVER_TOKEN_VARIABLE}_FILE); both are read once at start and then "
+            "removed from serve's environment. REST_ADAPTER_<LIMIT> sets a limit, e.g. "
+            "REST_ADAPTER_MAX_SESSIONS=16 "
             f"({', '.join(RestLimits.env_variable(f) for f in LIMIT_FIELDS)}). "
             "A limit that is not a positive integer stops serve with exit status 2; an "
             "unknown REST_ADAPTER_* variable is reported at start. "
             f"Replicas: {REPLICA_ID_VARIABLE}, {PEERS_VARIABLE}, {DRAIN_TIMEOUT_VARIABLE} "
             "(docs/SCALING.md). Shared mode: "
-            f"{', '.join(sorted(APP_SERVER_VARIABLES))} (docs/API.md)."
+            f"{', '.join(sorted(APP_SERVER_VARIABLES))} (docs/API.md). Method policy: "
+            f"{', '.join(sorted(POLICY_VARIABLES))}, comma-separated method names or "
+            "prefixes ending in '/' (docs/API.md)."
         ),
     )
     serve.add_argument("--preset", choices=sorted(PRESETS), default="trusted")
@@ -213,8 +222,9 @@ def build_parser() -> argparse.ArgumentParser:
     front_config.add_argument(
         "--print-token-map",
         action="store_true",
-        help=f"print the token map for ${TOKEN_VARIABLE} (it holds the token: keep it 0600) "
-        "instead of the configuration",
+        help=f"print the token map for ${TOKEN_VARIABLE} (or the file "
+        f"${TOKEN_VARIABLE}{credentials.FILE_SUFFIX} names; the map holds the token: keep it "
+        "0600) instead of the configuration",
     )
     front_config.add_argument(
         "--write-config-map",
@@ -272,7 +282,9 @@ def run_scenarios(argv: Sequence[str]) -> int:
 def print_openapi(preset: str, auth: bool) -> None:
     app = PRESETS[preset](DEFAULT_COMMAND, None, AppServerSettings())
     settings = AuthSettings(exempt_health=True) if auth else None
-    document = build_openapi(mounted_routes(app), auth=settings)
+    document = build_openapi(
+        mounted_routes(app), auth=settings, method_rules=router_method_rules(app)
+    )
     sys.stdout.write(json.dumps(document, indent=2) + "\n")
     sys.stdout.flush()
 
@@ -293,10 +305,13 @@ def address(host: str, port: int) -> str:
 
 def print_front_config(args: argparse.Namespace) -> int:
     if args.print_token_map:
-        token = os.environ.get(TOKEN_VARIABLE)
         try:
+            token = credentials.read_secret(TOKEN_VARIABLE)
             if token is None:
-                raise ValueError(f"{TOKEN_VARIABLE} is not set: there is no token to check")
+                raise ValueError(
+                    f"neither {TOKEN_VARIABLE} nor {TOKEN_VARIABLE}{credentials.FILE_SUFFIX} "
+                    "is set: there is no token to check"
+                )
             sys.stdout.write(front.token_map_text(token))
         except ValueError as exc:
             # The message names what is wrong with the token, never the token.
@@ -340,13 +355,16 @@ async def serve(
     host: str,
     port: int,
     app_server: AppServerSettings | None = None,
+    token: str | None = None,
 ) -> None:
+    """Serve until stopped; ``token`` (None: auth off) turns bearer auth on."""
     limits = RestLimits.from_env()
     app_server = app_server or AppServerSettings.from_env()
+    # The preset reads the method policy from the environment too (None).
+    method_policy = MethodPolicy.from_env()
     app = PRESETS[preset](command, limits, app_server)
     settings = ReplicaSettings.from_env()
     drain = replica.configure(app, app[BACKEND], settings)
-    token = os.environ.get(TOKEN_VARIABLE)
     if token is not None:
         with_bearer_auth(app, token)
     stop = asyncio.Event()
@@ -392,6 +410,7 @@ async def serve(
     print(f"  preset: {preset}; auth: {auth}; loop: {loop_name}", flush=True)
     changed = ", ".join(f"{name}={value}" for name, value in limits.changed().items())
     print(f"  limits: {changed or 'the defaults'}", flush=True)
+    print(f"  methods: {describe_policy(preset, method_policy)}", flush=True)
     for variable in RestLimits.unknown_variables(others=OTHER_VARIABLES):
         print(f"  ignoring {variable}: not a variable rest-bridge reads (misspelt?)", flush=True)
     print(f"  {described}", flush=True)
@@ -417,6 +436,50 @@ async def serve(
         shortage.close()
         # Stopped otherwise (drained): a signal now must not kill the exit either.
         descendants.ignore_stop_signals()
+
+
+def read_secrets(app_server: AppServerSettings) -> tuple[str | None, AppServerSettings]:
+    """The bearer token (from its variable or its ``_FILE``), once ``app_server`` has its
+    own; then both leave this process's environment for good.
+
+    Raises ValueError (naming the variable, never the secret) for a secret that cannot be
+    used, or that cannot be removed from ``/proc/self/environ``.
+    """
+    token = credentials.read_secret(TOKEN_VARIABLE)
+    problem = None if token is None else token_problem(token)
+    if problem is not None:
+        shown = TOKEN_VARIABLE
+        if os.environ.get(TOKEN_VARIABLE + credentials.FILE_SUFFIX) is not None:
+            shown = f"the token in {TOKEN_VARIABLE}{credentials.FILE_SUFFIX}"
+        raise ValueError(f"{shown} {problem}: no request could match it")
+    # Read by AppServerSettings.from_env, from the variable or its _FILE.
+    app_server_token = app_server.token
+    problem = None if app_server_token is None else token_problem(app_server_token)
+    if problem is not None:
+        # Sent in a header: one the HTTP client would refuse to write, or that the
+        # app-server would read trimmed, could never be accepted.
+        raise ValueError(f"{APP_SERVER_TOKEN_VARIABLE} {problem}: no header could carry it")
+    in_environment = [v for v in credentials.SECRET_VARIABLES if os.environ.get(v) is not None]
+    if not credentials.forget_secrets() and in_environment:
+        raise ValueError(
+            f"cannot remove {', '.join(in_environment)} from this process's /proc/self/environ, "
+            "where every process of the same user could read it: give it in "
+            f"{in_environment[0]}{credentials.FILE_SUFFIX} instead"
+        )
+    if token is not None or app_server_token:
+        credentials.make_undumpable()
+    return token, app_server
+
+
+def describe_policy(preset: str, policy: MethodPolicy) -> str:
+    """The banner's line on the method policy."""
+    said = [
+        f"{name} {', '.join(sorted(rules))}"
+        for name, rules in (("allowed:", policy.allow), ("refused:", policy.refuse))
+        if rules
+    ]
+    base = "the host-reaching ones refused" if preset == "default" else "all allowed"
+    return "; ".join([base, *said])
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -446,14 +509,12 @@ def main(argv: Sequence[str] | None = None) -> int:
             except ValueError as exc:
                 raise ValueError(f"--app-server {args.app_server!r}: {exc}") from None
             RestLimits.from_env()
+            MethodPolicy.from_env()
             app_server = AppServerSettings.from_env(
                 mode=args.app_server_mode, url=args.app_server_url
             )
             ReplicaSettings.from_env()
-            token = os.environ.get(TOKEN_VARIABLE)
-            problem = None if token is None else token_problem(token)
-            if problem is not None:
-                raise ValueError(f"{TOKEN_VARIABLE} {problem}: no request could match it")
+            token, app_server = read_secrets(app_server)
         except (RestLimitsEnvError, ReplicaSettingsError, ValueError) as exc:
             print(f"rest-bridge: {exc}", file=sys.stderr)
             return 2
@@ -464,7 +525,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             return 2
         try:
             with asyncio.Runner(loop_factory=loop_factory) as runner:
-                runner.run(serve(args.preset, command, args.host, args.port, app_server))
+                runner.run(serve(args.preset, command, args.host, args.port, app_server, token))
         except StartupError as exc:
             print(f"rest-bridge: {exc}", file=sys.stderr)
             return 2

@@ -41,7 +41,7 @@ from collections.abc import Awaitable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from bridge import TOKEN_VARIABLE
+from bridge import TOKEN_VARIABLE, credentials
 from bridge.front import FrontSettings, Replica, render, token_map_text
 from bridge.limits import RestLimits
 from bridge.process import descendants
@@ -127,6 +127,9 @@ class Cluster:
         self.id_prefix = id_prefix
         self.loop_name = loop_name
         self.members: dict[str, Member] = {}
+        #: The secret variables (bridge.credentials) the launcher was started with, which
+        #: it no longer has in its environment: the replicas' alone, never nginx's.
+        self.secrets: dict[str, str] = {}
         self.stopping = False
         #: Why the cluster stopped of itself (no replica left, nginx gone); empty: it did not.
         self.failed = ""
@@ -160,11 +163,14 @@ class Cluster:
         ids = [f"{self.id_prefix}-{n}" for n in range(self.count)]
         ports = {name: free_port(self.host) for name in ids}
         peers = ",".join(f"{name}=http://{self.host}:{ports[name]}" for name in ids)
-        base = {k: v for k, v in os.environ.items() if k != CLUSTER_MARK_VARIABLE}
+        base = {
+            k: v for k, v in credentials.child_environment().items() if k != CLUSTER_MARK_VARIABLE
+        }
         for name in ids:
             mark = secrets.token_hex(16)
             env = {
                 **base,
+                **self.secrets,
                 REPLICA_ID_VARIABLE: name,
                 PEERS_VARIABLE: peers,
                 CLUSTER_MARK_VARIABLE: mark,
@@ -190,7 +196,11 @@ class Cluster:
             FrontSettings(
                 listen=f"{self.host}:{self.port}",
                 workers=self.workers,
-                token_map=self._write_token_map(base.get(TOKEN_VARIABLE)),
+                # The secrets are the replicas' (self.secrets), never nginx's environment:
+                # the front gets the token as its map file only.
+                token_map=self._write_token_map(
+                    credentials.read_secret(TOKEN_VARIABLE, self.secrets)
+                ),
             ),
         )
         (self.directory / "nginx.conf").write_text(config)
@@ -392,6 +402,19 @@ def main(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return 2
+    # The replicas read the secrets (and then leave them) at their start; the launcher
+    # keeps them for the replicas only, out of its own environment and out of nginx's.
+    given = {k: v for k, v in os.environ.items() if k in credentials.HIDDEN_VARIABLES}
+    in_environment = set(given) & set(credentials.SECRET_VARIABLES)
+    if not credentials.forget_secrets() and in_environment:
+        print(
+            f"rest-bridge cluster: cannot remove {', '.join(sorted(in_environment))} from "
+            "this process's /proc/self/environ: give it in its _FILE variable instead",
+            file=sys.stderr,
+        )
+        return 2
+    if given:
+        credentials.make_undumpable()
     replicas = int(getattr(args, "replicas", 0) or os.cpu_count() or 1)
     directory = getattr(args, "dir", None)
     made = directory is None
@@ -408,6 +431,7 @@ def main(args: argparse.Namespace) -> int:
         id_prefix=str(getattr(args, "id_prefix", "replica")),
         loop_name=str(getattr(args, "loop", "asyncio")),
     )
+    cluster.secrets = given
     try:
         with asyncio.Runner() as runner:
             return runner.run(run(cluster))

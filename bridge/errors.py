@@ -96,6 +96,16 @@ def options_not_allowed(fields: list[str]) -> RestError:
     )
 
 
+def reserved_variables(names: list[str]) -> RestError:
+    """403 ``options_not_allowed``: ``options.env`` names ``REST_ADAPTER_*`` variables."""
+    return RestError(
+        403,
+        "options_not_allowed",
+        "options.env may not set the bridge's own REST_ADAPTER_* variables: " + ", ".join(names),
+        data={"fields": ["env"], "variables": names},
+    )
+
+
 def not_found(message: str = "No such route.") -> RestError:
     return RestError(404, "not_found", message)
 
@@ -117,6 +127,30 @@ def method_not_allowed(method: str, allowed: set[str]) -> RestError:
         "method_not_allowed",
         f"Method {method} is not allowed here; allowed: {allow}.",
         headers={"Allow": allow},
+    )
+
+
+def method_refused(method: str, params: list[str] | None = None) -> RestError:
+    """403 for an app-server method the router's method policy refuses (bridge.policy).
+
+    The same kind as the 405 above, told apart by the status: here the HTTP method is
+    right and the app-server method named in the path is not allowed; ``data.method``
+    names it as the caller spelt it, ``data.params`` the params refused, when the method
+    is allowed but not with them.
+    """
+    if params:
+        return RestError(
+            403,
+            "method_not_allowed",
+            f"This router does not allow the app-server method {method!r} with these "
+            "params: " + ", ".join(params),
+            data={"method": method, "params": params},
+        )
+    return RestError(
+        403,
+        "method_not_allowed",
+        f"This router does not allow the app-server method {method!r}.",
+        data={"method": method},
     )
 
 

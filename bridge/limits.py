@@ -56,6 +56,13 @@ class RestLimits:
     max_header_bytes: int = 32_768
     #: How long a request head may take to arrive once begun (408, connection closed).
     header_timeout_ms: int = 10_000
+    #: Shared mode, supervised: how often the app-server is asked a cheap question over a
+    #: connection of the bridge's own, and how long it has to answer before it counts as
+    #: wedged (killed and restarted, its sessions ended): twice READER_STALL_MS, the
+    #: longest the bridge holds a connection's output back for a slow reader, in case the
+    #: app-server waits on that connection meanwhile.
+    liveness_interval_ms: int = 10_000
+    liveness_timeout_ms: int = 20_000
 
     def __post_init__(self) -> None:
         for field in dataclasses.fields(self):
@@ -182,11 +189,12 @@ class AppServerSettings:
         mode: str | None = None,
         url: str | None = None,
     ) -> AppServerSettings:
-        """From ``REST_ADAPTER_APP_SERVER_MODE``, ``_URL`` and ``_TOKEN``; ``mode`` and
-        ``url`` (command-line options) win over the variables.
+        """From ``REST_ADAPTER_APP_SERVER_MODE``, ``_URL`` and ``_TOKEN`` (or
+        ``_TOKEN_FILE``); ``mode`` and ``url`` (command-line options) win over the variables.
 
         Raises :class:`RestLimitsEnvError` for a variable that is set to something else
-        than what it can be, naming it (a token's value is never repeated).
+        than what it can be, naming it (a token's value is never repeated), and
+        ``bridge.credentials.SecretError`` for a token file that cannot be used.
         """
         env = os.environ if environ is None else environ
         raw_mode = env.get(MODE_VARIABLE)
@@ -201,7 +209,11 @@ class AppServerSettings:
             url = raw_url
         if url is not None and mode is None:
             mode = "shared"
-        token = env.get(APP_SERVER_TOKEN_VARIABLE) or None
+        # The variable, or the file its _FILE names (bridge.credentials, which needs this
+        # module: imported here).
+        from bridge.credentials import read_secret
+
+        token = read_secret(APP_SERVER_TOKEN_VARIABLE, env) or None
         return cls(mode=mode or "process", url=url, token=token)
 
 

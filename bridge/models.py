@@ -67,7 +67,9 @@ class SharedAppServerState(_Wire):
     connections: int = Field(description="Open connections: sessions, calls and text turns.")
     restarts: int = Field(description="How many times it died and was started again.")
     last_exit: dict[str, Any] | None = Field(
-        default=None, description="`{exitCode, signal, at}` of its last death."
+        default=None,
+        description="`{exitCode, signal, at, wedged}` of its last death; `wedged`: killed "
+        "by the bridge for not answering its liveness probe.",
     )
     restart_in_ms: int | None = Field(
         default=None, description="While restarting (or after a failed start): when it starts."

@@ -21,6 +21,7 @@ from bridge.routes import MAX_QUERY_INT
 
 if TYPE_CHECKING:
     from bridge.app import Route
+    from bridge.policy import MethodRules
 
 REF = "#/components/schemas/{model}"
 _PARAM = re.compile(r"\{(\w+)(?::[^}]*)?\}")
@@ -102,6 +103,36 @@ def _error_response(status: int) -> dict[str, Any]:
     }
 
 
+#: The routes that call app-server methods, which the method policy governs.
+METHOD_ROUTES = frozenset({"call", "session_call", "text_turn"})
+_REFUSED_METHOD = (
+    "App-server method refused by this router's method policy (`method_not_allowed`; "
+    "`data.method` names it). The policy is `x-method-policy`: the preset's refused rules, "
+    "then the host's allowed and refused rules, which win. A rule is a method name (which "
+    "covers the methods under it), a prefix ending in `/`, or `*`; the host's most specific "
+    "matching rule decides, else the preset's, else the method is allowed; names are "
+    "compared case-folded, percent-decoded, with `.`, `..` and empty segments resolved. "
+    "`presetRefusesParams`: params an allowed method may not carry here (`data.params` "
+    "names those a call had)"
+)
+
+
+def _method_policy(operation: dict[str, Any], rules: MethodRules | None) -> None:
+    """Document the method policy on an operation that calls app-server methods."""
+    responses = operation["responses"]
+    refused = _REFUSED_METHOD + (
+        " (`thread/start` and `turn/start` for a text turn)."
+        if operation["operationId"] == "text_turn"
+        else "."
+    )
+    if "403" in responses:
+        responses["403"]["description"] += "; or: " + refused
+    else:
+        responses["403"] = _error_response(403) | {"description": refused}
+    if rules is not None:
+        operation["x-method-policy"] = rules.describe()
+
+
 def _head_operation(get: dict[str, Any]) -> dict[str, Any]:
     """HEAD on a health route: the GET's status and headers, without a body."""
     head = {k: v for k, v in get.items() if k not in ("operationId", "responses")}
@@ -114,8 +145,14 @@ def _head_operation(get: dict[str, Any]) -> dict[str, Any]:
     return head
 
 
-def build_openapi(routes: Iterable[Route], *, auth: AuthSettings | None = None) -> dict[str, Any]:
-    """The OpenAPI 3.1.0 document of exactly ``routes``, with the auth layer if given."""
+def build_openapi(
+    routes: Iterable[Route],
+    *,
+    auth: AuthSettings | None = None,
+    method_rules: MethodRules | None = None,
+) -> dict[str, Any]:
+    """The OpenAPI 3.1.0 document of exactly ``routes``, with the auth layer if given and
+    the method policy (``x-method-policy`` on the routes that call methods)."""
     bearer_auth = auth is not None
     exempt = auth is not None and auth.exempt_health
     routes = list(routes)
@@ -189,6 +226,8 @@ def build_openapi(routes: Iterable[Route], *, auth: AuthSettings | None = None) 
             operation["security"] = []
         for status in sorted(statuses):
             responses[str(status)] = _error_response(status)
+        if route.name in METHOD_ROUTES:
+            _method_policy(operation, method_rules)
         if route.tags:
             operation["tags"] = list(route.tags)
         paths.setdefault(path, {})[route.method.lower()] = operation

@@ -11,7 +11,7 @@ import contextlib
 import re
 import zlib
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 import orjson
@@ -19,7 +19,7 @@ from aiohttp import web
 from multidict import CIMultiDict
 from pydantic import BaseModel, ValidationError
 
-from bridge import __version__, errors, replica
+from bridge import __version__, credentials, errors, replica
 from bridge.backend import Backend
 from bridge.events import Event
 from bridge.limits import RestLimits
@@ -32,6 +32,7 @@ from bridge.models import (
     SessionlessCallBody,
     TextTurnRequest,
 )
+from bridge.policy import MethodPolicy, MethodRules
 from bridge.wire import JSONDecodeError, dumps, loads
 
 M = TypeVar("M", bound=BaseModel)
@@ -47,6 +48,8 @@ class RouterConfig:
     limits: RestLimits
     #: Wire names of the ClientOptions fields callers may set; None allows all.
     allowed_client_options: frozenset[str] | None = None
+    #: Which app-server methods the raw call routes (and the text turn) may call.
+    method_rules: MethodRules = field(default_factory=lambda: MethodRules((), MethodPolicy()))
 
 
 BACKEND = web.AppKey("bridge.backend", Backend)
@@ -208,11 +211,30 @@ def check_options(request: web.Request, options: ClientOptions | None) -> None:
 
 def refuse_options(options: ClientOptions | None, allowed: frozenset[str] | None) -> None:
     """Raise the bridge's 403 for ClientOptions fields outside ``allowed`` (None: all)."""
-    if options is None or allowed is None:
+    if options is None:
         return
-    refused = sorted(f for f in options.set_fields() if f not in allowed)
+    refused = sorted(f for f in options.set_fields() if allowed is not None and f not in allowed)
     if refused:
         raise errors.options_not_allowed(refused)
+    reserved = credentials.reserved_variables(options.env)
+    if reserved:
+        # The bridge's own variables (its secrets, its processes' marks), whatever backend.
+        raise errors.reserved_variables(reserved)
+
+
+def check_method(request: web.Request, method: str) -> None:
+    """Refuse an app-server method the router's method policy refuses (403), before
+    anything is spawned or sent."""
+    rules = request.app[CONFIG].method_rules
+    if not rules.allows_all and not rules.allows(method):
+        raise errors.method_refused(method)
+
+
+def check_params(request: web.Request, method: str, params: Any) -> None:
+    """Refuse the params the router's method policy refuses ``method`` to carry (403)."""
+    refused = request.app[CONFIG].method_rules.refused_params_of(method, params)
+    if refused:
+        raise errors.method_refused(method, refused)
 
 
 def query_int(request: web.Request, name: str, default: int | None) -> int | None:
@@ -260,17 +282,27 @@ async def compatibility(request: web.Request) -> web.Response:
     return json_response(dump(await backend(request).compatibility()))
 
 
+#: The methods a text turn calls.
+TEXT_TURN_METHODS = ("thread/start", "turn/start")
+
+
 async def text_turn(request: web.Request) -> web.Response:
+    for method in TEXT_TURN_METHODS:
+        check_method(request, method)
     body = await read_body(request, TextTurnRequest)
     check_options(request, body.options)
+    check_params(request, "thread/start", body.thread_params)
+    check_params(request, "turn/start", body.turn_params)
     result = await backend(request).text_turn(body)
     return json_response(result.model_dump(mode="json", by_alias=True, exclude_unset=True))
 
 
 async def call(request: web.Request) -> web.Response:
+    method = request.match_info["method"]
+    check_method(request, method)
     body = await read_body(request, SessionlessCallBody)
     check_options(request, body.options)
-    method = request.match_info["method"]
+    check_params(request, method, body.params)
     result = await backend(request).call(
         method, body.params, options=body.options, timeout_ms=body.timeout_ms
     )
@@ -299,8 +331,10 @@ async def delete_session(request: web.Request) -> web.Response:
 
 
 async def session_call(request: web.Request) -> web.Response:
-    params, timeout_ms = call_body(await read_raw_body(request))
     match_info = request.match_info
+    check_method(request, match_info["method"])
+    params, timeout_ms = call_body(await read_raw_body(request))
+    check_params(request, match_info["method"], params)
     result = await backend(request).session_call(
         match_info["sessionId"], match_info["method"], params, timeout_ms=timeout_ms
     )

@@ -9,6 +9,9 @@
 - `{execCommand: {cmd: "...", workdir?: "..."}}`: a `function_call` to `exec_command`;
   codex runs it (asking for approval when its policy says so) and POSTs again with a
   `function_call_output`, which the next reply answers;
+- `{functionCall: {name: "...", arguments: {...}, namespace?: "..."}}`: a `function_call`
+  to any tool codex offers (`spawn_agent` in the `multi_agent_v1` namespace starts a
+  sub-agent, for one); its output comes back as for `execCommand`;
 - `{httpError: {status: 500, body?: ...}}`: a plain HTTP error instead of a stream;
 - `{disconnect: true, partialText?: "..."}`: the stream is cut before `response.completed`;
 - `{stall: true}`: the stream opens and then stays silent until the server stops
@@ -88,6 +91,18 @@ class ExecCommandReply(_Record):
     exec_command: ExecCommand
 
 
+class FunctionCall(_Record):
+    name: str
+    arguments: dict[str, Any] = Field(default_factory=dict)
+    namespace: str | None = None
+
+
+class FunctionCallReply(_Record):
+    """A `function_call` to any tool codex offers, by name (and namespace)."""
+
+    function_call: FunctionCall
+
+
 class HttpError(_Record):
     """A non-streamed HTTP error; a `str` body is sent as text, anything else as JSON."""
 
@@ -118,6 +133,8 @@ _REPLY_KEYS = {
     "text": "text",
     "execCommand": "exec",
     "exec_command": "exec",
+    "functionCall": "function",
+    "function_call": "function",
     "httpError": "http",
     "http_error": "http",
     "disconnect": "disconnect",
@@ -126,6 +143,7 @@ _REPLY_KEYS = {
 _REPLY_TYPES: dict[type[BaseModel], str] = {
     TextReply: "text",
     ExecCommandReply: "exec",
+    FunctionCallReply: "function",
     HttpErrorReply: "http",
     DisconnectReply: "disconnect",
     StallReply: "stall",
@@ -144,6 +162,7 @@ def _reply_kind(value: Any) -> str | None:
 ModelReply = Annotated[
     Annotated[TextReply, Tag("text")]
     | Annotated[ExecCommandReply, Tag("exec")]
+    | Annotated[FunctionCallReply, Tag("function")]
     | Annotated[HttpErrorReply, Tag("http")]
     | Annotated[DisconnectReply, Tag("disconnect")]
     | Annotated[StallReply, Tag("stall")],
@@ -151,7 +170,7 @@ ModelReply = Annotated[
         _reply_kind,
         custom_error_type="unknown_reply",
         custom_error_message=(
-            "a reply needs one of: text, execCommand, httpError, disconnect, stall"
+            "a reply needs one of: text, execCommand, functionCall, httpError, disconnect, stall"
         ),
     ),
 ]
@@ -461,6 +480,19 @@ class ModelProviderServer:
                     "arguments": json.dumps(arguments),
                 }
             )
+            await stream.completed(output_tokens=1)
+        elif isinstance(reply, FunctionCallReply):
+            call = reply.function_call
+            item = {
+                "type": "function_call",
+                "id": stream.new_id("fc"),
+                "call_id": stream.new_id("call"),
+                "name": call.name,
+                "arguments": json.dumps(call.arguments),
+            }
+            if call.namespace is not None:
+                item["namespace"] = call.namespace
+            await stream.item_done(item)
             await stream.completed(output_tokens=1)
         elif isinstance(reply, DisconnectReply):
             if reply.partial_text:

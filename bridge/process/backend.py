@@ -5,14 +5,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import os
 import shlex
 import time
 import uuid
 from collections.abc import Sequence
 from typing import Any, ClassVar
 
-from bridge import __version__, errors
+from bridge import __version__, credentials, errors
 from bridge.backend import Backend, EventStream
 from bridge.events import Event, rfc3339
 from bridge.limits import RestLimits
@@ -39,8 +38,9 @@ DEFAULT_CLIENT_INFO = {
     "title": "Codex REST Bridge",
     "version": __version__,
 }
-#: Variables of the bridge's own environment that a child process must never see.
-SECRET_ENV = ("REST_ADAPTER_TOKEN",)
+#: Variables of the bridge's own environment that a child process must never see: the
+#: secrets and the paths of their files (bridge.credentials).
+SECRET_ENV = tuple(sorted(credentials.HIDDEN_VARIABLES))
 _VERSION_TIMEOUT = 10.0
 _VERSION_RETRY_AFTER = 30.0
 
@@ -153,10 +153,8 @@ class ProcessBackend(Backend):
         return argv
 
     def _env(self, options: ClientOptions | None) -> dict[str, str]:
-        env = {k: v for k, v in os.environ.items() if k not in SECRET_ENV}
-        if options and options.env:
-            env.update({k: v for k, v in options.env.items() if k not in SECRET_ENV})
-        return env
+        refuse_reserved_env(options)
+        return credentials.child_environment(options.env if options else None)
 
     def _initialize_params(self, options: ClientOptions | None) -> dict[str, Any]:
         client_info: dict[str, Any] = dict(DEFAULT_CLIENT_INFO)
@@ -448,12 +446,22 @@ def _refuse_server_request(process: AppServerProcess) -> Any:
     return refuse
 
 
+def refuse_reserved_env(options: ClientOptions | None) -> None:
+    """403 ``options_not_allowed`` for an ``options.env`` naming a ``REST_ADAPTER_*``
+    variable: those are the bridge's own (its secrets, the marks that tie a process to
+    its bridge and replica), never a caller's to set in a process."""
+    names = credentials.reserved_variables(options.env if options else None)
+    if names:
+        raise errors.reserved_variables(names)
+
+
 async def _probe_version(argv: list[str]) -> tuple[str | None, str | None]:
     """Run ``<server> --version`` without blocking the loop: (version, error)."""
     try:
         with descendants.spawning() as own:
             proc = await asyncio.create_subprocess_exec(
                 *argv,
+                env=credentials.child_environment(),
                 stdin=asyncio.subprocess.DEVNULL,
                 stdout=asyncio.subprocess.PIPE,
                 stderr=asyncio.subprocess.DEVNULL,

@@ -22,6 +22,7 @@ import logging
 import os
 import shlex
 import shutil
+import signal
 import tempfile
 import time
 from collections import deque
@@ -30,7 +31,7 @@ from typing import Any
 
 import aiohttp
 
-from bridge import __version__, errors
+from bridge import __version__, credentials, errors
 from bridge.events import rfc3339
 from bridge.limits import (
     APP_SERVER_TOKEN_VARIABLE,
@@ -39,13 +40,15 @@ from bridge.limits import (
     RestLimits,
 )
 from bridge.models import AppServerInfo, ClientOptions, Compatibility, SharedAppServerState
-from bridge.process import startup
+from bridge.process import startup, tenancy
 from bridge.process.backend import DEFAULT_COMMAND, SECRET_ENV, ProcessBackend
 from bridge.process.rpc import (
     AppServerProcess,
     ExitInfo,
     NotificationHandler,
     ProcessGone,
+    RequestHandler,
+    RpcError,
     StdinFull,
 )
 from bridge.wire import dumps
@@ -62,16 +65,32 @@ _EXIT_TO_FINISH_SECONDS = 2.0
 BACKOFF_FIRST = 0.5
 BACKOFF_MAX = 30.0
 BACKOFF_RESET_AFTER = 60.0
+#: Connection attempts of one request when the supervised app-server dies under them
+#: (each waits for its restart; one that keeps dying backs off past SPAWN_TIMEOUT_MS).
+_CONNECT_ATTEMPTS = 3
 #: How the ends of a connection are told in the ``exit`` event (``params.connection``).
-#: Calls whose answer is a thread this connection then follows ({"thread": {"id"}}).
-THREAD_OPENERS = frozenset({"thread/start", "thread/resume", "thread/fork"})
-#: Fields of a thread that name the thread it came from (a fork, a sub-agent).
-_THREAD_ORIGINS = ("parentThreadId", "forkedFromId", "attachedToThreadId")
+#: Calls whose answer is a thread this connection then owns (tenancy.py).
+THREAD_OPENERS = frozenset(tenancy.OPENERS)
 #: Thread-opening calls remembered at most (those in flight are always kept).
 _MAX_OPENING = 1024
+#: Frames about threads a connection does not own, kept (the newest, up to this many
+#: bytes, by a connection that owns a thread) in case one is about a sub-agent of its
+#: own not yet named (see _notify). A sub-agent's first frames are a few hundred bytes.
+_LIMBO_BYTES = 16 * 1024
 CLOSED_BY_BRIDGE = "closed by the bridge"
 CLOSED_BY_SERVER = "closed by the app-server"
 SERVER_EXITED = "the shared app-server exited"
+SERVER_WEDGED = "the shared app-server stopped answering and was killed"
+#: The liveness probe's question: answered from memory by codex 0.169.0 (and fake-codex);
+#: any answer, an error too, means the app-server reads and answers.
+LIVENESS_METHOD = "thread/loaded/list"
+_LIVENESS_PARAMS = {"limit": 1}
+#: The probe connection's ``clientInfo`` (how the app-server's logs tell it from sessions).
+PROBE_CLIENT_INFO = {
+    "name": "codex_rest_bridge_liveness",
+    "title": "Codex REST Bridge liveness probe",
+    "version": __version__,
+}
 _SOCKET_NAME = "app-server.sock"
 
 
@@ -114,15 +133,20 @@ class AppServerConnection(AppServerProcess):
         self._held_frame: bytes | None = None
         self._readable = asyncio.Event()
         self._readable.set()
-        #: The threads this connection opened (or that came from them), and the ids of
+        #: The threads this connection owns (tenancy.py), and the ids (and methods) of
         #: its calls that open one; see :meth:`_notify`.
-        self._threads: set[str] = set()
-        self._opening: set[int] = set()
-        #: How many other connections' `thread/started` were kept from this one.
+        self._threads = tenancy.Threads()
+        self._opening: dict[int, str] = {}
+        #: How many notifications and server requests about other connections' threads
+        #: were kept from this one.
         self.foreign_threads_hidden = 0
+        #: The frame being dispatched, and the latest frames about threads not owned.
+        self._frame = b""
+        self._limbo: deque[tuple[str, bytes]] = deque()
+        self._limbo_bytes = 0
         self._reader = self._loop.create_task(self._read())
 
-    # -- other connections' threads ----------------------------------------------
+    # -- other connections' threads (tenancy.py) -----------------------------------
 
     @property
     def on_notification(self) -> NotificationHandler:
@@ -132,28 +156,138 @@ class AppServerConnection(AppServerProcess):
     def on_notification(self, handler: NotificationHandler) -> None:
         self._notification_handler = handler
 
+    @property
+    def on_request(self) -> RequestHandler:
+        return self._request
+
+    @on_request.setter
+    def on_request(self, handler: RequestHandler) -> None:
+        self._request_handler = handler
+
     def _notify(self, method: str, params: Any) -> None:
-        """codex announces every new thread (`thread/started`) to every connection:
-        pass on only this connection's own (which codex answers before announcing)."""
-        if method == "thread/started" and isinstance(params, dict):
-            thread = params.get("thread")
-            if isinstance(thread, dict) and isinstance(thread.get("id"), str):
-                origins = {thread.get(key) for key in _THREAD_ORIGINS}
-                if thread["id"] not in self._threads and self._threads.isdisjoint(origins):
-                    self.foreign_threads_hidden += 1
-                    return
-                self._threads.add(thread["id"])
+        """codex tells every connection of every thread (`thread/started`, status, name,
+        archive, ...): pass on only what concerns this connection's own threads (codex
+        answers a `thread/start` before it announces it).
+
+        codex may tell of a sub-agent (its status) before the parent's `spawnAgent` item
+        names it: the latest such frames are kept, and passed on once it is named."""
+        threads = self._threads
+        if method == "thread/started":
+            if not threads.announced(params):
+                self.foreign_threads_hidden += 1
+                return
+        elif (foreign := threads.foreign_thread(params)) is not None:
+            self.foreign_threads_hidden += 1
+            self._keep_in_limbo(foreign)
+            return
         self._notification_handler(method, params)
+        spawned = threads.spawned(method, params)
+        if spawned and self._limbo:
+            self._release_from_limbo(spawned)
+
+    def _keep_in_limbo(self, thread_id: str) -> None:
+        frame = self._frame
+        if len(frame) > _LIMBO_BYTES or not self._threads:
+            return  # too big for it, or no thread of its own to have a sub-agent
+        self._limbo.append((thread_id, frame))
+        self._limbo_bytes += len(frame)
+        while self._limbo_bytes > _LIMBO_BYTES:
+            self._limbo_bytes -= len(self._limbo.popleft()[1])
+
+    def _release_from_limbo(self, thread_ids: list[str]) -> None:
+        owned = set(thread_ids)
+        kept = [entry for entry in self._limbo if entry[0] not in owned]
+        released = [frame for thread_id, frame in self._limbo if thread_id in owned]
+        self._limbo = deque(kept)
+        self._limbo_bytes = sum(len(frame) for _, frame in kept)
+        for frame in released:
+            self.foreign_threads_hidden -= 1
+            self._dispatch_line(frame)
+
+    def _request(self, request_id: Any, method: str, params: Any) -> None:
+        """A server request about another connection's thread is not this one's to
+        answer: it is left to the owner (an answer from here would settle it)."""
+        foreign = self._threads.foreign_thread(params)
+        if foreign is not None:
+            self.foreign_threads_hidden += 1
+            self._keep_in_limbo(foreign)
+            return
+        self._request_handler(request_id, method, params)
 
     def _resolve(self, message: dict[str, Any]) -> None:
-        request_id = message["id"]
-        if request_id in self._opening:
-            self._opening.discard(request_id)
-            result = message.get("result")
-            thread = result.get("thread") if isinstance(result, dict) else None
-            if isinstance(thread, dict) and isinstance(thread.get("id"), str):
-                self._threads.add(thread["id"])
+        method = self._opening.pop(message["id"], None)
+        if method is not None and "result" in message:
+            self._threads.opened(method, message["result"])
         super()._resolve(message)
+
+    async def call(self, method: str, params: Any, timeout: float) -> Any:
+        """A call on a thread this connection does not own is answered by codex as for
+        a thread that does not exist; a listing shows this connection's threads only."""
+        if method in tenancy.LISTINGS:
+            return await self._list_owned(method, params, timeout)
+        disguised, substitutes = self._threads.disguise(method, params)
+        if not substitutes:
+            return await super().call(method, params, timeout)
+        try:
+            result = await super().call(method, disguised, timeout)
+        except RpcError as exc:
+            undo = tenancy.Threads.undisguise
+            raise RpcError(
+                exc.code, undo(exc.message, substitutes), undo(exc.data, substitutes)
+            ) from None
+        return tenancy.Threads.undisguise(result, substitutes)
+
+    async def _list_owned(self, method: str, params: Any, timeout: float) -> Any:
+        """Read codex's pages until one page of owned threads is full (or codex has no
+        more, or :data:`tenancy.MAX_LIST_ROUNDS` pages were read); cursors are tokens."""
+        threads = self._threads
+        deadline = self._loop.time() + timeout
+        asked = dict(params) if isinstance(params, dict) else {}
+        #: A token of this connection's, and codex's cursor behind it, to put back.
+        back: dict[str, str] = {}
+        if "cursor" in asked:
+            token = asked["cursor"]
+            asked["cursor"] = threads.cursor_for(method, token)
+            if isinstance(token, str) and asked["cursor"] != token:
+                back[asked["cursor"]] = token
+        limit = asked.get("limit")
+        #: How many owned threads make a page (codex's own page size if none is asked).
+        wanted = limit if isinstance(limit, int) and not isinstance(limit, bool) else -1
+        first: dict[str, Any] | None = None
+        kept: list[Any] = []
+        cursor: Any = None
+        for _ in range(tenancy.MAX_LIST_ROUNDS):
+            try:
+                result = await super().call(
+                    method, asked if asked or params is not None else None, timeout
+                )
+            except RpcError as exc:
+                if first is None:
+                    # codex may quote its cursor, which names a thread: quote the token.
+                    undo = tenancy.Threads.undisguise
+                    message, data = undo(exc.message, back), undo(exc.data, back)
+                    raise RpcError(exc.code, message, data) from None
+                break  # what was read so far is a page, and its cursor goes on from there
+            except TimeoutError:
+                if first is None:
+                    raise
+                break
+            if not isinstance(result, dict):
+                result = {}
+            page = result.get("data")
+            kept += threads.owned_items(method, page)
+            if first is None:
+                first = result
+                if wanted < 0:
+                    wanted = len(page) if isinstance(page, list) else 0
+            cursor = result.get("nextCursor")
+            timeout = deadline - self._loop.time()
+            if not isinstance(cursor, str) or len(kept) >= wanted or timeout <= 0:
+                break
+            asked["cursor"] = cursor
+            asked["limit"] = wanted - len(kept)
+        assert first is not None
+        return threads.only_owned(method, first, kept, cursor)
 
     # -- outgoing --------------------------------------------------------------
 
@@ -165,11 +299,13 @@ class AppServerConnection(AppServerProcess):
         # JSON text as UTF-8 bytes, sent as a text frame as is (send_str would encode a
         # str again); the bound below counts bytes, as the wire does.
         frame = dumps(message)
-        if message.get("method") in THREAD_OPENERS and "id" in message:
+        method = message.get("method")
+        if method in THREAD_OPENERS and "id" in message:
             if len(self._opening) >= _MAX_OPENING:
                 # Calls that were never answered (timed out): forget them.
-                self._opening.intersection_update(self._pending)
-            self._opening.add(message["id"])
+                pending = self._pending
+                self._opening = {i: m for i, m in self._opening.items() if i in pending}
+            self._opening[message["id"]] = method
         self._frames.append(frame)
         self._frames_bytes += len(frame)
         if self._writer is None:
@@ -249,6 +385,7 @@ class AppServerConnection(AppServerProcess):
             self._paused = True
             self._readable.clear()
             return True
+        self._frame = data
         self._dispatch_line(data)
         return self._protocol_error is None
 
@@ -286,13 +423,16 @@ class AppServerConnection(AppServerProcess):
         self._frames.clear()
         self._frames_bytes = 0
         self._held_frame = None
+        self._frame = b""
+        self._limbo.clear()
+        self._limbo_bytes = 0
         self._readable.set()
         if not self._ws.closed:
             _close_soon(self._ws)
 
-    def server_exited(self, info: ExitInfo) -> None:
+    def server_exited(self, info: ExitInfo, how: str = SERVER_EXITED) -> None:
         """The shared process died: the session ends with its exit code and signal."""
-        self._end(ExitInfo(info.exit_code, info.signal, "", None, SERVER_EXITED))
+        self._end(ExitInfo(info.exit_code, info.signal, "", None, how))
 
     async def shutdown(self, grace: float) -> ExitInfo:
         """Close the connection (the app-server keeps running for the others)."""
@@ -325,6 +465,12 @@ class _ListeningProcess(AppServerProcess):
     def _process_exited(self) -> None:
         self.dead.set()
         super()._process_exited()
+
+    def kill(self) -> None:
+        """SIGKILL to the process group now (a stopped process ignores SIGTERM until it is
+        continued); what left the group is swept once it has exited (rpc.py)."""
+        self.lineage.remember_tree()
+        self._kill_group(signal.SIGKILL)
 
     def _feed_stdout(self, data: bytes) -> None:
         self._feed_stderr(data)
@@ -361,7 +507,8 @@ def connect_failure(exc: BaseException) -> str:
 
 
 def _env_without(secrets: Sequence[str]) -> dict[str, str]:
-    return {k: v for k, v in os.environ.items() if k not in secrets}
+    # Never the bridge's secrets (bridge.credentials), whatever ``secrets`` says.
+    return {k: v for k, v in credentials.child_environment().items() if k not in secrets}
 
 
 class SharedAppServer:
@@ -376,6 +523,8 @@ class SharedAppServer:
         spawn_timeout: float,
         shutdown_grace: float,
         secret_env: Sequence[str] = (),
+        liveness_interval: float = 10.0,
+        liveness_timeout: float = 20.0,
     ) -> None:
         self.command = list(command)
         self.url = settings.url
@@ -402,6 +551,12 @@ class SharedAppServer:
         self._restart_task: asyncio.Task[None] | None = None
         self.last_user_agent: str | None = None
         self._closing = False
+        #: The liveness probe of the supervised process (:meth:`_watch`), one per start.
+        self._liveness_interval = liveness_interval
+        self._liveness_timeout = liveness_timeout
+        self._watchers: set[asyncio.Task[None]] = set()
+        #: The process the probe found wedged and killed (said so in ``lastExit``).
+        self._wedged_process: AppServerProcess | None = None
 
     @property
     def supervised(self) -> bool:
@@ -422,37 +577,7 @@ class SharedAppServer:
         """
         if self._closing:
             raise errors.app_server_spawn_failed("The bridge is shutting down.")
-        if self.supervised:
-            await self._ensure_running()
-        client, url, headers = self._target()
-        try:
-            async with asyncio.timeout(self._spawn_timeout):
-                ws = await client.ws_connect(
-                    url,
-                    headers=headers,
-                    max_msg_size=self._max_line_bytes,
-                    autoclose=False,
-                    autoping=True,
-                    timeout=aiohttp.ClientWSTimeout(ws_close=self._shutdown_grace),
-                )
-        except TimeoutError:
-            log.error("the shared app-server did not accept a connection in time")
-            raise errors.timeout(
-                "Connecting to the shared app-server did not complete before its deadline."
-            ) from None
-        except (aiohttp.ClientError, OSError) as exc:
-            reason = connect_failure(exc)
-            # The operator's log names where; the client's payload only why (no path, no
-            # host: see docs/SECURITY.md, "Errors say little").
-            log.error(
-                "could not connect to the app-server at %s: %s",
-                self.url or f"unix://{self._socket}",
-                reason,
-            )
-            raise errors.app_server_spawn_failed(
-                f"Could not connect to the shared app-server: {reason}; check the bridge's "
-                "app-server settings."
-            ) from None
+        ws = await self._handshake()
         connection = AppServerConnection(ws, max_line_bytes=self._max_line_bytes, server=self)
         self._connections.add(connection)
         connection.exit_callbacks.append(lambda _: self._connections.discard(connection))
@@ -460,6 +585,67 @@ class SharedAppServer:
             await connection.shutdown(self._shutdown_grace)
             raise errors.app_server_spawn_failed("The bridge is shutting down.")
         return connection
+
+    async def _handshake(self) -> aiohttp.ClientWebSocketResponse:
+        """A WebSocket to the app-server; a supervised one found dead on the way (killed,
+        crashed, before the bridge saw it go) is waited for in its restart, as a request
+        arriving in the restart's backoff waits for it."""
+        for attempt in range(1, _CONNECT_ATTEMPTS + 1):
+            process = None
+            if self.supervised:
+                await self._ensure_running()
+                process = self.process
+            try:
+                async with asyncio.timeout(self._spawn_timeout):
+                    return await self._ws_connect()
+            except TimeoutError:
+                log.error("the shared app-server did not accept a connection in time")
+                raise errors.timeout(
+                    "Connecting to the shared app-server did not complete before its deadline."
+                ) from None
+            except (aiohttp.ClientError, OSError) as exc:
+                if attempt < _CONNECT_ATTEMPTS and await self._died(process):
+                    continue
+                reason = connect_failure(exc)
+                # The operator's log names where; the client's payload only why (no path,
+                # no host: see docs/SECURITY.md, "Errors say little").
+                log.error(
+                    "could not connect to the app-server at %s: %s",
+                    self.url or f"unix://{self._socket}",
+                    reason,
+                )
+                raise errors.app_server_spawn_failed(
+                    f"Could not connect to the shared app-server: {reason}; check the "
+                    "bridge's app-server settings."
+                ) from None
+        raise AssertionError("unreachable")  # the last attempt returns or raises
+
+    async def _ws_connect(self) -> aiohttp.ClientWebSocketResponse:
+        client, url, headers = self._target()
+        return await client.ws_connect(
+            url,
+            headers=headers,
+            max_msg_size=self._max_line_bytes,
+            autoclose=False,
+            autoping=True,
+            timeout=aiohttp.ClientWSTimeout(ws_close=self._shutdown_grace),
+        )
+
+    async def _died(self, process: AppServerProcess | None) -> bool:
+        """Whether the supervised ``process`` has died: waited for a moment (a refused
+        connection can come before the bridge learns of the exit), and then until the
+        bridge has taken note of it (its restart is scheduled)."""
+        if not isinstance(process, _ListeningProcess):
+            return False
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(_CLOSE_TO_EXIT_SECONDS):
+                await process.dead.wait()
+        if not process.dead.is_set():
+            return False
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(_EXIT_TO_FINISH_SECONDS):
+                await process.wait()
+        return True
 
     def _target(self) -> tuple[aiohttp.ClientSession, str, dict[str, str]]:
         if self._client is None or self._client.closed:
@@ -566,6 +752,10 @@ class SharedAppServer:
         self._socket_target = _real_path(self._socket)
         self._started_at = loop.time()
         self.state = "running"
+        assert isinstance(process, _ListeningProcess)
+        watcher = loop.create_task(self._watch(process))
+        self._watchers.add(watcher)
+        watcher.add_done_callback(self._watchers.discard)
         log.info(
             "shared app-server started (pid %s, restart %d): %s",
             process.pid,
@@ -583,6 +773,95 @@ class SharedAppServer:
         with contextlib.suppress(OSError):
             await writer.wait_closed()
         return True
+
+    # -- liveness ----------------------------------------------------------------
+
+    def _watching(self, process: _ListeningProcess) -> bool:
+        return (
+            process is self.process
+            and self.state == "running"
+            and not process.dead.is_set()
+            and not self._closing
+        )
+
+    async def _watch(self, process: _ListeningProcess) -> None:
+        """The liveness probe of ``process``: every LIVENESS_INTERVAL_MS one
+        :data:`LIVENESS_METHOD` over a connection of the bridge's own (not a session's).
+
+        A stopped or deadlocked process still has its socket: connections are accepted
+        into its backlog and calls are written, and nothing ever comes back. Once no
+        answer has come for LIVENESS_TIMEOUT_MS (one probe that times out, or probes that
+        fail at once for that long), it is wedged (:meth:`_wedged`).
+        """
+        loop = asyncio.get_running_loop()
+        probe: AppServerConnection | None = None
+        unanswered_since: float | None = None
+        try:
+            while True:
+                await asyncio.sleep(self._liveness_interval)
+                if not self._watching(process):
+                    return
+                asked_at = loop.time()
+                try:
+                    async with asyncio.timeout(self._liveness_timeout):
+                        probe = await self._ask(probe)
+                    unanswered_since = None
+                    continue
+                except (TimeoutError, ProcessGone, StdinFull, aiohttp.ClientError, OSError):
+                    pass
+                except Exception as exc:  # a probe must not end the watch: count it a miss
+                    log.error("the liveness probe failed: %s", type(exc).__name__)
+                if probe is not None:
+                    stale, probe = probe, None
+                    await stale.shutdown(0)
+                if not self._watching(process):
+                    return
+                if unanswered_since is None:
+                    unanswered_since = asked_at
+                if loop.time() - unanswered_since >= self._liveness_timeout:
+                    self._wedged(process)
+                    return
+        finally:
+            if probe is not None:
+                await probe.shutdown(0)
+
+    async def _ask(self, probe: AppServerConnection | None) -> AppServerConnection | None:
+        """One question over the probe connection, opened (and initialized) first if there
+        is none; returns it (None if it cannot be asked again). Any answer, an error too,
+        returns; raises what a call or a connection raises."""
+        if probe is None or not probe.running:
+            ws = await self._ws_connect()
+            probe = AppServerConnection(ws, max_line_bytes=self._max_line_bytes, server=self)
+            try:
+                params = {"clientInfo": PROBE_CLIENT_INFO}
+                await probe.call("initialize", params, self._liveness_timeout)
+                probe.notify("initialized")
+            except RpcError:
+                # An answer, on a connection that is no use: a new one next time.
+                await probe.shutdown(0)
+                return None
+            except BaseException:
+                await probe.shutdown(0)
+                raise
+        with contextlib.suppress(RpcError):
+            await probe.call(LIVENESS_METHOD, _LIVENESS_PARAMS, self._liveness_timeout)
+        return probe
+
+    def _wedged(self, process: _ListeningProcess) -> None:
+        """``process`` stopped answering: kill it (its exit restarts it, as any death
+        does), and end its sessions now, saying why."""
+        log.error(
+            "shared app-server (pid %s) did not answer the liveness probe within %g s: "
+            "wedged; killing it (SIGKILL) with its descendants and ending its %d connections",
+            process.pid,
+            self._liveness_timeout,
+            len(self._connections),
+        )
+        self._wedged_process = process
+        process.kill()
+        info = ExitInfo(None, signal.SIGKILL.name, "")
+        for connection in list(self._connections):
+            connection.server_exited(info, SERVER_WEDGED)
 
     def _failed(self, loop: asyncio.AbstractEventLoop) -> None:
         self.state = "failed"
@@ -607,6 +886,7 @@ class SharedAppServer:
             "exitCode": info.exit_code,
             "signal": info.signal,
             "at": rfc3339(time.time()),
+            "wedged": process is self._wedged_process,
         }
         if loop.time() - self._started_at > BACKOFF_RESET_AFTER:
             self._backoff = BACKOFF_FIRST
@@ -660,6 +940,10 @@ class SharedAppServer:
 
     async def close(self) -> None:
         self._closing = True
+        for watcher in list(self._watchers):
+            watcher.cancel()
+        if self._watchers:
+            await asyncio.wait(list(self._watchers))
         if self._restart_task is not None:
             self._restart_task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -728,6 +1012,8 @@ class SharedBackend(ProcessBackend):
             spawn_timeout=self.limits.spawn_timeout_ms / 1000,
             shutdown_grace=self.limits.shutdown_grace_ms / 1000,
             secret_env=(*SECRET_ENV, APP_SERVER_TOKEN_VARIABLE),
+            liveness_interval=self.limits.liveness_interval_ms / 1000,
+            liveness_timeout=self.limits.liveness_timeout_ms / 1000,
         )
 
     async def _spawn(self, options: ClientOptions | None) -> AppServerProcess:

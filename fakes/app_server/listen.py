@@ -5,10 +5,17 @@ As the real `codex app-server` 0.169.0 does (observed; see the README, "Listenin
 - The transport is WebSocket (an HTTP/1.1 upgrade on any path), one JSON-RPC message
   per text frame. A frame that is not one message (two lines, not JSON, ...) is logged
   on stderr and ignored; a binary frame is ignored.
-- Each connection is a session of its own: its own `initialize`/`initialized`, its own
-  threads, its own play of the script, exactly as a separate stdio process would be.
-  Under a seed, connection 0 gets the ids a stdio process would get, connection k ids
-  from a seed derived from k (so thread ids stay unique in the process).
+- Each connection has its own `initialize`/`initialized` and its own play of the
+  script, as a separate stdio process would. Under a seed, connection 0 gets the ids a
+  stdio process would get, connection k ids from a seed derived from k (so thread ids
+  stay unique in the process).
+- The threads are the process's, not a connection's: any connection can read, list,
+  resume, name, archive or start a turn on any thread. A thread's news goes to the
+  connections subscribed to it (the one that started, forked or resumed it), and
+  `thread/started`, `thread/status/changed`, `thread/name/updated`, `thread/archived`,
+  `thread/unarchived`, `thread/deleted` and `thread/closed` go to every initialized
+  connection, whoever's thread they are about. Server requests stay with the connection
+  whose turn raised them.
 - `unix://PATH`: PATH becomes a symlink to a socket (mode 0600) in a private directory
   (mode 0700) under the temporary directory, named after PATH's hash; `unix://` alone
   means `$CODEX_HOME/app-server-control/app-server-control.sock`. Both go when the
@@ -46,6 +53,7 @@ from typing import TYPE_CHECKING, Any
 from aiohttp import WSMsgType, web
 
 from fakes.app_server.ids import IdFactory
+from fakes.app_server.replies import Call, Reply
 from fakes.app_server.server import AppServer
 from fakes.app_server.wire import Message, encode, log, use_virtual_clock
 
@@ -57,6 +65,20 @@ MAX_MESSAGE_BYTES = 16 * 1024 * 1024
 _MAX_HEADER = "x-codex-websocket-max-unfragmented-message-bytes"
 _HIGH_WATER = 1 << 20  # bytes queued for a connection before `drain()` waits
 _SEED_STRIDE = 1_000_003  # connection k plays under seed + k * stride
+#: What the real server sends every initialized connection, whoever's thread it names.
+BROADCAST = frozenset(
+    {
+        "thread/started",
+        "thread/status/changed",
+        "thread/name/updated",
+        "thread/archived",
+        "thread/unarchived",
+        "thread/deleted",
+        "thread/closed",
+    }
+)
+#: Calls whose answer subscribes the caller to the thread it names.
+_SUBSCRIBING = frozenset({"thread/start", "thread/fork", "thread/resume"})
 
 
 class ListenError(Exception):
@@ -262,7 +284,7 @@ class FrameOutput:
             self._partial.clear()
         self._closing = True
         await self._flushed.wait()
-        self._writer.cancel()
+        await self.stop()
         with contextlib.suppress(ConnectionError, RuntimeError):
             await self._ws.close(code=code, message=reason.encode())
 
@@ -274,9 +296,21 @@ class FrameOutput:
             self._partial.clear()
         self._closing = True
         await self._flushed.wait()
-        self._writer.cancel()
+        await self.stop()
         if isinstance(transport, asyncio.Transport):
             transport.abort()
+
+    async def stop(self) -> None:
+        """End the writer task and wait until it has ended (what is queued is dropped).
+
+        Every path out of a connection comes here, so no writer is left pending for the
+        garbage collector to find ("Task was destroyed but it is pending!")."""
+        self._closing = True
+        if not self._writer.done():
+            self._writer.cancel()
+            # asyncio.wait, not `await task`: the writer's CancelledError stays its own,
+            # and a cancellation of this task still propagates.
+            await asyncio.wait([self._writer])
 
 
 class Connection(AppServer):
@@ -287,6 +321,17 @@ class Connection(AppServer):
         self.listener = listener
         self.number = number
         self.aborted = False
+        #: The process's threads, one store for every connection.
+        self.threads = listener.threads
+        #: Where other connections' news for this one goes (set once it is served).
+        self.output: FrameOutput | None = None
+
+    def answer(self, call: Call, reply: Reply) -> None:
+        if call.method in _SUBSCRIBING and reply.error is None:
+            thread = reply.result.get("thread") if isinstance(reply.result, dict) else None
+            if isinstance(thread, dict) and isinstance(thread.get("id"), str):
+                self.listener.subscribe(thread["id"], self)
+        super().answer(call, reply)
 
     async def kill_self(self, signame: str) -> None:
         # A crash of this connection's "process": the client sees the socket drop.
@@ -323,6 +368,9 @@ class Listener:
         self.version_output = version_output
         self.token = token
         self.connections: set[Connection] = set()
+        #: The threads of the process, and the connections subscribed to each.
+        self.threads: dict[str, Any] = {}
+        self._subscribers: dict[str, set[Connection]] = {}
         self._numbers = itertools.count()
         self._done: asyncio.Future[int]
         self._socket: str | None = None
@@ -390,6 +438,26 @@ class Listener:
             other.exit(code)
         self._stop(code)
 
+    def subscribe(self, thread_id: str, connection: Connection) -> None:
+        self._subscribers.setdefault(thread_id, set()).add(connection)
+
+    def tell_others(self, source: Connection, message: Message) -> None:
+        """A notification `source` sent: the other connections that hear it too."""
+        method = message.get("method")
+        if not isinstance(method, str) or "id" in message:
+            return
+        if method in BROADCAST:
+            hearers: set[Connection] = self.connections
+        else:
+            params = message.get("params")
+            thread_id = params.get("threadId") if isinstance(params, dict) else None
+            if not isinstance(thread_id, str):
+                return
+            hearers = self._subscribers.get(thread_id, set())
+        for other in list(hearers):
+            if other is not source and other.initialized and other.output is not None:
+                other.output.send(message)
+
     async def _handle(self, request: web.BaseRequest) -> web.StreamResponse:
         refusal = self._refusal(request)
         if refusal is not None:
@@ -444,26 +512,39 @@ class Listener:
             version_output=self.version_output,
             ids=ids,
         )
+        connection.output = output
         self.connections.add(connection)
         try:
-            report = f"fake-codex-{os.getpid()}-{number}.json"
-            code = await connection.serve(_Closing(output), _messages(ws), report)
+            try:
+                report = f"fake-codex-{os.getpid()}-{number}.json"
+                code = await connection.serve(_Closing(output, connection), _messages(ws), report)
+            finally:
+                self.connections.discard(connection)
+                connection.output = None
+                for subscribers in self._subscribers.values():
+                    subscribers.discard(connection)
+            if connection.aborted:
+                await output.abort(request.transport)
+            elif not ws.closed:
+                await output.close(1000 if code == 0 else 1011, "" if code == 0 else f"exit {code}")
         finally:
-            self.connections.discard(connection)
-        if connection.aborted:
-            await output.abort(request.transport)
-        elif not ws.closed:
-            await output.close(1000 if code == 0 else 1011, "" if code == 0 else f"exit {code}")
+            await output.stop()
 
 
 class _Closing:
     """A connection's sink as its server sees it: `close()` (called when the session
     ends) is left to the listener, which knows whether to close or drop the connection."""
 
-    def __init__(self, output: FrameOutput) -> None:
-        self.send = output.send
+    def __init__(self, output: FrameOutput, connection: Connection) -> None:
+        self._output = output
+        self._connection = connection
         self.write = output.write
         self.drain = output.drain
+
+    def send(self, message: Message) -> None:
+        """To this connection, and to the others that hear it (`Listener.tell_others`)."""
+        self._output.send(message)
+        self._connection.listener.tell_others(self._connection, message)
 
     async def close(self) -> None:
         return None

@@ -283,7 +283,9 @@ class AppServer:
 
     def _next_behavior(self, method: str, params: Any) -> MethodBehavior | None:
         if method == "initialize":
-            return self.script.initialize if self.script else None
+            behavior = self.script.initialize if self.script else None
+            # With a `match`, only for the clients it fits (the others get the built-in).
+            return behavior if behavior is not None and _matches(behavior.match, params) else None
         entries = self._behaviors.get(method, [])
         # The first entry whose `match` fits; it is used up unless it repeats or is
         # the last one left (the last entry of a list keeps answering).

@@ -1,7 +1,7 @@
 """The thread methods, as `codex app-server` 0.169.0 answers them.
 
-`thread/start`, `thread/read`, `thread/list`, `thread/name/set`, `thread/resume`,
-`thread/fork`, `thread/archive`, `thread/unarchive` and `turn/steer`: results, the
+`thread/start`, `thread/read`, `thread/list`, `thread/loaded/list`, `thread/name/set`,
+`thread/resume`, `thread/fork`, `thread/archive`, `thread/unarchive` and `turn/steer`: results, the
 notifications around them and the error messages were recorded from the real server
 (see the README). Threads live in this process only; there are no rollout files.
 """
@@ -69,6 +69,7 @@ class ThreadMethods:
             "thread/start": self.start,
             "thread/read": self.read,
             "thread/list": self.list,
+            "thread/loaded/list": self.loaded,
             "thread/name/set": self.set_name,
             "thread/resume": self.resume,
             "thread/fork": self.fork,
@@ -155,9 +156,20 @@ class ThreadMethods:
             if thread.history and thread.archived == archived
         ]
         threads.sort(key=lambda thread: thread.id, reverse=True)
+        after = call.params.get("cursor")
+        if isinstance(after, str):
+            # The real cursor: the last listed thread's creation second and id.
+            _, bar, last_id = after.rpartition("|")
+            if not bar or not last_id:
+                return invalid(f"invalid cursor: {after}")
+            threads = [thread for thread in threads if thread.id < last_id]
         limit = call.params.get("limit")
-        if isinstance(limit, int) and limit > 0:
+        next_cursor = None
+        if isinstance(limit, int) and 0 < limit < len(threads):
             threads = threads[:limit]
+            last = threads[-1]
+            created = datetime.fromtimestamp(int(last.info["createdAt"]), UTC)
+            next_cursor = created.strftime("%Y-%m-%dT%H:%M:%SZ") + f"|{last.id}"
         cursor = None
         if threads:
             millis = int(threads[0].id.replace("-", "")[:12], 16)
@@ -167,10 +179,24 @@ class ThreadMethods:
             {
                 "data": [_listed(thread) for thread in threads],
                 "readStates": {thread.id: self._read_state(thread) for thread in threads},
-                "nextCursor": None,
+                "nextCursor": next_cursor,
                 "backwardsCursor": cursor,
             }
         )
+
+    def loaded(self, call: Call) -> Reply:
+        """`thread/loaded/list`: the ids of the threads in memory, oldest first; with a
+        `limit` short of the rest, `nextCursor` is the last id listed."""
+        ids = sorted(thread.id for thread in self.server.threads.values() if not thread.archived)
+        after = call.params.get("cursor")
+        if isinstance(after, str):
+            ids = [thread_id for thread_id in ids if thread_id > after]
+        limit = call.params.get("limit")
+        next_cursor = None
+        if isinstance(limit, int) and 0 < limit < len(ids):
+            ids = ids[:limit]
+            next_cursor = ids[-1]
+        return Reply({"data": ids, "nextCursor": next_cursor})
 
     def set_name(self, call: Call) -> Reply:
         """`thread/name/set`: `{}`, then `thread/name/updated`."""

@@ -636,6 +636,16 @@ def test_front_config_prints_the_token_map_and_includes_it(tmp_path):
     ).stdout
     assert printed == token_map_text(secret)
     assert secret not in printed
+    (tmp_path / "token").write_text(secret + "\n")
+    from_file = subprocess.run(
+        [REST_BRIDGE, "front-config", "--print-token-map"],
+        env={**env, "REST_ADAPTER_TOKEN_FILE": str(tmp_path / "token")},
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    ).stdout
+    assert from_file == printed
     directory = tmp_path / "front"
     directory.mkdir()
     (directory / "token-map.conf").write_text(printed)

@@ -15,6 +15,7 @@ from bridge.app import (
     backend_app,
     default_app,
     mounted_routes,
+    router_method_rules,
     text_turn_app,
     trusted_bridge_app,
 )
@@ -118,7 +119,9 @@ async def test_conservative_preset_refuses_process_shaping_options(fake_codex, s
 def test_openapi_document_is_valid_and_in_step_with_the_routes(preset, auth, fake_codex):
     app = PRESETS[preset][0](fake_codex)
     settings = AuthSettings(exempt_health=True) if auth else None
-    document = build_openapi(mounted_routes(app), auth=settings)
+    document = build_openapi(
+        mounted_routes(app), auth=settings, method_rules=router_method_rules(app)
+    )
     validate(document)
     assert document["openapi"] == "3.1.0"
     documented = {

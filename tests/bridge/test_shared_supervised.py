@@ -8,6 +8,7 @@ starts for new sessions), what it started swept with it, and nothing left at the
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import signal
 from collections.abc import Iterable
@@ -19,6 +20,7 @@ from processes import exited, live_children
 
 from bridge.app import trusted_bridge_app
 from bridge.limits import AppServerSettings, RestLimits
+from bridge.process.shared import PROBE_CLIENT_INFO
 from bridge.routes import BACKEND
 from scenarios.harness import fake_app_server_command
 from scenarios.sse import SseReader
@@ -201,3 +203,134 @@ async def test_concurrent_first_requests_start_one_process(serve, http):
     state = await shared_state(http, base)
     assert state["connections"] == 20
     assert {os.getpgid(pid) for pid in live_children() - before} == {state["pid"]}
+
+
+async def test_a_create_racing_a_sigkill_restart_waits_for_the_new_process(http, contract_checkers):
+    """Creates sent right after the shared process is SIGKILLed, before the bridge has
+    seen it die, wait for the restart (docs/API.md) instead of a 502 "Connection
+    refused". A fresh bridge per trial: each starts from the first backoff (0.5 s)."""
+    from scenarios.harness import checker_for, serve_app
+
+    for trial in range(20):
+        app = trusted_bridge_app(fake_app_server_command(), RestLimits(), SHARED)
+        runner, base = await serve_app(app)
+        contract_checkers[base] = checker_for(app)
+        try:
+            await new_session(http, base)
+            pid = (await shared_state(http, base))["pid"]
+            os.kill(pid, signal.SIGKILL)
+            results = await asyncio.gather(*(post(http, f"{base}/v1/sessions") for _ in range(3)))
+            assert [status for status, _ in results] == [201] * 3, (trial, results)
+            state = await shared_state(http, base)
+            assert (state["restarts"], state["connections"]) == (1, 3), (trial, state)
+            assert state["pid"] not in (None, pid)
+        finally:
+            await runner.cleanup()
+
+
+#: A probe every 0.2 s that must be answered within 3 s (the fake answers in ms).
+PROBED = RestLimits(liveness_interval_ms=200, liveness_timeout_ms=3000)
+WEDGED = {
+    "exitCode": None,
+    "signal": "SIGKILL",
+    "stderrTail": "",
+    "connection": "the shared app-server stopped answering and was killed",
+}
+
+
+async def test_a_stopped_shared_process_is_killed_its_sessions_end_and_it_restarts(
+    serve, http, write_script
+):
+    """SIGSTOP: the socket still accepts and nothing answers. The liveness probe finds it
+    wedged: its sessions end (a call waiting on it too), it is killed with what it
+    started, and it restarts; a create sent into the wedge waits for the new process."""
+    child = {"steps": [{"spawnChild": True}], "result": {}}
+    command = fake_app_server_command(write_script({"methods": {"x/child": child}}))
+    base = await serve(trusted_bridge_app(command, PROBED, SHARED))
+    before = live_children()
+    sessions = [await new_session(http, base) for _ in range(2)]
+    status, answer = await post(http, f"{base}/v1/sessions/{sessions[1]}/call/x/child", NO_PARAMS)
+    assert status == 200, answer
+    first = await shared_state(http, base)
+    assert (first["connections"], first["restarts"]) == (2, 0)  # the probe is not one
+    pid = first["pid"]
+    started = live_children() - before
+    assert pid in started
+    assert len(started) >= 2  # the shared process and the child it started
+    streams = [
+        await http.get(f"{base}/v1/sessions/{s}/events/stream").__aenter__() for s in sessions
+    ]
+    try:
+        os.kill(pid, signal.SIGSTOP)
+        body = {"params": {}, "timeoutMs": 300_000}
+        waiting = asyncio.ensure_future(
+            post(http, f"{base}/v1/sessions/{sessions[0]}/call/thread/list", body)
+        )
+        creating = asyncio.ensure_future(post(http, f"{base}/v1/sessions"))
+        for stream in streams:
+            frames = await SseReader(stream).until(lambda f: f.event == "exit", timeout=WAIT)
+            assert frames[-1].json()["params"] == WEDGED
+        status, answer = await waiting
+        assert status == 502, answer
+        assert answer["error"] == "app_server_exited"
+        assert await gone(started, WAIT) == set()
+        status, answer = await creating
+        assert status == 201, answer
+    finally:
+        for stream in streams:
+            stream.release()
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGCONT)
+    fresh = await new_session(http, base)
+    status, answer = await post(http, f"{base}/v1/sessions/{fresh}/call/thread/start", NO_PARAMS)
+    assert status == 200, answer
+    state = await shared_state(http, base)
+    assert (state["state"], state["restarts"], state["connections"]) == ("running", 1, 2)
+    assert state["pid"] not in (None, pid)
+    assert (state["lastExit"]["signal"], state["lastExit"]["wedged"]) == ("SIGKILL", True)
+
+
+async def test_a_process_busy_or_answering_the_probe_with_errors_is_alive(
+    serve, http, write_script
+):
+    """Any answer is proof of life, an error too; and a session's long call does not
+    make the process look wedged: a call of 4 s under a probe every 0.2 s with a 3 s
+    deadline finishes, on the process it started on."""
+    refuse = {"error": {"code": -32603, "message": "not today"}}
+    slow = {"steps": [{"sleep": 4000}], "result": {"slept": True}}
+    script = write_script({"methods": {"thread/loaded/list": refuse, "x/slow": slow}})
+    base = await serve(trusted_bridge_app(fake_app_server_command(script), PROBED, SHARED))
+    session = await new_session(http, base)
+    pid = (await shared_state(http, base))["pid"]
+    status, body = await post(http, f"{base}/v1/sessions/{session}/call/x/slow", NO_PARAMS)
+    assert (status, body["result"]) == (200, {"slept": True})
+    state = await shared_state(http, base)
+    assert (state["pid"], state["restarts"], state["lastExit"]) == (pid, 0, None)
+
+
+async def test_a_process_that_refuses_the_probes_initialize_is_alive_and_still_probed(
+    serve, http, write_script
+):
+    """The probe's own `initialize` answered with an error is an answer too: the process
+    lives on through a session's call of 4 s, and the probe goes on (a new connection
+    each time) and finds it once it is stopped."""
+    refuse = {"error": {"code": -32001, "message": "overloaded"}}
+    probe = {"match": {"clientInfo": PROBE_CLIENT_INFO}, "repeat": True, **refuse}
+    slow = {"steps": [{"sleep": 4000}], "result": {"slept": True}}
+    script = write_script({"initialize": probe, "methods": {"x/slow": slow}})
+    base = await serve(trusted_bridge_app(fake_app_server_command(script), PROBED, SHARED))
+    session = await new_session(http, base)
+    pid = (await shared_state(http, base))["pid"]
+    status, body = await post(http, f"{base}/v1/sessions/{session}/call/x/slow", NO_PARAMS)
+    assert (status, body["result"]) == (200, {"slept": True})
+    state = await shared_state(http, base)
+    assert (state["pid"], state["restarts"]) == (pid, 0)
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        assert await gone([pid], WAIT) == set()
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGCONT)
+    await new_session(http, base)  # on the new process, once the bridge has seen it die
+    state = await shared_state(http, base)
+    assert (state["restarts"], state["lastExit"]["wedged"]) == (1, True)

@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import os
 import signal
+import uuid
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -18,7 +20,7 @@ from typing import Any
 import pytest
 import pytest_asyncio
 from aiohttp import web
-from processes import live_children
+from processes import exited, live_children
 
 from bridge.app import trusted_bridge_app
 from bridge.limits import AppServerSettings, RestLimits
@@ -249,46 +251,338 @@ async def test_a_killed_codex_ends_every_session_and_is_restarted(shared_bridge,
     assert state["pid"] not in (None, pid)
 
 
-async def test_whether_connections_resume_each_others_threads(
+async def run_turn(http, base, session_id, thread_id, text) -> list[dict[str, Any]]:
+    """A turn on the session's thread, and its events up to its `turn/completed`."""
+    async with http.get(f"{base}/v1/sessions/{session_id}/events/stream") as stream:
+        reader = SseReader(stream)
+        await start_turn(http, base, session_id, thread_id, text)
+        return events(await reader.until(method_is("turn/completed"), timeout=WAIT))
+
+
+def without(body: Any, *thread_ids: str) -> str:
+    """``body`` as JSON text with the thread ids blanked, to compare two answers."""
+    text = json.dumps(body, sort_keys=True)
+    for thread_id in thread_ids:
+        text = text.replace(thread_id, "<thread>")
+    return text
+
+
+#: What codex tells a connection of itself once it is initialized (no thread in it).
+CONNECTION_NEWS = ("configWarning", "remoteControl/status/changed")
+
+#: Thread-scoped calls, each with the parameters it needs besides `threadId`.
+THREAD_CALLS: list[tuple[str, dict[str, Any]]] = [
+    ("thread/read", {"includeTurns": True}),
+    ("thread/turns/list", {}),
+    ("thread/resume", {}),
+    ("thread/fork", {}),
+    ("turn/start", {"input": [{"type": "text", "text": "Steal it."}]}),
+    ("turn/interrupt", {"turnId": "turn"}),
+    ("thread/name/set", {"name": "taken"}),
+    ("thread/compact/start", {}),
+    ("review/start", {"target": {"type": "uncommittedChanges"}}),
+    ("thread/goal/get", {}),
+    ("thread/unsubscribe", {}),
+    ("thread/archive", {}),
+    ("thread/unarchive", {}),
+    ("thread/delete", {}),
+]
+
+
+async def test_another_sessions_thread_is_answered_as_one_that_does_not_exist(
     shared_bridge, http, model, workspace
 ):
-    """What codex 0.169.0 does (docs/API.md, shared mode): a thread without a turn has no
-    rollout, so another connection cannot resume it; once a turn has run, it can, and
-    from then on both connections hear the thread's events, whoever starts the turn."""
+    """Every thread-scoped call on another session's thread (read, resume, fork, a turn,
+    a name, archive, delete, ...) gets exactly what a thread id that never existed gets:
+    nothing tells "not yours" from "no such thread", and the owner's thread is untouched."""
     owner = await create_session(http, shared_bridge, None)
     other = await create_session(http, shared_bridge, None)
     thread_id = await start_thread(http, shared_bridge, owner, cwd=str(workspace))
-    status, body = await call(http, shared_bridge, other, "thread/resume", {"threadId": thread_id})
-    assert status == 502, body
-    assert body["error"] == "app_server_error"
-    assert body["code"] == -32600
-    assert body["message"] == f"no rollout found for thread id {thread_id}"
-    model.model.add({"text": "First turn."})
+    model.model.add({"text": "The secret is 42."})
+    await run_turn(http, shared_bridge, owner, thread_id, "Remember the secret prompt.")
+    for method, params in THREAD_CALLS:
+        stranger = str(uuid.uuid4())
+        status, body = await call(
+            http, shared_bridge, other, method, {**params, "threadId": thread_id}
+        )
+        nowhere_status, nowhere = await call(
+            http, shared_bridge, other, method, {**params, "threadId": stranger}
+        )
+        assert (status, without(body, thread_id)) == (
+            nowhere_status,
+            without(nowhere, stranger),
+        ), method
+        assert "secret" not in json.dumps(body), method
+    # Another spelling of the same id (codex reads it as the same thread) is no way in.
+    spellings = (
+        thread_id.upper(),
+        f"urn:uuid:{thread_id}",
+        f"{{{thread_id}}}",
+        thread_id.replace("-", ""),
+    )
+    for spelling in spellings:
+        status, body = await call(http, shared_bridge, other, "thread/read", {"threadId": spelling})
+        assert status == 502, body
+        assert body["message"] == f"thread not loaded: {thread_id}"
+    for spelling in spellings:
+        status, body = await call(http, shared_bridge, owner, "thread/read", {"threadId": spelling})
+        assert (status, body["result"]["thread"]["id"]) == (200, thread_id)
+    # The refusals reached nothing: the owner's thread is whole, named as before.
+    status, body = await call(
+        http, shared_bridge, owner, "thread/read", {"threadId": thread_id, "includeTurns": True}
+    )
+    assert status == 200, body
+    thread = body["result"]["thread"]
+    assert thread["name"] is None
+    assert "Remember the secret prompt." in json.dumps(thread["turns"])
+    listed = await list_threads(http, shared_bridge, owner, "thread/list", limit=10)
+    assert listed == [thread_id]
+
+
+async def list_threads(http, base, session_id, method, **params) -> list[str]:
+    """Every thread id a listing gives, page by page, following its cursors."""
+    seen: list[str] = []
+    cursor = None
+    for _ in range(20):
+        status, body = await call(http, base, session_id, method, {**params, "cursor": cursor})
+        assert status == 200, body
+        result = body["result"]
+        seen += [t if isinstance(t, str) else t["id"] for t in result["data"]]
+        assert set(result.get("readStates", {})) <= set(seen)
+        cursor = result["nextCursor"]
+        if cursor is None:
+            return seen
+        # A cursor is the bridge's token, never codex's (which names a thread).
+        assert cursor.startswith("tc_"), cursor
+    raise AssertionError(f"{method} did not end: {seen}")
+
+
+async def until_listed(http, base, session_id, threads: list[str]) -> None:
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + WAIT
+    while set(threads) - set(await list_threads(http, base, session_id, "thread/list")):
+        assert loop.time() < deadline, f"codex never listed {threads}"
+
+
+async def test_listings_show_a_session_its_own_threads_only(shared_bridge, http, model, workspace):
+    """`thread/list` and `thread/loaded/list` show a session its own threads, one page
+    after another, with cursors that name no thread of another session."""
+    first = await create_session(http, shared_bridge, None)
+    second = await create_session(http, shared_bridge, None)
+    owned: dict[str, list[str]] = {first: [], second: []}
+    for session_id in (first, second, first, second, first):
+        thread_id = await start_thread(http, shared_bridge, session_id, cwd=str(workspace))
+        await run_turn(http, shared_bridge, session_id, thread_id, "Hello.")
+        owned[session_id].append(thread_id)
+    # codex lists a thread a little after its turn's `turn/completed`, and announces
+    # nothing when it does: ask until the last one is listed (each ask is answered).
+    await until_listed(http, shared_bridge, first, owned[first])
+    for session_id, threads in owned.items():
+        newest_first = threads[::-1]
+        for limit in (1, 2, 25):
+            listed = await list_threads(http, shared_bridge, session_id, "thread/list", limit=limit)
+            assert listed == newest_first, (limit, listed)
+        assert sorted(await list_threads(http, shared_bridge, session_id, "thread/list")) == (
+            sorted(threads)
+        )
+        for limit in (1, 10):
+            loaded = await list_threads(
+                http, shared_bridge, session_id, "thread/loaded/list", limit=limit
+            )
+            assert sorted(loaded) == sorted(threads)
+    # A thread/list token is no cursor for another listing: codex's answer names the
+    # token, never the cursor behind it (which names a thread).
+    status, body = await call(http, shared_bridge, first, "thread/list", {"limit": 1})
+    token = body["result"]["nextCursor"]
+    params = {"attachmentType": "pr", "identityKey": "k", "cursor": token}
+    status, body = await call(http, shared_bridge, first, "thread/attachmentOwner/list", params)
+    never = {**params, "cursor": "tc_never-given"}
+    _, nowhere = await call(http, shared_bridge, first, "thread/attachmentOwner/list", never)
+    assert (status, body["message"]) == (502, nowhere["message"]), body
+    assert all(t not in json.dumps(body) for t in owned[first] + owned[second]), body
+    # A sessionless call is a connection of its own: it owns no thread, so lists none.
+    async with http.post(f"{shared_bridge}/v1/call/thread/list", json={"params": {}}) as answer:
+        assert answer.status == 200
+        page = (await answer.json())["result"]
+        assert (page["data"], page["nextCursor"], page["backwardsCursor"]) == ([], None, None)
+
+
+SPAWN_AGENT = {
+    "functionCall": {
+        "name": "spawn_agent",
+        "namespace": "multi_agent_v1",
+        "arguments": {"message": "Say hi."},
+    }
+}
+
+
+async def test_a_sub_agent_belongs_to_the_session_whose_thread_spawned_it(
+    shared_bridge, http, model, workspace
+):
+    """codex 0.169.0 announces no `thread/started` for a sub-agent and tells every
+    connection of its turn; the parent's `spawnAgent` item names it, and from then on
+    it is the parent's session's: its news reaches that session alone (the earliest,
+    sent before the item, too), and it is no other session's to read."""
+    owner = await create_session(http, shared_bridge, None)
+    bystander = await create_session(http, shared_bridge, None)
+    thread_id = await start_thread(http, shared_bridge, owner, cwd=str(workspace))
+    model.model.add(SPAWN_AGENT)
     async with http.get(f"{shared_bridge}/v1/sessions/{owner}/events/stream") as stream:
         reader = SseReader(stream)
-        await start_turn(http, shared_bridge, owner, thread_id, "Hello.")
-        await reader.until(method_is("turn/completed"), timeout=WAIT)
-    status, body = await call(http, shared_bridge, other, "thread/resume", {"threadId": thread_id})
+        await start_turn(http, shared_bridge, owner, thread_id, "Spawn a helper.")
+        completed: set[str] = set()
+
+        def both_done(frame) -> bool:
+            event = frame.json()
+            if event["method"] == "turn/completed":
+                completed.add(event["params"]["threadId"])
+            return len(completed) == 2
+
+        heard = events(await reader.until(both_done, timeout=WAIT))
+    spawns = [
+        e["params"]["item"]
+        for e in heard
+        if e["method"] == "item/completed" and e["params"]["item"]["type"] == "collabAgentToolCall"
+    ]
+    [agent] = spawns[0]["receiverThreadIds"]
+    assert completed == {thread_id, agent}
+    about_agent = [e["method"] for e in heard if e["params"].get("threadId") == agent]
+    # Its first news, idle on creation, is there whether or not it came before the item.
+    assert about_agent[0] == "thread/status/changed", about_agent
+    assert {"turn/started", "item/agentMessage/delta", "turn/completed"} <= set(about_agent)
+    status, body = await call(http, shared_bridge, owner, "thread/read", {"threadId": agent})
     assert status == 200, body
-    assert body["result"]["thread"]["id"] == thread_id
-    # A turn started by the other connection: who hears it?
-    model.model.add({"text": "Second turn."})
-    async with http.get(f"{shared_bridge}/v1/sessions/{other}/events/stream") as stream:
+    status, body = await call(http, shared_bridge, bystander, "thread/read", {"threadId": agent})
+    assert (status, body["message"]) == (502, f"thread not loaded: {agent}")
+    told = json.dumps(await events_of(http, shared_bridge, bystander))
+    assert agent not in told
+    assert thread_id not in told
+
+
+async def test_attachment_owners_are_the_sessions_own_threads(shared_bridge, http, workspace):
+    """`thread/attachmentOwner/list` names every thread with an attachment of that
+    identity; a session is shown its own (and the cursor, which names one, is a token)."""
+    sessions = [await create_session(http, shared_bridge, None) for _ in range(2)]
+    owned: dict[str, list[str]] = {s: [] for s in sessions}
+    for session_id in (*sessions, *sessions):
+        thread_id = await start_thread(http, shared_bridge, session_id, cwd=str(workspace))
+        await run_turn(http, shared_bridge, session_id, thread_id, "Hello.")
+        # codex takes an attachment on a thread it lists (a little after the turn).
+        await until_listed(http, shared_bridge, session_id, [thread_id])
+        attachment = {"attachmentType": "pr", "identityKey": "k1", "payload": {}}
+        status, body = await call(
+            http,
+            shared_bridge,
+            session_id,
+            "thread/attachment/add",
+            {**attachment, "threadId": thread_id},
+        )
+        assert status == 200, body
+        owned[session_id].append(thread_id)
+    for session_id, threads in owned.items():
+        for limit in (1, 10):
+            seen: list[str] = []
+            cursor = None
+            for _ in range(10):
+                params = {"attachmentType": "pr", "identityKey": "k1", "limit": limit}
+                status, body = await call(
+                    http,
+                    shared_bridge,
+                    session_id,
+                    "thread/attachmentOwner/list",
+                    {**params, "cursor": cursor},
+                )
+                assert status == 200, body
+                seen += [owner["threadId"] for owner in body["result"]["data"]]
+                cursor = body["result"]["nextCursor"]
+                if cursor is None:
+                    break
+                assert cursor.startswith("tc_"), cursor
+            assert sorted(seen) == sorted(threads), (limit, seen)
+
+
+async def test_an_idle_session_hears_nothing_of_other_sessions_threads(
+    shared_bridge, http, model, workspace
+):
+    """codex tells every connection of every thread's status, name and archive; the
+    bridge passes each session only its own threads' news, so a bystander's log stays
+    empty however busy the others are."""
+    bystander = await create_session(http, shared_bridge, None)
+    worker = await create_session(http, shared_bridge, None)
+    thread_id = await start_thread(http, shared_bridge, worker, cwd=str(workspace))
+    async with http.get(f"{shared_bridge}/v1/sessions/{worker}/events/stream") as stream:
         reader = SseReader(stream)
-        await start_turn(http, shared_bridge, other, thread_id, "Again.")
+        await start_turn(http, shared_bridge, worker, thread_id, "Work.")
         await reader.until(method_is("turn/completed"), timeout=WAIT)
-    url = f"{shared_bridge}/v1/sessions/{owner}/events?after=0&waitMs=1"
-    seen = []
-    while True:
-        async with http.get(url) as response:
-            if response.status == 204:
-                break
-            event = await response.json()
-        seen.append(event["method"])
-        url = f"{shared_bridge}/v1/sessions/{owner}/events?after={event['seq']}&waitMs=1"
-    # Both connections are subscribed to the thread now: the owner hears the other's turn.
-    assert seen.count("turn/completed") == 2
-    assert seen.count("turn/started") == 2
+        status, body = await call(
+            http, shared_bridge, worker, "thread/name/set", {"threadId": thread_id, "name": "n"}
+        )
+        assert status == 200, body
+        await reader.until(method_is("thread/name/updated"), timeout=WAIT)
+        status, body = await call(
+            http, shared_bridge, worker, "thread/archive", {"threadId": thread_id}
+        )
+        assert status == 200, body
+        await reader.until(method_is("thread/archived"), timeout=WAIT)
+    # The bystander's own thread: its announcement comes after all of the above.
+    own = await start_thread(http, shared_bridge, bystander, cwd=str(workspace))
+    heard = await events_of(http, shared_bridge, bystander)
+    about_threads = [e for e in heard if e["method"] not in CONNECTION_NEWS]
+    assert [e["method"] for e in about_threads] == ["thread/started"], heard
+    assert about_threads[0]["params"]["thread"]["id"] == own
+    assert thread_id not in json.dumps(heard)
+
+
+async def test_a_server_request_reaches_only_the_session_whose_thread_raised_it(
+    shared_bridge, http, model, workspace
+):
+    """Another session can neither subscribe to the thread (resume is refused) nor
+    receive its command approval: only the owner is asked, and its answer runs it."""
+    owner = await create_session(http, shared_bridge, None)
+    other = await create_session(http, shared_bridge, None)
+    thread_id = await start_thread(http, shared_bridge, owner, **untrusted_thread(workspace))
+    await run_turn(http, shared_bridge, owner, thread_id, "Hello.")
+    status, body = await call(http, shared_bridge, other, "thread/resume", {"threadId": thread_id})
+    assert status == 502, body
+    assert body["message"] == f"no rollout found for thread id {thread_id}"
+    model.model.add({"execCommand": {"cmd": "touch owned.txt"}}, {"text": "Touched it."})
+    async with http.get(f"{shared_bridge}/v1/sessions/{owner}/events/stream") as stream:
+        reader = SseReader(stream)
+        await start_turn(http, shared_bridge, owner, thread_id, "Touch the file.")
+        request = (await reader.until(lambda f: f.event == "request", timeout=WAIT))[-1].json()
+        assert request["method"] == COMMAND_APPROVAL
+        async with http.get(f"{shared_bridge}/v1/sessions") as response:
+            summaries = {s["sessionId"]: s for s in (await response.json())["sessions"]}
+        assert summaries[owner]["pendingRequests"] == [request["requestKey"]]
+        assert summaries[other]["pendingRequests"] == []
+        url = f"{shared_bridge}/v1/sessions/{owner}/requests/{request['requestKey']}/result"
+        async with http.post(url, json={"result": {"decision": "accept"}}) as answered:
+            assert answered.status == 200, await answered.text()
+        await reader.until(method_is("turn/completed"), timeout=WAIT)
+    assert (workspace / "owned.txt").exists()
+    heard = await events_of(http, shared_bridge, other)
+    assert thread_id not in json.dumps(heard)
+
+
+async def test_a_session_owns_what_it_forks_and_no_other_does(
+    shared_bridge, http, model, workspace
+):
+    owner = await create_session(http, shared_bridge, None)
+    other = await create_session(http, shared_bridge, None)
+    thread_id = await start_thread(http, shared_bridge, owner, cwd=str(workspace))
+    await run_turn(http, shared_bridge, owner, thread_id, "Hello.")
+    status, body = await call(http, shared_bridge, owner, "thread/fork", {"threadId": thread_id})
+    assert status == 200, body
+    fork = body["result"]["thread"]["id"]
+    await run_turn(http, shared_bridge, owner, fork, "Again.")
+    status, body = await call(http, shared_bridge, owner, "thread/read", {"threadId": fork})
+    assert status == 200, body
+    status, body = await call(http, shared_bridge, other, "thread/read", {"threadId": fork})
+    assert status == 502, body
+    assert body["message"] == f"thread not loaded: {fork}"
+    assert sorted(await list_threads(http, shared_bridge, owner, "thread/list")) == sorted(
+        [thread_id, fork]
+    )
 
 
 async def test_a_running_codex_over_ws_with_its_token(
@@ -371,3 +665,92 @@ async def test_what_codex_listens_on_is_removed_and_only_its_directory_stays(
 
 def _present(path: str) -> bool:
     return os.path.lexists(path)
+
+
+def _dead(pid: int) -> bool:
+    """Whether ``pid`` has exited (gone, or a zombie not reaped yet)."""
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().rsplit(")", 1)[1].split()[0] == "Z"
+    except OSError:
+        return True
+
+
+#: A probe every 0.2 s; the real codex answers `thread/loaded/list` in milliseconds, and
+#: has 5 s (it shares two cores with whatever else runs).
+PROBED = RestLimits(liveness_interval_ms=200, liveness_timeout_ms=5000)
+WEDGED = {
+    "exitCode": None,
+    "signal": "SIGKILL",
+    "stderrTail": "",
+    "connection": "the shared app-server stopped answering and was killed",
+}
+
+
+async def test_a_stopped_codex_is_found_wedged_killed_and_restarted(
+    model, codex_home, workspace, serve, codex_bin, http
+):
+    """SIGSTOP of the shared codex (its whole group): the socket still accepts, nothing
+    answers. The liveness probe finds it: every session ends with an `exit` event that
+    says so, a call waiting on it fails, codex is killed and a new one serves."""
+    command = model.codex_command(codex_bin, codex_home=codex_home, cwd=workspace)
+    base = await serve(trusted_bridge_app(command, PROBED, SHARED))
+    sessions = [await create_session(http, base, None) for _ in range(2)]
+    await start_thread(http, base, sessions[0], cwd=str(workspace))
+    first = await shared_state(http, base)
+    pid = first["pid"]
+    assert (first["connections"], first["restarts"]) == (2, 0)
+    streams = [
+        await http.get(f"{base}/v1/sessions/{s}/events/stream?after=0").__aenter__()
+        for s in sessions
+    ]
+    try:
+        os.killpg(pid, signal.SIGSTOP)
+        waiting = asyncio.ensure_future(call(http, base, sessions[1], "thread/start", {}))
+        for stream in streams:
+            frames = await SseReader(stream).until(lambda f: f.event == "exit", timeout=WAIT)
+            assert frames[-1].json()["params"] == WEDGED
+        status, body = await waiting
+        assert (status, body["error"]) == (502, "app_server_exited"), body
+        await exited([pid], WAIT)
+        assert _dead(pid)
+    finally:
+        for stream in streams:
+            stream.release()
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(pid, signal.SIGCONT)
+    fresh = await create_session(http, base, None)
+    assert await start_thread(http, base, fresh, cwd=str(workspace))
+    state = await shared_state(http, base)
+    assert (state["state"], state["restarts"], state["connections"]) == ("running", 1, 1)
+    assert state["pid"] not in (None, pid)
+    assert (state["lastExit"]["signal"], state["lastExit"]["wedged"]) == ("SIGKILL", True)
+
+
+async def test_a_session_that_stops_its_codex_with_command_exec_does_not_hang_the_others(
+    model, codex_home, workspace, serve, codex_bin, http
+):
+    """A session's `command/exec` of `kill -STOP $PPID` stops the shared codex itself
+    (trusted preset: the method is allowed). The others are not left hanging: the probe
+    finds it wedged, their sessions end, and a new codex serves new ones."""
+    command = model.codex_command(codex_bin, codex_home=codex_home, cwd=workspace)
+    base = await serve(trusted_bridge_app(command, PROBED, SHARED))
+    attacker, bystander = [await create_session(http, base, None) for _ in range(2)]
+    pid = (await shared_state(http, base))["pid"]
+    async with http.get(f"{base}/v1/sessions/{bystander}/events/stream?after=0") as stream:
+        try:
+            params = {
+                "command": ["sh", "-c", "kill -STOP $PPID"],
+                "sandboxPolicy": {"type": "dangerFullAccess"},
+            }
+            status, body = await call(http, base, attacker, "command/exec", params)
+            assert (status, body["error"]) == (502, "app_server_exited"), body
+            frames = await SseReader(stream).until(lambda f: f.event == "exit", timeout=WAIT)
+            assert frames[-1].json()["params"] == WEDGED
+        finally:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(pid, signal.SIGCONT)
+    fresh = await create_session(http, base, None)
+    assert await start_thread(http, base, fresh, cwd=str(workspace))
+    state = await shared_state(http, base)
+    assert (state["restarts"], state["lastExit"]["wedged"]) == (1, True)

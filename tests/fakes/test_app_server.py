@@ -378,6 +378,23 @@ async def test_a_second_initialize_is_refused(spawn: Spawn) -> None:
     assert reply["error"] == {"code": -32600, "message": "Already initialized"}
 
 
+async def test_a_scripted_initialize_with_match_applies_to_the_clients_it_fits(
+    spawn: Spawn,
+) -> None:
+    script = """
+        version: 1
+        initialize:
+          match: {clientInfo: {name: probe, version: "1"}}
+          error: {code: -32001, message: not you}
+    """
+    refused = await spawn(script)
+    reply = await refused.request("initialize", {"clientInfo": {"name": "probe", "version": "1"}})
+    assert reply["error"] == {"code": -32001, "message": "not you"}
+    welcome = await spawn(script)
+    reply = await welcome.request("initialize", {"clientInfo": CLIENT_INFO})
+    assert reply["result"]["userAgent"].startswith(f"{CLIENT_INFO['name']}/")
+
+
 async def test_requests_are_served_between_initialize_and_initialized(spawn: Spawn) -> None:
     fake = await spawn()
     await fake.request("initialize", {"clientInfo": CLIENT_INFO})
@@ -1256,6 +1273,7 @@ RESPONSE_SCHEMAS = {
     "model/list": "v2/ModelListResponse.json",
     "thread/read": "v2/ThreadReadResponse.json",
     "thread/list": "v2/ThreadListResponse.json",
+    "thread/loaded/list": "v2/ThreadLoadedListResponse.json",
     "thread/name/set": "v2/ThreadSetNameResponse.json",
     "thread/resume": "v2/ThreadResumeResponse.json",
     "thread/fork": "v2/ThreadForkResponse.json",
@@ -1314,6 +1332,7 @@ async def test_every_message_matches_the_real_json_schema(
         ("thread/read", {"threadId": thread_id, "includeTurns": True}),
         ("thread/name/set", {"threadId": thread_id, "name": "Checked"}),
         ("thread/list", {}),
+        ("thread/loaded/list", {"limit": 1}),
         ("thread/resume", {"threadId": thread_id}),
         ("thread/fork", {"threadId": thread_id}),
         ("thread/archive", {"threadId": thread_id}),
@@ -1389,6 +1408,71 @@ async def test_thread_list_shows_threads_with_turns_newest_first(spawn: Spawn) -
     assert set(listed["readStates"]) == {first, second}
     assert listed["data"][0]["canAcceptDirectInput"] is None
     assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z", listed["backwardsCursor"])
+
+
+async def test_thread_loaded_list_pages_the_threads_in_memory(spawn: Spawn) -> None:
+    """The ids in codex's order (sorted: its ids are UUIDv7, so oldest first but for
+    threads of one millisecond), a page at a time; archived threads are not loaded."""
+    fake, first = await ready(spawn)
+    second = await fake.start_thread()
+    third = await fake.start_thread()
+    ids = sorted([first, second, third])
+    assert (await fake.request("thread/loaded/list"))["result"] == {
+        "data": ids,
+        "nextCursor": None,
+    }
+    page = (await fake.request("thread/loaded/list", {"limit": 2}))["result"]
+    assert page == {"data": ids[:2], "nextCursor": ids[1]}
+    rest = {"limit": 2, "cursor": page["nextCursor"]}
+    assert (await fake.request("thread/loaded/list", rest))["result"] == {
+        "data": ids[2:],
+        "nextCursor": None,
+    }
+    await finished_turn(fake, second)
+    assert "result" in await fake.request("thread/archive", {"threadId": second})
+    listed = (await fake.request("thread/loaded/list"))["result"]
+    assert listed["data"] == sorted([first, third])
+
+
+async def test_thread_list_pages_with_the_real_cursor(spawn: Spawn) -> None:
+    """As codex 0.169.0: with a `limit` short of the rest, `nextCursor` is the last
+    listed thread's creation second and id (`2026-11-27T08:50:09Z|<id>`); the next page
+    starts after it; the last page's is null; a cursor of another shape is refused."""
+    fake, first = await ready(spawn)
+    await finished_turn(fake, first)
+    threads = [first]
+    for _ in range(2):
+        thread_id = await fake.start_thread()
+        await fake.until_method("thread/started")
+        await finished_turn(fake, thread_id)
+        threads.append(thread_id)
+    seen: list[str] = []
+    cursor = None
+    for _ in range(len(threads)):
+        page = (await fake.request("thread/list", {"limit": 1, "cursor": cursor}))["result"]
+        seen += [thread["id"] for thread in page["data"]]
+        cursor = page["nextCursor"]
+        if cursor is None:
+            break
+        assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ\|" + seen[-1], cursor)
+    assert seen == threads[::-1]
+    assert cursor is None
+    whole = (await fake.request("thread/list", {"limit": 3}))["result"]
+    assert whole["nextCursor"] is None
+    refused = await fake.request("thread/list", {"cursor": "garbage"})
+    assert refused["error"] == {"code": -32600, "message": "invalid cursor: garbage"}
+
+
+async def test_thread_loaded_list_pages_by_the_last_id(spawn: Spawn) -> None:
+    fake, first = await ready(spawn)
+    second = await fake.start_thread()
+    await fake.until_method("thread/started")
+    whole = (await fake.request("thread/loaded/list"))["result"]
+    assert whole == {"data": sorted([first, second]), "nextCursor": None}
+    page = (await fake.request("thread/loaded/list", {"limit": 1}))["result"]
+    assert page == {"data": [min(first, second)], "nextCursor": min(first, second)}
+    rest = await fake.request("thread/loaded/list", {"limit": 1, "cursor": page["nextCursor"]})
+    assert rest["result"] == {"data": [max(first, second)], "nextCursor": None}
 
 
 async def test_thread_name_set_answers_then_announces(spawn: Spawn) -> None:

@@ -227,7 +227,13 @@ async def test_a_conversation_over_ws(start: Any) -> None:
         assert refused.value.status == 403
 
 
-async def test_two_connections_keep_separate_state(start: Any, tmp_path: Path) -> None:
+async def test_connections_have_their_own_handshake_and_share_the_threads(
+    start: Any, tmp_path: Path
+) -> None:
+    """As codex 0.169.0: each connection initializes on its own, but the threads are the
+    process's. Another connection's thread can be resumed and turned; its turn's news
+    reaches every connection subscribed to it, and every thread's `thread/started` and
+    `thread/status/changed` reach every connection."""
     server = await start(f"unix://{tmp_path / 'app.sock'}")
     async with server.session() as session:
         first, second = await server.connect(session), await server.connect(session)
@@ -236,12 +242,23 @@ async def test_two_connections_keep_separate_state(start: Any, tmp_path: Path) -
         refused = await second.request("thread/start", {})
         assert refused["error"] == {"code": -32600, "message": "Not initialized"}
         await second.open()
-        unknown = await second.request(
+        read = await second.request("thread/read", {"threadId": thread_id})
+        assert read["result"]["thread"]["id"] == thread_id
+        resumed = await second.request("thread/resume", {"threadId": thread_id})
+        assert resumed["result"]["thread"]["id"] == thread_id
+        reply = await second.request(
             "turn/start", {"threadId": thread_id, "input": [{"type": "text", "text": "x"}]}
         )
-        assert unknown["error"]["message"] == f"thread not found: {thread_id}"
+        turn_id = reply["result"]["turn"]["id"]
+        await second.wait_for("turn/completed")
+        # The first started the thread, so it hears the second's turn on it.
+        heard = await first.wait_for("turn/completed")
+        assert (heard["params"]["threadId"], heard["params"]["turn"]["id"]) == (thread_id, turn_id)
         own = await second.request("thread/start", {})
-        assert own["result"]["thread"]["id"] != thread_id
+        own_id = own["result"]["thread"]["id"]
+        assert own_id != thread_id
+        announced = await first.wait_for("thread/started")
+        assert announced["params"]["thread"]["id"] == own_id
         again = await first.request("initialize", {"clientInfo": CLIENT_INFO})
         assert again["error"]["message"] == "Already initialized"
 
@@ -407,3 +424,39 @@ async def test_under_a_seed_connection_0_plays_like_a_stdio_process(
     )
     replies = [json.loads(line) for line in out.splitlines()]
     assert next(m for m in replies if m.get("id") == 2)["result"]["thread"]["id"] == ids[0]
+
+
+async def test_connections_that_come_and_go_leave_no_task_behind(
+    start: Any, tmp_path: Path
+) -> None:
+    """Every connection's writer task is owned, and ended with it: asyncio reports a task
+    collected while still pending ("Task was destroyed but it is pending!") on stderr."""
+    server = await start(f"unix://{tmp_path / 'app.sock'}")
+    async with server.session() as session:
+        for round_ in range(30):
+            client = await server.connect(session)
+            await client.open()
+            await client.request("thread/start", {})
+            if round_ % 2 == 0:
+                await client.send({"id": 99, "method": "test/leave", "params": {}})
+                await client.end()
+            else:
+                await client.ws.close()
+        for _ in range(10):
+            # Connections dropped mid-frame, without a close frame.
+            reader, writer = await asyncio.open_unix_connection(os.readlink(server.link))
+            writer.write(
+                b"GET / HTTP/1.1\r\nHost: x\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
+                b"Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n\r\n"
+            )
+            assert b" 101 " in await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), WAIT)
+            writer.write(bytes([0x81, 0x80 | 100, 1, 2, 3, 4]) + b"x" * 10)
+            await writer.drain()
+            writer.close()
+            await writer.wait_closed()
+    server.proc.send_signal(signal.SIGTERM)
+    assert await server.wait() == 0
+    assert server.proc.stderr is not None
+    stderr = (await server.proc.stderr.read()).decode(errors="replace")
+    assert "Task was destroyed" not in stderr, stderr
+    assert "Traceback" not in stderr, stderr

@@ -126,6 +126,27 @@ async def test_exec_command_reply_is_a_function_call_with_json_arguments(http):
 
 
 @pytest.mark.asyncio
+async def test_function_call_reply_calls_any_tool_by_name_and_namespace(http):
+    script = [
+        {"functionCall": {"name": "spawn_agent", "namespace": "multi_agent_v1", "arguments": {}}},
+        {"functionCall": {"name": "view_image", "arguments": {"path": "a.png"}}},
+    ]
+    async with ModelProviderServer(script) as server:
+        first = await events_of(await post(http, server))
+        second = await events_of(await post(http, server))
+    spawn, view = first[1]["item"], second[1]["item"]
+    assert (spawn["type"], spawn["name"], spawn["namespace"]) == (
+        "function_call",
+        "spawn_agent",
+        "multi_agent_v1",
+    )
+    assert json.loads(spawn["arguments"]) == {}
+    assert "namespace" not in view
+    assert json.loads(view["arguments"]) == {"path": "a.png"}
+    assert first[-1]["type"] == "response.completed"
+
+
+@pytest.mark.asyncio
 async def test_exhausted_script_answers_with_the_default_text(http):
     script = ModelScript(replies=[TextReply(text="first")], default_text="fallback")
     async with ModelProviderServer(script) as server:

@@ -850,10 +850,15 @@ ODD_REQUESTS = {
 }
 
 
-async def test_strangers_learn_nothing_but_401_through_the_front(tmp_path, http):
+@pytest.mark.parametrize("given", ["variable", "file"])
+async def test_strangers_learn_nothing_but_401_through_the_front(tmp_path, http, given):
     """Without the token, through the front: sessions of live, dead and unknown replicas,
     a 5 MB body, and requests nginx refuses itself"""
-    cluster = ClusterProcess(tmp_path / "front", env={"REST_ADAPTER_TOKEN": SECRET})
+    env = {"REST_ADAPTER_TOKEN": SECRET}
+    if given == "file":
+        (tmp_path / "token").write_text(SECRET + "\n")
+        env = {"REST_ADAPTER_TOKEN_FILE": str(tmp_path / "token")}
+    cluster = ClusterProcess(tmp_path / "front", env=env)
     try:
         front = cluster.front
         token_map = tmp_path / "front" / "token-map.conf"

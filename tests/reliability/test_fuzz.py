@@ -25,7 +25,13 @@ import requests
 import schemathesis
 from schemathesis import GenerationMode
 
-from bridge.app import default_app, mounted_routes, text_turn_app, trusted_bridge_app
+from bridge.app import (
+    default_app,
+    mounted_routes,
+    router_method_rules,
+    text_turn_app,
+    trusted_bridge_app,
+)
 from bridge.auth import AuthSettings
 from bridge.openapi import build_openapi
 
@@ -60,7 +66,7 @@ GATEWAY_KINDS = {
 def document(preset: str, auth: bool) -> dict[str, Any]:
     app = PRESETS[preset](["fake-codex", "app-server"], None, None)
     settings = AuthSettings(exempt_health=True) if auth else None
-    return build_openapi(mounted_routes(app), auth=settings)
+    return build_openapi(mounted_routes(app), auth=settings, method_rules=router_method_rules(app))
 
 
 @schemathesis.check

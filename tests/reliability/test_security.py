@@ -96,13 +96,18 @@ async def test_token_never_in_logs_errors_ps_or_child_environments(
         http, "POST", f"{base}/v1/sessions/{session_id}/call/x/fork", bodies, json={"params": {}}
     )
     assert status == 200, body
-    # A caller cannot hand the token to the process either.
-    status, _ = await authed(
+    # A caller cannot hand the token to the process either (the bridge's own variables
+    # are refused), and a session with variables of its own does not get it.
+    status, refused = await authed(
         http,
         "POST",
         base + "/v1/sessions",
         bodies,
         json={"options": {"env": {"REST_ADAPTER_TOKEN": "x", "SOMETHING": "y"}}},
+    )
+    assert (status, refused["error"]) == (403, "options_not_allowed")
+    status, _ = await authed(
+        http, "POST", base + "/v1/sessions", bodies, json={"options": {"env": {"SOMETHING": "y"}}}
     )
     assert status == 201
     for path in ("/v1/compatibility", f"/v1/sessions/{session_id}/events?after=0&waitMs=0"):

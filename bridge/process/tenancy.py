@@ -1,0 +1,241 @@
+"""Shared mode: a session is a tenant of the shared app-server, and its threads are its own.
+
+codex serves every connection from one store of threads: any connection can read, list,
+resume, answer for or delete any thread, and it broadcasts every thread's news to every
+connection. :class:`Threads` is what one connection (one session) owns, and the rules
+:class:`~bridge.process.shared.AppServerConnection` applies with it, in one place:
+
+- A thread is owned by the connection whose ``thread/start`` or ``thread/fork`` answered
+  it (or ``review/start``'s detached review thread), and so is a thread codex announces
+  as coming from an owned one (a fork), and a sub-agent an owned thread spawned (codex
+  0.169.0 announces no ``thread/started`` for those: the ``spawnAgent`` tool call item
+  of the parent names it in ``receiverThreadIds``).
+- Thread ids are UUIDs (codex's are, and it refuses anything else as an invalid id): a
+  value that is none names no thread and is left alone.
+- A call that names a thread the connection does not own (``threadId``,
+  ``beforeThreadId``, ``conversationId``) goes to codex with a fresh random id in its
+  place, and codex's answer is passed on with the caller's id put back: the caller gets
+  exactly what codex says of a thread that does not exist, whatever the method, so
+  nothing tells "not yours" from "no such thread". The experimental ``path`` of
+  ``thread/resume`` and ``thread/fork`` (a rollout file, any thread's) is replaced the
+  same way by a file that does not exist.
+- A listing (``thread/list``, ``thread/loaded/list``, ``thread/attachmentOwner/list``)
+  shows owned threads only, reading on through codex's pages to fill one; its cursors,
+  which name a thread of codex's page, are replaced by tokens of the connection's own,
+  each good for the listing that gave it.
+- A notification or server request about a thread the connection does not own is not
+  passed on (a server request is left to the owner, who answers it).
+"""
+
+from __future__ import annotations
+
+import secrets
+import uuid
+from collections import OrderedDict
+from typing import Any
+
+#: Parameters that name a thread the call acts on.
+THREAD_FIELDS = ("threadId", "beforeThreadId", "conversationId")
+#: Calls whose answer names a thread the connection then owns, and where.
+OPENERS = {
+    "thread/start": ("thread", "id"),
+    "thread/fork": ("thread", "id"),
+    "review/start": ("reviewThreadId",),
+}
+#: Calls whose (experimental) ``path`` names a rollout file to open instead of a thread.
+PATH_CALLS = frozenset({"thread/resume", "thread/fork"})
+#: Fields of a thread that name the thread it came from (a fork, a sub-agent).
+ORIGINS = ("parentThreadId", "forkedFromId", "attachedToThreadId")
+#: Items of an owned thread whose receivers are new threads of the same owner.
+SPAWNING_TOOLS = frozenset({"spawnAgent"})
+#: Listings: where each item names its thread ("" for an item that is the id itself).
+LISTINGS = {
+    "thread/list": "id",
+    "thread/loaded/list": "",
+    "thread/attachmentOwner/list": "threadId",
+}
+#: Pages of codex's a listing reads at most to fill one page of owned threads.
+MAX_LIST_ROUNDS = 16
+#: Cursor tokens a connection remembers (the oldest are forgotten first).
+MAX_CURSORS = 256
+
+
+def canonical(thread_id: str) -> str | None:
+    """The id as codex prints it (lower-case, hyphenated), or None when it is no UUID."""
+    try:
+        return str(uuid.UUID(thread_id))
+    except ValueError:
+        return None
+
+
+def _dig(value: Any, path: tuple[str, ...]) -> Any:
+    for key in path:
+        if not isinstance(value, dict):
+            return None
+        value = value.get(key)
+    return value
+
+
+def _replace(value: Any, substitutes: dict[str, str]) -> Any:
+    """``value`` with every substitute id, wherever it appears in a string, put back."""
+    if isinstance(value, str):
+        for substitute, original in substitutes.items():
+            value = value.replace(substitute, original)
+        return value
+    if isinstance(value, list):
+        return [_replace(item, substitutes) for item in value]
+    if isinstance(value, dict):
+        return {key: _replace(item, substitutes) for key, item in value.items()}
+    return value
+
+
+class Threads:
+    """The threads one connection owns, and the rules that keep other threads from it."""
+
+    def __init__(self) -> None:
+        self._owned: set[str] = set()
+        #: Token → (the listing it came from, codex's cursor).
+        self._cursors: OrderedDict[str, tuple[str, str]] = OrderedDict()
+
+    def __bool__(self) -> bool:
+        return bool(self._owned)
+
+    def __contains__(self, thread_id: object) -> bool:
+        return isinstance(thread_id, str) and (
+            thread_id in self._owned or canonical(thread_id) in self._owned
+        )
+
+    def add(self, thread_id: object) -> None:
+        if isinstance(thread_id, str):
+            self._owned.add(canonical(thread_id) or thread_id)
+
+    # -- calls -------------------------------------------------------------------
+
+    def disguise(self, method: str, params: Any) -> tuple[Any, dict[str, str]]:
+        """``params`` with each thread the connection does not own replaced by a fresh
+        random id, and the map from those ids back to the caller's (as codex prints an
+        id: lower case, hyphenated)."""
+        if not isinstance(params, dict):
+            return params, {}
+        substitutes: dict[str, str] = {}
+        disguised = params
+        path = params.get("path")
+        if method in PATH_CALLS and isinstance(path, str) and path:
+            substitute = f"/nonexistent-{uuid.uuid4()}/rollout.jsonl"
+            substitutes[substitute] = path
+            disguised = dict(params)
+            disguised["path"] = substitute
+        for field in THREAD_FIELDS:
+            value = params.get(field)
+            if not isinstance(value, str) or value in self:
+                continue
+            original = canonical(value)
+            if original is None:
+                continue  # no UUID: codex refuses it as such, owned or not
+            substitute = str(uuid.uuid4())
+            substitutes[substitute] = original
+            if disguised is params:
+                disguised = dict(params)
+            disguised[field] = substitute
+        return disguised, substitutes
+
+    @staticmethod
+    def undisguise(value: Any, substitutes: dict[str, str]) -> Any:
+        return _replace(value, substitutes) if substitutes else value
+
+    def opened(self, method: str, result: Any) -> None:
+        """A call answered: the thread it opened (if any) is the connection's now."""
+        path = OPENERS.get(method)
+        if path is not None:
+            self.add(_dig(result, path))
+
+    # -- what codex sends ----------------------------------------------------------
+
+    def announced(self, params: Any) -> bool:
+        """``thread/started``: True (and owned from now on) if the thread is the
+        connection's own or comes from one of its threads."""
+        thread = params.get("thread") if isinstance(params, dict) else None
+        if not isinstance(thread, dict) or not isinstance(thread.get("id"), str):
+            return True  # names no thread
+        if thread["id"] in self or any(thread.get(key) in self for key in ORIGINS):
+            self.add(thread["id"])
+            return True
+        return False
+
+    def spawned(self, method: str, params: Any) -> list[str]:
+        """The sub-agents an owned thread's item says it spawned, now owned too (only a
+        spawn: a tool call that sends to or resumes an agent names a thread it did not
+        create)."""
+        if method not in ("item/started", "item/completed") or not isinstance(params, dict):
+            return []
+        item = params.get("item")
+        if not isinstance(item, dict) or item.get("tool") not in SPAWNING_TOOLS:
+            return []
+        receivers = item.get("receiverThreadIds")
+        if item.get("type") != "collabAgentToolCall" or not isinstance(receivers, list):
+            return []
+        new = [r for r in receivers if isinstance(r, str) and r not in self]
+        for thread_id in new:
+            self.add(thread_id)
+        return new
+
+    def foreign_thread(self, params: Any) -> str | None:
+        """The thread, not the connection's own, that a message is about (or None)."""
+        if not isinstance(params, dict):
+            return None
+        for field in THREAD_FIELDS:
+            value = params.get(field)
+            if isinstance(value, str) and value not in self:
+                thread_id = canonical(value)
+                if thread_id is not None:
+                    return thread_id
+        return None
+
+    # -- listings ------------------------------------------------------------------
+
+    def cursor_for(self, method: str, token: Any) -> Any:
+        """The codex cursor behind a token this connection gave out for this listing
+        (else the value as is: codex judges it, and its answer names only it)."""
+        if isinstance(token, str) and token in self._cursors:
+            listing, cursor = self._cursors[token]
+            if listing == method:
+                self._cursors.move_to_end(token)
+                return cursor
+        return token
+
+    def token_for(self, method: str, cursor: Any) -> Any:
+        """A token of this connection's for a codex cursor (which may name a thread)."""
+        if not isinstance(cursor, str):
+            return cursor
+        token = "tc_" + secrets.token_urlsafe(18)
+        self._cursors[token] = (method, cursor)
+        while len(self._cursors) > MAX_CURSORS:
+            self._cursors.popitem(last=False)
+        return token
+
+    def owned_items(self, method: str, items: Any) -> list[Any]:
+        if not isinstance(items, list):
+            return []
+        key = LISTINGS[method]
+        if key:
+            return [item for item in items if isinstance(item, dict) and item.get(key) in self]
+        return [item for item in items if item in self]
+
+    def only_owned(
+        self, method: str, result: dict[str, Any], items: list[Any], after: Any
+    ) -> dict[str, Any]:
+        """The first page's result with the owned ``items``, the last page's cursor
+        ``after`` and this connection's tokens for the cursors. A page with nothing of
+        the connection's has no backwards cursor (codex's would say other threads are
+        there)."""
+        shown = dict(result)
+        shown["data"] = items
+        if "nextCursor" in shown or after is not None:
+            shown["nextCursor"] = self.token_for(method, after)
+        if "backwardsCursor" in shown:
+            backwards = shown["backwardsCursor"] if items else None
+            shown["backwardsCursor"] = self.token_for(method, backwards)
+        states = shown.get("readStates")
+        if isinstance(states, dict):
+            shown["readStates"] = {key: state for key, state in states.items() if key in self}
+        return shown
