@@ -29,7 +29,7 @@ from pathlib import Path
 from bench import lean, wrk
 from bench.b_cluster import IN_FLIGHT, SESSIONS_PER_REPLICA, WRK_SECONDS, rotating_lua
 from bench.common import HOST, child_pids, cpu_ns, fake_env, free_port, http_json, log
-from bridge.front import FrontSettings, Replica, render
+from bridge.front import FrontSettings, Replica, render, token_map_text
 from bridge.limits import RestLimits
 
 # A replica that also listens on a unix socket: the bridge's own `serve`, with aiohttp's
@@ -79,7 +79,18 @@ VARIANTS: dict[str, Callable[[str], str]] = {
     "small-buffers": _sub(
         r"^(        proxy_http_version 1.1;)$", r"\1\n        proxy_buffer_size 1k;"
     ),
+    # The front's own token check (FrontSettings.token_map): the map's regular expression
+    # on every request's Authorization header and the `if`. wrk sends no token and the
+    # replicas ask for none, so this map admits every header, after the same match.
+    "token-check": lambda c: c,
+    # Without the server block's `if` on the method that sends the listing to the reads
+    # (what it costs every call; the bench's calls never list).
+    "no-listing-if": _sub(
+        r'^        if \(\$request_method ~ "\^\(GET\|HEAD\)\$"\) \{\n.*\n        \}\n', ""
+    ),
 }
+#: Variants rendered with a token map (written to nginx's prefix directory).
+TOKEN_MAPPED = frozenset({"token-check"})
 
 
 def cpu(pids: list[int]) -> int:
@@ -158,9 +169,13 @@ def nginx(name: str, replicas: Replicas, directory: Path) -> Iterator[tuple[int,
     prefix = directory / f"nginx-{name}"
     prefix.mkdir()
     listed = [Replica(f"replica-{n}", f"{HOST}:{p}") for n, p in enumerate(replicas.ports)]
-    config = VARIANTS[name](
-        render(listed, RestLimits.from_env(), FrontSettings(listen=f"{HOST}:{port}"))
-    )
+    token_map = ""
+    if name in TOKEN_MAPPED:
+        token_map = "token-map.conf"
+        admit_all = token_map_text("bench-token").replace("default 0;", "default 1;")
+        (prefix / token_map).write_text(admit_all)
+    settings = FrontSettings(listen=f"{HOST}:{port}", token_map=token_map)
+    config = VARIANTS[name](render(listed, RestLimits.from_env(), settings))
     for n, p in enumerate(replicas.ports):
         config = config.replace(f"{{sock_{p}}}", replicas.sockets[n])
     (prefix / "nginx.conf").write_text(config)

@@ -320,9 +320,14 @@ def create_app(backend: Backend, options: RouterOptions | None = None) -> web.Ap
     # ROUTES, and of the OpenAPI document, stays).
     for route in sorted(mounted, key=lambda r: r.name not in HOT_ROUTES):
         handler = errors.guarded(route.handler, guard)
-        app.router.add_route(route.method, route.path, handler, name=route.name)
+        expect = errors.expect_handler(guard)
+        app.router.add_route(
+            route.method, route.path, handler, name=route.name, expect_handler=expect
+        )
         if route.answers_head:
-            app.router.add_route("HEAD", route.path, handler, name=f"{route.name}_head")
+            app.router.add_route(
+                "HEAD", route.path, handler, name=f"{route.name}_head", expect_handler=expect
+            )
     add_no_route(app, guard)
 
     closed = False
@@ -370,7 +375,12 @@ def add_no_route(app: web.Application, guard: errors.Guard) -> None:
             raise errors.method_not_allowed(request.method, allowed)
         raise errors.not_found()
 
-    route = app.router.add_route("*", NO_ROUTE_PATH, errors.guarded(no_route, guard))
+    route = app.router.add_route(
+        "*",
+        NO_ROUTE_PATH,
+        errors.guarded(no_route, guard),
+        expect_handler=errors.expect_handler(guard),
+    )
     own.append(route.resource)  # type: ignore[arg-type]
 
 

@@ -200,7 +200,7 @@ def build_parser() -> argparse.ArgumentParser:
     front_config.add_argument(
         "--replica",
         action="append",
-        required=True,
+        default=[],
         metavar="ID=HOST:PORT",
         help="a replica (repeat for each); ID is its REST_ADAPTER_REPLICA_ID",
     )
@@ -211,6 +211,20 @@ def build_parser() -> argparse.ArgumentParser:
     )
     front_config.add_argument(
         "--error-log", default="", help="stderr or a path (default: error.log)"
+    )
+    front_config.add_argument(
+        "--token-map",
+        default="",
+        metavar="FILE",
+        help="the front checks the bearer token itself, from this file (nginx includes it; "
+        "write it with --print-token-map): strangers get the 401 before any routing",
+    )
+    front_config.add_argument(
+        "--print-token-map",
+        action="store_true",
+        help=f"print the token map for ${TOKEN_VARIABLE} (or the file "
+        f"${TOKEN_VARIABLE}{credentials.FILE_SUFFIX} names; the map holds the token: keep it "
+        "0600) instead of the configuration",
     )
     front_config.add_argument(
         "--write-config-map",
@@ -290,6 +304,23 @@ def address(host: str, port: int) -> str:
 
 
 def print_front_config(args: argparse.Namespace) -> int:
+    if args.print_token_map:
+        try:
+            token = credentials.read_secret(TOKEN_VARIABLE)
+            if token is None:
+                raise ValueError(
+                    f"neither {TOKEN_VARIABLE} nor {TOKEN_VARIABLE}{credentials.FILE_SUFFIX} "
+                    "is set: there is no token to check"
+                )
+            sys.stdout.write(front.token_map_text(token))
+        except ValueError as exc:
+            # The message names what is wrong with the token, never the token.
+            print(f"rest-bridge front-config: {exc}", file=sys.stderr)
+            return 2
+        return 0
+    if not args.replica:
+        print("rest-bridge front-config: give at least one --replica ID=HOST:PORT", file=sys.stderr)
+        return 2
     try:
         replicas = [front.parse_replica(text) for text in args.replica]
         config = front.render(
@@ -300,6 +331,7 @@ def print_front_config(args: argparse.Namespace) -> int:
                 workers=args.workers,
                 runtime_dir=args.runtime_dir,
                 error_log=args.error_log,
+                token_map=args.token_map,
             ),
         )
     except (RestLimitsEnvError, ValueError) as exc:

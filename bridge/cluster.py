@@ -4,7 +4,9 @@ The replicas are ``rest-bridge serve`` processes on loopback ports, each with it
 (``<prefix>-<n>``), the others as peers, and a mark of its own in its environment
 (:data:`CLUSTER_MARK_VARIABLE`), which its app-servers and everything they start
 inherit. nginx runs with its own prefix directory (configuration, pid file, logs,
-temporary files) and the configuration :mod:`bridge.front` generates.
+temporary files) and the configuration :mod:`bridge.front` generates. When the
+replicas require a token (``REST_ADAPTER_TOKEN``), the front checks it too, from a
+token map written 0600 beside nginx.conf (never in nginx.conf itself).
 
 The launcher is a child subreaper: when a replica dies (SIGKILL, a crash), its
 app-servers are re-parented to the launcher, which then kills every process carrying
@@ -39,8 +41,8 @@ from collections.abc import Awaitable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from bridge import credentials
-from bridge.front import FrontSettings, Replica, render
+from bridge import TOKEN_VARIABLE, credentials
+from bridge.front import FrontSettings, Replica, render, token_map_text
 from bridge.limits import RestLimits
 from bridge.process import descendants
 from bridge.replica import PEERS_VARIABLE, REPLICA_ID_VARIABLE
@@ -51,6 +53,8 @@ START_SECONDS = 60.0
 #: Starts tried before giving up (the ports are chosen again each time).
 START_ATTEMPTS = 3
 STOP_SECONDS = 15.0
+#: The front's token map, beside nginx.conf in the cluster's directory (0600).
+TOKEN_MAP = "token-map.conf"
 _PR_SET_PDEATHSIG = 1
 
 
@@ -185,12 +189,20 @@ class Cluster:
             await self._ready(member)
             say(f"replica {name} {member.url} pid {member.process.pid} mark {member.mark}")
         replicas = [Replica(name, f"{self.host}:{ports[name]}") for name in ids]
+        self.directory.mkdir(parents=True, exist_ok=True)
         config = render(
             replicas,
             RestLimits.from_env(),
-            FrontSettings(listen=f"{self.host}:{self.port}", workers=self.workers),
+            FrontSettings(
+                listen=f"{self.host}:{self.port}",
+                workers=self.workers,
+                # The secrets are the replicas' (self.secrets), never nginx's environment:
+                # the front gets the token as its map file only.
+                token_map=self._write_token_map(
+                    credentials.read_secret(TOKEN_VARIABLE, self.secrets)
+                ),
+            ),
         )
-        self.directory.mkdir(parents=True, exist_ok=True)
         (self.directory / "nginx.conf").write_text(config)
         prefix = str(self.directory)
         argv = [self.nginx, "-p", prefix + "/", "-c", f"{prefix}/nginx.conf", "-e", "stderr"]
@@ -199,6 +211,18 @@ class Cluster:
         self._readers.append(asyncio.create_task(self._forward(front)))
         await self._front_ready(front)
         say(f"front {front.url} pid {front.process.pid} config {prefix}/nginx.conf")
+
+    def _write_token_map(self, token: str | None) -> str:
+        """The front's token map (0600) beside its configuration, if the replicas
+        require a token: its path relative to nginx.conf's directory, else ""."""
+        if token is None:
+            return ""
+        path = self.directory / TOKEN_MAP
+        descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
+        with os.fdopen(descriptor, "w") as file:
+            os.fchmod(descriptor, 0o600)  # an older file may have been more open
+            file.write(token_map_text(token))
+        return TOKEN_MAP
 
     async def _ready(self, member: Member) -> None:
         waiting = asyncio.ensure_future(member.ready.wait())

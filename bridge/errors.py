@@ -367,3 +367,51 @@ def guarded(handler: Handler, guard: Guard) -> Handler:
     guarded_handler.__qualname__ = getattr(handler, "__qualname__", "guarded_handler")
     guarded_handler.__doc__ = handler.__doc__
     return guarded_handler
+
+
+def expectation_failed() -> RestError:
+    """An ``Expect`` header the bridge cannot meet (only ``100-continue`` is known).
+
+    The header's value is never repeated: it is whatever the caller chose to send.
+    """
+    return RestError(
+        417,
+        "expectation_failed",
+        "The only expectation the bridge meets is `Expect: 100-continue`.",
+        close_connection=True,
+    )
+
+
+ExpectHandler = Callable[[web.Request], Awaitable[web.StreamResponse | None]]
+
+
+def expect_handler(guard: Guard) -> ExpectHandler:
+    """What a route does with an ``Expect`` header, before its handler runs.
+
+    The bearer token first: a request that is not admitted gets the 401 (and no
+    ``100 Continue``, so a client that waits for it never sends the body). Then
+    ``100-continue`` is met on HTTP/1.1, and any other expectation is a 417 error
+    payload that does not repeat the header. HTTP/1.0 requests ignore the header
+    (HTTP/1.0 has no interim responses).
+    """
+
+    async def handle_expect(request: web.Request) -> web.StreamResponse | None:
+        admits = guard.admits
+        # Either answer closes the connection: the body may be on its way, or never come.
+        if admits is not None and not admits(request):
+            return await _answer_and_close(request, unauthorized())
+        if request.version < (1, 1):
+            return None
+        if request.headers.get("Expect", "").strip().lower() != "100-continue":
+            return await _answer_and_close(request, expectation_failed())
+        await request.writer.write(b"HTTP/1.1 100 Continue\r\n\r\n")
+        # The interim response is not part of the response that follows.
+        request.writer.output_size = 0
+        return None
+
+    return handle_expect
+
+
+async def answer_and_close(request: web.BaseRequest, error: RestError) -> web.StreamResponse:
+    """Send ``error`` and close the connection, unread body or not (see failure_response)."""
+    return await _answer_and_close(request, error)  # type: ignore[arg-type]

@@ -21,12 +21,16 @@ What the configuration does:
   stands, or a 503 ``replica_unavailable`` if none answered or all are marked. Reads
   pass over, and mark, only a replica that cannot be reached or does not answer: a
   refused creation never makes ``/health`` or the listing fail. ``/v1/sessions`` is
-  both: its pool is chosen by method (a ``map`` on ``$request_method``).
+  both: ``GET`` and ``HEAD`` are rewritten, in the server block, to an internal location
+  of the reads (:data:`LISTING`, its own read timeout), anything else creates.
 - **Streams pass unbuffered.** SSE and long-poll responses are not buffered, and every
   read timeout is derived from the limits (``REST_ADAPTER_*``, read when the
   configuration is generated): the SSE keep-alive interval for streams, MAX_WAIT_MS for
   long-polls, SPAWN_TIMEOUT_MS for creation, TEXT_TURN_TIMEOUT_MS for text turns,
-  CALL_TIMEOUT_MS for the rest, each plus :data:`MARGIN_SECONDS`. Plain routes keep
+  CALL_TIMEOUT_MS for session calls, each plus :data:`MARGIN_SECONDS`, and
+  :data:`READ_SECONDS` for reads (which wait on nothing: a replica that does not answer
+  one by then is hung, and the read passes on; reads then pass it over for
+  :data:`READ_FAIL_SECONDS`). Plain routes keep
   nginx's buffering, which costs it less CPU per call.
 - **Keep-alive to the replicas**, HTTP/1.1, and request bodies bounded by
   MAX_BODY_BYTES as the replicas bound them. A replica on the same machine may be
@@ -34,18 +38,31 @@ What the configuration does:
   the replica, and a little less for nginx, than over TCP on the loopback
   (bench/FINDINGS.md); nginx's workers need write permission on the socket.
 - **Every error nginx itself produces is the error payload** (JSON), never its HTML
-  pages. Authentication stays in the replicas: the ``Authorization`` header passes
-  through untouched.
+  pages: each status nginx can answer by itself has an ``error_page`` to an internal
+  location (a URI, not a named location: a request whose request line nginx could not
+  read has no URI, and a named location cannot take it).
+- **Strangers learn nothing but 401.** Given a token map (``token_map``: the path of
+  the file :func:`token_map` writes, which nginx includes), the front checks the
+  bearer token itself, before it routes by session id, applies the body limit or picks
+  a replica: a request that needs the token and lacks it gets the replicas' own 401,
+  whether its session id names a live replica, a dead one or none. The replicas still
+  check every request (the ``Authorization`` header passes through untouched); the
+  front's check only keeps strangers from mapping the replicas. The token is in the
+  map file (0600), never in nginx.conf, which is printed, committed and mounted from
+  a ConfigMap.
 """
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from bridge import errors
+from bridge.auth import token_problem
 from bridge.limits import RestLimits
-from bridge.replica import ReplicaSettingsError, validate_replica_id
+from bridge.replica import PEER_TIMEOUT_SECONDS, ReplicaSettingsError, validate_replica_id
 
 #: Added to every read timeout derived from a limit: the replica answers first.
 MARGIN_SECONDS = 5
@@ -56,6 +73,8 @@ KEEPALIVE_CONNECTIONS = 256
 _HOST_PORT = re.compile(r"(\[[0-9a-fA-F:.]+\]|[A-Za-z0-9.-]+):([0-9]{1,5})")
 #: An absolute socket path nginx reads as one word (no space, quote, brace, semicolon).
 _UNIX_PATH = re.compile(r"/[A-Za-z0-9._+@%=,:/-]*")
+#: A path (absolute, or relative to nginx.conf's directory) nginx reads as one word.
+_NGINX_PATH = re.compile(r"[A-Za-z0-9._+@%=,:/-]+")
 
 #: The balanced pools: every replica in each, each pool with its own record of which
 #: replica failed lately (nginx keeps ``max_fails`` per upstream), so that a replica
@@ -76,6 +95,24 @@ POOLS = (
 WORK_NEXT = "error timeout http_429 http_503 non_idempotent"
 #: Reads pass over, and mark, only a replica that cannot be reached or does not answer.
 READ_NEXT = "error timeout"
+#: How long a read (health, compatibility, the OpenAPI document, any other path but the
+#: listing) may take: none waits on anything, so a replica that has not answered by then
+#: is hung (stopped, its kernel still accepting connections), and the read passes on.
+READ_SECONDS = 3 + MARGIN_SECONDS
+#: Where the listing (``GET /v1/sessions``) goes, internally: a read, unlike a creation.
+LISTING = "/.front/sessions"
+#: The listing's read timeout: a replica may wait PEER_TIMEOUT_SECONDS for its peers.
+LISTING_SECONDS = math.ceil(PEER_TIMEOUT_SECONDS) + MARGIN_SECONDS
+#: How long a replica that failed a request stays passed over: 2 s for work (a full
+#: replica refuses it, 429, and may take it again soon), 30 s for reads, which mark a
+#: replica only when it cannot be reached or hangs: a hung replica costs one read
+#: READ_SECONDS once every 30 s, not every 2 s.
+WORK_FAIL_SECONDS = 2
+READ_FAIL_SECONDS = 30
+
+
+def _fail_seconds(pool: str) -> int:
+    return READ_FAIL_SECONDS if pool == READ_POOL else WORK_FAIL_SECONDS
 
 
 @dataclass(frozen=True, slots=True)
@@ -120,6 +157,42 @@ class FrontSettings:
     #: ``stderr`` or a path; empty: ``error.log`` in the runtime directory.
     error_log: str = ""
     access_log: bool = False
+    #: A file nginx includes that defines ``$bridge_token_ok`` (:func:`token_map_text`):
+    #: the front then answers every request that needs the token and lacks it with the
+    #: 401. Empty: the front checks no token (the replicas still do).
+    token_map: str = ""
+
+
+#: What a replica exempts from the token (bridge.auth: GET or HEAD, two exact paths).
+EXEMPT = tuple(f"{m}:{p}" for m in ("GET", "HEAD") for p in ("/health", "/v1/health"))
+#: Around the token, what a replica trims (Python's str.strip): ASCII whitespace, the
+#: separators \x1c-\x1f, and any byte of a multi-byte UTF-8 character (a superset of
+#: the Unicode spaces): the front may admit a little more than a replica, never less.
+_TRIMMED = r"[\s\x1c-\x1f\x80-\xff]*"
+
+
+def token_map_text(token: str) -> str:
+    """The file a front includes to check ``token``: ``$bridge_token_ok`` is 1 when the
+    ``Authorization`` header presents it (the scheme ``Bearer`` in any case, one space,
+    then the token with what a replica trims around it), else 0.
+
+    The token is written byte by byte as ``\\xHH`` escapes, so no character of it can
+    end the string, the regular expression or the directive. Keep the file private
+    (0600): it holds the token.
+    """
+    problem = token_problem(token)
+    if problem is not None:
+        raise ValueError(f"the bearer token {problem}")
+    escaped = "".join(f"\\x{byte:02x}" for byte in token.encode("utf-8", "surrogateescape"))
+    scheme = "".join(f"[{c.upper()}{c}]" for c in "bearer")
+    return (
+        "# Generated by `rest-bridge front-config --print-token-map`: holds the bearer\n"
+        "# token. Keep it private (0600); regenerate it when the token changes.\n"
+        "map $http_authorization $bridge_token_ok {\n"
+        "    default 0;\n"
+        f'    "~^{scheme} {_TRIMMED}{escaped}{_TRIMMED}$" 1;\n'
+        "}\n"
+    )
 
 
 def _json(text: str) -> str:
@@ -133,30 +206,57 @@ def _payload(kind: str, message: str, extra: str = "") -> str:
     return _json(f'{{"error":"{kind}","message":"{message}"{extra}}}')
 
 
+#: Where each status nginx answers by itself goes: an internal location of that URI
+#: (asked for directly, it is a 404) returning the error payload. Not named locations:
+#: a request whose request line nginx could not read (``OPTIONS *``, ``CONNECT``, a NUL
+#: byte, a lower-case method, ``..`` above the root) has no URI, and nginx cannot send
+#: it to a named location (it answered its HTML 500 instead).
+FRONT_ERRORS = "/.front/"
+#: The replicas' 401 message (the body is then the same, byte for byte).
+UNAUTHORIZED_MESSAGE = errors.unauthorized().message
+_FRONT_PAGES = (
+    # status, kind, message, extra payload fields (JSON text), extra headers
+    (400, "bad_request", "The request could not be read.", "", ()),
+    # The replicas' own 401 (the front answers it with a token map: FrontSettings).
+    (401, "unauthorized", UNAUTHORIZED_MESSAGE, "", (("WWW-Authenticate", "Bearer"),)),
+    (404, "not_found", "No such route.", "", ()),
+    (
+        405,
+        "method_not_allowed",
+        "The front does not pass this method on; allowed: DELETE, GET, HEAD, POST.",
+        "",
+        (("Allow", '"DELETE, GET, HEAD, POST"'),),
+    ),
+    (408, "request_timeout", "The request did not arrive in time.", "", ()),
+    (411, "length_required", "The request body needs a length.", "", ()),
+    (414, "uri_too_long", "The request line is over 8 KiB.", "", ()),
+    (500, "internal_error", "The front hit an internal error.", "", ()),
+    (
+        501,
+        "not_implemented",
+        "The front reads request bodies whose Transfer-Encoding is chunked, or none.",
+        "",
+        (),
+    ),
+    (504, "timeout", "The replica did not answer within the deadline of the front.", "", ()),
+    (505, "http_version_not_supported", "The front speaks HTTP/1.0 and HTTP/1.1.", "", ()),
+)
 #: Where nginx's 414 goes (internal: asked for directly, it is a 404).
-URI_TOO_LONG = "/.front/uri-too-long"
+URI_TOO_LONG = f"{FRONT_ERRORS}414"
 
 
 def _error_pages(indent: str, unreachable: str) -> list[str]:
     """nginx's own errors as the payload; ``unreachable`` answers when no replica did."""
-    pages = [
-        ("400", "@bad_request"),
-        ("413", "@payload_too_large"),
-        ("404", "@not_found"),
-        # A request line nginx could not read has no URI: a named location cannot take it.
-        ("414", URI_TOO_LONG),
-        ("494", "@headers_too_large"),
-        ("500", "@internal_error"),
-        ("502", unreachable),
-        ("504", "@front_timeout"),
-    ]
-    return [f"{indent}error_page {codes} = {target};" for codes, target in pages]
+    pages = [(str(status), f"{FRONT_ERRORS}{status}") for status, *_ in _FRONT_PAGES]
+    pages += [("413", f"{FRONT_ERRORS}413"), ("494", f"{FRONT_ERRORS}494"), ("502", unreachable)]
+    return [f"{indent}error_page {codes} = {target};" for codes, target in sorted(pages)]
 
 
 def _balanced(match: str, next_upstream: str, tries: int, timeout: int, pool: str) -> list[str]:
     """A location balanced over ``pool``, passing on to the next replica on ``next_upstream``."""
     return [
         f"        location {match} {{",
+        *(["            internal;"] if match.startswith(f"= {FRONT_ERRORS}") else []),
         *_error_pages("            ", "@no_replica"),
         f"            proxy_next_upstream {next_upstream};",
         f"            proxy_next_upstream_tries {tries};",
@@ -164,6 +264,41 @@ def _balanced(match: str, next_upstream: str, tries: int, timeout: int, pool: st
         f"            proxy_pass http://{pool};",
         "        }",
     ]
+
+
+def _stranger_check(settings: FrontSettings) -> list[str]:
+    """The 401 for a request that needs the token and lacks it, before any routing.
+
+    In the server block, nginx's rewrite phase for the server: before it picks a
+    location (so before a session id is routed), applies the body limit or waits for a
+    body (no ``100 Continue``).
+    """
+    if not settings.token_map:
+        return []
+    return [
+        "        # Strangers learn nothing but 401: checked before a location is chosen.",
+        # Not `return 401`: nginx's if in a server block takes no add_header, and an
+        # error_page would meet the cached $bridge_stranger again (nginx's HTML then).
+        "        if ($bridge_stranger) {",
+        f"            rewrite ^ {FRONT_ERRORS}401 last;",
+        "        }",
+        "",
+    ]
+
+
+def _front_error_locations() -> list[str]:
+    out: list[str] = []
+    for status, kind, message, extra, headers in _FRONT_PAGES:
+        out += [
+            f"        location = {FRONT_ERRORS}{status} {{",
+            "            internal;",
+            *(f"            add_header {name} {value} always;" for name, value in headers),
+            # Whatever the body, no 413: a stranger's answer is the 401 (the body discarded).
+            *(["            client_max_body_size 0;"] if status == 401 else []),
+            f"            return {status} {_payload(kind, message, extra)};",
+            "        }",
+        ]
+    return out
 
 
 def seconds(milliseconds: int) -> int:
@@ -180,6 +315,8 @@ def render(
     if len(set(ids)) != len(ids):
         raise ValueError("replica ids must be unique")
     settings = settings or FrontSettings()
+    if settings.token_map and _NGINX_PATH.fullmatch(settings.token_map) is None:
+        raise ValueError(f"{settings.token_map[:120]!r} is not a path nginx reads as one word")
     run = settings.runtime_dir.rstrip("/") + "/" if settings.runtime_dir else ""
     error_log = settings.error_log or f"{run}error.log"
     access_log = f"{run}access.log" if settings.access_log else "off"
@@ -223,18 +360,31 @@ def render(
             f"    # {what}",
             f"    upstream {pool} {{",
             "        least_conn;",
-            *(f"        server {r.address} max_fails=1 fail_timeout=2s;" for r in replicas),
+            *(
+                f"        server {r.address} max_fails=1 fail_timeout={_fail_seconds(pool)}s;"
+                for r in replicas
+            ),
             f"        keepalive {KEEPALIVE_CONNECTIONS};",
             "        keepalive_requests 100000;",
             "    }",
         ]
+    if settings.token_map:
+        exempt = [f'        "0:{key}" 0;' for key in EXEMPT]
+        # Exactly the pages there are: any other /.front/ path goes to a replica.
+        pages = "|".join(sorted({str(status) for status, *_ in _FRONT_PAGES} | {"413", "494"}))
+        out += [
+            "    # The bearer token, checked before anything is routed ($bridge_token_ok).",
+            f"    include {settings.token_map};",
+            '    map "$bridge_token_ok:$request_method:$uri" $bridge_stranger {',
+            "        default 1;",
+            '        "~^1:" 0;',
+            # The front's own error pages: a request nginx could not read gets its 400
+            # (414, 494, 505), never a 401 for headers nginx never read.
+            f'        "~^0:[^:]*:{FRONT_ERRORS.replace(".", chr(92) + ".")}({pages})$" 0;',
+            *exempt,
+            "    }",
+        ]
     out += [
-        "    # The listing is a read, a creation is work: the same path, two pools.",
-        "    map $request_method $bridge_sessions_pool {",
-        f"        default {CREATE_POOL};",
-        f"        GET {READ_POOL};",
-        f"        HEAD {READ_POOL};",
-        "    }",
         "",
         "    # One upstream per replica, for the sessions it holds.",
     ]
@@ -260,6 +410,13 @@ def render(
         # Errors nginx itself answers: the error payload, never an HTML page. (A
         # location with an error_page of its own inherits none: each repeats them.)
         *_error_pages("        ", "@no_replica"),
+        "",
+        *_stranger_check(settings),
+        "        # The listing is a read, a creation is work: the same path, two locations",
+        "        # (each its own read timeout), chosen by method before a location is.",
+        '        if ($request_method ~ "^(GET|HEAD)$") {',
+        f"            rewrite ^/v1/sessions$ {LISTING} last;",
+        "        }",
         "",
         "        # Sessions: a session id reads <replica>.<uuid>, and goes to that replica,",
         "        # never another. One prefix location per replica: a lookup in nginx's tree",
@@ -294,12 +451,15 @@ def render(
         "",
         "        # Work is balanced: the next replica when one is full (429), draining (503)",
         "        # or down; a refusal marks the replica for this kind of work only.",
-        *_balanced("= /v1/sessions", WORK_NEXT, tries, spawn, "$bridge_sessions_pool"),
+        *_balanced("= /v1/sessions", WORK_NEXT, tries, spawn, CREATE_POOL),
         *_balanced("= /v1/text-turn", WORK_NEXT, tries, text_turn, TEXT_TURN_POOL),
         *_balanced("^~ /v1/call/", WORK_NEXT, tries, call, CALL_POOL),
         "        # Reads (health, compatibility, the OpenAPI document, anything else): the next",
         "        # replica only when one cannot be reached; never refused for a refused work.",
-        *_balanced("/", READ_NEXT, tries, call, READ_POOL),
+        *_balanced("/", READ_NEXT, tries, READ_SECONDS, READ_POOL),
+        "        # The listing (GET or HEAD /v1/sessions, rewritten here): a read that may wait",
+        "        # for the peers' answers (PEER_TIMEOUT_SECONDS), passed on as it was asked.",
+        *_balanced(f"= {LISTING}", READ_NEXT, tries, LISTING_SECONDS, READ_POOL + "$request_uri"),
         "",
         "        location @session_replica_down {",
         "            add_header Retry-After 1 always;",
@@ -316,10 +476,9 @@ def render(
         + _payload("replica_unavailable", "No replica could take the request.")
         + ";",
         "        }",
-        "        location @bad_request {",
-        "            return 400 " + _payload("bad_request", "The request could not be read.") + ";",
-        "        }",
-        "        location @payload_too_large {",
+        *_front_error_locations(),
+        f"        location = {FRONT_ERRORS}413 {{",
+        "            internal;",
         "            return 413 "
         + _payload(
             "payload_too_large",
@@ -328,16 +487,8 @@ def render(
         )
         + ";",
         "        }",
-        "        location @not_found {",
-        "            return 404 " + _payload("not_found", "No such route.") + ";",
-        "        }",
-        f"        location = {URI_TOO_LONG} {{",
+        f"        location = {FRONT_ERRORS}494 {{",
         "            internal;",
-        "            return 414 "
-        + _payload("uri_too_long", "The request line is over 8 KiB.")
-        + ";",
-        "        }",
-        "        location @headers_too_large {",
         "            return 431 "
         + _payload(
             "headers_too_large",
@@ -345,16 +496,6 @@ def render(
             f"{limits.max_header_bytes} bytes in all (MAX_HEADER_BYTES), 8 KiB a line.",
             f',"data":{{"limitBytes":{limits.max_header_bytes}}}',
         )
-        + ";",
-        "        }",
-        "        location @internal_error {",
-        "            return 500 "
-        + _payload("internal_error", "The front hit an internal error.")
-        + ";",
-        "        }",
-        "        location @front_timeout {",
-        "            return 504 "
-        + _payload("timeout", "The replica did not answer within the deadline of the front.")
         + ";",
         "        }",
         "    }",

@@ -14,7 +14,8 @@ process, every request about a session must reach the replica that holds it. So:
   asks each peer with :data:`PEER_QUERY_HEADER` (a peer asked so answers with its own
   sessions only, so the question never travels further) and the caller's
   ``Authorization`` header, and names in ``unavailableReplicas`` the peers that could
-  not be asked.
+  not be asked. A peer that did not answer in time (hung) is passed over by every
+  listing until it answers its ``/health`` again (:class:`Peers`).
 - ``SIGUSR1`` drains a replica (:class:`Drain`): it answers new sessions, sessionless
   calls and text turns with 503 ``replica_unavailable`` (so the proxy tries another
   replica), serves the sessions it has, and exits once the last one has ended, or at
@@ -50,8 +51,11 @@ REPLICA_ID = re.compile(r"[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?")
 #: Separates the replica id from the uuid in a session id (a DNS label has no dot).
 SEPARATOR = "."
 DEFAULT_DRAIN_TIMEOUT_MS = 600_000
-#: How long a replica waits for a peer's list of sessions.
-PEER_TIMEOUT_SECONDS = 5.0
+#: How long a replica waits for a peer's list of sessions (a peer that is alive answers
+#: in milliseconds; one that is stopped, its kernel still accepting connections, never).
+PEER_TIMEOUT_SECONDS = 3.0
+#: How often a peer that did not answer in time is asked for its health, until it answers.
+PEER_PROBE_SECONDS = 1.0
 
 
 class ReplicaSettingsError(ValueError):
@@ -150,10 +154,20 @@ def draining_error() -> errors.RestError:
 class Peers:
     """Asks the other replicas for their sessions, on behalf of ``GET /v1/sessions``."""
 
-    def __init__(self, peers: Mapping[str, str], timeout: float = PEER_TIMEOUT_SECONDS) -> None:
+    def __init__(
+        self,
+        peers: Mapping[str, str],
+        timeout: float = PEER_TIMEOUT_SECONDS,
+        probe_interval: float = PEER_PROBE_SECONDS,
+    ) -> None:
         self.peers = dict(peers)
         self._timeout = timeout
+        self._probe_interval = probe_interval
         self._client: aiohttp.ClientSession | None = None
+        #: Peers that did not answer within the timeout (stopped, hung): passed over by
+        #: every listing, each watched by a task that asks for its health until it
+        #: answers. A listing costs the timeout once per such peer, not every time.
+        self.unresponsive: dict[str, asyncio.Task[None]] = {}
 
     def client(self) -> aiohttp.ClientSession:
         if self._client is None or self._client.closed:
@@ -164,9 +178,35 @@ class Peers:
         return self._client
 
     async def close(self) -> None:
+        watchers = list(self.unresponsive.values())
+        self.unresponsive.clear()
+        for watcher in watchers:
+            watcher.cancel()
+        for watcher in watchers:
+            with contextlib.suppress(asyncio.CancelledError):
+                await watcher
         if self._client is not None:
             await self._client.close()
             self._client = None
+
+    def _pass_over(self, name: str) -> None:
+        """``name`` did not answer in time: pass it over until it answers its health."""
+        if name not in self.unresponsive:
+            self.unresponsive[name] = asyncio.create_task(self._watch(name))
+
+    async def _watch(self, name: str) -> None:
+        url = f"{self.peers[name]}/health"
+        while True:
+            try:
+                async with self.client().get(url) as response:
+                    await response.read()
+                    if response.status == 200:
+                        break
+            except (aiohttp.ClientError, TimeoutError, OSError):
+                pass
+            await asyncio.sleep(self._probe_interval)
+        log.warning("replica %s answers again: listed again", name)
+        self.unresponsive.pop(name, None)
 
     async def _ask(self, url: str, authorization: str | None) -> list[Any]:
         headers = {PEER_QUERY_HEADER: "1"}
@@ -190,21 +230,23 @@ class Peers:
         if request.headers.get(PEER_QUERY_HEADER) is not None:
             return
         authorization = request.headers.get("Authorization")
-        names = sorted(self.peers)
+        names = sorted(name for name in self.peers if name not in self.unresponsive)
         answers = await asyncio.gather(
             *(self._ask(self.peers[name], authorization) for name in names),
             return_exceptions=True,
         )
-        unavailable = []
+        unavailable = set(self.peers) - set(names)
         for name, answer in zip(names, answers, strict=True):
             if isinstance(answer, BaseException):
                 if not isinstance(answer, Exception):
                     raise answer
                 log.warning("replica %s could not list its sessions: %s", name, _why(answer))
-                unavailable.append(name)
+                unavailable.add(name)
+                if isinstance(answer, TimeoutError):
+                    self._pass_over(name)
             else:
                 body["sessions"].extend(answer)
-        body["unavailableReplicas"] = unavailable
+        body["unavailableReplicas"] = sorted(unavailable)
 
 
 def _why(exc: Exception) -> str:

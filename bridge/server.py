@@ -11,13 +11,17 @@ Its answer to a request it cannot parse is a plain-text 400 quoting the offendin
   ``HEADER_TIMEOUT_MS`` after its first byte (408), closing the connection;
 - answer every request the parser refuses with the error payload (400, 414 or 431),
   never echoing what was sent, and log it as one WARNING line without the bytes, at
-  most one such line every :data:`LOG_INTERVAL` seconds (with a count of the rest).
+  most one such line every :data:`LOG_INTERVAL` seconds (with a count of the rest);
+- answer a request whose target is not a path (``CONNECT host:port``, ``OPTIONS *``),
+  which no route can match, with the error payload: the 401 first when the token is
+  required, else a 404 (aiohttp's router would answer a plain-text 404).
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Awaitable, Callable
 from http import HTTPStatus
 from typing import Any
 
@@ -301,6 +305,37 @@ def _remote(peername: Any) -> str | None:
     return None
 
 
+RequestHandlerFunction = Callable[[BaseRequest], Awaitable[web.StreamResponse]]
+
+
+def paths_only(
+    handler: RequestHandlerFunction, guard: errors.Guard | None
+) -> RequestHandlerFunction:
+    """``handler`` for requests whose target is a path; the error payload for the others.
+
+    ``CONNECT host:port`` (authority form) and ``OPTIONS *`` have no path, so no route
+    of the router matches them, not even the catch-all. They get the 401 when ``guard``
+    does not admit them (no token is exempt there), else a 404 ``not_found``. A plain
+    function returning ``handler``'s coroutine: no extra coroutine per request.
+    """
+
+    async def no_path(request: BaseRequest) -> web.StreamResponse:
+        admits = guard.admits if guard is not None else None
+        if admits is not None and not admits(request):  # type: ignore[arg-type]
+            error = errors.unauthorized()
+        else:
+            error = errors.not_found("No such route: the request target is not a path.")
+        # Closed: after a CONNECT, what follows the head would be a tunnel's bytes.
+        return await errors.answer_and_close(request, error)
+
+    def handle(request: BaseRequest) -> Awaitable[web.StreamResponse]:
+        if request.path.startswith("/"):
+            return handler(request)
+        return no_path(request)
+
+    return handle
+
+
 class BridgeServer(web.Server):
     """``web.Server`` making :class:`BoundedRequestHandler` connections."""
 
@@ -312,10 +347,14 @@ class BridgeServer(web.Server):
         self.header_timeout = header_timeout
 
     @classmethod
-    def like(cls, server: web.Server, limits: RestLimits) -> BridgeServer:
-        """A server with ``server``'s handler and settings, and ``limits``' head bounds."""
+    def like(
+        cls, server: web.Server, limits: RestLimits, guard: errors.Guard | None = None
+    ) -> BridgeServer:
+        """A server with ``server``'s handler and settings, and ``limits``' head bounds;
+        requests whose target is not a path answered by :func:`paths_only` (``guard``:
+        the application's, whose bearer token they need)."""
         return cls(
-            server.request_handler,
+            paths_only(server.request_handler, guard),
             request_factory=server.request_factory,
             handler_cancellation=server.handler_cancellation,
             loop=server._loop,
@@ -354,4 +393,6 @@ class BridgeRunner(web.AppRunner):
         # AppRunner._make_server; the bridge's is built from it, with the same handler
         # and settings, and differs only in the connections it makes. Nothing else
         # holds the first one, which has no connections yet.
-        return BridgeServer.like(await super()._make_server(), self._limits)
+        return BridgeServer.like(
+            await super()._make_server(), self._limits, self.app.get(errors.GUARD)
+        )

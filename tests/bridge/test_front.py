@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import http.client
+import json
 import os
 import re
 import shutil
@@ -16,9 +17,11 @@ import pytest
 import yaml
 
 from bridge.app import ROUTES
+from bridge.auth import BearerToken, presented_token
 from bridge.cluster import free_port
 from bridge.front import (
     CREATE_POOL,
+    LISTING,
     POOLS,
     READ_NEXT,
     READ_POOL,
@@ -28,6 +31,7 @@ from bridge.front import (
     parse_replica,
     render,
     replace_config_map,
+    token_map_text,
 )
 from bridge.limits import RestLimits
 
@@ -156,13 +160,26 @@ def test_kubernetes_manifests_match_the_generated_configuration(tmp_path):
     replicas = [parse_replica(f"{rid}={host}") for rid, host in hosts.items()]
     nginx = front["spec"]["template"]["spec"]["containers"][0]
     listen = str(nginx["ports"][0]["containerPort"])
-    settings = FrontSettings(listen=listen, workers="auto", runtime_dir="/tmp", error_log="stderr")
+    # The front checks the token from a Secret of its own (the token map), never the
+    # ConfigMap, which holds no secret.
+    mounts = {m["name"]: m["mountPath"] for m in nginx["volumeMounts"]}
+    volumes = {v["name"]: v for v in front["spec"]["template"]["spec"]["volumes"]}
+    assert volumes["token"]["secret"]["secretName"] == "bridge-front-token"
+    token_map = f"{mounts['token']}/token-map.conf"
+    settings = FrontSettings(
+        listen=listen,
+        workers="auto",
+        runtime_dir="/tmp",
+        error_log="stderr",
+        token_map=token_map,
+    )
     assert config_map["data"]["nginx.conf"] == render(replicas, limits, settings)
-    mount = nginx["volumeMounts"][0]["mountPath"]
+    mount = mounts["config"]
     assert nginx["command"][nginx["command"].index("-c") + 1] == f"{mount}/nginx.conf"
     # nginx takes it (loopback addresses instead of the pods' names, which only the
     # cluster's DNS resolves, and a runtime directory of the test's own).
     local = [Replica(r.id, f"127.0.0.1:{8001 + n}") for n, r in enumerate(replicas)]
+    (tmp_path / "token-map.conf").write_text(token_map_text("a-token"))
     nginx_accepts(
         render(
             local,
@@ -171,6 +188,7 @@ def test_kubernetes_manifests_match_the_generated_configuration(tmp_path):
                 listen=f"127.0.0.1:{free_port('127.0.0.1')}",
                 workers="auto",
                 runtime_dir=str(tmp_path),
+                token_map=str(tmp_path / "token-map.conf"),
             ),
         ),
         tmp_path / "k8s",
@@ -280,10 +298,13 @@ def test_buffering_keepalive_and_routing_choices_of_the_generated_configuration(
     http, server = generated(replicas)
     assert http.value("access_log") == ["off"]
     assert int(http.value("keepalive_requests")[0]) >= 10_000
-    # No per-request regular expressions over the replica list, no `if`; one map, a
-    # hash lookup of the method, for the one path that is both a read and work.
-    maps = [m.words[1:] for m in http.all("map")]
-    assert maps == [["$request_method", "$bridge_sessions_pool"]]
+    # No per-request regular expressions over the replica list, no `if` in a location,
+    # no map; one `if` in the server block, a regular expression on the method, for the
+    # one path that is both a read and work (it rewrites the listing to a read).
+    assert http.all("map") == []
+    (listing,) = server.all("if")
+    assert listing.words[1:] == ["($request_method", "~", "^(GET|HEAD)$", ")"]
+    assert listing.value("rewrite") == ["^/v1/sessions$", LISTING, "last"]
     # HTTP/1.1 with keep-alive to the replicas: more idle connections than in flight.
     assert server.value("proxy_http_version") == ["1.1"]
     assert ["Connection", ""] in [d.words[1:] for d in server.all("proxy_set_header")]
@@ -320,6 +341,8 @@ def balanced_route(http: Block, server: Block, method: str, path: str) -> tuple[
     configuration has no regular expression outside the session paths).
     """
     locations = server.all("location")
+    if path == "/v1/sessions" and method in ("GET", "HEAD"):  # the server block's rewrite
+        path = LISTING
     exact = [loc for loc in locations if loc.words[1:] == ["=", path]]
     prefixes = [loc for loc in locations if loc.words[1] == "^~" and path.startswith(loc.words[2])]
     if exact:
@@ -329,11 +352,7 @@ def balanced_route(http: Block, server: Block, method: str, path: str) -> tuple[
     else:
         location = next(loc for loc in locations if loc.words[1:] == ["/"])
     target = location.value("proxy_pass")[0].removeprefix("http://")
-    if target.startswith("$"):
-        (choice,) = [m for m in http.all("map") if m.words[2] == target]
-        pools = {c.words[0]: c.words[1] for c in choice.children}
-        target = pools.get(method, pools["default"])
-    return target, location
+    return target.removesuffix("$request_uri"), location
 
 
 def test_reads_and_each_kind_of_work_have_pools_of_their_own():
@@ -343,7 +362,9 @@ def test_reads_and_each_kind_of_work_have_pools_of_their_own():
     upstreams = {u.words[1]: u for u in http.all("upstream")}
     for pool, _ in POOLS:
         servers = [s.words[1:] for s in upstreams[pool].all("server")]
-        assert servers == [[r.address, "max_fails=1", "fail_timeout=2s"] for r in replicas]
+        # A hung or unreachable replica is passed over by reads for 30 s, by work for 2 s.
+        fail = "fail_timeout=30s" if pool == READ_POOL else "fail_timeout=2s"
+        assert servers == [[r.address, "max_fails=1", fail] for r in replicas]
         assert upstreams[pool].value("least_conn") == []
     work_pools = set()
     for route in ROUTES:
@@ -498,3 +519,161 @@ def test_nginx_reaches_a_replica_over_its_unix_socket(tmp_path):
             replica.kill()
         replica.wait(30)
         shutil.rmtree(sockets, ignore_errors=True)
+
+
+# -- strangers ---------------------------------------------------------------------------
+
+
+HEADERS = [
+    "Bearer s3cr3t",
+    "bearer s3cr3t",
+    "BEARER   s3cr3t  ",
+    "Bearer s3cr3t\t",
+    "Bearer \x1fs3cr3t\x1c",
+    "Bearer s3cr3t\u00a0",
+    "Bearer\ts3cr3t",
+    "Bearer s3cr3tx",
+    "Bearer xs3cr3t",
+    "Bearer s3cr",
+    "Basic s3cr3t",
+    "s3cr3t",
+    "Bearer  ",
+    "Bearer S3CR3T",
+    "",
+]
+
+
+@pytest.mark.parametrize("token", ["s3cr3t", "a\"b'c;d{e}$f\\g h", "t\u00e9k\u00e9n"])
+def test_the_front_admits_every_token_a_replica_admits(token):
+    """The token map's pattern against the replica's own check, header by header: the
+    front never refuses what a replica accepts (it may let a little more through, which
+    the replica then refuses), and the token is written only as escapes."""
+    text = token_map_text(token)
+    pattern = re.search(r'"~(.*)" 1;', text).group(1)
+    assert token not in text
+    assert "'" not in pattern
+    assert '"' not in pattern
+    admits = re.compile(pattern.encode())  # PCRE's and Python's syntax agree here
+    secret = BearerToken(token)
+    for header in [h.replace("s3cr3t", token) for h in HEADERS]:
+        replica = secret.matches(presented_token(header))
+        front = admits.search(header.encode("utf-8")) is not None
+        assert front >= replica, (header, front, replica)
+        if header.isascii():  # outside the multi-byte trimming, exactly the same
+            assert front == replica, (header, front, replica)
+
+
+def test_a_token_the_front_cannot_check_is_refused():
+    with pytest.raises(ValueError, match="blank"):
+        token_map_text("  ")
+    with pytest.raises(ValueError, match="one word"):
+        render([Replica("a", "h:1")], RestLimits(), FrontSettings(token_map="/x y;"))
+
+
+def test_every_error_nginx_answers_itself_goes_to_an_internal_location():
+    """Named locations cannot take a request whose request line nginx could not read:
+    every error page is an internal URI that returns the error payload."""
+    replicas = [Replica("b-0", "h:1")]
+    tree = Block(
+        ["main"], parse_nginx(render(replicas, RestLimits(), FrontSettings(token_map="t")))
+    )
+    server = tree.all("http")[0].all("server")[0]
+    pages = {p.words[1]: p.words[-1] for p in server.all("error_page")}
+    for status in (
+        "400",
+        "401",
+        "404",
+        "405",
+        "408",
+        "411",
+        "413",
+        "414",
+        "494",
+        "500",
+        "501",
+        "504",
+        "505",
+    ):
+        target = pages[status]
+        assert target.startswith("/.front/"), (status, target)
+        (location,) = [loc for loc in server.all("location") if loc.words[1:] == ["=", target]]
+        assert location.value("internal") == []
+        code, body = location.value("return")
+        assert code == ("431" if status == "494" else status)
+        assert set(json.loads(body)) >= {"error", "message"}
+    # A stranger's request is exempt from the check only on those exact pages (where
+    # nginx sends what it could not read), and on health; anything else is checked.
+    (stranger,) = [m for m in tree.all("http")[0].all("map") if m.words[2] == "$bridge_stranger"]
+    exempt = [c.words[0] for c in stranger.children if c.words[1] == "0"]
+    patterns = [re.compile(e[1:]) for e in exempt if e.startswith("~")]
+
+    def is_exempt(key: str) -> bool:
+        return key in exempt or any(p.search(key) for p in patterns)
+
+    assert is_exempt("0:GET:/.front/401")
+    assert is_exempt("0:HEAD:/v1/health")
+    assert is_exempt("1:POST:/v1/sessions")
+    for key in ("0:GET:/.front/401;x", "0:GET:/.front/999", "0:GET:/.front/", "0:GET:/v1/sessions"):
+        assert not is_exempt(key), key
+    # The token check runs before a location is chosen: in the server block itself.
+    (check,) = [c for c in server.all("if") if c.words[1] == "($bridge_stranger)"]
+    assert check.words[1:] == ["($bridge_stranger)"]
+    assert check.value("rewrite") == ["^", "/.front/401", "last"]
+
+
+def test_front_config_prints_the_token_map_and_includes_it(tmp_path):
+    """The token comes from the environment only; the map holds it as escapes, the
+    configuration names the map and never holds the token; nginx takes both."""
+    secret = "front-s3cr3t"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("REST_ADAPTER_")}
+    printed = subprocess.run(
+        [REST_BRIDGE, "front-config", "--print-token-map"],
+        env={**env, "REST_ADAPTER_TOKEN": secret},
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    ).stdout
+    assert printed == token_map_text(secret)
+    assert secret not in printed
+    (tmp_path / "token").write_text(secret + "\n")
+    from_file = subprocess.run(
+        [REST_BRIDGE, "front-config", "--print-token-map"],
+        env={**env, "REST_ADAPTER_TOKEN_FILE": str(tmp_path / "token")},
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    ).stdout
+    assert from_file == printed
+    directory = tmp_path / "front"
+    directory.mkdir()
+    (directory / "token-map.conf").write_text(printed)
+    config = subprocess.run(
+        [
+            *(REST_BRIDGE, "front-config", "--replica", "b-0=127.0.0.1:8001"),
+            *("--listen", f"127.0.0.1:{free_port('127.0.0.1')}"),
+            *("--token-map", "token-map.conf", "--runtime-dir", str(directory)),
+        ],
+        env={**env, "REST_ADAPTER_TOKEN": secret},
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    ).stdout
+    assert "include token-map.conf;" in config
+    assert secret not in config
+    nginx_accepts(config, directory)
+    # No token, or one no header could carry: exit 2, the token never echoed.
+    for value in (None, "  ", " front-s3cr3t"):
+        done = subprocess.run(
+            [REST_BRIDGE, "front-config", "--print-token-map"],
+            env=env if value is None else {**env, "REST_ADAPTER_TOKEN": value},
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert done.returncode == 2, done
+        assert done.stdout == ""
+        assert secret not in done.stderr
+        assert "REST_ADAPTER_TOKEN" in done.stderr or "token" in done.stderr

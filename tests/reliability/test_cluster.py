@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import os
 import shutil
 import signal
@@ -130,12 +131,14 @@ class ClusterProcess:
         with self._lock:
             return list(self.lines)
 
-    def wait_for_line(self, text: str, timeout: float = 60.0) -> str:
-        """The first output line containing ``text`` (waits on the reader, no polling)."""
+    def wait_for_line(self, text: str, timeout: float = 60.0, member: str = "") -> str:
+        """The first output line containing ``text`` (waits on the reader, no polling);
+        with ``member``, the first such line that member printed."""
+        prefix = f"[{member}] " if member else ""
 
         def found() -> str | None:
             for line in self.lines:
-                if text in line:
+                if text in line and line.startswith(prefix):
                     return line
             return "<eof>" if self.lines[-1:] == ["<eof>"] else None
 
@@ -148,8 +151,8 @@ class ClusterProcess:
             raise AssertionError(f"the cluster ended before {text!r}: {self.lines[-30:]}")
         return line
 
-    async def line(self, text: str, timeout: float = 60.0) -> str:
-        return await asyncio.to_thread(self.wait_for_line, text, timeout)
+    async def line(self, text: str, timeout: float = 60.0, member: str = "") -> str:
+        return await asyncio.to_thread(self.wait_for_line, text, timeout, member)
 
     def processes(self) -> set[int]:
         """Every process the cluster runs (its launcher excluded)."""
@@ -796,3 +799,201 @@ async def test_ctrl_c_while_the_cluster_is_starting(tmp_path, report):
     report.outcome = "stopped at once, exit 0, every replica exited by itself, nothing left"
     report.survived = True
     report.no_leak = left == 0
+
+
+# -- strangers -------------------------------------------------------------------------
+
+
+#: A token with what could end a string, a pattern or a directive in nginx.conf.
+SECRET = 's3cr3t "t0k3n" \';{$x}\\ (a|b)*'
+
+
+async def raw_answer(url: str, data: bytes) -> tuple[int, dict[str, str], bytes]:
+    """Send raw bytes to ``url``'s host; the status, headers (lower-case) and body of the
+    one response (read by its Content-Length, or to the end of the connection)."""
+    host, port = url.removeprefix("http://").rsplit(":", 1)
+    reader, writer = await asyncio.open_connection(host, int(port))
+    try:
+        writer.write(data)
+        async with asyncio.timeout(30):
+            head = await reader.readuntil(b"\r\n\r\n")
+            while head.startswith(b"HTTP/1.1 100 "):  # nginx's interim answer: the next
+                head = await reader.readuntil(b"\r\n\r\n")
+            status_line, *lines = head.decode("latin-1").split("\r\n")
+            headers = {}
+            for line in filter(None, lines):
+                name, _, value = line.partition(":")
+                headers[name.strip().lower()] = value.strip()
+            if "content-length" in headers:
+                body = await reader.readexactly(int(headers["content-length"]))
+            else:
+                body = await reader.read()
+    finally:
+        writer.close()
+    return int(status_line.split()[1]), headers, body
+
+
+#: Requests nginx cannot or will not pass on, each with the status it answers.
+ODD_REQUESTS = {
+    "OPTIONS *": (b"OPTIONS * HTTP/1.1\r\nHost: x\r\n\r\n", 400),
+    "CONNECT": (b"CONNECT evil.example:443 HTTP/1.1\r\nHost: evil.example:443\r\n\r\n", 400),
+    "a NUL byte in the path": (b"GET /v1/ses\x00sions HTTP/1.1\r\nHost: x\r\n\r\n", 400),
+    "a lower-case method": (b"get /v1/sessions HTTP/1.1\r\nHost: x\r\n\r\n", 400),
+    "%2e%2e above the root": (b"GET /%2e%2e/%2e%2e/etc/passwd HTTP/1.1\r\nHost: x\r\n\r\n", 400),
+    "TRACE": (b"TRACE / HTTP/1.1\r\nHost: x\r\n\r\n", 405),
+    "Transfer-Encoding: gzip, chunked": (
+        b"POST /v1/sessions HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: gzip, chunked\r\n\r\n"
+        b"0\r\n\r\n",
+        501,
+    ),
+    "HTTP/2.0 on the request line": (b"GET /v1/sessions HTTP/2.0\r\nHost: x\r\n\r\n", 505),
+}
+
+
+@pytest.mark.parametrize("given", ["variable", "file"])
+async def test_strangers_learn_nothing_but_401_through_the_front(tmp_path, http, given):
+    """Without the token, through the front: sessions of live, dead and unknown replicas,
+    a 5 MB body, and requests nginx refuses itself"""
+    env = {"REST_ADAPTER_TOKEN": SECRET}
+    if given == "file":
+        (tmp_path / "token").write_text(SECRET + "\n")
+        env = {"REST_ADAPTER_TOKEN_FILE": str(tmp_path / "token")}
+    cluster = ClusterProcess(tmp_path / "front", env=env)
+    try:
+        front = cluster.front
+        token_map = tmp_path / "front" / "token-map.conf"
+        assert token_map.stat().st_mode & 0o777 == 0o600
+        assert SECRET not in (tmp_path / "front" / "nginx.conf").read_text()
+        os.kill(cluster.replicas["bridge-2"]["pid"], signal.SIGKILL)
+        await cluster.line("replica bridge-2 exited")
+        # What a replica itself answers a stranger: the reference, byte for byte.
+        replica = cluster.replicas["bridge-0"]["url"]
+        reference = await raw_answer(replica, b"GET /v1/sessions HTTP/1.1\r\nHost: x\r\n\r\n")
+        assert reference[0] == 401, reference
+        unknown_session = f"{uuid.uuid4()}"
+        paths = [
+            f"GET /v1/sessions/bridge-0.{unknown_session}/events",  # a live replica
+            f"GET /v1/sessions/bridge-2.{unknown_session}/events",  # a dead one
+            f"DELETE /v1/sessions/bridge-9.{unknown_session}",  # none
+            "GET /v1/sessions/nodot",
+            "GET /v1/sessions",
+            "GET /v1/compatibility",
+            "GET /v1/openapi.json",
+            "POST /v1/call/thread/start",
+            "GET /nowhere",
+        ]
+        wrong = [
+            "",
+            "Authorization: Bearer nope\r\n",
+            "Authorization: Basic czNjcjN0\r\n",
+            f"Authorization: Bearer {SECRET[:-1]}\r\n",  # a prefix of the token
+            f"Authorization: Bearer {SECRET}x\r\n",
+        ]
+        answers = []
+        for line in paths:
+            for header in wrong:
+                raw = f"{line} HTTP/1.1\r\nHost: x\r\n{header}\r\n".encode()
+                answers.append((line, header, await raw_answer(front, raw)))
+        # A 5 MB body, announced: the 401, not a 413 that names the limit.
+        big = b"POST /v1/sessions HTTP/1.1\r\nHost: x\r\nContent-Length: 5000000\r\n\r\n"
+        answers.append(("POST /v1/sessions (5 MB)", "", await raw_answer(front, big)))
+        for line, header, (status, headers, body) in answers:
+            assert status == 401, (line, header, status, body)
+            assert headers["www-authenticate"] == "Bearer", (line, header)
+            assert headers["content-type"] == reference[1]["content-type"], (line, headers)
+            assert body == reference[2], (line, header, body)
+
+        # The front's own error pages, internal, are a 404 to anyone: no replica is asked.
+        status, headers, body = await raw_answer(
+            front, b"GET /.front/401 HTTP/1.1\r\nHost: x\r\n\r\n"
+        )
+        assert (status, json.loads(body)["error"]) == (404, "not_found")
+
+        # Health stays exempt, as on a replica; with the token, the front routes.
+        status, body, _ = await request(http, "GET", f"{front}/health")
+        assert (status, body["status"]) == (200, "ok")
+        auth = {"Authorization": f"Bearer {SECRET}"}
+        status, body, _ = await request(
+            http, "GET", f"{front}/v1/sessions/bridge-2.{unknown_session}/events", headers=auth
+        )
+        assert (status, body["error"]) == (503, "replica_unavailable")
+        status, created, _ = await request(http, "POST", f"{front}/v1/sessions", headers=auth)
+        assert status == 201, created
+        # Accepted the way a replica accepts it: the scheme in any case, spaces trimmed.
+        status, body, _ = await request(
+            http, "GET", f"{front}/v1/sessions", headers={"Authorization": f"bEARER   {SECRET}  "}
+        )
+        assert status == 200, body
+        assert [s["sessionId"] for s in body["sessions"]] == [created["sessionId"]]
+
+        # What nginx refuses itself is the error payload too, never its HTML.
+        for name, (raw, expected) in ODD_REQUESTS.items():
+            status, headers, body = await raw_answer(front, raw)
+            assert status == expected, (name, status, body)
+            assert headers["content-type"] == "application/json", (name, headers)
+            payload = json.loads(body)
+            assert set(payload) == {"error", "message"}, (name, payload)
+            assert b"<html" not in body
+        status, headers, body = await raw_answer(front, ODD_REQUESTS["TRACE"][0])
+        assert headers["allow"] == "DELETE, GET, HEAD, POST"
+        assert cluster.process.poll() is None
+    finally:
+        assert cluster.stop() == 0
+
+
+# -- a hung replica --------------------------------------------------------------------
+
+
+async def test_a_stopped_replica_is_passed_over(cluster, http):
+    """SIGSTOP to one replica (alive, its kernel still accepting connections)"""
+    front = cluster.front
+    by_replica: dict[str, list[str]] = {}
+    while len(by_replica) < REPLICAS:
+        status, created, _ = await request(http, "POST", f"{front}/v1/sessions")
+        assert status == 201, created
+        session_id = created["sessionId"]
+        by_replica.setdefault(session_id.split(".", 1)[0], []).append(session_id)
+    victim = "bridge-2"
+    pid = cluster.replicas[victim]["pid"]
+    asked = cluster.replicas["bridge-0"]["url"]
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        # The first listing waits for the stopped peer, up to the peers' timeout, and
+        # names it; the next ones pass over it without asking.
+        for _ in range(3):
+            status, listed, _ = await request(http, "GET", f"{asked}/v1/sessions")
+            assert status == 200, listed
+            assert listed["unavailableReplicas"] == [victim]
+            ids = {s["sessionId"] for s in listed["sessions"]}
+            assert ids == {s for name, ss in by_replica.items() if name != victim for s in ss}
+        # Reads through the front: a stopped replica costs one read a bounded wait,
+        # then the others answer (it is passed over for reads, 30 s at a time).
+        for _ in range(2 * REPLICAS):
+            status, body, _ = await request(http, "GET", f"{front}/health")
+            assert status == 200, body
+        # The listing through the front is a read too, and names it.
+        for _ in range(REPLICAS):
+            status, listed, _ = await request(http, "GET", f"{front}/v1/sessions?x=1")
+            assert status == 200, listed
+            assert listed["unavailableReplicas"] == [victim]
+    finally:
+        os.kill(pid, signal.SIGCONT)
+    # Once it answers again, the replica that asked lists it again: it says so once.
+    await cluster.line(f"replica {victim} answers again", member="bridge-0")
+    asked_about = [
+        line
+        for line in cluster.output_lines()
+        if line.startswith("[bridge-0] ") and f"replica {victim} could not list" in line
+    ]
+    assert len(asked_about) == 1, asked_about  # asked once, then passed over
+    assert "timed out" in asked_about[0]
+    status, listed, _ = await request(http, "GET", f"{asked}/v1/sessions")
+    assert status == 200, listed
+    assert listed["unavailableReplicas"] == []
+    assert {s["sessionId"] for s in listed["sessions"]} == {
+        s for ss in by_replica.values() for s in ss
+    }
+    await served_through(http, front, by_replica[victim])
+    timeouts = [line for line in cluster.output_lines() if "upstream timed out" in line]
+    assert len(timeouts) <= 1, timeouts
+    assert cluster.process.poll() is None

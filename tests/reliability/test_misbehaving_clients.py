@@ -763,3 +763,77 @@ async def test_content_codings(bridge_process, report, http):
         "gzip and deflate decoded; br, zstd and others 415 after auth; "
         "a 48 KB gzip of 50 MB is a 413"
     )
+
+
+def parsed_response(answer: bytes) -> tuple[bytes, dict[str, str], Any]:
+    """The status line, the headers (lower-case names) and the JSON body of one response."""
+    head, _, body = answer.partition(b"\r\n\r\n")
+    status_line, *lines = head.split(b"\r\n")
+    headers = {}
+    for line in lines:
+        name, _, value = line.decode("latin-1").partition(":")
+        headers[name.strip().lower()] = value.strip()
+    assert headers.get("content-type", "").startswith("application/json"), answer
+    return status_line, headers, json.loads(body)
+
+
+STRANGE_REQUESTS = {
+    "CONNECT": b"CONNECT evil.example:443 HTTP/1.1\r\nHost: evil.example:443\r\n",
+    "OPTIONS *": b"OPTIONS * HTTP/1.1\r\nHost: x\r\n",
+    "odd Expect": (
+        b"POST /v1/sessions HTTP/1.1\r\nHost: x\r\nExpect: <script>alert(1)</script>\r\n"
+        b"Content-Type: application/json\r\nContent-Length: 2\r\n"
+    ),
+    "100-continue": (
+        b"POST /v1/sessions HTTP/1.1\r\nHost: x\r\nExpect: 100-continue\r\n"
+        b"Content-Type: application/json\r\nContent-Length: 2\r\n"
+    ),
+}
+
+
+async def test_requests_aiohttp_would_answer_itself(bridge_process, http):
+    """CONNECT, OPTIONS * and an odd Expect header, with and without the token: the error
+    payload from the bridge, the 401 first, no echo of the header"""
+    served = bridge_process(token="tok")
+    port = int(served.base.rsplit(":", 1)[1])
+    for name, head in STRANGE_REQUESTS.items():
+        # A stranger learns nothing but 401, and never gets a `100 Continue`.
+        answer = await raw_exchange(port, head + b"\r\n")
+        status_line, headers, body = parsed_response(answer)
+        assert status_line == b"HTTP/1.1 401 Unauthorized", (name, answer)
+        assert headers["www-authenticate"] == "Bearer", name
+        assert body == {
+            "error": "unauthorized",
+            "message": "A valid `Authorization: Bearer <token>` header is required.",
+        }, name
+    token = b"Authorization: Bearer tok\r\n"
+    for name in ("CONNECT", "OPTIONS *"):
+        answer = await raw_exchange(port, STRANGE_REQUESTS[name] + token + b"\r\n")
+        status_line, _, body = parsed_response(answer)
+        assert status_line == b"HTTP/1.1 404 Not Found", (name, answer)
+        assert body["error"] == "not_found", (name, body)
+    # An expectation the bridge cannot meet: 417, without the header's value; on the
+    # exempt health route too.
+    odd_health = b"GET /health HTTP/1.1\r\nHost: x\r\nExpect: <script>alert(1)</script>\r\n\r\n"
+    for request in (STRANGE_REQUESTS["odd Expect"] + token + b"\r\n{}", odd_health):
+        answer = await raw_exchange(port, request)
+        status_line, _, body = parsed_response(answer)
+        assert status_line == b"HTTP/1.1 417 Expectation Failed", answer
+        assert body["error"] == "expectation_failed", body
+        assert b"script" not in answer
+    # `100-continue` with the token: the interim response, then the body, then 201.
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    try:
+        writer.write(STRANGE_REQUESTS["100-continue"] + token + b"\r\n")
+        async with asyncio.timeout(30):
+            assert await reader.readuntil(b"\r\n\r\n") == b"HTTP/1.1 100 Continue\r\n\r\n"
+            writer.write(b"{}")
+            assert (await reader.readline()).startswith(b"HTTP/1.1 201 "), "no session"
+    finally:
+        writer.close()
+    status, body = await json_request(
+        http, "GET", served.base + "/v1/sessions", headers={"Authorization": "Bearer tok"}
+    )
+    assert status == 200, body
+    assert len(body["sessions"]) == 1, body
+    assert "Traceback" not in served.output
