@@ -453,3 +453,27 @@ def test_the_fronts_options_become_the_plugins_and_the_old_ones_still_work() -> 
     own = ["-n", "2", "--dist", "load"]
     assert pytest_arguments(own) == [*SCENARIOS_ONLY, *own]
     assert not any(arg.startswith("--dist") for arg in pytest_arguments(["-k", "x"]))
+
+
+def test_a_billion_laughs_scenario_is_a_collection_error_and_nothing_runs(
+    tmp_path: Path,
+) -> None:
+    """Its appServer script would make fake-codex build 387 million strings: refused at
+    load time (by the scenario loader, the same function as fake-codex's), file and line."""
+    levels = "".join(
+        f"    x/{b}: {{result: &{b} [{', '.join([f'*{a}'] * 9)}]}}\n"
+        for a, b in zip("abcdefgh", "bcdefghi", strict=True)
+    )
+    laughs = tmp_path / "laughs.scenario.yaml"
+    laughs.write_text(
+        "scenario: 1\nname: laughs\nappServer:\n  version: 1\n  methods:\n"
+        "    x/a: {result: &a [lol, lol, lol, lol, lol, lol, lol, lol, lol]}\n"
+        + levels
+        + "steps:\n  - createSession: s\n"
+    )
+    for args in (("run", "-p", "no:cacheprovider"), ("check",)):
+        done = run_cli(*args, str(laughs), cwd=tmp_path)
+        assert done.returncode == 2, done.stdout + done.stderr
+        where = f"{laughs}:11:23: invalid YAML: its aliases stand for more than 100000 nodes"
+        assert where in done.stdout, done.stdout
+        assert "error during collection" in done.stdout, done.stdout
