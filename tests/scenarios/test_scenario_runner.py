@@ -3,7 +3,11 @@ scenarios say what and where, pytest's options work."""
 
 from __future__ import annotations
 
+import contextlib
 import os
+import secrets
+import signal
+import socket
 import subprocess
 import sys
 import textwrap
@@ -12,7 +16,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
-from processes import live_children
+from processes import live_children, marked_processes
 
 from scenarios import harness
 from scenarios.cli import SCENARIOS_ONLY, pytest_arguments
@@ -453,6 +457,146 @@ def test_the_fronts_options_become_the_plugins_and_the_old_ones_still_work() -> 
     own = ["-n", "2", "--dist", "load"]
     assert pytest_arguments(own) == [*SCENARIOS_ONLY, *own]
     assert not any(arg.startswith("--dist") for arg in pytest_arguments(["-k", "x"]))
+
+
+# -- nothing a run starts outlives it --------------------------------------------------------
+
+#: A grandchild that stays in fake-codex's group and environment, and one that escapes
+#: both (a cleared environment, a session of its own, a double fork: re-parented away
+#: from fake-codex). Each sends its pid to the test's listener once it runs, then waits.
+TELL = (
+    "s = socket.create_connection(('127.0.0.1', int(sys.argv[1]))); "
+    "s.sendall(str(os.getpid()).encode()); s.close(); signal.pause()"
+)
+REPORT = "import os, signal, socket, sys; " + TELL
+ESCAPE = "import os, signal, socket, sys; os.setsid(); os.fork() and os._exit(0); " + TELL
+
+
+def spawning_scenario(tmp_path: Path, port: int, last_step: str) -> Path:
+    python = sys.executable
+    return write(
+        tmp_path,
+        "spawning.scenario.yaml",
+        f"""
+        scenario: 1
+        name: spawning
+        timeoutMs: 600000
+        appServer:
+          version: 1
+          methods:
+            x/spawn:
+              steps:
+                - spawnChild: {{command: [{python}, -c, "{REPORT}", "{port}"]}}
+                - spawnChild:
+                    command: [env, -i, {python}, -c, "{ESCAPE}", "{port}"]
+                    wait: true
+              result: {{}}
+            x/hang: {{noReply: true}}
+        steps:
+          - createSession: s
+          - call: {{session: "${{s}}", method: x/spawn, params: {{}}}}
+          - {last_step}
+        """,
+    )
+
+
+def reported_pids(listener: socket.socket, count: int) -> list[int]:
+    """The pids the scenario's grandchildren send, as each connects (120 s at most)."""
+    pids = []
+    for _ in range(count):
+        connection, _ = listener.accept()
+        with connection:
+            connection.settimeout(120)
+            pids.append(int(connection.recv(64)))
+    return pids
+
+
+def running(pid: int) -> bool:
+    """Whether `pid` is a live process (a zombie is not)."""
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def left_behind(pids: list[int], mark: str) -> set[int]:
+    """What still runs, of `pids` and of the processes carrying the test's mark, as the
+    runner has exited (no grace: it returns once what it stopped is gone). Killed, so
+    that a failing test leaves nothing either."""
+    left = {pid for pid in pids if running(pid)} | marked_processes(MARK, mark)
+    for pid in left:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+    return left
+
+
+MARK = "SCENARIOS_RUN_TEST_MARK"
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT, signal.SIGHUP])
+def test_a_run_stopped_by_a_signal_leaves_nothing_behind(tmp_path: Path, sig: int) -> None:
+    """`rest-bridge scenarios run` killed mid-run: its pytest, the bridge's fake-codex and
+    their grandchildren (one escaped from the group and the environment) all go with it,
+    and the runner ends by the signal it received."""
+    with socket.create_server(("127.0.0.1", 0)) as listener:
+        listener.settimeout(120)
+        scenario = spawning_scenario(
+            tmp_path, listener.getsockname()[1], '{call: {session: "${s}", method: x/hang}}'
+        )
+        mark = secrets.token_hex(8)
+        runner = subprocess.Popen(
+            [REST_BRIDGE, "scenarios", "run", "-p", "no:cacheprovider", str(scenario)],
+            env={**os.environ, MARK: mark},
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            cwd=tmp_path,
+        )
+        try:
+            pids = reported_pids(listener, 2)
+            pytest_pids = marked_processes(MARK, mark) - {runner.pid}
+            assert pytest_pids, "the run's pytest and fake-codex carry the mark"
+            runner.send_signal(sig)
+            code = runner.wait(120)
+            left = left_behind([*pids, *pytest_pids], mark)
+        finally:
+            if runner.poll() is None:
+                runner.kill()
+            assert runner.stdout is not None
+            output = runner.stdout.read().decode()
+            runner.stdout.close()
+    assert code == -sig, output
+    assert left == set(), output
+    # pytest stopped as on Ctrl-C: the scenario's bridge stopped fake-codex and what it
+    # started, and reported; the runner's sweep found only the escaped grandchild.
+    assert "KeyboardInterrupt" in output, output
+    assert "rest-bridge scenarios run: killed 1 process the run left behind" in output, output
+
+
+def test_a_failing_run_leaves_nothing_behind(tmp_path: Path) -> None:
+    with socket.create_server(("127.0.0.1", 0)) as listener:
+        listener.settimeout(120)
+        failing = "{http: {path: /v1/health}, expect: {status: 299}}"
+        scenario = spawning_scenario(tmp_path, listener.getsockname()[1], failing)
+        mark = secrets.token_hex(8)
+        with ThreadPoolExecutor(1) as pool:
+            done = pool.submit(
+                run_cli,
+                "run",
+                "-p",
+                "no:cacheprovider",
+                str(scenario),
+                cwd=tmp_path,
+                **{MARK: mark},
+            )
+            pids = reported_pids(listener, 2)
+            result = done.result()
+            left = left_behind(pids, mark)
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert "expected status 299, received 200" in result.stdout, result.stdout
+    assert left == set(), result.stdout + result.stderr
+    assert "killed 1 process the run left behind" in result.stderr, result.stderr
 
 
 def test_a_billion_laughs_scenario_is_a_collection_error_and_nothing_runs(
