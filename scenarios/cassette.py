@@ -139,7 +139,11 @@ class Cassette:
             codex = data["codex"]
             items = [Interaction.from_vcr(item) for item in data["interactions"]]
             return cls(codex["scenario"], codex["hash"], items, codex.get("tmp"))
-        except (OSError, ScriptError, KeyError, TypeError) as exc:
+        except ScriptError as exc:  # names the file, line and column itself
+            raise CassetteError(
+                f"not a cassette of this tool ({exc}); regenerate it: {COMMAND} {scenario}"
+            ) from None
+        except (OSError, KeyError, TypeError) as exc:
             why = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
             raise CassetteError(
                 f"{path}: not a cassette of this tool ({why}); regenerate it: {COMMAND} {scenario}"
