@@ -43,10 +43,11 @@ from types import TracebackType
 from typing import Annotated, Any, Literal, Self
 
 import orjson
-import yaml
 from aiohttp import web
 from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, TypeAdapter
 from pydantic.alias_generators import to_camel
+
+from fakes.app_server.script_source import parse_yaml
 
 __all__ = [
     "DisconnectReply",
@@ -188,7 +189,7 @@ class ModelScript(_Record):
     @classmethod
     def from_yaml(cls, text: str) -> ModelScript:
         """Parse a script: a mapping (`replies`, `defaultText`) or a bare list of replies."""
-        data = yaml.safe_load(text)
+        data = parse_yaml(text, "the model script")
         if data is None:
             return cls()
         if isinstance(data, list):

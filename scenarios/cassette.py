@@ -26,6 +26,7 @@ import aiohttp
 import orjson
 import yaml
 
+from fakes.app_server.script_source import ScriptError, parse_yaml
 from scenarios import format as f
 from scenarios.expectations import NO_JSON, step_request, substitute
 from scenarios.format import LoadedScenario, ScenarioError
@@ -134,18 +135,19 @@ class Cassette:
     @classmethod
     def load(cls, path: Path, scenario: str = "SCENARIO") -> Cassette:
         try:
-            data = yaml.load(path.read_text(encoding="utf-8"), Loader=_Loader)
+            data = parse_yaml(path.read_text(encoding="utf-8"), str(path))
             codex = data["codex"]
             items = [Interaction.from_vcr(item) for item in data["interactions"]]
             return cls(codex["scenario"], codex["hash"], items, codex.get("tmp"))
-        except (OSError, yaml.YAMLError, KeyError, TypeError) as exc:
+        except ScriptError as exc:  # names the file, line and column itself
+            raise CassetteError(
+                f"not a cassette of this tool ({exc}); regenerate it: {COMMAND} {scenario}"
+            ) from None
+        except (OSError, KeyError, TypeError) as exc:
             why = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
             raise CassetteError(
                 f"{path}: not a cassette of this tool ({why}); regenerate it: {COMMAND} {scenario}"
             ) from None
-
-
-_Loader: Any = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 
 
 class _Dumper(yaml.SafeDumper):

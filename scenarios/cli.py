@@ -10,10 +10,12 @@ import asyncio
 import json
 import logging
 import os
+import signal
 import subprocess
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+from types import FrameType
 
 from scenarios.reporting import format_result
 
@@ -47,10 +49,81 @@ def pytest_arguments(argv: Sequence[str]) -> list[str]:
     return [*SCENARIOS_ONLY, *args]
 
 
+#: The signals that stop a run; the first goes on to pytest as SIGINT (its way to stop
+#: cleanly), a second one kills it.
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+#: How long the last sweep waits for what it killed to exit.
+SWEEP_SECONDS = 10.0
+
+
+class _Stopper:
+    """The runner's handler of STOP_SIGNALS while its pytest runs."""
+
+    def __init__(self) -> None:
+        self.child: subprocess.Popen[bytes] | None = None
+        self.received: list[int] = []
+        self.forwarded = 0
+
+    def __call__(self, signum: int, frame: FrameType | None) -> None:
+        self.received.append(signum)
+        self.forward()
+
+    def forward(self) -> None:
+        """Pass each signal received and not yet passed on to pytest (once started)."""
+        child = self.child
+        while child is not None and self.forwarded < len(self.received):
+            self.forwarded += 1
+            if self.forwarded > 1:
+                child.kill()
+            elif self.received[0] != signal.SIGINT or not _terminal_delivered_it():
+                child.send_signal(signal.SIGINT)
+
+
+def _terminal_delivered_it() -> bool:
+    """Whether a SIGINT came from the terminal (Ctrl-C), which sends it to the whole
+    foreground process group, pytest included: this process is in that group."""
+    try:
+        terminal = os.open("/dev/tty", os.O_RDONLY | os.O_NOCTTY)
+    except OSError:  # no controlling terminal
+        return False
+    try:
+        return os.tcgetpgrp(terminal) == os.getpgrp()
+    except OSError:
+        return False
+    finally:
+        os.close(terminal)
+
+
 def _pytest(argv: Sequence[str]) -> int:
     """pytest in a fresh interpreter: there, pytest imports the package itself (an import
-    made before it would cost a warning that its asserts cannot be rewritten)."""
-    return subprocess.call([sys.executable, "-m", "pytest", *argv])
+    made before it would cost a warning that its asserts cannot be rewritten).
+
+    Nothing it starts outlives the run. This process adopts what its tree orphans (a
+    child subreaper, on Linux); a SIGINT, SIGTERM or SIGHUP goes on to pytest as SIGINT
+    (a second one kills it); once pytest has exited, every process left below this one
+    is killed. A run stopped by a signal then ends by that signal (SIGTERM: status 143).
+    """
+    from bridge.process import descendants
+
+    descendants.become_subreaper()
+    stopper = _Stopper()
+    previous = {sig: signal.signal(sig, stopper) for sig in STOP_SIGNALS}
+    try:
+        stopper.child = subprocess.Popen([sys.executable, "-m", "pytest", *argv])
+        stopper.forward()  # a signal that came while it started
+        code = stopper.child.wait()
+        left = asyncio.run(descendants.end_all(SWEEP_SECONDS))
+        if left:
+            done = f"killed {left} process{'es' if left > 1 else ''} the run left behind"
+            print(f"rest-bridge scenarios run: {done}", file=sys.stderr)
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+    if stopper.received:
+        first = stopper.received[0]
+        signal.signal(first, signal.SIG_DFL)
+        os.kill(os.getpid(), first)
+    return code
 
 
 def _run(args: argparse.Namespace) -> int:

@@ -25,6 +25,7 @@ from typing import Any
 
 import aiohttp
 import orjson
+import yarl
 from multidict import CIMultiDict, CIMultiDictProxy
 
 from bridge import TOKEN_VARIABLE
@@ -172,23 +173,40 @@ def _target_mismatch(spec: f.BridgeSpec, target: RunningBridge) -> str | None:
     return None
 
 
-def _with_target_token(loaded: LoadedScenario, token: str | None) -> LoadedScenario:
-    """`loaded` with its token, in every string that holds it, replaced by the target's
-    (in the parsed document: the file's text, and so its line numbers, stay)."""
-    written = loaded.scenario.bridge.token
-    if written is None or token is None or written == token:
-        return loaded
+def _on_origin(url: str, base: str) -> bool:
+    """Whether `url` has `base`'s scheme, host and port, and no user info."""
+    try:
+        parsed, origin = yarl.URL(url), yarl.URL(base)
+        return (
+            parsed.user is None
+            and parsed.password is None
+            and (parsed.scheme, parsed.host, parsed.port)
+            == (origin.scheme, origin.host, origin.port)
+        )
+    except (ValueError, TypeError):  # no URL at all (a port out of range, say)
+        return False
 
-    def swap(value: Any) -> Any:
-        if isinstance(value, str):
-            return value.replace(written, token)
-        if isinstance(value, dict):
-            return {key: swap(item) for key, item in value.items()}
-        if isinstance(value, list):
-            return [swap(item) for item in value]
-        return value
 
-    return f.parse_scenario(swap(loaded.data), loaded.source, loaded.text, loaded.path)
+REDACTED = "[the target's token]"
+
+
+def _redact(result: ScenarioResult, token: str) -> None:
+    """The target's token, should the target ever send it back, out of what a run
+    reports (the transcript, the failures, a skip's reason)."""
+    transcript = result.transcript
+    transcript.entries = [
+        (at, source, text.replace(token, REDACTED)) for at, source, text in transcript.entries
+    ]
+    for failure in result.failures:
+        failure.title = failure.title.replace(token, REDACTED)
+        for problem in failure.problems:
+            problem.message = problem.message.replace(token, REDACTED)
+            if problem.diff is not None:
+                problem.diff = problem.diff.replace(token, REDACTED)
+            if problem.detail is not None:
+                problem.detail = problem.detail.replace(token, REDACTED)
+    if result.skip_reason is not None:
+        result.skip_reason = result.skip_reason.replace(token, REDACTED)
 
 
 def _same_file(path: Path | None, other: Path | None) -> bool:
@@ -252,9 +270,13 @@ class _Run:
         self, scenario: f.Scenario, bridge: RunningBridge, tmp: Path, transcript: Transcript
     ) -> None:
         self.scenario, self.bridge, self.transcript = scenario, bridge, transcript
+        #: The token the file writes (`bridge.token`, also `${token}`): the one every step
+        #: carries. Against a target it stands for the target's, which replaces it in the
+        #: `Authorization` header of a request to the target and nowhere else.
+        self.written_token = scenario.bridge.token
         self.variables: dict[str, Any] = {
             "base": bridge.url,
-            "token": bridge.token,
+            "token": self.written_token,
             "tmp": str(tmp),
         }
         self.streams: dict[str, OpenStream] = {}
@@ -274,10 +296,15 @@ class _Run:
             raise _failed((), f"${{{name}}} has no value")
         return self.variables[name]
 
-    async def exchange(self, request: StepRequest, timeout_ms: int = 30_000) -> Exchange:
-        """Send one request and read the whole response."""
+    async def exchange(
+        self, request: StepRequest, timeout_ms: int = 30_000, loc: tuple[Any, ...] = ()
+    ) -> Exchange:
+        """Send one request and read the whole response (`loc`: where the file gives
+        its path, for a path that is not the bridge's)."""
         method, path = request.method, request.path
-        headers, params, content = request.encoded(self.bridge.token)
+        url = self._url(path, loc)
+        headers, params, content = request.encoded(self.written_token)
+        headers = self.authorized(headers)
         shown = path + (f"?{'&'.join(f'{k}={v}' for k, v in params.items())}" if params else "")
         body = request.json_body
         sent = render(body, 500) if body is not NO_JSON else (request.body or "")
@@ -286,7 +313,12 @@ class _Run:
             async with (
                 asyncio.timeout(timeout_ms / 1000),
                 self.client.request(
-                    method, self._url(path), params=params, headers=headers, data=content
+                    method,
+                    url,
+                    params=params,
+                    headers=headers,
+                    data=content,
+                    allow_redirects=False,
                 ) as response,
             ):
                 raw = await response.read()
@@ -311,8 +343,32 @@ class _Run:
         self.transcript.add("http", f"← {status} {cut(text, 1500)}".rstrip())
         return Exchange(method, path, status, headers, text, parsed)
 
-    def _url(self, path: str) -> str:
-        return path if path.startswith(("http://", "https://")) else f"{self.bridge.url}{path}"
+    def _url(self, path: str, loc: tuple[Any, ...] = ()) -> str:
+        """The URL of a step's `path`: from the bridge's root, or a full URL on the bridge's
+        origin. Anywhere else (another host or port, user info, a path that would run into
+        the port) fails the step: what a step sends goes to the bridge only."""
+        url = path if path.startswith(("http://", "https://")) else f"{self.bridge.url}{path}"
+        if not _on_origin(url, self.bridge.url):
+            raise _failed(
+                loc,
+                f"{cut(path, 200)!r} is not on the bridge ({self.bridge.url}): a step's path "
+                "starts with / (or is a full URL on the bridge's scheme, host and port)",
+            )
+        return url
+
+    def authorized(self, headers: dict[str, str]) -> dict[str, str]:
+        """`headers` with the written token in `Authorization` replaced by the bridge's
+        (a target's own token; the same token otherwise): only there, never in a path,
+        query, other header or body, and only on a request to the bridge (`_url`)."""
+        written, real = self.written_token, self.bridge.token
+        if not written or not real or written == real:
+            return headers
+        return {
+            name: value.replace(written, real)
+            if name.lower() == "authorization" and isinstance(value, str)
+            else value
+            for name, value in headers.items()
+        }
 
     async def close_streams(self) -> None:
         for task in self.background.values():
@@ -372,7 +428,8 @@ async def _request(
     background = getattr(step, "background", None)
 
     async def attempt() -> Exchange:
-        ex = await run.exchange(step_request(step, run.sub), timeout_ms)
+        where = ("http", "path") if isinstance(step, f.HttpStep) else ()
+        ex = await run.exchange(step_request(step, run.sub), timeout_ms, where)
         if background is None:
             _check_http(run, step.expect, ex, default_status(step))
         return ex
@@ -453,12 +510,16 @@ async def _stream(run: _Run, step: f.StreamStep) -> None:
     spec, expect = step.stream, step.expect
     request = step_request(step, run.sub)
     path = request.path
-    headers, params, _ = request.encoded(run.bridge.token)
+    url = run._url(path, ("stream", "path"))
+    headers, params, _ = request.encoded(run.written_token)
     last_id = render(headers.get("Last-Event-ID", ""))
+    headers = run.authorized(headers)
     run.transcript.add("http", f"→ GET {path} (stream {spec.as_}) {last_id}")
     try:
         async with asyncio.timeout(spec.timeout_ms / 1000):
-            response = await run.client.get(run._url(path), headers=headers, params=params)
+            response = await run.client.get(
+                url, headers=headers, params=params, allow_redirects=False
+            )
     except ContractViolation as exc:
         raise _broken_contract(exc) from None
     except (TimeoutError, aiohttp.ClientError) as exc:
@@ -631,7 +692,6 @@ async def run_scenario(loaded: LoadedScenario, options: RunOptions | None = None
         if reason is not None:
             result.skip(f"not against a target: {reason}")
             return result
-        loaded = _with_target_token(loaded, options.target_token)
     if scenario.real_codex:
         try:
             codex = required_codex(options.codex, options.codex_option, options.require_codex)
@@ -654,6 +714,8 @@ async def run_scenario(loaded: LoadedScenario, options: RunOptions | None = None
         for name in _LOGGERS:
             logging.getLogger(name).removeHandler(capture)
         result.duration = time.monotonic() - started
+        if options.target is not None and options.target_token:
+            _redact(result, options.target_token)
         if result.outcome == "passed" and not options.keep_tmp:
             shutil.rmtree(tmp, ignore_errors=True)
             result.tmp = None

@@ -16,9 +16,19 @@ class ScriptError(ValueError):
     """A script that cannot be used; the message names the file, the line and the problem."""
 
 
+#: How many nodes YAML aliases (`*name`) may stand for in one document, all told: an
+#: alias repeats its anchor's whole node, so nested ones multiply (a "billion laughs"
+#: file of a few hundred bytes stands for a billion strings). Past it, the file is refused.
+MAX_ALIAS_NODES = 100_000
+
+
 def parse_yaml(text: str, source: str) -> Any:
-    """The document in `text` (YAML, or JSON, which YAML reads too)."""
+    """The document in `text` (YAML, or JSON, which YAML reads too). Aliases are bounded
+    (:data:`MAX_ALIAS_NODES`); one inside the node it names (a recursive document) is
+    refused: either is a ScriptError naming the file, line and column of the alias."""
     try:
+        if "*" in text:  # an alias is written `*name`: without one, nothing to count
+            _check_aliases(text, source)
         return yaml.load(text, Loader=_Loader)
     except yaml.MarkedYAMLError as exc:
         mark = exc.problem_mark or exc.context_mark
@@ -26,6 +36,50 @@ def parse_yaml(text: str, source: str) -> Any:
         raise ScriptError(f"{where}: invalid YAML: {exc.problem or exc.context}") from None
     except yaml.YAMLError as exc:
         raise ScriptError(f"{source}: invalid YAML: {exc}") from None
+
+
+def _check_aliases(text: str, source: str) -> None:
+    """Count, event by event (nothing is built), the nodes each alias stands for."""
+    sizes: dict[str, int] = {}  # a finished anchor: the nodes its node holds
+    open_nodes: list[tuple[str | None, int]] = []  # collections being read: anchor, size
+    added = 0
+
+    def count(size: int) -> None:
+        if open_nodes:
+            anchor, held = open_nodes[-1]
+            open_nodes[-1] = (anchor, held + size)
+
+    for event in yaml.parse(text, Loader=_Loader):
+        if isinstance(event, yaml.AliasEvent):
+            mark = event.start_mark
+            where = f"{source}:{mark.line + 1}:{mark.column + 1}" if mark else source
+            if any(anchor == event.anchor for anchor, _ in open_nodes):
+                raise ScriptError(
+                    f"{where}: invalid YAML: the alias *{event.anchor} is inside the node "
+                    f"&{event.anchor} names (a document without end)"
+                )
+            size = sizes.get(event.anchor or "")
+            if size is None:
+                continue  # an undefined alias: the loader says so
+            added += size
+            if added > MAX_ALIAS_NODES:
+                raise ScriptError(
+                    f"{where}: invalid YAML: its aliases stand for more than "
+                    f"{MAX_ALIAS_NODES} nodes (*{event.anchor} repeats {size}); a file of "
+                    "aliases inside aliases can stand for billions: write the values out"
+                )
+            count(size)
+        elif isinstance(event, yaml.ScalarEvent):
+            if event.anchor is not None:
+                sizes[event.anchor] = 1
+            count(1)
+        elif isinstance(event, yaml.CollectionStartEvent):
+            open_nodes.append((event.anchor, 1))
+        elif isinstance(event, yaml.CollectionEndEvent):
+            anchor, size = open_nodes.pop()
+            if anchor is not None:
+                sizes[anchor] = size
+            count(size)
 
 
 def describe_errors(

@@ -1690,3 +1690,38 @@ async def test_thread_methods_refuse_like_the_real_server(spawn: Spawn) -> None:
     assert unknown["error"]["message"] == "no archived rollout found for thread id x"
     steer = {"threadId": "x", "expectedTurnId": "y", "input": []}
     assert (await fake.request("turn/steer", steer))["error"]["message"] == "thread not found: x"
+
+
+#: Nine levels of nine aliases: 574 bytes that stand for 9**9 (387 million) strings.
+LAUGHS = (
+    "version: 1\nmethods:\n  x/a: {result: &a [lol, lol, lol, lol, lol, lol, lol, lol, lol]}\n"
+    + "".join(
+        f"  x/{b}: {{result: &{b} [{', '.join([f'*{a}'] * 9)}]}}\n"
+        for a, b in zip("abcdefgh", "bcdefghi", strict=True)
+    )
+)
+
+
+async def test_a_billion_laughs_script_is_refused_naming_the_alias(
+    tmp_path: Path, spawn: Spawn
+) -> None:
+    """Aliases stand for 100,000 nodes at most in all, and none may sit inside the node
+    it names: past that, the script is an invalid one (exit 2) before anything runs."""
+    laughs = tmp_path / "laughs.yaml"
+    laughs.write_text(LAUGHS)
+    code, out, err = await run_cli(tmp_path, "app-server", "--script", str(laughs))
+    assert (code, out) == (2, ""), err
+    # The first *e (x/f, line 8, column 21) takes the count past the bound.
+    assert f"{laughs}:8:21: invalid YAML: its aliases stand for more than 100000 nodes" in err
+    assert "Traceback" not in err
+    endless = tmp_path / "endless.yaml"
+    endless.write_text("version: 1\nmethods:\n  x/a: {result: &r {self: [1, *r]}}\n")
+    code, out, err = await run_cli(tmp_path, "app-server", "--script", str(endless))
+    assert (code, out) == (2, ""), err
+    assert f"{endless}:3:31: invalid YAML: the alias *r is inside the node &r names" in err
+    # Aliases within the bound are YAML as usual.
+    fake = await spawn(
+        "version: 1\nmethods:\n  x/a: {result: &ok {models: [a, b]}}\n  x/b: {result: *ok}\n"
+    )
+    await fake.initialize()
+    assert (await fake.request("x/b"))["result"] == {"models": ["a", "b"]}

@@ -15,6 +15,7 @@ import pytest
 import pytest_asyncio
 from pydantic import ValidationError
 
+from fakes.app_server.script_source import ScriptError
 from fakes.model_provider import (
     ExecCommandReply,
     ModelProviderServer,
@@ -574,3 +575,13 @@ async def test_the_readme_example_runs_a_scripted_text_turn_through_the_bridge(
                 await process.wait()
     assert response.status == 200, body
     assert (body["text"], body["status"]) == ("Hello from the scripted model.", "completed")
+
+
+def test_script_refuses_aliases_that_stand_for_a_billion_replies():
+    levels = "".join(
+        f"{b}: &{b} [{', '.join([f'*{a}'] * 9)}]\n"
+        for a, b in zip("abcdefgh", "bcdefghi", strict=True)
+    )
+    laughs = "a: &a [{text: lol}]\n" + levels + "replies: *i\n"
+    with pytest.raises(ScriptError, match=r"^the model script:6:16: invalid YAML: its aliases"):
+        ModelScript.from_yaml(laughs)

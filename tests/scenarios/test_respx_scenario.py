@@ -496,8 +496,20 @@ def test_the_command_records_checks_and_refuses_a_failing_scenario(library: Any)
     cassette_path(good).write_text("not: [a cassette")
     broken_file = command("check", "auth-rejection.scenario.yaml", spelling="module")
     assert broken_file.returncode == 1
-    assert "not a cassette of this tool (ParserError" in broken_file.stderr
+    where = "cassettes/auth-rejection.yaml:2:1: invalid YAML: did not find expected ','"
+    assert f"not a cassette of this tool ({where}" in broken_file.stderr, broken_file.stderr
     assert f"regenerate it: {COMMAND} auth-rejection.scenario.yaml" in broken_file.stderr
+    # A cassette is YAML read by the scenarios' loader: its aliases are bounded too.
+    levels = "".join(
+        f"{b}: &{b} [{', '.join([f'*{a}'] * 9)}]\n"
+        for a, b in zip("abcdefgh", "bcdefghi", strict=True)
+    )
+    cassette_path(good).write_text("a: &a [lol]\n" + levels)
+    laughs = command("check", "auth-rejection.scenario.yaml", spelling="module")
+    assert laughs.returncode == 1
+    assert "invalid YAML: its aliases stand for more than 100000 nodes" in laughs.stderr, (
+        laughs.stderr
+    )
     rerecorded = command("record", "auth-rejection.scenario.yaml", spelling="module")
     assert rerecorded.returncode == 0, rerecorded.stderr
     assert "ok  cassettes/auth-rejection.yaml" in rerecorded.stdout

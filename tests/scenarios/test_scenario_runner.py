@@ -3,16 +3,23 @@ scenarios say what and where, pytest's options work."""
 
 from __future__ import annotations
 
+import contextlib
 import os
+import pty
+import re
+import secrets
+import signal
+import socket
 import subprocess
 import sys
 import textwrap
+import threading
 import xml.etree.ElementTree as ET
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
-from processes import live_children
+from processes import live_children, marked_processes
 
 from scenarios import harness
 from scenarios.cli import SCENARIOS_ONLY, pytest_arguments
@@ -453,3 +460,216 @@ def test_the_fronts_options_become_the_plugins_and_the_old_ones_still_work() -> 
     own = ["-n", "2", "--dist", "load"]
     assert pytest_arguments(own) == [*SCENARIOS_ONLY, *own]
     assert not any(arg.startswith("--dist") for arg in pytest_arguments(["-k", "x"]))
+
+
+# -- nothing a run starts outlives it --------------------------------------------------------
+
+#: A grandchild that stays in fake-codex's group and environment, and one that escapes
+#: both (a cleared environment, a session of its own, a double fork: re-parented away
+#: from fake-codex). Each sends its pid to the test's listener once it runs, then waits.
+TELL = (
+    "s = socket.create_connection(('127.0.0.1', int(sys.argv[1]))); "
+    "s.sendall(str(os.getpid()).encode()); s.close(); signal.pause()"
+)
+REPORT = "import os, signal, socket, sys; " + TELL
+ESCAPE = "import os, signal, socket, sys; os.setsid(); os.fork() and os._exit(0); " + TELL
+
+
+def spawning_scenario(tmp_path: Path, port: int, last_step: str) -> Path:
+    python = sys.executable
+    return write(
+        tmp_path,
+        "spawning.scenario.yaml",
+        f"""
+        scenario: 1
+        name: spawning
+        timeoutMs: 600000
+        appServer:
+          version: 1
+          methods:
+            x/spawn:
+              steps:
+                - spawnChild: {{command: [{python}, -c, "{REPORT}", "{port}"]}}
+                - spawnChild:
+                    command: [env, -i, {python}, -c, "{ESCAPE}", "{port}"]
+                    wait: true
+              result: {{}}
+            x/hang: {{noReply: true}}
+        steps:
+          - createSession: s
+          - call: {{session: "${{s}}", method: x/spawn, params: {{}}}}
+          - {last_step}
+        """,
+    )
+
+
+def reported_pids(listener: socket.socket, count: int) -> list[int]:
+    """The pids the scenario's grandchildren send, as each connects (120 s at most)."""
+    pids = []
+    for _ in range(count):
+        connection, _ = listener.accept()
+        with connection:
+            connection.settimeout(120)
+            pids.append(int(connection.recv(64)))
+    return pids
+
+
+def running(pid: int) -> bool:
+    """Whether `pid` is a live process (a zombie is not)."""
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def left_behind(pids: list[int], mark: str) -> set[int]:
+    """What still runs, of `pids` and of the processes carrying the test's mark, as the
+    runner has exited (no grace: it returns once what it stopped is gone). Killed, so
+    that a failing test leaves nothing either."""
+    left = {pid for pid in pids if running(pid)} | marked_processes(MARK, mark)
+    for pid in left:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+    return left
+
+
+MARK = "SCENARIOS_RUN_TEST_MARK"
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT, signal.SIGHUP])
+def test_a_run_stopped_by_a_signal_leaves_nothing_behind(tmp_path: Path, sig: int) -> None:
+    """`rest-bridge scenarios run` killed mid-run: its pytest, the bridge's fake-codex and
+    their grandchildren (one escaped from the group and the environment) all go with it,
+    and the runner ends by the signal it received."""
+    with socket.create_server(("127.0.0.1", 0)) as listener:
+        listener.settimeout(120)
+        scenario = spawning_scenario(
+            tmp_path, listener.getsockname()[1], '{call: {session: "${s}", method: x/hang}}'
+        )
+        mark = secrets.token_hex(8)
+        runner = subprocess.Popen(
+            [REST_BRIDGE, "scenarios", "run", "-p", "no:cacheprovider", str(scenario)],
+            env={**os.environ, MARK: mark},
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            cwd=tmp_path,
+        )
+        try:
+            pids = reported_pids(listener, 2)
+            pytest_pids = marked_processes(MARK, mark) - {runner.pid}
+            assert pytest_pids, "the run's pytest and fake-codex carry the mark"
+            runner.send_signal(sig)
+            code = runner.wait(120)
+            left = left_behind([*pids, *pytest_pids], mark)
+        finally:
+            if runner.poll() is None:
+                runner.kill()
+            assert runner.stdout is not None
+            output = runner.stdout.read().decode()
+            runner.stdout.close()
+    assert code == -sig, output
+    assert left == set(), output
+    assert "KeyboardInterrupt" in output, output  # pytest stopped as on Ctrl-C, and said so
+    # What the scenario's clean-up did not stop (at least the escaped grandchild), the
+    # runner killed, and said so.
+    assert re.search(r"rest-bridge scenarios run: killed \d+ process(es)? the run left", output)
+
+
+def test_a_failing_run_leaves_nothing_behind(tmp_path: Path) -> None:
+    with socket.create_server(("127.0.0.1", 0)) as listener:
+        listener.settimeout(120)
+        failing = "{http: {path: /v1/health}, expect: {status: 299}}"
+        scenario = spawning_scenario(tmp_path, listener.getsockname()[1], failing)
+        mark = secrets.token_hex(8)
+        with ThreadPoolExecutor(1) as pool:
+            done = pool.submit(
+                run_cli,
+                "run",
+                "-p",
+                "no:cacheprovider",
+                str(scenario),
+                cwd=tmp_path,
+                **{MARK: mark},
+            )
+            pids = reported_pids(listener, 2)
+            result = done.result()
+            left = left_behind(pids, mark)
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert "expected status 299, received 200" in result.stdout, result.stdout
+    assert left == set(), result.stdout + result.stderr
+    assert "killed 1 process the run left behind" in result.stderr, result.stderr
+
+
+def test_a_billion_laughs_scenario_is_a_collection_error_and_nothing_runs(
+    tmp_path: Path,
+) -> None:
+    """Its appServer script would make fake-codex build 387 million strings: refused at
+    load time (by the scenario loader, the same function as fake-codex's), file and line."""
+    levels = "".join(
+        f"    x/{b}: {{result: &{b} [{', '.join([f'*{a}'] * 9)}]}}\n"
+        for a, b in zip("abcdefgh", "bcdefghi", strict=True)
+    )
+    laughs = tmp_path / "laughs.scenario.yaml"
+    laughs.write_text(
+        "scenario: 1\nname: laughs\nappServer:\n  version: 1\n  methods:\n"
+        "    x/a: {result: &a [lol, lol, lol, lol, lol, lol, lol, lol, lol]}\n"
+        + levels
+        + "steps:\n  - createSession: s\n"
+    )
+    for args in (("run", "-p", "no:cacheprovider"), ("check",)):
+        done = run_cli(*args, str(laughs), cwd=tmp_path)
+        assert done.returncode == 2, done.stdout + done.stderr
+        where = f"{laughs}:11:23: invalid YAML: its aliases stand for more than 100000 nodes"
+        assert where in done.stdout, done.stdout
+        assert "error during collection" in done.stdout, done.stdout
+
+
+def test_ctrl_c_in_a_terminal_stops_the_run_once_and_leaves_nothing_behind(tmp_path: Path) -> None:
+    """In a terminal, Ctrl-C reaches the runner and its pytest alike (one foreground
+    process group): the runner sends pytest no second SIGINT (a second signal means
+    "kill it now"), waits for it to stop, sweeps what is left and ends by SIGINT."""
+    with socket.create_server(("127.0.0.1", 0)) as listener:
+        listener.settimeout(120)
+        scenario = spawning_scenario(
+            tmp_path, listener.getsockname()[1], '{call: {session: "${s}", method: x/hang}}'
+        )
+        mark = secrets.token_hex(8)
+        controller, terminal = pty.openpty()
+        command = [REST_BRIDGE, "scenarios", "run", "-p", "no:cacheprovider", str(scenario)]
+        # setsid --ctty: a session of its own, the pseudo-terminal as its controlling one.
+        runner = subprocess.Popen(
+            ["setsid", "--ctty", *command],
+            env={**os.environ, MARK: mark},
+            stdin=terminal,
+            stdout=terminal,
+            stderr=terminal,
+            cwd=tmp_path,
+        )
+        os.close(terminal)
+        output = bytearray()
+
+        def drain() -> None:
+            with contextlib.suppress(OSError):  # EIO once every holder of the terminal is gone
+                while chunk := os.read(controller, 65536):
+                    output.extend(chunk)
+
+        reader = threading.Thread(target=drain, daemon=True)
+        reader.start()
+        try:
+            pids = reported_pids(listener, 2)
+            os.write(controller, b"\x03")  # the terminal's interrupt character
+            code = runner.wait(120)
+            left = left_behind(pids, mark)
+        finally:
+            if runner.poll() is None:
+                runner.kill()
+                runner.wait()
+            reader.join(30)
+            os.close(controller)
+    text = output.decode(errors="replace")
+    assert code == -signal.SIGINT, text
+    assert left == set(), text
+    assert "KeyboardInterrupt" in text, text  # pytest stopped as it does on Ctrl-C
+    assert re.search(r"rest-bridge scenarios run: killed \d+ process(es)? the run left", text)

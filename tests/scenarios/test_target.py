@@ -8,10 +8,15 @@ runs them against its staging deployment. What cannot run there skips, saying wh
 from __future__ import annotations
 
 import os
+import selectors
 import signal
+import socket
+import socketserver
 import subprocess
 import sys
 import textwrap
+import threading
+import urllib.parse
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
@@ -278,3 +283,209 @@ def test_auth_variants_holds_beside_other_sessions_and_leaves_none_behind(
     listed = target.get("/v1/sessions", TOKEN)
     assert isinstance(listed, dict), listed
     assert [s["sessionId"] for s in listed["sessions"]] == [other["sessionId"]], listed
+
+
+class Recorder(socketserver.ThreadingTCPServer):
+    """A TCP listener on loopback that records every byte a client sends it: forwarded to
+    `upstream` (host, port) and its answers passed back, or else answered with an empty
+    200 and closed (a stranger who would gladly take whatever comes)."""
+
+    daemon_threads = True
+    allow_reuse_address = True
+
+    def __init__(self, upstream: tuple[str, int] | None = None) -> None:
+        self.upstream = upstream
+        self.received = bytearray()
+        self.connections = 0
+        self.lock = threading.Lock()
+        super().__init__(("127.0.0.1", 0), _Relay)
+        self.thread = threading.Thread(target=self.serve_forever, daemon=True)
+        self.thread.start()
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.server_address[1]}"
+
+    def record(self, data: bytes) -> None:
+        with self.lock:
+            self.received += data
+
+    def close(self) -> None:
+        self.shutdown()
+        self.server_close()
+
+
+class _Relay(socketserver.BaseRequestHandler):
+    server: Recorder
+
+    def handle(self) -> None:
+        client: socket.socket = self.request
+        with self.server.lock:
+            self.server.connections += 1
+        if self.server.upstream is None:
+            head = b""
+            while b"\r\n\r\n" not in head and (chunk := client.recv(65536)):
+                head += chunk
+            self.server.record(head)
+            client.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nConnection: close\r\n\r\n{}")
+            return
+        with (
+            socket.create_connection(self.server.upstream) as upstream,
+            selectors.DefaultSelector() as sel,
+        ):
+            sel.register(client, selectors.EVENT_READ, upstream)
+            sel.register(upstream, selectors.EVENT_READ, client)
+            while True:
+                for key, _ in sel.select():
+                    data = key.fileobj.recv(65536)  # type: ignore[union-attr]
+                    if not data:
+                        return
+                    if key.fileobj is client:
+                        self.server.record(data)
+                    key.data.sendall(data)
+
+
+@pytest.fixture
+def recorders() -> Iterator[list[Recorder]]:
+    started: list[Recorder] = []
+    yield started
+    for recorder in started:
+        recorder.close()
+
+
+#: What the hostile scenarios write for the token; the target's is REAL.
+WRITTEN = "scenario-placeholder-token"
+REAL = "R3alTarg3tT0kenXq7"
+
+
+def forms(secret: str) -> list[str]:
+    """The token as it would appear in a URL, a JSON string or raw."""
+    return [secret, urllib.parse.quote(secret), urllib.parse.quote_plus(secret)]
+
+
+def test_the_token_goes_only_into_the_targets_authorization_header(
+    served: list[Served], recorders: list[Recorder], tmp_path: Path
+) -> None:
+    """A scenario file is the attacker: it writes `bridge.token` and `${token}` into
+    every place a step carries a value. Against a target, the target's token goes only
+    into `Authorization` on the target's origin; everywhere else (paths, queries, other
+    headers, bodies, a call's params, expectations, the report, JUnit) the file's own
+    text stays, and the real token is printed nowhere."""
+    target = Served(*fake(), token=REAL)
+    served.append(target)
+    port = int(target.url.rsplit(":", 1)[1])
+    front = Recorder(("127.0.0.1", port))  # what the target receives, byte for byte
+    recorders.append(front)
+    scenario = tmp_path / "carrier.scenario.yaml"
+    scenario.write_text(
+        textwrap.dedent(
+            f"""
+            scenario: 1
+            name: carrier
+            bridge: {{preset: trusted, token: {WRITTEN}}}
+            steps:
+              - http:
+                  path: "/v1/nothing/${{token}}/{WRITTEN}?a=${{token}}&b={WRITTEN}"
+                  method: POST
+                  query: {{q: "${{token}}", r: {WRITTEN}}}
+                  headers: {{X-Token: "${{token}}", X-Written: "Bearer {WRITTEN}"}}
+                  json: {{a: "${{token}}", b: {WRITTEN}, c: ["${{token}}"]}}
+                expect: {{status: 404, error: not_found}}
+              - http:
+                  method: PUT
+                  path: /v1/nothing
+                  body: "raw ${{token}} {WRITTEN}"
+                  headers: {{Content-Type: text/plain, Cookie: "t=${{token}}"}}
+                expect: {{status: 404}}
+              - createSession: s
+              - call: {{session: "${{s}}", method: model/list, params: {{t: "${{token}}"}}}}
+              - stream: {{session: "${{s}}", headers: {{X-Token: "${{token}}"}}}}
+              - close: stream
+              - poll: {{session: "${{s}}", count: 0}}
+              - name: an explicit auth is the written token, so the target's
+                http: {{path: /v1/compatibility, auth: "${{token}}"}}
+                capture: {{seen: $.apiVersion}}
+              - name: an explicit Authorization header, in lower case
+                http: {{path: /v1/compatibility, headers: {{authorization: "bearer {WRITTEN}"}}}}
+              - http: {{method: DELETE, path: "/v1/sessions/${{s}}"}}
+              - name: a failing step prints what it expected
+                http: {{path: "/v1/compatibility?t=${{token}}"}}
+                expect:
+                  status: 299
+                  headers: {{X-Token: "${{token}}"}}
+                  jsonSubset: {{token: "${{token}}", also: {WRITTEN}}}
+                  body: "${{token}}"
+            """
+        ).lstrip()
+    )
+    junit = tmp_path / "junit.xml"
+    done = run(str(scenario), "--target", front.url, f"--junitxml={junit}", token=REAL)
+    output = done.stdout + done.stderr
+    assert done.returncode == 1, output
+    # Everything before the last step passed: the target's token was sent where it goes.
+    assert "carrier.scenario.yaml:29: step 11 of 11: a failing step prints what it" in output, (
+        output
+    )
+    report = junit.read_text()
+    for secret in forms(REAL):
+        assert secret not in output
+        assert secret not in report
+    assert WRITTEN in output  # the file's own text is what the report shows
+    sent = bytes(front.received).decode("latin-1")
+    lines = sent.split("\r\n")
+    carrying = [line for line in lines if any(secret in line for secret in forms(REAL))]
+    assert carrying, sent
+    for line in carrying:
+        name, _, value = line.partition(":")
+        assert name.lower() == "authorization", line
+        assert value.strip().lower() == f"bearer {REAL}".lower(), line
+    # The written token travelled as written: the first step's path, query and headers.
+    assert f"/v1/nothing/{WRITTEN}/{WRITTEN}?a={WRITTEN}" in sent, sent
+    assert f"X-Token: {WRITTEN}" in sent, sent
+
+
+@pytest.mark.parametrize(
+    "path",
+    [
+        "{elsewhere}/steal",
+        "{elsewhere}/v1/compatibility",
+        "@127.0.0.1:{port}/v1/compatibility",
+        "https://127.0.0.1:{port}/v1/compatibility",
+    ],
+)
+def test_a_step_whose_path_leaves_the_target_fails_naming_the_step_and_sends_nothing(
+    served: list[Served], recorders: list[Recorder], tmp_path: Path, path: str
+) -> None:
+    target = Served(*fake(), token=REAL)
+    served.append(target)
+    elsewhere = Recorder()
+    recorders.append(elsewhere)
+    where = path.format(elsewhere=elsewhere.url, port=elsewhere.server_address[1])
+    scenario = tmp_path / "escape.scenario.yaml"
+    scenario.write_text(
+        textwrap.dedent(
+            f"""
+            scenario: 1
+            name: escape
+            bridge: {{preset: trusted, token: {WRITTEN}}}
+            steps:
+              - http: {{path: /v1/compatibility}}
+              - name: off to another origin
+                http:
+                  path: "{where}?t=${{token}}"
+                  method: POST
+                  headers: {{X-Token: "${{token}}"}}
+                  json: {{t: "${{token}}"}}
+              - stream: {{path: "{where}"}}
+            """
+        ).lstrip()
+    )
+    done = run(str(scenario), "--target", target.url, token=REAL)
+    output = done.stdout + done.stderr
+    assert done.returncode == 1, output
+    assert "escape.scenario.yaml:6: step 2 of 3: off to another origin" in output, output
+    assert f"is not on the bridge ({target.url})" in output, output
+    assert "escape.scenario.yaml:8" in output, output  # the line of its `path`
+    assert elsewhere.connections == 0, bytes(elsewhere.received)
+    for secret in forms(REAL):
+        assert secret not in output
