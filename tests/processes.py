@@ -1,14 +1,19 @@
-"""Leak checks for tests: which processes has this test process left behind?"""
+"""Leak checks for tests: which processes has this test process left behind? And the
+system programs some tests start (`nginx_binary`)."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
 import os
+import shutil
 import signal
 import subprocess
 import time
 from collections.abc import Iterable
+from pathlib import Path
+
+import pytest
 
 
 def _stat(pid: str) -> tuple[int, int, str] | None:
@@ -186,3 +191,15 @@ def storm_of_sigterm_after_sigint(process: subprocess.Popen[bytes], seconds: flo
         with contextlib.suppress(ProcessLookupError):
             os.kill(process.pid, signal.SIGTERM)
     return process.wait(30)
+
+
+def nginx_binary() -> str:
+    """nginx (Debian's package, which `make nginx` installs): skip without it, but fail
+    when `CI=true`, where the tests that need it must run."""
+    found = shutil.which("nginx") or ("/usr/sbin/nginx" if Path("/usr/sbin/nginx").exists() else "")
+    if not found:
+        message = "nginx is not installed (make nginx installs Debian's package)"
+        if os.environ.get("CI", "").lower() == "true":
+            pytest.fail(message)
+        pytest.skip(message)
+    return found

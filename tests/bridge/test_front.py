@@ -15,6 +15,7 @@ from typing import Any
 
 import pytest
 import yaml
+from processes import nginx_binary
 
 from bridge.app import ROUTES
 from bridge.auth import BearerToken, presented_token
@@ -38,16 +39,6 @@ from bridge.limits import RestLimits
 ROOT = Path(__file__).resolve().parents[2]
 MANIFESTS = ROOT / "deploy" / "kubernetes" / "bridge.yaml"
 REST_BRIDGE = str(Path(sys.executable).with_name("rest-bridge"))
-
-
-def nginx_binary() -> str:
-    found = shutil.which("nginx") or ("/usr/sbin/nginx" if Path("/usr/sbin/nginx").exists() else "")
-    if not found:
-        message = "nginx is not installed (make nginx installs Debian's package)"
-        if os.environ.get("CI", "").lower() == "true":
-            pytest.fail(message)
-        pytest.skip(message)
-    return found
 
 
 def nginx_accepts(config: str, directory: Path) -> None:

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -24,7 +23,7 @@ from pathlib import Path
 
 import aiohttp
 import pytest
-from processes import marked_processes
+from processes import marked_processes, nginx_binary
 
 from bridge.credentials import SecretError
 from bridge.errors import RestError
@@ -379,16 +378,6 @@ async def test_the_library_backend_refuses_a_rest_adapter_variable_too() -> None
         assert not backend.sessions()
     finally:
         await backend.close()
-
-
-def nginx_binary() -> str:
-    found = shutil.which("nginx") or ("/usr/sbin/nginx" if Path("/usr/sbin/nginx").exists() else "")
-    if not found:
-        message = "nginx is not installed (make cluster installs Debian's package)"
-        if os.environ.get("CI", "").lower() == "true":
-            pytest.fail(message)
-        pytest.skip(message)
-    return found
 
 
 def status_of(method: str, url: str, headers: dict[str, str]) -> int:

@@ -16,7 +16,6 @@ import asyncio
 import contextlib
 import json
 import os
-import shutil
 import signal
 import socket
 import subprocess
@@ -30,7 +29,12 @@ from typing import Any
 
 import aiohttp
 import pytest
-from processes import marked_processes, storm_of_sigterm_after_sigint, zombie_children
+from processes import (
+    marked_processes,
+    nginx_binary,
+    storm_of_sigterm_after_sigint,
+    zombie_children,
+)
 
 from bridge.app import mounted_routes, trusted_bridge_app
 from bridge.cluster import CLUSTER_MARK_VARIABLE
@@ -53,16 +57,6 @@ APPROVAL_SCRIPT = {
         {"steps": [{"commandApproval": {"command": "touch marker"}}, {"agentMessage": "done"}]}
     ]
 }
-
-
-def nginx_binary() -> str:
-    found = shutil.which("nginx") or ("/usr/sbin/nginx" if Path("/usr/sbin/nginx").exists() else "")
-    if not found:
-        message = "nginx is not installed (make cluster installs Debian's package)"
-        if os.environ.get("CI", "").lower() == "true":
-            pytest.fail(message)
-        pytest.skip(message)
-    return found
 
 
 class ClusterProcess:
