@@ -137,7 +137,14 @@ def test_kubernetes_manifests_match_the_generated_configuration(tmp_path):
     }
     peers = ",".join(f"{rid}=http://{host}" for rid, host in hosts.items())
     assert env["REST_ADAPTER_PEERS"]["value"] == peers
-    assert "valueFrom" in env["REST_ADAPTER_TOKEN"]  # from a Secret, never inline
+    # The token: a file mounted from a Secret, never inline nor in the environment.
+    assert "REST_ADAPTER_TOKEN" not in env
+    pod = stateful["spec"]["template"]["spec"]
+    secret_mounts = {m["name"]: m["mountPath"] for m in container["volumeMounts"]}
+    token_file = Path(env["REST_ADAPTER_TOKEN_FILE"]["value"])
+    assert str(token_file.parent) == secret_mounts["token"]
+    pod_volumes = {v["name"]: v for v in pod["volumes"]}
+    assert pod_volumes["token"]["secret"]["secretName"] == "bridge-token"
 
     # Draining: SIGUSR1 before the pod stops, within its grace period.
     pre_stop = " ".join(container["lifecycle"]["preStop"]["exec"]["command"])
