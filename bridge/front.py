@@ -117,10 +117,20 @@ def _fail_seconds(pool: str) -> int:
 
 @dataclass(frozen=True, slots=True)
 class Replica:
-    """One replica: its id and where nginx reaches it (``host:port`` or ``unix:/path``)."""
+    """One replica: its id and where nginx reaches it (``host:port`` or ``unix:/path``).
+
+    ``down``: marked ``down`` in every upstream (``rest-bridge cluster`` does, while the
+    replica does not answer its ``/health``): no pool sends it anything, and a request
+    on one of its sessions is a 503 ``replica_unavailable`` at once.
+    """
 
     id: str
     address: str
+    down: bool = False
+
+    @property
+    def server_flags(self) -> str:
+        return " down" if self.down else ""
 
     @property
     def upstream(self) -> str:
@@ -361,7 +371,8 @@ def render(
             f"    upstream {pool} {{",
             "        least_conn;",
             *(
-                f"        server {r.address} max_fails=1 fail_timeout={_fail_seconds(pool)}s;"
+                f"        server {r.address} max_fails=1 fail_timeout={_fail_seconds(pool)}s"
+                f"{r.server_flags};"
                 for r in replicas
             ),
             f"        keepalive {KEEPALIVE_CONNECTIONS};",
@@ -391,7 +402,7 @@ def render(
     for r in replicas:
         out += [
             f"    upstream {r.upstream} {{",
-            f"        server {r.address};",
+            f"        server {r.address}{r.server_flags};",
             f"        keepalive {KEEPALIVE_CONNECTIONS};",
             "        keepalive_requests 100000;",
             "    }",

@@ -38,7 +38,7 @@ from processes import (
 
 from bridge.app import mounted_routes, trusted_bridge_app
 from bridge.cluster import CLUSTER_MARK_VARIABLE
-from bridge.front import URI_TOO_LONG
+from bridge.front import POOLS, URI_TOO_LONG
 from bridge.openapi import build_openapi
 from scenarios.openapi_check import OpenApiChecker
 from scenarios.sse import SseReader
@@ -71,6 +71,7 @@ class ClusterProcess:
         until: str = "rest-bridge cluster: ready",
     ) -> None:
         self.mark = uuid.uuid4().hex
+        self.directory = directory
         environment = {k: v for k, v in os.environ.items() if not k.startswith("REST_ADAPTER_")}
         environment.update(env or {})
         environment[MARK_VARIABLE] = self.mark
@@ -991,3 +992,109 @@ async def test_a_stopped_replica_is_passed_over(cluster, http):
     timeouts = [line for line in cluster.output_lines() if "upstream timed out" in line]
     assert len(timeouts) <= 1, timeouts
     assert cluster.process.poll() is None
+
+
+def server_lines(cluster: ClusterProcess) -> dict[str, list[str]]:
+    """The ``server`` lines of the front's nginx.conf, by the replica they name."""
+    lines = (cluster.directory / "nginx.conf").read_text().splitlines()
+    servers: dict[str, list[str]] = {}
+    for name, replica in cluster.replicas.items():
+        address = replica["url"].removeprefix("http://")
+        servers[name] = [x.strip() for x in lines if x.strip().startswith(f"server {address}")]
+    return servers
+
+
+async def test_a_stopped_replica_is_marked_down_at_the_front(cluster, http, report):
+    """SIGSTOP to one replica: the launcher's health probes mark it down at the front
+    (nginx reloaded), so work goes to the others and its sessions get 503 at once; a
+    stream through the front on another replica lives through both reloads; after
+    SIGCONT it is put back and used again."""
+    front = cluster.front
+    by_replica: dict[str, list[str]] = {}
+    while len(by_replica) < REPLICAS:
+        status, created, _ = await request(http, "POST", f"{front}/v1/sessions")
+        assert status == 201, created
+        session_id = created["sessionId"]
+        by_replica.setdefault(session_id.split(".", 1)[0], []).append(session_id)
+    victim, streamed = "bridge-2", "bridge-0"
+    stream_session = f"{front}/v1/sessions/{by_replica[streamed][0]}"
+    pid = cluster.replicas[victim]["pid"]
+    unbounded = aiohttp.ClientTimeout(total=None, sock_read=60)
+    async with http.get(f"{stream_session}/events/stream", timeout=unbounded) as stream:
+        assert stream.status == 200
+        reader = SseReader(stream)
+        os.kill(pid, signal.SIGSTOP)
+        try:
+            await cluster.line(f"rest-bridge cluster: replica {victim} missed")
+            # Down in every pool and in its own upstream; no other replica is.
+            servers = server_lines(cluster)
+            assert len(servers[victim]) == len(POOLS) + 1
+            assert all(line.endswith(" down;") for line in servers[victim]), servers
+            others = [line for name, lines in servers.items() if name != victim for line in lines]
+            assert not any(line.endswith(" down;") for line in others), others
+            # Work goes to the others: each answer comes from a replica that runs (a
+            # stopped one answers nothing), a creation names it.
+            for _ in range(REPLICAS):
+                status, created, _ = await request(http, "POST", f"{front}/v1/sessions")
+                assert status == 201, created
+                assert created["sessionId"].split(".", 1)[0] != victim
+                status, body, _ = await request(
+                    http, "POST", f"{front}/v1/call/thread/start", {"params": {}}
+                )
+                assert status == 200, body
+                status, body, _ = await request(
+                    http, "POST", f"{front}/v1/text-turn", {"text": "hello"}
+                )
+                assert status == 200, body
+                assert body["status"] == "completed"
+            # Its sessions: 503 replica_unavailable at once, not the call's timeout.
+            for session_id in by_replica[victim]:
+                for path in ("/call/thread/start", "/events/stream", "/events"):
+                    method = "POST" if path.startswith("/call") else "GET"
+                    url = f"{front}/v1/sessions/{session_id}{path}"
+                    status, body, headers = await request(http, method, url, {"params": {}})
+                    assert (status, body["error"]) == (503, "replica_unavailable"), body
+                    assert headers["Retry-After"] == "1"
+            status, listed, _ = await request(http, "GET", f"{front}/v1/sessions")
+            assert status == 200, listed
+            assert listed["unavailableReplicas"] == [victim]
+            # The stream on a healthy replica lived through the reload.
+            await start_turn(http, stream_session)
+            frames = await reader.until(
+                lambda frame: frame.json().get("method") == "turn/completed", timeout=30
+            )
+            assert frames
+        finally:
+            os.kill(pid, signal.SIGCONT)
+        await cluster.line(f"rest-bridge cluster: replica {victim} answers /health again")
+        assert not any(
+            line.endswith(" down;") for ls in server_lines(cluster).values() for line in ls
+        )
+        # Used again: its sessions answer, and creations reach it again.
+        await served_through(http, front, by_replica[victim])
+        placed: set[str] = set()
+        for _ in range(4 * REPLICAS):
+            status, created, _ = await request(http, "POST", f"{front}/v1/sessions")
+            assert status == 201, created
+            placed.add(created["sessionId"].split(".", 1)[0])
+            if victim in placed:
+                break
+        assert victim in placed
+        # The stream lived through the second reload too.
+        await start_turn(http, stream_session)
+        frames = await reader.until(
+            lambda frame: frame.json().get("method") == "turn/completed", timeout=30
+        )
+        assert frames
+    lines = cluster.output_lines()
+    assert sum(f"replica {victim} missed" in line for line in lines) == 1
+    assert sum(f"replica {victim} answers /health again" in line for line in lines) == 1
+    assert not any("did not take the new configuration" in line for line in lines)
+    assert cluster.process.poll() is None
+    report.outcome = (
+        f"{victim} stopped: marked down after missed probes; creations, sessionless calls "
+        "and text turns answered by the others, its sessions 503 at once; put back after "
+        "SIGCONT and used again; an SSE stream on another replica lived through both reloads"
+    )
+    report.survived = cluster.process.poll() is None
+    report.nothing_lost = True
