@@ -15,6 +15,15 @@ serve on, and the front answers the dead replica's sessions with 503
 ``replica_unavailable``. A replica that exits after draining (SIGUSR1) is let go the
 same way. Each exit is a line that says how many replicas are left.
 
+nginx open source has no active health checks, and the kernel accepts connections for
+a stopped (``SIGSTOP``) or wedged replica, so nginx alone learns of a hung replica only
+from requests that wait their read timeout. The launcher checks instead (:meth:`Cluster.probe`):
+it asks each replica's ``/health`` every ``--probe-interval-ms``, each answer awaited
+``--probe-timeout-ms``; a replica that misses ``--probe-misses`` in a row is marked
+``down`` in nginx.conf (every pool, and its own upstream: its sessions get 503 at once),
+nginx is reloaded (SIGHUP: graceful, requests and streams in flight finish on the old
+workers), and one line says so; one answer puts it back the same way.
+
 When no replica is left (killed, crashed or drained) or nginx exits, and the launcher
 was not asked to stop, the cluster can serve nothing any more (nginx would answer 503
 to everything): the launcher says so (``no replica left: stopping``), stops what is left

@@ -23,6 +23,11 @@ What the configuration does:
   refused creation never makes ``/health`` or the listing fail. ``/v1/sessions`` is
   both: ``GET`` and ``HEAD`` are rewritten, in the server block, to an internal location
   of the reads (:data:`LISTING`, its own read timeout), anything else creates.
+- **A replica marked down** (:attr:`Replica.down`; ``rest-bridge cluster`` marks a
+  replica that misses its health probes, :mod:`bridge.cluster`) is ``down`` in every
+  pool and in its own upstream: no work or read is sent to it, and a request on one of
+  its sessions finds no live server in its upstream, which nginx answers at once with
+  the 503 ``replica_unavailable`` (its 502 goes there), not after a read timeout.
 - **Streams pass unbuffered.** SSE and long-poll responses are not buffered, and every
   read timeout is derived from the limits (``REST_ADAPTER_*``, read when the
   configuration is generated): the SSE keep-alive interval for streams, MAX_WAIT_MS for

@@ -69,6 +69,7 @@ class ClusterProcess:
         app_server: str = "",
         nginx: str = "",
         until: str = "rest-bridge cluster: ready",
+        args: tuple[str, ...] = (),
     ) -> None:
         self.mark = uuid.uuid4().hex
         self.directory = directory
@@ -81,6 +82,7 @@ class ClusterProcess:
             *("--replicas", str(REPLICAS), "--port", "0", "--id-prefix", "bridge"),
             *("--nginx", nginx or nginx_binary(), "--dir", str(directory)),
             *("--app-server", app_server or f"{FAKE_CODEX} app-server"),
+            *args,
         ]
         self.lines: list[str] = []
         self._lock = threading.Lock()
@@ -939,8 +941,22 @@ async def test_strangers_learn_nothing_but_401_through_the_front(tmp_path, http,
 # -- a hung replica --------------------------------------------------------------------
 
 
-async def test_a_stopped_replica_is_passed_over(cluster, http):
-    """SIGSTOP to one replica (alive, its kernel still accepting connections)"""
+#: The launcher's probes that never mark a replica down within a test: nginx alone.
+NO_PROBES = ("--probe-interval-ms", "60000", "--probe-misses", "100")
+
+
+@pytest.fixture
+def unprobed_cluster(tmp_path: Path) -> Iterator[ClusterProcess]:
+    """A cluster whose launcher marks no replica down: nginx's own checks alone (as
+    behind another front)."""
+    started = ClusterProcess(tmp_path / "front", args=NO_PROBES)
+    yield started
+    started.stop()
+
+
+async def test_a_stopped_replica_is_passed_over(unprobed_cluster, http):
+    """SIGSTOP to one replica (alive, its kernel still accepting connections), nginx alone"""
+    cluster = unprobed_cluster
     front = cluster.front
     by_replica: dict[str, list[str]] = {}
     while len(by_replica) < REPLICAS:
@@ -1098,3 +1114,33 @@ async def test_a_stopped_replica_is_marked_down_at_the_front(cluster, http, repo
     )
     report.survived = cluster.process.poll() is None
     report.nothing_lost = True
+
+
+@pytest.mark.parametrize(
+    ("option", "value"),
+    [
+        ("--probe-interval-ms", "0"),
+        ("--probe-interval-ms", "99"),
+        ("--probe-timeout-ms", "60001"),
+        ("--probe-timeout-ms", "1e3"),
+        ("--probe-misses", "0"),
+        ("--probe-misses", "-1"),
+        ("--probe-misses", "two"),
+    ],
+)
+async def test_the_probe_options_are_validated(tmp_path, option, value):
+    """A bad probe option stops the launcher with status 2 and names the option, before
+    anything starts."""
+    process = await asyncio.create_subprocess_exec(
+        *(REST_BRIDGE, "cluster", "--port", "0", "--dir", str(tmp_path / "front")),
+        f"{option}={value}",
+        stdin=asyncio.subprocess.DEVNULL,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
+    out, err = await process.communicate()
+    assert process.returncode == 2, (out, err)
+    # argparse names the option it refused (not "unrecognized arguments").
+    assert f"argument {option}: ".encode() in err, err
+    assert b"Traceback" not in err
+    assert not (tmp_path / "front").exists()
