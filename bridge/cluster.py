@@ -379,7 +379,11 @@ class Cluster:
         if front is None or front.process.returncode is not None:
             return False
         async with self._reloading:
-            self._write_config()
+            try:
+                self._write_config()
+            except OSError as exc:
+                say(f"could not write nginx.conf: {exc.strerror or type(exc).__name__}")
+                return False
             before = set(nginx_workers(front.process.pid))
             with contextlib.suppress(ProcessLookupError):
                 front.process.send_signal(signal.SIGHUP)

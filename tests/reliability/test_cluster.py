@@ -1144,3 +1144,39 @@ async def test_the_probe_options_are_validated(tmp_path, option, value):
     assert f"argument {option}: ".encode() in err, err
     assert b"Traceback" not in err
     assert not (tmp_path / "front").exists()
+
+
+async def test_every_replica_stopped_is_a_503_at_once(cluster, http):
+    """SIGSTOP to every replica: once the launcher marked them all down, the front
+    answers everything with 503 replica_unavailable without waiting on any; after
+    SIGCONT they are all put back."""
+    front = cluster.front
+    status, created, _ = await request(http, "POST", f"{front}/v1/sessions")
+    assert status == 201, created
+    pids = [replica["pid"] for replica in cluster.replicas.values()]
+    for pid in pids:
+        os.kill(pid, signal.SIGSTOP)
+    try:
+        for name in cluster.replicas:
+            await cluster.line(f"rest-bridge cluster: replica {name} missed")
+        asked = [
+            ("POST", "/v1/sessions", None),
+            ("POST", "/v1/call/thread/start", {"params": {}}),
+            ("POST", "/v1/text-turn", {"text": "hello"}),
+            ("GET", "/health", None),
+            ("GET", "/v1/sessions", None),
+            ("POST", f"/v1/sessions/{created['sessionId']}/call/thread/start", {"params": {}}),
+        ]
+        for method, path, body in asked:
+            status, answer, headers = await request(http, method, f"{front}{path}", body)
+            assert (status, answer["error"]) == (503, "replica_unavailable"), (path, answer)
+            assert headers["Retry-After"] == "1"
+    finally:
+        for pid in pids:
+            os.kill(pid, signal.SIGCONT)
+    for name in cluster.replicas:
+        await cluster.line(f"rest-bridge cluster: replica {name} answers /health again")
+    await served_through(http, front, [created["sessionId"]])
+    status, body, _ = await request(http, "POST", f"{front}/v1/text-turn", {"text": "hello"})
+    assert status == 200, body
+    assert cluster.process.poll() is None
