@@ -138,6 +138,21 @@ def port_number(text: str) -> int:
     return port
 
 
+def bounded_int(low: int, high: int) -> Callable[[str], int]:
+    """An argparse type: an integer from ``low`` to ``high``."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text[:40]!r} is not an integer") from None
+        if not low <= value <= high:
+            raise argparse.ArgumentTypeError(f"{value} is not from {low} to {high}")
+        return value
+
+    return parse
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="rest-bridge", description=__doc__)
     parser.add_argument("--version", action="version", version=f"rest-bridge {__version__}")
@@ -247,6 +262,24 @@ def build_parser() -> argparse.ArgumentParser:
     cluster_parser.add_argument("--id-prefix", default="replica", help="replica ids are PREFIX-N")
     cluster_parser.add_argument(
         "--loop", choices=LOOPS, default=DEFAULT_LOOP, help="the replicas' event loop"
+    )
+    cluster_parser.add_argument(
+        "--probe-interval-ms",
+        type=bounded_int(100, 60000),
+        default=1000,
+        help="ask each replica's /health this often (100 to 60000; default 1000)",
+    )
+    cluster_parser.add_argument(
+        "--probe-timeout-ms",
+        type=bounded_int(100, 60000),
+        default=2000,
+        help="a probe not answered by then is missed (100 to 60000; default 2000)",
+    )
+    cluster_parser.add_argument(
+        "--probe-misses",
+        type=bounded_int(1, 100),
+        default=2,
+        help="probes missed in a row that mark a replica down at the front (default 2)",
     )
     openapi = commands.add_parser("openapi", help="print a preset's OpenAPI 3.1.0 document")
     openapi.add_argument("--preset", choices=sorted(PRESETS), default="trusted")

@@ -15,6 +15,15 @@ serve on, and the front answers the dead replica's sessions with 503
 ``replica_unavailable``. A replica that exits after draining (SIGUSR1) is let go the
 same way. Each exit is a line that says how many replicas are left.
 
+nginx open source has no active health checks, and the kernel accepts connections for
+a stopped (``SIGSTOP``) or wedged replica, so nginx alone learns of a hung replica only
+from requests that wait their read timeout. The launcher checks instead (:meth:`Cluster.probe`):
+it asks each replica's ``/health`` every ``--probe-interval-ms``, each answer awaited
+``--probe-timeout-ms``; a replica that misses ``--probe-misses`` in a row is marked
+``down`` in nginx.conf (every pool, and its own upstream: its sessions get 503 at once),
+nginx is reloaded (SIGHUP: graceful, requests and streams in flight finish on the old
+workers), and one line says so; one answer puts it back the same way.
+
 When no replica is left (killed, crashed or drained) or nginx exits, and the launcher
 was not asked to stop, the cluster can serve nothing any more (nginx would answer 503
 to everything): the launcher says so (``no replica left: stopping``), stops what is left
@@ -53,6 +62,14 @@ START_SECONDS = 60.0
 #: Starts tried before giving up (the ports are chosen again each time).
 START_ATTEMPTS = 3
 STOP_SECONDS = 15.0
+#: The active health check (``--probe-*``): each replica's ``/health`` is asked every
+#: PROBE_INTERVAL_MS, each answer awaited PROBE_TIMEOUT_MS; PROBE_MISSES unanswered in a
+#: row mark it ``down`` at the front, and one answer puts it back.
+PROBE_INTERVAL_MS = 1000
+PROBE_TIMEOUT_MS = 2000
+PROBE_MISSES = 2
+#: How long the launcher waits for nginx's workers to take a new configuration.
+RELOAD_SECONDS = 10.0
 #: The front's token map, beside nginx.conf in the cluster's directory (0600).
 TOKEN_MAP = "token-map.conf"
 _PR_SET_PDEATHSIG = 1
@@ -80,6 +97,24 @@ async def bury(mark: str, timeout: float = STOP_SECONDS) -> int:
     how many were killed.
     """
     return await descendants.kill_all(descendants.carrying(CLUSTER_MARK_VARIABLE, mark), timeout)
+
+
+def nginx_workers(master: int) -> dict[int, str]:
+    """nginx's worker processes (the master's children): ``accepting``, or
+    ``shutting down`` (an old worker after a reload, which no longer accepts: it sets
+    its title so before it closes its listening sockets, in the same turn of its loop)."""
+    try:
+        children = Path(f"/proc/{master}/task/{master}/children").read_text().split()
+    except OSError:
+        return {}
+    workers: dict[int, str] = {}
+    for child in children:
+        try:
+            title = Path(f"/proc/{child}/cmdline").read_bytes()
+        except OSError:
+            continue
+        workers[int(child)] = "shutting down" if b"shutting down" in title else "accepting"
+    return workers
 
 
 class FrontError(RuntimeError):
@@ -134,6 +169,14 @@ class Cluster:
         #: Why the cluster stopped of itself (no replica left, nginx gone); empty: it did not.
         self.failed = ""
         self._readers: list[asyncio.Task[None]] = []
+        self.probe_interval = PROBE_INTERVAL_MS / 1000
+        self.probe_timeout = PROBE_TIMEOUT_MS / 1000
+        self.probe_misses = PROBE_MISSES
+        #: The front's replicas as nginx.conf names them now (``down`` or not), and
+        #: what else the configuration needs: set by :meth:`start`.
+        self.front_replicas: dict[str, Replica] = {}
+        self.front_settings = FrontSettings()
+        self._reloading = asyncio.Lock()
 
     async def _spawn(self, name: str, argv: Sequence[str], env: dict[str, str]) -> Member:
         with descendants.spawning() as own:
@@ -188,22 +231,16 @@ class Cluster:
             member = self.members[name]
             await self._ready(member)
             say(f"replica {name} {member.url} pid {member.process.pid} mark {member.mark}")
-        replicas = [Replica(name, f"{self.host}:{ports[name]}") for name in ids]
+        self.front_replicas = {name: Replica(name, f"{self.host}:{ports[name]}") for name in ids}
         self.directory.mkdir(parents=True, exist_ok=True)
-        config = render(
-            replicas,
-            RestLimits.from_env(),
-            FrontSettings(
-                listen=f"{self.host}:{self.port}",
-                workers=self.workers,
-                # The secrets are the replicas' (self.secrets), never nginx's environment:
-                # the front gets the token as its map file only.
-                token_map=self._write_token_map(
-                    credentials.read_secret(TOKEN_VARIABLE, self.secrets)
-                ),
-            ),
+        self.front_settings = FrontSettings(
+            listen=f"{self.host}:{self.port}",
+            workers=self.workers,
+            # The secrets are the replicas' (self.secrets), never nginx's environment:
+            # the front gets the token as its map file only.
+            token_map=self._write_token_map(credentials.read_secret(TOKEN_VARIABLE, self.secrets)),
         )
-        (self.directory / "nginx.conf").write_text(config)
+        self._write_config()
         prefix = str(self.directory)
         argv = [self.nginx, "-p", prefix + "/", "-c", f"{prefix}/nginx.conf", "-e", "stderr"]
         front = await self._spawn("nginx", [*argv, "-g", "daemon off;"], dict(base))
@@ -211,6 +248,17 @@ class Cluster:
         self._readers.append(asyncio.create_task(self._forward(front)))
         await self._front_ready(front)
         say(f"front {front.url} pid {front.process.pid} config {prefix}/nginx.conf")
+
+    def _write_config(self) -> None:
+        """nginx.conf for :attr:`front_replicas`, replaced in one rename (nginx never
+        reads half a file)."""
+        config = render(
+            list(self.front_replicas.values()), RestLimits.from_env(), self.front_settings
+        )
+        path = self.directory / "nginx.conf"
+        partial = self.directory / "nginx.conf.new"
+        partial.write_text(config)
+        partial.replace(path)
 
     def _write_token_map(self, token: str | None) -> str:
         """The front's token map (0600) beside its configuration, if the replicas
@@ -271,6 +319,84 @@ class Cluster:
         except (OSError, TimeoutError):
             return False
         return head.startswith(b"HTTP/1.1 200") and b"\r\nServer: nginx" in head
+
+    async def _answers_health(self, member: Member) -> bool:
+        """Whether the replica answers ``GET /health`` (any HTTP answer) within the
+        probe's deadline. No token: a replica exempts its health from it."""
+        address = member.url.removeprefix("http://")
+        host, _, port = address.rpartition(":")
+        writer: asyncio.StreamWriter | None = None
+        try:
+            async with asyncio.timeout(self.probe_timeout):
+                reader, writer = await asyncio.open_connection(host, int(port))
+                writer.write(b"GET /health HTTP/1.0\r\nHost: probe\r\n\r\n")
+                head = await reader.read(64)
+        except (OSError, TimeoutError):
+            return False
+        finally:
+            if writer is not None:
+                writer.close()
+        return head.startswith(b"HTTP/1.")
+
+    async def probe(self) -> None:
+        """The front's active health check, until cancelled: a replica that misses
+        :attr:`probe_misses` probes in a row is marked ``down`` in nginx.conf (nginx
+        reloaded), and put back the same way once it answers again."""
+        missed: dict[str, int] = {}
+        while not self.stopping:
+            live = [m for m in self.members.values() if m.mark and m.process.returncode is None]
+            answers = await asyncio.gather(*(self._answers_health(m) for m in live))
+            changed: list[str] = []
+            for member, answered in zip(live, answers, strict=True):
+                replica = self.front_replicas.get(member.name)
+                if replica is None:
+                    continue
+                missed[member.name] = 0 if answered else missed.get(member.name, 0) + 1
+                if answered and replica.down:
+                    self.front_replicas[member.name] = Replica(replica.id, replica.address)
+                    changed.append(
+                        f"replica {member.name} answers /health again: back in the front"
+                    )
+                elif missed[member.name] >= self.probe_misses and not replica.down:
+                    self.front_replicas[member.name] = Replica(
+                        replica.id, replica.address, down=True
+                    )
+                    changed.append(
+                        f"replica {member.name} missed {missed[member.name]} health probes "
+                        "in a row: marked down at the front"
+                    )
+            if changed and not self.stopping:
+                done = await self.reload_front()
+                for line in changed:
+                    say(line if done else f"{line}; nginx did not take the new configuration")
+            await asyncio.sleep(self.probe_interval)
+
+    async def reload_front(self) -> bool:
+        """Write nginx.conf again and reload nginx (SIGHUP: a graceful reload, requests
+        and streams in flight finish on the old workers); True once every worker
+        that takes new connections runs the new configuration."""
+        front = self.members.get("nginx")
+        if front is None or front.process.returncode is not None:
+            return False
+        async with self._reloading:
+            try:
+                self._write_config()
+            except OSError as exc:
+                say(f"could not write nginx.conf: {exc.strerror or type(exc).__name__}")
+                return False
+            before = set(nginx_workers(front.process.pid))
+            with contextlib.suppress(ProcessLookupError):
+                front.process.send_signal(signal.SIGHUP)
+            loop = asyncio.get_running_loop()
+            deadline = loop.time() + RELOAD_SECONDS
+            while loop.time() < deadline and front.process.returncode is None:
+                workers = nginx_workers(front.process.pid)
+                old_accepting = [pid for pid in before if workers.get(pid) == "accepting"]
+                new = [pid for pid in workers if pid not in before]
+                if new and not old_accepting:
+                    return True
+                await asyncio.sleep(0.02)
+            return False
 
     def replicas_left(self) -> list[Member]:
         """The replicas still running."""
@@ -376,10 +502,12 @@ async def run(cluster: Cluster) -> int:
             cluster.reset()
     say("ready")
     orphans = asyncio.ensure_future(descendants.reap_every(1.0))
+    probing = asyncio.ensure_future(cluster.probe())
     watching = asyncio.ensure_future(cluster.watch())
     stopping = asyncio.ensure_future(stop.wait())
     await asyncio.wait({watching, stopping}, return_when=asyncio.FIRST_COMPLETED)
     stopping.cancel()
+    probing.cancel()
     orphans.cancel()  # end_all reaps what is left
     killed = await _stop_all(cluster, watching)
     if killed:
@@ -432,6 +560,9 @@ def main(args: argparse.Namespace) -> int:
         loop_name=str(getattr(args, "loop", "asyncio")),
     )
     cluster.secrets = given
+    cluster.probe_interval = int(getattr(args, "probe_interval_ms", PROBE_INTERVAL_MS)) / 1000
+    cluster.probe_timeout = int(getattr(args, "probe_timeout_ms", PROBE_TIMEOUT_MS)) / 1000
+    cluster.probe_misses = int(getattr(args, "probe_misses", PROBE_MISSES))
     try:
         with asyncio.Runner() as runner:
             return runner.run(run(cluster))

@@ -23,6 +23,11 @@ What the configuration does:
   refused creation never makes ``/health`` or the listing fail. ``/v1/sessions`` is
   both: ``GET`` and ``HEAD`` are rewritten, in the server block, to an internal location
   of the reads (:data:`LISTING`, its own read timeout), anything else creates.
+- **A replica marked down** (:attr:`Replica.down`; ``rest-bridge cluster`` marks a
+  replica that misses its health probes, :mod:`bridge.cluster`) is ``down`` in every
+  pool and in its own upstream: no work or read is sent to it, and a request on one of
+  its sessions finds no live server in its upstream, which nginx answers at once with
+  the 503 ``replica_unavailable`` (its 502 goes there), not after a read timeout.
 - **Streams pass unbuffered.** SSE and long-poll responses are not buffered, and every
   read timeout is derived from the limits (``REST_ADAPTER_*``, read when the
   configuration is generated): the SSE keep-alive interval for streams, MAX_WAIT_MS for
@@ -117,10 +122,20 @@ def _fail_seconds(pool: str) -> int:
 
 @dataclass(frozen=True, slots=True)
 class Replica:
-    """One replica: its id and where nginx reaches it (``host:port`` or ``unix:/path``)."""
+    """One replica: its id and where nginx reaches it (``host:port`` or ``unix:/path``).
+
+    ``down``: marked ``down`` in every upstream (``rest-bridge cluster`` does, while the
+    replica does not answer its ``/health``): no pool sends it anything, and a request
+    on one of its sessions is a 503 ``replica_unavailable`` at once.
+    """
 
     id: str
     address: str
+    down: bool = False
+
+    @property
+    def server_flags(self) -> str:
+        return " down" if self.down else ""
 
     @property
     def upstream(self) -> str:
@@ -361,7 +376,8 @@ def render(
             f"    upstream {pool} {{",
             "        least_conn;",
             *(
-                f"        server {r.address} max_fails=1 fail_timeout={_fail_seconds(pool)}s;"
+                f"        server {r.address} max_fails=1 fail_timeout={_fail_seconds(pool)}s"
+                f"{r.server_flags};"
                 for r in replicas
             ),
             f"        keepalive {KEEPALIVE_CONNECTIONS};",
@@ -391,7 +407,7 @@ def render(
     for r in replicas:
         out += [
             f"    upstream {r.upstream} {{",
-            f"        server {r.address};",
+            f"        server {r.address}{r.server_flags};",
             f"        keepalive {KEEPALIVE_CONNECTIONS};",
             "        keepalive_requests 100000;",
             "    }",

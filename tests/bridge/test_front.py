@@ -675,3 +675,89 @@ def test_front_config_prints_the_token_map_and_includes_it(tmp_path):
         assert done.stdout == ""
         assert secret not in done.stderr
         assert "REST_ADAPTER_TOKEN" in done.stderr or "token" in done.stderr
+
+
+# -- replicas marked down ------------------------------------------------------------------
+
+
+def test_a_replica_marked_down_is_never_asked(tmp_path):
+    """Replicas marked down (as `rest-bridge cluster` marks a hung one): every pool passes
+    them over and their sessions get 503 replica_unavailable at once, nginx never even
+    connecting to them. Each is a socket that listens and never accepts: hung, the
+    kernel completing every handshake."""
+    import socket
+
+    hung = {}
+    for name in ("bridge-0", "bridge-1"):
+        listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        listener.bind(("127.0.0.1", 0))
+        listener.listen(16)
+        hung[name] = listener
+    front_port = free_port("127.0.0.1")
+    prefix = tmp_path / "front"
+    prefix.mkdir()
+    replicas = [
+        Replica(name, f"127.0.0.1:{listener.getsockname()[1]}", down=True)
+        for name, listener in hung.items()
+    ]
+    config = render(
+        replicas,
+        RestLimits(),
+        FrontSettings(listen=f"127.0.0.1:{front_port}", runtime_dir=str(prefix)),
+    )
+    servers = [x.strip() for x in config.splitlines() if x.strip().startswith("server 127.")]
+    assert len(servers) == len(replicas) * (len(POOLS) + 1)
+    assert all(line.endswith(" down;") for line in servers), servers
+    (prefix / "nginx.conf").write_text(config)
+    front = subprocess.Popen(
+        [
+            *(nginx_binary(), "-p", f"{prefix}/", "-c", f"{prefix}/nginx.conf", "-e", "stderr"),
+            *("-g", "daemon off; error_log stderr notice;"),
+        ],
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert front.stderr is not None
+        for line in front.stderr:  # bound before its worker starts
+            if "start worker process" in line:
+                break
+        else:
+            pytest.fail("nginx did not start")
+        asked = [
+            ("POST", "/v1/sessions", "{}"),
+            ("POST", "/v1/call/thread/start", '{"params":{}}'),
+            ("POST", "/v1/text-turn", '{"text":"hello"}'),
+            ("GET", "/health", None),
+            ("GET", "/v1/sessions", None),
+            ("POST", "/v1/sessions/bridge-0.0b8e3c1c-0000-4000-8000-000000000000/call/x", "{}"),
+            ("GET", "/v1/sessions/bridge-1.0b8e3c1c-0000-4000-8000-000000000000/events", None),
+            (
+                "GET",
+                "/v1/sessions/bridge-1.0b8e3c1c-0000-4000-8000-000000000000/events/stream",
+                None,
+            ),
+        ]
+        for method, path, body in asked:
+            conn = http.client.HTTPConnection("127.0.0.1", front_port, timeout=60)
+            try:
+                conn.request(method, path, body=body, headers={"Content-Type": "application/json"})
+                response = conn.getresponse()
+                status, answer = response.status, json.loads(response.read())
+                retry_after = response.getheader("Retry-After")
+            finally:
+                conn.close()
+            assert (status, answer["error"]) == (503, "replica_unavailable"), (path, answer)
+            assert retry_after == "1"
+        # nginx never connected to either: nothing waits in their accept queues.
+        for listener in hung.values():
+            listener.setblocking(False)
+            with pytest.raises(BlockingIOError):
+                listener.accept()
+    finally:
+        front.terminate()
+        front.wait(30)
+        for listener in hung.values():
+            listener.close()

@@ -38,7 +38,7 @@ from processes import (
 
 from bridge.app import mounted_routes, trusted_bridge_app
 from bridge.cluster import CLUSTER_MARK_VARIABLE
-from bridge.front import URI_TOO_LONG
+from bridge.front import POOLS, URI_TOO_LONG
 from bridge.openapi import build_openapi
 from scenarios.openapi_check import OpenApiChecker
 from scenarios.sse import SseReader
@@ -69,8 +69,10 @@ class ClusterProcess:
         app_server: str = "",
         nginx: str = "",
         until: str = "rest-bridge cluster: ready",
+        args: tuple[str, ...] = (),
     ) -> None:
         self.mark = uuid.uuid4().hex
+        self.directory = directory
         environment = {k: v for k, v in os.environ.items() if not k.startswith("REST_ADAPTER_")}
         environment.update(env or {})
         environment[MARK_VARIABLE] = self.mark
@@ -80,6 +82,7 @@ class ClusterProcess:
             *("--replicas", str(REPLICAS), "--port", "0", "--id-prefix", "bridge"),
             *("--nginx", nginx or nginx_binary(), "--dir", str(directory)),
             *("--app-server", app_server or f"{FAKE_CODEX} app-server"),
+            *args,
         ]
         self.lines: list[str] = []
         self._lock = threading.Lock()
@@ -938,8 +941,22 @@ async def test_strangers_learn_nothing_but_401_through_the_front(tmp_path, http,
 # -- a hung replica --------------------------------------------------------------------
 
 
-async def test_a_stopped_replica_is_passed_over(cluster, http):
-    """SIGSTOP to one replica (alive, its kernel still accepting connections)"""
+#: The launcher's probes that never mark a replica down within a test: nginx alone.
+NO_PROBES = ("--probe-interval-ms", "60000", "--probe-misses", "100")
+
+
+@pytest.fixture
+def unprobed_cluster(tmp_path: Path) -> Iterator[ClusterProcess]:
+    """A cluster whose launcher marks no replica down: nginx's own checks alone (as
+    behind another front)."""
+    started = ClusterProcess(tmp_path / "front", args=NO_PROBES)
+    yield started
+    started.stop()
+
+
+async def test_a_stopped_replica_is_passed_over(unprobed_cluster, http):
+    """SIGSTOP to one replica (alive, its kernel still accepting connections), nginx alone"""
+    cluster = unprobed_cluster
     front = cluster.front
     by_replica: dict[str, list[str]] = {}
     while len(by_replica) < REPLICAS:
@@ -990,4 +1007,176 @@ async def test_a_stopped_replica_is_passed_over(cluster, http):
     await served_through(http, front, by_replica[victim])
     timeouts = [line for line in cluster.output_lines() if "upstream timed out" in line]
     assert len(timeouts) <= 1, timeouts
+    assert cluster.process.poll() is None
+
+
+def server_lines(cluster: ClusterProcess) -> dict[str, list[str]]:
+    """The ``server`` lines of the front's nginx.conf, by the replica they name."""
+    lines = (cluster.directory / "nginx.conf").read_text().splitlines()
+    servers: dict[str, list[str]] = {}
+    for name, replica in cluster.replicas.items():
+        address = replica["url"].removeprefix("http://")
+        servers[name] = [x.strip() for x in lines if x.strip().startswith(f"server {address}")]
+    return servers
+
+
+async def test_a_stopped_replica_is_marked_down_at_the_front(cluster, http, report):
+    """SIGSTOP to one replica: the launcher's health probes mark it down at the front
+    (nginx reloaded), so work goes to the others and its sessions get 503 at once; a
+    stream through the front on another replica lives through both reloads; after
+    SIGCONT it is put back and used again."""
+    front = cluster.front
+    by_replica: dict[str, list[str]] = {}
+    while len(by_replica) < REPLICAS:
+        status, created, _ = await request(http, "POST", f"{front}/v1/sessions")
+        assert status == 201, created
+        session_id = created["sessionId"]
+        by_replica.setdefault(session_id.split(".", 1)[0], []).append(session_id)
+    victim, streamed = "bridge-2", "bridge-0"
+    stream_session = f"{front}/v1/sessions/{by_replica[streamed][0]}"
+    pid = cluster.replicas[victim]["pid"]
+    unbounded = aiohttp.ClientTimeout(total=None, sock_read=60)
+    async with http.get(f"{stream_session}/events/stream", timeout=unbounded) as stream:
+        assert stream.status == 200
+        reader = SseReader(stream)
+        os.kill(pid, signal.SIGSTOP)
+        try:
+            await cluster.line(f"rest-bridge cluster: replica {victim} missed")
+            # Down in every pool and in its own upstream; no other replica is.
+            servers = server_lines(cluster)
+            assert len(servers[victim]) == len(POOLS) + 1
+            assert all(line.endswith(" down;") for line in servers[victim]), servers
+            others = [line for name, lines in servers.items() if name != victim for line in lines]
+            assert not any(line.endswith(" down;") for line in others), others
+            # Work goes to the others: each answer comes from a replica that runs (a
+            # stopped one answers nothing), a creation names it.
+            for _ in range(REPLICAS):
+                status, created, _ = await request(http, "POST", f"{front}/v1/sessions")
+                assert status == 201, created
+                assert created["sessionId"].split(".", 1)[0] != victim
+                status, body, _ = await request(
+                    http, "POST", f"{front}/v1/call/thread/start", {"params": {}}
+                )
+                assert status == 200, body
+                status, body, _ = await request(
+                    http, "POST", f"{front}/v1/text-turn", {"text": "hello"}
+                )
+                assert status == 200, body
+                assert body["status"] == "completed"
+            # Its sessions: 503 replica_unavailable at once, not the call's timeout.
+            for session_id in by_replica[victim]:
+                for path in ("/call/thread/start", "/events/stream", "/events"):
+                    method = "POST" if path.startswith("/call") else "GET"
+                    url = f"{front}/v1/sessions/{session_id}{path}"
+                    status, body, headers = await request(http, method, url, {"params": {}})
+                    assert (status, body["error"]) == (503, "replica_unavailable"), body
+                    assert headers["Retry-After"] == "1"
+            status, listed, _ = await request(http, "GET", f"{front}/v1/sessions")
+            assert status == 200, listed
+            assert listed["unavailableReplicas"] == [victim]
+            # The stream on a healthy replica lived through the reload.
+            await start_turn(http, stream_session)
+            frames = await reader.until(
+                lambda frame: frame.json().get("method") == "turn/completed", timeout=30
+            )
+            assert frames
+        finally:
+            os.kill(pid, signal.SIGCONT)
+        await cluster.line(f"rest-bridge cluster: replica {victim} answers /health again")
+        assert not any(
+            line.endswith(" down;") for ls in server_lines(cluster).values() for line in ls
+        )
+        # Used again: its sessions answer, and creations reach it again.
+        await served_through(http, front, by_replica[victim])
+        placed: set[str] = set()
+        for _ in range(4 * REPLICAS):
+            status, created, _ = await request(http, "POST", f"{front}/v1/sessions")
+            assert status == 201, created
+            placed.add(created["sessionId"].split(".", 1)[0])
+            if victim in placed:
+                break
+        assert victim in placed
+        # The stream lived through the second reload too.
+        await start_turn(http, stream_session)
+        frames = await reader.until(
+            lambda frame: frame.json().get("method") == "turn/completed", timeout=30
+        )
+        assert frames
+    lines = cluster.output_lines()
+    assert sum(f"replica {victim} missed" in line for line in lines) == 1
+    assert sum(f"replica {victim} answers /health again" in line for line in lines) == 1
+    assert not any("did not take the new configuration" in line for line in lines)
+    assert cluster.process.poll() is None
+    report.outcome = (
+        f"{victim} stopped: marked down after missed probes; creations, sessionless calls "
+        "and text turns answered by the others, its sessions 503 at once; put back after "
+        "SIGCONT and used again; an SSE stream on another replica lived through both reloads"
+    )
+    report.survived = cluster.process.poll() is None
+    report.nothing_lost = True
+
+
+@pytest.mark.parametrize(
+    ("option", "value"),
+    [
+        ("--probe-interval-ms", "0"),
+        ("--probe-interval-ms", "99"),
+        ("--probe-timeout-ms", "60001"),
+        ("--probe-timeout-ms", "1e3"),
+        ("--probe-misses", "0"),
+        ("--probe-misses", "-1"),
+        ("--probe-misses", "two"),
+    ],
+)
+async def test_the_probe_options_are_validated(tmp_path, option, value):
+    """A bad probe option stops the launcher with status 2 and names the option, before
+    anything starts."""
+    process = await asyncio.create_subprocess_exec(
+        *(REST_BRIDGE, "cluster", "--port", "0", "--dir", str(tmp_path / "front")),
+        f"{option}={value}",
+        stdin=asyncio.subprocess.DEVNULL,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
+    out, err = await process.communicate()
+    assert process.returncode == 2, (out, err)
+    # argparse names the option it refused (not "unrecognized arguments").
+    assert f"argument {option}: ".encode() in err, err
+    assert b"Traceback" not in err
+    assert not (tmp_path / "front").exists()
+
+
+async def test_every_replica_stopped_is_a_503_at_once(cluster, http):
+    """SIGSTOP to every replica: once the launcher marked them all down, the front
+    answers everything with 503 replica_unavailable without waiting on any; after
+    SIGCONT they are all put back."""
+    front = cluster.front
+    status, created, _ = await request(http, "POST", f"{front}/v1/sessions")
+    assert status == 201, created
+    pids = [replica["pid"] for replica in cluster.replicas.values()]
+    for pid in pids:
+        os.kill(pid, signal.SIGSTOP)
+    try:
+        for name in cluster.replicas:
+            await cluster.line(f"rest-bridge cluster: replica {name} missed")
+        asked = [
+            ("POST", "/v1/sessions", None),
+            ("POST", "/v1/call/thread/start", {"params": {}}),
+            ("POST", "/v1/text-turn", {"text": "hello"}),
+            ("GET", "/health", None),
+            ("GET", "/v1/sessions", None),
+            ("POST", f"/v1/sessions/{created['sessionId']}/call/thread/start", {"params": {}}),
+        ]
+        for method, path, body in asked:
+            status, answer, headers = await request(http, method, f"{front}{path}", body)
+            assert (status, answer["error"]) == (503, "replica_unavailable"), (path, answer)
+            assert headers["Retry-After"] == "1"
+    finally:
+        for pid in pids:
+            os.kill(pid, signal.SIGCONT)
+    for name in cluster.replicas:
+        await cluster.line(f"rest-bridge cluster: replica {name} answers /health again")
+    await served_through(http, front, [created["sessionId"]])
+    status, body, _ = await request(http, "POST", f"{front}/v1/text-turn", {"text": "hello"})
+    assert status == 200, body
     assert cluster.process.poll() is None
