@@ -40,6 +40,7 @@ PATTERNS_INI = "codex_scenario_patterns"
 MARKER = "codex_bridge"
 REAL_MARKER = "codex_real"
 _TAGS = pytest.StashKey[set[str]]()
+_TARGET_TOKEN = pytest.StashKey[str | None]()
 T = TypeVar("T")
 #: The tags that become marks (every tag is a keyword for `-k`).
 MARK_NAME = re.compile(r"[A-Za-z][\w-]*")
@@ -73,7 +74,8 @@ def pytest_addoption(parser: pytest.Parser) -> None:
             "--codex-target",
             "URL",
             "run scenario files against the bridge running at URL (http://host:port) "
-            f"instead of one of their own; its token from ${TOKEN_VARIABLE}. Scenarios that "
+            f"instead of one of their own; its token from ${TOKEN_VARIABLE} or the file "
+            f"${TOKEN_VARIABLE}_FILE names. Scenarios that "
             "need a bridge built for them skip, saying why. Python tests' fixtures "
             "(codex_bridge, codex_client, ...) still start bridges of their own",
         ),
@@ -103,6 +105,8 @@ def pytest_configure(config: pytest.Config) -> None:
     ):
         config.addinivalue_line("markers", marker)
     config.stash[_TAGS] = set()
+    # Read once, before anything runs: a token file that cannot be used is a usage error.
+    config.stash[_TARGET_TOKEN] = _target_token() if config.getoption("codex_target") else None
     if _ci() and not hasattr(config, "workerinput"):
         config.pluginmanager.register(_EverySkipFails(config), "codex-every-skip-fails")
 
@@ -243,9 +247,21 @@ def _run_options(config: pytest.Config, tmp_root: Path | None) -> RunOptions:
         codex_option="--codex-bin",
         tmp_root=tmp_root,
         target=config.getoption("codex_target"),
-        target_token=os.environ.get(TOKEN_VARIABLE) or None,
+        target_token=config.stash.get(_TARGET_TOKEN, None),
         target_script=Path(script) if script else None,
     )
+
+
+def _target_token() -> str | None:
+    """The target's token, from $REST_ADAPTER_TOKEN or the file $REST_ADAPTER_TOKEN_FILE
+    names (as `rest-bridge serve` reads it); a file that cannot be used is a usage error
+    naming the variable, never the token."""
+    from bridge.credentials import SecretError, read_secret
+
+    try:
+        return read_secret(TOKEN_VARIABLE) or None
+    except SecretError as exc:
+        raise pytest.UsageError(str(exc)) from None
 
 
 def _tmp_root(node: pytest.Item) -> Path | None:

@@ -151,7 +151,9 @@ def target_skip_reason(loaded: LoadedScenario, options: RunOptions) -> str | Non
     if not spec.exempt_health:
         return "needs health behind auth (`exemptHealth: false`)"
     if spec.token is not None and not options.target_token:
-        return f"turns auth on: set {TOKEN_VARIABLE} to the target's token"
+        return (
+            f"turns auth on: set {TOKEN_VARIABLE} (or {TOKEN_VARIABLE}_FILE) to the target's token"
+        )
     return None
 
 

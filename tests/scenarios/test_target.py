@@ -93,7 +93,11 @@ def fake(*script: str) -> list[str]:
 
 
 def run(
-    *args: str, token: str | None = None, ci: bool = False, pytest_itself: bool = False
+    *args: str,
+    token: str | None = None,
+    ci: bool = False,
+    pytest_itself: bool = False,
+    token_file: Path | None = None,
 ) -> subprocess.CompletedProcess[str]:
     """`rest-bridge scenarios run ARGS` (or pytest with the plugin's own options), with
     `CI` set to true or unset whatever the suite runs under."""
@@ -103,6 +107,8 @@ def run(
         env["CI"] = "true"
     if token is not None:
         env["REST_ADAPTER_TOKEN"] = token
+    if token_file is not None:
+        env["REST_ADAPTER_TOKEN_FILE"] = str(token_file)
     front = (
         [sys.executable, "-m", "pytest"]
         if pytest_itself
@@ -198,7 +204,10 @@ def test_without_the_token_a_scenario_that_turns_auth_on_skips(served: list[Serv
     scenario = str(LIBRARY / "auth-rejection.scenario.yaml")
     done = run(scenario, "--target", target.url)
     assert done.returncode == 0, done.stdout
-    assert "turns auth on: set REST_ADAPTER_TOKEN to the target's token" in done.stdout
+    assert (
+        "turns auth on: set REST_ADAPTER_TOKEN (or REST_ADAPTER_TOKEN_FILE) to the target's token"
+        in done.stdout
+    )
     # Under CI=true a run in which every scenario skipped checked nothing: it fails, from
     # the front, from pytest itself and under xdist (whose workers report to the main one).
     for extra, pytest_itself in (((), False), ((), True), (("-n", "2"), True)):
@@ -210,6 +219,30 @@ def test_without_the_token_a_scenario_that_turns_auth_on_skips(served: list[Serv
             done.stdout
         )
         assert "Skipped: Skipped:" not in done.stdout
+
+
+def test_the_targets_token_can_come_from_a_file_as_serve_reads_it(
+    served: list[Served], tmp_path: Path
+) -> None:
+    """REST_ADAPTER_TOKEN_FILE, as a mounted secret gives it (a trailing newline); a file
+    that cannot be used stops the run naming the variable's file, never a token."""
+    target = Served(*fake(), token=TOKEN)
+    served.append(target)
+    secret = tmp_path / "token"
+    secret.write_text(TOKEN + "\n")
+    scenario = str(LIBRARY / "auth-variants.scenario.yaml")
+    for pytest_itself in (False, True):
+        args = (scenario, "--codex-target" if pytest_itself else "--target", target.url)
+        done = run(*args, token_file=secret, pytest_itself=pytest_itself)
+        assert done.returncode == 0, done.stdout + done.stderr
+        assert outcomes(done.stdout) == {"auth-variants": "PASSED"}, done.stdout
+        assert TOKEN not in done.stdout + done.stderr
+    done = run(scenario, "--target", target.url, token_file=tmp_path / "missing")
+    assert done.returncode not in (0, 1), done.stdout + done.stderr
+    assert "REST_ADAPTER_TOKEN_FILE" in done.stdout + done.stderr or "missing" in (
+        done.stdout + done.stderr
+    )
+    assert "Traceback" not in done.stdout + done.stderr
 
 
 def test_a_wrong_token_is_said_to_be_refused_by_the_target_and_never_printed(
