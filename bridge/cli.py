@@ -6,6 +6,7 @@ import argparse
 import asyncio
 import ctypes
 import dataclasses
+import difflib
 import json
 import logging
 import os
@@ -437,7 +438,11 @@ async def serve(
         await runner.cleanup()
         raise StartupError(f"cannot listen on {address(host, port)}: {_reason(exc)}") from None
     bound = runner.addresses[0] if runner.addresses else (host, port)
-    auth = "on" if token is not None else f"off (set {TOKEN_VARIABLE} to require a token)"
+    auth = (
+        "on"
+        if token is not None
+        else f"off (set {TOKEN_VARIABLE} or {TOKEN_VARIABLE}_FILE to require a token)"
+    )
     print(f"rest-bridge {__version__} listening on http://{address(*bound[:2])}", flush=True)
     loop_name = "uvloop" if type(loop).__module__.startswith("uvloop") else "asyncio"
     print(f"  preset: {preset}; auth: {auth}; loop: {loop_name}", flush=True)
@@ -478,6 +483,13 @@ def read_secrets(app_server: AppServerSettings) -> tuple[str | None, AppServerSe
     Raises ValueError (naming the variable, never the secret) for a secret that cannot be
     used, or that cannot be removed from ``/proc/self/environ``.
     """
+    misspelt = misspelt_secret_variables()
+    if misspelt:
+        raise ValueError(
+            f"{misspelt[0]} is not a variable rest-bridge reads, and a misspelt secret would "
+            f"leave auth off: the token goes in {TOKEN_VARIABLE} or "
+            f"{TOKEN_VARIABLE}{credentials.FILE_SUFFIX} (fix or unset {misspelt[0]})"
+        )
     token = credentials.read_secret(TOKEN_VARIABLE)
     problem = None if token is None else token_problem(token)
     if problem is not None:
@@ -502,6 +514,20 @@ def read_secrets(app_server: AppServerSettings) -> tuple[str | None, AppServerSe
     if token is not None or app_server_token:
         credentials.make_undumpable()
     return token, app_server
+
+
+def misspelt_secret_variables() -> list[str]:
+    """The ``REST_ADAPTER_*`` variables set that rest-bridge does not read and that look
+    like a secret's (a ``TOKEN`` in the name, or close to one of the secrets' names):
+    starting without the secret they meant would serve without auth."""
+    unknown = RestLimits.unknown_variables(others=OTHER_VARIABLES)
+    names = sorted(credentials.HIDDEN_VARIABLES)
+    return [
+        variable
+        for variable in unknown
+        if "TOKEN" in variable.upper()
+        or difflib.get_close_matches(variable.upper(), names, n=1, cutoff=0.85)
+    ]
 
 
 def describe_policy(preset: str, policy: MethodPolicy) -> str:

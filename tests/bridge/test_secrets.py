@@ -306,6 +306,13 @@ def secret_file_cases(tmp: Path) -> list[tuple[dict[str, str], str]]:
     cases.append(({"REST_ADAPTER_TOKEN_FILE": str(tmp / "latin-1")}, "is not UTF-8 text"))
     # Bigger than any token: refused before it is read whole.
     cases.append(({"REST_ADAPTER_TOKEN_FILE": "/dev/zero"}, "is larger than 65536 bytes"))
+    # A misspelt secret variable would start the bridge with auth off: refused, by name.
+    for misspelt in (
+        "REST_ADAPTER_TOKN_FILE",
+        "REST_ADAPTER_BEARER_TOKEN",
+        "REST_ADAPTER_TOKEN_FIL",
+    ):
+        cases.append(({misspelt: str(tmp / "token")}, f"{misspelt} is not a variable"))
     # The app-server token goes in a header too: one no header can carry is refused.
     for token in ("ab\x01cd", " " + APP_SERVER_TOKEN):
         cases.append(
