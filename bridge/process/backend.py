@@ -407,11 +407,14 @@ class ProcessBackend(Backend):
                     await self._initialize(process, request.options)
                     return await turn.run(self.limits.call_timeout_ms / 1000)
             except TimeoutError:
+                data: dict[str, Any] = {"reason": "deadline"}
+                if turn.state.last_error is not None:
+                    data["lastError"] = turn.state.last_error  # e.g. codex retrying its model
                 raise errors.RestError(
                     504,
                     "timeout",
                     f"The text turn did not complete within {deadline:g} s.",
-                    data={"reason": "deadline"},
+                    data=data,
                 ) from None
             finally:
                 await self._stop_fully(process)

@@ -32,6 +32,8 @@ _LEGACY_DECISIONS: dict[str, Any] = {
 }
 #: After the thread reports idle, how long turn/completed may still take to arrive.
 IDLE_GRACE_SECONDS = 2.0
+#: How much of an `error` notification's message a timed-out text turn repeats.
+MAX_ERROR_CHARS = 1000
 
 
 def approval_answer(method: str, params: Any, policy: ApprovalPolicy) -> Any | None:
@@ -69,6 +71,9 @@ class _TurnState:
     #: `turn/started` was seen: it can come (with the whole turn) before the bridge has
     #: read the turn id out of the `turn/start` response.
     started: bool = False
+    #: The message of the last `error` notification (codex retrying its model, say):
+    #: what a turn that never completes tells of why.
+    last_error: str | None = None
 
     def on_notification(self, method: str, params: Any) -> None:
         if self.events is not None:
@@ -98,6 +103,11 @@ class _TurnState:
                 self.done.set()
         elif method == "turn/started":
             self.started = True
+        elif method == "error":
+            error = params.get("error")
+            message = error.get("message") if isinstance(error, dict) else None
+            if isinstance(message, str) and message:
+                self.last_error = message[:MAX_ERROR_CHARS]
         elif method == "thread/status/changed":
             status = params.get("status")
             turn_begun = self.started or self.turn_id is not None

@@ -138,6 +138,29 @@ async def test_text_turn_past_its_deadline_is_504_and_the_process_is_gone(
     assert live_children() == before
 
 
+async def test_a_timed_out_text_turn_says_what_the_app_server_last_reported(
+    serve, fake_codex, http, write_script
+):
+    """A codex that cannot reach its model retries and says so only in `error`
+    notifications: the 504 repeats the last one's message, so the caller learns why."""
+    retrying = {
+        "error": {"message": "Reconnecting... 2/5 (stream disconnected)"},
+        "willRetry": True,
+        "threadId": "${threadId}",
+        "turnId": "${turnId}",
+    }
+    steps = [{"notify": {"method": "error", "params": retrying}}, {"stall": True}]
+    script = write_script({"turns": [{"steps": steps}]})
+    base = await serve(text_turn_app(fake_codex))
+    body = {"text": "x", "timeoutMs": 2000, "options": {"env": {"FAKE_CODEX_SCRIPT": script}}}
+    result = await text_turn(http, base, body, status=504)
+    assert result["error"] == "timeout"
+    assert result["data"] == {
+        "reason": "deadline",
+        "lastError": "Reconnecting... 2/5 (stream disconnected)",
+    }
+
+
 async def test_text_turn_without_turn_completed_ends_when_the_thread_goes_idle(
     serve, fake_codex, http, write_script
 ):
