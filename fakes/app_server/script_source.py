@@ -20,12 +20,16 @@ class ScriptError(ValueError):
 #: alias repeats its anchor's whole node, so nested ones multiply (a "billion laughs"
 #: file of a few hundred bytes stands for a billion strings). Past it, the file is refused.
 MAX_ALIAS_NODES = 100_000
+#: How many characters of scalars YAML aliases may repeat in one document, all told: a
+#: few aliases of a long string stand for gigabytes in a file of kilobytes.
+MAX_ALIAS_CHARS = 4 * 1024 * 1024
 
 
 def parse_yaml(text: str, source: str) -> Any:
     """The document in `text` (YAML, or JSON, which YAML reads too). Aliases are bounded
-    (:data:`MAX_ALIAS_NODES`); one inside the node it names (a recursive document) is
-    refused: either is a ScriptError naming the file, line and column of the alias."""
+    (:data:`MAX_ALIAS_NODES` nodes, :data:`MAX_ALIAS_CHARS` characters); one inside the
+    node it names (a recursive document) is refused: either is a ScriptError naming the
+    file, line and column of the alias."""
     try:
         if "*" in text:  # an alias is written `*name`: without one, nothing to count
             _check_aliases(text, source)
@@ -39,21 +43,22 @@ def parse_yaml(text: str, source: str) -> Any:
 
 
 def _check_aliases(text: str, source: str) -> None:
-    """Count, event by event (nothing is built), the nodes each alias stands for."""
-    sizes: dict[str, int] = {}  # a finished anchor: the nodes its node holds
-    open_nodes: list[tuple[str | None, int]] = []  # collections being read: anchor, size
-    added = 0
+    """Count, event by event (nothing is built), what each alias stands for: nodes, and
+    characters of scalars."""
+    sizes: dict[str, tuple[int, int]] = {}  # a finished anchor: its nodes and characters
+    open_nodes: list[tuple[str | None, int, int]] = []  # collections being read
+    added_nodes = added_chars = 0
 
-    def count(size: int) -> None:
+    def count(nodes: int, chars: int) -> None:
         if open_nodes:
-            anchor, held = open_nodes[-1]
-            open_nodes[-1] = (anchor, held + size)
+            anchor, held, held_chars = open_nodes[-1]
+            open_nodes[-1] = (anchor, held + nodes, held_chars + chars)
 
     for event in yaml.parse(text, Loader=_Loader):
         if isinstance(event, yaml.AliasEvent):
             mark = event.start_mark
             where = f"{source}:{mark.line + 1}:{mark.column + 1}" if mark else source
-            if any(anchor == event.anchor for anchor, _ in open_nodes):
+            if any(anchor == event.anchor for anchor, _, _ in open_nodes):
                 raise ScriptError(
                     f"{where}: invalid YAML: the alias *{event.anchor} is inside the node "
                     f"&{event.anchor} names (a document without end)"
@@ -61,25 +66,33 @@ def _check_aliases(text: str, source: str) -> None:
             size = sizes.get(event.anchor or "")
             if size is None:
                 continue  # an undefined alias: the loader says so
-            added += size
-            if added > MAX_ALIAS_NODES:
+            nodes, chars = size
+            added_nodes += nodes
+            added_chars += chars
+            if added_nodes > MAX_ALIAS_NODES:
                 raise ScriptError(
                     f"{where}: invalid YAML: its aliases stand for more than "
-                    f"{MAX_ALIAS_NODES} nodes (*{event.anchor} repeats {size}); a file of "
+                    f"{MAX_ALIAS_NODES} nodes (*{event.anchor} repeats {nodes}); a file of "
                     "aliases inside aliases can stand for billions: write the values out"
                 )
-            count(size)
+            if added_chars > MAX_ALIAS_CHARS:
+                raise ScriptError(
+                    f"{where}: invalid YAML: its aliases repeat more than {MAX_ALIAS_CHARS} "
+                    f"characters (*{event.anchor} repeats {chars}); write the values out"
+                )
+            count(nodes, chars)
         elif isinstance(event, yaml.ScalarEvent):
+            chars = len(event.value)
             if event.anchor is not None:
-                sizes[event.anchor] = 1
-            count(1)
+                sizes[event.anchor] = (1, chars)
+            count(1, chars)
         elif isinstance(event, yaml.CollectionStartEvent):
-            open_nodes.append((event.anchor, 1))
+            open_nodes.append((event.anchor, 1, 0))
         elif isinstance(event, yaml.CollectionEndEvent):
-            anchor, size = open_nodes.pop()
+            anchor, nodes, chars = open_nodes.pop()
             if anchor is not None:
-                sizes[anchor] = size
-            count(size)
+                sizes[anchor] = (nodes, chars)
+            count(nodes, chars)
 
 
 def describe_errors(

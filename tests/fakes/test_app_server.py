@@ -1719,6 +1719,21 @@ async def test_a_billion_laughs_script_is_refused_naming_the_alias(
     code, out, err = await run_cli(tmp_path, "app-server", "--script", str(endless))
     assert (code, out) == (2, ""), err
     assert f"{endless}:3:31: invalid YAML: the alias *r is inside the node &r names" in err
+    # Few nodes, long strings: 300 aliases of a 10,000-character string, repeated 320
+    # times, are 12 KB that stand for a gigabyte; refused by the characters they repeat.
+    long = tmp_path / "long.yaml"
+    many = ", ".join(["*s"] * 300)
+    more = ", ".join(["*l"] * 320)
+    long.write_text(
+        "version: 1\nmethods:\n"
+        f"  x/a: {{result: &s '{'x' * 10_000}'}}\n"
+        f"  x/b: {{result: &l [{many}]}}\n"
+        f"  model/list: {{result: {{data: [{more}]}}}}\n"
+    )
+    code, out, err = await run_cli(tmp_path, "app-server", "--script", str(long))
+    assert (code, out) == (2, ""), err
+    assert f"{long}:5:" in err
+    assert "invalid YAML: its aliases repeat more than 4194304 characters" in err
     # Aliases within the bound are YAML as usual.
     fake = await spawn(
         "version: 1\nmethods:\n  x/a: {result: &ok {models: [a, b]}}\n  x/b: {result: *ok}\n"
