@@ -44,6 +44,8 @@ _ERROR_TEXT = {
     "`request_already_answered`)",
     413: "Body over MAX_BODY_BYTES (`payload_too_large`)",
     414: "Request line too long (`uri_too_long`); the connection is closed",
+    417: "An `Expect` header other than `100-continue` (`expectation_failed`), never "
+    "repeated back; the connection is closed",
     429: "Capacity reached (`session_limit_reached`, `busy`); see Retry-After",
     431: "Request head over MAX_HEADER_BYTES (`headers_too_large`); the connection is closed",
     500: "Internal error (`internal_error`)",
@@ -190,7 +192,7 @@ def build_openapi(
         if parameters:
             operation["parameters"] = parameters
         # Refusals of the request head, before any route (`rest-bridge serve`'s server).
-        statuses = set(route.errors) | {408, 414, 431, 500}
+        statuses = set(route.errors) | {408, 414, 417, 431, 500}
         if route.path not in HEALTH_PATHS:
             # A host backend may not serve every route it is mounted on.
             statuses.add(404)

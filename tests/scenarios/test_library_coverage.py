@@ -79,6 +79,12 @@ ALLOWED_GAPS: dict[str, str] = {
     "limit headerTimeoutMs": "a scenario cannot send a request head slowly",
     # tests/reliability/test_streams.py has a client that stops reading its socket.
     "limit readerStallMs": "a scenario's streams are always read as fast as they come",
+    # The probe watches the supervised shared app-server only; a scenario names no mode
+    # (test_library_shared_mode.py runs the library in shared mode from outside), and a
+    # scripted stall stops one connection, never the process the probe asks.
+    # tests/bridge/test_shared_supervised.py and tests/e2e/test_shared_mode.py SIGSTOP it.
+    "limit livenessIntervalMs": "a scenario cannot choose shared mode nor stop the process",
+    "limit livenessTimeoutMs": "a scenario cannot choose shared mode nor stop the process",
 }
 
 ANY_STATUS = frozenset(range(100, 600))
