@@ -52,7 +52,11 @@ What the configuration does:
   a replica: a request that needs the token and lacks it gets the replicas' own 401,
   whether its session id names a live replica, a dead one or none. The replicas still
   check every request (the ``Authorization`` header passes through untouched); the
-  front's check only keeps strangers from mapping the replicas. The token is in the
+  front's check only keeps strangers from mapping the replicas. Nor does a stranger
+  learn the front's own bounds or pages: the pages of a body over the limit (413), a
+  head over its bound (494) and an internal path asked for (404) answer the 401 to a
+  request whose token nginx did not see, even on the health paths (which need no
+  token, and take no body a stranger could measure the limit with). The token is in the
   map file (0600), never in nginx.conf, which is printed, committed and mounted from
   a ConfigMap.
 """
@@ -178,8 +182,17 @@ class FrontSettings:
     token_map: str = ""
 
 
-#: What a replica exempts from the token (bridge.auth: GET or HEAD, two exact paths).
-EXEMPT = tuple(f"{m}:{p}" for m in ("GET", "HEAD") for p in ("/health", "/v1/health"))
+#: What a replica exempts from the token (bridge.auth: GET or HEAD, two exact paths), as
+#: keys of ``$bridge_stranger``'s map: ``method:content-length:transfer-encoding:path``.
+#: The front exempts a plain health check only: no body (no Content-Length but 0, no
+#: Transfer-Encoding). A stranger's health request with a body gets the 401, whatever
+#: its length, so that no length tells the body limit (a 413) from one under it.
+EXEMPT = tuple(
+    f"{m}:{length}::{p}"
+    for m in ("GET", "HEAD")
+    for length in ("", "0")
+    for p in ("/health", "/v1/health")
+)
 #: Around the token, what a replica trims (Python's str.strip): ASCII whitespace, the
 #: separators \x1c-\x1f, and any byte of a multi-byte UTF-8 character (a superset of
 #: the Unicode spaces): the front may admit a little more than a replica, never less.
@@ -222,10 +235,10 @@ def _payload(kind: str, message: str, extra: str = "") -> str:
 
 
 #: Where each status nginx answers by itself goes: an internal location of that URI
-#: (asked for directly, it is a 404) returning the error payload. Not named locations:
-#: a request whose request line nginx could not read (``OPTIONS *``, ``CONNECT``, a NUL
-#: byte, a lower-case method, ``..`` above the root) has no URI, and nginx cannot send
-#: it to a named location (it answered its HTML 500 instead).
+#: (asked for directly, it is a 404, or the 401 without the token) returning the error
+#: payload. Not named locations: a request whose request line nginx could not read
+#: (``OPTIONS *``, ``CONNECT``, a NUL byte, a lower-case method, ``..`` above the root)
+#: has no URI, and nginx cannot send it to a named location (its HTML 500 instead).
 FRONT_ERRORS = "/.front/"
 #: The replicas' 401 message (the body is then the same, byte for byte).
 UNAUTHORIZED_MESSAGE = errors.unauthorized().message
@@ -256,7 +269,7 @@ _FRONT_PAGES = (
     (504, "timeout", "The replica did not answer within the deadline of the front.", "", ()),
     (505, "http_version_not_supported", "The front speaks HTTP/1.0 and HTTP/1.1.", "", ()),
 )
-#: Where nginx's 414 goes (internal: asked for directly, it is a 404).
+#: Where nginx's 414 goes (internal: asked for directly, it is a 404, or the 401).
 URI_TOO_LONG = f"{FRONT_ERRORS}414"
 
 
@@ -301,18 +314,42 @@ def _stranger_check(settings: FrontSettings) -> list[str]:
     ]
 
 
-def _front_error_locations() -> list[str]:
+#: The pages that would tell a stranger something the token should guard: the body
+#: limit (413), the bound on a request head (494), and that the front's internal paths
+#: exist (404: a client's request for one of them, or for the listing's internal URI).
+#: With a token map, a request whose token nginx did not see there gets the 401 instead.
+GUARDED_PAGES = ("404", "413", "494")
+
+
+def _front_page(status: str, token_map: str, body: list[str]) -> list[str]:
+    """The internal location of one error page. Whatever the body, no 413 here: nginx
+    already refused or is discarding it, and a second error would get its HTML page."""
+    guard = [
+        "            if ($bridge_token_ok = 0) {",
+        f"                rewrite ^ {FRONT_ERRORS}401 last;",
+        "            }",
+    ]
+    return [
+        f"        location = {FRONT_ERRORS}{status} {{",
+        "            internal;",
+        "            client_max_body_size 0;",
+        *(guard if token_map and status in GUARDED_PAGES else []),
+        *body,
+        "        }",
+    ]
+
+
+def _front_error_locations(token_map: str) -> list[str]:
     out: list[str] = []
     for status, kind, message, extra, headers in _FRONT_PAGES:
-        out += [
-            f"        location = {FRONT_ERRORS}{status} {{",
-            "            internal;",
-            *(f"            add_header {name} {value} always;" for name, value in headers),
-            # Whatever the body, no 413: a stranger's answer is the 401 (the body discarded).
-            *(["            client_max_body_size 0;"] if status == 401 else []),
-            f"            return {status} {_payload(kind, message, extra)};",
-            "        }",
-        ]
+        out += _front_page(
+            str(status),
+            token_map,
+            [
+                *(f"            add_header {name} {value} always;" for name, value in headers),
+                f"            return {status} {_payload(kind, message, extra)};",
+            ],
+        )
     return out
 
 
@@ -388,15 +425,19 @@ def render(
         exempt = [f'        "0:{key}" 0;' for key in EXEMPT]
         # Exactly the pages there are: any other /.front/ path goes to a replica.
         pages = "|".join(sorted({str(status) for status, *_ in _FRONT_PAGES} | {"413", "494"}))
+        front_pages = FRONT_ERRORS.replace(".", "\\.")
         out += [
             "    # The bearer token, checked before anything is routed ($bridge_token_ok).",
             f"    include {settings.token_map};",
-            '    map "$bridge_token_ok:$request_method:$uri" $bridge_stranger {',
+            '    map "$bridge_token_ok:$request_method:$http_content_length:'
+            '$http_transfer_encoding:$uri" $bridge_stranger {',
             "        default 1;",
             '        "~^1:" 0;',
             # The front's own error pages: a request nginx could not read gets its 400
-            # (414, 494, 505), never a 401 for headers nginx never read.
-            f'        "~^0:[^:]*:{FRONT_ERRORS.replace(".", chr(92) + ".")}({pages})$" 0;',
+            # (414, 505), never a 401 for headers nginx never read. A client asking
+            # for one of them meets its `internal` (404), whose page, like the 413's
+            # and the 494's, sends a request without the token to the 401.
+            f'        "~^0:[^:]*:[^:]*:[^:]*:{front_pages}({pages})$" 0;',
             *exempt,
             "    }",
         ]
@@ -492,28 +533,34 @@ def render(
         + _payload("replica_unavailable", "No replica could take the request.")
         + ";",
         "        }",
-        *_front_error_locations(),
-        f"        location = {FRONT_ERRORS}413 {{",
-        "            internal;",
-        "            return 413 "
-        + _payload(
-            "payload_too_large",
-            f"The request body exceeds the limit of {limits.max_body_bytes} bytes.",
-            f',"data":{{"limitBytes":{limits.max_body_bytes}}}',
-        )
-        + ";",
-        "        }",
-        f"        location = {FRONT_ERRORS}494 {{",
-        "            internal;",
-        "            return 431 "
-        + _payload(
-            "headers_too_large",
-            "The request head is over the limits: "
-            f"{limits.max_header_bytes} bytes in all (MAX_HEADER_BYTES), 8 KiB a line.",
-            f',"data":{{"limitBytes":{limits.max_header_bytes}}}',
-        )
-        + ";",
-        "        }",
+        *_front_error_locations(settings.token_map),
+        *_front_page(
+            "413",
+            settings.token_map,
+            [
+                "            return 413 "
+                + _payload(
+                    "payload_too_large",
+                    f"The request body exceeds the limit of {limits.max_body_bytes} bytes.",
+                    f',"data":{{"limitBytes":{limits.max_body_bytes}}}',
+                )
+                + ";"
+            ],
+        ),
+        *_front_page(
+            "494",
+            settings.token_map,
+            [
+                "            return 431 "
+                + _payload(
+                    "headers_too_large",
+                    "The request head is over the limits: "
+                    f"{limits.max_header_bytes} bytes in all (MAX_HEADER_BYTES), 8 KiB a line.",
+                    f',"data":{{"limitBytes":{limits.max_header_bytes}}}',
+                )
+                + ";"
+            ],
+        ),
         "    }",
         "}",
     ]

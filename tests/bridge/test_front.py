@@ -600,19 +600,53 @@ def test_every_error_nginx_answers_itself_goes_to_an_internal_location():
         assert code == ("431" if status == "494" else status)
         assert set(json.loads(body)) >= {"error", "message"}
     # A stranger's request is exempt from the check only on those exact pages (where
-    # nginx sends what it could not read), and on health; anything else is checked.
+    # nginx sends what it could not read), and on a plain health check (no body);
+    # anything else is checked. The key: token:method:content-length:transfer-coding:uri.
     (stranger,) = [m for m in tree.all("http")[0].all("map") if m.words[2] == "$bridge_stranger"]
+    assert stranger.words[1] == (
+        "$bridge_token_ok:$request_method:$http_content_length:$http_transfer_encoding:$uri"
+    )
     exempt = [c.words[0] for c in stranger.children if c.words[1] == "0"]
     patterns = [re.compile(e[1:]) for e in exempt if e.startswith("~")]
 
     def is_exempt(key: str) -> bool:
         return key in exempt or any(p.search(key) for p in patterns)
 
-    assert is_exempt("0:GET:/.front/401")
-    assert is_exempt("0:HEAD:/v1/health")
-    assert is_exempt("1:POST:/v1/sessions")
-    for key in ("0:GET:/.front/401;x", "0:GET:/.front/999", "0:GET:/.front/", "0:GET:/v1/sessions"):
+    for key in (
+        "0:GET:::/.front/401",
+        "0:POST:5::/.front/413",
+        "0:POST::gzip, chunked:/.front/501",
+        "0:HEAD:::/v1/health",
+        "0:GET:0::/health",
+        "1:POST:5::/v1/sessions",
+        "1:GET:999999::/health",
+    ):
+        assert is_exempt(key), key
+    for key in (
+        "0:GET:::/.front/401;x",
+        "0:GET:::/.front/999",
+        "0:GET:::/.front/",
+        "0:GET:::/v1/sessions",
+        "0:GET:::/x:/.front/413",
+        "0:GET:1::/health",
+        "0:GET:999999999999::/health",
+        "0:HEAD::chunked:/v1/health",
+        "0:POST:::/health",
+    ):
         assert not is_exempt(key), key
+    # The pages that would tell a stranger a bound, or that they exist, send a request
+    # without the token to the 401; the others (what nginx could not read) do not.
+    for status, target in pages.items():
+        if not target.startswith("/.front/"):
+            continue
+        (location,) = [loc for loc in server.all("location") if loc.words[1:] == ["=", target]]
+        guards = [
+            g
+            for g in location.all("if")
+            if g.words[1:] == ["($bridge_token_ok", "=", "0)"]
+            and g.value("rewrite") == ["^", "/.front/401", "last"]
+        ]
+        assert len(guards) == (status in ("404", "413", "494")), (status, location)
     # The token check runs before a location is chosen: in the server block itself.
     (check,) = [c for c in server.all("if") if c.words[1] == "($bridge_stranger)"]
     assert check.words[1:] == ["($bridge_stranger)"]

@@ -821,7 +821,9 @@ async def raw_answer(url: str, data: bytes) -> tuple[int, dict[str, str], bytes]
             for line in filter(None, lines):
                 name, _, value = line.partition(":")
                 headers[name.strip().lower()] = value.strip()
-            if "content-length" in headers:
+            if data.startswith(b"HEAD "):  # the length of a body not sent
+                body = b""
+            elif "content-length" in headers:
                 body = await reader.readexactly(int(headers["content-length"]))
             else:
                 body = await reader.read()
@@ -900,12 +902,6 @@ async def test_strangers_learn_nothing_but_401_through_the_front(tmp_path, http,
             assert headers["content-type"] == reference[1]["content-type"], (line, headers)
             assert body == reference[2], (line, header, body)
 
-        # The front's own error pages, internal, are a 404 to anyone: no replica is asked.
-        status, headers, body = await raw_answer(
-            front, b"GET /.front/401 HTTP/1.1\r\nHost: x\r\n\r\n"
-        )
-        assert (status, json.loads(body)["error"]) == (404, "not_found")
-
         # Health stays exempt, as on a replica; with the token, the front routes.
         status, body, _ = await request(http, "GET", f"{front}/health")
         assert (status, body["status"]) == (200, "ok")
@@ -933,6 +929,108 @@ async def test_strangers_learn_nothing_but_401_through_the_front(tmp_path, http,
             assert b"<html" not in body
         status, headers, body = await raw_answer(front, ODD_REQUESTS["TRACE"][0])
         assert headers["allow"] == "DELETE, GET, HEAD, POST"
+        assert cluster.process.poll() is None
+    finally:
+        assert cluster.stop() == 0
+
+
+#: What a stranger asked the front and learned something from it: the body limit (413
+#: with limitBytes, even on the health paths, which need no token), the bound on a
+#: request head (431), or that the front's internal pages exist (404).
+PROBES = {
+    "GET /health, a body over the limit": (
+        b"GET /health HTTP/1.1\r\nHost: x\r\nContent-Length: 999999999999\r\n\r\n"
+    ),
+    "GET /v1/health, a body over the limit, Expect: 100-continue": (
+        b"GET /v1/health HTTP/1.1\r\nHost: x\r\nExpect: 100-continue\r\n"
+        b"Content-Length: 999999999999\r\n\r\n"
+    ),
+    "HEAD /health, a body over the limit": (
+        b"HEAD /health HTTP/1.1\r\nHost: x\r\nContent-Length: 999999999999\r\n\r\n"
+    ),
+    "GET /health, a wrong token and a body over the limit": (
+        b"GET /health HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer nope\r\n"
+        b"Content-Length: 999999999999\r\n\r\n"
+    ),
+    # Any body at all: a body under the limit passed and one over it refused would
+    # tell the limit by bisection.
+    "GET /health, a body of one byte": (
+        b"GET /health HTTP/1.1\r\nHost: x\r\nContent-Length: 1\r\n\r\nx"
+    ),
+    "GET /health, an empty chunked body": (
+        b"GET /health HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n"
+    ),
+    "GET /health, a chunked body over the limit": (
+        b"GET /health HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n"
+        + b"10000\r\n%s\r\n" % (b"a" * 0x10000) * 17
+        + b"0\r\n\r\n"
+    ),
+    "GET /health, a head over MAX_HEADER_BYTES": (
+        b"GET /health HTTP/1.1\r\nHost: x\r\n"
+        + b"".join(b"X-Pad-%d: %s\r\n" % (n, b"a" * 8000) for n in range(6))
+        + b"\r\n"
+    ),
+    **{
+        f"GET {path}": b"GET %s HTTP/1.1\r\nHost: x\r\n\r\n" % path.encode()
+        for path in (
+            *(f"/.front/{status}" for status in (400, 401, 404, 413, 414, 494, 500, 504)),
+            "/.front//413",
+            "/%2efront/413",
+            "/.%66ront/404",
+            "/.front/sessions",
+            "/.front/999",
+        )
+    },
+    "GET /.front/404, a body over the limit": (
+        b"GET /.front/404 HTTP/1.1\r\nHost: x\r\nContent-Length: 999999999999\r\n\r\n"
+    ),
+    "POST /.front/413, a chunked body": (
+        b"POST /.front/413 HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n"
+    ),
+}
+
+
+async def test_a_stranger_learns_no_limit_and_no_internal_page_through_the_front(tmp_path):
+    """Without the token, through the front: a body over the limit or a head over its
+    bound, even on the health paths, and the front's own internal pages, get the 401;
+    with the token, the 413, the 431 and the 404, as before."""
+    cluster = ClusterProcess(tmp_path / "front", env={"REST_ADAPTER_TOKEN": SECRET})
+    try:
+        front = cluster.front
+        replica = cluster.replicas["bridge-0"]["url"]
+        reference = await raw_answer(replica, b"GET /v1/sessions HTTP/1.1\r\nHost: x\r\n\r\n")
+        assert reference[0] == 401, reference
+        for name, raw in PROBES.items():
+            status, headers, body = await raw_answer(front, raw)
+            assert status == 401, (name, status, body)
+            assert headers["www-authenticate"] == "Bearer", (name, headers)
+            assert headers["content-type"] == reference[1]["content-type"], (name, headers)
+            if not raw.startswith(b"HEAD "):
+                assert body == reference[2], (name, body)
+        # A plain health check needs no token, as on a replica; nor does an empty body.
+        for length in (b"", b"Content-Length: 0\r\n"):
+            raw = b"GET /health HTTP/1.1\r\nHost: x\r\n%s\r\n" % length
+            status, _, body = await raw_answer(front, raw)
+            assert (status, json.loads(body)["status"]) == (200, "ok"), body
+        # The token holder still learns the limits, and that no such route exists.
+        auth = f"Authorization: Bearer {SECRET}\r\n".encode()
+        over = b"GET /health HTTP/1.1\r\nHost: x\r\n" + auth
+        status, _, body = await raw_answer(front, over + b"Content-Length: 999999999999\r\n\r\n")
+        assert (status, json.loads(body)["data"]) == (413, {"limitBytes": 1048576}), body
+        status, _, body = await raw_answer(front, over + b"Content-Length: 1\r\n\r\nx")
+        assert (status, json.loads(body)["status"]) == (200, "ok"), body
+        head = PROBES["GET /health, a head over MAX_HEADER_BYTES"].replace(b"Host: x\r\n", auth)
+        status, _, body = await raw_answer(front, head)
+        assert (status, json.loads(body)["error"]) == (431, "headers_too_large"), body
+        for path in (b"/.front/413", b"/.front//401", b"/%2efront/404", b"/.front/sessions"):
+            raw = b"GET %s HTTP/1.1\r\nHost: x\r\n%s\r\n" % (path, auth)
+            status, headers, body = await raw_answer(front, raw)
+            assert (status, json.loads(body)["error"]) == (404, "not_found"), (path, body)
+            assert headers["content-type"] == "application/json", (path, headers)
+        # What nginx could not read still gets its own answer, never a 401.
+        for name, (raw, expected) in ODD_REQUESTS.items():
+            status, _, body = await raw_answer(front, raw)
+            assert status == expected, (name, status, body)
         assert cluster.process.poll() is None
     finally:
         assert cluster.stop() == 0
