@@ -399,7 +399,13 @@ def render(
         f"    scgi_temp_path {run}scgi_temp;",
         "    default_type application/json;",
         f"    client_max_body_size {limits.max_body_bytes};",
-        "    client_body_buffer_size 64k;",
+        # Bodies and answers stay in memory, never in temporary files: nginx's workers may
+        # run as another user (nobody, under a root master) who cannot write in the
+        # runtime directory (0700), which turned a 100 KB body into a 500. A body is
+        # held whole by the replica anyway; an answer the client reads slowly holds nginx
+        # back from the replica instead of filling a disk.
+        f"    client_body_buffer_size {limits.max_body_bytes};",
+        "    proxy_max_temp_file_size 0;",
         # The replicas' bounds on a request head: a line, and MAX_HEADER_BYTES in all.
         f"    large_client_header_buffers {max(2, -(-limits.max_header_bytes // 8192))} 8k;",
         "    keepalive_timeout 75s;",

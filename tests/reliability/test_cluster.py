@@ -374,6 +374,26 @@ async def test_creation_is_spread_over_the_replicas(cluster, http, report):
     report.figures.update(dict(sorted(spread.items())))
 
 
+async def test_bodies_and_answers_of_any_allowed_size_pass_the_front(cluster, http):
+    """nginx keeps neither in a temporary file: its workers (nobody, under a root master)
+    could not write one in the cluster's private directory, and a 100 KB body was a 500."""
+    front = cluster.front
+    status, created, _ = await request(http, "POST", f"{front}/v1/sessions")
+    assert status == 201, created
+    session = created["sessionId"]
+    for size in (100_000, 900_000):
+        text = "x" * size
+        body = {"params": {"threadId": "no-such-thread", "input": [{"type": "text", "text": text}]}}
+        status, answer, _ = await request(
+            http, "POST", f"{front}/v1/sessions/{session}/call/turn/start", body
+        )
+        # fake-codex's own answer for a thread it does not know: the body reached it.
+        assert status == 502, (size, answer)
+        assert answer["error"] == "app_server_error", (size, answer)
+    status, _, _ = await request(http, "DELETE", f"{front}/v1/sessions/{session}")
+    assert status == 200
+
+
 async def test_a_killed_replica(lingering_cluster, http, report, eventually):
     """SIGKILL to one replica holding sessions (each app-server with a child of its own)"""
     cluster = lingering_cluster
