@@ -18,7 +18,7 @@ APP_SERVER ?= $(abspath $(BIN))/fake-codex app-server
 # Empty: `rest-bridge cluster` starts one replica per core.
 REPLICAS ?=
 
-.PHONY: serve serve-codex test lint typecheck pytest codex dist nginx cluster bench reliability clean
+.PHONY: serve serve-codex test check lint typecheck pytest codex dist nginx cluster bench reliability clean
 
 # openai-codex (the official SDK, an independent client for tests/fakes/test_sdk_dropin.py)
 # goes in with --no-deps: its only other dependency is openai-codex-cli-bin, a 142 MB
@@ -101,6 +101,15 @@ pytest: $(STAMP) codex nginx
 	$(BIN)/pytest
 
 test: lint typecheck pytest
+
+# The quick tier, after every change: lint, types, and the tests that need no real codex
+# and start at most an in-process bridge or nginx -t (about 20 s on 2 cores).
+QUICK_TESTS := tests/test_threat_model.py tests/bridge/test_auth.py tests/bridge/test_limits.py \
+	tests/bridge/test_rpc.py tests/bridge/test_events.py tests/bridge/test_presets_and_openapi.py \
+	tests/bridge/test_front.py tests/scenarios/test_matching.py tests/scenarios/test_scenario_format.py \
+	tests/scenarios/test_library_coverage.py
+check: lint typecheck
+	$(BIN)/pytest -q $(QUICK_TESTS)
 
 # The benchmark suite (not part of `make test`): rewrites bench/RESULTS.md. wrk, the
 # load generator, comes from Debian's packages when it is missing.
