@@ -15,6 +15,7 @@ from typing import Any
 import aiohttp
 import pytest
 import pytest_asyncio
+from session_logs import blanked, session_log
 
 from bridge.app import trusted_bridge_app
 from bridge.limits import AppServerSettings, RestLimits
@@ -154,21 +155,6 @@ async def run_turn(
         await reader.until(lambda f: f.json().get("method") == "turn/completed", timeout=WAIT)
 
 
-async def events_of(http: aiohttp.ClientSession, base: str, session_id: str) -> list[Any]:
-    seen: list[Any] = []
-    while True:
-        after = seen[-1]["seq"] if seen else 0
-        url = f"{base}/v1/sessions/{session_id}/events?after={after}&waitMs=1"
-        async with http.get(url) as response:
-            if response.status == 204:
-                return seen
-            seen.append(await response.json())
-
-
-def blanked(body: Any, thread_id: str) -> str:
-    return json.dumps(body, sort_keys=True).replace(thread_id, "<thread>")
-
-
 async def test_another_sessions_thread_is_answered_as_an_unknown_one(base, http):
     owner, other = await new_session(http, base), await new_session(http, base)
     thread_id = await start_thread(http, base, owner)
@@ -254,10 +240,10 @@ async def test_a_bystander_hears_nothing_of_other_sessions_threads(base, http):
     assert status == 200, body
     status, body = await call(http, base, worker, "thread/archive", {"threadId": thread_id})
     assert status == 200, body
-    worker_heard = [e["method"] for e in await events_of(http, base, worker)]
+    worker_heard = [e["method"] for e in await session_log(http, base, worker)]
     assert {"thread/name/updated", "thread/archived", "turn/completed"} <= set(worker_heard)
     own = await start_thread(http, base, bystander)
-    heard = await events_of(http, base, bystander)
+    heard = await session_log(http, base, bystander)
     threads = [e for e in heard if e["method"] != "remoteControl/status/changed"]
     assert [(e["method"], e["params"]["thread"]["id"]) for e in threads] == [
         ("thread/started", own)
@@ -271,7 +257,7 @@ async def test_news_of_a_thread_the_session_does_not_own_is_not_passed_on(base, 
     own = await start_thread(http, base, session_id)
     status, body = await call(http, base, session_id, "x/news", {"threadId": own})
     assert status == 200, body
-    heard = await events_of(http, base, session_id)
+    heard = await session_log(http, base, session_id)
     assert FOREIGN not in json.dumps(heard)
     named = [e for e in heard if e["method"] == "thread/name/updated"]
     assert [e["params"] for e in named] == [{"threadId": own, "threadName": "mine"}]
@@ -298,7 +284,7 @@ async def test_a_command_approval_is_asked_of_the_owner_alone(base, http, tmp_pa
         status, body = await post(http, url, {"result": {"decision": "accept"}})
         assert status == 200, body
         await reader.until(lambda f: f.json().get("method") == "turn/completed", timeout=WAIT)
-    assert thread_id not in json.dumps(await events_of(http, base, other))
+    assert thread_id not in json.dumps(await session_log(http, base, other))
 
 
 async def test_a_sub_agent_is_its_spawners_with_the_news_that_came_first(base, http):
@@ -307,7 +293,7 @@ async def test_a_sub_agent_is_its_spawners_with_the_news_that_came_first(base, h
     owner, bystander = await new_session(http, base), await new_session(http, base)
     thread_id = await start_thread(http, base, owner)
     await run_turn(http, base, owner, thread_id, "Spawn.")
-    heard = await events_of(http, base, owner)
+    heard = await session_log(http, base, owner)
     about = [(e["method"], e["params"].get("threadId")) for e in heard]
     [spawn] = [
         index
@@ -317,7 +303,7 @@ async def test_a_sub_agent_is_its_spawners_with_the_news_that_came_first(base, h
     assert about[spawn + 1] == ("thread/status/changed", SUB_AGENT), about
     # Its own item names the agent it sent to, but that agent's news is not its.
     assert [thread for _, thread in about if thread == MESSAGED] == []
-    told = json.dumps(await events_of(http, base, bystander))
+    told = json.dumps(await session_log(http, base, bystander))
     assert SUB_AGENT not in told
     assert thread_id not in told
 
@@ -329,7 +315,7 @@ async def test_a_server_request_about_a_foreign_thread_is_not_the_sessions_to_an
     own = await start_thread(http, base, session_id)
     status, body = await call(http, base, session_id, "x/asks", {"threadId": own})
     assert status == 200, body
-    heard = await events_of(http, base, session_id)
+    heard = await session_log(http, base, session_id)
     asked = [e for e in heard if e["kind"] == "request"]
     assert [e["params"]["threadId"] for e in asked] == [own]
     assert FOREIGN not in json.dumps(heard)

@@ -21,6 +21,7 @@ import pytest
 import pytest_asyncio
 from aiohttp import web
 from processes import exited, live_children
+from session_logs import session_log
 
 from bridge.app import trusted_bridge_app
 from bridge.limits import AppServerSettings, RestLimits
@@ -102,18 +103,6 @@ async def test_sessions_calls_and_text_turns_share_one_codex_process(
     assert state["userAgent"].startswith("codex_rest_bridge/0.169.0")
 
 
-async def events_of(http, base, session_id) -> list[dict[str, Any]]:
-    """Every event the session's log holds now (long-polls with `after`, cursor kept)."""
-    seen: list[dict[str, Any]] = []
-    while True:
-        after = seen[-1]["seq"] if seen else 0
-        url = f"{base}/v1/sessions/{session_id}/events?after={after}&waitMs=1"
-        async with http.get(url) as response:
-            if response.status == 204:
-                return seen
-            seen.append(await response.json())
-
-
 async def test_a_session_hears_of_its_own_threads_only(shared_bridge, http, workspace):
     """codex 0.169.0 sends every connection a `thread/started` for every new thread; the
     bridge keeps other sessions' thread ids from a session (and its event log)."""
@@ -123,7 +112,7 @@ async def test_a_session_hears_of_its_own_threads_only(shared_bridge, http, work
     for session_id, thread_id in zip(sessions, threads, strict=True):
         started = [
             e["params"]["thread"]["id"]
-            for e in await events_of(http, shared_bridge, session_id)
+            for e in await session_log(http, shared_bridge, session_id)
             if e["method"] == "thread/started"
         ]
         assert started == [thread_id]
@@ -454,7 +443,7 @@ async def test_a_sub_agent_belongs_to_the_session_whose_thread_spawned_it(
     assert status == 200, body
     status, body = await call(http, shared_bridge, bystander, "thread/read", {"threadId": agent})
     assert (status, body["message"]) == (502, f"thread not loaded: {agent}")
-    told = json.dumps(await events_of(http, shared_bridge, bystander))
+    told = json.dumps(await session_log(http, shared_bridge, bystander))
     assert agent not in told
     assert thread_id not in told
 
@@ -526,7 +515,7 @@ async def test_an_idle_session_hears_nothing_of_other_sessions_threads(
         await reader.until(method_is("thread/archived"), timeout=WAIT)
     # The bystander's own thread: its announcement comes after all of the above.
     own = await start_thread(http, shared_bridge, bystander, cwd=str(workspace))
-    heard = await events_of(http, shared_bridge, bystander)
+    heard = await session_log(http, shared_bridge, bystander)
     about_threads = [e for e in heard if e["method"] not in CONNECTION_NEWS]
     assert [e["method"] for e in about_threads] == ["thread/started"], heard
     assert about_threads[0]["params"]["thread"]["id"] == own
@@ -560,7 +549,7 @@ async def test_a_server_request_reaches_only_the_session_whose_thread_raised_it(
             assert answered.status == 200, await answered.text()
         await reader.until(method_is("turn/completed"), timeout=WAIT)
     assert (workspace / "owned.txt").exists()
-    heard = await events_of(http, shared_bridge, other)
+    heard = await session_log(http, shared_bridge, other)
     assert thread_id not in json.dumps(heard)
 
 

@@ -14,6 +14,7 @@ import uuid
 from typing import Any
 
 import pytest
+from session_logs import blanked, session_log
 
 pytestmark = pytest.mark.asyncio
 
@@ -72,21 +73,6 @@ async def thread_with_a_turn(http: Any, base: str, session_id: str, text: str) -
         url = f"{base}/v1/sessions/{session_id}/events?after={event['seq']}&waitMs=30000"
 
 
-async def log_of(http: Any, base: str, session_id: str) -> list[Any]:
-    seen: list[Any] = []
-    while True:
-        after = seen[-1]["seq"] if seen else 0
-        url = f"{base}/v1/sessions/{session_id}/events?after={after}&waitMs=1"
-        async with http.get(url, headers=AUTH) as response:
-            if response.status == 204:
-                return seen
-            seen.append(await response.json())
-
-
-def blanked(body: Any, thread_id: str) -> str:
-    return json.dumps(body, sort_keys=True).replace(thread_id, "<id>")
-
-
 async def test_an_intruder_with_a_leaked_thread_id_reaches_nothing_of_it(
     bridge_process, http, report
 ):
@@ -95,7 +81,7 @@ async def test_an_intruder_with_a_leaked_thread_id_reaches_nothing_of_it(
     base = served.base
     victim, intruder = await session(http, base), await session(http, base)
     thread_id = await thread_with_a_turn(http, base, victim, "The vault code is 0451.")
-    victim_log = len(await log_of(http, base, victim))
+    victim_log = len(await session_log(http, base, victim, AUTH))
     tried = 0
     for method, params in INTRUSIONS:
         for who in (intruder, None):  # a session, and a sessionless call
@@ -112,7 +98,7 @@ async def test_an_intruder_with_a_leaked_thread_id_reaches_nothing_of_it(
         status, body = await call(http, base, intruder, method, {})
         assert (status, body["result"]["data"]) == (200, [])
     # Nothing the intruder did reached the victim's thread or its log.
-    assert len(await log_of(http, base, victim)) == victim_log
+    assert len(await session_log(http, base, victim, AUTH)) == victim_log
     status, body = await call(
         http, base, victim, "thread/read", {"threadId": thread_id, "includeTurns": True}
     )
@@ -120,7 +106,7 @@ async def test_an_intruder_with_a_leaked_thread_id_reaches_nothing_of_it(
     assert body["result"]["thread"]["name"] is None
     assert "0451" in json.dumps(body)
     assert await thread_with_a_turn(http, base, victim, "Still mine?")
-    assert thread_id not in json.dumps(await log_of(http, base, intruder))
+    assert thread_id not in json.dumps(await session_log(http, base, intruder, AUTH))
     served.signal(signal.SIGTERM)
     assert served.wait(30) == 0
     assert "Traceback" not in served.output
@@ -151,7 +137,7 @@ async def test_tenants_at_work_at_once_each_see_their_own_threads_only(
         status, body = await call(http, base, session_id, "thread/list", {"limit": 100})
         assert status == 200, body
         assert sorted(t["id"] for t in body["result"]["data"]) == sorted(threads)
-        told = json.dumps(await log_of(http, base, session_id))
+        told = json.dumps(await session_log(http, base, session_id, AUTH))
         assert [t for t in everyone - set(threads) if t in told] == []
         assert all(t in told for t in threads)
     served.signal(signal.SIGTERM)
