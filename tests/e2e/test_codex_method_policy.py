@@ -93,6 +93,20 @@ async def call(http, base, session_id, method, params) -> tuple[int, Any]:
         return response.status, await response.json()
 
 
+def default_preset_on(codex_bin: str, codex_home: Any, model: Any) -> Any:
+    """The default preset (its own method policy, none from the environment) on the real
+    codex, with this home and the scripted model: the same codex the trusted one ran."""
+    command = [
+        "env",
+        f"CODEX_HOME={codex_home}",
+        "OPENAI_API_KEY=x",
+        codex_bin,
+        "app-server",
+        *model.codex_cli_args(),
+    ]
+    return default_app(command, RestLimits(), method_policy=MethodPolicy())
+
+
 async def session(http, base, options=None) -> str:
     body = {"options": options} if options else {}
     async with http.post(f"{base}/v1/sessions", json=body) as response:
@@ -147,15 +161,7 @@ async def test_the_default_preset_keeps_a_session_off_the_host_the_trusted_one_d
     # aiohttp decodes the path (`%2F`, `%66`, `%2E%2E` included) before the route sees it.
     assert {"fs/readFile", "fs%2FreadFile"} <= set(reads)
     # The default preset, on the same codex pointed at the same home and model.
-    command = [
-        "env",
-        f"CODEX_HOME={codex_home}",
-        "OPENAI_API_KEY=x",
-        codex_bin,
-        "app-server",
-        *model.codex_cli_args(),
-    ]
-    default = await serve(default_app(command, RestLimits(), method_policy=MethodPolicy()))
+    default = await serve(default_preset_on(codex_bin, codex_home, model))
     default_session = await session(http, default)
     for method, params in attacks:
         status, body = await call(http, default, default_session, method, params)
@@ -202,15 +208,7 @@ async def test_thread_config_runs_a_host_command_in_trusted_and_is_refused_in_de
         status, body = await call(http, trusted, trusted_session, "thread/start", params)
         assert status == 200, body
         assert await asyncio.wait_for(connected.get(), 30) == b"ran"
-        command = [
-            "env",
-            f"CODEX_HOME={codex_home}",
-            "OPENAI_API_KEY=x",
-            codex_bin,
-            "app-server",
-            *model.codex_cli_args(),
-        ]
-        default = await serve(default_app(command, RestLimits(), method_policy=MethodPolicy()))
+        default = await serve(default_preset_on(codex_bin, codex_home, model))
         default_session = await session(http, default)
         status, body = await call(http, default, default_session, "thread/start", params)
         assert status == 403, body
