@@ -62,20 +62,26 @@ def nginx_accepts(config: str, directory: Path) -> None:
     assert checked.returncode == 0, checked.stderr
 
 
-def test_front_config_is_accepted_by_nginx(tmp_path):
-    printed = subprocess.run(
-        [
-            REST_BRIDGE,
-            "front-config",
-            *("--replica", "bridge-0=127.0.0.1:8001", "--replica", "bridge-1=[::1]:8002"),
-            *("--listen", f"127.0.0.1:{free_port('127.0.0.1')}"),
-        ],
-        env={**os.environ, "REST_ADAPTER_MAX_WAIT_MS": "45000"},
+def front_config(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    """`rest-bridge front-config ARGS` (with this environment, else the suite's)."""
+    return subprocess.run(
+        [REST_BRIDGE, "front-config", *args],
+        env=env,
         capture_output=True,
         text=True,
         timeout=60,
-        check=True,
-    ).stdout
+        check=False,
+    )
+
+
+def test_front_config_is_accepted_by_nginx(tmp_path):
+    done = front_config(
+        *("--replica", "bridge-0=127.0.0.1:8001", "--replica", "bridge-1=[::1]:8002"),
+        *("--listen", f"127.0.0.1:{free_port('127.0.0.1')}"),
+        env={**os.environ, "REST_ADAPTER_MAX_WAIT_MS": "45000"},
+    )
+    assert done.returncode == 0, done.stderr
+    printed = done.stdout
     assert "location ^~ /v1/sessions/bridge-0. {" in printed
     assert "least_conn;" in printed
     assert "proxy_next_upstream error timeout http_429 http_503 non_idempotent;" in printed
@@ -88,12 +94,7 @@ def test_front_config_is_accepted_by_nginx(tmp_path):
     "bad", ["bridge-0", "Bridge=127.0.0.1:1", "a=127.0.0.1", "a=127.0.0.1:0", "a=host:99999"]
 )
 def test_front_config_refuses_bad_replicas(bad):
-    done = subprocess.run(
-        [REST_BRIDGE, "front-config", "--replica", bad],
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    done = front_config("--replica", bad)
     assert done.returncode == 2
     assert "rest-bridge front-config:" in done.stderr
 
@@ -198,12 +199,7 @@ def test_write_config_map_replaces_only_the_block(tmp_path):
     manifest.write_text(
         "kind: ConfigMap\ndata:\n  nginx.conf: |\n    old\n\n    stale\n---\nkind: Service\n"
     )
-    done = subprocess.run(
-        [REST_BRIDGE, "front-config", "--replica", "a=h:1", "--write-config-map", str(manifest)],
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    done = front_config("--replica", "a=h:1", "--write-config-map", str(manifest))
     assert done.returncode == 0, done.stderr
     text = manifest.read_text()
     expected = render([Replica("a", "h:1")], RestLimits.from_env({}))
@@ -658,52 +654,35 @@ def test_front_config_prints_the_token_map_and_includes_it(tmp_path):
     configuration names the map and never holds the token; nginx takes both."""
     secret = "front-s3cr3t"
     env = {k: v for k, v in os.environ.items() if not k.startswith("REST_ADAPTER_")}
-    printed = subprocess.run(
-        [REST_BRIDGE, "front-config", "--print-token-map"],
-        env={**env, "REST_ADAPTER_TOKEN": secret},
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=True,
-    ).stdout
+    done = front_config("--print-token-map", env={**env, "REST_ADAPTER_TOKEN": secret})
+    assert done.returncode == 0, done.stderr
+    printed = done.stdout
     assert printed == token_map_text(secret)
     assert secret not in printed
     (tmp_path / "token").write_text(secret + "\n")
-    from_file = subprocess.run(
-        [REST_BRIDGE, "front-config", "--print-token-map"],
-        env={**env, "REST_ADAPTER_TOKEN_FILE": str(tmp_path / "token")},
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=True,
-    ).stdout
-    assert from_file == printed
+    done = front_config(
+        "--print-token-map", env={**env, "REST_ADAPTER_TOKEN_FILE": str(tmp_path / "token")}
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout == printed
     directory = tmp_path / "front"
     directory.mkdir()
     (directory / "token-map.conf").write_text(printed)
-    config = subprocess.run(
-        [
-            *(REST_BRIDGE, "front-config", "--replica", "b-0=127.0.0.1:8001"),
-            *("--listen", f"127.0.0.1:{free_port('127.0.0.1')}"),
-            *("--token-map", "token-map.conf", "--runtime-dir", str(directory)),
-        ],
+    done = front_config(
+        *("--replica", "b-0=127.0.0.1:8001"),
+        *("--listen", f"127.0.0.1:{free_port('127.0.0.1')}"),
+        *("--token-map", "token-map.conf", "--runtime-dir", str(directory)),
         env={**env, "REST_ADAPTER_TOKEN": secret},
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=True,
-    ).stdout
+    )
+    assert done.returncode == 0, done.stderr
+    config = done.stdout
     assert "include token-map.conf;" in config
     assert secret not in config
     nginx_accepts(config, directory)
     # No token, or one no header could carry: exit 2, the token never echoed.
     for value in (None, "  ", " front-s3cr3t"):
-        done = subprocess.run(
-            [REST_BRIDGE, "front-config", "--print-token-map"],
-            env=env if value is None else {**env, "REST_ADAPTER_TOKEN": value},
-            capture_output=True,
-            text=True,
-            timeout=60,
+        done = front_config(
+            "--print-token-map", env=env if value is None else {**env, "REST_ADAPTER_TOKEN": value}
         )
         assert done.returncode == 2, done
         assert done.stdout == ""
