@@ -213,6 +213,19 @@ async def request(
         return response.status, payload, response.headers
 
 
+async def sessions_on_every_replica(
+    http: aiohttp.ClientSession, front: str
+) -> dict[str, list[str]]:
+    """Sessions created through the front until every replica holds one, by replica."""
+    by_replica: dict[str, list[str]] = {}
+    while len(by_replica) < REPLICAS:
+        status, created, _ = await request(http, "POST", f"{front}/v1/sessions")
+        assert status == 201, created
+        session_id = created["sessionId"]
+        by_replica.setdefault(session_id.split(".", 1)[0], []).append(session_id)
+    return by_replica
+
+
 async def served_through(
     http: aiohttp.ClientSession, front: str, session_ids: Iterable[str]
 ) -> None:
@@ -1076,12 +1089,7 @@ async def test_a_stopped_replica_is_passed_over(unprobed_cluster, http):
     """SIGSTOP to one replica (alive, its kernel still accepting connections), nginx alone"""
     cluster = unprobed_cluster
     front = cluster.front
-    by_replica: dict[str, list[str]] = {}
-    while len(by_replica) < REPLICAS:
-        status, created, _ = await request(http, "POST", f"{front}/v1/sessions")
-        assert status == 201, created
-        session_id = created["sessionId"]
-        by_replica.setdefault(session_id.split(".", 1)[0], []).append(session_id)
+    by_replica = await sessions_on_every_replica(http, front)
     victim = "bridge-2"
     pid = cluster.replicas[victim]["pid"]
     asked = cluster.replicas["bridge-0"]["url"]
@@ -1144,12 +1152,7 @@ async def test_a_stopped_replica_is_marked_down_at_the_front(cluster, http, repo
     stream through the front on another replica lives through both reloads; after
     SIGCONT it is put back and used again."""
     front = cluster.front
-    by_replica: dict[str, list[str]] = {}
-    while len(by_replica) < REPLICAS:
-        status, created, _ = await request(http, "POST", f"{front}/v1/sessions")
-        assert status == 201, created
-        session_id = created["sessionId"]
-        by_replica.setdefault(session_id.split(".", 1)[0], []).append(session_id)
+    by_replica = await sessions_on_every_replica(http, front)
     victim, streamed = "bridge-2", "bridge-0"
     stream_session = f"{front}/v1/sessions/{by_replica[streamed][0]}"
     pid = cluster.replicas[victim]["pid"]
