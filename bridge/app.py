@@ -10,7 +10,7 @@ from __future__ import annotations
 import re
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 from aiohttp import web
 from pydantic import BaseModel
@@ -471,10 +471,21 @@ def backend_app(backend: Backend, options: RouterOptions | None = None) -> web.A
     return create_app(backend, options)
 
 
+class Preset(Protocol):
+    """A preset's factory: :func:`trusted_bridge_app`, :func:`default_app`,
+    :func:`text_turn_app`."""
+
+    def __call__(
+        self,
+        app_server_command: str | Sequence[str] = ...,
+        limits: RestLimits | None = ...,
+        app_server: AppServerSettings | None = ...,
+        method_policy: MethodPolicy | None = ...,
+    ) -> web.Application: ...
+
+
 #: The presets by name (`rest-bridge serve --preset`, a scenario's `bridge.preset`).
-PRESETS: dict[
-    str, Callable[[Sequence[str], RestLimits | None, AppServerSettings | None], web.Application]
-] = {
+PRESETS: dict[str, Preset] = {
     "trusted": trusted_bridge_app,
     "default": default_app,
     "text-turn": text_turn_app,

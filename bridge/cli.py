@@ -394,9 +394,9 @@ async def serve(
     """Serve until stopped; ``token`` (None: auth off) turns bearer auth on."""
     limits = RestLimits.from_env()
     app_server = app_server or AppServerSettings.from_env()
-    # The preset reads the method policy from the environment too (None).
+    # Read once: the policy the banner describes is the one the preset enforces.
     method_policy = MethodPolicy.from_env()
-    app = PRESETS[preset](command, limits, app_server)
+    app = PRESETS[preset](command, limits, app_server, method_policy)
     settings = ReplicaSettings.from_env()
     drain = replica.configure(app, app[BACKEND], settings)
     if token is not None:
