@@ -39,26 +39,12 @@ from bridge.replica import (
     DRAIN_TIMEOUT_VARIABLE,
     PEERS_VARIABLE,
     REPLICA_ID_VARIABLE,
-    ReplicaSettings,
     ReplicaSettingsError,
 )
 from bridge.routes import BACKEND
 from bridge.server import BridgeRunner
+from bridge.settings import BridgeSettings
 
-#: REST_ADAPTER_* variables that are not limits and that rest-bridge reads or sets.
-OTHER_VARIABLES = frozenset(
-    {
-        TOKEN_VARIABLE,
-        descendants.MARK_VARIABLE,
-        REPLICA_ID_VARIABLE,
-        PEERS_VARIABLE,
-        DRAIN_TIMEOUT_VARIABLE,
-        "REST_ADAPTER_CLUSTER_MARK",  # set by `rest-bridge cluster` on its replicas
-        *APP_SERVER_VARIABLES,
-        *credentials.HIDDEN_VARIABLES,
-        *POLICY_VARIABLES,
-    }
-)
 LIMIT_FIELDS = tuple(f.name for f in dataclasses.fields(RestLimits))
 SHUTDOWN_HANDLER_SECONDS = 2.0
 #: At exit, how long to wait for the last descendants to die once killed.
@@ -390,14 +376,16 @@ async def serve(
     port: int,
     app_server: AppServerSettings | None = None,
     token: str | None = None,
+    variables: BridgeSettings | None = None,
 ) -> None:
     """Serve until stopped; ``token`` (None: auth off) turns bearer auth on."""
-    limits = RestLimits.from_env()
-    app_server = app_server or AppServerSettings.from_env()
+    variables = variables or BridgeSettings.from_env()
+    limits = variables.limits()
+    app_server = app_server or variables.app_server()
     # Read once: the policy the banner describes is the one the preset enforces.
-    method_policy = MethodPolicy.from_env()
+    method_policy = variables.method_policy()
     app = PRESETS[preset](command, limits, app_server, method_policy)
-    settings = ReplicaSettings.from_env()
+    settings = variables.replica()
     drain = replica.configure(app, app[BACKEND], settings)
     if token is not None:
         with_bearer_auth(app, token)
@@ -449,7 +437,7 @@ async def serve(
     changed = ", ".join(f"{name}={value}" for name, value in limits.changed().items())
     print(f"  limits: {changed or 'the defaults'}", flush=True)
     print(f"  methods: {describe_policy(preset, method_policy)}", flush=True)
-    for variable in RestLimits.unknown_variables(others=OTHER_VARIABLES):
+    for variable in BridgeSettings.unknown_variables():
         print(f"  ignoring {variable}: not a variable rest-bridge reads (misspelt?)", flush=True)
     print(f"  {described}", flush=True)
     print(f"  {descriptors}", flush=True)
@@ -520,7 +508,7 @@ def misspelt_secret_variables() -> list[str]:
     """The ``REST_ADAPTER_*`` variables set that rest-bridge does not read and that look
     like a secret's (a ``TOKEN`` in the name, or close to one of the secrets' names):
     starting without the secret they meant would serve without auth."""
-    unknown = RestLimits.unknown_variables(others=OTHER_VARIABLES)
+    unknown = BridgeSettings.unknown_variables()
     names = sorted(credentials.HIDDEN_VARIABLES)
     return [
         variable
@@ -567,12 +555,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                 command = parse_command(args.app_server)
             except ValueError as exc:
                 raise ValueError(f"--app-server {args.app_server!r}: {exc}") from None
-            RestLimits.from_env()
-            MethodPolicy.from_env()
-            app_server = AppServerSettings.from_env(
-                mode=args.app_server_mode, url=args.app_server_url
-            )
-            ReplicaSettings.from_env()
+            variables = BridgeSettings.from_env()
+            app_server = variables.app_server(mode=args.app_server_mode, url=args.app_server_url)
             token, app_server = read_secrets(app_server)
         except (RestLimitsEnvError, ReplicaSettingsError, ValueError) as exc:
             print(f"rest-bridge: {exc}", file=sys.stderr)
@@ -584,7 +568,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             return 2
         try:
             with asyncio.Runner(loop_factory=loop_factory) as runner:
-                runner.run(serve(args.preset, command, args.host, args.port, app_server, token))
+                runner.run(
+                    serve(args.preset, command, args.host, args.port, app_server, token, variables)
+                )
         except StartupError as exc:
             print(f"rest-bridge: {exc}", file=sys.stderr)
             return 2

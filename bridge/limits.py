@@ -18,7 +18,8 @@ class RestLimitsEnvError(ValueError):
     """A ``REST_ADAPTER_*`` limit variable is set but is not a valid value of its type."""
 
     def __init__(self, variable: str, value: str, expected: str) -> None:
-        super().__init__(f"{variable}={value!r} is not a valid {expected}")
+        # The value as given, up to a line's worth of it.
+        super().__init__(f"{variable}={value[:80]!r} is not a valid {expected}")
         self.variable = variable
         self.value = value
         self.expected = expected
@@ -128,20 +129,10 @@ class RestLimits:
         Raises :class:`RestLimitsEnvError` for a set variable that is not a positive
         integer, naming the variable, its value and the expected type.
         """
-        env = os.environ if environ is None else environ
-        values: dict[str, int] = {}
-        for field in dataclasses.fields(cls):
-            variable = cls.env_variable(field.name)
-            raw = env.get(variable)
-            if raw is None:
-                continue
-            # ASCII digits only: not " 5 ", "+5", "1_000" or other scripts' digits, which
-            # int() takes, so that what the environment says is what the docs show.
-            if not raw.isascii() or not raw.isdigit() or int(raw) < 1:
-                raise RestLimitsEnvError(variable, raw, "positive integer")
-            parsed = int(raw)
-            values[field.name] = parsed
-        return cls(**values)
+        # The one reader of the variables, and its one rule for integers.
+        from bridge.settings import LimitVariables
+
+        return LimitVariables.from_env(environ).limits()
 
 
 #: ``process`` (one app-server per session, the default) or ``shared`` (one for all).
@@ -196,25 +187,9 @@ class AppServerSettings:
         than what it can be, naming it (a token's value is never repeated), and
         ``bridge.credentials.SecretError`` for a token file that cannot be used.
         """
-        env = os.environ if environ is None else environ
-        raw_mode = env.get(MODE_VARIABLE)
-        if mode is None and raw_mode is not None:
-            if raw_mode not in APP_SERVER_MODES:
-                raise RestLimitsEnvError(MODE_VARIABLE, raw_mode, "mode (process or shared)")
-            mode = raw_mode
-        raw_url = env.get(URL_VARIABLE)
-        if url is None and raw_url is not None:
-            if url_problem(raw_url) is not None:
-                raise RestLimitsEnvError(URL_VARIABLE, raw_url, "unix://PATH or ws://HOST:PORT")
-            url = raw_url
-        if url is not None and mode is None:
-            mode = "shared"
-        # The variable, or the file its _FILE names (bridge.credentials, which needs this
-        # module: imported here).
-        from bridge.credentials import read_secret
+        from bridge.settings import AppServerVariables
 
-        token = read_secret(APP_SERVER_TOKEN_VARIABLE, env) or None
-        return cls(mode=mode or "process", url=url, token=token)
+        return AppServerVariables.from_env(environ).app_server(mode=mode, url=url)
 
 
 def url_problem(url: str) -> str | None:

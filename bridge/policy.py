@@ -23,7 +23,6 @@ the ``default`` preset): a call that carries one is refused as the method would 
 
 from __future__ import annotations
 
-import os
 import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
@@ -306,10 +305,9 @@ class MethodPolicy:
 
         Raises :class:`RestLimitsEnvError` for a variable with an item that is not a rule.
         """
-        env = os.environ if environ is None else environ
-        allow = parse_rules(env.get(ALLOW_VARIABLE, ""), ALLOW_VARIABLE)
-        refuse = parse_rules(env.get(REFUSE_VARIABLE, ""), REFUSE_VARIABLE)
-        return cls(allow=allow, refuse=refuse)
+        from bridge.settings import MethodPolicyVariables  # the one reader of the variables
+
+        return MethodPolicyVariables.from_env(environ).method_policy()
 
 
 def _rule_keys(preset_refuses: Iterable[str], host: MethodPolicy) -> dict[str, bool]:

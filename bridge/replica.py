@@ -27,7 +27,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import os
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -107,26 +106,9 @@ class ReplicaSettings:
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> ReplicaSettings:
-        env = os.environ if environ is None else environ
-        replica_id = env.get(REPLICA_ID_VARIABLE)
-        if replica_id is not None:
-            validate_replica_id(replica_id)
-        peers = parse_peers(env.get(PEERS_VARIABLE, ""))
-        if peers and replica_id is None:
-            raise ReplicaSettingsError(f"{PEERS_VARIABLE} needs {REPLICA_ID_VARIABLE} too")
-        peers.pop(replica_id or "", None)
-        raw = env.get(DRAIN_TIMEOUT_VARIABLE)
-        timeout = DEFAULT_DRAIN_TIMEOUT_MS
-        if raw is not None:
-            try:
-                timeout = int(raw)
-            except ValueError:
-                timeout = 0
-            if timeout < 1:
-                raise ReplicaSettingsError(
-                    f"{DRAIN_TIMEOUT_VARIABLE}={raw[:80]!r} is not a valid positive integer"
-                )
-        return cls(replica_id=replica_id, peers=peers, drain_timeout_ms=timeout)
+        from bridge.settings import ReplicaVariables  # the one reader of the variables
+
+        return ReplicaVariables.from_env(environ).replica()
 
 
 def new_session_id(replica_id: str | None, uuid_text: str) -> str:

@@ -95,8 +95,8 @@ def test_a_misspelt_variable_is_named_and_changed_limits_are_listed():
 
 
 def test_serve_help_names_every_variable_an_operator_sets():
-    from bridge.cli import OTHER_VARIABLES
     from bridge.process.descendants import MARK_VARIABLE
+    from bridge.settings import BridgeSettings
 
     script = Path(sys.executable).with_name("rest-bridge")
     done = subprocess.run(
@@ -104,7 +104,7 @@ def test_serve_help_names_every_variable_an_operator_sets():
     )
     text = " ".join(done.stdout.split())  # argparse folds lines
     internal = {"REST_ADAPTER_CLUSTER_MARK", MARK_VARIABLE}  # set by rest-bridge itself
-    for variable in sorted(OTHER_VARIABLES - internal):
+    for variable in sorted(set(BridgeSettings.variables().values()) - internal):
         assert variable in text, variable
     for field in dataclasses.fields(RestLimits):
         assert RestLimits.env_variable(field.name) in text

@@ -1,0 +1,345 @@
+"""Every ``REST_ADAPTER_*`` variable of the bridge, read and parsed in one place.
+
+One pydantic-settings model per concern (limits, method policy, app-server, secrets,
+replicas, and the marks rest-bridge itself sets on the processes it starts);
+:class:`BridgeSettings` is all of them. Each field is one variable: its name is the
+prefix and the field's name in capitals, and the field holds its default, its bounds
+and a one-line description. So the model is also the list of the variables the bridge
+knows (:meth:`BridgeSettings.unknown_variables` finds the misspelt ones) and of the rows
+of docs/API.md's tables of variables (a test compares them).
+
+One rule for integers: plain ASCII digits, a positive value (not ``" 5"``, ``"+5"``,
+``"1_0"`` or digits of other scripts, which ``int()`` would take), so that what the
+environment says is what the docs show. A bad value raises the error its concern has
+always raised (:class:`bridge.limits.RestLimitsEnvError`, or
+:class:`bridge.replica.ReplicaSettingsError`), naming the variable and the value; the
+objects the code uses (:class:`~bridge.limits.RestLimits`,
+:class:`~bridge.policy.MethodPolicy`, :class:`~bridge.limits.AppServerSettings`,
+:class:`~bridge.replica.ReplicaSettings`) are built from the model.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from collections.abc import Mapping
+from typing import Any, Self
+
+from pydantic import Field, ValidationError, ValidationInfo, field_validator, model_validator
+from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
+
+from bridge.credentials import read_secret
+from bridge.limits import (
+    APP_SERVER_MODES,
+    ENV_PREFIX,
+    AppServerSettings,
+    RestLimits,
+    RestLimitsEnvError,
+    url_problem,
+)
+from bridge.policy import MethodPolicy, parse_rules
+from bridge.replica import (
+    DEFAULT_DRAIN_TIMEOUT_MS,
+    ReplicaSettings,
+    ReplicaSettingsError,
+    parse_peers,
+    validate_replica_id,
+)
+
+#: The most characters of a bad value an error message repeats.
+SHOWN_CHARACTERS = 80
+_LIMITS = RestLimits()
+LIMIT_FIELDS = tuple(field.name for field in dataclasses.fields(RestLimits))
+
+
+def variable_name(field_name: str) -> str:
+    """The variable of a field: ``max_sessions`` → ``REST_ADAPTER_MAX_SESSIONS``."""
+    return ENV_PREFIX + field_name.upper()
+
+
+def positive_integer(variable: str, raw: str, error: type[ValueError] = RestLimitsEnvError) -> int:
+    """``raw`` as a positive integer written in plain ASCII digits, or ``error`` naming
+    ``variable`` and (its first :data:`SHOWN_CHARACTERS` characters of) ``raw``."""
+    if raw.isascii() and raw.isdigit():
+        try:
+            value = int(raw)
+        except ValueError:  # more digits than Python converts: no limit is that big
+            value = 0
+        if value >= 1:
+            return value
+    if error is RestLimitsEnvError:
+        raise RestLimitsEnvError(variable, raw, "positive integer")
+    raise error(f"{variable}={raw[:SHOWN_CHARACTERS]!r} is not a valid positive integer")
+
+
+class Variables(BaseSettings):
+    """A group of ``REST_ADAPTER_*`` variables: one field each.
+
+    Built by :meth:`from_env` from a mapping (the process's environment by default),
+    never by reading the environment behind the caller's back, so a host and a test can
+    hand it any mapping.
+    """
+
+    model_config = SettingsConfigDict(env_prefix=ENV_PREFIX, case_sensitive=True, frozen=True)
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        # from_env reads the variables and passes them in; nothing else is a source.
+        return (init_settings,)
+
+    @classmethod
+    def variables(cls) -> dict[str, str]:
+        """Field name → variable, for every variable of the group, in order."""
+        return {name: variable_name(name) for name in cls.model_fields}
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] | None = None) -> Self:
+        """The group's variables in ``environ`` (default: this process's environment).
+
+        Raises the error of the first variable (in the model's order) that is set to
+        something it cannot be, as its concern documents it.
+        """
+        env = os.environ if environ is None else environ
+        given = {
+            name: env[variable] for name, variable in cls.variables().items() if variable in env
+        }
+        try:
+            return cls(**given)
+        except ValidationError as exc:
+            for error in exc.errors():
+                cause = error.get("ctx", {}).get("error")
+                if isinstance(cause, ValueError):
+                    raise cause from None
+            raise  # a type the rules above do not produce (a host passing a non-string)
+
+
+class LimitVariables(Variables):
+    """``REST_ADAPTER_<LIMIT>``: the fields of :class:`~bridge.limits.RestLimits`."""
+
+    max_sessions: int = Field(
+        _LIMITS.max_sessions, ge=1, description="sessions and sessionless calls held at once"
+    )
+    max_body_bytes: int = Field(_LIMITS.max_body_bytes, ge=1, description="a request body")
+    call_timeout_ms: int = Field(
+        _LIMITS.call_timeout_ms, ge=1, description="a call without timeoutMs"
+    )
+    text_turn_timeout_ms: int = Field(
+        _LIMITS.text_turn_timeout_ms, ge=1, description="a text turn without timeoutMs"
+    )
+    spawn_timeout_ms: int = Field(
+        _LIMITS.spawn_timeout_ms, ge=1, description="spawning an app-server and initialize"
+    )
+    max_wait_ms: int = Field(
+        _LIMITS.max_wait_ms, ge=1, description="a long-poll's waitMs: default and cap"
+    )
+    event_buffer: int = Field(_LIMITS.event_buffer, ge=1, description="events kept per session")
+    session_idle_timeout_ms: int = Field(
+        _LIMITS.session_idle_timeout_ms, ge=1, description="an idle session is removed"
+    )
+    sse_keepalive_ms: int = Field(
+        _LIMITS.sse_keepalive_ms, ge=1, description="keep-alive comments of an idle stream"
+    )
+    max_concurrent_text_turns: int = Field(
+        _LIMITS.max_concurrent_text_turns, ge=1, description="text turns at once"
+    )
+    max_line_bytes: int = Field(
+        _LIMITS.max_line_bytes, ge=1, description="one line from the app-server"
+    )
+    shutdown_grace_ms: int = Field(
+        _LIMITS.shutdown_grace_ms, ge=1, description="stopping a process before SIGKILL"
+    )
+    event_buffer_bytes: int = Field(
+        _LIMITS.event_buffer_bytes, ge=1, description="bytes of events kept per session"
+    )
+    body_timeout_ms: int = Field(
+        _LIMITS.body_timeout_ms, ge=1, description="a request body's arrival"
+    )
+    reader_stall_ms: int = Field(
+        _LIMITS.reader_stall_ms, ge=1, description="how long a stream behind may stop reading"
+    )
+    max_header_bytes: int = Field(
+        _LIMITS.max_header_bytes, ge=1, description="one request head in all"
+    )
+    header_timeout_ms: int = Field(
+        _LIMITS.header_timeout_ms, ge=1, description="a request head's arrival"
+    )
+    liveness_interval_ms: int = Field(
+        _LIMITS.liveness_interval_ms, ge=1, description="shared mode: how often it is probed"
+    )
+    liveness_timeout_ms: int = Field(
+        _LIMITS.liveness_timeout_ms, ge=1, description="shared mode: unanswered, it is wedged"
+    )
+
+    @field_validator(*LIMIT_FIELDS, mode="before")
+    @classmethod
+    def _digits(cls, raw: Any, info: ValidationInfo) -> Any:
+        if isinstance(raw, str):
+            return positive_integer(variable_name(str(info.field_name)), raw)
+        return raw
+
+    def limits(self) -> RestLimits:
+        return RestLimits(**{name: getattr(self, name) for name in LIMIT_FIELDS})
+
+
+class MethodPolicyVariables(Variables):
+    """The host's method rules (:class:`~bridge.policy.MethodPolicy`)."""
+
+    allow_methods: frozenset[str] = Field(
+        frozenset(), description="method rules allowed over the preset's, comma-separated"
+    )
+    refuse_methods: frozenset[str] = Field(
+        frozenset(), description="method rules refused, comma-separated"
+    )
+
+    @field_validator("allow_methods", "refuse_methods", mode="before")
+    @classmethod
+    def _rules(cls, raw: Any, info: ValidationInfo) -> Any:
+        if isinstance(raw, str):
+            return parse_rules(raw, variable_name(str(info.field_name)))
+        return raw
+
+    def method_policy(self) -> MethodPolicy:
+        return MethodPolicy(allow=self.allow_methods, refuse=self.refuse_methods)
+
+
+class AuthVariables(Variables):
+    """The bearer token callers present, in its variable or in a file its ``_FILE`` names
+    (:mod:`bridge.credentials`); never in a repr."""
+
+    token: str | None = Field(None, repr=False, description="turns bearer auth on: the token")
+    token_file: str | None = Field(None, description="a file holding the bearer token")
+
+
+class AppServerVariables(Variables):
+    """How app-servers are reached (:class:`~bridge.limits.AppServerSettings`).
+
+    Mode and URL are checked when :meth:`app_server` builds the settings, since a
+    command-line option may stand in for either.
+    """
+
+    app_server_mode: str | None = Field(
+        None, description="process (one app-server per session) or shared"
+    )
+    app_server_url: str | None = Field(
+        None, description="shared mode: a running app-server, unix://PATH or ws://HOST:PORT"
+    )
+    app_server_token: str | None = Field(
+        None, repr=False, description="the token sent to a ws:// app-server"
+    )
+    app_server_token_file: str | None = Field(
+        None, description="a file holding the app-server's token"
+    )
+
+    def app_server(self, *, mode: str | None = None, url: str | None = None) -> AppServerSettings:
+        """How to reach app-servers; ``mode`` and ``url`` (command-line options) win over
+        the variables, which are then not checked.
+
+        Raises :class:`~bridge.limits.RestLimitsEnvError` for a variable that is set to
+        something else than what it can be (a token's value is never repeated), and
+        :class:`bridge.credentials.SecretError` for a token file that cannot be used.
+        """
+        raw_mode = self.app_server_mode
+        if mode is None and raw_mode is not None:
+            if raw_mode not in APP_SERVER_MODES:
+                raise RestLimitsEnvError(
+                    variable_name("app_server_mode"), raw_mode, "mode (process or shared)"
+                )
+            mode = raw_mode
+        raw_url = self.app_server_url
+        if url is None and raw_url is not None:
+            if url_problem(raw_url) is not None:
+                raise RestLimitsEnvError(
+                    variable_name("app_server_url"), raw_url, "unix://PATH or ws://HOST:PORT"
+                )
+            url = raw_url
+        if url is not None and mode is None:
+            mode = "shared"
+        secret = {
+            variable_name(name): value
+            for name in ("app_server_token", "app_server_token_file")
+            if (value := getattr(self, name)) is not None
+        }
+        token = read_secret(variable_name("app_server_token"), secret) or None
+        return AppServerSettings(mode=mode or "process", url=url, token=token)
+
+
+class ReplicaVariables(Variables):
+    """One bridge among several (:mod:`bridge.replica`)."""
+
+    replica_id: str | None = Field(None, description="this replica's id, prefixed to session ids")
+    peers: dict[str, str] = Field(
+        default_factory=dict, description="the other replicas, id=http://host:port,..."
+    )
+    drain_timeout_ms: int = Field(
+        DEFAULT_DRAIN_TIMEOUT_MS, ge=1, description="SIGUSR1: how long to wait for sessions"
+    )
+
+    @field_validator("replica_id", mode="before")
+    @classmethod
+    def _replica_id(cls, raw: Any) -> Any:
+        return validate_replica_id(raw) if isinstance(raw, str) else raw
+
+    @field_validator("peers", mode="before")
+    @classmethod
+    def _peers(cls, raw: Any) -> Any:
+        return parse_peers(raw) if isinstance(raw, str) else raw
+
+    @field_validator("drain_timeout_ms", mode="before")
+    @classmethod
+    def _drain(cls, raw: Any) -> Any:
+        if isinstance(raw, str):
+            return positive_integer(variable_name("drain_timeout_ms"), raw, ReplicaSettingsError)
+        return raw
+
+    @model_validator(mode="after")
+    def _peers_need_an_id(self) -> Self:
+        if self.peers and self.replica_id is None:
+            raise ReplicaSettingsError(
+                f"{variable_name('peers')} needs {variable_name('replica_id')} too"
+            )
+        return self
+
+    def replica(self) -> ReplicaSettings:
+        peers = {k: v for k, v in self.peers.items() if k != self.replica_id}
+        return ReplicaSettings(
+            replica_id=self.replica_id, peers=peers, drain_timeout_ms=self.drain_timeout_ms
+        )
+
+
+class MarkVariables(Variables):
+    """Set by rest-bridge on the processes it starts, so it can find them again; never
+    set by hand (the bridge does not read them, but knows them)."""
+
+    process_mark: str | None = Field(
+        None, description="set on each app-server, to find what it started"
+    )
+    cluster_mark: str | None = Field(None, description="set by rest-bridge cluster on its replicas")
+
+
+# The fields of a class with several bases come in the reverse order of its bases: this
+# is limits, method policy, app-server, secrets, replicas, marks, the order `serve`
+# checks them in (the first bad one is the one reported).
+class BridgeSettings(
+    MarkVariables,
+    ReplicaVariables,
+    AuthVariables,
+    AppServerVariables,
+    MethodPolicyVariables,
+    LimitVariables,
+):
+    """Every ``REST_ADAPTER_*`` variable, read once (``BridgeSettings.from_env()``)."""
+
+    @classmethod
+    def unknown_variables(cls, environ: Mapping[str, str] | None = None) -> list[str]:
+        """The ``REST_ADAPTER_*`` variables in ``environ`` that are none of the model's,
+        sorted: a misspelt one would otherwise change nothing, silently."""
+        env = os.environ if environ is None else environ
+        known = set(cls.variables().values())
+        return sorted(k for k in env if k.startswith(ENV_PREFIX) and k not in known)
