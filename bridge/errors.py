@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from aiohttp import web
@@ -71,25 +72,209 @@ class RestError(Exception):
         return f"RestError({self.status}, {self.kind!r}, {self.message!r})"
 
 
-# Constructors for every kind of docs/API.md's error table, so a kind is spelled once.
+@dataclass(frozen=True, slots=True)
+class ErrorKind:
+    """One row of the error table: a kind, at its status."""
+
+    status: int
+    kind: str
+    #: What it means, one line: the OpenAPI document's response descriptions are made
+    #: of these, and docs/API.md's error table has a row for it.
+    description: str
+    #: The message, where the bridge always gives the same one.
+    message: str | None = None
+    #: Answered with ``Retry-After: 1``.
+    retry_after: bool = False
+    #: The connection is closed after it.
+    closes_connection: bool = False
+    #: The values its ``data.reason`` may take.
+    reasons: tuple[str, ...] = ()
+    #: The kind aiohttp's own HTTP exceptions of this status become.
+    for_http_exception: bool = False
+    #: In the description of its status on every route that may answer it (else only
+    #: where it applies: the method policy's routes, or nowhere for a kind no route of
+    #: the bridge's raises).
+    on_every_route: bool = True
+    #: Answered only by the nginx front (docs/SCALING.md), never by a replica.
+    front_only: bool = False
 
 
-def bad_request(message: str, data: Any = None, *, close_connection: bool = False) -> RestError:
-    return RestError(400, "bad_request", message, data=data, close_connection=close_connection)
-
-
-def unauthorized() -> RestError:
-    return RestError(
+#: Every error kind the bridge (and its nginx front) answers: the routes raise them
+#: through the constructors below, the OpenAPI document describes each status from it,
+#: and docs/API.md's error table is checked against it (tests/bridge/test_errors.py).
+ERROR_KINDS: tuple[ErrorKind, ...] = (
+    ErrorKind(400, "bad_request", "Bad request", for_http_exception=True),
+    ErrorKind(
         401,
         "unauthorized",
-        "A valid `Authorization: Bearer <token>` header is required.",
-        headers={"WWW-Authenticate": "Bearer"},
+        "Missing or wrong bearer token",
+        message="A valid `Authorization: Bearer <token>` header is required.",
+        for_http_exception=True,
+    ),
+    ErrorKind(403, "options_not_allowed", "Client options refused by this router"),
+    ErrorKind(
+        403,
+        "method_not_allowed",
+        "App-server method refused by this router's method policy",
+        on_every_route=False,
+    ),
+    ErrorKind(
+        403,
+        "forbidden",
+        "aiohttp's own refusal, which no route of the bridge raises",
+        for_http_exception=True,
+        on_every_route=False,
+    ),
+    ErrorKind(404, "not_found", "Unknown route", message="No such route.", for_http_exception=True),
+    ErrorKind(404, "session_not_found", "unknown session"),
+    ErrorKind(404, "request_not_found", "unknown server request"),
+    ErrorKind(405, "method_not_allowed", "Method not allowed", for_http_exception=True),
+    ErrorKind(
+        408,
+        "request_timeout",
+        "The request head or body did not arrive in time",
+        closes_connection=True,
+        for_http_exception=True,
+    ),
+    ErrorKind(409, "session_exited", "Session exited"),
+    ErrorKind(409, "request_already_answered", "request already answered"),
+    ErrorKind(413, "payload_too_large", "Body over MAX_BODY_BYTES", for_http_exception=True),
+    ErrorKind(414, "uri_too_long", "Request line too long", closes_connection=True),
+    ErrorKind(
+        415,
+        "unsupported_media_type",
+        "A `Content-Encoding` the bridge does not decode",
+    ),
+    ErrorKind(
+        417,
+        "expectation_failed",
+        "An `Expect` header other than `100-continue`, never repeated back",
+        message="The only expectation the bridge meets is `Expect: 100-continue`.",
+        closes_connection=True,
+    ),
+    ErrorKind(
+        429,
+        "session_limit_reached",
+        "Sessions and sessionless calls at MAX_SESSIONS",
+        retry_after=True,
+    ),
+    ErrorKind(
+        429,
+        "busy",
+        "text turns at MAX_CONCURRENT_TEXT_TURNS, or the app-server not reading its input",
+        retry_after=True,
+        for_http_exception=True,
+    ),
+    ErrorKind(
+        431,
+        "headers_too_large",
+        "Request head over MAX_HEADER_BYTES",
+        closes_connection=True,
+    ),
+    ErrorKind(
+        500,
+        "internal_error",
+        "Internal error",
+        message="The bridge hit an internal error.",
+    ),
+    ErrorKind(502, "app_server_error", "The app-server answered with a JSON-RPC error"),
+    ErrorKind(502, "app_server_exited", "it exited"),
+    ErrorKind(502, "app_server_spawn_failed", "it could not be started"),
+    ErrorKind(502, "protocol_error", "it wrote something that is not JSON-RPC"),
+    ErrorKind(
+        503,
+        "app_server_overloaded",
+        "The app-server is overloaded",
+        retry_after=True,
+    ),
+    ErrorKind(
+        503,
+        "replica_unavailable",
+        "the replica is draining, or (at the front) cannot be reached",
+        retry_after=True,
+    ),
+    ErrorKind(
+        504,
+        "timeout",
+        "Deadline passed",
+        reasons=("deadline", "idle_without_completion"),
+    ),
+    ErrorKind(411, "length_required", "A request body without a length", front_only=True),
+    ErrorKind(
+        501,
+        "not_implemented",
+        "A `Transfer-Encoding` other than `chunked`",
+        front_only=True,
+    ),
+    ErrorKind(
+        505, "http_version_not_supported", "An HTTP version but 1.0 and 1.1", front_only=True
+    ),
+)
+_BY_KEY = {(entry.status, entry.kind): entry for entry in ERROR_KINDS}
+#: The kind each of aiohttp's own HTTP exceptions becomes, by status.
+HTTP_EXCEPTION_KINDS = {e.status: e.kind for e in ERROR_KINDS if e.for_http_exception}
+
+
+def error_kind(kind: str, status: int | None = None) -> ErrorKind:
+    """The table's row for ``kind`` (at ``status``, for a kind at two statuses)."""
+    rows = [e for e in ERROR_KINDS if e.kind == kind and status in (None, e.status)]
+    if len(rows) != 1:
+        raise LookupError(f"the error table has {len(rows)} rows for {kind!r} at {status}")
+    return rows[0]
+
+
+def status_description(status: int) -> str:
+    """What ``status`` means on a route that may answer it, from the table's rows."""
+    rows = [e for e in ERROR_KINDS if e.status == status and e.on_every_route]
+    if not rows:
+        return "Error"
+    text = "; ".join(f"{e.description} (`{e.kind}`)" for e in rows)
+    if all(e.retry_after for e in rows):
+        text += "; see Retry-After"
+    if all(e.closes_connection for e in rows):
+        text += "; the connection is closed"
+    return text
+
+
+def _error(
+    kind: str,
+    message: str | None = None,
+    *,
+    status: int | None = None,
+    code: int | None = None,
+    data: Any = None,
+    headers: Mapping[str, str] | None = None,
+    close_connection: bool = False,
+) -> RestError:
+    """A :class:`RestError` of ``kind``: its status and what goes with it from the table."""
+    entry = error_kind(kind, status)
+    text = message if message is not None else entry.message
+    if text is None:
+        raise ValueError(f"{kind!r} has no message of its own: give one")
+    return RestError(
+        entry.status,
+        entry.kind,
+        text,
+        code=code,
+        data=data,
+        headers={**({"Retry-After": "1"} if entry.retry_after else {}), **(headers or {})},
+        close_connection=close_connection or entry.closes_connection,
     )
 
 
+# Constructors for every kind the bridge raises: the table gives the status.
+
+
+def bad_request(message: str, data: Any = None, *, close_connection: bool = False) -> RestError:
+    return _error("bad_request", message, data=data, close_connection=close_connection)
+
+
+def unauthorized() -> RestError:
+    return _error("unauthorized", headers={"WWW-Authenticate": "Bearer"})
+
+
 def options_not_allowed(fields: list[str]) -> RestError:
-    return RestError(
-        403,
+    return _error(
         "options_not_allowed",
         "This router does not allow these client options: " + ", ".join(fields),
         data={"fields": fields},
@@ -98,34 +283,31 @@ def options_not_allowed(fields: list[str]) -> RestError:
 
 def reserved_variables(names: list[str]) -> RestError:
     """403 ``options_not_allowed``: ``options.env`` names ``REST_ADAPTER_*`` variables."""
-    return RestError(
-        403,
+    return _error(
         "options_not_allowed",
         "options.env may not set the bridge's own REST_ADAPTER_* variables: " + ", ".join(names),
         data={"fields": ["env"], "variables": names},
     )
 
 
-def not_found(message: str = "No such route.") -> RestError:
-    return RestError(404, "not_found", message)
+def not_found(message: str | None = None) -> RestError:
+    return _error("not_found", message)
 
 
 def session_not_found(session_id: str) -> RestError:
-    return RestError(404, "session_not_found", f"No session with id {session_id!r}.")
+    return _error("session_not_found", f"No session with id {session_id!r}.")
 
 
 def request_not_found(request_key: str) -> RestError:
-    return RestError(
-        404, "request_not_found", f"No pending server request with key {request_key!r}."
-    )
+    return _error("request_not_found", f"No pending server request with key {request_key!r}.")
 
 
 def method_not_allowed(method: str, allowed: set[str]) -> RestError:
     allow = ", ".join(sorted(allowed))
-    return RestError(
-        405,
+    return _error(
         "method_not_allowed",
         f"Method {method} is not allowed here; allowed: {allow}.",
+        status=405,
         headers={"Allow": allow},
     )
 
@@ -139,17 +321,17 @@ def method_refused(method: str, params: list[str] | None = None) -> RestError:
     is allowed but not with them.
     """
     if params:
-        return RestError(
-            403,
+        return _error(
             "method_not_allowed",
             f"This router does not allow the app-server method {method!r} with these "
             "params: " + ", ".join(params),
+            status=403,
             data={"method": method, "params": params},
         )
-    return RestError(
-        403,
+    return _error(
         "method_not_allowed",
         f"This router does not allow the app-server method {method!r}.",
+        status=403,
         data={"method": method},
     )
 
@@ -161,12 +343,11 @@ def session_exited(session_id: str, *, shared: bool = False) -> RestError:
         message = f"The connection of session {session_id!r} to the shared app-server has ended."
     else:
         message = f"The app-server process of session {session_id!r} has exited."
-    return RestError(409, "session_exited", message)
+    return _error("session_exited", message)
 
 
 def request_already_answered(request_key: str) -> RestError:
-    return RestError(
-        409,
+    return _error(
         "request_already_answered",
         f"The server request {request_key!r} has already been answered.",
     )
@@ -174,18 +355,15 @@ def request_already_answered(request_key: str) -> RestError:
 
 def request_timeout(limit_ms: int) -> RestError:
     """The request body did not arrive in time; the connection cannot be used again."""
-    return RestError(
-        408,
+    return _error(
         "request_timeout",
         f"The request body did not arrive within {limit_ms} ms.",
         data={"limitMs": limit_ms},
-        close_connection=True,
     )
 
 
 def unsupported_media_type(encoding: str) -> RestError:
-    return RestError(
-        415,
+    return _error(
         "unsupported_media_type",
         "The request body's Content-Encoding is not one the bridge decodes "
         "(identity, gzip, deflate).",
@@ -194,8 +372,7 @@ def unsupported_media_type(encoding: str) -> RestError:
 
 
 def payload_too_large(limit: int) -> RestError:
-    return RestError(
-        413,
+    return _error(
         "payload_too_large",
         f"The request body exceeds the limit of {limit} bytes.",
         data={"limitBytes": limit},
@@ -203,62 +380,41 @@ def payload_too_large(limit: int) -> RestError:
 
 
 def session_limit_reached(limit: int) -> RestError:
-    return RestError(
-        429,
+    return _error(
         "session_limit_reached",
         f"The bridge already holds its maximum of {limit} sessions.",
-        headers={"Retry-After": "1"},
     )
 
 
 def busy(message: str) -> RestError:
-    return RestError(429, "busy", message, headers={"Retry-After": "1"})
+    return _error("busy", message)
 
 
 def app_server_error(code: int, message: str, data: Any = None) -> RestError:
     """A JSON-RPC error reply from the app-server; ``-32001`` means overloaded."""
     if code == -32001:
-        return RestError(
-            503,
-            "app_server_overloaded",
-            message,
-            code=code,
-            data=data,
-            headers={"Retry-After": "1"},
-        )
-    return RestError(502, "app_server_error", message, code=code, data=data)
+        return _error("app_server_overloaded", message, code=code, data=data)
+    return _error("app_server_error", message, code=code, data=data)
 
 
 def app_server_exited(message: str, data: Any = None) -> RestError:
-    return RestError(502, "app_server_exited", message, data=data)
+    return _error("app_server_exited", message, data=data)
 
 
 def app_server_spawn_failed(message: str) -> RestError:
-    return RestError(502, "app_server_spawn_failed", message)
+    return _error("app_server_spawn_failed", message)
 
 
 def protocol_error(message: str) -> RestError:
-    return RestError(502, "protocol_error", message)
+    return _error("protocol_error", message)
 
 
 def timeout(message: str) -> RestError:
-    return RestError(504, "timeout", message)
+    return _error("timeout", message)
 
 
 def internal_error() -> RestError:
-    return RestError(500, "internal_error", "The bridge hit an internal error.")
-
-
-_HTTP_KINDS = {
-    400: "bad_request",
-    401: "unauthorized",
-    403: "forbidden",
-    404: "not_found",
-    405: "method_not_allowed",
-    408: "request_timeout",
-    413: "payload_too_large",
-    429: "busy",
-}
+    return _error("internal_error")
 
 
 def from_http_exception(exc: web.HTTPException, max_body_bytes: int | None) -> RestError:
@@ -269,7 +425,8 @@ def from_http_exception(exc: web.HTTPException, max_body_bytes: int | None) -> R
         return payload_too_large(max_body_bytes or 0)
     if isinstance(exc, web.HTTPNotFound):
         return not_found()
-    kind = _HTTP_KINDS.get(exc.status, "internal_error" if exc.status >= 500 else "bad_request")
+    fallback = "internal_error" if exc.status >= 500 else "bad_request"
+    kind = HTTP_EXCEPTION_KINDS.get(exc.status, fallback)
     return RestError(exc.status, kind, exc.reason)
 
 
@@ -374,12 +531,7 @@ def expectation_failed() -> RestError:
 
     The header's value is never repeated: it is whatever the caller chose to send.
     """
-    return RestError(
-        417,
-        "expectation_failed",
-        "The only expectation the bridge meets is `Expect: 100-continue`.",
-        close_connection=True,
-    )
+    return _error("expectation_failed")
 
 
 ExpectHandler = Callable[[web.Request], Awaitable[web.StreamResponse | None]]

@@ -2,7 +2,8 @@
 
 Nothing here is written by hand beside the routes: paths, parameters, bodies and
 responses all come from :data:`bridge.app.ROUTES` entries and the pydantic
-models they name, so the document cannot drift from what is served.
+models they name, and what each error status means from the error table
+(:data:`bridge.errors.ERROR_KINDS`), so the document cannot drift from what is served.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from pydantic.json_schema import models_json_schema
 
 from bridge import __version__
 from bridge.auth import HEALTH_METHODS, HEALTH_PATHS, AuthSettings
+from bridge.errors import status_description
 from bridge.models import ErrorPayload, EventResponse
 from bridge.routes import MAX_QUERY_INT
 
@@ -30,29 +32,6 @@ _PATH_PARAMS = {
     "`%2F`-encoded slashes are accepted too.",
     "sessionId": "Session identifier, as returned by `POST /v1/sessions`.",
     "requestKey": "Key of a server-originated request: its JSON-RPC id as a string.",
-}
-_ERROR_TEXT = {
-    400: "Bad request (`bad_request`)",
-    401: "Missing or wrong bearer token (`unauthorized`)",
-    403: "Client options refused by this router (`options_not_allowed`)",
-    404: "Unknown route, session or request (`not_found`, `session_not_found`, "
-    "`request_not_found`)",
-    405: "Method not allowed (`method_not_allowed`)",
-    408: "The request head or body did not arrive in time (`request_timeout`); "
-    "the connection is closed",
-    409: "Session exited, or request already answered (`session_exited`, "
-    "`request_already_answered`)",
-    413: "Body over MAX_BODY_BYTES (`payload_too_large`)",
-    414: "Request line too long (`uri_too_long`); the connection is closed",
-    417: "An `Expect` header other than `100-continue` (`expectation_failed`), never "
-    "repeated back; the connection is closed",
-    429: "Capacity reached (`session_limit_reached`, `busy`); see Retry-After",
-    431: "Request head over MAX_HEADER_BYTES (`headers_too_large`); the connection is closed",
-    500: "Internal error (`internal_error`)",
-    502: "The app-server failed (`app_server_error`, `app_server_exited`, "
-    "`app_server_spawn_failed`, `protocol_error`)",
-    503: "The app-server is overloaded (`app_server_overloaded`); see Retry-After",
-    504: "Deadline passed (`timeout`)",
 }
 
 
@@ -100,7 +79,7 @@ def _ref(model: type[BaseModel]) -> dict[str, str]:
 
 def _error_response(status: int) -> dict[str, Any]:
     return {
-        "description": _ERROR_TEXT.get(status, "Error"),
+        "description": status_description(status),
         "content": {"application/json": {"schema": _ref(ErrorPayload)}},
     }
 

@@ -2,9 +2,8 @@
 
 The coverage matrix is derived from the code wherever the code holds the list: the
 presets and the routes each one mounts (`bridge.app`), each route's success statuses
-and query parameters (`Route`), the error kinds (every `RestError(status, "kind",
-...)` in `bridge/`, the `data.reason`s given with them, and the kinds aiohttp's own
-exceptions are given), the approval policies and the kinds of approval request
+and query parameters (`Route`), the error kinds (the error table of `bridge.errors`,
+with the `data.reason`s each may carry), the approval policies and the kinds of approval request
 (`bridge.models`, `bridge.process.text_turn`), the event kinds, the health paths
 exempt from auth and every field of `RestLimits`. The header variants of spec
 section 5 are listed here, and checked against the bridge's own parser.
@@ -22,7 +21,6 @@ cell is covered.
 
 from __future__ import annotations
 
-import ast
 import dataclasses
 import inspect
 import re
@@ -472,31 +470,14 @@ def parameter_cells() -> list[Cell]:
     return cells
 
 
-@cache
 def error_kinds() -> dict[tuple[int, str], tuple[str, ...]]:
-    """(status, kind) → its `data.reason`s, from every `RestError(...)` in `bridge/`."""
-    found: dict[tuple[int, str], set[str]] = {}
-    for source in sorted(Path(bridge.__file__).parent.rglob("*.py")):
-        for node in ast.walk(ast.parse(source.read_text(encoding="utf-8"))):
-            if not isinstance(node, ast.Call):
-                continue
-            if getattr(node.func, "id", getattr(node.func, "attr", None)) != "RestError":
-                continue
-            if len(node.args) < 2 or not all(isinstance(a, ast.Constant) for a in node.args[:2]):
-                continue  # from_http_exception: the table below
-            status, kind = (arg.value for arg in node.args[:2] if isinstance(arg, ast.Constant))
-            assert isinstance(status, int), ast.unparse(node)
-            assert isinstance(kind, str), ast.unparse(node)
-            reasons = found.setdefault((status, kind), set())
-            for keyword in node.keywords:
-                if keyword.arg == "data" and isinstance(keyword.value, ast.Dict):
-                    for key, value in zip(keyword.value.keys, keyword.value.values, strict=True):
-                        if isinstance(key, ast.Constant) and key.value == "reason":
-                            assert isinstance(value, ast.Constant), ast.unparse(value)
-                            reasons.add(str(value.value))
-    for status, kind in bridge_errors._HTTP_KINDS.items():
-        found.setdefault((status, kind), set())
-    return {key: tuple(sorted(reasons)) for key, reasons in sorted(found.items())}
+    """(status, kind) → its `data.reason`s, from the error table (`bridge.errors`); the
+    kinds only the nginx front answers are not the bridge's to cover."""
+    return {
+        (entry.status, entry.kind): entry.reasons
+        for entry in sorted(bridge_errors.ERROR_KINDS, key=lambda e: (e.status, e.kind))
+        if not entry.front_only
+    }
 
 
 def error_cells() -> list[Cell]:
