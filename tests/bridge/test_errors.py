@@ -129,3 +129,17 @@ def test_the_docs_name_what_only_the_front_answers():
     for entry in ERROR_KINDS:
         if entry.front_only:
             assert f"{entry.status} `{entry.kind}`" in text, entry
+
+
+def test_every_payload_the_front_answers_is_a_row():
+    """nginx's own answers (rest-bridge front-config) are kinds of the table too."""
+    from bridge.front import FrontSettings, Replica, render
+    from bridge.limits import RestLimits
+
+    config = render([Replica("a", "h:1")], RestLimits(), FrontSettings(token_map="t.conf"))
+    answered = re.findall(r"return (\d{3}) '\{\"error\":\"([a-z_]+)\"", config)
+    rows = {(e.status, e.kind) for e in ERROR_KINDS}
+    assert len(answered) > 10
+    assert {(int(status), kind) for status, kind in answered} <= rows
+    front_only = {(e.status, e.kind) for e in ERROR_KINDS if e.front_only}
+    assert front_only <= {(int(status), kind) for status, kind in answered}
