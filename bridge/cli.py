@@ -464,7 +464,9 @@ async def serve(
         descendants.ignore_stop_signals()
 
 
-def read_secrets(app_server: AppServerSettings) -> tuple[str | None, AppServerSettings]:
+def read_secrets(
+    app_server: AppServerSettings, variables: BridgeSettings | None = None
+) -> tuple[str | None, AppServerSettings]:
     """The bearer token (from its variable or its ``_FILE``), once ``app_server`` has its
     own; then both leave this process's environment for good.
 
@@ -478,11 +480,12 @@ def read_secrets(app_server: AppServerSettings) -> tuple[str | None, AppServerSe
             f"leave auth off: the token goes in {TOKEN_VARIABLE} or "
             f"{TOKEN_VARIABLE}{credentials.FILE_SUFFIX} (fix or unset {misspelt[0]})"
         )
-    token = credentials.read_secret(TOKEN_VARIABLE)
+    variables = variables or BridgeSettings.from_env()
+    token = variables.bearer_token()
     problem = None if token is None else token_problem(token)
     if problem is not None:
         shown = TOKEN_VARIABLE
-        if os.environ.get(TOKEN_VARIABLE + credentials.FILE_SUFFIX) is not None:
+        if variables.token_file is not None:
             shown = f"the token in {TOKEN_VARIABLE}{credentials.FILE_SUFFIX}"
         raise ValueError(f"{shown} {problem}: no request could match it")
     # Read by AppServerSettings.from_env, from the variable or its _FILE.
@@ -557,7 +560,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 raise ValueError(f"--app-server {args.app_server!r}: {exc}") from None
             variables = BridgeSettings.from_env()
             app_server = variables.app_server(mode=args.app_server_mode, url=args.app_server_url)
-            token, app_server = read_secrets(app_server)
+            token, app_server = read_secrets(app_server, variables)
         except (RestLimitsEnvError, ReplicaSettingsError, ValueError) as exc:
             print(f"rest-bridge: {exc}", file=sys.stderr)
             return 2

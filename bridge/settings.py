@@ -216,6 +216,19 @@ class AuthVariables(Variables):
     token: str | None = Field(None, repr=False, description="turns bearer auth on: the token")
     token_file: str | None = Field(None, description="a file holding the bearer token")
 
+    def bearer_token(self) -> str | None:
+        """The token, from the variable or the file its ``_FILE`` names (None: auth off).
+
+        Raises :class:`bridge.credentials.SecretError` naming the variable when both are
+        set, or when the file cannot be used.
+        """
+        given = {
+            variable_name(name): value
+            for name in ("token", "token_file")
+            if (value := getattr(self, name)) is not None
+        }
+        return read_secret(variable_name("token"), given)
+
 
 class AppServerVariables(Variables):
     """How app-servers are reached (:class:`~bridge.limits.AppServerSettings`).

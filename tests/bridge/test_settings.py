@@ -157,3 +157,18 @@ def test_every_field_has_a_one_line_description():
     for name, field in BridgeSettings.model_fields.items():
         assert field.description, name
         assert "\n" not in field.description, name
+
+
+def test_the_bearer_token_comes_from_its_variable_or_its_file(tmp_path: Path):
+    secret = tmp_path / "token"
+    secret.write_text("from-a-file\n")
+    by_file = BridgeSettings.from_env({"REST_ADAPTER_TOKEN_FILE": str(secret)})
+    assert by_file.bearer_token() == "from-a-file"
+    assert BridgeSettings.from_env({"REST_ADAPTER_TOKEN": "t"}).bearer_token() == "t"
+    assert BridgeSettings.from_env({}).bearer_token() is None
+    both = BridgeSettings.from_env(
+        {"REST_ADAPTER_TOKEN": "t", "REST_ADAPTER_TOKEN_FILE": str(secret)}
+    )
+    with pytest.raises(ValueError, match="are both set") as raised:
+        both.bearer_token()
+    assert "from-a-file" not in str(raised.value)
