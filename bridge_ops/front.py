@@ -24,7 +24,7 @@ What the configuration does:
   both: ``GET`` and ``HEAD`` are rewritten, in the server block, to an internal location
   of the reads (:data:`LISTING`, its own read timeout), anything else creates.
 - **A replica marked down** (:attr:`Replica.down`; ``rest-bridge cluster`` marks a
-  replica that misses its health probes, :mod:`bridge.cluster`) is ``down`` in every
+  replica that misses its health probes, :mod:`bridge_ops.cluster`) is ``down`` in every
   pool and in its own upstream: no work or read is sent to it, and a request on one of
   its sessions finds no live server in its upstream, which nginx answers at once with
   the 503 ``replica_unavailable`` (its 502 goes there), not after a read timeout.
@@ -63,14 +63,17 @@ What the configuration does:
 
 from __future__ import annotations
 
+import argparse
 import math
 import re
+import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
-from bridge import errors
+from bridge import TOKEN_VARIABLE, credentials, errors
 from bridge.auth import token_problem
-from bridge.limits import RestLimits
+from bridge.limits import RestLimits, RestLimitsEnvError
 from bridge.replica import PEER_TIMEOUT_SECONDS, ReplicaSettingsError, validate_replica_id
 
 #: Added to every read timeout derived from a limit: the replica answers first.
@@ -587,3 +590,51 @@ def replace_config_map(manifest: str, config: str, key: str = "nginx.conf") -> s
     end = next((n for n in range(start, len(lines)) if lines[n].rstrip() == "---"), len(lines))
     block = [f"    {line}" if line.strip() else "\n" for line in config.splitlines(keepends=True)]
     return "".join(lines[:start] + block + lines[end:])
+
+
+def main(args: argparse.Namespace) -> int:
+    """``rest-bridge front-config``: print the configuration, write it into a ConfigMap's
+    manifest, or print the token map; 2 on a bad argument, with one line saying why."""
+    if args.print_token_map:
+        try:
+            token = credentials.read_secret(TOKEN_VARIABLE)
+            if token is None:
+                raise ValueError(
+                    f"neither {TOKEN_VARIABLE} nor {TOKEN_VARIABLE}{credentials.FILE_SUFFIX} "
+                    "is set: there is no token to check"
+                )
+            sys.stdout.write(token_map_text(token))
+        except ValueError as exc:
+            # The message names what is wrong with the token, never the token.
+            print(f"rest-bridge front-config: {exc}", file=sys.stderr)
+            return 2
+        return 0
+    if not args.replica:
+        print("rest-bridge front-config: give at least one --replica ID=HOST:PORT", file=sys.stderr)
+        return 2
+    try:
+        replicas = [parse_replica(text) for text in args.replica]
+        config = render(
+            replicas,
+            RestLimits.from_env(),
+            FrontSettings(
+                listen=args.listen,
+                workers=args.workers,
+                runtime_dir=args.runtime_dir,
+                error_log=args.error_log,
+                token_map=args.token_map,
+            ),
+        )
+    except (RestLimitsEnvError, ValueError) as exc:
+        print(f"rest-bridge front-config: {exc}", file=sys.stderr)
+        return 2
+    if args.write_config_map:
+        path = Path(args.write_config_map)
+        try:
+            path.write_text(replace_config_map(path.read_text(), config))
+        except (OSError, ValueError) as exc:
+            print(f"rest-bridge front-config: {exc}", file=sys.stderr)
+            return 2
+        return 0
+    sys.stdout.write(config)
+    return 0
