@@ -1,7 +1,10 @@
 """The front: nginx's configuration for several replicas, generated from their list.
 
-``rest-bridge front-config --replica bridge-0=127.0.0.1:8001 --replica ...`` prints it.
-What the configuration does:
+``rest-bridge front-config --replica bridge-0=127.0.0.1:8001 --replica ...`` prints it:
+``nginx.conf.template`` (beside this module, shipped with the package: nginx.conf as an
+operator reads it, with placeholders) filled in by :func:`render` from the replicas, the
+limits and :class:`FrontSettings`; the error payloads the front answers by itself come
+from one table, :func:`front_pages`. What the configuration does:
 
 - **Sessions go to their replica.** A session id names its replica
   (``<replica>.<uuid4>``, :mod:`bridge.replica`); one prefix location per replica
@@ -64,11 +67,13 @@ What the configuration does:
 from __future__ import annotations
 
 import argparse
+import functools
 import math
 import re
 import sys
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from importlib import resources
 from pathlib import Path
 
 from bridge import TOKEN_VARIABLE, credentials, errors
@@ -141,7 +146,8 @@ class Replica:
     down: bool = False
 
     @property
-    def server_flags(self) -> str:
+    def flags(self) -> str:
+        """What follows the address in an upstream's ``server`` line."""
         return " down" if self.down else ""
 
     @property
@@ -185,17 +191,6 @@ class FrontSettings:
     token_map: str = ""
 
 
-#: What a replica exempts from the token (bridge.auth: GET or HEAD, two exact paths), as
-#: keys of ``$bridge_stranger``'s map: ``method:content-length:transfer-encoding:path``.
-#: The front exempts a plain health check only: no body (no Content-Length but 0, no
-#: Transfer-Encoding). A stranger's health request with a body gets the 401, whatever
-#: its length, so that no length tells the body limit (a 413) from one under it.
-EXEMPT = tuple(
-    f"{m}:{length}::{p}"
-    for m in ("GET", "HEAD")
-    for length in ("", "0")
-    for p in ("/health", "/v1/health")
-)
 #: Around the token, what a replica trims (Python's str.strip): ASCII whitespace, the
 #: separators \x1c-\x1f, and any byte of a multi-byte UTF-8 character (a superset of
 #: the Unicode spaces): the front may admit a little more than a replica, never less.
@@ -233,8 +228,21 @@ def _json(text: str) -> str:
     return f"'{text}'"
 
 
-def _payload(kind: str, message: str, extra: str = "") -> str:
-    return _json(f'{{"error":"{kind}","message":"{message}"{extra}}}')
+@dataclass(frozen=True, slots=True)
+class FrontPage:
+    """An answer the front gives by itself: an error payload, its status and headers."""
+
+    status: int
+    kind: str
+    message: str
+    #: ``data`` of the payload, as JSON text; empty: none.
+    data: str = ""
+    headers: tuple[tuple[str, str], ...] = ()
+
+    @property
+    def payload(self) -> str:
+        data = f',"data":{self.data}' if self.data else ""
+        return _json(f'{{"error":"{self.kind}","message":"{self.message}"{data}}}')
 
 
 #: Where each status nginx answers by itself goes: an internal location of that URI
@@ -245,115 +253,158 @@ def _payload(kind: str, message: str, extra: str = "") -> str:
 FRONT_ERRORS = "/.front/"
 #: The replicas' 401 message (the body is then the same, byte for byte).
 UNAUTHORIZED_MESSAGE = errors.unauthorized().message
-_FRONT_PAGES = (
-    # status, kind, message, extra payload fields (JSON text), extra headers
-    (400, "bad_request", "The request could not be read.", "", ()),
-    # The replicas' own 401 (the front answers it with a token map: FrontSettings).
-    (401, "unauthorized", UNAUTHORIZED_MESSAGE, "", (("WWW-Authenticate", "Bearer"),)),
-    (404, "not_found", "No such route.", "", ()),
-    (
-        405,
-        "method_not_allowed",
-        "The front does not pass this method on; allowed: DELETE, GET, HEAD, POST.",
-        "",
-        (("Allow", '"DELETE, GET, HEAD, POST"'),),
-    ),
-    (408, "request_timeout", "The request did not arrive in time.", "", ()),
-    (411, "length_required", "The request body needs a length.", "", ()),
-    (414, "uri_too_long", "The request line is over 8 KiB.", "", ()),
-    (500, "internal_error", "The front hit an internal error.", "", ()),
-    (
-        501,
-        "not_implemented",
-        "The front reads request bodies whose Transfer-Encoding is chunked, or none.",
-        "",
-        (),
-    ),
-    (504, "timeout", "The replica did not answer within the deadline of the front.", "", ()),
-    (505, "http_version_not_supported", "The front speaks HTTP/1.0 and HTTP/1.1.", "", ()),
-)
 #: Where nginx's 414 goes (internal: asked for directly, it is a 404, or the 401).
 URI_TOO_LONG = f"{FRONT_ERRORS}414"
-
-
-def _error_pages(indent: str, unreachable: str) -> list[str]:
-    """nginx's own errors as the payload; ``unreachable`` answers when no replica did."""
-    pages = [(str(status), f"{FRONT_ERRORS}{status}") for status, *_ in _FRONT_PAGES]
-    pages += [("413", f"{FRONT_ERRORS}413"), ("494", f"{FRONT_ERRORS}494"), ("502", unreachable)]
-    return [f"{indent}error_page {codes} = {target};" for codes, target in sorted(pages)]
-
-
-def _balanced(match: str, next_upstream: str, tries: int, timeout: int, pool: str) -> list[str]:
-    """A location balanced over ``pool``, passing on to the next replica on ``next_upstream``."""
-    return [
-        f"        location {match} {{",
-        *(["            internal;"] if match.startswith(f"= {FRONT_ERRORS}") else []),
-        *_error_pages("            ", "@no_replica"),
-        f"            proxy_next_upstream {next_upstream};",
-        f"            proxy_next_upstream_tries {tries};",
-        f"            proxy_read_timeout {timeout}s;",
-        f"            proxy_pass http://{pool};",
-        "        }",
-    ]
-
-
-def _stranger_check(settings: FrontSettings) -> list[str]:
-    """The 401 for a request that needs the token and lacks it, before any routing.
-
-    In the server block, nginx's rewrite phase for the server: before it picks a
-    location (so before a session id is routed), applies the body limit or waits for a
-    body (no ``100 Continue``).
-    """
-    if not settings.token_map:
-        return []
-    return [
-        "        # Strangers learn nothing but 401: checked before a location is chosen.",
-        # Not `return 401`: nginx's if in a server block takes no add_header, and an
-        # error_page would meet the cached $bridge_stranger again (nginx's HTML then).
-        "        if ($bridge_stranger) {",
-        f"            rewrite ^ {FRONT_ERRORS}401 last;",
-        "        }",
-        "",
-    ]
-
-
 #: The pages that would tell a stranger something the token should guard: the body
 #: limit (413), the bound on a request head (494), and that the front's internal paths
 #: exist (404: a client's request for one of them, or for the listing's internal URI).
 #: With a token map, a request whose token nginx did not see there gets the 401 instead.
-GUARDED_PAGES = ("404", "413", "494")
+GUARDED_PAGES = (404, 413, 494)
 
 
-def _front_page(status: str, token_map: str, body: list[str]) -> list[str]:
-    """The internal location of one error page. Whatever the body, no 413 here: nginx
+def front_pages(limits: RestLimits) -> dict[int | str, FrontPage]:
+    """Every error payload the front answers by itself, in one table: by the status
+    nginx gives it (each an internal location ``/.front/<status>``), and the three the
+    configuration answers by name (``session_not_found``, ``session_replica_down``,
+    ``no_replica``)."""
+    allowed = "DELETE, GET, HEAD, POST"
+    return {
+        400: FrontPage(400, "bad_request", "The request could not be read."),
+        # The replicas' own 401 (the front answers it with a token map: FrontSettings).
+        401: FrontPage(
+            401, "unauthorized", UNAUTHORIZED_MESSAGE, headers=(("WWW-Authenticate", "Bearer"),)
+        ),
+        404: FrontPage(404, "not_found", "No such route."),
+        405: FrontPage(
+            405,
+            "method_not_allowed",
+            f"The front does not pass this method on; allowed: {allowed}.",
+            headers=(("Allow", f'"{allowed}"'),),
+        ),
+        408: FrontPage(408, "request_timeout", "The request did not arrive in time."),
+        411: FrontPage(411, "length_required", "The request body needs a length."),
+        414: FrontPage(414, "uri_too_long", "The request line is over 8 KiB."),
+        500: FrontPage(500, "internal_error", "The front hit an internal error."),
+        501: FrontPage(
+            501,
+            "not_implemented",
+            "The front reads request bodies whose Transfer-Encoding is chunked, or none.",
+        ),
+        504: FrontPage(
+            504, "timeout", "The replica did not answer within the deadline of the front."
+        ),
+        505: FrontPage(
+            505, "http_version_not_supported", "The front speaks HTTP/1.0 and HTTP/1.1."
+        ),
+        413: FrontPage(
+            413,
+            "payload_too_large",
+            f"The request body exceeds the limit of {limits.max_body_bytes} bytes.",
+            data=f'{{"limitBytes":{limits.max_body_bytes}}}',
+        ),
+        # nginx's own code for a request head over its buffers, answered as 431.
+        494: FrontPage(
+            431,
+            "headers_too_large",
+            "The request head is over the limits: "
+            f"{limits.max_header_bytes} bytes in all (MAX_HEADER_BYTES), 8 KiB a line.",
+            data=f'{{"limitBytes":{limits.max_header_bytes}}}',
+        ),
+        "session_not_found": FrontPage(404, "session_not_found", "No session with this id."),
+        "session_replica_down": FrontPage(
+            503,
+            "replica_unavailable",
+            "The replica that holds this session cannot be reached.",
+        ),
+        "no_replica": FrontPage(503, "replica_unavailable", "No replica could take the request."),
+    }
+
+
+# -- the template ---------------------------------------------------------------------------
+
+#: The configuration, as an operator reads it: nginx.conf with placeholders, and the
+#: blocks repeated for each replica, pool and error page (its preamble says how to read it).
+TEMPLATE = "nginx.conf.template"
+#: ``${NAME}`` alone on its line (a block of lines, indented as the line), or in a line.
+_PLACEHOLDER = re.compile(
+    r"^(?P<indent>[ ]*)\$\{(?P<block>[A-Z][A-Z0-9_]*)\}\n|\$\{(?P<name>[A-Z][A-Z0-9_]*)\}",
+    re.MULTILINE,
+)
+
+
+@functools.cache
+def template_blocks() -> dict[str, str]:
+    """The template's blocks by name (read once, from the package)."""
+    text = resources.files(__package__).joinpath(TEMPLATE).read_text(encoding="utf-8")
+    blocks: dict[str, str] = {}
+    for part in re.split(r"^#> ", text, flags=re.MULTILINE)[1:]:
+        name, _, body = part.partition("\n")
+        blocks[name.strip()] = body.rstrip("\n") + "\n"
+    return blocks
+
+
+def fill(block: str, **values: object) -> str:
+    """The template's ``block`` with its placeholders filled in, in one pass (a value is
+    never read as a template); a placeholder without a value raises KeyError."""
+
+    def value(match: re.Match[str]) -> str:
+        if match["block"] is None:
+            return str(values[match["name"]])
+        lines = str(values[match["block"]]).splitlines()
+        return "".join(f"{match['indent']}{line}\n" if line else "\n" for line in lines)
+
+    return _PLACEHOLDER.sub(value, template_blocks()[block])
+
+
+def _blocks(block: str, items: Sequence[dict[str, object]]) -> str:
+    return "".join(fill(block, **item) for item in items)
+
+
+def _error_pages(pages: Mapping[int | str, FrontPage], unreachable: str) -> str:
+    """nginx's own errors as the payload; ``unreachable`` answers when no replica did."""
+    targets = [(str(s), f"{FRONT_ERRORS}{s}") for s in pages if isinstance(s, int)]
+    targets.append(("502", unreachable))
+    return _blocks("error page", [{"STATUS": s, "TARGET": t} for s, t in sorted(targets)])
+
+
+def _front_pages(pages: Mapping[int | str, FrontPage], token_map: str) -> str:
+    """The internal location of each error page. Whatever the body, no 413 there: nginx
     already refused or is discarding it, and a second error would get its HTML page."""
-    guard = [
-        "            if ($bridge_token_ok = 0) {",
-        f"                rewrite ^ {FRONT_ERRORS}401 last;",
-        "            }",
-    ]
-    return [
-        f"        location = {FRONT_ERRORS}{status} {{",
-        "            internal;",
-        "            client_max_body_size 0;",
-        *(guard if token_map and status in GUARDED_PAGES else []),
-        *body,
-        "        }",
-    ]
+    guard = fill("guard", UNAUTHORIZED_URI=f"{FRONT_ERRORS}401")
+    return _blocks(
+        "front page",
+        [
+            {
+                "URI": f"{FRONT_ERRORS}{status}",
+                "GUARD": guard if token_map and status in GUARDED_PAGES else "",
+                "HEADERS": _blocks("header", [{"NAME": n, "VALUE": v} for n, v in page.headers]),
+                "STATUS": page.status,
+                "PAYLOAD": page.payload,
+            }
+            for status, page in pages.items()
+            if isinstance(status, int)
+        ],
+    )
 
 
-def _front_error_locations(token_map: str) -> list[str]:
-    out: list[str] = []
-    for status, kind, message, extra, headers in _FRONT_PAGES:
-        out += _front_page(
-            str(status),
-            token_map,
-            [
-                *(f"            add_header {name} {value} always;" for name, value in headers),
-                f"            return {status} {_payload(kind, message, extra)};",
-            ],
-        )
-    return out
+def _token_check(pages: Mapping[int | str, FrontPage], token_map: str) -> str:
+    """The map of ``$bridge_stranger``: 1 for a request that needs the token and lacks it.
+
+    Its key is ``token-ok:method:content-length:transfer-encoding:uri``. Exempt are the
+    front's own error pages (a request nginx could not read gets its 400, 414 or 505,
+    never a 401 for headers nginx never read; a client asking for one of them meets its
+    ``internal``, whose 404 page sends a request without the token to the 401) and what
+    a replica exempts from the token (bridge.auth: GET or HEAD of the two health paths),
+    with no body (no Content-Length but 0, no Transfer-Encoding): a stranger's health
+    request with a body gets the 401, whatever its length, so that no length tells the
+    body limit (a 413) from one under it.
+    """
+    if not token_map:
+        return ""
+    # Exactly the pages there are: any other /.front/ path goes to a replica.
+    uris = "|".join(sorted(str(s) for s in pages if isinstance(s, int)))
+    escaped = FRONT_ERRORS.replace(".", "\\.")
+    return fill("token check", TOKEN_MAP=token_map, FRONT_PAGE_URIS=f"{escaped}({uris})")
 
 
 def seconds(milliseconds: int) -> int:
@@ -363,7 +414,7 @@ def seconds(milliseconds: int) -> int:
 def render(
     replicas: Sequence[Replica], limits: RestLimits, settings: FrontSettings | None = None
 ) -> str:
-    """nginx.conf for ``replicas`` behind one server."""
+    """nginx.conf for ``replicas`` behind one server: the template, filled in."""
     if not replicas:
         raise ValueError("a front needs at least one replica")
     ids = [r.id for r in replicas]
@@ -373,207 +424,80 @@ def render(
     if settings.token_map and _NGINX_PATH.fullmatch(settings.token_map) is None:
         raise ValueError(f"{settings.token_map[:120]!r} is not a path nginx reads as one word")
     run = settings.runtime_dir.rstrip("/") + "/" if settings.runtime_dir else ""
-    error_log = settings.error_log or f"{run}error.log"
-    access_log = f"{run}access.log" if settings.access_log else "off"
-    tries = len(replicas)
+    pages = front_pages(limits)
+    error_pages = _error_pages(pages, "@no_replica")
     call = seconds(limits.call_timeout_ms)
-    spawn, text_turn = seconds(limits.spawn_timeout_ms), seconds(limits.text_turn_timeout_ms)
-    # Several workers: one listening socket each, so the kernel spreads connections.
-    reuseport = "" if settings.workers == "1" else " reuseport"
-    out: list[str] = [
-        "# Generated by `rest-bridge front-config`: nginx in front of codex-rest-bridge",
-        f"# replicas ({', '.join(ids)}). Regenerate it rather than edit it.",
-        f"worker_processes {settings.workers};",
-        "pcre_jit on;",
-        f"pid {run}nginx.pid;",
-        f"error_log {error_log} warn;",
-        "",
-        "events {",
-        "    worker_connections 4096;",
-        "}",
-        "",
-        "http {",
-        f"    access_log {access_log};",
-        "    server_tokens off;",
-        f"    client_body_temp_path {run}client_body_temp;",
-        f"    proxy_temp_path {run}proxy_temp;",
-        f"    fastcgi_temp_path {run}fastcgi_temp;",
-        f"    uwsgi_temp_path {run}uwsgi_temp;",
-        f"    scgi_temp_path {run}scgi_temp;",
-        "    default_type application/json;",
-        f"    client_max_body_size {limits.max_body_bytes};",
-        # Bodies and answers stay in memory, never in temporary files: nginx's workers may
-        # run as another user (nobody, under a root master) who cannot write in the
-        # runtime directory (0700), which turned a 100 KB body into a 500. A body is
-        # held whole by the replica anyway; an answer the client reads slowly holds nginx
-        # back from the replica instead of filling a disk.
-        f"    client_body_buffer_size {limits.max_body_bytes};",
-        "    proxy_max_temp_file_size 0;",
-        # The replicas' bounds on a request head: a line, and MAX_HEADER_BYTES in all.
-        f"    large_client_header_buffers {max(2, -(-limits.max_header_bytes // 8192))} 8k;",
-        "    keepalive_timeout 75s;",
-        "    keepalive_requests 100000;",
-        "",
-    ]
-    # Balanced routes: one pool of every replica per kind of work, and one for reads.
-    for pool, what in POOLS:
-        out += [
-            f"    # {what}",
-            f"    upstream {pool} {{",
-            "        least_conn;",
-            *(
-                f"        server {r.address} max_fails=1 fail_timeout={_fail_seconds(pool)}s"
-                f"{r.server_flags};"
-                for r in replicas
+    pools = [
+        {
+            "WHAT": what,
+            "POOL": pool,
+            "KEEPALIVE": KEEPALIVE_CONNECTIONS,
+            "SERVERS": _blocks(
+                "pool server",
+                [
+                    {"ADDRESS": r.address, "FAIL_SECONDS": _fail_seconds(pool), "DOWN": r.flags}
+                    for r in replicas
+                ],
             ),
-            f"        keepalive {KEEPALIVE_CONNECTIONS};",
-            "        keepalive_requests 100000;",
-            "    }",
-        ]
-    if settings.token_map:
-        exempt = [f'        "0:{key}" 0;' for key in EXEMPT]
-        # Exactly the pages there are: any other /.front/ path goes to a replica.
-        pages = "|".join(sorted({str(status) for status, *_ in _FRONT_PAGES} | {"413", "494"}))
-        front_pages = FRONT_ERRORS.replace(".", "\\.")
-        out += [
-            "    # The bearer token, checked before anything is routed ($bridge_token_ok).",
-            f"    include {settings.token_map};",
-            '    map "$bridge_token_ok:$request_method:$http_content_length:'
-            '$http_transfer_encoding:$uri" $bridge_stranger {',
-            "        default 1;",
-            '        "~^1:" 0;',
-            # The front's own error pages: a request nginx could not read gets its 400
-            # (414, 505), never a 401 for headers nginx never read. A client asking
-            # for one of them meets its `internal` (404), whose page, like the 413's
-            # and the 494's, sends a request without the token to the 401.
-            f'        "~^0:[^:]*:[^:]*:[^:]*:{front_pages}({pages})$" 0;',
-            *exempt,
-            "    }",
-        ]
-    out += [
-        "",
-        "    # One upstream per replica, for the sessions it holds.",
+        }
+        for pool, what in POOLS
     ]
-    for r in replicas:
-        out += [
-            f"    upstream {r.upstream} {{",
-            f"        server {r.address}{r.server_flags};",
-            f"        keepalive {KEEPALIVE_CONNECTIONS};",
-            "        keepalive_requests 100000;",
-            "    }",
-        ]
-    out += [
-        "",
-        "    server {",
-        f"        listen {settings.listen}{reuseport};",
-        "        proxy_http_version 1.1;",
-        '        proxy_set_header Connection "";',
-        "        proxy_set_header Host $http_host;",
-        "        proxy_connect_timeout 2s;",
-        "        proxy_send_timeout 60s;",
-        "        proxy_intercept_errors off;",
-        "",
-        # Errors nginx itself answers: the error payload, never an HTML page. (A
-        # location with an error_page of its own inherits none: each repeats them.)
-        *_error_pages("        ", "@no_replica"),
-        "",
-        *_stranger_check(settings),
-        "        # The listing is a read, a creation is work: the same path, two locations",
-        "        # (each its own read timeout), chosen by method before a location is.",
-        '        if ($request_method ~ "^(GET|HEAD)$") {',
-        f"            rewrite ^/v1/sessions$ {LISTING} last;",
-        "        }",
-        "",
-        "        # Sessions: a session id reads <replica>.<uuid>, and goes to that replica,",
-        "        # never another. One prefix location per replica: a lookup in nginx's tree",
-        "        # of locations, not a regular expression per replica; `^~` keeps the",
-        "        # server's regex locations out, so a call tries only the two nested ones.",
+    upstreams = [
+        {
+            "UPSTREAM": r.upstream,
+            "ADDRESS": r.address,
+            "DOWN": r.flags,
+            "KEEPALIVE": KEEPALIVE_CONNECTIONS,
+        }
+        for r in replicas
     ]
-    for r in replicas:
-        out += [
-            f"        location ^~ /v1/sessions/{r.id}. {{",
-            *_error_pages("            ", "@session_replica_down"),
-            "            proxy_next_upstream off;",
-            f"            proxy_read_timeout {call}s;",
-            f"            proxy_pass http://{r.upstream};",
-            "            location ~ ^/v1/sessions/[^/]+/events/stream$ {",
-            "                proxy_buffering off;",
-            "                proxy_cache off;",
-            f"                proxy_read_timeout {2 * seconds(limits.sse_keepalive_ms)}s;",
-            f"                proxy_pass http://{r.upstream};",
-            "            }",
-            "            location ~ ^/v1/sessions/[^/]+/events$ {",
-            "                proxy_buffering off;",
-            f"                proxy_read_timeout {seconds(limits.max_wait_ms)}s;",
-            f"                proxy_pass http://{r.upstream};",
-            "            }",
-            "        }",
-        ]
-    out += [
-        "        # Any other session id names no replica of this front.",
-        "        location ~ ^/v1/sessions/[^/]+ {",
-        "            return 404 " + _payload("session_not_found", "No session with this id.") + ";",
-        "        }",
-        "",
-        "        # Work is balanced: the next replica when one is full (429), draining (503)",
-        "        # or down; a refusal marks the replica for this kind of work only.",
-        *_balanced("= /v1/sessions", WORK_NEXT, tries, spawn, CREATE_POOL),
-        *_balanced("= /v1/text-turn", WORK_NEXT, tries, text_turn, TEXT_TURN_POOL),
-        *_balanced("^~ /v1/call/", WORK_NEXT, tries, call, CALL_POOL),
-        "        # Reads (health, compatibility, the OpenAPI document, anything else): the next",
-        "        # replica only when one cannot be reached; never refused for a refused work.",
-        *_balanced("/", READ_NEXT, tries, READ_SECONDS, READ_POOL),
-        "        # The listing (GET or HEAD /v1/sessions, rewritten here): a read that may wait",
-        "        # for the peers' answers (PEER_TIMEOUT_SECONDS), passed on as it was asked.",
-        *_balanced(f"= {LISTING}", READ_NEXT, tries, LISTING_SECONDS, READ_POOL + "$request_uri"),
-        "",
-        "        location @session_replica_down {",
-        "            add_header Retry-After 1 always;",
-        "            return 503 "
-        + _payload(
-            "replica_unavailable",
-            "The replica that holds this session cannot be reached.",
-        )
-        + ";",
-        "        }",
-        "        location @no_replica {",
-        "            add_header Retry-After 1 always;",
-        "            return 503 "
-        + _payload("replica_unavailable", "No replica could take the request.")
-        + ";",
-        "        }",
-        *_front_error_locations(settings.token_map),
-        *_front_page(
-            "413",
-            settings.token_map,
-            [
-                "            return 413 "
-                + _payload(
-                    "payload_too_large",
-                    f"The request body exceeds the limit of {limits.max_body_bytes} bytes.",
-                    f',"data":{{"limitBytes":{limits.max_body_bytes}}}',
-                )
-                + ";"
-            ],
+    sessions = [
+        {
+            "REPLICA_ID": r.id,
+            "UPSTREAM": r.upstream,
+            "ERROR_PAGES": _error_pages(pages, "@session_replica_down"),
+            "CALL_SECONDS": call,
+            "STREAM_SECONDS": 2 * seconds(limits.sse_keepalive_ms),
+            "LONG_POLL_SECONDS": seconds(limits.max_wait_ms),
+        }
+        for r in replicas
+    ]
+    return fill(
+        "nginx.conf",
+        REPLICA_IDS=", ".join(ids),
+        WORKERS=settings.workers,
+        RUN=run,
+        ERROR_LOG=settings.error_log or f"{run}error.log",
+        ACCESS_LOG=f"{run}access.log" if settings.access_log else "off",
+        MAX_BODY_BYTES=limits.max_body_bytes,
+        # The replicas' bounds on a request head: a line, and MAX_HEADER_BYTES in all.
+        HEADER_BUFFERS=max(2, -(-limits.max_header_bytes // 8192)),
+        POOLS=_blocks("pool", pools),
+        TOKEN_CHECK=_token_check(pages, settings.token_map),
+        REPLICA_UPSTREAMS=_blocks("replica upstream", upstreams),
+        # Several workers: one listening socket each, so the kernel spreads connections.
+        LISTEN=settings.listen + ("" if settings.workers == "1" else " reuseport"),
+        ERROR_PAGES=error_pages,
+        STRANGER_CHECK=(
+            fill("stranger check", UNAUTHORIZED_URI=f"{FRONT_ERRORS}401")
+            if settings.token_map
+            else ""
         ),
-        *_front_page(
-            "494",
-            settings.token_map,
-            [
-                "            return 431 "
-                + _payload(
-                    "headers_too_large",
-                    "The request head is over the limits: "
-                    f"{limits.max_header_bytes} bytes in all (MAX_HEADER_BYTES), 8 KiB a line.",
-                    f',"data":{{"limitBytes":{limits.max_header_bytes}}}',
-                )
-                + ";"
-            ],
-        ),
-        "    }",
-        "}",
-    ]
-    return "\n".join(out) + "\n"
+        LISTING=LISTING,
+        SESSION_LOCATIONS=_blocks("session location", sessions),
+        SESSION_NOT_FOUND=pages["session_not_found"].payload,
+        WORK_NEXT=WORK_NEXT,
+        READ_NEXT=READ_NEXT,
+        TRIES=len(replicas),
+        SPAWN_SECONDS=seconds(limits.spawn_timeout_ms),
+        TEXT_TURN_SECONDS=seconds(limits.text_turn_timeout_ms),
+        CALL_SECONDS=call,
+        READ_SECONDS=READ_SECONDS,
+        LISTING_SECONDS=LISTING_SECONDS,
+        SESSION_REPLICA_DOWN=pages["session_replica_down"].payload,
+        NO_REPLICA=pages["no_replica"].payload,
+        FRONT_PAGES=_front_pages(pages, settings.token_map),
+    )
 
 
 def replace_config_map(manifest: str, config: str, key: str = "nginx.conf") -> str:
