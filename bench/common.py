@@ -1,4 +1,4 @@
-"""What every benchmark shares: processes, /proc readings, statistics, figures."""
+"""What every benchmark shares: processes, their CPU and memory, statistics, figures."""
 
 from __future__ import annotations
 
@@ -20,11 +20,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import psutil
+
 ROOT = Path(__file__).resolve().parent.parent
 BIN = Path(sys.executable).parent
 SCRIPT = Path(__file__).with_name("fake_script.yaml")
-CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
-PAGE_SIZE = os.sysconf("SC_PAGE_SIZE")
 HOST = "127.0.0.1"  # every byte of every benchmark stays on the loopback
 
 
@@ -51,20 +51,18 @@ def raise_fd_limit() -> None:
         resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
 
 
-# -- /proc ------------------------------------------------------------------------
+# -- processes --------------------------------------------------------------------
 
 
 def rss_bytes(pid: int) -> int:
     """Resident set size of one process."""
-    with open(f"/proc/{pid}/statm") as handle:
-        return int(handle.read().split()[1]) * PAGE_SIZE
+    return psutil.Process(pid).memory_info().rss
 
 
 def cpu_seconds(pid: int) -> float:
     """User + system CPU time one process (all its threads) has used."""
-    with open(f"/proc/{pid}/stat") as handle:
-        fields = handle.read().rpartition(")")[2].split()
-    return (int(fields[11]) + int(fields[12])) / CLOCK_TICKS
+    times = psutil.Process(pid).cpu_times()
+    return times.user + times.system
 
 
 def children_cpu() -> float:
@@ -78,7 +76,8 @@ def cpu_ns(pid: int) -> int:
 
     Finer than :func:`cpu_seconds` (clock ticks): what a process spending a few µs per
     call uses over a short window is a few ticks. Threads that have exited are not
-    counted; the benchmarks' processes keep theirs.
+    counted; the benchmarks' processes keep theirs. Read from /proc: psutil has no
+    nanosecond count.
     """
     total = 0
     for task in os.listdir(f"/proc/{pid}/task"):
@@ -88,20 +87,13 @@ def cpu_ns(pid: int) -> int:
 
 
 def thread_count(pid: int) -> int:
-    with open(f"/proc/{pid}/status") as handle:
-        for line in handle:
-            if line.startswith("Threads:"):
-                return int(line.split()[1])
-    return 0
+    return psutil.Process(pid).num_threads()
 
 
 def child_pids(pid: int) -> list[int]:
-    pids: list[int] = []
-    with contextlib.suppress(OSError):
-        for task in os.listdir(f"/proc/{pid}/task"):
-            with open(f"/proc/{pid}/task/{task}/children") as handle:
-                pids += [int(p) for p in handle.read().split()]
-    return pids
+    with contextlib.suppress(psutil.NoSuchProcess):
+        return [child.pid for child in psutil.Process(pid).children()]
+    return []
 
 
 class CpuMeter:
@@ -116,26 +108,15 @@ class CpuMeter:
         elapsed = time.monotonic() - self._t0
         out = {}
         for name, pid in self.pids.items():
-            with contextlib.suppress(OSError):
+            with contextlib.suppress(psutil.NoSuchProcess):
                 out[name] = (cpu_seconds(pid) - self._start[name]) / elapsed
         return out
 
 
-def _cpu_ticks() -> tuple[int, int]:
-    """(busy, total) jiffies of the whole machine."""
-    with open("/proc/stat") as handle:
-        values = [int(v) for v in handle.readline().split()[1:]]
-    idle = values[3] + values[4]  # idle + iowait
-    total = sum(values[:8])  # guest time is already counted in user
-    return total - idle, total
-
-
 def machine_busy(seconds: float = 1.0) -> float:
-    """Share of the machine's CPU busy over ``seconds`` (0.0 to 1.0, all cores)."""
-    busy0, total0 = _cpu_ticks()
-    time.sleep(seconds)
-    busy1, total1 = _cpu_ticks()
-    return (busy1 - busy0) / max(total1 - total0, 1)
+    """Share of the machine's CPU busy over ``seconds`` (0.0 to 1.0, all cores; idle and
+    iowait count as not busy)."""
+    return psutil.cpu_percent(interval=seconds) / 100
 
 
 def wait_for_quiet(threshold: float = 0.15, patience: float = 5.0) -> float:

@@ -2,7 +2,7 @@
 
 An experiment tool, not part of ``make bench``. N replicas (``rest-bridge serve`` on the
 lean app-server, each also listening on a unix socket, see ``--unix``) are started once;
-then one nginx per variant of the generated configuration (``bridge.front.render``
+then one nginx per variant of the generated configuration (``bridge_ops.front.render``
 with a change applied), each on its own port, all in front of the same replicas. Every
 round measures every variant, and the replica reached directly, one after the other:
 calls/s with 64 in flight, the CPU per call of nginx, of the replicas, of the
@@ -29,8 +29,8 @@ from pathlib import Path
 from bench import lean, wrk
 from bench.b_cluster import IN_FLIGHT, SESSIONS_PER_REPLICA, WRK_SECONDS, rotating_lua
 from bench.common import HOST, child_pids, cpu_ns, fake_env, free_port, http_json, log
-from bridge.front import FrontSettings, Replica, render, token_map_text
 from bridge.limits import RestLimits
+from bridge_ops.front import FrontSettings, Replica, render, token_map_text
 
 # A replica that also listens on a unix socket: the bridge's own `serve`, with aiohttp's
 # TCP site made to open a unix site beside it (an experiment; serve has no such option).

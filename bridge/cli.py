@@ -14,11 +14,10 @@ import signal
 import socket
 import sys
 from collections.abc import Callable, Sequence
-from pathlib import Path
 
 from aiohttp import web
 
-from bridge import TOKEN_VARIABLE, __version__, credentials, front, replica
+from bridge import TOKEN_VARIABLE, __version__, credentials, replica
 from bridge.app import PRESETS, SERVER_SETTINGS, mounted_routes, router_method_rules
 from bridge.auth import AuthSettings, token_problem, with_bearer_auth
 from bridge.descriptors import BridgeEventLoop, ShortageReporter, budget_line, raise_soft_limit
@@ -323,52 +322,6 @@ def address(host: str, port: int) -> str:
     return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
 
-def print_front_config(args: argparse.Namespace) -> int:
-    if args.print_token_map:
-        try:
-            token = credentials.read_secret(TOKEN_VARIABLE)
-            if token is None:
-                raise ValueError(
-                    f"neither {TOKEN_VARIABLE} nor {TOKEN_VARIABLE}{credentials.FILE_SUFFIX} "
-                    "is set: there is no token to check"
-                )
-            sys.stdout.write(front.token_map_text(token))
-        except ValueError as exc:
-            # The message names what is wrong with the token, never the token.
-            print(f"rest-bridge front-config: {exc}", file=sys.stderr)
-            return 2
-        return 0
-    if not args.replica:
-        print("rest-bridge front-config: give at least one --replica ID=HOST:PORT", file=sys.stderr)
-        return 2
-    try:
-        replicas = [front.parse_replica(text) for text in args.replica]
-        config = front.render(
-            replicas,
-            RestLimits.from_env(),
-            front.FrontSettings(
-                listen=args.listen,
-                workers=args.workers,
-                runtime_dir=args.runtime_dir,
-                error_log=args.error_log,
-                token_map=args.token_map,
-            ),
-        )
-    except (RestLimitsEnvError, ValueError) as exc:
-        print(f"rest-bridge front-config: {exc}", file=sys.stderr)
-        return 2
-    if args.write_config_map:
-        path = Path(args.write_config_map)
-        try:
-            path.write_text(front.replace_config_map(path.read_text(), config))
-        except (OSError, ValueError) as exc:
-            print(f"rest-bridge front-config: {exc}", file=sys.stderr)
-            return 2
-        return 0
-    sys.stdout.write(config)
-    return 0
-
-
 async def serve(
     preset: str,
     command: list[str],
@@ -547,9 +500,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             os.dup2(devnull, sys.stdout.fileno())
             os.close(devnull)
     elif args.command == "front-config":
-        return print_front_config(args)
+        from bridge_ops import front
+
+        return front.main(args)
     elif args.command == "cluster":
-        from bridge import cluster
+        from bridge_ops import cluster
 
         return cluster.main(args)
     elif args.command == "serve":

@@ -7,7 +7,7 @@ process, every request about a session must reach the replica that holds it. So:
 - ``REST_ADAPTER_REPLICA_ID`` names the replica (a DNS label, as a Kubernetes
   StatefulSet's pod names are), and the replica's session ids then read
   ``<replica>.<uuid4>``: a proxy routes ``/v1/sessions/<replica>.…`` by that prefix
-  (``bridge.front`` generates nginx's configuration). Without it the ids stay
+  (``bridge_ops.front`` generates nginx's configuration). Without it the ids stay
   plain uuid4s and nothing changes.
 - ``REST_ADAPTER_PEERS`` (``id=url,id=url``) lists the other replicas, so that
   ``GET /v1/sessions`` on any one of them lists every replica's sessions. The replica

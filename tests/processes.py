@@ -13,16 +13,15 @@ import time
 from collections.abc import Iterable
 from pathlib import Path
 
+import psutil
 import pytest
 
 
-def _stat(pid: str) -> tuple[int, int, str] | None:
+def _live(process: psutil.Process) -> bool:
     try:
-        with open(f"/proc/{pid}/stat") as stat:
-            fields = stat.read().rsplit(")", 1)[1].split()
-    except OSError:
-        return None
-    return int(fields[1]), int(fields[2]), fields[0]
+        return process.status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
 
 
 def live_children() -> set[int]:
@@ -30,37 +29,36 @@ def live_children() -> set[int]:
 
     An app-server started in its own process group takes its grandchildren along,
     so a grandchild that outlived its parent shows up here too. Zombies do not count.
-    Linux only (reads ``/proc``).
     """
-    me = os.getpid()
     own_group = os.getpgid(0)
-    table = {pid: stat for pid in os.listdir("/proc") if pid.isdigit() and (stat := _stat(pid))}
     found: set[int] = set()
     groups: set[int] = set()
-    for pid, (ppid, pgid, state) in table.items():
-        if ppid == me and state != "Z":
-            found.add(int(pid))
-            groups.add(pgid)
+    for child in psutil.Process().children():
+        with contextlib.suppress(ProcessLookupError):
+            if _live(child):
+                found.add(child.pid)
+                groups.add(os.getpgid(child.pid))
     groups.discard(own_group)
-    for pid, (_, pgid, state) in table.items():
-        if pgid in groups and state != "Z":
-            found.add(int(pid))
+    if groups:
+        for process in psutil.process_iter():
+            with contextlib.suppress(ProcessLookupError):
+                if os.getpgid(process.pid) in groups and _live(process):
+                    found.add(process.pid)
     return found
 
 
 def open_descriptors() -> int:
     """How many file descriptors this process has open."""
-    return len(os.listdir("/proc/self/fd"))
+    return psutil.Process().num_fds()
 
 
 def zombie_children(pid: int | None = None) -> set[int]:
     """Pids of the children of ``pid`` (default: this process) that exited unreaped."""
-    parent = os.getpid() if pid is None else pid
     found: set[int] = set()
-    for entry in os.listdir("/proc"):
-        stat = _stat(entry) if entry.isdigit() else None
-        if stat is not None and stat[0] == parent and stat[2] == "Z":
-            found.add(int(entry))
+    for child in psutil.Process(pid).children():
+        with contextlib.suppress(psutil.NoSuchProcess):
+            if child.status() == psutil.STATUS_ZOMBIE:
+                found.add(child.pid)
     return found
 
 
@@ -71,25 +69,20 @@ def marked_processes(variable: str, value: str) -> set[int]:
     one marks every process it spawns, and every process those spawn, wherever they
     were re-parented after their parent died.
     """
-    needle = f"{variable}={value}".encode()
     me = os.getpid()
     found: set[int] = set()
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit() or int(entry) == me:
+    for process in psutil.process_iter():
+        if process.pid == me:
             continue
-        try:
-            with open(f"/proc/{entry}/environ", "rb") as handle:
-                environ = handle.read().split(b"\0")
-        except OSError:
-            continue
-        stat = _stat(entry)
-        if needle in environ and stat is not None and stat[2] != "Z":
-            found.add(int(entry))
+        with contextlib.suppress(psutil.Error):
+            if process.environ().get(variable) == value and _live(process):
+                found.add(process.pid)
     return found
 
 
 def descriptor_targets(pid: int | None = None) -> list[str]:
-    """What the open descriptors of ``pid`` (default: this process) point at."""
+    """What the open descriptors of ``pid`` (default: this process) point at (from
+    ``/proc``: psutil lists files and sockets, never pipes)."""
     directory = f"/proc/{'self' if pid is None else pid}/fd"
     targets = []
     for fd in os.listdir(directory):
@@ -118,7 +111,7 @@ def tcp_sockets(pid: int | None = None) -> list[tuple[str, int]]:
 
     The state is a name of TCP_STATES, or the kernel's hex code for the others; the
     unread bytes are the receive queue: what arrived and the process has not read yet.
-    Linux only (reads ``/proc``).
+    Linux only (reads ``/proc``: psutil's connections carry no receive queue).
     """
     where = "self" if pid is None else str(pid)
     inodes: set[str] = set()
@@ -146,11 +139,7 @@ def tcp_sockets(pid: int | None = None) -> list[tuple[str, int]]:
 
 def resident_kib(pid: int | None = None) -> int:
     """Resident memory of ``pid`` (default: this process) in KiB."""
-    with open(f"/proc/{'self' if pid is None else pid}/status") as status:
-        for line in status:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1])
-    return 0
+    return psutil.Process(pid).memory_info().rss // 1024
 
 
 async def exited(pids: Iterable[int], timeout: float) -> None:

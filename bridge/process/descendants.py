@@ -28,7 +28,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import ctypes
-import errno
 import logging
 import os
 import secrets
@@ -36,6 +35,8 @@ import signal
 import sys
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
+
+import psutil
 
 log = logging.getLogger("bridge.process")
 
@@ -50,71 +51,50 @@ LINUX = sys.platform.startswith("linux") and hasattr(os, "pidfd_open")
 _PR_SET_CHILD_SUBREAPER = 36
 #: Rounds of search-and-kill before giving up on a lineage that keeps forking.
 _MAX_ROUNDS = 64
-#: When /proc cannot be read (no descriptor left), how often and how long to retry.
+#: When the process table cannot be read (no descriptor left), how often and how long to retry.
 _RETRY_SECONDS = 1.0
 _RETRIES = 60
-_GONE = (errno.ENOENT, errno.ESRCH)
+_DEAD = (psutil.STATUS_ZOMBIE, psutil.STATUS_DEAD)
 
 
 @dataclass(frozen=True, slots=True)
 class _Stat:
     ppid: int
-    state: str
-    start: int
-
-    @property
-    def alive(self) -> bool:
-        return self.state not in ("Z", "X", "x")
-
-
-def _read(path: str) -> bytes:
-    """A whole /proc file (os.read, without a file object: a scan reads hundreds)."""
-    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
-    try:
-        chunks = []
-        while chunk := os.read(fd, 65536):
-            chunks.append(chunk)
-        return b"".join(chunks)
-    finally:
-        os.close(fd)
+    alive: bool
+    #: When the process started (psutil's create_time): with the pid, who it is.
+    start: float
 
 
 def _stat(pid: int) -> _Stat | None:
-    """``/proc/<pid>/stat``: parent, state and start time; None if the pid is gone.
+    """A process's parent, whether it is alive (not a zombie) and its start time; None
+    if the pid is gone.
 
     Raises OSError for anything but a vanished process (no descriptor left, say).
     """
     try:
-        data = _read(f"/proc/{pid}/stat")
-    except OSError as exc:
-        if exc.errno in _GONE:
-            return None
-        raise
-    fields = data.rsplit(b")", 1)[1].split()
-    if len(fields) < 20:
+        process = psutil.Process(pid)
+        with process.oneshot():
+            return _Stat(process.ppid(), process.status() not in _DEAD, process.create_time())
+    except psutil.NoSuchProcess:
         return None
-    return _Stat(int(fields[1]), fields[0].decode(), int(fields[19]))
 
 
 def _table() -> dict[int, _Stat]:
+    # psutil.Process objects made afresh, not process_iter's cache: a cached object
+    # keeps the start time of a pid the system has since given to another process.
     table: dict[int, _Stat] = {}
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            stat = _stat(int(entry))
-            if stat is not None:
-                table[int(entry)] = stat
+    for pid in psutil.pids():
+        stat = _stat(pid)
+        if stat is not None:
+            table[pid] = stat
     return table
 
 
-def _environ_has(pid: int, needle: bytes) -> bool:
+def _environ_has(pid: int, variable: str, value: str) -> bool:
     try:
-        return needle in _read(f"/proc/{pid}/environ").split(b"\0")
-    except PermissionError:
+        return psutil.Process(pid).environ().get(variable) == value
+    except (psutil.NoSuchProcess, psutil.AccessDenied):
         return False
-    except OSError as exc:
-        if exc.errno in _GONE:
-            return False
-        raise
 
 
 def _descendants(table: Mapping[int, _Stat], roots: set[int]) -> set[int]:
@@ -133,7 +113,7 @@ def _descendants(table: Mapping[int, _Stat], roots: set[int]) -> set[int]:
     return found
 
 
-def _kill(pid: int, start: int) -> int | None:
+def _kill(pid: int, start: float) -> int | None:
     """SIGKILL the process ``pid`` started at ``start``; its pidfd, if one could be had."""
     try:
         fd = os.pidfd_open(pid)
@@ -170,7 +150,7 @@ class _Registry:
         #: Children this process spawned itself: asyncio waits for them by pid.
         #: By pid, with its start time: a pid the system gives again later (one left here
         #: by mistake, or reused while the entry lives) is then never taken for ours.
-        self.own: dict[int, int] = {}
+        self.own: dict[int, float] = {}
         #: Spawns under way, whose pid is not known yet: no reaping meanwhile.
         self.spawning = 0
         self.deferred = False
@@ -356,13 +336,13 @@ async def kill_all(select: Callable[[Mapping[int, _Stat]], set[int]], timeout: f
     and reap what this process adopted. Returns how many were found and killed.
 
     Each is signalled through a pidfd once its start time is checked, so a recycled pid
-    is never hit. A failure to read /proc (no descriptor left) is logged, not raised:
+    is never hit. A failure to read the process table (no descriptor left) is logged, not raised:
     the kills made so far stand.
     """
     if not LINUX:
         return 0
     loop = asyncio.get_running_loop()
-    killed: set[tuple[int, int]] = set()
+    killed: set[tuple[int, float]] = set()
     fds: list[int] = []
     try:
         for _ in range(_MAX_ROUNDS):
@@ -405,14 +385,13 @@ async def end_all(timeout: float) -> int:
 def carrying(variable: str, value: str) -> Callable[[Mapping[int, _Stat]], set[int]]:
     """For :func:`kill_all`: the live processes whose environment has ``variable=value``
     (whoever their parent is now)."""
-    needle = f"{variable}={value}".encode()
     me = os.getpid()
 
     def select(table: Mapping[int, _Stat]) -> set[int]:
         return {
             pid
             for pid, stat in table.items()
-            if pid != me and stat.alive and _environ_has(pid, needle)
+            if pid != me and stat.alive and _environ_has(pid, variable, value)
         }
 
     return select
@@ -426,11 +405,10 @@ class Lineage:
 
     def __init__(self) -> None:
         self.mark = secrets.token_hex(16)
-        self._needle = f"{MARK_VARIABLE}={self.mark}".encode()
         self.pid: int | None = None
-        self._start = 0
+        self._start = 0.0
         #: Descendants seen under the app-server while it lived, by pid: start time.
-        self._tree: dict[int, int] = {}
+        self._tree: dict[int, float] = {}
 
     def environment(self, env: Mapping[str, str] | None) -> dict[str, str]:
         """The app-server's environment (``env``, or this process's) with the mark."""
@@ -443,7 +421,7 @@ class Lineage:
         if LINUX:
             with contextlib.suppress(OSError):
                 stat = _stat(pid)
-                self._start = stat.start if stat is not None else 0
+                self._start = stat.start if stat is not None else 0.0
 
     def remember_tree(self) -> None:
         """Note what lives under the app-server now, before it is asked to stop.
@@ -498,7 +476,7 @@ class Lineage:
             log.info("app-server pid %s left %d processes running: killed", self.pid, killed)
         _wait_then_reap(fds)
 
-    def _targets(self, table: Mapping[int, _Stat]) -> set[tuple[int, int]]:
+    def _targets(self, table: Mapping[int, _Stat]) -> set[tuple[int, float]]:
         me = os.getpid()
         roots: set[int] = set()
         for pid, stat in table.items():
@@ -506,7 +484,7 @@ class Lineage:
                 continue
             if stat.start < self._start:
                 continue
-            if self._tree.get(pid) == stat.start or _environ_has(pid, self._needle):
+            if self._tree.get(pid) == stat.start or _environ_has(pid, MARK_VARIABLE, self.mark):
                 roots.add(pid)
         found = roots | _descendants(table, roots)
         found = {pid for pid in found if not _registry.is_own(pid, table[pid])}
@@ -514,7 +492,7 @@ class Lineage:
         return {(pid, table[pid].start) for pid in found}
 
     def _sweep(self) -> tuple[int, list[int]]:
-        killed: set[tuple[int, int]] = set()
+        killed: set[tuple[int, float]] = set()
         fds: list[int] = []
         try:
             for _ in range(_MAX_ROUNDS):

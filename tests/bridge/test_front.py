@@ -19,8 +19,9 @@ from processes import nginx_binary
 
 from bridge.app import ROUTES
 from bridge.auth import BearerToken, presented_token
-from bridge.cluster import free_port
-from bridge.front import (
+from bridge.limits import RestLimits
+from bridge_ops.cluster import free_port
+from bridge_ops.front import (
     CREATE_POOL,
     LISTING,
     POOLS,
@@ -34,7 +35,6 @@ from bridge.front import (
     replace_config_map,
     token_map_text,
 )
-from bridge.limits import RestLimits
 
 ROOT = Path(__file__).resolve().parents[2]
 MANIFESTS = ROOT / "deploy" / "kubernetes" / "bridge.yaml"

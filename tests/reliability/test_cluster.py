@@ -37,9 +37,9 @@ from processes import (
 )
 
 from bridge.app import mounted_routes, trusted_bridge_app
-from bridge.cluster import CLUSTER_MARK_VARIABLE
-from bridge.front import POOLS, URI_TOO_LONG
 from bridge.openapi import build_openapi
+from bridge_ops.cluster import CLUSTER_MARK_VARIABLE
+from bridge_ops.front import POOLS, URI_TOO_LONG
 from scenarios.openapi_check import OpenApiChecker
 from scenarios.sse import SseReader
 

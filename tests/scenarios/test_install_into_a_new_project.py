@@ -158,6 +158,10 @@ def test_the_documented_install_then_a_scenario_and_a_test_run_green(
         with zipfile.ZipFile(wheel) as archive:
             names = set(archive.namelist())
         assert {"bridge/py.typed", "fakes/py.typed", "scenarios/py.typed"} <= names
+        assert "bridge_ops/nginx.conf.template" in names
+    # The front's configuration, from the template the package ships.
+    front = run(["rest-bridge", "front-config", "--replica", "a=127.0.0.1:1"], tmp_path, env)
+    assert "upstream replica_a {" in front.stdout, front.stdout + front.stderr
 
     (project / "hello.scenario.yaml").write_text(documented_file("hello.scenario.yaml"))
     (project / "test_bridge.py").write_text(documented_file("test_bridge.py"))

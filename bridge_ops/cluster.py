@@ -4,7 +4,7 @@ The replicas are ``rest-bridge serve`` processes on loopback ports, each with it
 (``<prefix>-<n>``), the others as peers, and a mark of its own in its environment
 (:data:`CLUSTER_MARK_VARIABLE`), which its app-servers and everything they start
 inherit. nginx runs with its own prefix directory (configuration, pid file, logs,
-temporary files) and the configuration :mod:`bridge.front` generates. When the
+temporary files) and the configuration :mod:`bridge_ops.front` generates. When the
 replicas require a token (``REST_ADAPTER_TOKEN``), the front checks it too, from a
 token map written 0600 beside nginx.conf (never in nginx.conf itself).
 
@@ -51,10 +51,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from bridge import TOKEN_VARIABLE, credentials
-from bridge.front import FrontSettings, Replica, render, token_map_text
 from bridge.limits import RestLimits
 from bridge.process import descendants
 from bridge.replica import PEERS_VARIABLE, REPLICA_ID_VARIABLE
+from bridge_ops.front import FrontSettings, Replica, render, token_map_text
 
 #: Marks every process a replica starts, so that none outlives the replica.
 CLUSTER_MARK_VARIABLE = "REST_ADAPTER_CLUSTER_MARK"
