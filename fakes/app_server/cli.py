@@ -187,15 +187,20 @@ def _app_server(args: argparse.Namespace) -> int:
         from fakes.app_server.listen import serve_listen
 
         return serve_listen(endpoint, script, seed=seed, version_output=version_output, token=token)
+    resume = None
     if script is None and fast_start_allowed():
         # Script-less: the opening is answered before asyncio is imported (fast.py).
         from fakes.app_server.fast import serve_fast
 
-        return serve_fast(seed=seed, version_output=version_output)
-    # Imported here so that `--version` does not pay for asyncio.
+        ended = serve_fast(seed=seed, version_output=version_output)
+        if isinstance(ended, int):
+            return ended
+        resume = ended
+    # Imported here so that `--version` (and a session the fast start saw to its end)
+    # does not pay for asyncio.
     from fakes.app_server.server import serve
 
-    return serve(script, seed=seed, version_output=version_output)
+    return serve(script, seed=seed, version_output=version_output, resume=resume)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -7,9 +7,9 @@ fake-codex start several times a bare interpreter's CPU, which is what a benchma
 blocking reads: blank lines, the first well-formed `initialize` request, and the
 `initialized` notification are answered here, byte for byte as the asyncio server
 answers them (same ids, same clock, seeded or not). The first message of any other
-kind hands over to the asyncio server (`server.serve(resume=...)`), with the bytes
-read so far and the state reached; end of input before that exits 0, as the server
-does.
+kind ends the fast start with the bytes read so far and the state reached, which the
+caller hands to the asyncio server (`server.serve(resume=...)`); end of input before
+that exits 0, as the server does.
 
 `FAKE_CODEX_FAST=0` turns the fast start off (tests compare both paths).
 """
@@ -54,8 +54,11 @@ class _StdoutGone(Exception):
     """The client closed our stdout: the server would exit 0."""
 
 
-def serve_fast(*, seed: int | None, version_output: str) -> int:
-    """Serve stdio until a message needs the asyncio server, then hand over."""
+def serve_fast(*, seed: int | None, version_output: str) -> int | FastStart:
+    """Serve stdio until a message needs the asyncio server.
+
+    Returns the exit status if the session ended here, else where it stopped: what
+    the asyncio server resumes from."""
     signal.signal(signal.SIGINT, signal.SIG_DFL)
     use_virtual_clock(seed)
     state = FastStart(ids=IdFactory(seed))
@@ -87,9 +90,7 @@ def serve_fast(*, seed: int | None, version_output: str) -> int:
         if tee is not None:
             tee.close()
     state.unread = bytes(buffer)
-    from fakes.app_server.server import serve
-
-    return serve(None, seed=seed, version_output=version_output, resume=state)
+    return state
 
 
 def _answer(line: bytes, state: FastStart, version: str) -> bytes | None:

@@ -333,7 +333,7 @@ class Connection(AppServer):
                 self.listener.subscribe(thread["id"], self)
         super().answer(call, reply)
 
-    async def kill_self(self, signame: str) -> None:
+    async def die(self, signame: str) -> None:
         # A crash of this connection's "process": the client sees the socket drop.
         self.aborted = True
         self.exit(128 + signal.Signals[signame])

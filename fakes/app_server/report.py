@@ -20,8 +20,9 @@ requests it answered (0: never used); ``initialize`` how often a scripted
 protocol lines each way (long ones cut), ``wireDropped`` how many older ones were let
 go.
 
-The report observes the server from outside (it wraps a few of its methods on the
-instance), so the server itself carries a single hook: ``report.attach(self)``.
+A server with a report tells it what happens through the hooks of `Report`, and sends
+its lines through `Report.watch`; the report knows the script and that sink, never the
+server.
 """
 
 from __future__ import annotations
@@ -31,17 +32,16 @@ import atexit
 import contextlib
 import os
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import orjson
 
-from fakes.app_server.wire import now_ms
+from fakes.app_server.wire import Message, RequestId, Sink, encode, now_ms
 
 if TYPE_CHECKING:
     from fakes.app_server.script import AppServerScript
-    from fakes.app_server.server import AppServer
 
 REPORT_ENV = "FAKE_CODEX_REPORT"
 WIRE_KEEP = 400
@@ -51,14 +51,12 @@ TEXT_KEEP = 1000
 class Report:
     """The observed state of one server, and the file it is written to."""
 
-    def __init__(self, server: AppServer, path: str) -> None:
-        self.server = server
+    def __init__(self, script: AppServerScript | None, path: str) -> None:
         self.path = path
         self.requests: dict[Any, dict[str, Any]] = {}
         self.exit: dict[str, Any] | None = None
         self.wire: deque[dict[str, Any]] = deque(maxlen=WIRE_KEEP)
         self.wire_seen = 0
-        script = server.script
         self.methods: dict[str, list[Any]] = dict(script.methods) if script else {}
         self.method_uses = {name: [0] * len(entries) for name, entries in self.methods.items()}
         self.turns: list[Any] = list(script.turns) if script else []
@@ -124,9 +122,79 @@ class Report:
         self.wire_seen += 1
         self.changed()
 
+    # What the server tells its report (see `AppServer`).
 
-def attach(server: AppServer, name: str | None = None) -> Report | None:
-    """Start reporting on `server` if ``$FAKE_CODEX_REPORT`` names a directory.
+    def watch(self, out: Sink) -> Sink:
+        """`out`, with every line the server puts through it kept in the transcript."""
+        return _Watched(out, self)
+
+    def received(self, line: bytes) -> None:
+        """A line the server read and is about to handle."""
+        if line.strip():
+            self.line("in", line)
+
+    def request_sent(self, request_id: RequestId, method: str) -> None:
+        """A server request went out."""
+        self.requests[_key(request_id)] = {
+            "id": request_id,
+            "method": method,
+            "state": "pending",
+            "reply": None,
+        }
+        self.changed()
+
+    def response_received(self, request_id: RequestId, message: Message, *, awaited: bool) -> None:
+        """The client answered a server request (`awaited`: one the server still waits on)."""
+        entry = self.requests.get(_key(request_id))
+        if entry is not None and entry["state"] == "pending" and awaited:
+            entry["state"] = "answered"
+            entry["reply"] = "error" if "error" in message else "result"
+            self.changed()
+
+    def requests_dropped(self, request_ids: Iterable[RequestId]) -> None:
+        """An interrupted turn let these server requests go unanswered."""
+        for request_id in request_ids:
+            entry = self.requests.get(_key(request_id))
+            if entry is not None and entry["state"] == "pending":
+                entry["state"] = "dropped"
+        self.changed()
+
+    def exiting(self, code: int) -> None:
+        """The server stops with status `code` (the first reason given is kept)."""
+        if self.exit is None:
+            self.exit = {"code": code, "signal": None}
+        self.flush()
+
+    def killed(self, signame: str) -> None:
+        """The server dies by signal `signame`."""
+        self.exit = {"code": None, "signal": signame}
+        self.flush()
+
+
+class _Watched:
+    """A sink that keeps a transcript of what goes through it."""
+
+    def __init__(self, out: Sink, report: Report) -> None:
+        self._out = out
+        self._report = report
+
+    def send(self, message: Message) -> None:
+        self._report.line("out", encode(message))
+        self._out.send(message)
+
+    def write(self, data: bytes) -> None:
+        self._report.line("out", data)
+        self._out.write(data)
+
+    async def drain(self) -> None:
+        await self._out.drain()
+
+    async def close(self) -> None:
+        await self._out.close()
+
+
+def attach(script: AppServerScript | None, name: str | None = None) -> Report | None:
+    """A report on a server playing `script`, if ``$FAKE_CODEX_REPORT`` names a directory.
 
     ``name``: the report's file name (``fake-codex-<pid>.json`` by default; a listening
     server names one per connection)."""
@@ -135,105 +203,10 @@ def attach(server: AppServer, name: str | None = None) -> Report | None:
         return None
     with contextlib.suppress(OSError):
         os.makedirs(directory, exist_ok=True)
-    report = Report(server, os.path.join(directory, name or f"fake-codex-{os.getpid()}.json"))
-    _observe(server, report)
+    report = Report(script, os.path.join(directory, name or f"fake-codex-{os.getpid()}.json"))
     atexit.register(report.flush)
     report.flush()
     return report
-
-
-def _observe(server: AppServer, report: Report) -> None:
-    """Wrap the server's methods on the instance so that each change is recorded."""
-    out = server.out
-    write = out.write
-    # getattr: a method renamed in the server leaves its part of the report empty
-    # (tests/fakes/test_fake_report.py notices) instead of breaking the fake.
-    dispatch = _method(server, "_dispatch")
-    send_request = _method(server, "send_request")
-    on_response = _method(server, "_on_response")
-    interrupt = _method(server, "interrupt")
-    next_behavior = _method(server, "_next_behavior")
-    next_turn_script = _method(server, "_next_turn_script")
-    exit_ = _method(server, "exit")
-    kill_self = _method(server, "kill_self")
-
-    def out_write(data: bytes) -> None:
-        report.line("out", data)
-        write(data)
-
-    def on_line(line: bytes) -> None:
-        if line.strip():
-            report.line("in", line)
-        dispatch(line)
-
-    def on_send_request(method: str, params: Any, *args: Any, **kwargs: Any) -> Any:
-        request_id, future = send_request(method, params, *args, **kwargs)
-        report.requests[_key(request_id)] = {
-            "id": request_id,
-            "method": method,
-            "state": "pending",
-            "reply": None,
-        }
-        report.changed()
-        return request_id, future
-
-    def on_reply(request_id: Any, message: dict[str, Any]) -> None:
-        entry = report.requests.get(_key(request_id))
-        if entry is not None and entry["state"] == "pending" and request_id in server.pending:
-            entry["state"] = "answered"
-            entry["reply"] = "error" if "error" in message else "result"
-            report.changed()
-        on_response(request_id, message)
-
-    def on_interrupt(turn: Any) -> None:
-        for request_id in list(turn.pending_requests):
-            entry = report.requests.get(_key(request_id))
-            if entry is not None and entry["state"] == "pending":
-                entry["state"] = "dropped"
-        report.changed()
-        interrupt(turn)
-
-    def on_next_behavior(method: str, *args: Any, **kwargs: Any) -> Any:
-        behavior = next_behavior(method, *args, **kwargs)
-        if behavior is not None:
-            report.used(method, behavior)
-        return behavior
-
-    def on_next_turn_script(*args: Any, **kwargs: Any) -> Any:
-        script = next_turn_script(*args, **kwargs)
-        if script is not None:
-            report.used(None, script)
-        return script
-
-    def on_exit(code: int) -> None:
-        if report.exit is None:
-            report.exit = {"code": code, "signal": None}
-        report.flush()
-        exit_(code)
-
-    async def on_kill_self(signame: str) -> None:
-        report.exit = {"code": None, "signal": signame}
-        report.flush()
-        await kill_self(signame)
-
-    wrappers: dict[str, tuple[Any, Callable[..., Any]]] = {
-        "_dispatch": (dispatch, on_line),
-        "send_request": (send_request, on_send_request),
-        "_on_response": (on_response, on_reply),
-        "interrupt": (interrupt, on_interrupt),
-        "_next_behavior": (next_behavior, on_next_behavior),
-        "_next_turn_script": (next_turn_script, on_next_turn_script),
-        "exit": (exit_, on_exit),
-        "kill_self": (kill_self, on_kill_self),
-    }
-    for name, (original, wrapper) in wrappers.items():
-        if original is not None:
-            setattr(server, name, wrapper)
-    out.write = out_write  # type: ignore[method-assign]
-
-
-def _method(server: AppServer, name: str) -> Any:
-    return getattr(server, name, None)
 
 
 def _key(request_id: Any) -> str:

@@ -14,7 +14,7 @@ import asyncio
 import os
 import signal
 from collections.abc import AsyncIterator, Callable, Coroutine
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any
 
 import orjson
 
@@ -36,6 +36,7 @@ from fakes.app_server.turns import ThreadState, TurnRun, Usage
 from fakes.app_server.wire import (
     Message,
     RequestId,
+    Sink,
     encode,
     log,
     notification,
@@ -49,19 +50,9 @@ if TYPE_CHECKING:
     from fakes.app_server.script import AppServerScript, MethodBehavior, ReplySpec, TurnScript
     from fakes.app_server.steps import StepRunner
 
-__all__ = ["INTERNAL_ERROR", "INVALID_REQUEST", "AppServer", "Call", "Reply", "serve"]
+__all__ = ["INTERNAL_ERROR", "INVALID_REQUEST", "AppServer", "Call", "Reply", "Sink", "serve"]
 
 _KNOWN = frozenset(KNOWN_METHODS)
-
-
-class Sink(Protocol):
-    """Where the server's protocol lines go: stdout (`stdio.Output`) or a WebSocket
-    connection (`listen.FrameOutput`)."""
-
-    def send(self, message: Message) -> None: ...
-    def write(self, data: bytes) -> None: ...
-    async def drain(self) -> None: ...
-    async def close(self) -> None: ...
 
 
 def default_reply_text(inputs: list[Any]) -> str:
@@ -84,7 +75,13 @@ def _matches(match: dict[str, Any] | None, params: Any) -> bool:
 
 
 class AppServer:
-    """One fake app-server process: a connection's state and its request handlers."""
+    """One fake app-server process: a connection's state and its request handlers.
+
+    The only class that knows the whole server. The steps (`steps.py`) and the thread
+    methods (`threads.py`) see it through the narrow protocols of `host.py`; its report
+    (`report.py`, only with `$FAKE_CODEX_REPORT`) is told what happens through a few
+    hooks.
+    """
 
     def __init__(
         self,
@@ -99,6 +96,7 @@ class AppServer:
         self.seed = seed
         self.version = shapes.cli_version(version_output)
         self.out: Sink
+        self.report: report.Report | None = None
         self.initialized = False
         self.client_info: dict[str, Any] = {}
         self._saw_initialized = False
@@ -155,8 +153,8 @@ class AppServer:
         an `exit` step or the client going away; returns the exit status."""
         if not hasattr(self, "_exit_code"):
             self._exit_code = asyncio.get_running_loop().create_future()
-        self.out = out
-        report.attach(self, report_name)  # only with $FAKE_CODEX_REPORT: see report.py
+        self.report = report.attach(self.script, report_name)  # see report.py
+        self.out = out if self.report is None else self.report.watch(out)
         self._reader = self.spawn(self._read_loop(messages))
         code = await self._exit_code
         for task in list(self._tasks):
@@ -181,11 +179,19 @@ class AppServer:
 
     def exit(self, code: int) -> None:
         """Stop serving with exit status `code` (after flushing stdout)."""
+        if self.report is not None:
+            self.report.exiting(code)
         if not self._exit_code.done():
             self._exit_code.set_result(code)
 
     async def kill_self(self, signame: str) -> None:
         """Die by signal `signame`, after flushing what was already written."""
+        if self.report is not None:
+            self.report.killed(signame)
+        await self.die(signame)
+
+    async def die(self, signame: str) -> None:
+        """How `kill_self` ends a stdio server: the process dies by the signal."""
         await self.out.close()
         os.kill(os.getpid(), signal.Signals[signame])
         self.exit(128 + signal.Signals[signame])
@@ -214,6 +220,8 @@ class AppServer:
     async def _read_loop(self, messages: AsyncIterator[bytes]) -> None:
         async for line in messages:
             if not self._stalled:
+                if self.report is not None:
+                    self.report.received(line)
                 self._dispatch(line)
         if self._exit_on_eof:
             self.exit(0)
@@ -254,6 +262,9 @@ class AppServer:
             self.spawn(self._runner.run_initialized())
 
     def _on_response(self, request_id: RequestId, message: Message) -> None:
+        if self.report is not None:
+            awaited = request_id in self.pending
+            self.report.response_received(request_id, message, awaited=awaited)
         future = self.pending.pop(request_id, None)
         if future is None or future.done():
             log(f"ignoring a response to unknown request id {request_id!r}")
@@ -285,7 +296,11 @@ class AppServer:
         if method == "initialize":
             behavior = self.script.initialize if self.script else None
             # With a `match`, only for the clients it fits (the others get the built-in).
-            return behavior if behavior is not None and _matches(behavior.match, params) else None
+            if behavior is None or not _matches(behavior.match, params):
+                return None
+            if self.report is not None:
+                self.report.used(method, behavior)
+            return behavior
         entries = self._behaviors.get(method, [])
         # The first entry whose `match` fits; it is used up unless it repeats or is
         # the last one left (the last entry of a list keeps answering).
@@ -293,6 +308,8 @@ class AppServer:
             if _matches(behavior.match, params):
                 if not behavior.repeat and len(entries) > 1:
                     del entries[index]
+                if self.report is not None:
+                    self.report.used(method, behavior)
                 return behavior
         return None
 
@@ -302,6 +319,8 @@ class AppServer:
             if _matches(script.match, params):
                 if not script.repeat:
                     del self._turn_scripts[index]
+                if self.report is not None:
+                    self.report.used(None, script)
                 return script
         return None
 
@@ -361,6 +380,8 @@ class AppServer:
             turn.pending_requests.add(request_id)
             future.add_done_callback(lambda _: turn.pending_requests.discard(request_id))
         self.out.send(server_request(request_id, method, params))
+        if self.report is not None:
+            self.report.request_sent(request_id, method)
         return request_id, future
 
     def resolved(self, thread_id: str | None, request_id: RequestId) -> None:
@@ -431,6 +452,8 @@ class AppServer:
 
     def interrupt(self, turn: TurnRun) -> None:
         """Stop `turn` now: it completes as interrupted, its server requests are dropped."""
+        if self.report is not None:
+            self.report.requests_dropped(list(turn.pending_requests))
         if turn.task is not None:
             turn.task.cancel()
         turn.complete("interrupted", usage=False)

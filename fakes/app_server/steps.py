@@ -39,8 +39,8 @@ from fakes.app_server.wire import (
 )
 
 if TYPE_CHECKING:
+    from fakes.app_server.host import StepHost
     from fakes.app_server.replies import Call, Reply
-    from fakes.app_server.server import AppServer
 
 _ACCEPTING = frozenset(
     {"accept", "acceptForSession", "acceptWithExecpolicyAmendment", "applyNetworkPolicyAmendment"}
@@ -138,7 +138,7 @@ def approval_status(key: str) -> str:
 class StepRunner:
     """Runs script steps against one server."""
 
-    def __init__(self, server: AppServer, script: s.AppServerScript) -> None:
+    def __init__(self, server: StepHost, script: s.AppServerScript) -> None:
         self.server = server
         self.script = script
         self.invented = Invented(server.seed)

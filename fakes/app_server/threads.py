@@ -21,7 +21,7 @@ from fakes.app_server.turns import ThreadState
 from fakes.app_server.wire import notification, now_s
 
 if TYPE_CHECKING:
-    from fakes.app_server.server import AppServer
+    from fakes.app_server.host import Host
 
 USER_INPUT_TYPES = ("text", "image", "localImage", "audio", "localAudio", "skill", "mention")
 
@@ -60,7 +60,7 @@ def _no_rollout(thread_id: Any) -> Reply:
 class ThreadMethods:
     """The built-in thread methods of one server."""
 
-    def __init__(self, server: AppServer) -> None:
+    def __init__(self, server: Host) -> None:
         self.server = server
 
     def handlers(self) -> dict[str, Callable[[Call], Reply]]:

@@ -16,7 +16,7 @@ from fakes.app_server.ids import IdFactory
 from fakes.app_server.wire import RequestId, notification, now_ms
 
 if TYPE_CHECKING:
-    from fakes.app_server.server import Sink
+    from fakes.app_server.wire import Sink
 
 ITEM_EVENTS: tuple[str, ...] = ("started", "deltas", "completed")
 _DEFAULT_DELTAS = 4

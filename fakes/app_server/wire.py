@@ -14,12 +14,23 @@ import os
 import random
 import select
 import time
-from typing import Any, BinaryIO
+from typing import Any, BinaryIO, Protocol
 
 import orjson
 
 Message = dict[str, Any]
 RequestId = int | str
+
+
+class Sink(Protocol):
+    """Where the server's protocol lines go: stdout (`stdio.Output`) or a WebSocket
+    connection (`listen.FrameOutput`)."""
+
+    def send(self, message: Message) -> None: ...
+    def write(self, data: bytes) -> None: ...
+    async def drain(self) -> None: ...
+    async def close(self) -> None: ...
+
 
 READ_CHUNK = 1 << 18  # bytes per read of stdin
 

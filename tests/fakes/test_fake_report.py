@@ -5,10 +5,12 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import re
 import sys
 from pathlib import Path
 from typing import Any
 
+import aiohttp
 import pytest
 
 FAKE_CODEX = str(Path(sys.executable).with_name("fake-codex"))
@@ -115,3 +117,72 @@ async def test_without_the_variable_nothing_is_written(tmp_path: Path) -> None:
     )
     assert await process.wait() == 0
     assert os.listdir(tmp_path) == []
+
+
+async def test_a_listening_connection_reports_every_line_it_sent(tmp_path: Path) -> None:
+    """Over `--listen`, the transcript holds the notifications and server requests a
+    connection sent as well as its replies (the wire, both ways, as on stdio)."""
+    script = tmp_path / "script.yaml"
+    script.write_text(SCRIPT)
+    reports = tmp_path / "reports"
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("FAKE_CODEX_", "CODEX_"))}
+    env.update(FAKE_CODEX_REPORT=str(reports), CODEX_HOME=str(tmp_path / "home"))
+    process = await asyncio.create_subprocess_exec(
+        *(FAKE_CODEX, "app-server", "--listen", "ws://127.0.0.1:0", "--script", str(script)),
+        stdin=asyncio.subprocess.DEVNULL,
+        stderr=asyncio.subprocess.PIPE,
+        env=env,
+        cwd=tmp_path,
+    )
+    try:
+        assert process.stderr is not None
+        url = None
+        async with asyncio.timeout(10):
+            while url is None:
+                line = (await process.stderr.readline()).decode()
+                assert line, "no banner"
+                if "listening on: " in line:
+                    url = line.split("listening on: ")[1].strip()
+        async with aiohttp.ClientSession() as session, session.ws_connect(url) as ws:
+
+            async def call(request_id: int, method: str, params: Any) -> dict[str, Any]:
+                request = {"id": request_id, "method": method, "params": params}
+                await ws.send_str(json.dumps(request))
+                async with asyncio.timeout(10):
+                    while True:
+                        message = json.loads(await ws.receive_str())
+                        if message.get("id") == request_id and "method" not in message:
+                            return message
+
+            await call(1, "initialize", {"clientInfo": {"name": "t", "version": "1"}})
+            await ws.send_str(json.dumps({"method": "initialized"}))
+            await call(2, "thread/start", {})
+        process.terminate()
+        assert await process.wait() == 0
+    finally:
+        if process.returncode is None:
+            process.kill()
+            await process.wait()
+    [file] = reports.glob("fake-codex-*-0.json")
+    wire = json.loads(file.read_text())["wire"]
+    # An entry is one write (a reply and what follows it at once, or one message), and a
+    # long line is cut: name each line by its method, else by the id it answers.
+    said = [(entry["dir"], _name(line)) for entry in wire for line in entry["text"].split("\n")]
+    assert said == [
+        ("in", "initialize"),
+        ("out", "reply 1"),
+        ("out", "remoteControl/status/changed"),
+        ("in", "initialized"),
+        ("in", "thread/start"),
+        ("out", "reply 2"),
+        ("out", "thread/started"),
+    ]
+
+
+def _name(text: str) -> str:
+    method = re.search(r'"method": ?"([^"]+)"', text)
+    if method:
+        return method.group(1)
+    request_id = re.search(r'"id": ?(\d+)', text)
+    assert request_id, text
+    return f"reply {request_id.group(1)}"
