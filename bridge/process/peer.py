@@ -150,13 +150,31 @@ class JsonRpcPeer:
         """
         if self.filter is not None:
             return await self.filter.call(self, method, params, timeout)
-        return await self.request(method, params, timeout)
+        # request()'s body, not a call to it: no second coroutine per call.
+        request_id = self._send_request(method, params, timeout, None)
+        try:
+            return await self._pending[request_id]
+        except asyncio.CancelledError:
+            self._pending.pop(request_id, None)
+            raise
 
-    def request(
+    async def request(
         self, method: str, params: Any, timeout: float, on_result: ResultHook | None = None
-    ) -> asyncio.Future[Any]:
-        """Send a request (unfiltered); the future is its result. ``on_result`` is called
-        with a result as it is read, even one that comes after the deadline."""
+    ) -> Any:
+        """Send a request past the filter and wait for its result. ``on_result`` (which
+        must not raise) is called with the result as it is read, before anything read
+        after it is dispatched, even when it comes after the deadline."""
+        request_id = self._send_request(method, params, timeout, on_result)
+        try:
+            return await self._pending[request_id]
+        except asyncio.CancelledError:
+            self._pending.pop(request_id, None)
+            raise
+
+    def _send_request(
+        self, method: str, params: Any, timeout: float, on_result: ResultHook | None
+    ) -> int:
+        """Write a request and register its future and deadline; its id."""
         if self._exit_info is not None:
             raise ProcessGone(self._exit_info)
         request_id = next(self._ids)
@@ -175,7 +193,7 @@ class JsonRpcPeer:
                 }
             hooks[request_id] = on_result
         self._add_deadline(self._loop.time() + timeout, request_id)
-        return future
+        return request_id
 
     def _add_deadline(self, deadline: float, request_id: int) -> None:
         deadlines = self._deadlines

@@ -126,7 +126,9 @@ async def test_a_result_hook_runs_before_the_next_message_is_dispatched(connect)
     pair = await connect()
     seen = Seen()
     pair.peer.on_notification = lambda m, p: seen.add(m)
-    future = pair.peer.request("thread/start", {}, WAIT, lambda result: seen.add("result"))
+    future = asyncio.create_task(
+        pair.peer.request("thread/start", {}, WAIT, lambda result: seen.add("result"))
+    )
     asked = await pair.receive()
     await pair.send({"id": asked["id"], "result": {"thread": {"id": THREAD}}})
     await pair.send({"method": "thread/started", "params": {}})
@@ -200,6 +202,20 @@ async def test_a_short_deadline_fires_first_and_a_late_answer_is_dropped(connect
     late = await pair.receive()
     await pair.send({"id": late["id"], "result": "too late"})  # nobody waits: dropped
     assert not long.done()
+    echo = asyncio.create_task(pair.peer.call("x", None, WAIT))
+    await pair.send({"id": (await pair.receive())["id"], "result": 3})
+    assert await echo == 3
+
+
+async def test_a_cancelled_call_is_forgotten_at_once(connect):
+    pair = await connect()
+    call = asyncio.create_task(pair.peer.call("go", None, 600))
+    asked = await pair.receive()
+    call.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await call
+    assert pair.peer._pending == {}
+    await pair.send({"id": asked["id"], "result": "nobody waits"})  # dropped
     echo = asyncio.create_task(pair.peer.call("x", None, WAIT))
     await pair.send({"id": (await pair.receive())["id"], "result": 3})
     assert await echo == 3
