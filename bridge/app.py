@@ -22,7 +22,7 @@ from bridge.limits import AppServerSettings, RestLimits
 from bridge.openapi import build_openapi
 from bridge.policy import HOST_METHODS, HOST_PARAMS, MethodPolicy, MethodRules
 from bridge.process.backend import DEFAULT_COMMAND, ProcessBackend
-from bridge.process.shared import SharedBackend
+from bridge.process.shared import ConnectShared
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
@@ -394,7 +394,8 @@ def _process_backend(
     limits = limits or RestLimits()
     settings = app_server or AppServerSettings.from_env()
     if settings.shared:
-        return SharedBackend(app_server_command, limits, settings), limits
+        shared = ConnectShared(app_server_command, limits, settings)
+        return ProcessBackend(limits=limits, launcher=shared), limits
     return ProcessBackend(app_server_command, limits), limits
 
 

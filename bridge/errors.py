@@ -567,3 +567,13 @@ def expect_handler(guard: Guard) -> ExpectHandler:
 async def answer_and_close(request: web.BaseRequest, error: RestError) -> web.StreamResponse:
     """Send ``error`` and close the connection, unread body or not (see failure_response)."""
     return await _answer_and_close(request, error)  # type: ignore[arg-type]
+
+
+def replica_draining() -> RestError:
+    """503 ``replica_unavailable``: this replica is draining and takes no new work."""
+    return RestError(
+        503,
+        "replica_unavailable",
+        "This replica is draining: it takes no new work; retry elsewhere.",
+        headers={"Retry-After": "1"},
+    )

@@ -37,6 +37,7 @@ import orjson
 from aiohttp import web
 
 from bridge import errors
+from bridge.process.session import SEPARATOR
 
 log = logging.getLogger("bridge.replica")
 
@@ -47,8 +48,6 @@ DRAIN_TIMEOUT_VARIABLE = "REST_ADAPTER_DRAIN_TIMEOUT_MS"
 PEER_QUERY_HEADER = "X-Rest-Bridge-Peer-Query"
 #: A replica id: a DNS label (lower-case letters, digits, inner hyphens; 1-63 characters).
 REPLICA_ID = re.compile(r"[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?")
-#: Separates the replica id from the uuid in a session id (a DNS label has no dot).
-SEPARATOR = "."
 DEFAULT_DRAIN_TIMEOUT_MS = 600_000
 #: How long a replica waits for a peer's list of sessions (a peer that is alive answers
 #: in milliseconds; one that is stopped, its kernel still accepting connections, never).
@@ -111,11 +110,6 @@ class ReplicaSettings:
         return ReplicaVariables.from_env(environ).replica()
 
 
-def new_session_id(replica_id: str | None, uuid_text: str) -> str:
-    """``<replica>.<uuid>`` with a replica id, the uuid alone without."""
-    return uuid_text if replica_id is None else f"{replica_id}{SEPARATOR}{uuid_text}"
-
-
 def replica_of(session_id: str) -> str | None:
     """The replica a session id names, if it names one."""
     name, separator, _ = session_id.partition(SEPARATOR)
@@ -124,10 +118,6 @@ def replica_of(session_id: str) -> str | None:
 
 def replica_unavailable(message: str) -> errors.RestError:
     return errors.RestError(503, "replica_unavailable", message, headers={"Retry-After": "1"})
-
-
-def draining_error() -> errors.RestError:
-    return replica_unavailable("This replica is draining: it takes no new work; retry elsewhere.")
 
 
 # -- the sessions of every replica --------------------------------------------------------

@@ -1,22 +1,24 @@
-"""The bundled backend: every session is a real app-server child process."""
+"""The bundled backend: every session is a conversation with a real app-server.
+
+How the app-server is reached is the launcher's (:mod:`bridge.process.launch`): a child
+process per session by default, a connection to one shared app-server in shared mode.
+"""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
 import logging
-import shlex
 import time
 import uuid
 from collections.abc import Sequence
-from typing import Any, ClassVar
+from typing import Any
 
-from bridge import __version__, credentials, errors
+from bridge import __version__, errors
 from bridge.backend import Backend, EventStream
 from bridge.events import Event, rfc3339
 from bridge.limits import RestLimits
 from bridge.models import (
-    AppServerInfo,
     ClientOptions,
     Compatibility,
     SessionCreated,
@@ -24,75 +26,58 @@ from bridge.models import (
     TextTurnRequest,
     TextTurnResponse,
 )
-from bridge.process import descendants, startup
-from bridge.process.rpc import AppServerProcess, ProcessGone, RpcError, StdinFull
-from bridge.process.session import Session, SessionStream, rpc_failure
+from bridge.process import startup
+from bridge.process.launch import AppServerLauncher, SpawnStdio
+from bridge.process.peer import JsonRpcPeer, ProcessGone, RpcError, StdinFull
+from bridge.process.session import Session, SessionStream, new_session_id, rpc_failure
+from bridge.process.startup import DEFAULT_COMMAND as DEFAULT_COMMAND
+from bridge.process.startup import parse_command as parse_command
 from bridge.process.text_turn import TextTurn
-from bridge.replica import draining_error, new_session_id
 
 log = logging.getLogger("bridge")
 
-DEFAULT_COMMAND = ("codex", "app-server")
 DEFAULT_CLIENT_INFO = {
     "name": "codex_rest_bridge",
     "title": "Codex REST Bridge",
     "version": __version__,
 }
-#: Variables of the bridge's own environment that a child process must never see: the
-#: secrets and the paths of their files (bridge.credentials).
-SECRET_ENV = tuple(sorted(credentials.HIDDEN_VARIABLES))
-_VERSION_TIMEOUT = 10.0
-_VERSION_RETRY_AFTER = 30.0
-
-
-def parse_command(command: str | Sequence[str]) -> list[str]:
-    """A command line as argv: a string is split like a shell would."""
-    argv = shlex.split(command) if isinstance(command, str) else list(command)
-    if not argv:
-        raise ValueError("the app-server command is empty")
-    return argv
-
-
-def version_command(command: Sequence[str]) -> list[str]:
-    """``codex app-server -c x`` → ``codex --version`` (wrappers before it are kept)."""
-    argv = list(command)
-    if "app-server" in argv:
-        argv = argv[: argv.index("app-server")]
-    return [*argv, "--version"]
 
 
 class ProcessBackend(Backend):
-    """Spawns one app-server process per session, sessionless call and text turn."""
+    """One app-server conversation per session, sessionless call and text turn.
 
-    #: What a failed `initialize` was doing, for the client's error message.
-    STARTING: ClassVar[str] = "Starting the app-server"
+    ``launcher`` says how an app-server is reached (default: :class:`SpawnStdio`, a
+    child process of ``command`` each); ``replica_id`` prefixes session ids
+    (REST_ADAPTER_REPLICA_ID).
+    """
 
     def __init__(
         self,
         command: str | Sequence[str] = DEFAULT_COMMAND,
         limits: RestLimits | None = None,
+        *,
+        launcher: AppServerLauncher | None = None,
+        replica_id: str | None = None,
     ) -> None:
-        self.command = parse_command(command)
         self.limits = limits or RestLimits()
+        self.launcher = launcher or SpawnStdio(parse_command(command), self.limits)
+        self.command = self.launcher.command
         self._sessions: dict[str, Session] = {}
         #: Slots of MAX_SESSIONS held by sessions being created and sessionless calls...
         self._reserved = 0
         #: ...and by deleted (or reaped) sessions whose processes are not gone yet.
         self._stopping = 0
         self._reaper: asyncio.Task[None] | None = None
-        self._version: tuple[str | None, str | None] | None = None
-        self._version_checked_at = 0.0
-        self._version_lock = asyncio.Lock()
         #: REST_ADAPTER_REPLICA_ID: session ids are then `<replica>.<uuid4>`.
-        self.replica_id: str | None = None
+        self.replica_id = replica_id
         #: A draining replica takes no new sessions, calls or text turns (bridge.replica).
         self.draining = False
         #: Set while draining once nothing is held any more.
         self.drained = asyncio.Event()
         self._turns_active = 0
         self._background: set[asyncio.Task[Any]] = set()
-        #: Every running process: sessions', sessionless calls' and text turns'.
-        self._processes: set[AppServerProcess] = set()
+        #: Every running conversation: sessions', sessionless calls' and text turns'.
+        self._processes: set[JsonRpcPeer] = set()
         self._closing = False
 
     # -- lifecycle -------------------------------------------------------------
@@ -117,6 +102,7 @@ class ProcessBackend(Backend):
         self._sessions.clear()
         if self._background:
             await asyncio.gather(*self._background, return_exceptions=True)
+        await self.launcher.close()
 
     async def _reap_idle_sessions(self) -> None:
         idle = self.limits.session_idle_timeout_ms / 1000
@@ -141,21 +127,6 @@ class ProcessBackend(Backend):
 
     # -- processes -------------------------------------------------------------
 
-    def _argv(self, options: ClientOptions | None) -> list[str]:
-        argv = list(self.command)
-        for override in (options.config_overrides or []) if options else []:
-            if "=" not in override:
-                raise errors.bad_request(
-                    "Each configOverrides entry must have the form key=value.",
-                    data={"configOverrides": override},
-                )
-            argv += ["-c", override]
-        return argv
-
-    def _env(self, options: ClientOptions | None) -> dict[str, str]:
-        refuse_reserved_env(options)
-        return credentials.child_environment(options.env if options else None)
-
     def _initialize_params(self, options: ClientOptions | None) -> dict[str, Any]:
         client_info: dict[str, Any] = dict(DEFAULT_CLIENT_INFO)
         capabilities: dict[str, Any] = {}
@@ -171,23 +142,10 @@ class ProcessBackend(Backend):
             params["capabilities"] = capabilities
         return params
 
-    async def _spawn(self, options: ClientOptions | None) -> AppServerProcess:
-        argv = self._argv(options)
+    async def _spawn(self, options: ClientOptions | None) -> JsonRpcPeer:
         if self._closing:
             raise errors.app_server_spawn_failed("The bridge is shutting down.")
-        try:
-            process = await AppServerProcess.spawn(
-                argv,
-                max_line_bytes=self.limits.max_line_bytes,
-                env=self._env(options),
-                cwd=options.cwd if options else None,
-            )
-        except OSError as exc:
-            cwd = options.cwd if options else None
-            raise startup.spawn_failed(self.command, exc, cwd) from None
-        except ValueError:
-            # A NUL byte, or `=` in a variable name: the request's options cannot be used.
-            raise errors.bad_request("The client options cannot be given to a process.") from None
+        process = await self.launcher.open(options)
         self._processes.add(process)
         process.exit_callbacks.append(lambda _: self._processes.discard(process))
         if self._closing:
@@ -195,7 +153,7 @@ class ProcessBackend(Backend):
             raise errors.app_server_spawn_failed("The bridge is shutting down.")
         return process
 
-    async def _initialize(self, process: AppServerProcess, options: ClientOptions | None) -> Any:
+    async def _initialize(self, process: JsonRpcPeer, options: ClientOptions | None) -> Any:
         """``initialize`` + ``initialized``; stops the process when it fails."""
         try:
             result = await process.call(
@@ -208,26 +166,27 @@ class ProcessBackend(Backend):
             if isinstance(exc, ProcessGone) and not self._closing:
                 info = process.exit_info or exc.exit_info
                 raise startup.exited_at_startup(self.command, info) from None
-            raise rpc_failure(exc, self.STARTING) from None
+            raise rpc_failure(exc, self.launcher.starting) from None
         except BaseException:
             await self._stop_fully(process)
             raise
         try:
             process.notify("initialized")
+            self.launcher.initialized(result)
             return result
         except (ProcessGone, StdinFull) as exc:
             # It answered `initialize`, then stopped taking input: broken, not unstarted.
             await self._stop_fully(process)
             if isinstance(exc, StdinFull):
-                raise rpc_failure(exc, self.STARTING) from None
+                raise rpc_failure(exc, self.launcher.starting) from None
             raise errors.protocol_error(
                 "the app-server stopped taking input after answering `initialize`"
             ) from None
 
-    async def _stop(self, process: AppServerProcess) -> None:
+    async def _stop(self, process: JsonRpcPeer) -> None:
         await process.shutdown(self.limits.shutdown_grace_ms / 1000)
 
-    async def _stop_fully(self, process: AppServerProcess) -> None:
+    async def _stop_fully(self, process: JsonRpcPeer) -> None:
         """Stop ``process`` and wait until it is gone, even when the caller is cancelled.
 
         A client that disconnects cancels its handler; the process it was using must
@@ -251,7 +210,7 @@ class ProcessBackend(Backend):
             return
         self._stopping += 1
         try:
-            await self._stop_fully(session.process)
+            await self._stop_fully(session.peer)
         finally:
             self._stopping -= 1
             self.check_drained()
@@ -266,7 +225,7 @@ class ProcessBackend(Backend):
 
     def _reserve_slot(self) -> None:
         if self.draining:
-            raise draining_error()
+            raise errors.replica_draining()
         held = len(self._sessions) + self._reserved + self._stopping
         if held >= self.limits.max_sessions:
             raise errors.session_limit_reached(self.limits.max_sessions)
@@ -275,26 +234,7 @@ class ProcessBackend(Backend):
     # -- compatibility ---------------------------------------------------------
 
     async def compatibility(self) -> Compatibility:
-        version, version_error = await self._app_server_version()
-        return Compatibility(
-            bridge_version=__version__,
-            app_server=AppServerInfo(
-                command=self.command, version=version, version_error=version_error
-            ),
-        )
-
-    async def _app_server_version(self) -> tuple[str | None, str | None]:
-        async with self._version_lock:
-            loop = asyncio.get_running_loop()
-            stale = self._version is None or (
-                self._version[0] is None
-                and loop.time() - self._version_checked_at > _VERSION_RETRY_AFTER
-            )
-            if stale:
-                self._version = await _probe_version(version_command(self.command))
-                self._version_checked_at = loop.time()
-            assert self._version is not None
-            return self._version
+        return await self.launcher.compatibility()
 
     # -- sessionless calls -----------------------------------------------------
 
@@ -391,7 +331,7 @@ class ProcessBackend(Backend):
 
     async def text_turn(self, request: TextTurnRequest) -> TextTurnResponse:
         if self.draining:
-            raise draining_error()
+            raise errors.replica_draining()
         limit = self.limits.max_concurrent_text_turns
         if self._turns_active >= limit:
             raise errors.busy(f"The bridge is already running {limit} text turns; retry later.")
@@ -437,7 +377,7 @@ class _SessionEventStream(EventStream):
         self._stream.close(completed)
 
 
-def _refuse_server_request(process: AppServerProcess) -> Any:
+def _refuse_server_request(process: JsonRpcPeer) -> Any:
     """Outside a session nobody can answer the server's requests: say so at once."""
 
     def refuse(request_id: Any, method: str, params: Any) -> None:
@@ -447,44 +387,3 @@ def _refuse_server_request(process: AppServerProcess) -> Any:
             )
 
     return refuse
-
-
-def refuse_reserved_env(options: ClientOptions | None) -> None:
-    """403 ``options_not_allowed`` for an ``options.env`` naming a ``REST_ADAPTER_*``
-    variable: those are the bridge's own (its secrets, the marks that tie a process to
-    its bridge and replica), never a caller's to set in a process."""
-    names = credentials.reserved_variables(options.env if options else None)
-    if names:
-        raise errors.reserved_variables(names)
-
-
-async def _probe_version(argv: list[str]) -> tuple[str | None, str | None]:
-    """Run ``<server> --version`` without blocking the loop: (version, error)."""
-    try:
-        with descendants.spawning() as own:
-            proc = await asyncio.create_subprocess_exec(
-                *argv,
-                env=credentials.child_environment(),
-                stdin=asyncio.subprocess.DEVNULL,
-                stdout=asyncio.subprocess.PIPE,
-                stderr=asyncio.subprocess.DEVNULL,
-                start_new_session=True,
-            )
-            own(proc.pid)
-    except OSError as exc:
-        return None, f"could not run the app-server: {exc.strerror or type(exc).__name__}"
-    try:
-        async with asyncio.timeout(_VERSION_TIMEOUT):
-            out, _ = await proc.communicate()
-    except TimeoutError:
-        with contextlib.suppress(ProcessLookupError):
-            proc.kill()
-        await proc.wait()
-        return None, "the app-server did not report its version in time"
-    finally:
-        if proc.returncode is not None:
-            descendants.released(proc.pid)
-    text = out.decode("utf-8", "replace").strip()
-    if proc.returncode != 0 or not text:
-        return None, f"`--version` exited with code {proc.returncode}"
-    return text.splitlines()[0][:200], None

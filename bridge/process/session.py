@@ -1,4 +1,4 @@
-"""A session: one app-server process, its event log and its open server requests."""
+"""A session: one app-server conversation, its event log and its open server requests."""
 
 from __future__ import annotations
 
@@ -14,10 +14,13 @@ from typing import Any
 
 from bridge import errors
 from bridge.events import Event, EventLog, LogReader, rfc3339
-from bridge.process.rpc import AppServerProcess, ExitInfo, ProcessGone, RpcError, StdinFull
+from bridge.process.channel import ExitInfo
+from bridge.process.peer import JsonRpcPeer, ProcessGone, RpcError, StdinFull
 
 log = logging.getLogger("bridge")
 
+#: Separates the replica id from the uuid in a session id (a replica id has no dot).
+SEPARATOR = "."
 #: How many answered request keys a session remembers, to tell "already answered"
 #: from "never existed".
 ANSWERED_MEMORY = 1024
@@ -31,6 +34,11 @@ class ServerRequest:
     request_id: Any
     method: str
     params: Any
+
+
+def new_session_id(replica_id: str | None, uuid_text: str) -> str:
+    """``<replica>.<uuid>`` with a replica id, the uuid alone without."""
+    return uuid_text if replica_id is None else f"{replica_id}{SEPARATOR}{uuid_text}"
 
 
 _INTEGER_TEXT = re.compile(r"-?[0-9]+")
@@ -70,11 +78,11 @@ def rpc_failure(exc: Exception, what: str) -> errors.RestError:
 
 
 class Session:
-    """A live (or exited) app-server process, addressed by its ``sessionId``."""
+    """A live (or exited) app-server conversation, addressed by its ``sessionId``."""
 
     def __init__(
         self,
-        process: AppServerProcess,
+        peer: JsonRpcPeer,
         *,
         event_buffer: int,
         event_buffer_bytes: int | None = None,
@@ -82,7 +90,7 @@ class Session:
         session_id: str | None = None,
     ) -> None:
         self.id = session_id or str(uuid.uuid4())
-        self.process = process
+        self.peer = peer
         self.events = EventLog(event_buffer, event_buffer_bytes)
         self.created_at = time.time()
         self.last_activity_at = self.created_at
@@ -95,17 +103,17 @@ class Session:
         self._answered: OrderedDict[str, None] = OrderedDict()
         self._reader_stall = reader_stall
         self._stall_timer: asyncio.TimerHandle | None = None
-        process.on_notification = self._on_notification
-        process.on_request = self._on_request
-        process.flow_gate = self._flow_gate
-        process.exit_callbacks.append(self._on_exit)
+        peer.on_notification = self._on_notification
+        peer.on_request = self._on_request
+        peer.flow_gate = self._flow_gate
+        peer.exit_callbacks.append(self._on_exit)
         self.events.on_progress = self._on_reader_progress
 
     # -- state -----------------------------------------------------------------
 
     @property
     def running(self) -> bool:
-        return self.process.running
+        return self.peer.running
 
     def touch(self) -> None:
         self.last_activity_at = time.time()
@@ -116,13 +124,13 @@ class Session:
 
     def exited_error(self) -> errors.RestError:
         """409 ``session_exited``, worded for what ended: a process or a connection."""
-        return errors.session_exited(self.id, shared=self.process.is_connection)
+        return errors.session_exited(self.id, shared=self.peer.shared)
 
     def pending_request_keys(self) -> list[str]:
         return list(self._pending)
 
     def summary(self) -> dict[str, Any]:
-        info = self.process.exit_info
+        info = self.peer.exit_info
         return {
             "sessionId": self.id,
             "createdAt": rfc3339(self.created_at),
@@ -142,7 +150,7 @@ class Session:
             raise self.exited_error()
         self.calls += 1
         try:
-            return await self.process.call(method, params, timeout)
+            return await self.peer.call(method, params, timeout)
         except (RpcError, ProcessGone, StdinFull, TimeoutError) as exc:
             raise rpc_failure(exc, f"The call to {method!r}") from None
         finally:
@@ -161,9 +169,9 @@ class Session:
             raise errors.request_not_found(key)
         try:
             if error is None:
-                self.process.respond(request.request_id, result)
+                self.peer.respond(request.request_id, result)
             else:
-                self.process.respond_error(
+                self.peer.respond_error(
                     request.request_id, error["code"], error["message"], error.get("data")
                 )
         except (ProcessGone, StdinFull) as exc:
@@ -214,19 +222,19 @@ class Session:
                 key = request_key(resolved)
                 if key in self._pending:
                     self._settle(key)
-        self.events.append("notification", method, params, None, self.process.received_at)
+        self.events.append("notification", method, params, None, self.peer.received_at)
 
     def _on_request(self, request_id: Any, method: str, params: Any) -> None:
         key = request_key(request_id)
         if key in self._pending:
             # Two requests with one id: a reply could only ever reach one of them.
-            self.process.break_protocol(
+            self.peer.break_protocol(
                 "the app-server reused the id of a request still awaiting its reply"
             )
             return
         self._pending[key] = ServerRequest(key, request_id, method, params)
         self._answered.pop(key, None)
-        self.events.append("request", method, params, key, self.process.received_at)
+        self.events.append("request", method, params, key, self.peer.received_at)
 
     def open_stream(self, after: int | None) -> SessionStream:
         """An SSE reader from ``after``, or from the cursor (which it then moves)."""
@@ -245,16 +253,16 @@ class Session:
         return True
 
     def _on_reader_progress(self) -> None:
-        if self.process.paused:
-            self.process.resume()
-            if not self.process.paused and self._stall_timer is not None:
+        if self.peer.paused:
+            self.peer.resume()
+            if not self.peer.paused and self._stall_timer is not None:
                 self._stall_timer.cancel()
                 self._stall_timer = None
 
     def _check_stalled(self) -> None:
         """Cut loose the streams that have not read for the stall time, then read on."""
         self._stall_timer = None
-        if not self.process.paused:
+        if not self.peer.paused:
             return
         now = time.monotonic()
         cut = self.events.cut_loose(now - self._reader_stall)
@@ -266,8 +274,8 @@ class Session:
                 cut,
                 self._reader_stall,
             )
-        self.process.resume()
-        if self.process.paused:
+        self.peer.resume()
+        if self.peer.paused:
             oldest = self.events.oldest_progress()
             delay = self._reader_stall if oldest is None else oldest + self._reader_stall - now
             self._stall_timer = asyncio.get_running_loop().call_later(

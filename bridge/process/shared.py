@@ -4,11 +4,11 @@
 one process: each connection speaks WebSocket, one JSON-RPC message per text frame, and
 does its own ``initialize``. Here:
 
-- :class:`AppServerConnection` is one such conversation. It is an
-  :class:`~bridge.process.rpc.AppServerProcess` whose transport is a WebSocket instead of
-  a child's stdio: calls, replies, the id rules, the flow gate and the exit callbacks are
-  the same code, so :class:`~bridge.process.session.Session` and the text turn run on it
-  unchanged. Its "exit" is the end of the connection.
+- :class:`ConnectShared` is the backend's launcher in shared mode: each conversation is
+  a :class:`~bridge.process.peer.JsonRpcPeer` over a
+  :class:`~bridge.process.websocket.WebSocketChannel`, filtered by a
+  :class:`~bridge.process.tenancy.Tenant` (a session sees and touches its own threads
+  only). Its "exit" is the end of the connection.
 - :class:`SharedAppServer` starts and supervises the one process (on a unix socket in a
   private 0700 directory), restarts it with a backoff when it dies, and opens the
   connections; or, given a URL, only connects to an app-server that runs already.
@@ -25,40 +25,29 @@ import shutil
 import signal
 import tempfile
 import time
-from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import aiohttp
 
 from bridge import __version__, credentials, errors
 from bridge.events import rfc3339
-from bridge.limits import (
-    APP_SERVER_TOKEN_VARIABLE,
-    MAX_STDIN_BUFFER,
-    AppServerSettings,
-    RestLimits,
-)
+from bridge.limits import APP_SERVER_TOKEN_VARIABLE, AppServerSettings, RestLimits
 from bridge.models import AppServerInfo, ClientOptions, Compatibility, SharedAppServerState
-from bridge.process import startup, tenancy
-from bridge.process.backend import DEFAULT_COMMAND, SECRET_ENV, ProcessBackend
-from bridge.process.rpc import (
-    AppServerProcess,
-    ExitInfo,
-    NotificationHandler,
-    ProcessGone,
-    RequestHandler,
-    RpcError,
-    StdinFull,
-)
-from bridge.wire import dumps
+from bridge.process import startup
+from bridge.process.channel import ExitInfo
+from bridge.process.launch import VersionProbe
+from bridge.process.peer import JsonRpcPeer, ProcessGone, RpcError, StdinFull
+from bridge.process.stdio import StdioChannel
+from bridge.process.tenancy import Tenant
+from bridge.process.websocket import WebSocketChannel
 
 log = logging.getLogger("bridge")
 
 #: After a connection the app-server closed, how long to wait for the shared process's
 #: own exit, so that a session ended by a crash says so rather than "closed".
 _CLOSE_TO_EXIT_SECONDS = 3.0
-#: Once it has exited, how long its pipes may take to close (rpc.py waits 0.5 s).
+#: Once it has exited, how long its pipes may take to close (stdio.py waits 0.5 s).
 _EXIT_TO_FINISH_SECONDS = 2.0
 #: Restart backoff of the supervised app-server: first delay, cap, and how long it must
 #: have run for the next failure to start over from the first delay.
@@ -68,18 +57,7 @@ BACKOFF_RESET_AFTER = 60.0
 #: Connection attempts of one request when the supervised app-server dies under them
 #: (each waits for its restart; one that keeps dying backs off past SPAWN_TIMEOUT_MS).
 _CONNECT_ATTEMPTS = 3
-#: How the ends of a connection are told in the ``exit`` event (``params.connection``).
-#: Calls whose answer is a thread this connection then owns (tenancy.py).
-THREAD_OPENERS = frozenset(tenancy.OPENERS)
-#: Thread-opening calls remembered at most (those in flight are always kept).
-_MAX_OPENING = 1024
-#: Frames about threads a connection does not own, kept (the newest, up to this many
-#: bytes, by a connection that owns a thread) in case one is about a sub-agent of its
-#: own not yet named (see _notify). A sub-agent's first frames are a few hundred bytes.
-_LIMBO_BYTES = 16 * 1024
-CLOSED_BY_BRIDGE = "closed by the bridge"
-CLOSED_BY_SERVER = "closed by the app-server"
-SERVER_EXITED = "the shared app-server exited"
+#: How a connection the liveness probe found wedged ends (``params.connection``).
 SERVER_WEDGED = "the shared app-server stopped answering and was killed"
 #: The liveness probe's question: answered from memory by codex 0.169.0 (and fake-codex);
 #: any answer, an error too, means the app-server reads and answers.
@@ -92,394 +70,6 @@ PROBE_CLIENT_INFO = {
     "version": __version__,
 }
 _SOCKET_NAME = "app-server.sock"
-
-
-#: Closes in flight, kept so that none is collected before it is done.
-_closing_tasks: set[asyncio.Task[None]] = set()
-
-
-async def _close_quietly(ws: aiohttp.ClientWebSocketResponse) -> None:
-    with contextlib.suppress(ConnectionError, RuntimeError, aiohttp.ClientError, TimeoutError):
-        await ws.close()
-
-
-def _close_soon(ws: aiohttp.ClientWebSocketResponse) -> None:
-    """Close ``ws`` without waiting for it (from a callback)."""
-    task = asyncio.get_running_loop().create_task(_close_quietly(ws))
-    _closing_tasks.add(task)
-    task.add_done_callback(_closing_tasks.discard)
-
-
-class AppServerConnection(AppServerProcess):
-    """One session's (or call's, or text turn's) connection to the shared app-server."""
-
-    is_connection = True
-
-    def __init__(
-        self,
-        ws: aiohttp.ClientWebSocketResponse,
-        *,
-        max_line_bytes: int,
-        server: SharedAppServer,
-    ) -> None:
-        super().__init__(max_line_bytes=max_line_bytes)
-        self._ws = ws
-        self._server = server
-        #: Frames waiting for the writer (bounded like a child's stdin).
-        self._frames: deque[bytes] = deque()
-        self._frames_bytes = 0
-        self._writer: asyncio.Task[None] | None = None
-        #: The frame the flow gate held back, and what wakes the reader once it is taken.
-        self._held_frame: bytes | None = None
-        self._readable = asyncio.Event()
-        self._readable.set()
-        #: The threads this connection owns (tenancy.py), and the ids (and methods) of
-        #: its calls that open one; see :meth:`_notify`.
-        self._threads = tenancy.Threads()
-        self._opening: dict[int, str] = {}
-        #: How many notifications and server requests about other connections' threads
-        #: were kept from this one.
-        self.foreign_threads_hidden = 0
-        #: The frame being dispatched, and the latest frames about threads not owned.
-        self._frame = b""
-        self._limbo: deque[tuple[str, bytes]] = deque()
-        self._limbo_bytes = 0
-        self._reader = self._loop.create_task(self._read())
-
-    # -- other connections' threads (tenancy.py) -----------------------------------
-
-    @property
-    def on_notification(self) -> NotificationHandler:
-        return self._notify
-
-    @on_notification.setter
-    def on_notification(self, handler: NotificationHandler) -> None:
-        self._notification_handler = handler
-
-    @property
-    def on_request(self) -> RequestHandler:
-        return self._request
-
-    @on_request.setter
-    def on_request(self, handler: RequestHandler) -> None:
-        self._request_handler = handler
-
-    def _notify(self, method: str, params: Any) -> None:
-        """codex tells every connection of every thread (`thread/started`, status, name,
-        archive, ...): pass on only what concerns this connection's own threads (codex
-        answers a `thread/start` before it announces it).
-
-        codex may tell of a sub-agent (its status) before the parent's `spawnAgent` item
-        names it: the latest such frames are kept, and passed on once it is named."""
-        threads = self._threads
-        if method == "thread/started":
-            if not threads.announced(params):
-                self.foreign_threads_hidden += 1
-                return
-        elif (foreign := threads.foreign_thread(params)) is not None:
-            self.foreign_threads_hidden += 1
-            self._keep_in_limbo(foreign)
-            return
-        self._notification_handler(method, params)
-        spawned = threads.spawned(method, params)
-        if spawned and self._limbo:
-            self._release_from_limbo(spawned)
-
-    def _keep_in_limbo(self, thread_id: str) -> None:
-        frame = self._frame
-        if len(frame) > _LIMBO_BYTES or not self._threads:
-            return  # too big for it, or no thread of its own to have a sub-agent
-        self._limbo.append((thread_id, frame))
-        self._limbo_bytes += len(frame)
-        while self._limbo_bytes > _LIMBO_BYTES:
-            self._limbo_bytes -= len(self._limbo.popleft()[1])
-
-    def _release_from_limbo(self, thread_ids: list[str]) -> None:
-        owned = set(thread_ids)
-        kept = [entry for entry in self._limbo if entry[0] not in owned]
-        released = [frame for thread_id, frame in self._limbo if thread_id in owned]
-        self._limbo = deque(kept)
-        self._limbo_bytes = sum(len(frame) for _, frame in kept)
-        for frame in released:
-            self.foreign_threads_hidden -= 1
-            self._dispatch_line(frame)
-
-    def _request(self, request_id: Any, method: str, params: Any) -> None:
-        """A server request about another connection's thread is not this one's to
-        answer: it is left to the owner (an answer from here would settle it)."""
-        foreign = self._threads.foreign_thread(params)
-        if foreign is not None:
-            self.foreign_threads_hidden += 1
-            self._keep_in_limbo(foreign)
-            return
-        self._request_handler(request_id, method, params)
-
-    def _resolve(self, message: dict[str, Any]) -> None:
-        method = self._opening.pop(message["id"], None)
-        if method is not None and "result" in message:
-            self._threads.opened(method, message["result"])
-        super()._resolve(message)
-
-    async def call(self, method: str, params: Any, timeout: float) -> Any:
-        """A call on a thread this connection does not own is answered by codex as for
-        a thread that does not exist; a listing shows this connection's threads only."""
-        if method in tenancy.LISTINGS:
-            return await self._list_owned(method, params, timeout)
-        disguised, substitutes = self._threads.disguise(method, params)
-        if not substitutes:
-            return await super().call(method, params, timeout)
-        try:
-            result = await super().call(method, disguised, timeout)
-        except RpcError as exc:
-            undo = tenancy.Threads.undisguise
-            raise RpcError(
-                exc.code, undo(exc.message, substitutes), undo(exc.data, substitutes)
-            ) from None
-        return tenancy.Threads.undisguise(result, substitutes)
-
-    async def _list_owned(self, method: str, params: Any, timeout: float) -> Any:
-        """Read codex's pages until one page of owned threads is full (or codex has no
-        more, or :data:`tenancy.MAX_LIST_ROUNDS` pages were read); cursors are tokens."""
-        threads = self._threads
-        deadline = self._loop.time() + timeout
-        asked = dict(params) if isinstance(params, dict) else {}
-        #: A token of this connection's, and codex's cursor behind it, to put back.
-        back: dict[str, str] = {}
-        if "cursor" in asked:
-            token = asked["cursor"]
-            asked["cursor"] = threads.cursor_for(method, token)
-            if isinstance(token, str) and asked["cursor"] != token:
-                back[asked["cursor"]] = token
-        limit = asked.get("limit")
-        #: How many owned threads make a page (codex's own page size if none is asked).
-        wanted = limit if isinstance(limit, int) and not isinstance(limit, bool) else -1
-        first: dict[str, Any] | None = None
-        kept: list[Any] = []
-        cursor: Any = None
-        for _ in range(tenancy.MAX_LIST_ROUNDS):
-            try:
-                result = await super().call(
-                    method, asked if asked or params is not None else None, timeout
-                )
-            except RpcError as exc:
-                if first is None:
-                    # codex may quote its cursor, which names a thread: quote the token.
-                    undo = tenancy.Threads.undisguise
-                    message, data = undo(exc.message, back), undo(exc.data, back)
-                    raise RpcError(exc.code, message, data) from None
-                break  # what was read so far is a page, and its cursor goes on from there
-            except TimeoutError:
-                if first is None:
-                    raise
-                break
-            if not isinstance(result, dict):
-                result = {}
-            page = result.get("data")
-            kept += threads.owned_items(method, page)
-            if first is None:
-                first = result
-                if wanted < 0:
-                    wanted = len(page) if isinstance(page, list) else 0
-            cursor = result.get("nextCursor")
-            timeout = deadline - self._loop.time()
-            if not isinstance(cursor, str) or len(kept) >= wanted or timeout <= 0:
-                break
-            asked["cursor"] = cursor
-            asked["limit"] = wanted - len(kept)
-        assert first is not None
-        return threads.only_owned(method, first, kept, cursor)
-
-    # -- outgoing --------------------------------------------------------------
-
-    def _write(self, message: dict[str, Any]) -> None:
-        if self._exit_info is not None or self._stopping or self._ws.closed:
-            raise ProcessGone(self._gone_info())
-        if self._frames_bytes > MAX_STDIN_BUFFER:
-            raise StdinFull("the app-server is not reading its input")
-        # JSON text as UTF-8 bytes, sent as a text frame as is (send_str would encode a
-        # str again); the bound below counts bytes, as the wire does.
-        frame = dumps(message)
-        method = message.get("method")
-        if method in THREAD_OPENERS and "id" in message:
-            if len(self._opening) >= _MAX_OPENING:
-                # Calls that were never answered (timed out): forget them.
-                pending = self._pending
-                self._opening = {i: m for i, m in self._opening.items() if i in pending}
-            self._opening[message["id"]] = method
-        self._frames.append(frame)
-        self._frames_bytes += len(frame)
-        if self._writer is None:
-            self._writer = self._loop.create_task(self._send_frames())
-
-    async def _send_frames(self) -> None:
-        """Send the queued frames in order; exits when the queue is empty (no idle task)."""
-        try:
-            while self._frames:
-                frame = self._frames.popleft()
-                self._frames_bytes -= len(frame)
-                await self._ws.send_frame(frame, aiohttp.WSMsgType.TEXT)
-        except (ConnectionError, RuntimeError, aiohttp.ClientError):
-            self._frames.clear()
-            self._frames_bytes = 0
-        finally:
-            self._writer = None
-
-    # -- incoming --------------------------------------------------------------
-
-    async def _read(self) -> None:
-        ended_by_server = False
-        #: The app-server said goodbye (a close frame): it is alive, not crashed.
-        farewell = False
-        try:
-            while True:
-                if not self._readable.is_set():
-                    await self._readable.wait()
-                message = await self._ws.receive()
-                if message.type is aiohttp.WSMsgType.TEXT:
-                    data: bytes = message.data.encode()
-                elif message.type is aiohttp.WSMsgType.BINARY:
-                    data = message.data
-                elif message.type is aiohttp.WSMsgType.ERROR and isinstance(
-                    message.data, aiohttp.WebSocketError
-                ):
-                    # A frame over max_msg_size (MAX_LINE_BYTES), or one that is not
-                    # WebSocket: the conversation cannot go on.
-                    problem = message.data.code
-                    self._break_protocol(f"the app-server sent an unreadable frame ({problem})")
-                    break
-                else:
-                    ended_by_server = not self._stopping
-                    farewell = message.type is aiohttp.WSMsgType.CLOSE
-                    break
-                if not self._take(data):
-                    break
-        except (ConnectionError, aiohttp.ClientError):
-            ended_by_server = not self._stopping
-        except asyncio.CancelledError:
-            pass
-        if self._exit_info is not None:
-            return
-        if self._protocol_error is not None:
-            self._end(ExitInfo(None, None, "", self._protocol_error, CLOSED_BY_BRIDGE))
-            return
-        if ended_by_server and not farewell:
-            # Dropped without a close frame: perhaps the whole process died.
-            await self._server.closed_by_server(self)
-        if self._exit_info is None:
-            if not ended_by_server:
-                self._end(ExitInfo(0, None, "", None, CLOSED_BY_BRIDGE))
-                return
-            # A normal closure is what a clean exit of a process of its own would be.
-            clean = self._ws.close_code == aiohttp.WSCloseCode.OK
-            self._end(ExitInfo(0 if clean else None, None, "", None, CLOSED_BY_SERVER))
-
-    def _take(self, data: bytes) -> bool:
-        """One frame from the app-server: dispatch it, or hold it back; False to stop."""
-        if len(data) > self._max_line_bytes:
-            self._break_protocol(f"a message of {len(data)} bytes exceeds MAX_LINE_BYTES")
-            return False
-        self.received_at = time.time()
-        gate = self.flow_gate
-        if gate is not None and gate(len(data)):
-            self._held_frame = data
-            self._paused = True
-            self._readable.clear()
-            return True
-        self._frame = data
-        self._dispatch_line(data)
-        return self._protocol_error is None
-
-    def resume(self) -> None:
-        if not self._paused:
-            return
-        self._paused = False
-        held, self._held_frame = self._held_frame, None
-        if held is not None and not self._take(held):
-            self._readable.set()
-            return
-        if not self._paused:
-            self._readable.set()
-
-    def _gone_info(self) -> ExitInfo:
-        how = CLOSED_BY_BRIDGE if self._stopping else CLOSED_BY_SERVER
-        return self._exit_info or ExitInfo(None, None, "", self._protocol_error, how)
-
-    def _break_protocol(self, reason: str) -> None:
-        if self._protocol_error is None:
-            self._protocol_error = reason
-            log.warning("closing a connection to the shared app-server: %s", reason)
-            self._readable.set()
-            _close_soon(self._ws)
-
-    # -- lifecycle -------------------------------------------------------------
-
-    def _end(self, info: ExitInfo) -> None:
-        """The conversation is over: fail what waits, tell the owners, let go of them."""
-        if self._exit_info is not None:
-            return
-        self._exit_info = info
-        self._exited = True
-        self._conclude(info)
-        self._frames.clear()
-        self._frames_bytes = 0
-        self._held_frame = None
-        self._frame = b""
-        self._limbo.clear()
-        self._limbo_bytes = 0
-        self._readable.set()
-        if not self._ws.closed:
-            _close_soon(self._ws)
-
-    def server_exited(self, info: ExitInfo, how: str = SERVER_EXITED) -> None:
-        """The shared process died: the session ends with its exit code and signal."""
-        self._end(ExitInfo(info.exit_code, info.signal, "", None, how))
-
-    async def shutdown(self, grace: float) -> ExitInfo:
-        """Close the connection (the app-server keeps running for the others)."""
-        if self._exit_info is not None:
-            return self._exit_info
-        self._stopping = True
-        self.release_flow()
-        with contextlib.suppress(TimeoutError):
-            async with asyncio.timeout(grace):
-                if self._writer is not None:
-                    await asyncio.shield(self._writer)
-                await _close_quietly(self._ws)
-        if self._exit_info is None:
-            self._reader.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._reader
-        self._end(ExitInfo(0, None, "", None, CLOSED_BY_BRIDGE))
-        return await self.wait()
-
-
-class _ListeningProcess(AppServerProcess):
-    """The supervised app-server: it speaks on its socket, so stdout is only a log."""
-
-    def __init__(self, *, max_line_bytes: int) -> None:
-        super().__init__(max_line_bytes=max_line_bytes)
-        #: Set as soon as the process has exited (its exit info follows once the
-        #: pipes are closed).
-        self.dead = asyncio.Event()
-
-    def _process_exited(self) -> None:
-        self.dead.set()
-        super()._process_exited()
-
-    def kill(self) -> None:
-        """SIGKILL to the process group now (a stopped process ignores SIGTERM until it is
-        continued); what left the group is swept once it has exited (rpc.py)."""
-        self.lineage.remember_tree()
-        self._kill_group(signal.SIGKILL)
-
-    def _feed_stdout(self, data: bytes) -> None:
-        self._feed_stderr(data)
-
-    def _stdout_eof(self) -> None:
-        pass
-
-    def _pipe_gone(self, name: str) -> None:
-        pass
 
 
 def _real_path(path: str) -> str | None:
@@ -533,14 +123,14 @@ class SharedAppServer:
         self._spawn_timeout = spawn_timeout
         self._shutdown_grace = shutdown_grace
         self._secret_env = tuple(secret_env)
-        self.process: AppServerProcess | None = None
+        self.process: StdioChannel | None = None
         self._client: aiohttp.ClientSession | None = None
         self._dir: str | None = None
         self._socket: str | None = None
         #: The socket codex really listens on (PATH is a symlink to it), removed at exit.
         self._socket_target: str | None = None
         self._lock = asyncio.Lock()
-        self._connections: set[AppServerConnection] = set()
+        self._connections: set[WebSocketChannel] = set()
         self.state = "idle" if self.url is None else "external"
         self.restarts = 0
         self.last_exit: dict[str, Any] | None = None
@@ -556,7 +146,7 @@ class SharedAppServer:
         self._liveness_timeout = liveness_timeout
         self._watchers: set[asyncio.Task[None]] = set()
         #: The process the probe found wedged and killed (said so in ``lastExit``).
-        self._wedged_process: AppServerProcess | None = None
+        self._wedged_process: StdioChannel | None = None
 
     @property
     def supervised(self) -> bool:
@@ -569,7 +159,7 @@ class SharedAppServer:
 
     # -- connections -----------------------------------------------------------
 
-    async def connect(self) -> AppServerConnection:
+    async def connect(self) -> WebSocketChannel:
         """A new connection (starting the app-server first if it is not running).
 
         Raises the bridge's 502 ``app_server_spawn_failed`` (or ``app_server_exited``)
@@ -578,11 +168,10 @@ class SharedAppServer:
         if self._closing:
             raise errors.app_server_spawn_failed("The bridge is shutting down.")
         ws = await self._handshake()
-        connection = AppServerConnection(ws, max_line_bytes=self._max_line_bytes, server=self)
+        connection = self._channel(ws)
         self._connections.add(connection)
-        connection.exit_callbacks.append(lambda _: self._connections.discard(connection))
         if self._closing:
-            await connection.shutdown(self._shutdown_grace)
+            await connection.close(self._shutdown_grace)
             raise errors.app_server_spawn_failed("The bridge is shutting down.")
         return connection
 
@@ -631,11 +220,19 @@ class SharedAppServer:
             timeout=aiohttp.ClientWSTimeout(ws_close=self._shutdown_grace),
         )
 
-    async def _died(self, process: AppServerProcess | None) -> bool:
+    def _channel(self, ws: aiohttp.ClientWebSocketResponse) -> WebSocketChannel:
+        return WebSocketChannel(
+            ws,
+            max_frame_bytes=self._max_line_bytes,
+            dropped=self.closed_by_server,
+            on_end=self._connections.discard,
+        )
+
+    async def _died(self, process: StdioChannel | None) -> bool:
         """Whether the supervised ``process`` has died: waited for a moment (a refused
         connection can come before the bridge learns of the exit), and then until the
         bridge has taken note of it (its restart is scheduled)."""
-        if not isinstance(process, _ListeningProcess):
+        if process is None:
             return False
         with contextlib.suppress(TimeoutError):
             async with asyncio.timeout(_CLOSE_TO_EXIT_SECONDS):
@@ -666,11 +263,11 @@ class SharedAppServer:
             return self._client, self.url, headers
         return self._client, "http://localhost/", headers
 
-    async def closed_by_server(self, connection: AppServerConnection) -> None:
-        """A connection the app-server closed: wait a moment for the process's exit, so
-        that a crash ends the session as a crash (:meth:`AppServerConnection.server_exited`)."""
+    async def closed_by_server(self) -> None:
+        """A connection the app-server dropped: wait a moment for the process's exit, so
+        that a crash ends the session as a crash (:meth:`WebSocketChannel.server_exited`)."""
         process = self.process
-        if not isinstance(process, _ListeningProcess) or not process.running:
+        if process is None or not process.running:
             return
         with contextlib.suppress(TimeoutError):
             async with asyncio.timeout(_CLOSE_TO_EXIT_SECONDS):
@@ -718,18 +315,18 @@ class SharedAppServer:
             await self._client.close()
             self._client = None
         argv = [*self.command, "--listen", f"unix://{self._socket}"]
+        # It speaks on its socket: its stdout is only a log.
+        process = StdioChannel(max_line_bytes=self._max_line_bytes, stdout_is_log=True)
+        process.attach(_ExitWatch(lambda info: self._exited(process, info)))
         try:
-            process = await _ListeningProcess.spawn(
-                argv, max_line_bytes=self._max_line_bytes, env=_env_without(self._secret_env)
-            )
+            await process.spawn(argv, env=_env_without(self._secret_env))
         except OSError as exc:
             self._failed(loop)
             raise startup.spawn_failed(self.command, exc, None) from None
         self.process = process
-        process.exit_callbacks.append(lambda info: self._exited(process, info))
         if self._closing:
             # close() ran while this was starting: it must not outlive the bridge.
-            await process.shutdown(self._shutdown_grace)
+            await process.close(self._shutdown_grace)
             raise errors.app_server_spawn_failed("The bridge is shutting down.")
         deadline = loop.time() + self._spawn_timeout
         delay = 0.005
@@ -741,7 +338,7 @@ class SharedAppServer:
             if await self._listening():
                 break
             if loop.time() > deadline:
-                await process.shutdown(self._shutdown_grace)
+                await process.close(self._shutdown_grace)
                 self._failed(loop)
                 log.error("the shared app-server `%s` did not listen in time", shlex.join(argv))
                 raise errors.timeout(
@@ -752,7 +349,6 @@ class SharedAppServer:
         self._socket_target = _real_path(self._socket)
         self._started_at = loop.time()
         self.state = "running"
-        assert isinstance(process, _ListeningProcess)
         watcher = loop.create_task(self._watch(process))
         self._watchers.add(watcher)
         watcher.add_done_callback(self._watchers.discard)
@@ -776,7 +372,7 @@ class SharedAppServer:
 
     # -- liveness ----------------------------------------------------------------
 
-    def _watching(self, process: _ListeningProcess) -> bool:
+    def _watching(self, process: StdioChannel) -> bool:
         return (
             process is self.process
             and self.state == "running"
@@ -784,7 +380,7 @@ class SharedAppServer:
             and not self._closing
         )
 
-    async def _watch(self, process: _ListeningProcess) -> None:
+    async def _watch(self, process: StdioChannel) -> None:
         """The liveness probe of ``process``: every LIVENESS_INTERVAL_MS one
         :data:`LIVENESS_METHOD` over a connection of the bridge's own (not a session's).
 
@@ -794,7 +390,7 @@ class SharedAppServer:
         fail at once for that long), it is wedged (:meth:`_wedged`).
         """
         loop = asyncio.get_running_loop()
-        probe: AppServerConnection | None = None
+        probe: JsonRpcPeer | None = None
         unanswered_since: float | None = None
         try:
             while True:
@@ -825,13 +421,13 @@ class SharedAppServer:
             if probe is not None:
                 await probe.shutdown(0)
 
-    async def _ask(self, probe: AppServerConnection | None) -> AppServerConnection | None:
+    async def _ask(self, probe: JsonRpcPeer | None) -> JsonRpcPeer | None:
         """One question over the probe connection, opened (and initialized) first if there
         is none; returns it (None if it cannot be asked again). Any answer, an error too,
         returns; raises what a call or a connection raises."""
         if probe is None or not probe.running:
             ws = await self._ws_connect()
-            probe = AppServerConnection(ws, max_line_bytes=self._max_line_bytes, server=self)
+            probe = JsonRpcPeer(self._channel(ws))
             try:
                 params = {"clientInfo": PROBE_CLIENT_INFO}
                 await probe.call("initialize", params, self._liveness_timeout)
@@ -847,7 +443,7 @@ class SharedAppServer:
             await probe.call(LIVENESS_METHOD, _LIVENESS_PARAMS, self._liveness_timeout)
         return probe
 
-    def _wedged(self, process: _ListeningProcess) -> None:
+    def _wedged(self, process: StdioChannel) -> None:
         """``process`` stopped answering: kill it (its exit restarts it, as any death
         does), and end its sessions now, saying why."""
         log.error(
@@ -868,7 +464,7 @@ class SharedAppServer:
         self._next_start = loop.time() + self._backoff
         self._backoff = min(self._backoff * 2, BACKOFF_MAX)
 
-    def _exited(self, process: AppServerProcess, info: ExitInfo) -> None:
+    def _exited(self, process: StdioChannel, info: ExitInfo) -> None:
         if process is not self.process:
             return
         loop = asyncio.get_running_loop()
@@ -949,11 +545,11 @@ class SharedAppServer:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._restart_task
         await asyncio.gather(
-            *(c.shutdown(self._shutdown_grace) for c in list(self._connections)),
+            *(c.close(self._shutdown_grace) for c in list(self._connections)),
             return_exceptions=True,
         )
         if self.process is not None:
-            await self.process.shutdown(self._shutdown_grace)
+            await self.process.close(self._shutdown_grace)
         self.state = "stopped" if self.supervised else self.state
         if self._client is not None:
             await self._client.close()
@@ -988,67 +584,70 @@ def refuse_process_options(options: ClientOptions | None) -> None:
         )
 
 
-class SharedBackend(ProcessBackend):
-    """Every session, sessionless call and text turn is a connection to one app-server.
+class ConnectShared:
+    """The launcher of shared mode: every session, sessionless call and text turn is a
+    connection to one app-server, seeing its own threads only (tenancy.py)."""
 
-    Everything else (slots, the idle reaper, drain, sessions, streams, replies, text turns)
-    is :class:`ProcessBackend`'s, on :class:`AppServerConnection` instead of a process.
-    """
-
-    STARTING = "Opening a connection to the shared app-server"
+    starting = "Opening a connection to the shared app-server"
 
     def __init__(
         self,
-        command: str | Sequence[str] = DEFAULT_COMMAND,
+        command: str | Sequence[str] = startup.DEFAULT_COMMAND,
         limits: RestLimits | None = None,
         settings: AppServerSettings | None = None,
     ) -> None:
-        super().__init__(command, limits)
-        settings = settings or AppServerSettings(mode="shared")
+        self.command = startup.parse_command(command)
+        limits = limits or RestLimits()
         self.server = SharedAppServer(
             self.command,
-            settings,
-            max_line_bytes=self.limits.max_line_bytes,
-            spawn_timeout=self.limits.spawn_timeout_ms / 1000,
-            shutdown_grace=self.limits.shutdown_grace_ms / 1000,
-            secret_env=(*SECRET_ENV, APP_SERVER_TOKEN_VARIABLE),
-            liveness_interval=self.limits.liveness_interval_ms / 1000,
-            liveness_timeout=self.limits.liveness_timeout_ms / 1000,
+            settings or AppServerSettings(mode="shared"),
+            max_line_bytes=limits.max_line_bytes,
+            spawn_timeout=limits.spawn_timeout_ms / 1000,
+            shutdown_grace=limits.shutdown_grace_ms / 1000,
+            secret_env=(*startup.SECRET_ENV, APP_SERVER_TOKEN_VARIABLE),
+            liveness_interval=limits.liveness_interval_ms / 1000,
+            liveness_timeout=limits.liveness_timeout_ms / 1000,
         )
+        self.version = VersionProbe(self.command)
 
-    async def _spawn(self, options: ClientOptions | None) -> AppServerProcess:
+    async def open(self, options: ClientOptions | None) -> JsonRpcPeer:
         refuse_process_options(options)
-        if self._closing:
-            raise errors.app_server_spawn_failed("The bridge is shutting down.")
-        connection = await self.server.connect()
-        self._processes.add(connection)
-        connection.exit_callbacks.append(lambda _: self._processes.discard(connection))
-        return connection
+        return JsonRpcPeer(await self.server.connect(), message_filter=Tenant())
 
-    async def _initialize(self, process: AppServerProcess, options: ClientOptions | None) -> Any:
-        result = await super()._initialize(process, options)
+    def initialized(self, result: Any) -> None:
         self.server.note_initialize(result)
-        return result
 
     async def close(self) -> None:
-        await super().close()
         await self.server.close()
 
     async def compatibility(self) -> Compatibility:
         if self.server.supervised:
-            compatibility = await super().compatibility()
-            info = compatibility.app_server
+            version, version_error = await self.version.get()
+            command = self.command
         else:
-            compatibility = Compatibility(
-                bridge_version=__version__,
-                app_server=AppServerInfo(
-                    command=[],
-                    version=None,
-                    version_error="the bridge connects to an app-server it did not start; "
-                    "appServer.shared.userAgent names the one that answered",
-                ),
+            version, command = None, []
+            version_error = (
+                "the bridge connects to an app-server it did not start; "
+                "appServer.shared.userAgent names the one that answered"
             )
-            info = compatibility.app_server
+        info = AppServerInfo(command=command, version=version, version_error=version_error)
         info.mode = "shared"
         info.shared = SharedAppServerState.model_validate(self.server.describe())
-        return compatibility
+        return Compatibility(bridge_version=__version__, app_server=info)
+
+
+class _ExitWatch:
+    """What the supervised process's channel reports to: only its end (its stdout is a
+    log, so no frame comes)."""
+
+    def __init__(self, exited: Callable[[ExitInfo], None]) -> None:
+        self._exited = exited
+
+    def frame_received(self, frame: bytes) -> bool:
+        return True
+
+    def channel_broken(self, reason: str) -> None:
+        pass
+
+    def channel_ended(self, info: ExitInfo) -> None:
+        self._exited(info)

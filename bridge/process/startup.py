@@ -1,4 +1,5 @@
-"""When an app-server cannot start: what the operator reads, and what the client is told.
+"""The app-server's command, and when it cannot start: what the operator reads, and what
+the client is told.
 
 The operator chose the command, so the bridge's log names it, with the reason (the
 ``OSError``, or the exit and the tail of what the process wrote on stderr). The client
@@ -12,6 +13,8 @@ request.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import errno
 import logging
 import os
@@ -19,10 +22,17 @@ import shlex
 import shutil
 from collections.abc import Sequence
 
-from bridge import errors
-from bridge.process.rpc import ExitInfo
+from bridge import credentials, errors
+from bridge.process import descendants
+from bridge.process.channel import ExitInfo
 
 log = logging.getLogger("bridge")
+
+DEFAULT_COMMAND = ("codex", "app-server")
+#: Variables of the bridge's own environment that a child process must never see: the
+#: secrets and the paths of their files (bridge.credentials).
+SECRET_ENV = tuple(sorted(credentials.HIDDEN_VARIABLES))
+_VERSION_TIMEOUT = 10.0
 
 #: The part of the client's message that says what to check.
 CHECK_COMMAND = "check the bridge's app-server command (`rest-bridge serve --app-server`)"
@@ -117,8 +127,6 @@ async def describe_command(command: Sequence[str]) -> str:
     """One line for ``rest-bridge serve``'s start: the command, where its program is, and
     the version it reports, or why it cannot start (the bridge serves anyway: a request's
     ``options.cwd`` or ``options.env`` may still make it startable)."""
-    from bridge.process.backend import _probe_version, version_command
-
     shown = shlex.join(command)
     problem = unstartable(command)
     if problem is not None:
@@ -134,7 +142,7 @@ async def describe_command(command: Sequence[str]) -> str:
             )
         return line
     found = _absolute(shutil.which(command[0]) or command[0])
-    version, error = await _probe_version(version_command(command))
+    version, error = await probe_version(version_command(command))
     details = [version or f"version unknown: {error}"]
     if found != command[0]:
         details.insert(0, found)
@@ -145,3 +153,51 @@ async def describe_command(command: Sequence[str]) -> str:
 
 def _absolute(path: str) -> str:
     return os.path.abspath(path)
+
+
+def parse_command(command: str | Sequence[str]) -> list[str]:
+    """A command line as argv: a string is split like a shell would."""
+    argv = shlex.split(command) if isinstance(command, str) else list(command)
+    if not argv:
+        raise ValueError("the app-server command is empty")
+    return argv
+
+
+def version_command(command: Sequence[str]) -> list[str]:
+    """``codex app-server -c x`` → ``codex --version`` (wrappers before it are kept)."""
+    argv = list(command)
+    if "app-server" in argv:
+        argv = argv[: argv.index("app-server")]
+    return [*argv, "--version"]
+
+
+async def probe_version(argv: list[str]) -> tuple[str | None, str | None]:
+    """Run ``<server> --version`` without blocking the loop: (version, error)."""
+    try:
+        with descendants.spawning() as own:
+            proc = await asyncio.create_subprocess_exec(
+                *argv,
+                env=credentials.child_environment(),
+                stdin=asyncio.subprocess.DEVNULL,
+                stdout=asyncio.subprocess.PIPE,
+                stderr=asyncio.subprocess.DEVNULL,
+                start_new_session=True,
+            )
+            own(proc.pid)
+    except OSError as exc:
+        return None, f"could not run the app-server: {exc.strerror or type(exc).__name__}"
+    try:
+        async with asyncio.timeout(_VERSION_TIMEOUT):
+            out, _ = await proc.communicate()
+    except TimeoutError:
+        with contextlib.suppress(ProcessLookupError):
+            proc.kill()
+        await proc.wait()
+        return None, "the app-server did not report its version in time"
+    finally:
+        if proc.returncode is not None:
+            descendants.released(proc.pid)
+    text = out.decode("utf-8", "replace").strip()
+    if proc.returncode != 0 or not text:
+        return None, f"`--version` exited with code {proc.returncode}"
+    return text.splitlines()[0][:200], None

@@ -2,8 +2,9 @@
 
 codex serves every connection from one store of threads: any connection can read, list,
 resume, answer for or delete any thread, and it broadcasts every thread's news to every
-connection. :class:`Threads` is what one connection (one session) owns, and the rules
-:class:`~bridge.process.shared.AppServerConnection` applies with it, in one place:
+connection. :class:`Threads` is what one connection (one session) owns, and :class:`Tenant` applies
+the rules with it, in one place (the filter of the connection's
+:class:`~bridge.process.peer.JsonRpcPeer`):
 
 - A thread is owned by the connection whose ``thread/start`` or ``thread/fork`` answered
   it (or ``review/start``'s detached review thread), and so is a thread codex announces
@@ -29,10 +30,13 @@ connection. :class:`Threads` is what one connection (one session) owns, and the 
 
 from __future__ import annotations
 
+import asyncio
 import secrets
 import uuid
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from typing import Any
+
+from bridge.process.peer import JsonRpcPeer, RpcError
 
 #: Parameters that name a thread the call acts on.
 THREAD_FIELDS = ("threadId", "beforeThreadId", "conversationId")
@@ -58,6 +62,11 @@ LISTINGS = {
 MAX_LIST_ROUNDS = 16
 #: Cursor tokens a connection remembers (the oldest are forgotten first).
 MAX_CURSORS = 256
+#: Frames about threads a connection does not own, kept (the newest, up to this many
+#: bytes, by a connection that owns a thread) in case one is about a sub-agent of its
+#: own not yet named (see Tenant.admit_notification). A sub-agent's first frames are a
+#: few hundred bytes.
+LIMBO_BYTES = 16 * 1024
 
 
 def canonical(thread_id: str) -> str | None:
@@ -239,3 +248,144 @@ class Threads:
         if isinstance(states, dict):
             shown["readStates"] = {key: state for key, state in states.items() if key in self}
         return shown
+
+
+class Tenant:
+    """The filter of one connection's peer: what it shows and how it asks (see above)."""
+
+    def __init__(self) -> None:
+        self.threads = Threads()
+        #: How many notifications and server requests about other connections' threads
+        #: were kept from this one.
+        self.foreign_threads_hidden = 0
+        #: The latest frames about threads not owned, and their size.
+        self._limbo: deque[tuple[str, bytes]] = deque()
+        self._limbo_bytes = 0
+
+    # -- what codex sends ----------------------------------------------------------
+
+    def admit_notification(self, method: str, params: Any, frame: bytes) -> bool:
+        """codex tells every connection of every thread (`thread/started`, status, name,
+        archive, ...): pass on only what concerns this connection's own threads (codex
+        answers a `thread/start` before it announces it).
+
+        codex may tell of a sub-agent (its status) before the parent's `spawnAgent` item
+        names it: the latest such frames are kept, and passed on once it is named."""
+        if method == "thread/started":
+            if not self.threads.announced(params):
+                self.foreign_threads_hidden += 1
+                return False
+        elif (foreign := self.threads.foreign_thread(params)) is not None:
+            self.foreign_threads_hidden += 1
+            self._keep_in_limbo(foreign, frame)
+            return False
+        return True
+
+    def delivered(self, method: str, params: Any) -> list[bytes]:
+        spawned = self.threads.spawned(method, params)
+        if not spawned or not self._limbo:
+            return []
+        owned = set(spawned)
+        kept = [entry for entry in self._limbo if entry[0] not in owned]
+        released = [frame for thread_id, frame in self._limbo if thread_id in owned]
+        self._limbo = deque(kept)
+        self._limbo_bytes = sum(len(frame) for _, frame in kept)
+        self.foreign_threads_hidden -= len(released)
+        return released
+
+    def admit_request(self, params: Any, frame: bytes) -> bool:
+        """A server request about another connection's thread is not this one's to
+        answer: it is left to the owner (an answer from here would settle it)."""
+        foreign = self.threads.foreign_thread(params)
+        if foreign is None:
+            return True
+        self.foreign_threads_hidden += 1
+        self._keep_in_limbo(foreign, frame)
+        return False
+
+    def _keep_in_limbo(self, thread_id: str, frame: bytes) -> None:
+        if len(frame) > LIMBO_BYTES or not self.threads:
+            return  # too big for it, or no thread of its own to have a sub-agent
+        self._limbo.append((thread_id, frame))
+        self._limbo_bytes += len(frame)
+        while self._limbo_bytes > LIMBO_BYTES:
+            self._limbo_bytes -= len(self._limbo.popleft()[1])
+
+    # -- calls ---------------------------------------------------------------------
+
+    async def call(self, peer: JsonRpcPeer, method: str, params: Any, timeout: float) -> Any:
+        """A call on a thread this connection does not own is answered by codex as for
+        a thread that does not exist; a listing shows this connection's threads only."""
+        if method in LISTINGS:
+            return await self._list_owned(peer, method, params, timeout)
+        threads = self.threads
+        hook = None
+        if method in OPENERS:
+
+            def hook(result: Any) -> None:
+                threads.opened(method, result)
+
+        disguised, substitutes = threads.disguise(method, params)
+        if not substitutes:
+            return await peer.request(method, params, timeout, hook)
+        try:
+            result = await peer.request(method, disguised, timeout, hook)
+        except RpcError as exc:
+            undo = Threads.undisguise
+            raise RpcError(
+                exc.code, undo(exc.message, substitutes), undo(exc.data, substitutes)
+            ) from None
+        return Threads.undisguise(result, substitutes)
+
+    async def _list_owned(self, peer: JsonRpcPeer, method: str, params: Any, timeout: float) -> Any:
+        """Read codex's pages until one page of owned threads is full (or codex has no
+        more, or :data:`MAX_LIST_ROUNDS` pages were read); cursors are tokens."""
+        threads = self.threads
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        asked = dict(params) if isinstance(params, dict) else {}
+        #: A token of this connection's, and codex's cursor behind it, to put back.
+        back: dict[str, str] = {}
+        if "cursor" in asked:
+            token = asked["cursor"]
+            asked["cursor"] = threads.cursor_for(method, token)
+            if isinstance(token, str) and asked["cursor"] != token:
+                back[asked["cursor"]] = token
+        limit = asked.get("limit")
+        #: How many owned threads make a page (codex's own page size if none is asked).
+        wanted = limit if isinstance(limit, int) and not isinstance(limit, bool) else -1
+        first: dict[str, Any] | None = None
+        kept: list[Any] = []
+        cursor: Any = None
+        for _ in range(MAX_LIST_ROUNDS):
+            try:
+                result = await peer.request(
+                    method, asked if asked or params is not None else None, timeout
+                )
+            except RpcError as exc:
+                if first is None:
+                    # codex may quote its cursor, which names a thread: quote the token.
+                    undo = Threads.undisguise
+                    message, data = undo(exc.message, back), undo(exc.data, back)
+                    raise RpcError(exc.code, message, data) from None
+                break  # what was read so far is a page, and its cursor goes on from there
+            except TimeoutError:
+                if first is None:
+                    raise
+                break
+            if not isinstance(result, dict):
+                result = {}
+            page = result.get("data")
+            kept += threads.owned_items(method, page)
+            if first is None:
+                first = result
+                if wanted < 0:
+                    wanted = len(page) if isinstance(page, list) else 0
+            cursor = result.get("nextCursor")
+            timeout = deadline - loop.time()
+            if not isinstance(cursor, str) or len(kept) >= wanted or timeout <= 0:
+                break
+            asked["cursor"] = cursor
+            asked["limit"] = wanted - len(kept)
+        assert first is not None
+        return threads.only_owned(method, first, kept, cursor)

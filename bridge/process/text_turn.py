@@ -14,7 +14,7 @@ from typing import Any
 from bridge import errors
 from bridge.events import EventLog
 from bridge.models import ApprovalPolicy, TextTurnRequest, TextTurnResponse
-from bridge.process.rpc import AppServerProcess, ProcessGone, RpcError, StdinFull
+from bridge.process.peer import JsonRpcPeer, ProcessGone, RpcError, StdinFull
 from bridge.process.session import request_key, rpc_failure
 
 #: v2 approvals take the policy's name as their decision.
@@ -123,20 +123,20 @@ class TextTurn:
 
     def __init__(
         self,
-        process: AppServerProcess,
+        peer: JsonRpcPeer,
         request: TextTurnRequest,
         event_buffer: int,
         event_buffer_bytes: int | None = None,
     ):
-        self.process = process
+        self.peer = peer
         self.request = request
         events = EventLog(event_buffer, event_buffer_bytes) if request.include_events else None
         self.state = _TurnState(policy=request.approval_policy, events=events)
         if event_buffer_bytes is not None:
             self.state.max_delta_bytes = event_buffer_bytes
         self.state.max_approvals = event_buffer
-        process.on_notification = self.state.on_notification
-        process.on_request = self._on_request
+        peer.on_notification = self.state.on_notification
+        peer.on_request = self._on_request
 
     def _on_request(self, request_id: Any, method: str, params: Any) -> None:
         key = request_key(request_id)
@@ -145,13 +145,13 @@ class TextTurn:
         answer = approval_answer(method, params, self.state.policy)
         try:
             if answer is None:
-                self.process.respond_error(
+                self.peer.respond_error(
                     request_id,
                     -32601,
                     f"{method} is not answered by a one-shot text turn; use a session",
                 )
                 return
-            self.process.respond(request_id, answer)
+            self.peer.respond(request_id, answer)
         except (ProcessGone, StdinFull):
             return
         if len(self.state.approvals) < self.state.max_approvals:
@@ -167,16 +167,14 @@ class TextTurn:
         request = self.request
         state = self.state
         try:
-            thread = await self.process.call(
-                "thread/start", request.thread_params or {}, call_timeout
-            )
+            thread = await self.peer.call("thread/start", request.thread_params or {}, call_timeout)
             state.thread_id = _nested_id(thread, "thread")
             turn_params = {
                 **(request.turn_params or {}),
                 "threadId": state.thread_id,
                 "input": [{"type": "text", "text": request.text}],
             }
-            turn = await self.process.call("turn/start", turn_params, call_timeout)
+            turn = await self.peer.call("turn/start", turn_params, call_timeout)
         except (RpcError, ProcessGone, StdinFull, TimeoutError) as exc:
             raise rpc_failure(exc, "Starting the turn") from None
         state.turn_id = _nested_id(turn, "turn")
@@ -188,7 +186,7 @@ class TextTurn:
 
     async def _wait_for_completion(self) -> None:
         state = self.state
-        exited = asyncio.ensure_future(self.process.wait())
+        exited = asyncio.ensure_future(self.peer.wait())
         done = asyncio.ensure_future(state.done.wait())
         idle = asyncio.ensure_future(state.idle.wait())
         try:

@@ -1,4 +1,4 @@
-"""The JSON-RPC transport against small real child processes."""
+"""The JSON-RPC peer over a stdio channel, against small real child processes."""
 
 import asyncio
 import os
@@ -7,13 +7,14 @@ import textwrap
 
 import pytest
 
-from bridge.process.rpc import AppServerProcess, ProcessGone, RpcError
+from bridge.process.launch import spawn_peer
+from bridge.process.peer import JsonRpcPeer, ProcessGone, RpcError
 
 pytestmark = pytest.mark.asyncio
 
 
-async def spawn(code: str, max_line_bytes: int = 1 << 20) -> AppServerProcess:
-    return await AppServerProcess.spawn(
+async def spawn(code: str, max_line_bytes: int = 1 << 20) -> JsonRpcPeer:
+    return await spawn_peer(
         [sys.executable, "-c", textwrap.dedent(code)], max_line_bytes=max_line_bytes
     )
 

@@ -1,0 +1,111 @@
+"""What carries JSON-RPC messages to and from an app-server: a channel.
+
+A channel moves whole messages (frames) and knows nothing of JSON-RPC: a
+:class:`~bridge.process.peer.JsonRpcPeer` speaks over it. Two channels exist: a child
+process's stdio, one message per line (:mod:`bridge.process.stdio`), and a WebSocket
+connection to a shared app-server, one message per text frame
+(:mod:`bridge.process.websocket`).
+
+The channel pushes what it reads to its :class:`Receiver` as it arrives, with no task
+or await per frame, and bounds every frame by the size it was given: a longer one is
+reported as broken, never buffered.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+
+@dataclass(frozen=True, slots=True)
+class ExitInfo:
+    """How a channel (and the conversation over it) ended."""
+
+    exit_code: int | None
+    signal: str | None
+    stderr_tail: str
+    #: Set when the bridge ended it because the app-server broke the protocol.
+    protocol_error: str | None = None
+    #: Shared mode: how the session's connection to the shared app-server ended (the
+    #: code and signal are then the shared process's, when it was its exit that ended it).
+    connection: str | None = None
+
+    def describe(self) -> str:
+        if self.protocol_error:
+            return f"the app-server broke the protocol: {self.protocol_error}"
+        if self.connection:
+            return f"the connection to the shared app-server ended: {self.connection}"
+        if self.signal:
+            return f"the app-server process was killed by {self.signal}"
+        return f"the app-server process exited with code {self.exit_code}"
+
+    def to_event_params(self) -> dict[str, Any]:
+        params: dict[str, Any] = {
+            "exitCode": self.exit_code,
+            "signal": self.signal,
+            "stderrTail": self.stderr_tail,
+        }
+        if self.protocol_error:
+            params["protocolError"] = self.protocol_error
+        if self.connection:
+            params["connection"] = self.connection
+        return params
+
+
+class Receiver(Protocol):
+    """What a channel delivers to (a :class:`~bridge.process.peer.JsonRpcPeer`)."""
+
+    def frame_received(self, frame: bytes) -> bool:
+        """One whole message. False: not taken now; the channel keeps it (and what
+        follows) and stops reading until :meth:`Channel.resume_reading`."""
+
+    def channel_broken(self, reason: str) -> None:
+        """The stream can no longer be read as messages (a frame over the size limit,
+        an unreadable frame, a pipe closed by a child that lives on)."""
+
+    def channel_ended(self, info: ExitInfo) -> None:
+        """The channel is over; called once, last."""
+
+
+class Channel(Protocol):
+    """A message stream to one app-server conversation."""
+
+    #: True when each message goes out as one line (stdio); False for one frame each.
+    newline_delimited: bool
+    #: True when the other end serves other clients too (a connection to a shared
+    #: app-server): its end is a connection's, not a process's.
+    shared: bool
+    #: When the frames being delivered were read (``time.time()``).
+    received_at: float
+
+    def attach(self, receiver: Receiver) -> None:
+        """Deliver what is read to ``receiver`` from now on."""
+
+    @property
+    def writable(self) -> bool:
+        """False once nothing more can be sent."""
+
+    @property
+    def buffered(self) -> int:
+        """Bytes sent but not yet taken by the other end (its flow-control backlog)."""
+
+    def send(self, frame: bytes, *, coalesce: bool) -> None:
+        """Send one message; ``coalesce``: more are likely this turn of the loop, so it
+        may wait for them and go out in one write."""
+
+    @property
+    def paused(self) -> bool:
+        """True while a frame the receiver did not take holds reading back."""
+
+    def resume_reading(self) -> None:
+        """Offer the held frames again, and read on if they are all taken."""
+
+    def abort(self, reason: str) -> None:
+        """Stop now, unread output dropped: the app-server broke the protocol (``reason``,
+        for the log)."""
+
+    def end_info(self) -> ExitInfo:
+        """How the channel ended (or is ending), for a write that comes too late."""
+
+    async def close(self, grace: float) -> None:
+        """End it in order, within ``grace`` seconds; returns once it has ended."""
