@@ -43,7 +43,6 @@ from bridge.replica import (
     ReplicaSettingsError,
 )
 from bridge.routes import BACKEND
-from bridge.server import BridgeRunner
 
 #: REST_ADAPTER_* variables that are not limits and that rest-bridge reads or sets.
 OTHER_VARIABLES = frozenset(
@@ -63,22 +62,6 @@ LIMIT_FIELDS = tuple(f.name for f in dataclasses.fields(RestLimits))
 SHUTDOWN_HANDLER_SECONDS = 2.0
 #: At exit, how long to wait for the last descendants to die once killed.
 DESCENDANTS_EXIT_SECONDS = 5.0
-
-
-class QuietParserErrors(logging.Filter):
-    """One line, without traceback, for requests aiohttp could not parse.
-
-    aiohttp logs those with a traceback whose message quotes the offending bytes, an
-    ``Authorization`` header (and so the token) included.
-    """
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        if record.exc_info and record.exc_info[1] is not None:
-            record.msg = f"{record.getMessage()}: {type(record.exc_info[1]).__name__}"
-            record.args = ()
-            record.exc_info = None
-            record.exc_text = None
-        return True
 
 
 #: Allocations at least this big are mapped from the OS and returned to it when freed.
@@ -414,7 +397,7 @@ async def serve(
     loop.set_exception_handler(shortage)
     # Orphaned descendants of app-servers come to the bridge, not init (descendants.py).
     subreaper = descendants.become_subreaper()
-    runner = BridgeRunner(
+    runner = web.AppRunner(
         app,
         access_log=None,
         # Shutdown closes the backend first, which ends every stream, long-poll and
@@ -547,7 +530,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         return run_scenarios(arguments[1:])
     args = build_parser().parse_args(arguments)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
-    logging.getLogger("aiohttp.server").addFilter(QuietParserErrors())
     if args.command == "openapi":
         try:
             print_openapi(args.preset, args.auth)

@@ -408,6 +408,8 @@ def render(
         "    proxy_max_temp_file_size 0;",
         # The replicas' bounds on a request head: a line, and MAX_HEADER_BYTES in all.
         f"    large_client_header_buffers {max(2, -(-limits.max_header_bytes // 8192))} 8k;",
+        # ... and the head's deadline, which aiohttp has no public hook for (bridge.server).
+        f"    client_header_timeout {limits.header_timeout_ms}ms;",
         "    keepalive_timeout 75s;",
         "    keepalive_requests 100000;",
         "",
