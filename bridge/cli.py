@@ -21,7 +21,12 @@ from aiohttp import web
 from bridge import TOKEN_VARIABLE, __version__, credentials, front, replica
 from bridge.app import PRESETS, SERVER_SETTINGS, mounted_routes, router_method_rules
 from bridge.auth import AuthSettings, token_problem, with_bearer_auth
-from bridge.descriptors import BridgeEventLoop, ShortageReporter, budget_line, raise_soft_limit
+from bridge.descriptors import (
+    ShortageReporter,
+    budget_line,
+    listening_sockets,
+    raise_soft_limit,
+)
 from bridge.limits import (
     APP_SERVER_MODES,
     APP_SERVER_TOKEN_VARIABLE,
@@ -95,16 +100,15 @@ DEFAULT_LOOP = "asyncio"
 def event_loop_factory(name: str) -> Callable[[], asyncio.AbstractEventLoop] | None:
     """The loop `--loop name` asks for; None when that is uvloop and it is not installed.
 
-    ``auto`` is uvloop when it can be imported, else asyncio (the bridge's own
-    :class:`BridgeEventLoop`).
+    ``auto`` is uvloop when it can be imported, else asyncio.
     """
     if name in ("auto", "uvloop"):
         try:
             import uvloop
         except ImportError:
-            return None if name == "uvloop" else BridgeEventLoop
+            return None if name == "uvloop" else asyncio.new_event_loop
         return uvloop.new_event_loop
-    return BridgeEventLoop
+    return asyncio.new_event_loop
 
 
 class StartupError(Exception):
@@ -414,9 +418,11 @@ async def serve(
                 "app-server: ", "app-server (shared, one process on a private socket): ", 1
             )
     await runner.setup()
-    site = web.TCPSite(runner, host, port)
     try:
-        await site.start()
+        # The bridge's own listening socket: an accept pass stops at its first
+        # descriptor shortage (bridge.descriptors).
+        for sock in listening_sockets(host, port):
+            await web.SockSite(runner, sock).start()
     except (OSError, OverflowError) as exc:
         await runner.cleanup()
         raise StartupError(f"cannot listen on {address(host, port)}: {_reason(exc)}") from None
