@@ -18,7 +18,7 @@ APP_SERVER ?= $(abspath $(BIN))/fake-codex app-server
 # Empty: `rest-bridge cluster` starts one replica per core.
 REPLICAS ?=
 
-.PHONY: serve serve-codex test check lint typecheck pytest codex dist nginx cluster bench reliability clean
+.PHONY: serve serve-codex test test-lowest check lint typecheck pytest codex dist nginx cluster bench reliability clean
 
 # openai-codex (the official SDK, an independent client for tests/fakes/test_sdk_dropin.py)
 # goes in with --no-deps: its only other dependency is openai-codex-cli-bin, a 142 MB
@@ -100,7 +100,23 @@ typecheck: $(STAMP)
 pytest: $(STAMP) codex nginx
 	$(BIN)/pytest
 
-test: lint typecheck pytest
+test: lint typecheck pytest test-lowest
+
+# The declared ranges held to their floor: the bridge's tests on the lowest aiohttp that
+# pyproject.toml allows (and the lowest of the other runtime ranges that still install on
+# this Python), in a venv of its own. `make test` runs the newest in .venv beside it.
+LOWEST_VENV := .venv-lowest
+LOWEST_PINS := aiohttp==3.12.0 orjson==3.10.0 faker==30.0.0
+$(LOWEST_VENV)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(LOWEST_VENV)
+	$(LOWEST_VENV)/bin/pip install --quiet --upgrade pip
+	printf '%s\n' $(LOWEST_PINS) > $(LOWEST_VENV)/constraints.txt
+	$(LOWEST_VENV)/bin/pip install --quiet -c $(LOWEST_VENV)/constraints.txt -e '.[test]'
+	touch $@
+
+test-lowest: $(LOWEST_VENV)/.installed codex nginx
+	$(LOWEST_VENV)/bin/python -c 'import aiohttp, pydantic; print("lowest: aiohttp", aiohttp.__version__, "pydantic", pydantic.VERSION)'
+	$(LOWEST_VENV)/bin/pytest tests/bridge -q -p no:cacheprovider
 
 # The quick tier, after every change: lint, types, and the tests that need no real codex
 # and start at most an in-process bridge or nginx -t (about 20 s on 2 cores).
@@ -131,4 +147,4 @@ reliability: $(STAMP)
 		&& exit $$status
 
 clean:
-	rm -rf $(VENV) $(BUILD_VENV) $(CODEX_DIR) dist build *.egg-info .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) $(BUILD_VENV) $(LOWEST_VENV) $(CODEX_DIR) dist build *.egg-info .pytest_cache .mypy_cache .ruff_cache

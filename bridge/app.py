@@ -16,33 +16,18 @@ from aiohttp import web
 from pydantic import BaseModel
 
 from bridge import errors, models, routes
-from bridge.auth import AUTH, HEALTH_PATHS
+from bridge.auth import AUTH, HEALTH_PATHS, admitted, with_bearer_auth
 from bridge.backend import Backend
 from bridge.limits import AppServerSettings, RestLimits
 from bridge.openapi import build_openapi
 from bridge.policy import HOST_METHODS, HOST_PARAMS, MethodPolicy, MethodRules
 from bridge.process.backend import DEFAULT_COMMAND, ProcessBackend
 from bridge.process.shared import ConnectShared
+from bridge.server import SERVER_SETTINGS, ParserRefusals, head_middleware
+
+__all__ = ["SERVER_SETTINGS", "create_app"]
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
-
-#: How the bridge's HTTP server is run (``web.AppRunner(app, **SERVER_SETTINGS)``), by
-#: `rest-bridge serve` and the test harness alike. Embedding a preset in your own runner,
-#: pass the same:
-#:
-#: - ``handler_cancellation``: a client that disconnects stops its handler at once (a
-#:   long-poll does not wait out its ``waitMs``, a call's process is not left behind);
-#: - ``auto_decompress=False``: the bridge decodes request bodies itself, bounded by
-#:   MAX_BODY_BYTES, and answers a coding it does not decode with 415 after
-#:   authentication (aiohttp's own decoder answers ``br`` and ``zstd`` with a plain-text
-#:   400 before any application code runs);
-#: - ``keepalive_timeout``: a connection that sends no complete request is closed after
-#:   75 s (aiohttp's default is an hour).
-SERVER_SETTINGS: dict[str, Any] = {
-    "handler_cancellation": True,
-    "auto_decompress": False,
-    "keepalive_timeout": 75.0,
-}
 
 
 @dataclass(frozen=True, slots=True)
@@ -291,16 +276,23 @@ def router_method_rules(app: web.Application) -> MethodRules:
     return app[routes.CONFIG].method_rules
 
 
-def create_app(backend: Backend, options: RouterOptions | None = None) -> web.Application:
-    """An application serving ``options.routes`` from ``backend``."""
+def create_app(
+    backend: Backend, options: RouterOptions | None = None, *, token: str | None = None
+) -> web.Application:
+    """The whole bridge: ``options.routes`` served from ``backend``.
+
+    Everything is the application's, through aiohttp's public hooks, so a host that
+    serves it in a runner of its own (with :data:`SERVER_SETTINGS`) gets it all: the
+    error payload for every failure, bounded request heads (:mod:`bridge.server`),
+    the bearer ``token`` when one is given (:func:`bridge.auth.with_bearer_auth`), and
+    the backend started and closed with the application (``cleanup_ctx``).
+    """
     options = options or RouterOptions()
     limits = options.limits
-    # No middleware: each route's handler is wrapped once, here, by the guard (errors
-    # rendered as the payload, and the bearer token once `with_bearer_auth` sets one).
-    # aiohttp then calls the handler directly instead of through two middleware layers.
-    app = web.Application(client_max_size=limits.max_body_bytes)
-    guard = errors.Guard(limits.max_body_bytes)
-    app[errors.GUARD] = guard
+    app = web.Application(
+        client_max_size=limits.max_body_bytes,
+        middlewares=[head_middleware(limits.max_header_bytes, limits.max_body_bytes)],
+    )
     app[routes.BACKEND] = backend
     method_rules = MethodRules(
         options.refused_methods, options.method_policy, options.refused_params
@@ -318,9 +310,9 @@ def create_app(backend: Backend, options: RouterOptions | None = None) -> web.Ap
     # aiohttp tries the routes under a common prefix in the order they were added, and
     # no two routes match the same path: the busiest goes first (the order of
     # ROUTES, and of the OpenAPI document, stays).
+    expect = errors.expect_handler(admitted)
     for route in sorted(mounted, key=lambda r: r.name not in HOT_ROUTES):
-        handler = errors.guarded(route.handler, guard)
-        expect = errors.expect_handler(guard)
+        handler = route.handler
         app.router.add_route(
             route.method, route.path, handler, name=route.name, expect_handler=expect
         )
@@ -328,7 +320,7 @@ def create_app(backend: Backend, options: RouterOptions | None = None) -> web.Ap
             app.router.add_route(
                 "HEAD", route.path, handler, name=f"{route.name}_head", expect_handler=expect
             )
-    add_no_route(app, guard)
+    add_no_route(app)
 
     closed = False
 
@@ -347,17 +339,25 @@ def create_app(backend: Backend, options: RouterOptions | None = None) -> web.Ap
     # At shutdown, before aiohttp waits for the handlers still running: closing the
     # backend ends their streams, long-polls and calls, so they need not time out.
     app.on_shutdown.append(close_backend)
+    # aiohttp's log of the requests its parser refuses: no bytes, no traceback.
+    app.on_startup.append(quiet_parser_refusals)
+    if token is not None:
+        with_bearer_auth(app, token)
     return app
+
+
+async def quiet_parser_refusals(app: web.Application) -> None:
+    ParserRefusals.install()
 
 
 #: The path of the last route of every application built here: any method, any path.
 NO_ROUTE_PATH = "/{path:(?s:.*)}"
 
 
-def add_no_route(app: web.Application, guard: errors.Guard) -> None:
+def add_no_route(app: web.Application) -> None:
     """Answer a request no route takes with the error payload: 404, or 405 with ``Allow``.
 
-    Without a middleware, aiohttp would answer those itself, in plain text. This route
+    aiohttp's router would answer those with an exception of its own. This route
     is added last and its path is the shortest prefix, so it is tried after every other
     route; it asks the other routes which methods they take on the path, as aiohttp's
     router does. A route a host adds to the application afterwards whose path begins
@@ -376,10 +376,7 @@ def add_no_route(app: web.Application, guard: errors.Guard) -> None:
         raise errors.not_found()
 
     route = app.router.add_route(
-        "*",
-        NO_ROUTE_PATH,
-        errors.guarded(no_route, guard),
-        expect_handler=errors.expect_handler(guard),
+        "*", NO_ROUTE_PATH, no_route, expect_handler=errors.expect_handler(admitted)
     )
     own.append(route.resource)  # type: ignore[arg-type]
 

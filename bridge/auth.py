@@ -94,17 +94,36 @@ def bearer_check(token: str, *, exempt_health: bool = True) -> Callable[[web.Req
     return admits
 
 
-def bearer_auth_middleware(token: str, *, exempt_health: bool = True) -> Middleware:
-    """A middleware that admits only requests carrying ``Authorization: Bearer <token>``."""
-    admits = bearer_check(token, exempt_health=exempt_health)
+#: The application's admission check (:func:`bearer_check`), set by :func:`with_bearer_auth`:
+#: its middleware asks it, and so does the ``Expect`` handler of :mod:`bridge.app`'s
+#: routes, which aiohttp runs before any middleware.
+CHECK = web.AppKey[Callable[[web.Request], bool]]("bridge.auth.check")
+
+
+def admitted(request: web.Request) -> bool:
+    """Whether the application serving ``request`` admits it (True without auth)."""
+    check = request.app.get(CHECK)
+    return check is None or check(request)
+
+
+def admission_middleware(admits: Callable[[web.Request], bool]) -> Middleware:
+    """A middleware that answers the 401 to every request ``admits`` refuses."""
 
     @web.middleware
     async def bearer_auth(request: web.Request, handler: Handler) -> web.StreamResponse:
-        if not admits(request):
-            return errors.unauthorized().to_response()
-        return await handler(request)
+        if admits(request):
+            return await handler(request)
+        if not request.path.startswith("/"):
+            # CONNECT host:port, OPTIONS *: what follows the head may be a tunnel's bytes.
+            return await errors.answer_and_close(request, errors.unauthorized())
+        return errors.unauthorized().to_response()
 
     return bearer_auth
+
+
+def bearer_auth_middleware(token: str, *, exempt_health: bool = True) -> Middleware:
+    """A middleware that admits only requests carrying ``Authorization: Bearer <token>``."""
+    return admission_middleware(bearer_check(token, exempt_health=exempt_health))
 
 
 def with_bearer_auth(
@@ -113,15 +132,11 @@ def with_bearer_auth(
     """Require the bearer token on every route of ``app``; returns ``app``.
 
     Raises ``ValueError`` at once for an empty or blank token. Apply it before the
-    application starts. On an application built by :mod:`bridge.app` the check is made
-    by the wrapper every route already has (no middleware: no extra layer per request);
-    on any other application it is a middleware, outermost.
+    application starts. The check is one middleware, outermost (a request that lacks the
+    token meets nothing else of the application), and the application's :data:`CHECK`.
     """
     admits = bearer_check(token, exempt_health=exempt_health)
-    guard = app.get(errors.GUARD)
-    if guard is not None:
-        guard.admits = admits
-    else:
-        app.middlewares.insert(0, bearer_auth_middleware(token, exempt_health=exempt_health))
+    app[CHECK] = admits
+    app.middlewares.insert(0, admission_middleware(admits))
     app[AUTH] = AuthSettings(exempt_health=exempt_health)
     return app

@@ -20,7 +20,12 @@ from aiohttp import web
 from bridge import TOKEN_VARIABLE, __version__, credentials, replica
 from bridge.app import PRESETS, SERVER_SETTINGS, mounted_routes, router_method_rules
 from bridge.auth import AuthSettings, token_problem, with_bearer_auth
-from bridge.descriptors import BridgeEventLoop, ShortageReporter, budget_line, raise_soft_limit
+from bridge.descriptors import (
+    ShortageReporter,
+    budget_line,
+    listening_sockets,
+    raise_soft_limit,
+)
 from bridge.limits import (
     APP_SERVER_MODES,
     APP_SERVER_TOKEN_VARIABLE,
@@ -41,29 +46,12 @@ from bridge.replica import (
     ReplicaSettingsError,
 )
 from bridge.routes import BACKEND
-from bridge.server import BridgeRunner
 from bridge.settings import BridgeSettings
 
 LIMIT_FIELDS = tuple(f.name for f in dataclasses.fields(RestLimits))
 SHUTDOWN_HANDLER_SECONDS = 2.0
 #: At exit, how long to wait for the last descendants to die once killed.
 DESCENDANTS_EXIT_SECONDS = 5.0
-
-
-class QuietParserErrors(logging.Filter):
-    """One line, without traceback, for requests aiohttp could not parse.
-
-    aiohttp logs those with a traceback whose message quotes the offending bytes, an
-    ``Authorization`` header (and so the token) included.
-    """
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        if record.exc_info and record.exc_info[1] is not None:
-            record.msg = f"{record.getMessage()}: {type(record.exc_info[1]).__name__}"
-            record.args = ()
-            record.exc_info = None
-            record.exc_text = None
-        return True
 
 
 #: Allocations at least this big are mapped from the OS and returned to it when freed.
@@ -97,16 +85,15 @@ DEFAULT_LOOP = "asyncio"
 def event_loop_factory(name: str) -> Callable[[], asyncio.AbstractEventLoop] | None:
     """The loop `--loop name` asks for; None when that is uvloop and it is not installed.
 
-    ``auto`` is uvloop when it can be imported, else asyncio (the bridge's own
-    :class:`BridgeEventLoop`).
+    ``auto`` is uvloop when it can be imported, else asyncio.
     """
     if name in ("auto", "uvloop"):
         try:
             import uvloop
         except ImportError:
-            return None if name == "uvloop" else BridgeEventLoop
+            return None if name == "uvloop" else asyncio.new_event_loop
         return uvloop.new_event_loop
-    return BridgeEventLoop
+    return asyncio.new_event_loop
 
 
 class StartupError(Exception):
@@ -355,7 +342,7 @@ async def serve(
     loop.set_exception_handler(shortage)
     # Orphaned descendants of app-servers come to the bridge, not init (descendants.py).
     subreaper = descendants.become_subreaper()
-    runner = BridgeRunner(
+    runner = web.AppRunner(
         app,
         access_log=None,
         # Shutdown closes the backend first, which ends every stream, long-poll and
@@ -372,9 +359,11 @@ async def serve(
                 "app-server: ", "app-server (shared, one process on a private socket): ", 1
             )
     await runner.setup()
-    site = web.TCPSite(runner, host, port)
     try:
-        await site.start()
+        # The bridge's own listening socket: an accept pass stops at its first
+        # descriptor shortage (bridge.descriptors).
+        for sock in listening_sockets(host, port):
+            await web.SockSite(runner, sock).start()
     except (OSError, OverflowError) as exc:
         await runner.cleanup()
         raise StartupError(f"cannot listen on {address(host, port)}: {_reason(exc)}") from None
@@ -491,7 +480,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         return run_scenarios(arguments[1:])
     args = build_parser().parse_args(arguments)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
-    logging.getLogger("aiohttp.server").addFilter(QuietParserErrors())
     if args.command == "openapi":
         try:
             print_openapi(args.preset, args.auth)

@@ -9,10 +9,12 @@ retry, so the retries (and the log) multiply every second. Two parts stop that:
   one line when they start, one line per :data:`REPORT_SECONDS` while they last (how
   many, and the limit), and one line when connections are accepted again; every other
   context goes to the loop's default handler.
-- :class:`BridgeEventLoop` (the ``asyncio`` loop of ``rest-bridge serve``) ends an
-  accept pass at its first such failure, so each pass schedules exactly one retry
-  (asyncio's own, a second later), which is also how accepting resumes once
-  descriptors are free again.
+- :class:`ShortageGuardedSocket`, the listening socket of ``rest-bridge serve``
+  (:func:`listening_socket`, handed to aiohttp as ``web.SockSite``), ends asyncio's
+  accept pass at its first such failure: its next ``accept()`` in the same pass raises
+  ``BlockingIOError``, asyncio's own "nothing more to accept", so each pass schedules
+  exactly one retry (asyncio's, a second later), which is also how accepting resumes
+  once descriptors are free again. Any event loop takes it (uvloop accepts without it).
 """
 
 from __future__ import annotations
@@ -145,36 +147,50 @@ def _soft_limit() -> str:
     return describe_limit(resource.getrlimit(resource.RLIMIT_NOFILE)[0])
 
 
-class _OnePass:
-    """A listening socket as one accept pass sees it: after a shortage, nothing to accept.
+class ShortageGuardedSocket(socket.socket):
+    """A listening socket whose accept pass stops at its first descriptor shortage.
 
     asyncio's pass goes on calling ``accept()`` after a failure for want of
-    descriptors, up to the backlog, reporting and scheduling a retry each time.
+    descriptors, up to the backlog, reporting and scheduling a retry each time. After
+    such a failure this socket has nothing to accept until the loop has finished the
+    pass (a ``call_soon`` callback clears the flag).
     """
 
-    def __init__(self, sock: socket.socket) -> None:
-        self.raw = sock
-        self._short = False
+    short = False
 
     def accept(self) -> tuple[socket.socket, Any]:
-        if self._short:
+        if self.short:
             raise BlockingIOError(errno.EAGAIN, "stopped after a shortage")
         try:
-            return self.raw.accept()
+            return super().accept()
         except OSError as exc:
             if exc.errno in SHORTAGE_ERRNOS:
-                self._short = True
+                self.short = True
+                asyncio.get_running_loop().call_soon(self._end_pass)
             raise
 
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self.raw, name)
+    def _end_pass(self) -> None:
+        self.short = False
 
 
-class BridgeEventLoop(asyncio.SelectorEventLoop):
-    """asyncio's loop, with an accept pass that stops at its first descriptor shortage."""
-
-    def _accept_connection(
-        self, protocol_factory: Any, sock: Any, *args: Any, **kwargs: Any
-    ) -> None:
-        raw = sock.raw if isinstance(sock, _OnePass) else sock
-        super()._accept_connection(protocol_factory, _OnePass(raw), *args, **kwargs)  # type: ignore[misc]
+def listening_sockets(host: str, port: int, backlog: int = 128) -> list[ShortageGuardedSocket]:
+    """:class:`ShortageGuardedSocket` s bound to every address of ``host:port`` and
+    listening, as ``web.TCPSite`` binds them (``SO_REUSEADDR``; an IPv6 socket for IPv6
+    only). Raises OSError (``socket.gaierror`` for a host that does not resolve)."""
+    found = socket.getaddrinfo(host or None, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    sockets: list[ShortageGuardedSocket] = []
+    try:
+        for family, kind, proto, _, address in dict.fromkeys(found):
+            sock = ShortageGuardedSocket(family, kind, proto)
+            sockets.append(sock)
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            if family == socket.AF_INET6:
+                sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+            sock.bind(address)
+            sock.listen(backlog)
+            sock.setblocking(False)
+    except BaseException:
+        for sock in sockets:
+            sock.close()
+        raise
+    return sockets

@@ -2,9 +2,9 @@
 
 Every failure the bridge reports is a :class:`RestError`. Handlers raise;
 :func:`failure_response` renders the spec's error payload ``{"error", "message",
-"code"?, "data"?}`` in exactly one place, called by the wrapper around every route
-(:func:`guarded`). aiohttp's own HTTP exceptions (404, 405, 413...) are translated
-there too, so no response body ever takes another shape.
+"code"?, "data"?}`` in exactly one place, called by the middleware of every
+application (:func:`bridge.server.head_middleware`). aiohttp's own HTTP exceptions
+(404, 405, 413...) are translated there too, so no response body ever takes another shape.
 """
 
 from __future__ import annotations
@@ -471,9 +471,9 @@ async def failure_response(
 def make_error_middleware(max_body_bytes: int | None = None) -> Middleware:
     """A middleware that renders every failure as the spec's error payload.
 
-    The applications of :mod:`bridge.app` do not use it (their routes are wrapped by
-    :func:`guarded`, which does the same without a middleware); it is here for a host
-    that mounts the bridge's handlers in an application of its own.
+    The applications of :mod:`bridge.app` render failures in their own middleware
+    (:func:`bridge.server.head_middleware`); this is for a host that mounts the bridge's
+    handlers in an application of its own.
     """
 
     @web.middleware
@@ -484,46 +484,6 @@ def make_error_middleware(max_body_bytes: int | None = None) -> Middleware:
             return await failure_response(request, exc, max_body_bytes)
 
     return error_middleware
-
-
-class Guard:
-    """What every route of an application built by :mod:`bridge.app` does around its
-    handler: admit the request (the bearer token, once one is set) and render any
-    failure as the error payload.
-
-    This is the work of two middlewares done by one wrapper per route, mounted with the
-    route: an application without middlewares spares aiohttp two coroutine layers per
-    request (its own ``_fix_request_current_app`` included). A host may still add
-    middlewares of its own; they run around this.
-    """
-
-    __slots__ = ("admits", "max_body_bytes")
-
-    def __init__(self, max_body_bytes: int | None) -> None:
-        self.max_body_bytes = max_body_bytes
-        #: None: every request is admitted; else False means 401 (bridge.auth sets it).
-        self.admits: Callable[[web.Request], bool] | None = None
-
-
-GUARD = web.AppKey("bridge.guard", Guard)
-
-
-def guarded(handler: Handler, guard: Guard) -> Handler:
-    """``handler`` behind ``guard``: 401 before it runs, the error payload if it fails."""
-
-    async def guarded_handler(request: web.Request) -> web.StreamResponse:
-        admits = guard.admits
-        if admits is not None and not admits(request):
-            return unauthorized().to_response()
-        try:
-            return await handler(request)
-        except Exception as exc:
-            return await failure_response(request, exc, guard.max_body_bytes)
-
-    guarded_handler.__name__ = getattr(handler, "__name__", "guarded_handler")
-    guarded_handler.__qualname__ = getattr(handler, "__qualname__", "guarded_handler")
-    guarded_handler.__doc__ = handler.__doc__
-    return guarded_handler
 
 
 def expectation_failed() -> RestError:
@@ -537,7 +497,7 @@ def expectation_failed() -> RestError:
 ExpectHandler = Callable[[web.Request], Awaitable[web.StreamResponse | None]]
 
 
-def expect_handler(guard: Guard) -> ExpectHandler:
+def expect_handler(admitted: Callable[[web.Request], bool]) -> ExpectHandler:
     """What a route does with an ``Expect`` header, before its handler runs.
 
     The bearer token first: a request that is not admitted gets the 401 (and no
@@ -548,9 +508,8 @@ def expect_handler(guard: Guard) -> ExpectHandler:
     """
 
     async def handle_expect(request: web.Request) -> web.StreamResponse | None:
-        admits = guard.admits
         # Either answer closes the connection: the body may be on its way, or never come.
-        if admits is not None and not admits(request):
+        if not admitted(request):
             return await _answer_and_close(request, unauthorized())
         if request.version < (1, 1):
             return None

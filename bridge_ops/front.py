@@ -472,6 +472,7 @@ def render(
         MAX_BODY_BYTES=limits.max_body_bytes,
         # The replicas' bounds on a request head: a line, and MAX_HEADER_BYTES in all.
         HEADER_BUFFERS=max(2, -(-limits.max_header_bytes // 8192)),
+        HEADER_TIMEOUT_MS=limits.header_timeout_ms,
         POOLS=_blocks("pool", pools),
         TOKEN_CHECK=_token_check(pages, settings.token_map),
         REPLICA_UPSTREAMS=_blocks("replica upstream", upstreams),

@@ -24,7 +24,6 @@ from bridge.app import PRESET_ROUTES, PRESETS, SERVER_SETTINGS, route_path
 from bridge.auth import with_bearer_auth
 from bridge.limits import RestLimits
 from bridge.routes import OPENAPI, SSE_CONTENT_TYPE
-from bridge.server import BridgeRunner
 from fakes.app_server.cli import SCRIPT_ENV
 from fakes.app_server.report import REPORT_ENV, read_reports
 from scenarios.codex_install import pinned_codex
@@ -187,7 +186,7 @@ def checker_for(app: web.Application) -> OpenApiChecker | None:
 
 async def serve_app(app: web.Application, host: str = "127.0.0.1") -> tuple[web.AppRunner, str]:
     """Serve `app` on a free loopback port; returns the runner and the base URL."""
-    runner = BridgeRunner(app, access_log=None, **SERVER_SETTINGS)
+    runner = web.AppRunner(app, access_log=None, **SERVER_SETTINGS)
     await runner.setup()
     site = web.TCPSite(runner, host, 0)
     await site.start()

@@ -170,10 +170,11 @@ async def test_token_never_appears_in_logs(protected, http, caplog):
 
 
 @pytest.mark.asyncio
-async def test_auth_and_errors_need_no_middleware_and_coexist_with_a_hosts(serve, http):
-    """The bridge's routes check the token and render errors themselves (no middleware);
-    a host's own middleware still wraps them, 404 and 405 included, and a token set on
-    an application of the host's own is a middleware."""
+async def test_auth_is_one_middleware_and_coexists_with_a_hosts(serve, http):
+    """The token is checked by one middleware, outermost, and errors are rendered by the
+    bridge's own; a host's middleware around them sees every answer, 401, 404 and 405
+    included, and a token set on an application of the host's own is the same one
+    middleware."""
     from aiohttp import web
 
     seen: list[tuple[str, int]] = []
@@ -185,8 +186,8 @@ async def test_auth_and_errors_need_no_middleware_and_coexist_with_a_hosts(serve
         return response
 
     app = with_bearer_auth(backend_app(CountingBackend()), TOKEN)
-    assert list(app.middlewares) == []
-    app.middlewares.append(host_layer)
+    assert len(app.middlewares) == 2  # the token's, then the bridge's own
+    app.middlewares.insert(0, host_layer)
     base = await serve(app)
     auth = {"Authorization": f"Bearer {TOKEN}"}
     async with http.put(base + "/v1/compatibility") as response:

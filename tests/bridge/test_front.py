@@ -404,16 +404,16 @@ def test_a_unix_socket_path_nginx_would_misread_is_refused(bad):
 
 
 # The bridge's own `serve`, listening on a unix socket beside its TCP port (serve has no
-# option for it yet): aiohttp's TCP site opens a unix site as it starts.
+# option for it yet): its socket site opens a unix site as it starts.
 UNIX_REPLICA = """
 import os, sys
 from aiohttp import web
-class Both(web.TCPSite):
+class Both(web.SockSite):
     async def start(self):
         await super().start()
         await web.UnixSite(self._runner, os.environ["TEST_UNIX_SOCKET"]).start()
         os.chmod(os.environ["TEST_UNIX_SOCKET"], 0o666)
-web.TCPSite = Both
+web.SockSite = Both
 from bridge.cli import main
 sys.exit(main(sys.argv[1:]))
 """

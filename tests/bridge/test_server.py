@@ -1,9 +1,12 @@
 """The bridge's HTTP connections (bridge/server.py), as raw bytes on a real socket.
 
-Every test talks to a real `rest-bridge serve` (bearer auth on, the fake app-server)
-with bytes no HTTP client would send: request heads over the bounds, heads that never
-end, requests the parser refuses, pipelined requests. Whatever is refused is answered
-with the error payload, the token in the request never comes back nor reaches the log.
+Every test talks to a real `rest-bridge serve` (bearer auth on, the fake app-server),
+alone or behind its nginx front (bridge/front.py), with bytes no HTTP client would send:
+request heads over the bounds, heads that never end, requests the parser refuses,
+pipelined requests. What the bridge refuses itself is answered with the error payload;
+what aiohttp's parser refuses before any of the bridge's code runs gets aiohttp's own
+400, and the front answers all of it with the error payload. The token in the request
+never comes back nor reaches the log.
 """
 
 from __future__ import annotations
@@ -20,6 +23,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from processes import nginx_binary
+
+from bridge.front import FrontSettings, Replica, render
+from bridge.limits import RestLimits
 
 TOKEN = "s3cret-bridge-token-0fd2"
 AUTH = f"Authorization: Bearer {TOKEN}\r\n".encode()
@@ -73,6 +80,62 @@ def bridge(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Bridge]:
     yield served
     served.stop()
     assert served.process.returncode == 0
+
+
+@dataclass
+class Front:
+    """nginx before a bridge, configured by `bridge.front`."""
+
+    process: subprocess.Popen[str]
+    port: int
+
+    def stop(self) -> None:
+        if self.process.poll() is None:
+            self.process.terminate()
+            self.process.wait(timeout=WAIT)
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def start_front(tmp: Path, bridge: Bridge, **limits: int) -> Front:
+    """nginx on a free port before ``bridge``, its bounds from ``limits``."""
+    nginx = nginx_binary()
+    port = free_port()
+    config = render(
+        [Replica("bridge-0", f"127.0.0.1:{bridge.port}")],
+        RestLimits(**limits),
+        FrontSettings(listen=f"127.0.0.1:{port}", runtime_dir=str(tmp)),
+    )
+    (tmp / "nginx.conf").write_text(config)
+    process = subprocess.Popen(
+        [
+            *(nginx, "-p", f"{tmp}/", "-c", f"{tmp}/nginx.conf", "-e", "stderr"),
+            *("-g", "daemon off; error_log stderr notice;"),
+        ],
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    assert process.stderr is not None
+    for line in process.stderr:  # bound before its worker starts
+        if "start worker process" in line:
+            # The rest of stderr is not read: close it so nginx never blocks on it.
+            process.stderr.close()
+            return Front(process, port)
+    process.wait(timeout=WAIT)
+    pytest.fail("nginx did not start")
+
+
+@pytest.fixture(scope="module")
+def front(bridge: Bridge, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Front]:
+    served = start_front(tmp_path_factory.mktemp("front"), bridge)
+    yield served
+    served.stop()
 
 
 def exchange(port: int, *chunks: bytes) -> bytes:
@@ -159,10 +222,11 @@ def test_a_head_over_32_kib_in_all_is_431_and_closed(bridge):
     assert response.headers["connection"] == "close"
 
 
-def test_a_head_over_the_bound_sent_in_pieces_is_refused_at_the_bound(bridge):
-    """The head is counted across reads: the bridge answers before the head has ended."""
+def test_a_head_over_the_bound_sent_in_pieces_is_refused_at_the_bound(front):
+    """The head is counted across reads: the front answers before the head has ended
+    (the bridge sees a head only once it is whole: aiohttp has no hook before)."""
     lines = [header(f"X-Filler-{i}", 8000) for i in range(5)]
-    with socket.create_connection(("127.0.0.1", bridge.port), timeout=WAIT) as sock:
+    with socket.create_connection(("127.0.0.1", front.port), timeout=WAIT) as sock:
         sock.sendall(head(AUTH)[:-2])  # not ended
         for line in lines:
             sock.sendall(line)
@@ -178,20 +242,22 @@ def test_a_head_just_under_the_bound_is_served(bridge):
     assert response.json()["status"] == "ok"
 
 
-def test_a_head_never_finished_is_408_after_header_timeout(tmp_path):
-    bridge = start_bridge(tmp_path, header_timeout_ms=300)
+def test_a_head_never_finished_is_closed_by_the_front_after_header_timeout(tmp_path):
+    """The head's deadline is the front's (nginx's `client_header_timeout`, from
+    HEADER_TIMEOUT_MS): aiohttp has no public hook for one. nginx closes the connection
+    without an answer, as it does for every head that does not arrive in time."""
+    bridge = start_bridge(tmp_path)
+    front = start_front(tmp_path, bridge, header_timeout_ms=300)
     try:
-        # The bytes arrive, the head never ends: the bridge answers on its own.
-        response = only_response(exchange(bridge.port, b"GET /health HTTP/1.1\r\n" + AUTH))
-        assert_error_payload(response, 408, "request_timeout")
-        assert response.json()["data"] == {"limitMs": 300}
+        # The bytes arrive, the head never ends: the front closes on its own.
+        assert exchange(front.port, b"GET /health HTTP/1.1\r\n" + AUTH) == b""
         # So does a second request, begun on a connection that served a first one.
         complete = head()
-        raw = exchange(bridge.port, complete + b"GET /health HTTP/1.1\r\nHost: b")
-        first, second = responses(raw)
+        raw = exchange(front.port, complete + b"GET /health HTTP/1.1\r\nHost: b")
+        [first] = responses(raw)
         assert first.status == 200
-        assert_error_payload(second, 408, "request_timeout")
     finally:
+        front.stop()
         stderr = bridge.stop()
     assert TOKEN not in stderr
     assert "Traceback" not in stderr
@@ -229,21 +295,35 @@ REFUSED: dict[str, tuple[bytes, int, str | None]] = {
 }
 
 
-@pytest.mark.parametrize("case", sorted(REFUSED))
-def test_refused_requests_get_the_error_payload_without_the_token(bridge, case):
+#: What aiohttp's parser refuses, before any of the bridge's code runs, and the front
+#: lets through (it has no bound on the number of headers; it takes any method).
+PARSER_ONLY = frozenset({"129 headers", "method BREW"})
+
+
+@pytest.mark.parametrize("case", sorted(set(REFUSED) - PARSER_ONLY))
+def test_refused_requests_get_the_error_payload_without_the_token(front, case):
     request, status, kind = REFUSED[case]
-    raw = exchange(bridge.port, request)
+    raw = exchange(front.port, request)
     assert TOKEN.encode() not in raw
     response = only_response(raw)
     assert_error_payload(response, status, kind)
+
+
+@pytest.mark.parametrize("case", sorted(REFUSED))
+def test_the_parser_of_the_bridge_alone_refuses_with_400_and_closes(bridge, case):
+    """aiohttp's own answer (plain text, before the bridge's code): the status and the
+    closed connection, never the token."""
+    raw = exchange(bridge.port, REFUSED[case][0])
+    assert TOKEN.encode() not in raw
+    assert only_response(raw).status == 400
 
 
 def test_a_burst_of_refusals_is_one_warning_line_without_bytes_or_traceback(tmp_path):
     bridge = start_bridge(tmp_path)
     try:
         for _ in range(3):
-            for request, status, _kind in REFUSED.values():
-                assert only_response(exchange(bridge.port, request)).status == status
+            for request, _status, _kind in REFUSED.values():
+                assert only_response(exchange(bridge.port, request)).status == 400
     finally:
         stderr = bridge.stop()
     assert TOKEN not in stderr
@@ -352,3 +432,28 @@ def test_a_long_sse_stream_is_unaffected_by_the_head_timeout(tmp_path):
     finally:
         stderr = bridge.stop()
     assert "Traceback" not in stderr
+
+
+@pytest.mark.asyncio
+async def test_a_host_serving_the_app_in_its_own_runner_gets_the_head_bound(fake_codex):
+    """The bound is the application's: a plain `web.AppRunner` with SERVER_SETTINGS, as a
+    host would run it, refuses a head over MAX_HEADER_BYTES with the error payload."""
+    import asyncio
+
+    from aiohttp import web
+
+    from bridge.app import SERVER_SETTINGS, trusted_bridge_app
+
+    runner = web.AppRunner(trusted_bridge_app(fake_codex), **SERVER_SETTINGS)
+    await runner.setup()
+    try:
+        site = web.TCPSite(runner, "127.0.0.1", 0)
+        await site.start()
+        port = runner.addresses[0][1]
+        lines = [header(f"X-Filler-{i}", 8000) for i in range(5)]
+        raw = await asyncio.to_thread(exchange, port, head(*lines))
+    finally:
+        await runner.cleanup()
+    response = only_response(raw)
+    assert_error_payload(response, 431, "headers_too_large")
+    assert response.headers["connection"] == "close"

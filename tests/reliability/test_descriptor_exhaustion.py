@@ -11,13 +11,13 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
+import subprocess
+import sys
 
 import aiohttp
 import pytest
 
 from bridge.descriptors import REPORT_SECONDS
-
-pytestmark = pytest.mark.asyncio
 
 THEME = "Misbehaving clients"
 SOFT, HARD = 100, 200
@@ -56,6 +56,7 @@ async def idle_connections(base: str, count: int) -> list[asyncio.StreamWriter]:
     return opened
 
 
+@pytest.mark.asyncio
 async def test_descriptor_exhaustion_is_reported_not_flooded_and_survived(
     bridge_process, report, eventually
 ):
@@ -151,3 +152,48 @@ async def test_descriptor_exhaustion_is_reported_not_flooded_and_survived(
     served.signal(signal.SIGTERM)
     assert await asyncio.to_thread(served.wait, 60) == 0
     report.no_leak = True
+
+
+ONE_PASS = """
+import asyncio, os, resource, socket
+from bridge.descriptors import is_accept_shortage, listening_sockets
+
+async def main():
+    [sock] = listening_sockets("127.0.0.1", 0)
+    clients = [socket.create_connection(sock.getsockname()) for _ in range(10)]
+    loop = asyncio.get_running_loop()
+    failures = []
+    failed = asyncio.Event()
+
+    def handler(loop, context):
+        if not is_accept_shortage(context):
+            loop.default_exception_handler(context)
+            return
+        failures.append(context)
+        failed.set()
+
+    loop.set_exception_handler(handler)
+    # No descriptor to spare: the lowest free one is at the soft limit.
+    lowest = os.dup(0)
+    os.close(lowest)
+    hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
+    resource.setrlimit(resource.RLIMIT_NOFILE, (lowest, hard))
+    server = await loop.create_server(asyncio.Protocol, sock=sock)
+    await failed.wait()  # the pass that failed has ended: it runs in one callback
+    print(len(failures), flush=True)
+    server.close()
+    for client in clients:
+        client.close()
+
+asyncio.run(main())
+"""
+
+
+def test_an_accept_pass_stops_at_its_first_shortage():
+    """Ten connections wait; no descriptor is free: the pass fails once (one report, one
+    retry scheduled), not once per waiting connection."""
+    done = subprocess.run(
+        [sys.executable, "-c", ONE_PASS], capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "1", done.stdout
