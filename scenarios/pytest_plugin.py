@@ -13,6 +13,8 @@ import asyncio
 import fnmatch
 import os
 import re
+import shutil
+import tempfile
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -61,7 +63,7 @@ def _async_fixture(func: Callable[..., Any]) -> Any:
     return missing
 
 
-def pytest_addoption(parser: pytest.Parser) -> None:
+def pytest_addoption(parser: pytest.Parser, pluginmanager: pytest.PytestPluginManager) -> None:
     group = parser.getgroup("codex-rest-bridge", "codex-rest-bridge scenarios and fixtures")
     for option, metavar, text in (
         (
@@ -93,11 +95,12 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         default=list(DEFAULT_PATTERNS),
         help="file name patterns collected as scenarios",
     )
+    if pytest_asyncio is not None and Version(pytest_asyncio.__version__).release >= (1, 5):
+        pluginmanager.register(_LoopScopeDefault(parser), "codex-loop-scope-default")
 
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_configure(config: pytest.Config) -> None:
-    _settle_fixture_loop_scope(config)
     for marker in (
         f"{MARKER}(script=None, preset='trusted', token=None, limits=None, model=None, "
         "check_script=True): how the codex_bridge fixture's bridge is built",
@@ -114,20 +117,28 @@ def pytest_configure(config: pytest.Config) -> None:
 LOOP_SCOPE_OPTION = "asyncio_default_fixture_loop_scope"
 
 
-def _settle_fixture_loop_scope(config: pytest.Config) -> None:
-    """Spare host projects pytest-asyncio's (1.5+) warning about an unset loop scope: when
-    the host leaves it unset, say `fixture-scope`, what pytest-asyncio does anyway then (no
-    fixture changes loop). A host's value wins. Runs before pytest-asyncio reads it."""
-    if pytest_asyncio is None or Version(pytest_asyncio.__version__).release < (1, 5):
-        return
-    try:
-        if config.getini(LOOP_SCOPE_OPTION):
-            return
-    except ValueError:  # pytest-asyncio is installed but turned off (-p no:asyncio)
-        return
-    cache = getattr(config, "_inicache", None)
-    if isinstance(cache, dict):
-        cache[LOOP_SCOPE_OPTION] = "fixture-scope"
+class _LoopScopeDefault:
+    """Spares host projects pytest-asyncio's (1.5+) warning about an unset loop scope: the
+    option's default becomes `fixture-scope`, what pytest-asyncio does anyway when it is
+    unset (no fixture changes loop). A default, so a host's value (its configuration file,
+    `-o`) wins. Declared again before pytest-asyncio reads it at configure time, and only
+    when pytest-asyncio is in the run (not under `-p no:asyncio`)."""
+
+    def __init__(self, parser: pytest.Parser) -> None:
+        self.parser = parser
+
+    @pytest.hookimpl(tryfirst=True)
+    def pytest_configure(self, config: pytest.Config) -> None:
+        from pytest_asyncio import plugin
+
+        if config.pluginmanager.is_registered(plugin):
+            self.parser.addini(
+                LOOP_SCOPE_OPTION,
+                "default scope of the asyncio event loop used to execute async fixtures "
+                "(codex-rest-bridge's plugin: fixture-scope unless set)",
+                type="string",
+                default="fixture-scope",
+            )
 
 
 def _is_scenario(config: pytest.Config, path: str) -> bool:
@@ -220,9 +231,9 @@ class ScenarioItem(pytest.Item):
     def runtest(self) -> None:
         from scenarios.runner import run_scenario_sync
 
-        result = run_scenario_sync(self.loaded, _run_options(self.config, _tmp_root(self)))
-        if result.outcome == "skipped":  # reported at the scenario file, not at this line
-            raise pytest.skip.Exception(result.skip_reason or "skipped", _use_item_location=True)
+        result = run_scenario_sync(self.loaded, _run_options(self.config, _tmp_root(self.config)))
+        if result.outcome == "skipped":  # reported at the scenario file: see makereport
+            pytest.skip(result.skip_reason or "skipped")
         if result.outcome == "failed":
             raise ScenarioFailed(result)
 
@@ -236,6 +247,16 @@ class ScenarioItem(pytest.Item):
 
     def reportinfo(self) -> tuple[Path, int | None, str]:
         return self.path, 0, f"scenario: {self.name}"
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Any:
+    """A scenario's skip is reported at its file, not at the plugin's line that raised it."""
+    report: pytest.TestReport = yield
+    if isinstance(item, ScenarioItem) and report.skipped and isinstance(report.longrepr, tuple):
+        path, line, _ = item.reportinfo()
+        report.longrepr = (os.fspath(path), (line or 0) + 1, report.longrepr[2])
+    return report
 
 
 def _run_options(config: pytest.Config, tmp_root: Path | None) -> RunOptions:
@@ -264,9 +285,23 @@ def _target_token() -> str | None:
         raise pytest.UsageError(str(exc)) from None
 
 
-def _tmp_root(node: pytest.Item) -> Path | None:
-    factory = getattr(node.config, "_tmp_path_factory", None)
-    return None if factory is None else Path(factory.getbasetemp()) / "scenarios"
+_TMP_ROOT = pytest.StashKey[Path]()
+
+
+def _tmp_root(config: pytest.Config) -> Path:
+    """Where the scenario files' runs make their directories: `scenarios/` under pytest's
+    `--basetemp` when there is one (always in an xdist worker, which gets one of its own),
+    else a directory of this run's under the system's temporary folder."""
+    root = config.stash.get(_TMP_ROOT, None)
+    if root is None:
+        given = config.getoption("basetemp")
+        if given:
+            root = Path(given).resolve() / "scenarios"
+            shutil.rmtree(root, ignore_errors=True)  # as pytest empties a given --basetemp
+        else:
+            root = Path(tempfile.mkdtemp(prefix="pytest-scenarios-"))
+        config.stash[_TMP_ROOT] = root
+    return root
 
 
 StartBridge = Callable[..., Awaitable["RunningBridge"]]
@@ -467,15 +502,32 @@ def _ours(request: pytest.FixtureRequest, name: str, value: Any, kind: type[T]) 
     clash (a host fixture of the same name overrides the plugin's where it is visible)."""
     if isinstance(value, kind):
         return value
-    definitions = getattr(request, "_arg2fixturedefs", {}).get(name) or []
-    func = getattr(definitions[-1], "func", None) if definitions else None
-    where = f" ({func.__module__}.{func.__name__})" if func is not None else ""
+    module = _defined_in(request, name)
+    where = f" ({module.__name__}.{name})" if module is not None else ""
     pytest.fail(
         f"the fixture {name!r} is your suite's own{where}, a {type(value).__name__}, and it "
         f"overrides the one of codex-rest-bridge's pytest plugin, which {request.fixturename} "
         f"uses: rename yours (the plugin's names all start with `codex_`)",
         pytrace=False,
     )
+
+
+def _defined_in(request: pytest.FixtureRequest, name: str) -> Any:
+    """The test module or conftest, nearest the test first, that has an attribute `name`
+    (the host's fixture, when it kept the function's name)."""
+    test = Path(request.node.path).resolve()
+    conftests = [
+        plugin
+        for plugin in request.config.pluginmanager.get_plugins()
+        if getattr(plugin, "__name__", "").rsplit(".", 1)[-1] == "conftest"
+        and Path(getattr(plugin, "__file__", "/") or "/").resolve().parent in test.parents
+    ]
+    conftests.sort(key=lambda plugin: len(Path(plugin.__file__).resolve().parts), reverse=True)
+    module = getattr(request, "module", None)
+    for candidate in [module, *conftests]:
+        if candidate is not None and hasattr(candidate, name):
+            return candidate
+    return None
 
 
 @pytest.fixture

@@ -10,6 +10,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 
 MISTAKE = """
@@ -47,3 +49,18 @@ def test_a_pytest_warning_fails_the_run(tmp_path: Path) -> None:
     )
     assert done.returncode == 1, done.stdout + done.stderr
     assert "is marked with '@pytest.mark.asyncio' but it is not an async function" in done.stdout
+
+
+def test_a_test_that_sets_no_timeout_gets_the_projects(request: pytest.FixtureRequest) -> None:
+    """120 s, from conftest.py (not pyproject.toml, which a checkout without pytest-timeout
+    also reads)."""
+    marker = request.node.get_closest_marker("timeout")
+    assert marker is not None
+    assert marker.args == (120,)
+
+
+@pytest.mark.timeout(7)
+def test_a_test_that_sets_its_timeout_keeps_it(request: pytest.FixtureRequest) -> None:
+    marker = request.node.get_closest_marker("timeout")
+    assert marker is not None
+    assert marker.args == (7,)

@@ -43,6 +43,17 @@ def run_cli(*args: str, cwd: Path = ROOT, **env: str) -> subprocess.CompletedPro
     )
 
 
+def test_a_checkout_with_the_harness_extra_alone_runs_its_library() -> None:
+    """In this checkout, with neither pytest-timeout nor pytest-rerunfailures (the `test`
+    extra's), as after `pip install -e '.[harness]'`: the checkout's pytest configuration
+    names no option of theirs, so pytest does not stop on an unknown one."""
+    scenario = LIBRARY / "auth-rejection.scenario.yaml"
+    done = run_cli("run", str(scenario), "-n", "2", "-p", "no:timeout", "-p", "no:rerunfailures")
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "1 passed" in done.stdout, done.stdout
+    assert "INTERNALERROR" not in done.stdout + done.stderr
+
+
 def write(tmp_path: Path, name: str, text: str) -> Path:
     path = tmp_path / name
     path.write_text(textwrap.dedent(text).lstrip())
