@@ -18,7 +18,7 @@ application of :mod:`bridge.app` in its own runner gets the same:
 What aiohttp offers no public hook for: the body of its answer to a request its parser
 refuses (its own plain-text 400, before any application code runs), and a deadline on
 the arrival of a head (a head that never ends is closed at ``keepalive_timeout``). The
-nginx front (:mod:`bridge.front`) reads every head first and gives both: its own
+nginx front (:mod:`bridge_ops.front`) reads every head first and gives both: its own
 refusals are the error payload, and a head must arrive within ``HEADER_TIMEOUT_MS``.
 """
 

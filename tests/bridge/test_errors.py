@@ -133,8 +133,8 @@ def test_the_docs_name_what_only_the_front_answers():
 
 def test_every_payload_the_front_answers_is_a_row():
     """nginx's own answers (rest-bridge front-config) are kinds of the table too."""
-    from bridge.front import FrontSettings, Replica, render
     from bridge.limits import RestLimits
+    from bridge_ops.front import FrontSettings, Replica, render
 
     config = render([Replica("a", "h:1")], RestLimits(), FrontSettings(token_map="t.conf"))
     answered = re.findall(r"return (\d{3}) '\{\"error\":\"([a-z_]+)\"", config)

@@ -1,7 +1,7 @@
 """The bridge's HTTP connections (bridge/server.py), as raw bytes on a real socket.
 
 Every test talks to a real `rest-bridge serve` (bearer auth on, the fake app-server),
-alone or behind its nginx front (bridge/front.py), with bytes no HTTP client would send:
+alone or behind its nginx front (bridge_ops/front.py), with bytes no HTTP client would send:
 request heads over the bounds, heads that never end, requests the parser refuses,
 pipelined requests. What the bridge refuses itself is answered with the error payload;
 what aiohttp's parser refuses before any of the bridge's code runs gets aiohttp's own
@@ -25,8 +25,8 @@ from typing import Any
 import pytest
 from processes import nginx_binary
 
-from bridge.front import FrontSettings, Replica, render
 from bridge.limits import RestLimits
+from bridge_ops.front import FrontSettings, Replica, render
 
 TOKEN = "s3cret-bridge-token-0fd2"
 AUTH = f"Authorization: Bearer {TOKEN}\r\n".encode()
