@@ -236,7 +236,7 @@ def status_description(status: int) -> str:
     return text
 
 
-def _error(
+def of_kind(
     kind: str,
     message: str | None = None,
     *,
@@ -266,15 +266,15 @@ def _error(
 
 
 def bad_request(message: str, data: Any = None, *, close_connection: bool = False) -> RestError:
-    return _error("bad_request", message, data=data, close_connection=close_connection)
+    return of_kind("bad_request", message, data=data, close_connection=close_connection)
 
 
 def unauthorized() -> RestError:
-    return _error("unauthorized", headers={"WWW-Authenticate": "Bearer"})
+    return of_kind("unauthorized", headers={"WWW-Authenticate": "Bearer"})
 
 
 def options_not_allowed(fields: list[str]) -> RestError:
-    return _error(
+    return of_kind(
         "options_not_allowed",
         "This router does not allow these client options: " + ", ".join(fields),
         data={"fields": fields},
@@ -283,7 +283,7 @@ def options_not_allowed(fields: list[str]) -> RestError:
 
 def reserved_variables(names: list[str]) -> RestError:
     """403 ``options_not_allowed``: ``options.env`` names ``REST_ADAPTER_*`` variables."""
-    return _error(
+    return of_kind(
         "options_not_allowed",
         "options.env may not set the bridge's own REST_ADAPTER_* variables: " + ", ".join(names),
         data={"fields": ["env"], "variables": names},
@@ -291,20 +291,20 @@ def reserved_variables(names: list[str]) -> RestError:
 
 
 def not_found(message: str | None = None) -> RestError:
-    return _error("not_found", message)
+    return of_kind("not_found", message)
 
 
 def session_not_found(session_id: str) -> RestError:
-    return _error("session_not_found", f"No session with id {session_id!r}.")
+    return of_kind("session_not_found", f"No session with id {session_id!r}.")
 
 
 def request_not_found(request_key: str) -> RestError:
-    return _error("request_not_found", f"No pending server request with key {request_key!r}.")
+    return of_kind("request_not_found", f"No pending server request with key {request_key!r}.")
 
 
 def method_not_allowed(method: str, allowed: set[str]) -> RestError:
     allow = ", ".join(sorted(allowed))
-    return _error(
+    return of_kind(
         "method_not_allowed",
         f"Method {method} is not allowed here; allowed: {allow}.",
         status=405,
@@ -321,14 +321,14 @@ def method_refused(method: str, params: list[str] | None = None) -> RestError:
     is allowed but not with them.
     """
     if params:
-        return _error(
+        return of_kind(
             "method_not_allowed",
             f"This router does not allow the app-server method {method!r} with these "
             "params: " + ", ".join(params),
             status=403,
             data={"method": method, "params": params},
         )
-    return _error(
+    return of_kind(
         "method_not_allowed",
         f"This router does not allow the app-server method {method!r}.",
         status=403,
@@ -343,11 +343,11 @@ def session_exited(session_id: str, *, shared: bool = False) -> RestError:
         message = f"The connection of session {session_id!r} to the shared app-server has ended."
     else:
         message = f"The app-server process of session {session_id!r} has exited."
-    return _error("session_exited", message)
+    return of_kind("session_exited", message)
 
 
 def request_already_answered(request_key: str) -> RestError:
-    return _error(
+    return of_kind(
         "request_already_answered",
         f"The server request {request_key!r} has already been answered.",
     )
@@ -355,7 +355,7 @@ def request_already_answered(request_key: str) -> RestError:
 
 def request_timeout(limit_ms: int) -> RestError:
     """The request body did not arrive in time; the connection cannot be used again."""
-    return _error(
+    return of_kind(
         "request_timeout",
         f"The request body did not arrive within {limit_ms} ms.",
         data={"limitMs": limit_ms},
@@ -363,7 +363,7 @@ def request_timeout(limit_ms: int) -> RestError:
 
 
 def unsupported_media_type(encoding: str) -> RestError:
-    return _error(
+    return of_kind(
         "unsupported_media_type",
         "The request body's Content-Encoding is not one the bridge decodes "
         "(identity, gzip, deflate).",
@@ -372,7 +372,7 @@ def unsupported_media_type(encoding: str) -> RestError:
 
 
 def payload_too_large(limit: int) -> RestError:
-    return _error(
+    return of_kind(
         "payload_too_large",
         f"The request body exceeds the limit of {limit} bytes.",
         data={"limitBytes": limit},
@@ -380,41 +380,41 @@ def payload_too_large(limit: int) -> RestError:
 
 
 def session_limit_reached(limit: int) -> RestError:
-    return _error(
+    return of_kind(
         "session_limit_reached",
         f"The bridge already holds its maximum of {limit} sessions.",
     )
 
 
 def busy(message: str) -> RestError:
-    return _error("busy", message)
+    return of_kind("busy", message)
 
 
 def app_server_error(code: int, message: str, data: Any = None) -> RestError:
     """A JSON-RPC error reply from the app-server; ``-32001`` means overloaded."""
     if code == -32001:
-        return _error("app_server_overloaded", message, code=code, data=data)
-    return _error("app_server_error", message, code=code, data=data)
+        return of_kind("app_server_overloaded", message, code=code, data=data)
+    return of_kind("app_server_error", message, code=code, data=data)
 
 
 def app_server_exited(message: str, data: Any = None) -> RestError:
-    return _error("app_server_exited", message, data=data)
+    return of_kind("app_server_exited", message, data=data)
 
 
 def app_server_spawn_failed(message: str) -> RestError:
-    return _error("app_server_spawn_failed", message)
+    return of_kind("app_server_spawn_failed", message)
 
 
 def protocol_error(message: str) -> RestError:
-    return _error("protocol_error", message)
+    return of_kind("protocol_error", message)
 
 
 def timeout(message: str) -> RestError:
-    return _error("timeout", message)
+    return of_kind("timeout", message)
 
 
 def internal_error() -> RestError:
-    return _error("internal_error")
+    return of_kind("internal_error")
 
 
 def from_http_exception(exc: web.HTTPException, max_body_bytes: int | None) -> RestError:
@@ -491,7 +491,7 @@ def expectation_failed() -> RestError:
 
     The header's value is never repeated: it is whatever the caller chose to send.
     """
-    return _error("expectation_failed")
+    return of_kind("expectation_failed")
 
 
 ExpectHandler = Callable[[web.Request], Awaitable[web.StreamResponse | None]]

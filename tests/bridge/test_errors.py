@@ -143,3 +143,17 @@ def test_every_payload_the_front_answers_is_a_row():
     assert {(int(status), kind) for status, kind in answered} <= rows
     front_only = {(e.status, e.kind) for e in ERROR_KINDS if e.front_only}
     assert front_only <= {(int(status), kind) for status, kind in answered}
+
+
+def test_of_kind_takes_the_status_and_headers_from_the_table():
+    error = errors.of_kind("replica_unavailable", "draining")
+    assert (error.status, error.kind, error.headers) == (
+        503,
+        "replica_unavailable",
+        {"Retry-After": "1"},
+    )
+    assert errors.of_kind("method_not_allowed", "no", status=403).status == 403
+    with pytest.raises(LookupError):
+        errors.of_kind("method_not_allowed", "which status?")
+    with pytest.raises(LookupError):
+        errors.of_kind("no_such_kind", "x")
