@@ -50,6 +50,8 @@ from collections.abc import Awaitable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import psutil
+
 from bridge import TOKEN_VARIABLE, credentials
 from bridge.limits import RestLimits
 from bridge.process import descendants
@@ -104,16 +106,16 @@ def nginx_workers(master: int) -> dict[int, str]:
     ``shutting down`` (an old worker after a reload, which no longer accepts: it sets
     its title so before it closes its listening sockets, in the same turn of its loop)."""
     try:
-        children = Path(f"/proc/{master}/task/{master}/children").read_text().split()
-    except OSError:
+        children = psutil.Process(master).children()
+    except psutil.NoSuchProcess:
         return {}
     workers: dict[int, str] = {}
     for child in children:
         try:
-            title = Path(f"/proc/{child}/cmdline").read_bytes()
-        except OSError:
+            title = " ".join(child.cmdline())
+        except psutil.Error:
             continue
-        workers[int(child)] = "shutting down" if b"shutting down" in title else "accepting"
+        workers[child.pid] = "shutting down" if "shutting down" in title else "accepting"
     return workers
 
 
