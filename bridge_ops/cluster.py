@@ -546,18 +546,33 @@ def main(args: argparse.Namespace) -> int:
     if given:
         credentials.make_undumpable()
     replicas = int(getattr(args, "replicas", 0) or os.cpu_count() or 1)
+    workers = str(getattr(args, "workers", "1"))
+    host, port = str(getattr(args, "host", "127.0.0.1")), int(getattr(args, "port", 8787))
+    try:
+        FrontSettings(listen=f"{host}:{port}", workers=workers)  # before anything starts
+        free_port(host)  # the replicas listen on it too
+    except ValueError as exc:
+        print(f"rest-bridge cluster: {exc}", file=sys.stderr)
+        return 2
+    except OSError as exc:
+        print(
+            f"rest-bridge cluster: --host {host[:120]!r} (an IPv4 address or name): "
+            f"{exc.strerror or exc}",
+            file=sys.stderr,
+        )
+        return 2
     directory = getattr(args, "dir", None)
     made = directory is None
     path = Path(directory or tempfile.mkdtemp(prefix="rest-bridge-cluster-"))
     cluster = Cluster(
         replicas=replicas,
-        host=str(getattr(args, "host", "127.0.0.1")),
-        port=int(getattr(args, "port", 8787)),
+        host=host,
+        port=port,
         preset=str(getattr(args, "preset", "trusted")),
         app_server=str(getattr(args, "app_server", "codex app-server")),
         nginx=nginx,
         directory=path,
-        workers=str(getattr(args, "workers", "1")),
+        workers=workers,
         id_prefix=str(getattr(args, "id_prefix", "replica")),
         loop_name=str(getattr(args, "loop", "asyncio")),
     )

@@ -34,6 +34,7 @@ from bridge_ops.front import (
     WORK_NEXT,
     FrontSettings,
     Replica,
+    fill,
     front_pages,
     parse_replica,
     render,
@@ -102,6 +103,55 @@ def test_front_config_refuses_bad_replicas(bad):
     done = front_config("--replica", bad)
     assert done.returncode == 2
     assert "rest-bridge front-config:" in done.stderr
+
+
+@pytest.mark.parametrize(
+    ("option", "value"),
+    [
+        ("--listen", "127.0.0.1:80; include /etc/passwd"),
+        ("--listen", "127.0.0.1:80;x"),
+        ("--listen", "${LISTEN}"),
+        ("--listen", ""),
+        ("--runtime-dir", "/tmp/a;b"),
+        ("--runtime-dir", "/tmp/a b"),
+        ("--error-log", "/x{y"),
+        ("--error-log", "/x#y"),
+        ("--workers", "1;x"),
+        ("--workers", "0"),
+        ("--workers", "two"),
+    ],
+)
+def test_front_config_refuses_what_nginx_would_read_as_more_than_one_word(option, value):
+    """No option can end its directive and add one of its own: exit 2, nothing printed."""
+    done = front_config("--replica", "a=h:1", option, value)
+    assert done.returncode == 2, done.stdout
+    assert done.stdout == ""
+    assert done.stderr.startswith("rest-bridge front-config: "), done.stderr
+    assert "Traceback" not in done.stderr
+
+
+@pytest.mark.parametrize(
+    ("option", "value"),
+    [("--listen", "[::1]:8787"), ("--listen", "8787"), ("--listen", "unix:/run/f.sock")],
+)
+def test_front_config_takes_every_form_of_listen_address(tmp_path, option, value):
+    done = front_config("--replica", "a=127.0.0.1:1", option, value)
+    assert done.returncode == 0, done.stderr
+    assert f"listen {value};" in done.stdout
+
+
+def test_the_template_is_filled_in_one_pass():
+    """A value is never read as a template; a placeholder without a value is an error;
+    a block placeholder whose value is empty leaves no line."""
+    assert fill("error page", STATUS="${TARGET}", TARGET="x") == "error_page ${TARGET} = x;\n"
+    with pytest.raises(KeyError):
+        fill("error page", STATUS="400")
+    page = fill("front page", URI="/u", GUARD="", HEADERS="", STATUS=400, PAYLOAD="'{}'")
+    assert page == (
+        "location = /u {\n    internal;\n    client_max_body_size 0;\n    return 400 '{}';\n}\n"
+    )
+    # nginx's own variables pass through untouched.
+    assert "$bridge_stranger" in fill("token check", TOKEN_MAP="t", FRONT_PAGE_URIS="x")
 
 
 def test_duplicate_replicas_are_refused():
