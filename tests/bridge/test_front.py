@@ -685,14 +685,17 @@ def test_a_unix_socket_path_nginx_would_misread_is_refused(bad):
 
 
 # The bridge's own `serve`, listening on a unix socket beside its TCP port (serve has no
-# option for it yet): aiohttp's TCP site opens a unix site as it starts.
+# option for it yet): aiohttp's TCP site opens a unix site of the same runner as it starts.
 UNIX_REPLICA = """
 import os, sys
 from aiohttp import web
 class Both(web.TCPSite):
+    def __init__(self, runner, *args, **kwargs):
+        super().__init__(runner, *args, **kwargs)
+        self.unix = web.UnixSite(runner, os.environ["TEST_UNIX_SOCKET"])
     async def start(self):
         await super().start()
-        await web.UnixSite(self._runner, os.environ["TEST_UNIX_SOCKET"]).start()
+        await self.unix.start()
         os.chmod(os.environ["TEST_UNIX_SOCKET"], 0o666)
 web.TCPSite = Both
 from bridge.cli import main
@@ -702,7 +705,6 @@ sys.exit(main(sys.argv[1:]))
 
 def test_nginx_reaches_a_replica_over_its_unix_socket(tmp_path):
     """Sessions and balanced routes through the front to a replica on a unix socket."""
-    nginx = nginx_binary()
     # nginx's workers may run as another user (nobody, under root): the socket's
     # directory must be theirs to reach, which pytest's private tmp_path is not.
     sockets = Path(tempfile.mkdtemp(prefix="front-unix-"))
@@ -724,15 +726,12 @@ def test_nginx_reaches_a_replica_over_its_unix_socket(tmp_path):
     )
     front_port = free_port("127.0.0.1")
     prefix = tmp_path / "front"
-    prefix.mkdir()
     config = render(
         [Replica("bridge-0", f"unix:{sock}")],
         RestLimits(),
         FrontSettings(listen=f"127.0.0.1:{front_port}", runtime_dir=str(prefix)),
     )
     assert f"server unix:{sock};" in config
-    (prefix / "nginx.conf").write_text(config)
-    front = None
     try:
         assert replica.stdout is not None
         for line in replica.stdout:  # waits on the replica's own words, no polling
@@ -740,56 +739,42 @@ def test_nginx_reaches_a_replica_over_its_unix_socket(tmp_path):
                 break
         else:
             pytest.fail("the replica did not start")
-        front = subprocess.Popen(
-            [
-                *(nginx, "-p", f"{prefix}/", "-c", f"{prefix}/nginx.conf", "-e", "stderr"),
-                *("-g", "daemon off; error_log stderr notice;"),
-            ],
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
-        assert front.stderr is not None
-        for line in front.stderr:  # bound before its worker starts
-            if "start worker process" in line:
-                break
-        else:
-            pytest.fail("nginx did not start")
+        with nginx_running(prefix, config):
 
-        def call(method: str, path: str, body: str | None = None) -> tuple[int, Any]:
-            conn = http.client.HTTPConnection("127.0.0.1", front_port, timeout=30)
-            try:
-                conn.request(method, path, body=body, headers={"Content-Type": "application/json"})
-                response = conn.getresponse()
-                return response.status, yaml.safe_load(response.read() or b"null")
-            finally:
-                conn.close()
+            def call(method: str, path: str, body: str | None = None) -> tuple[int, Any]:
+                conn = http.client.HTTPConnection("127.0.0.1", front_port, timeout=30)
+                try:
+                    conn.request(
+                        method, path, body=body, headers={"Content-Type": "application/json"}
+                    )
+                    response = conn.getresponse()
+                    return response.status, yaml.safe_load(response.read() or b"null")
+                finally:
+                    conn.close()
 
-        status, created = call("POST", "/v1/sessions", "{}")
-        assert status == 201, created
-        session = created["sessionId"]
-        assert session.startswith("bridge-0.")
-        # A session call (buffered) and a long-poll (unbuffered), to the session's replica.
-        status, answer = call("POST", f"/v1/sessions/{session}/call/thread/start", '{"params":{}}')
-        assert status == 200, answer
-        assert answer["result"]["thread"]["id"]
-        status, event = call("GET", f"/v1/sessions/{session}/events?after=0&waitMs=5000")
-        assert status == 200, event
-        assert event["seq"] > 0
-        status, listed = call("GET", "/v1/sessions")
-        assert status == 200
-        assert [s["sessionId"] for s in listed["sessions"]] == [session]
-        # The replica gone: its sessions get the payload, not nginx's HTML.
-        replica.terminate()
-        replica.wait(30)
-        status, body = call("GET", f"/v1/sessions/{session}/events?after=0&waitMs=0")
-        assert status == 503
-        assert body["error"] == "replica_unavailable"
+            status, created = call("POST", "/v1/sessions", "{}")
+            assert status == 201, created
+            session = created["sessionId"]
+            assert session.startswith("bridge-0.")
+            # A session call (buffered) and a long-poll (unbuffered), to the session's replica.
+            status, answer = call(
+                "POST", f"/v1/sessions/{session}/call/thread/start", '{"params":{}}'
+            )
+            assert status == 200, answer
+            assert answer["result"]["thread"]["id"]
+            status, event = call("GET", f"/v1/sessions/{session}/events?after=0&waitMs=5000")
+            assert status == 200, event
+            assert event["seq"] > 0
+            status, listed = call("GET", "/v1/sessions")
+            assert status == 200
+            assert [s["sessionId"] for s in listed["sessions"]] == [session]
+            # The replica gone: its sessions get the payload, not nginx's HTML.
+            replica.terminate()
+            replica.wait(30)
+            status, body = call("GET", f"/v1/sessions/{session}/events?after=0&waitMs=0")
+            assert status == 503
+            assert body["error"] == "replica_unavailable"
     finally:
-        if front is not None:
-            front.terminate()
-            front.wait(30)
         if replica.poll() is None:
             replica.kill()
         replica.wait(30)
