@@ -50,6 +50,8 @@ from collections.abc import Awaitable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import psutil
+
 from bridge import TOKEN_VARIABLE, credentials
 from bridge.limits import RestLimits
 from bridge.process import descendants
@@ -104,16 +106,16 @@ def nginx_workers(master: int) -> dict[int, str]:
     ``shutting down`` (an old worker after a reload, which no longer accepts: it sets
     its title so before it closes its listening sockets, in the same turn of its loop)."""
     try:
-        children = Path(f"/proc/{master}/task/{master}/children").read_text().split()
-    except OSError:
+        children = psutil.Process(master).children()
+    except psutil.NoSuchProcess:
         return {}
     workers: dict[int, str] = {}
     for child in children:
         try:
-            title = Path(f"/proc/{child}/cmdline").read_bytes()
-        except OSError:
+            title = " ".join(child.cmdline())
+        except psutil.Error:
             continue
-        workers[int(child)] = "shutting down" if b"shutting down" in title else "accepting"
+        workers[child.pid] = "shutting down" if "shutting down" in title else "accepting"
     return workers
 
 
@@ -544,18 +546,33 @@ def main(args: argparse.Namespace) -> int:
     if given:
         credentials.make_undumpable()
     replicas = int(getattr(args, "replicas", 0) or os.cpu_count() or 1)
+    workers = str(getattr(args, "workers", "1"))
+    host, port = str(getattr(args, "host", "127.0.0.1")), int(getattr(args, "port", 8787))
+    try:
+        FrontSettings(listen=f"{host}:{port}", workers=workers)  # before anything starts
+        free_port(host)  # the replicas listen on it too
+    except ValueError as exc:
+        print(f"rest-bridge cluster: {exc}", file=sys.stderr)
+        return 2
+    except OSError as exc:
+        print(
+            f"rest-bridge cluster: --host {host[:120]!r} (an IPv4 address or name): "
+            f"{exc.strerror or exc}",
+            file=sys.stderr,
+        )
+        return 2
     directory = getattr(args, "dir", None)
     made = directory is None
     path = Path(directory or tempfile.mkdtemp(prefix="rest-bridge-cluster-"))
     cluster = Cluster(
         replicas=replicas,
-        host=str(getattr(args, "host", "127.0.0.1")),
-        port=int(getattr(args, "port", 8787)),
+        host=host,
+        port=port,
         preset=str(getattr(args, "preset", "trusted")),
         app_server=str(getattr(args, "app_server", "codex app-server")),
         nginx=nginx,
         directory=path,
-        workers=str(getattr(args, "workers", "1")),
+        workers=workers,
         id_prefix=str(getattr(args, "id_prefix", "replica")),
         loop_name=str(getattr(args, "loop", "asyncio")),
     )

@@ -92,6 +92,10 @@ _HOST_PORT = re.compile(r"(\[[0-9a-fA-F:.]+\]|[A-Za-z0-9.-]+):([0-9]{1,5})")
 _UNIX_PATH = re.compile(r"/[A-Za-z0-9._+@%=,:/-]*")
 #: A path (absolute, or relative to nginx.conf's directory) nginx reads as one word.
 _NGINX_PATH = re.compile(r"[A-Za-z0-9._+@%=,:/-]+")
+#: A listen address, directory or path nginx reads as one word (``[::1]:8787`` too).
+_NGINX_WORD = re.compile(r"[A-Za-z0-9._+@%=,:/\[\]-]+")
+#: nginx's worker_processes: a count, or ``auto``.
+_WORKERS = re.compile(r"auto|[1-9][0-9]{0,3}")
 
 #: The balanced pools: every replica in each, each pool with its own record of which
 #: replica failed lately (nginx keeps ``max_fails`` per upstream), so that a replica
@@ -189,6 +193,22 @@ class FrontSettings:
     #: the front then answers every request that needs the token and lacks it with the
     #: 401. Empty: the front checks no token (the replicas still do).
     token_map: str = ""
+
+    def __post_init__(self) -> None:
+        """Each value is one word of nginx.conf, so none can end its directive and add
+        another; a bad one raises ValueError naming it."""
+        for what, value in (
+            ("listen address", self.listen),
+            ("runtime directory", self.runtime_dir),
+            ("error log", self.error_log),
+        ):
+            if (value or what == "listen address") and _NGINX_WORD.fullmatch(value) is None:
+                raise ValueError(
+                    f"the {what} {value[:120]!r} is not one word of nginx.conf "
+                    "(no space, quote, brace, semicolon, # or $)"
+                )
+        if _WORKERS.fullmatch(self.workers) is None:
+            raise ValueError(f"workers {self.workers[:40]!r}: a number of processes, or auto")
 
 
 #: Around the token, what a replica trims (Python's str.strip): ASCII whitespace, the

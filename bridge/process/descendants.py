@@ -67,15 +67,15 @@ class _Stat:
 
 def _stat(pid: int) -> _Stat | None:
     """A process's parent, whether it is alive (not a zombie) and its start time; None
-    if the pid is gone.
+    if the pid is gone, or hidden from this process (``/proc`` mounted ``hidepid``).
 
-    Raises OSError for anything but a vanished process (no descriptor left, say).
+    Raises OSError for anything else (no descriptor left, say).
     """
     try:
         process = psutil.Process(pid)
         with process.oneshot():
             return _Stat(process.ppid(), process.status() not in _DEAD, process.create_time())
-    except psutil.NoSuchProcess:
+    except (psutil.NoSuchProcess, psutil.AccessDenied):
         return None
 
 

@@ -1267,6 +1267,32 @@ async def test_the_probe_options_are_validated(tmp_path, option, value):
     assert not (tmp_path / "front").exists()
 
 
+@pytest.mark.parametrize(
+    ("option", "value", "said"),
+    [
+        ("--workers", "1;x", "workers '1;x'"),
+        ("--host", "a;b", "not one word of nginx.conf"),
+        ("--host", "::1", "--host '::1' (an IPv4 address or name)"),
+    ],
+)
+async def test_the_front_options_are_validated(tmp_path, option, value, said):
+    """A front option nginx could not take stops the launcher with status 2 and says
+    why, before anything starts (no traceback)."""
+    process = await asyncio.create_subprocess_exec(
+        *(REST_BRIDGE, "cluster", "--port", "0", "--dir", str(tmp_path / "front")),
+        *("--nginx", nginx_binary(), option, value),
+        stdin=asyncio.subprocess.DEVNULL,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
+    out, err = await process.communicate()
+    assert process.returncode == 2, (out, err)
+    assert err.startswith(b"rest-bridge cluster: "), err
+    assert said.encode() in err, err
+    assert b"Traceback" not in err
+    assert not (tmp_path / "front").exists()
+
+
 async def test_every_replica_stopped_is_a_503_at_once(cluster, http):
     """SIGSTOP to every replica: once the launcher marked them all down, the front
     answers everything with 503 replica_unavailable without waiting on any; after
