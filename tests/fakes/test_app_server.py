@@ -1692,6 +1692,35 @@ async def test_thread_methods_refuse_like_the_real_server(spawn: Spawn) -> None:
     assert (await fake.request("turn/steer", steer))["error"]["message"] == "thread not found: x"
 
 
+def nested_script(levels: int) -> str:
+    """A script whose `x/deep` result is `levels` lists inside each other (the document
+    nests `levels` + 3 maps and lists: the script, `methods:` and `x/deep:`)."""
+    return f"version: 1\nmethods:\n  x/deep: {{result: {'[' * levels}{']' * levels}}}\n"
+
+
+async def test_a_script_nested_too_deep_is_refused_when_read(tmp_path: Path, spawn: Spawn) -> None:
+    """A reply is one JSON line, and the JSON writer refuses to nest past about 250
+    levels (and Python's recursion ends near 1,000): a script nesting more than 200 maps
+    and lists is an invalid script (exit 2, with the line and column where it goes too
+    deep), not a fake that crashes when the reply is due."""
+    for levels in (990, 300, 198):
+        deep = tmp_path / f"deep-{levels}.yaml"
+        deep.write_text(nested_script(levels))
+        code, out, err = await run_cli(tmp_path, "app-server", "--script", str(deep))
+        assert (code, out) == (2, ""), err
+        assert f"{deep}:3:217: methods.x/deep.result[0][0][0][0][0]...: nests more" in err
+        assert "than 200 maps and lists inside each other" in err
+        assert "Traceback" not in err
+        assert "RecursionError" not in err
+    # At the bound, the reply goes out whole.
+    fake = await spawn(nested_script(197))
+    await fake.initialize()
+    result = (await fake.request("x/deep"))["result"]
+    for _ in range(196):
+        [result] = result
+    assert result == []
+
+
 #: Nine levels of nine aliases: 574 bytes that stand for 9**9 (387 million) strings.
 LAUGHS = (
     "version: 1\nmethods:\n  x/a: {result: &a [lol, lol, lol, lol, lol, lol, lol, lol, lol]}\n"
