@@ -445,6 +445,37 @@ async def test_an_unparsable_line_is_logged_and_the_connection_survives(spawn: S
     assert "result" in await fake.initialize()
 
 
+def nested(levels: int) -> Any:
+    """`levels` lists inside each other."""
+    value: Any = []
+    for _ in range(levels - 1):
+        value = [value]
+    return value
+
+
+@pytest.mark.parametrize("fast", ["1", "0"])
+async def test_a_message_nested_too_deep_is_ignored(spawn: Spawn, fast: str) -> None:
+    """A message nesting more than 200 objects and arrays is logged as undecodable and
+    ignored (the real server does so past 127), on the fast start and after, instead of
+    killing the fake when a reply echoes it (a 300-level `model` did: exit 70)."""
+    fake = await spawn(FAKE_CODEX_FAST=fast)
+    # 201 levels: the message, `params`, `clientInfo` and 198 lists in it.
+    client_info = {**CLIENT_INFO, "title": nested(198)}
+    await fake.send({"id": 1, "method": "initialize", "params": {"clientInfo": client_info}})
+    await fake.stderr_contains("recursion limit exceeded")
+    await fake.initialize()
+    await fake.send({"id": 2, "method": "thread/start", "params": {"model": nested(300)}})
+    # 200 levels (the message, `params` and 198 lists in it) are read and answered.
+    reply = await fake.request("thread/start", {"model": nested(198)}, request_id=3)
+    assert reply["result"]["model"] == nested(198)
+    await fake.send({"id": 4, "method": "thread/start", "params": {"model": nested(199)}})
+    assert "result" in await fake.request("model/list", request_id=5)
+    answered = {m["id"] for m in fake.seen if "id" in m and "method" not in m}
+    assert answered == {1, 3, 5}
+    assert fake.stderr.decode().count("recursion limit exceeded") == 3
+    assert fake.proc.returncode is None
+
+
 async def test_a_response_to_an_unknown_id_is_ignored(spawn: Spawn) -> None:
     fake = await spawn()
     await fake.send({"id": 4242, "result": {}})

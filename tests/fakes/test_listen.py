@@ -357,9 +357,12 @@ async def test_bad_frames_are_ignored_like_the_real_server(start: Any, tmp_path:
         await client.ws.send_bytes(
             json.dumps({"id": 51, "method": "model/list", "params": {}}).encode()
         )
+        # 201 objects and arrays inside each other: more than the fake reads.
+        deep = "[" * 199 + "]" * 199
+        await client.ws.send_str(f'{{"id": 52, "method": "model/list", "params": {{"a": {deep}}}}}')
         listed = await client.request("model/list")
         assert "result" in listed
-        assert not any(m.get("id") in (50, 51) for m in client.received)
+        assert not any(m.get("id") in (50, 51, 52) for m in client.received)
         # A `raw` step's line is a frame of its own, whatever it holds.
         await client.send({"id": 60, "method": "test/raw", "params": {}})
         frame = await asyncio.wait_for(client.ws.receive(), WAIT)
