@@ -43,13 +43,14 @@ class Server:
         self.url = url
         self.link = link
 
-    def session(self) -> aiohttp.ClientSession:
+    def session(self, **kwargs: Any) -> aiohttp.ClientSession:
         if self.link is not None:
             # Through the link's target: a socket address holds at most 107 bytes, and
             # pytest's temporary paths can be longer.
             target = os.readlink(self.link)
-            return aiohttp.ClientSession(connector=aiohttp.UnixConnector(path=target))
-        return aiohttp.ClientSession()
+            connector = aiohttp.UnixConnector(path=target)
+            return aiohttp.ClientSession(connector=connector, **kwargs)
+        return aiohttp.ClientSession(**kwargs)
 
     async def connect(self, session: aiohttp.ClientSession, **kwargs: Any) -> Client:
         ws = await session.ws_connect(self.url, **kwargs)
@@ -194,9 +195,19 @@ async def test_a_conversation_over_a_unix_socket(start: Any, tmp_path: Path) -> 
     assert _mode(target) == 0o600
     assert _mode(target.parent) == 0o700
     assert target.name == hashlib.sha256(str(server.link).encode()).hexdigest()
-    async with server.session() as session:
+    # The upgrade reply's headers, as aiohttp's request tracing hands them over.
+    replies: list[aiohttp.ClientResponse] = []
+
+    async def on_request_end(_: Any, __: Any, params: aiohttp.TraceRequestEndParams) -> None:
+        replies.append(params.response)
+
+    tracing = aiohttp.TraceConfig()
+    tracing.on_request_end.append(on_request_end)
+    async with server.session(trace_configs=[tracing]) as session:
         ws = await session.ws_connect(server.url)
-        assert ws._response.headers["x-codex-websocket-max-unfragmented-message-bytes"] == str(
+        [upgrade] = replies
+        assert upgrade.status == 101
+        assert upgrade.headers["x-codex-websocket-max-unfragmented-message-bytes"] == str(
             16 * 1024 * 1024
         )
         await _conversation(Client(ws))
