@@ -31,6 +31,7 @@ from fakes.app_server.wire import (
     open_wire_log,
     request_id_of,
     response,
+    too_deep,
     use_virtual_clock,
     write_all,
 )
@@ -101,7 +102,7 @@ def _answer(line: bytes, state: FastStart, version: str) -> bytes | None:
         message = orjson.loads(line)
     except orjson.JSONDecodeError:
         return None
-    if not isinstance(message, dict):
+    if too_deep(line, message) or not isinstance(message, dict):
         return None
     method = message.get("method")
     if method == "initialized" and "id" not in message:

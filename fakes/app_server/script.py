@@ -25,7 +25,7 @@ from pydantic import (
 )
 from pydantic.alias_generators import to_camel
 
-from fakes.app_server.script_source import ScriptError, describe_errors, parse_yaml
+from fakes.app_server.script_source import ScriptError, check_depth, describe_errors, parse_yaml
 
 __all__ = [
     "AppServerScript",
@@ -527,6 +527,7 @@ def parse_script(data: Any, source: str = "<script>", text: str | None = None) -
     prefix: tuple[str, ...] = ()
     if isinstance(data, dict) and SECTION_KEY in data:
         data, prefix = data[SECTION_KEY], (SECTION_KEY,)
+    check_depth(data, source, text, prefix)
     try:
         return AppServerScript.model_validate(data)
     except ValidationError as exc:

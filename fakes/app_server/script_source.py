@@ -23,6 +23,11 @@ MAX_ALIAS_NODES = 100_000
 #: How many characters of scalars YAML aliases may repeat in one document, all told: a
 #: few aliases of a long string stand for gigabytes in a file of kilobytes.
 MAX_ALIAS_CHARS = 4 * 1024 * 1024
+#: How many maps and lists a script may nest inside each other. A reply, notification or
+#: request is written as one JSON line, and the JSON writer refuses to nest much deeper
+#: than 250 levels: a script past this bound is refused when it is read, rather than
+#: failing the fake when the line is due.
+MAX_DEPTH = 200
 
 
 def parse_yaml(text: str, source: str) -> Any:
@@ -93,6 +98,39 @@ def _check_aliases(text: str, source: str) -> None:
             if anchor is not None:
                 sizes[anchor] = (nodes, chars)
             count(nodes, chars)
+
+
+def check_depth(
+    data: Any,
+    source: str,
+    text: str | None,
+    prefix: tuple[str, ...] = (),
+    *,
+    title: str = "invalid fake-codex script",
+) -> None:
+    """Refuse `data` if it nests more than :data:`MAX_DEPTH` maps and lists: a
+    ScriptError naming the first such place (file, line and column with `text`).
+    Iterative, so that no depth makes it fail otherwise."""
+    stack: list[tuple[Any, int, tuple[Any, ...]]] = [(data, 0, ())]
+    while stack:
+        value, depth, loc = stack.pop()
+        if isinstance(value, dict):
+            children: Any = value.items()
+        elif isinstance(value, list):
+            children = enumerate(value)
+        else:
+            continue
+        if depth == MAX_DEPTH:
+            root = _compose(text) if text is not None else None
+            where = prefix + loc
+            mark = _mark(root, where) if root is not None else None
+            place = f"{source}:{mark[0]}:{mark[1]}" if mark else source
+            path = _format_path(where[:8]) + ("..." if len(where) > 8 else "")
+            raise ScriptError(
+                f"{title} {source}:\n  {place}: {path or '(top level)'}: "
+                f"nests more than {MAX_DEPTH} maps and lists inside each other"
+            )
+        stack.extend((child, depth + 1, (*loc, key)) for key, child in reversed(list(children)))
 
 
 def describe_errors(

@@ -34,6 +34,7 @@ from fakes.app_server.stdio import Output, read_lines
 from fakes.app_server.threads import ThreadMethods, check_input
 from fakes.app_server.turns import ThreadState, TurnRun, Usage
 from fakes.app_server.wire import (
+    TOO_DEEP,
     Message,
     RequestId,
     Sink,
@@ -43,6 +44,7 @@ from fakes.app_server.wire import (
     request_id_of,
     rpc_error,
     server_request,
+    too_deep,
     use_virtual_clock,
 )
 
@@ -235,6 +237,9 @@ class AppServer:
             message = orjson.loads(line)
         except orjson.JSONDecodeError as exc:
             log(f"Failed to deserialize JSONRPCMessage: {exc}")
+            return
+        if too_deep(line, message):
+            log(TOO_DEEP)
             return
         if not isinstance(message, dict):
             log("Failed to deserialize JSONRPCMessage: not an object")

@@ -14,6 +14,7 @@ import os
 import random
 import select
 import time
+from collections.abc import Iterable
 from typing import Any, BinaryIO, Protocol
 
 import orjson
@@ -105,6 +106,36 @@ def rpc_error(code: int, message: str) -> Message:
 def notification(method: str, params: Any) -> Message:
     """A server notification, stamped like the real server's."""
     return {"method": method, "params": params, "emittedAtMs": now_ms()}
+
+
+#: How many objects and arrays a client message may nest inside each other. A deeper one
+#: is logged as undecodable and ignored, like a line that is not JSON: the real server
+#: does that past 127 (its JSON reader's recursion limit); the fake reads further, so
+#: that tests can send deep values through a bridge, but not so far that a reply
+#: echoing the message (a thread's `model`, a turn's input) would be too deep to write.
+MAX_MESSAGE_DEPTH = 200
+TOO_DEEP = "Failed to deserialize JSONRPCMessage: recursion limit exceeded"
+
+
+def too_deep(line: bytes, message: Any) -> bool:
+    """Whether `message` (parsed from `line`) nests more than MAX_MESSAGE_DEPTH objects
+    and arrays. Counting brackets first keeps the walk off every ordinary message."""
+    if line.count(b"{") + line.count(b"[") <= MAX_MESSAGE_DEPTH:
+        return False
+    stack: list[tuple[Any, int]] = [(message, 1)]
+    while stack:
+        value, depth = stack.pop()
+        children: Iterable[Any]
+        if isinstance(value, dict):
+            children = value.values()
+        elif isinstance(value, list):
+            children = value
+        else:
+            continue
+        if depth > MAX_MESSAGE_DEPTH:
+            return True
+        stack.extend((child, depth + 1) for child in children)
+    return False
 
 
 def request_id_of(message: Message) -> RequestId | None:

@@ -445,6 +445,37 @@ async def test_an_unparsable_line_is_logged_and_the_connection_survives(spawn: S
     assert "result" in await fake.initialize()
 
 
+def nested(levels: int) -> Any:
+    """`levels` lists inside each other."""
+    value: Any = []
+    for _ in range(levels - 1):
+        value = [value]
+    return value
+
+
+@pytest.mark.parametrize("fast", ["1", "0"])
+async def test_a_message_nested_too_deep_is_ignored(spawn: Spawn, fast: str) -> None:
+    """A message nesting more than 200 objects and arrays is logged as undecodable and
+    ignored (the real server does so past 127), on the fast start and after, instead of
+    killing the fake when a reply echoes it (a 300-level `model` did: exit 70)."""
+    fake = await spawn(FAKE_CODEX_FAST=fast)
+    # 201 levels: the message, `params`, `clientInfo` and 198 lists in it.
+    client_info = {**CLIENT_INFO, "title": nested(198)}
+    await fake.send({"id": 1, "method": "initialize", "params": {"clientInfo": client_info}})
+    await fake.stderr_contains("recursion limit exceeded")
+    await fake.initialize()
+    await fake.send({"id": 2, "method": "thread/start", "params": {"model": nested(300)}})
+    # 200 levels (the message, `params` and 198 lists in it) are read and answered.
+    reply = await fake.request("thread/start", {"model": nested(198)}, request_id=3)
+    assert reply["result"]["model"] == nested(198)
+    await fake.send({"id": 4, "method": "thread/start", "params": {"model": nested(199)}})
+    assert "result" in await fake.request("model/list", request_id=5)
+    answered = {m["id"] for m in fake.seen if "id" in m and "method" not in m}
+    assert answered == {1, 3, 5}
+    assert fake.stderr.decode().count("recursion limit exceeded") == 3
+    assert fake.proc.returncode is None
+
+
 async def test_a_response_to_an_unknown_id_is_ignored(spawn: Spawn) -> None:
     fake = await spawn()
     await fake.send({"id": 4242, "result": {}})
@@ -1690,6 +1721,35 @@ async def test_thread_methods_refuse_like_the_real_server(spawn: Spawn) -> None:
     assert unknown["error"]["message"] == "no archived rollout found for thread id x"
     steer = {"threadId": "x", "expectedTurnId": "y", "input": []}
     assert (await fake.request("turn/steer", steer))["error"]["message"] == "thread not found: x"
+
+
+def nested_script(levels: int) -> str:
+    """A script whose `x/deep` result is `levels` lists inside each other (the document
+    nests `levels` + 3 maps and lists: the script, `methods:` and `x/deep:`)."""
+    return f"version: 1\nmethods:\n  x/deep: {{result: {'[' * levels}{']' * levels}}}\n"
+
+
+async def test_a_script_nested_too_deep_is_refused_when_read(tmp_path: Path, spawn: Spawn) -> None:
+    """A reply is one JSON line, and the JSON writer refuses to nest past about 250
+    levels (and Python's recursion ends near 1,000): a script nesting more than 200 maps
+    and lists is an invalid script (exit 2, with the line and column where it goes too
+    deep), not a fake that crashes when the reply is due."""
+    for levels in (990, 300, 198):
+        deep = tmp_path / f"deep-{levels}.yaml"
+        deep.write_text(nested_script(levels))
+        code, out, err = await run_cli(tmp_path, "app-server", "--script", str(deep))
+        assert (code, out) == (2, ""), err
+        assert f"{deep}:3:217: methods.x/deep.result[0][0][0][0][0]...: nests more" in err
+        assert "than 200 maps and lists inside each other" in err
+        assert "Traceback" not in err
+        assert "RecursionError" not in err
+    # At the bound, the reply goes out whole.
+    fake = await spawn(nested_script(197))
+    await fake.initialize()
+    result = (await fake.request("x/deep"))["result"]
+    for _ in range(196):
+        [result] = result
+    assert result == []
 
 
 #: Nine levels of nine aliases: 574 bytes that stand for 9**9 (387 million) strings.

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import re
 import sys
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -119,14 +121,14 @@ async def test_without_the_variable_nothing_is_written(tmp_path: Path) -> None:
     assert os.listdir(tmp_path) == []
 
 
-async def test_a_listening_connection_reports_every_line_it_sent(tmp_path: Path) -> None:
-    """Over `--listen`, the transcript holds the notifications and server requests a
-    connection sent as well as its replies (the wire, both ways, as on stdio)."""
+@contextlib.asynccontextmanager
+async def listening(tmp_path: Path, script_text: str) -> AsyncIterator[str]:
+    """A fake-codex on `--listen ws://127.0.0.1:0` with a report directory
+    (`tmp_path/reports`); yields its URL, and stops it with SIGTERM (exit 0)."""
     script = tmp_path / "script.yaml"
-    script.write_text(SCRIPT)
-    reports = tmp_path / "reports"
+    script.write_text(script_text)
     env = {k: v for k, v in os.environ.items() if not k.startswith(("FAKE_CODEX_", "CODEX_"))}
-    env.update(FAKE_CODEX_REPORT=str(reports), CODEX_HOME=str(tmp_path / "home"))
+    env.update(FAKE_CODEX_REPORT=str(tmp_path / "reports"), CODEX_HOME=str(tmp_path / "home"))
     process = await asyncio.create_subprocess_exec(
         *(FAKE_CODEX, "app-server", "--listen", "ws://127.0.0.1:0", "--script", str(script)),
         stdin=asyncio.subprocess.DEVNULL,
@@ -143,26 +145,38 @@ async def test_a_listening_connection_reports_every_line_it_sent(tmp_path: Path)
                 assert line, "no banner"
                 if "listening on: " in line:
                     url = line.split("listening on: ")[1].strip()
-        async with aiohttp.ClientSession() as session, session.ws_connect(url) as ws:
-
-            async def call(request_id: int, method: str, params: Any) -> dict[str, Any]:
-                request = {"id": request_id, "method": method, "params": params}
-                await ws.send_str(json.dumps(request))
-                async with asyncio.timeout(10):
-                    while True:
-                        message = json.loads(await ws.receive_str())
-                        if message.get("id") == request_id and "method" not in message:
-                            return message
-
-            await call(1, "initialize", {"clientInfo": {"name": "t", "version": "1"}})
-            await ws.send_str(json.dumps({"method": "initialized"}))
-            await call(2, "thread/start", {})
+        yield url
         process.terminate()
         assert await process.wait() == 0
     finally:
         if process.returncode is None:
             process.kill()
             await process.wait()
+
+
+async def ws_call(
+    ws: aiohttp.ClientWebSocketResponse, request_id: int, method: str, params: Any
+) -> dict[str, Any]:
+    await ws.send_str(json.dumps({"id": request_id, "method": method, "params": params}))
+    async with asyncio.timeout(10):
+        while True:
+            message = json.loads(await ws.receive_str())
+            if message.get("id") == request_id and "method" not in message:
+                return message
+
+
+async def test_a_listening_connection_reports_every_line_it_sent(tmp_path: Path) -> None:
+    """Over `--listen`, the transcript holds the notifications and server requests a
+    connection sent as well as its replies (the wire, both ways, as on stdio)."""
+    async with (
+        listening(tmp_path, SCRIPT) as url,
+        aiohttp.ClientSession() as session,
+        session.ws_connect(url) as ws,
+    ):
+        await ws_call(ws, 1, "initialize", {"clientInfo": {"name": "t", "version": "1"}})
+        await ws.send_str(json.dumps({"method": "initialized"}))
+        await ws_call(ws, 2, "thread/start", {})
+    reports = tmp_path / "reports"
     [file] = reports.glob("fake-codex-*-0.json")
     wire = json.loads(file.read_text())["wire"]
     # An entry is one write (a reply and what follows it at once, or one message), and a
@@ -186,3 +200,30 @@ def _name(text: str) -> str:
     request_id = re.search(r'"id": ?(\d+)', text)
     assert request_id, text
     return f"reply {request_id.group(1)}"
+
+
+async def test_each_listening_connection_reports_how_it_ended(tmp_path: Path) -> None:
+    """A connection's `exit` step ends its own report: a signal as a crash of its
+    "process", a code as its exit status."""
+    script = (
+        "version: 1\nmethods:\n"
+        "  x/crash: {steps: [{exit: {signal: KILL}}]}\n"
+        "  x/leave: {steps: [{exit: 3}]}\n"
+    )
+    async with listening(tmp_path, script) as url, aiohttp.ClientSession() as session:
+        for method in ("x/crash", "x/leave"):
+            async with session.ws_connect(url) as ws:
+                await ws_call(ws, 1, "initialize", {"clientInfo": {"name": "t", "version": "1"}})
+                await ws.send_str(json.dumps({"id": 2, "method": method, "params": {}}))
+                async with asyncio.timeout(10):
+                    while (await ws.receive()).type == aiohttp.WSMsgType.TEXT:
+                        pass
+    ends = {}
+    for file in (tmp_path / "reports").glob("fake-codex-*-*.json"):
+        report = json.loads(file.read_text())
+        last_in = [entry for entry in report["wire"] if entry["dir"] == "in"][-1]
+        ends[json.loads(last_in["text"])["method"]] = report["exit"]
+    assert ends == {
+        "x/crash": {"code": None, "signal": "SIGKILL"},
+        "x/leave": {"code": 3, "signal": None},
+    }

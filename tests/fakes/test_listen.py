@@ -48,7 +48,8 @@ class Server:
             # Through the link's target: a socket address holds at most 107 bytes, and
             # pytest's temporary paths can be longer.
             target = os.readlink(self.link)
-            return aiohttp.ClientSession(connector=aiohttp.UnixConnector(path=target), **kwargs)
+            connector = aiohttp.UnixConnector(path=target)
+            return aiohttp.ClientSession(connector=connector, **kwargs)
         return aiohttp.ClientSession(**kwargs)
 
     async def connect(self, session: aiohttp.ClientSession, **kwargs: Any) -> Client:
@@ -194,18 +195,19 @@ async def test_a_conversation_over_a_unix_socket(start: Any, tmp_path: Path) -> 
     assert _mode(target) == 0o600
     assert _mode(target.parent) == 0o700
     assert target.name == hashlib.sha256(str(server.link).encode()).hexdigest()
-    # The handshake's response, as aiohttp's tracing hands it over.
-    handshakes: list[aiohttp.ClientResponse] = []
-    trace = aiohttp.TraceConfig()
+    # The upgrade reply's headers, as aiohttp's request tracing hands them over.
+    replies: list[aiohttp.ClientResponse] = []
 
     async def on_request_end(_: Any, __: Any, params: aiohttp.TraceRequestEndParams) -> None:
-        handshakes.append(params.response)
+        replies.append(params.response)
 
-    trace.on_request_end.append(on_request_end)
-    async with server.session(trace_configs=[trace]) as session:
+    tracing = aiohttp.TraceConfig()
+    tracing.on_request_end.append(on_request_end)
+    async with server.session(trace_configs=[tracing]) as session:
         ws = await session.ws_connect(server.url)
-        (handshake,) = handshakes
-        assert handshake.headers["x-codex-websocket-max-unfragmented-message-bytes"] == str(
+        [upgrade] = replies
+        assert upgrade.status == 101
+        assert upgrade.headers["x-codex-websocket-max-unfragmented-message-bytes"] == str(
             16 * 1024 * 1024
         )
         await _conversation(Client(ws))
@@ -366,9 +368,12 @@ async def test_bad_frames_are_ignored_like_the_real_server(start: Any, tmp_path:
         await client.ws.send_bytes(
             json.dumps({"id": 51, "method": "model/list", "params": {}}).encode()
         )
+        # 201 objects and arrays inside each other: more than the fake reads.
+        deep = "[" * 199 + "]" * 199
+        await client.ws.send_str(f'{{"id": 52, "method": "model/list", "params": {{"a": {deep}}}}}')
         listed = await client.request("model/list")
         assert "result" in listed
-        assert not any(m.get("id") in (50, 51) for m in client.received)
+        assert not any(m.get("id") in (50, 51, 52) for m in client.received)
         # A `raw` step's line is a frame of its own, whatever it holds.
         await client.send({"id": 60, "method": "test/raw", "params": {}})
         frame = await asyncio.wait_for(client.ws.receive(), WAIT)
