@@ -21,8 +21,9 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import cast
 
+from bridge.limits import MAX_STDIN_BUFFER
 from bridge.process import descendants
-from bridge.process.channel import ExitInfo, Receiver
+from bridge.process.channel import ChannelClosed, ChannelFull, ExitInfo, Receiver
 
 log = logging.getLogger("bridge.process")
 
@@ -81,7 +82,7 @@ class StdioChannel:
 
     def __init__(self, *, max_line_bytes: int, stdout_is_log: bool = False) -> None:
         self.stdout_is_log = stdout_is_log
-        self._max_line_bytes = max_line_bytes
+        self.max_frame_bytes = max_line_bytes
         self._receiver: Receiver | None = None
         self._loop = asyncio.get_running_loop()
         self._transport: asyncio.SubprocessTransport | None = None
@@ -109,8 +110,6 @@ class StdioChannel:
         self.pid: int | None = None
         #: Everything this process starts, killed when it ends (descendants.py).
         self.lineage = descendants.Lineage()
-        #: When the bytes being delivered were read (one clock read per chunk).
-        self.received_at = 0.0
 
     def attach(self, receiver: Receiver) -> None:
         self._receiver = receiver
@@ -182,22 +181,15 @@ class StdioChannel:
 
     # -- outgoing --------------------------------------------------------------
 
-    @property
-    def writable(self) -> bool:
+    def send(self, frame: bytes, coalesce: bool) -> None:
         stdin = self._stdin
-        return self._exit_info is None and stdin is not None and not stdin.is_closing()
-
-    @property
-    def buffered(self) -> int:
-        stdin = self._stdin
-        size = stdin.get_write_buffer_size() if stdin is not None else 0
-        return size + self._outgoing_bytes
-
-    def send(self, frame: bytes, *, coalesce: bool) -> None:
-        assert self._stdin is not None
+        if self._exit_info is not None or stdin is None or stdin.is_closing():
+            raise ChannelClosed
+        if stdin.get_write_buffer_size() + self._outgoing_bytes > MAX_STDIN_BUFFER:
+            raise ChannelFull
         if not self._outgoing and not coalesce:
             # Nothing else in flight: no reason to wait for company.
-            self._stdin.write(frame)
+            stdin.write(frame)
             return
         if not self._outgoing:
             self._loop.call_soon(self._flush)
@@ -224,7 +216,7 @@ class StdioChannel:
         receiver = self._receiver
         if receiver is None:
             return  # nobody to read for (never the case: a peer attaches before spawning)
-        self.received_at = time.time()
+        receiver.received_at = time.time()  # one clock read per chunk
         buffer = self._buffer
         if b"\n" not in data:
             buffer += data
@@ -235,20 +227,15 @@ class StdioChannel:
                 buffer += lines[0]
                 lines[0] = bytes(buffer)
                 buffer.clear()
-            limit = self._max_line_bytes
-            take = receiver.frame_received
-            for index, line in enumerate(lines):
-                if len(line) > limit:
-                    receiver.channel_broken(f"a line of {len(line)} bytes exceeds MAX_LINE_BYTES")
-                    return
-                if not take(line):
-                    self._hold(b"\n".join(lines[index:]) + b"\n" + rest)
-                    return
-                if self._aborted:
-                    return
+            taken = receiver.frames_received(lines)
+            if self._aborted:
+                return
+            if taken < len(lines):
+                self._hold(b"\n".join(lines[taken:]) + b"\n" + rest)
+                return
             buffer += rest
-        if len(buffer) > self._max_line_bytes:
-            receiver.channel_broken(f"a line exceeds MAX_LINE_BYTES ({self._max_line_bytes} bytes)")
+        if len(buffer) > self.max_frame_bytes:
+            receiver.channel_broken(f"a line exceeds MAX_LINE_BYTES ({self.max_frame_bytes} bytes)")
 
     def feed_stderr(self, data: bytes) -> None:
         tail = self._stderr_tail
