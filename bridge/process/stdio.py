@@ -48,26 +48,26 @@ class _StdioProtocol(asyncio.SubprocessProtocol):
         if isinstance(data, str):
             data = data.encode()
         if fd == 1 and not owner.stdout_is_log:
-            owner.feed_stdout(data)
+            owner._feed_stdout(data)
         else:
-            owner.feed_stderr(data)
+            owner._feed_stderr(data)
 
     def pipe_connection_lost(self, fd: int, exc: Exception | None) -> None:
         owner = self.owner
         if owner is None or owner.stdout_is_log:
             return
         if fd == 1:
-            owner.stdout_eof()
+            owner._stdout_eof()
         elif fd == 0:
-            owner.pipe_gone("stdin")
+            owner._pipe_gone("stdin")
 
     def process_exited(self) -> None:
         if self.owner is not None:
-            self.owner.process_exited()
+            self.owner._process_exited()
 
     def connection_lost(self, exc: Exception | None) -> None:
         if self.owner is not None:
-            self.owner.finish()
+            self.owner._finish()
 
 
 class StdioChannel:
@@ -207,7 +207,7 @@ class StdioChannel:
 
     # -- incoming --------------------------------------------------------------
 
-    def feed_stdout(self, data: bytes) -> None:
+    def _feed_stdout(self, data: bytes) -> None:
         if self._aborted:
             return
         if self._paused:
@@ -237,19 +237,19 @@ class StdioChannel:
         if len(buffer) > self.max_frame_bytes:
             receiver.channel_broken(f"a line exceeds MAX_LINE_BYTES ({self.max_frame_bytes} bytes)")
 
-    def feed_stderr(self, data: bytes) -> None:
+    def _feed_stderr(self, data: bytes) -> None:
         tail = self._stderr_tail
         tail += data
         if len(tail) > STDERR_TAIL_BYTES:
             del tail[: len(tail) - STDERR_TAIL_BYTES]
 
-    def stdout_eof(self) -> None:
+    def _stdout_eof(self) -> None:
         if self._buffer and not self._aborted and not self._paused:
             # A partial line before EOF: offered as a line (a whole message, or broken).
-            self.feed_stdout(b"\n")
-        self.pipe_gone("stdout")
+            self._feed_stdout(b"\n")
+        self._pipe_gone("stdout")
 
-    def pipe_gone(self, name: str) -> None:
+    def _pipe_gone(self, name: str) -> None:
         """The child closed one of its pipes: unless it is on its way out, it is broken.
 
         Without its stdout nothing more can be answered, without its stdin nothing more
@@ -287,7 +287,7 @@ class StdioChannel:
         self._paused = False
         held, self._held = self._held, b""
         if held:
-            self.feed_stdout(held)
+            self._feed_stdout(held)
             if self._paused:
                 return
         pipe = self._stdout_pipe()
@@ -295,7 +295,7 @@ class StdioChannel:
             pipe.resume_reading()
         if self._finish_deferred:
             self._finish_deferred = False
-            self._loop.call_later(_PIPE_DRAIN_SECONDS, self.finish)
+            self._loop.call_later(_PIPE_DRAIN_SECONDS, self._finish)
 
     def _stdout_pipe(self) -> asyncio.ReadTransport | None:
         if self._transport is None:
@@ -312,7 +312,7 @@ class StdioChannel:
 
     # -- lifecycle -------------------------------------------------------------
 
-    def process_exited(self) -> None:
+    def _process_exited(self) -> None:
         self._exited = True
         self.dead.set()
         # The app-server's own children must not outlive it, and one of them
@@ -321,9 +321,9 @@ class StdioChannel:
         # And so must those that left the group (setsid, a daemon's double fork).
         if self.pid is not None:
             self.lineage.end()
-        self._loop.call_later(_PIPE_DRAIN_SECONDS, self.finish)
+        self._loop.call_later(_PIPE_DRAIN_SECONDS, self._finish)
 
-    def finish(self) -> None:
+    def _finish(self) -> None:
         if self._exit_info is not None or self._transport is None:
             return
         if not self._exited and self._transport.get_returncode() is None:
