@@ -6,15 +6,24 @@ process's stdio, one message per line (:mod:`bridge.process.stdio`), and a WebSo
 connection to a shared app-server, one message per text frame
 (:mod:`bridge.process.websocket`).
 
-The channel pushes what it reads to its :class:`Receiver` as it arrives, with no task
-or await per frame, and bounds every frame by the size it was given: a longer one is
-reported as broken, never buffered.
+The channel pushes what it reads to its :class:`Receiver` as it arrives, a batch of
+frames at a time, with no task or await per frame; it never buffers more of a frame than
+the size it was given.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Any, Protocol
+
+
+class ChannelClosed(Exception):
+    """Nothing more can be sent: the channel has ended, or is ending."""
+
+
+class ChannelFull(Exception):
+    """The other end is not reading: more than
+    :data:`~bridge.limits.MAX_STDIN_BUFFER` bytes wait for it."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,9 +64,14 @@ class ExitInfo:
 class Receiver(Protocol):
     """What a channel delivers to (a :class:`~bridge.process.peer.JsonRpcPeer`)."""
 
-    def frame_received(self, frame: bytes) -> bool:
-        """One whole message. False: not taken now; the channel keeps it (and what
-        follows) and stops reading until :meth:`Channel.resume_reading`."""
+    #: When the frames being delivered were read (``time.time()``); the channel sets it
+    #: as it reads (once per read, not per frame).
+    received_at: float
+
+    def frames_received(self, frames: list[bytes]) -> int:
+        """Whole messages, in order; returns how many were taken. The channel keeps
+        those not taken (and what follows) and stops reading until
+        :meth:`Channel.resume_reading`."""
 
     def channel_broken(self, reason: str) -> None:
         """The stream can no longer be read as messages (a frame over the size limit,
@@ -75,23 +89,18 @@ class Channel(Protocol):
     #: True when the other end serves other clients too (a connection to a shared
     #: app-server): its end is a connection's, not a process's.
     shared: bool
-    #: When the frames being delivered were read (``time.time()``).
-    received_at: float
+    #: The longest frame it reads (MAX_LINE_BYTES); a longer one breaks the protocol.
+    max_frame_bytes: int
 
     def attach(self, receiver: Receiver) -> None:
         """Deliver what is read to ``receiver`` from now on."""
 
-    @property
-    def writable(self) -> bool:
-        """False once nothing more can be sent."""
-
-    @property
-    def buffered(self) -> int:
-        """Bytes sent but not yet taken by the other end (its flow-control backlog)."""
-
-    def send(self, frame: bytes, *, coalesce: bool) -> None:
+    def send(self, frame: bytes, coalesce: bool) -> None:
         """Send one message; ``coalesce``: more are likely this turn of the loop, so it
-        may wait for them and go out in one write."""
+        may wait for them and go out in one write.
+
+        Raises :class:`ChannelClosed`, or :class:`ChannelFull` when more than
+        :data:`~bridge.limits.MAX_STDIN_BUFFER` bytes already wait for the other end."""
 
     @property
     def paused(self) -> bool:

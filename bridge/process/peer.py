@@ -21,8 +21,7 @@ import logging
 from collections.abc import Awaitable, Callable
 from typing import Any, Protocol
 
-from bridge.limits import MAX_STDIN_BUFFER
-from bridge.process.channel import Channel, ExitInfo
+from bridge.process.channel import Channel, ChannelClosed, ChannelFull, ExitInfo
 from bridge.wire import JSONDecodeError, dumps, dumps_line, loads
 
 log = logging.getLogger("bridge.process")
@@ -97,6 +96,10 @@ class JsonRpcPeer:
         self.flow_gate: FlowGate | None = None
         self._loop = asyncio.get_running_loop()
         self._encode = dumps_line if channel.newline_delimited else dumps
+        self._max_frame_bytes = channel.max_frame_bytes
+        self._frame_word = "line" if channel.newline_delimited else "message"
+        #: When the message being dispatched was read (set by the channel).
+        self.received_at = 0.0
         self._ids = itertools.count(1)
         self._pending: dict[int, asyncio.Future[Any]] = {}
         self._result_hooks: dict[int, ResultHook] = {}
@@ -126,11 +129,6 @@ class JsonRpcPeer:
         """True when the conversation is a connection to a shared app-server (its end
         is then a connection's, not a process's)."""
         return self.channel.shared
-
-    @property
-    def received_at(self) -> float:
-        """When the message being dispatched was read."""
-        return self.channel.received_at
 
     @property
     def exit_info(self) -> ExitInfo | None:
@@ -243,13 +241,15 @@ class JsonRpcPeer:
         self._write({"id": request_id, "error": error})
 
     def _write(self, message: dict[str, Any]) -> None:
-        channel = self.channel
-        if self._exit_info is not None or not channel.writable:
-            raise ProcessGone(self._gone_info())
-        if channel.buffered > MAX_STDIN_BUFFER:
-            raise StdinFull("the app-server is not reading its input")
-        # With calls in flight, others are likely to follow: one write for them all.
-        channel.send(self._encode(message), coalesce=bool(self._pending))
+        if self._exit_info is not None:
+            raise ProcessGone(self._exit_info)
+        try:
+            # With calls in flight, others are likely to follow: one write for them all.
+            self.channel.send(self._encode(message), bool(self._pending))
+        except ChannelClosed:
+            raise ProcessGone(self._gone_info()) from None
+        except ChannelFull:
+            raise StdinFull("the app-server is not reading its input") from None
 
     def _gone_info(self) -> ExitInfo:
         if self._exit_info is not None:
@@ -258,14 +258,23 @@ class JsonRpcPeer:
 
     # -- incoming (the channel's Receiver) ---------------------------------------
 
-    def frame_received(self, frame: bytes) -> bool:
-        if self._protocol_error is not None:
-            return True
+    def frames_received(self, frames: list[bytes]) -> int:
+        """Dispatch ``frames`` in order, up to one the flow gate holds back (its index),
+        or up to a broken one (then all count as taken: there is no more reading)."""
+        limit = self._max_frame_bytes
         gate = self.flow_gate
-        if gate is not None and gate(len(frame)):
-            return False
-        self._dispatch(frame)
-        return True
+        dispatch = self._dispatch
+        for index, frame in enumerate(frames):
+            if len(frame) > limit:
+                word = self._frame_word
+                self.break_protocol(f"a {word} of {len(frame)} bytes exceeds MAX_LINE_BYTES")
+                return len(frames)
+            if gate is not None and gate(len(frame)):
+                return index
+            dispatch(frame)
+            if self._protocol_error is not None:
+                return len(frames)
+        return len(frames)
 
     def _dispatch(self, frame: bytes) -> None:
         try:
@@ -292,19 +301,19 @@ class JsonRpcPeer:
                 params = message.get("params")
                 if self.filter is None or self.filter.admit_request(params, frame):
                     self.on_request(request_id, method, params)
+            elif self.filter is None:
+                self.on_notification(method, message.get("params"))
             else:
-                self._notification(method, message.get("params"), frame)
+                self._filtered_notification(method, message.get("params"), frame)
             return
         if "id" in message and ("result" in message or "error" in message):
             self._resolve(message)
             return
         self.break_protocol("the app-server wrote an object that is not a JSON-RPC message")
 
-    def _notification(self, method: str, params: Any, frame: bytes) -> None:
+    def _filtered_notification(self, method: str, params: Any, frame: bytes) -> None:
         message_filter = self.filter
-        if message_filter is None:
-            self.on_notification(method, params)
-            return
+        assert message_filter is not None
         if not message_filter.admit_notification(method, params, frame):
             return
         self.on_notification(method, params)

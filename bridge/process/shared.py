@@ -640,11 +640,13 @@ class _ExitWatch:
     """What the supervised process's channel reports to: only its end (its stdout is a
     log, so no frame comes)."""
 
+    received_at = 0.0
+
     def __init__(self, exited: Callable[[ExitInfo], None]) -> None:
         self._exited = exited
 
-    def frame_received(self, frame: bytes) -> bool:
-        return True
+    def frames_received(self, frames: list[bytes]) -> int:
+        return len(frames)
 
     def channel_broken(self, reason: str) -> None:
         pass

@@ -21,8 +21,9 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import cast
 
+from bridge.limits import MAX_STDIN_BUFFER
 from bridge.process import descendants
-from bridge.process.channel import ExitInfo, Receiver
+from bridge.process.channel import ChannelClosed, ChannelFull, ExitInfo, Receiver
 
 log = logging.getLogger("bridge.process")
 
@@ -47,26 +48,26 @@ class _StdioProtocol(asyncio.SubprocessProtocol):
         if isinstance(data, str):
             data = data.encode()
         if fd == 1 and not owner.stdout_is_log:
-            owner.feed_stdout(data)
+            owner._feed_stdout(data)
         else:
-            owner.feed_stderr(data)
+            owner._feed_stderr(data)
 
     def pipe_connection_lost(self, fd: int, exc: Exception | None) -> None:
         owner = self.owner
         if owner is None or owner.stdout_is_log:
             return
         if fd == 1:
-            owner.stdout_eof()
+            owner._stdout_eof()
         elif fd == 0:
-            owner.pipe_gone("stdin")
+            owner._pipe_gone("stdin")
 
     def process_exited(self) -> None:
         if self.owner is not None:
-            self.owner.process_exited()
+            self.owner._process_exited()
 
     def connection_lost(self, exc: Exception | None) -> None:
         if self.owner is not None:
-            self.owner.finish()
+            self.owner._finish()
 
 
 class StdioChannel:
@@ -81,7 +82,7 @@ class StdioChannel:
 
     def __init__(self, *, max_line_bytes: int, stdout_is_log: bool = False) -> None:
         self.stdout_is_log = stdout_is_log
-        self._max_line_bytes = max_line_bytes
+        self.max_frame_bytes = max_line_bytes
         self._receiver: Receiver | None = None
         self._loop = asyncio.get_running_loop()
         self._transport: asyncio.SubprocessTransport | None = None
@@ -109,8 +110,6 @@ class StdioChannel:
         self.pid: int | None = None
         #: Everything this process starts, killed when it ends (descendants.py).
         self.lineage = descendants.Lineage()
-        #: When the bytes being delivered were read (one clock read per chunk).
-        self.received_at = 0.0
 
     def attach(self, receiver: Receiver) -> None:
         self._receiver = receiver
@@ -182,22 +181,15 @@ class StdioChannel:
 
     # -- outgoing --------------------------------------------------------------
 
-    @property
-    def writable(self) -> bool:
+    def send(self, frame: bytes, coalesce: bool) -> None:
         stdin = self._stdin
-        return self._exit_info is None and stdin is not None and not stdin.is_closing()
-
-    @property
-    def buffered(self) -> int:
-        stdin = self._stdin
-        size = stdin.get_write_buffer_size() if stdin is not None else 0
-        return size + self._outgoing_bytes
-
-    def send(self, frame: bytes, *, coalesce: bool) -> None:
-        assert self._stdin is not None
+        if self._exit_info is not None or stdin is None or stdin.is_closing():
+            raise ChannelClosed
+        if stdin.get_write_buffer_size() + self._outgoing_bytes > MAX_STDIN_BUFFER:
+            raise ChannelFull
         if not self._outgoing and not coalesce:
             # Nothing else in flight: no reason to wait for company.
-            self._stdin.write(frame)
+            stdin.write(frame)
             return
         if not self._outgoing:
             self._loop.call_soon(self._flush)
@@ -215,7 +207,7 @@ class StdioChannel:
 
     # -- incoming --------------------------------------------------------------
 
-    def feed_stdout(self, data: bytes) -> None:
+    def _feed_stdout(self, data: bytes) -> None:
         if self._aborted:
             return
         if self._paused:
@@ -224,7 +216,7 @@ class StdioChannel:
         receiver = self._receiver
         if receiver is None:
             return  # nobody to read for (never the case: a peer attaches before spawning)
-        self.received_at = time.time()
+        receiver.received_at = time.time()  # one clock read per chunk
         buffer = self._buffer
         if b"\n" not in data:
             buffer += data
@@ -235,34 +227,29 @@ class StdioChannel:
                 buffer += lines[0]
                 lines[0] = bytes(buffer)
                 buffer.clear()
-            limit = self._max_line_bytes
-            take = receiver.frame_received
-            for index, line in enumerate(lines):
-                if len(line) > limit:
-                    receiver.channel_broken(f"a line of {len(line)} bytes exceeds MAX_LINE_BYTES")
-                    return
-                if not take(line):
-                    self._hold(b"\n".join(lines[index:]) + b"\n" + rest)
-                    return
-                if self._aborted:
-                    return
+            taken = receiver.frames_received(lines)
+            if self._aborted:
+                return
+            if taken < len(lines):
+                self._hold(b"\n".join(lines[taken:]) + b"\n" + rest)
+                return
             buffer += rest
-        if len(buffer) > self._max_line_bytes:
-            receiver.channel_broken(f"a line exceeds MAX_LINE_BYTES ({self._max_line_bytes} bytes)")
+        if len(buffer) > self.max_frame_bytes:
+            receiver.channel_broken(f"a line exceeds MAX_LINE_BYTES ({self.max_frame_bytes} bytes)")
 
-    def feed_stderr(self, data: bytes) -> None:
+    def _feed_stderr(self, data: bytes) -> None:
         tail = self._stderr_tail
         tail += data
         if len(tail) > STDERR_TAIL_BYTES:
             del tail[: len(tail) - STDERR_TAIL_BYTES]
 
-    def stdout_eof(self) -> None:
+    def _stdout_eof(self) -> None:
         if self._buffer and not self._aborted and not self._paused:
             # A partial line before EOF: offered as a line (a whole message, or broken).
-            self.feed_stdout(b"\n")
-        self.pipe_gone("stdout")
+            self._feed_stdout(b"\n")
+        self._pipe_gone("stdout")
 
-    def pipe_gone(self, name: str) -> None:
+    def _pipe_gone(self, name: str) -> None:
         """The child closed one of its pipes: unless it is on its way out, it is broken.
 
         Without its stdout nothing more can be answered, without its stdin nothing more
@@ -300,7 +287,7 @@ class StdioChannel:
         self._paused = False
         held, self._held = self._held, b""
         if held:
-            self.feed_stdout(held)
+            self._feed_stdout(held)
             if self._paused:
                 return
         pipe = self._stdout_pipe()
@@ -308,7 +295,7 @@ class StdioChannel:
             pipe.resume_reading()
         if self._finish_deferred:
             self._finish_deferred = False
-            self._loop.call_later(_PIPE_DRAIN_SECONDS, self.finish)
+            self._loop.call_later(_PIPE_DRAIN_SECONDS, self._finish)
 
     def _stdout_pipe(self) -> asyncio.ReadTransport | None:
         if self._transport is None:
@@ -325,7 +312,7 @@ class StdioChannel:
 
     # -- lifecycle -------------------------------------------------------------
 
-    def process_exited(self) -> None:
+    def _process_exited(self) -> None:
         self._exited = True
         self.dead.set()
         # The app-server's own children must not outlive it, and one of them
@@ -334,9 +321,9 @@ class StdioChannel:
         # And so must those that left the group (setsid, a daemon's double fork).
         if self.pid is not None:
             self.lineage.end()
-        self._loop.call_later(_PIPE_DRAIN_SECONDS, self.finish)
+        self._loop.call_later(_PIPE_DRAIN_SECONDS, self._finish)
 
-    def finish(self) -> None:
+    def _finish(self) -> None:
         if self._exit_info is not None or self._transport is None:
             return
         if not self._exited and self._transport.get_returncode() is None:

@@ -17,7 +17,8 @@ from collections.abc import Awaitable, Callable
 
 import aiohttp
 
-from bridge.process.channel import ExitInfo, Receiver
+from bridge.limits import MAX_STDIN_BUFFER
+from bridge.process.channel import ChannelClosed, ChannelFull, ExitInfo, Receiver
 
 log = logging.getLogger("bridge")
 
@@ -63,7 +64,7 @@ class WebSocketChannel:
         on_end: Callable[[WebSocketChannel], None] | None = None,
     ) -> None:
         self._ws = ws
-        self._max_frame_bytes = max_frame_bytes
+        self.max_frame_bytes = max_frame_bytes
         self._dropped = dropped
         self._on_end = on_end
         self._receiver: Receiver | None = None
@@ -82,7 +83,6 @@ class WebSocketChannel:
         self._exit_info: ExitInfo | None = None
         self._finished: asyncio.Future[ExitInfo] = self._loop.create_future()
         self._reader: asyncio.Task[None] | None = None
-        self.received_at = 0.0
 
     def attach(self, receiver: Receiver) -> None:
         self._receiver = receiver
@@ -105,15 +105,11 @@ class WebSocketChannel:
 
     # -- outgoing ----------------------------------------------------------------
 
-    @property
-    def writable(self) -> bool:
-        return self._exit_info is None and not self._stopping and not self._ws.closed
-
-    @property
-    def buffered(self) -> int:
-        return self._frames_bytes
-
-    def send(self, frame: bytes, *, coalesce: bool) -> None:
+    def send(self, frame: bytes, coalesce: bool) -> None:
+        if self._exit_info is not None or self._stopping or self._ws.closed:
+            raise ChannelClosed
+        if self._frames_bytes > MAX_STDIN_BUFFER:
+            raise ChannelFull
         # JSON text as UTF-8 bytes, sent as a text frame as is (send_str would encode a
         # str again); the bound counts bytes, as the wire does. The writer task already
         # sends what queues up while it waits: nothing to coalesce here.
@@ -189,14 +185,11 @@ class WebSocketChannel:
 
     def _take(self, data: bytes) -> bool:
         """One frame from the app-server: deliver it, or hold it back; False to stop."""
-        if len(data) > self._max_frame_bytes:
-            self._broken(f"a message of {len(data)} bytes exceeds MAX_LINE_BYTES")
-            return False
         receiver = self._receiver
         if receiver is None:
             return False
-        self.received_at = time.time()
-        if not receiver.frame_received(data):
+        receiver.received_at = time.time()
+        if not receiver.frames_received([data]):
             self._held_frame = data
             self._paused = True
             self._readable.clear()

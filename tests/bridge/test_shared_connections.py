@@ -173,6 +173,23 @@ async def test_sessions_calls_and_events_over_a_url(serve, http, ws_server, kind
 
 
 @pytest.mark.asyncio
+async def test_compatibility_names_no_command_for_an_app_server_it_did_not_start(
+    serve, http, ws_server
+):
+    """Given a URL, the bridge runs no command (nor its `--version`): it says so, and
+    names the app-server by the user agent its `initialize` answered."""
+    _, url = await ws_server("unix")
+    base = await bridge_on(serve, url)
+    await new_session(http, base)
+    async with http.get(f"{base}/v1/compatibility") as response:
+        app_server = (await response.json())["appServer"]
+    assert (app_server["command"], app_server["version"]) == ([], None)
+    assert "did not start" in app_server["versionError"]
+    assert (app_server["mode"], app_server["shared"]["source"]) == ("shared", "url")
+    assert app_server["shared"]["userAgent"] == "ws/1"
+
+
+@pytest.mark.asyncio
 async def test_a_server_request_is_answered_over_http(serve, http, ws_server):
     _, url = await ws_server("unix")
     base = await bridge_on(serve, url)
