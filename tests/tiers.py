@@ -156,13 +156,13 @@ def kind_of(item: pytest.Item) -> str | None:
 
 def group(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Put each test reading this process's state into its kind's xdist group, and the
-    tests sharing a module's bridge into that module's; in an xdist worker, the kinds'
-    groups go first (a serial run keeps pytest's order)."""
+    tests sharing a module's bridge into that module's; in an xdist worker, the tests
+    of groups, the longest units, go first (a serial run keeps pytest's order)."""
     grouped: list[pytest.Item] = []
     rest: list[pytest.Item] = []
     for item in items:
         if item.get_closest_marker("xdist_group") is not None:
-            rest.append(item)
+            grouped.append(item)
             continue
         kind = kind_of(item)
         shared = any(name in getattr(item, "fixturenames", ()) for name in SHARED_FIXTURES)
@@ -171,7 +171,7 @@ def group(config: pytest.Config, items: list[pytest.Item]) -> None:
             grouped.append(item)
         elif shared:
             item.add_marker(pytest.mark.xdist_group(item.nodeid.split("::")[0]))
-            rest.append(item)
+            grouped.append(item)
         else:
             rest.append(item)
     if hasattr(config, "workerinput"):
