@@ -99,6 +99,7 @@ def test_front_config_refuses_bad_replicas(bad):
     assert "rest-bridge front-config:" in done.stderr
 
 
+@pytest.mark.quick
 def test_duplicate_replicas_are_refused():
     with pytest.raises(ValueError, match="unique"):
         render([Replica("a", "h:1"), Replica("a", "h:2")], RestLimits())
@@ -110,6 +111,7 @@ def documents() -> dict[tuple[str, str], dict[str, Any]]:
     }
 
 
+@pytest.mark.quick
 def test_kubernetes_manifests_match_the_generated_configuration(tmp_path):
     docs = documents()
     service = docs[("Service", "bridge")]
@@ -270,6 +272,7 @@ def nginx_route(server: Block, path: str) -> str | None:
     return chosen.value("proxy_pass")[0].removeprefix("http://")
 
 
+@pytest.mark.quick
 def test_replicas_whose_ids_share_a_prefix_are_never_confused():
     _, server = generated([Replica("b-1", "h:1"), Replica("b-10", "h:2")])
     assert sorted(session_locations(server)) == ["/v1/sessions/b-1.", "/v1/sessions/b-10."]
@@ -286,6 +289,7 @@ def test_replicas_whose_ids_share_a_prefix_are_never_confused():
     assert "session_not_found" in unknown[0].value("return")[1]
 
 
+@pytest.mark.quick
 def test_buffering_keepalive_and_routing_choices_of_the_generated_configuration():
     """What keeps nginx's CPU per call low, and streams flowing (bench/FINDINGS.md)."""
     replicas = [Replica(f"bridge-{n}", f"127.0.0.1:{8001 + n}") for n in range(3)]
@@ -349,6 +353,7 @@ def balanced_route(http: Block, server: Block, method: str, path: str) -> tuple[
     return target.removesuffix("$request_uri"), location
 
 
+@pytest.mark.quick
 def test_reads_and_each_kind_of_work_have_pools_of_their_own():
     """A refusal marks a replica in one pool only (nginx counts failures per upstream)."""
     replicas = [Replica(f"bridge-{n}", f"127.0.0.1:{8001 + n}") for n in range(3)]
@@ -382,6 +387,7 @@ def test_reads_and_each_kind_of_work_have_pools_of_their_own():
     assert balanced_route(http, server, "GET", "/anything/else")[0] == READ_POOL
 
 
+@pytest.mark.quick
 @pytest.mark.parametrize(
     ("text", "address"),
     [
@@ -394,6 +400,7 @@ def test_a_replica_is_reached_over_tcp_or_a_unix_socket(text, address):
     assert parse_replica(text) == Replica("b-0", address)
 
 
+@pytest.mark.quick
 @pytest.mark.parametrize(
     "bad",
     ["b=unix:relative.sock", "b=unix:/x;y", "b=unix:/x y", "b=unix:/x{", "b=unix:", "unix:/x"],
@@ -537,6 +544,7 @@ HEADERS = [
 ]
 
 
+@pytest.mark.quick
 @pytest.mark.parametrize("token", ["s3cr3t", "a\"b'c;d{e}$f\\g h", "t\u00e9k\u00e9n"])
 def test_the_front_admits_every_token_a_replica_admits(token):
     """The token map's pattern against the replica's own check, header by header: the
@@ -557,6 +565,7 @@ def test_the_front_admits_every_token_a_replica_admits(token):
             assert front == replica, (header, front, replica)
 
 
+@pytest.mark.quick
 def test_a_token_the_front_cannot_check_is_refused():
     with pytest.raises(ValueError, match="blank"):
         token_map_text("  ")
@@ -564,6 +573,7 @@ def test_a_token_the_front_cannot_check_is_refused():
         render([Replica("a", "h:1")], RestLimits(), FrontSettings(token_map="/x y;"))
 
 
+@pytest.mark.quick
 def test_every_error_nginx_answers_itself_goes_to_an_internal_location():
     """Named locations cannot take a request whose request line nginx could not read:
     every error page is an internal URI that returns the error payload."""
