@@ -97,8 +97,12 @@ lint: $(STAMP)
 typecheck: $(STAMP)
 	$(BIN)/mypy
 
+# All of it, shared out between pytest-xdist's workers: one per core, or JOBS=N. The tests
+# that count the test process's own children, descriptors or memory run in one xdist
+# group per kind (tests/tiers.py).
+JOBS ?= auto
 pytest: $(STAMP) codex nginx
-	$(BIN)/pytest
+	$(BIN)/pytest -n $(JOBS) --dist loadgroup
 
 test: lint typecheck pytest test-lowest
 
@@ -118,14 +122,10 @@ test-lowest: $(LOWEST_VENV)/.installed codex nginx
 	$(LOWEST_VENV)/bin/python -c 'import aiohttp, pydantic; print("lowest: aiohttp", aiohttp.__version__, "pydantic", pydantic.VERSION)'
 	$(LOWEST_VENV)/bin/pytest tests/bridge -q -p no:cacheprovider
 
-# The quick tier, after every change: lint, types, and the tests that need no real codex
-# and start at most an in-process bridge or nginx -t (about 20 s on 2 cores).
-QUICK_TESTS := tests/test_threat_model.py tests/bridge/test_auth.py tests/bridge/test_limits.py \
-	tests/bridge/test_rpc.py tests/bridge/test_events.py tests/bridge/test_presets_and_openapi.py \
-	tests/bridge/test_front.py tests/scenarios/test_matching.py tests/scenarios/test_scenario_format.py \
-	tests/scenarios/test_library_coverage.py
+# The quick tier, after every change: lint, types, and the tests marked `quick`, which
+# start no process (nginx -t aside); tests/tiers.py fails one that does.
 check: lint typecheck
-	$(BIN)/pytest -q $(QUICK_TESTS)
+	$(BIN)/pytest -q -m quick tests
 
 # The benchmark suite (not part of `make test`): rewrites bench/RESULTS.md. wrk, the
 # load generator, comes from Debian's packages when it is missing.

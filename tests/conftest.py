@@ -13,6 +13,7 @@ from typing import Any
 import aiohttp
 import pytest
 import pytest_asyncio
+import tiers
 from aiohttp import web
 
 from scenarios.format import dump_yaml
@@ -79,3 +80,8 @@ async def http(
         middlewares=(contract_middleware(contract_checkers),),
     ) as session:
         yield session
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    # The tiers (`make check`, `make test`): tests/tiers.py.
+    config.pluginmanager.register(tiers, "tiers")

@@ -59,3 +59,14 @@ def test_make_cluster_leaves_the_replica_count_to_the_cluster_unless_given() -> 
 def test_make_dist_builds_an_sdist_and_a_wheel_into_dist() -> None:
     out = make_n("-o", ".venv-build/.installed", "dist")
     assert "-m build --outdir dist ." in out
+
+
+def test_make_check_runs_the_quick_tier() -> None:
+    out = make_n("check")
+    assert "pytest -q -m quick tests" in out
+
+
+def test_make_test_shares_the_tests_out_between_xdist_workers() -> None:
+    prepared = ("-o", "codex", "-o", "nginx")
+    assert "pytest -n auto --dist loadgroup" in make_n("pytest", *prepared)
+    assert "pytest -n 3 --dist loadgroup" in make_n("pytest", *prepared, "JOBS=3")

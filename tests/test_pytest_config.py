@@ -51,6 +51,7 @@ def test_a_pytest_warning_fails_the_run(tmp_path: Path) -> None:
     assert "is marked with '@pytest.mark.asyncio' but it is not an async function" in done.stdout
 
 
+@pytest.mark.quick
 def test_a_test_that_sets_no_timeout_gets_the_projects(request: pytest.FixtureRequest) -> None:
     """120 s, from conftest.py (not pyproject.toml, which a checkout without pytest-timeout
     also reads)."""
@@ -59,6 +60,7 @@ def test_a_test_that_sets_no_timeout_gets_the_projects(request: pytest.FixtureRe
     assert marker.args == (120,)
 
 
+@pytest.mark.quick
 @pytest.mark.timeout(7)
 def test_a_test_that_sets_its_timeout_keeps_it(request: pytest.FixtureRequest) -> None:
     marker = request.node.get_closest_marker("timeout")

@@ -15,6 +15,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.quick
+
 ROOT = Path(__file__).resolve().parents[1]
 SECURITY = ROOT / "docs" / "SECURITY.md"
 HEADING = "## The threat model"

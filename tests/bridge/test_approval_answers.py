@@ -1,6 +1,10 @@
 """How a text turn answers each kind of approval request under each policy."""
 
+import pytest
+
 from bridge.process.text_turn import approval_answer
+
+pytestmark = pytest.mark.quick
 
 
 def test_legacy_and_permission_approvals_get_their_own_answer_shapes():

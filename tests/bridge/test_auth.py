@@ -14,6 +14,8 @@ from bridge.auth import BearerToken, presented_token, with_bearer_auth
 from bridge.backend import Backend
 from bridge.models import Compatibility
 
+pytestmark = pytest.mark.quick
+
 TOKEN = "s3cret-token-value"
 UNAUTHORIZED = {
     "error": "unauthorized",

@@ -14,6 +14,8 @@ from bridge import errors
 from bridge.models import CallBody
 from bridge.routes import call_body, validate_body
 
+pytestmark = pytest.mark.quick
+
 
 def through_pydantic(raw: bytes) -> Any:
     try:

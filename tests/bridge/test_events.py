@@ -5,6 +5,8 @@ import pytest
 
 from bridge.events import EventLog
 
+pytestmark = pytest.mark.quick
+
 
 def test_seq_starts_at_one_and_never_skips():
     log = EventLog(10)

@@ -8,7 +8,7 @@ from bridge.app import RouterOptions, backend_app
 from examples.echo_backend import EchoBackend
 from scenarios.sse import SseReader
 
-pytestmark = pytest.mark.asyncio
+pytestmark = [pytest.mark.asyncio, pytest.mark.quick]
 
 
 async def test_host_backend_serves_sessions_calls_and_events(serve, http):

@@ -31,6 +31,7 @@ CONTRACT_DEFAULTS = {
 }
 
 
+@pytest.mark.quick
 def test_defaults_are_the_contracts():
     limits = RestLimits.from_env({})
     assert {f.name.upper(): getattr(limits, f.name) for f in dataclasses.fields(limits)} == (
@@ -38,6 +39,7 @@ def test_defaults_are_the_contracts():
     )
 
 
+@pytest.mark.quick
 def test_every_limit_is_read_from_its_variable():
     env = {f"REST_ADAPTER_{name}": str(value + 1) for name, value in CONTRACT_DEFAULTS.items()}
     limits = RestLimits.from_env(env)
@@ -45,10 +47,12 @@ def test_every_limit_is_read_from_its_variable():
         assert getattr(limits, name.lower()) == value + 1
 
 
+@pytest.mark.quick
 def test_unrelated_variables_are_ignored():
     assert RestLimits.from_env({"REST_ADAPTER_TOKEN": "x", "MAX_SESSIONS": "zz"}) == RestLimits()
 
 
+@pytest.mark.quick
 @pytest.mark.parametrize("value", ["abc", "1.5", "", "0", "-3", "12kb"])
 def test_unparsable_value_names_variable_value_and_type(value):
     with pytest.raises(RestLimitsEnvError) as info:
@@ -76,12 +80,14 @@ def test_serve_exits_non_zero_with_the_message(tmp_path: Path):
     assert "Traceback" not in done.stderr
 
 
+@pytest.mark.quick
 @pytest.mark.parametrize("raw", [" 5 ", "+5", "1_000", "\u0665", "5\n"])
 def test_only_plain_ascii_digits_are_a_limit(raw):
     with pytest.raises(RestLimitsEnvError):
         RestLimits.from_env({"REST_ADAPTER_MAX_SESSIONS": raw})
 
 
+@pytest.mark.quick
 def test_a_misspelt_variable_is_named_and_changed_limits_are_listed():
     env = {
         "REST_ADAPTER_MAX_SESION": "3",

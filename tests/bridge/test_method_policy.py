@@ -436,6 +436,7 @@ def test_approvals_are_answered_under_a_policy_that_refuses_all_but_turns(serve_
 # -- the rules --------------------------------------------------------------------------
 
 
+@pytest.mark.quick
 def test_rules_decide_by_layer_then_specificity_and_refuse_wins_a_tie():
     preset = MethodRules(DEFAULT_REFUSED_METHODS, MethodPolicy())
     assert not preset.allows("fs/readFile")
@@ -459,17 +460,20 @@ def test_rules_decide_by_layer_then_specificity_and_refuse_wins_a_tie():
     assert not everything.allows_all
 
 
+@pytest.mark.quick
 def test_canonical_names_resolve_case_encoding_and_dot_segments():
     assert canonical("Thread/../FS//read%2546ile/.") == "fs/readfile"
     assert canonical("../../fs/readFile") == "fs/readfile"
 
 
+@pytest.mark.quick
 @pytest.mark.parametrize("rule", ["", " ", "fs//", "..", "./fs", "fs/*", "f s", "fs%2F", "é"])
 def test_a_rule_that_is_not_a_name_or_prefix_is_refused_in_python(rule):
     with pytest.raises(ValueError, match="method rule"):
         MethodPolicy(refuse=frozenset({rule}))
 
 
+@pytest.mark.quick
 def test_policy_variables_parse_like_the_limits():
     policy = MethodPolicy.from_env(
         {"REST_ADAPTER_ALLOW_METHODS": " fs/readFile ,, thread/", "REST_ADAPTER_REFUSE_METHODS": ""}
@@ -490,6 +494,7 @@ HOST_PARAMS_DOCUMENTED = {
 }
 
 
+@pytest.mark.quick
 @pytest.mark.parametrize(
     ("factory", "refused", "refused_params"),
     [

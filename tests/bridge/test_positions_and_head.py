@@ -35,11 +35,13 @@ async def new_session(http, base) -> str:
         return str((await response.json())["sessionId"])
 
 
+@pytest.mark.quick
 @pytest.mark.parametrize("raw", NOT_PLAIN)
 async def test_only_ascii_digits_are_a_position(raw):
     assert plain_int(raw) is None
 
 
+@pytest.mark.quick
 async def test_positions_up_to_the_largest_signed_64_bit_integer():
     assert plain_int("0") == 0
     assert plain_int("0042") == 42
@@ -119,6 +121,7 @@ async def test_a_stream_opened_past_the_end_of_an_ended_session_is_a_json_error(
         assert response.content_type == "application/json"
 
 
+@pytest.mark.quick
 @pytest.mark.parametrize("path", ["/health", "/v1/health"])
 async def test_head_on_health_is_gets_status_and_headers_without_a_body(bridge, http, path):
     base = await bridge(token="s3cret")  # a load balancer has no token: none is needed
@@ -131,6 +134,7 @@ async def test_head_on_health_is_gets_status_and_headers_without_a_body(bridge, 
         assert await head.read() == b""
 
 
+@pytest.mark.quick
 async def test_head_on_other_routes_is_405_and_health_allows_it(bridge, http):
     base = await bridge()
     # Through `http`, whose contract check knows a HEAD's answer has no body.
@@ -143,6 +147,7 @@ async def test_head_on_other_routes_is_405_and_health_allows_it(bridge, http):
         assert set(response.headers["Allow"].split(", ")) == {"GET", "HEAD"}
 
 
+@pytest.mark.quick
 async def test_the_openapi_document_has_head_on_health_only(bridge, http):
     base = await bridge(token="s3cret")
     async with http.get(f"{base}/v1/openapi.json", headers={"Authorization": "Bearer s3cret"}) as r:

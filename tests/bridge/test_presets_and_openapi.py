@@ -75,12 +75,14 @@ def concrete(path: str) -> str:
     )
 
 
+@pytest.mark.quick
 @pytest.mark.parametrize("preset", list(PRESETS))
 def test_each_preset_mounts_exactly_its_routes(preset, fake_codex):
     factory, expected = PRESETS[preset]
     assert route_set(factory(fake_codex)) == expected | OPENAPI_ROUTE
 
 
+@pytest.mark.quick
 @pytest.mark.asyncio
 @pytest.mark.parametrize("preset", list(PRESETS))
 async def test_routes_a_preset_does_not_mount_are_404_with_the_payload(
@@ -114,6 +116,7 @@ async def test_conservative_preset_refuses_process_shaping_options(fake_codex, s
         assert response.status == 201
 
 
+@pytest.mark.quick
 @pytest.mark.parametrize("preset", list(PRESETS))
 @pytest.mark.parametrize("auth", [False, True])
 def test_openapi_document_is_valid_and_in_step_with_the_routes(preset, auth, fake_codex):
@@ -135,6 +138,7 @@ def test_openapi_document_is_valid_and_in_step_with_the_routes(preset, auth, fak
     assert ("bearerAuth" in document["components"].get("securitySchemes", {})) is auth
 
 
+@pytest.mark.quick
 @pytest.mark.asyncio
 async def test_openapi_is_served_with_bearer_scheme_exactly_when_auth_is_on(
     fake_codex, serve, http
@@ -156,6 +160,7 @@ async def test_openapi_is_served_with_bearer_scheme_exactly_when_auth_is_on(
     assert "401" in document["paths"]["/v1/compatibility"]["get"]["responses"]
 
 
+@pytest.mark.quick
 def test_route_table_covers_every_route_of_the_spec():
     assert {(r.method, openapi_path(r.path)) for r in ROUTES} == SPEC_ROUTES | OPENAPI_ROUTE
 

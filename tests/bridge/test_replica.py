@@ -31,11 +31,13 @@ UUID = "[0-9a-f]{8}-[0-9a-f]{4}-4[0-9a-f]{3}-[89ab][0-9a-f]{3}-[0-9a-f]{12}"
 TOKEN = "replica-test-token"
 
 
+@pytest.mark.quick
 @pytest.mark.parametrize("good", ["bridge-0", "a", "0", "replica-12", "x" * 63])
 def test_replica_ids_are_dns_labels(good):
     assert validate_replica_id(good) == good
 
 
+@pytest.mark.quick
 @pytest.mark.parametrize(
     "bad", ["", "Bridge-0", "-a", "a-", "a.b", "a_b", "x" * 64, "a b", "bridge-0\n", "é"]
 )
@@ -44,6 +46,7 @@ def test_other_replica_ids_are_refused(bad):
         validate_replica_id(bad)
 
 
+@pytest.mark.quick
 def test_settings_from_the_environment():
     settings = ReplicaSettings.from_env(
         {
@@ -58,6 +61,7 @@ def test_settings_from_the_environment():
     assert ReplicaSettings.from_env({}) == ReplicaSettings()
 
 
+@pytest.mark.quick
 @pytest.mark.parametrize(
     ("env", "needle"),
     [
@@ -73,6 +77,7 @@ def test_bad_settings_name_the_variable(env, needle):
         ReplicaSettings.from_env(env)
 
 
+@pytest.mark.quick
 def test_peers_and_replica_of():
     assert parse_peers("") == {}
     assert replica_of("bridge-0.1234") == "bridge-0"

@@ -373,6 +373,7 @@ async def test_options_env_may_not_name_a_rest_adapter_variable(start_bridge) ->
             assert not marked_processes(MARK, served.mark) - {served.pid}
 
 
+@pytest.mark.quick
 @pytest.mark.asyncio
 async def test_the_library_backend_refuses_a_rest_adapter_variable_too() -> None:
     """A host calling ProcessBackend itself, without a router in front."""
@@ -469,6 +470,7 @@ def test_the_cluster_launcher_and_nginx_hold_no_secret(tmp_path: Path) -> None:
     assert "Traceback" not in "".join(lines)
 
 
+@pytest.mark.quick
 def test_app_server_settings_read_the_token_file_too(tmp_path: Path) -> None:
     """The library's way in (and the harness's): AppServerSettings.from_env."""
     (tmp_path / "ws-token").write_text(APP_SERVER_TOKEN + "\n")

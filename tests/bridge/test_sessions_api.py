@@ -78,6 +78,7 @@ async def start_turn(http, base, session_id, text="hello"):
 # -- health and routing ------------------------------------------------------------
 
 
+@pytest.mark.quick
 async def test_health_is_the_same_on_both_paths(bridge, http):
     base = await bridge()
     bodies = []
@@ -90,6 +91,7 @@ async def test_health_is_the_same_on_both_paths(bridge, http):
     assert set(bodies[0]) == {"status", "version"}
 
 
+@pytest.mark.quick
 async def test_unknown_route_is_404_with_the_error_payload(bridge, http):
     base = await bridge()
     async with http.get(f"{base}/v1/nothing-here") as response:
@@ -97,6 +99,7 @@ async def test_unknown_route_is_404_with_the_error_payload(bridge, http):
         assert await response.json() == {"error": "not_found", "message": "No such route."}
 
 
+@pytest.mark.quick
 async def test_wrong_method_is_405_with_allow_header(bridge, http):
     base = await bridge()
     async with http.put(f"{base}/v1/sessions") as response:
@@ -141,6 +144,7 @@ async def test_session_call_matches_methods_with_slashes_encoded_or_not(bridge, 
             assert "id" in (await response.json())["result"]["thread"]
 
 
+@pytest.mark.quick
 async def test_call_on_unknown_session_is_404(bridge, http):
     base = await bridge()
     status, body = await call(http, base, "nope", "thread/start", {})
@@ -297,6 +301,7 @@ async def test_initialize_error_is_reported_and_nothing_is_left_running(bridge, 
 # -- bodies ------------------------------------------------------------------------
 
 
+@pytest.mark.quick
 async def test_body_over_the_limit_is_413_and_nothing_is_spawned(bridge, http):
     base = await bridge()
     before = live_children()
@@ -308,6 +313,7 @@ async def test_body_over_the_limit_is_413_and_nothing_is_spawned(bridge, http):
     assert live_children() == before
 
 
+@pytest.mark.quick
 async def test_chunked_body_over_the_limit_is_413(bridge, http):
     base = await bridge()
 
@@ -320,6 +326,7 @@ async def test_chunked_body_over_the_limit_is_413(bridge, http):
         assert (await response.json())["error"] == "payload_too_large"
 
 
+@pytest.mark.quick
 async def test_invalid_json_is_400(bridge, http):
     base = await bridge()
     async with http.post(f"{base}/v1/sessions", data=b"{not json") as response:
@@ -373,6 +380,7 @@ async def test_undecodable_body_is_400_and_closes_the_connection(bridge, http):
         assert response.status == 201
 
 
+@pytest.mark.quick
 async def test_unknown_field_is_400_with_details(bridge, http):
     base = await bridge()
     async with http.post(f"{base}/v1/sessions", json={"optoins": {}}) as response:
@@ -619,6 +627,7 @@ async def test_sse_sends_keepalive_comments_when_idle(bridge, http):
             frames.append(await reader.next())
 
 
+@pytest.mark.quick
 async def test_stream_of_unknown_session_is_a_json_404(bridge, http):
     base = await bridge()
     async with http.get(f"{base}/v1/sessions/nope/events/stream") as response:

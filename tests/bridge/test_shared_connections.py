@@ -149,6 +149,7 @@ async def new_session(http, base: str) -> str:
     return str(body["sessionId"])
 
 
+@pytest.mark.quick
 @pytest.mark.asyncio
 @pytest.mark.parametrize("kind", ["unix", "ws"])
 async def test_sessions_calls_and_events_over_a_url(serve, http, ws_server, kind):
@@ -172,6 +173,7 @@ async def test_sessions_calls_and_events_over_a_url(serve, http, ws_server, kind
     assert shared["connections"] == 1
 
 
+@pytest.mark.quick
 @pytest.mark.asyncio
 async def test_compatibility_names_no_command_for_an_app_server_it_did_not_start(
     serve, http, ws_server
@@ -207,6 +209,7 @@ async def test_a_server_request_is_answered_over_http(serve, http, ws_server):
     assert body["result"] == {"id": int(key), "result": {"answers": ["yes"]}}
 
 
+@pytest.mark.quick
 @pytest.mark.asyncio
 async def test_a_connection_the_server_closes_ends_that_session_alone(serve, http, ws_server):
     _, url = await ws_server("unix")
@@ -251,6 +254,7 @@ async def test_a_connection_the_server_closes_ends_that_session_alone(serve, htt
     assert states == {doomed: "exited", other: "running"}
 
 
+@pytest.mark.quick
 @pytest.mark.asyncio
 async def test_a_frame_that_is_not_json_is_a_protocol_error(serve, http, ws_server):
     _, url = await ws_server("unix")
@@ -265,6 +269,7 @@ async def test_a_frame_that_is_not_json_is_a_protocol_error(serve, http, ws_serv
     assert "not JSON" in event["params"]["protocolError"]
 
 
+@pytest.mark.quick
 @pytest.mark.asyncio
 async def test_the_ws_token_is_sent_and_never_shown(serve, http, ws_server, caplog):
     server, url = await ws_server("ws", token=TOKEN)
@@ -284,6 +289,7 @@ async def test_the_ws_token_is_sent_and_never_shown(serve, http, ws_server, capl
         assert "not-the-token" not in text
 
 
+@pytest.mark.quick
 @pytest.mark.asyncio
 async def test_no_server_at_the_url_is_502_with_the_reason_in_words(serve, http, tmp_path, caplog):
     """The client hears why, in the system's words; the operator's log also hears where.
@@ -315,6 +321,7 @@ async def test_no_server_at_the_url_is_502_with_the_reason_in_words(serve, http,
             assert TOKEN not in caplog.text
 
 
+@pytest.mark.quick
 @pytest.mark.asyncio
 async def test_an_unanswered_initialize_is_a_connection_that_did_not_open(serve, http, ws_server):
     server, url = await ws_server("unix")
@@ -328,6 +335,7 @@ async def test_an_unanswered_initialize_is_a_connection_that_did_not_open(serve,
     await asyncio.wait_for(server.ended.get(), WAIT)  # and the bridge closed it
 
 
+@pytest.mark.quick
 @pytest.mark.asyncio
 async def test_what_waits_for_a_deaf_app_server_is_bounded_in_bytes(serve, http, ws_server):
     """Frames waiting to be sent are bounded like a child's stdin (16 MiB), counted in
@@ -357,6 +365,7 @@ async def test_what_waits_for_a_deaf_app_server_is_bounded_in_bytes(serve, http,
         await asyncio.gather(*calls, return_exceptions=True)
 
 
+@pytest.mark.quick
 @pytest.mark.asyncio
 async def test_limits_hold_in_shared_mode(serve, http, ws_server):
     server, url = await ws_server("unix")
@@ -375,6 +384,7 @@ async def test_limits_hold_in_shared_mode(serve, http, ws_server):
     await new_session(http, base)
 
 
+@pytest.mark.quick
 @pytest.mark.asyncio
 async def test_the_default_preset_in_shared_mode_still_refuses_by_preset(serve, http, ws_server):
     _, url = await ws_server("unix")
@@ -386,6 +396,7 @@ async def test_the_default_preset_in_shared_mode_still_refuses_by_preset(serve, 
     assert payload["data"] == {"fields": ["experimentalApi"]}
 
 
+@pytest.mark.quick
 def test_settings_from_the_environment():
     env = {"REST_ADAPTER_APP_SERVER_MODE": "shared"}
     assert AppServerSettings.from_env(env) == AppServerSettings(mode="shared")
@@ -430,6 +441,7 @@ def test_serve_refuses_bad_app_server_settings(env, args, says):
     assert "Traceback" not in result.stderr
 
 
+@pytest.mark.quick
 @pytest.mark.asyncio
 async def test_a_message_over_max_line_bytes_is_a_protocol_error(serve, http, ws_server):
     _, url = await ws_server("unix")
@@ -445,6 +457,7 @@ async def test_a_message_over_max_line_bytes_is_a_protocol_error(serve, http, ws
     assert (status, body) == (200, {"result": 1})
 
 
+@pytest.mark.quick
 @pytest.mark.asyncio
 async def test_connections_leave_no_descriptor_behind(serve, http, ws_server):
     server, url = await ws_server("unix")
@@ -468,6 +481,7 @@ async def test_connections_leave_no_descriptor_behind(serve, http, ws_server):
     assert open_descriptors() <= baseline + 2
 
 
+@pytest.mark.quick
 @pytest.mark.asyncio
 async def test_a_drain_waits_for_the_connections(serve, http, ws_server):
     from bridge.replica import ReplicaSettings, configure

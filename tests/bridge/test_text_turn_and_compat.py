@@ -209,6 +209,7 @@ async def test_text_turns_beyond_the_limit_are_429_busy(serve, fake_codex, http,
         holder.cancel()
 
 
+@pytest.mark.quick
 async def test_empty_text_is_400(serve, fake_codex, http):
     base = await serve(text_turn_app(fake_codex))
     result = await text_turn(http, base, {"text": ""}, status=400)

@@ -291,6 +291,7 @@ async def test_an_invalid_script_fails_with_file_line_and_problem(tmp_path: Path
     assert "turns[0].steps[0].agentMessage.txt" in err
 
 
+@pytest.mark.quick
 async def test_the_readme_examples_are_valid_scripts() -> None:
     from fakes.app_server.script import parse_script_text
 

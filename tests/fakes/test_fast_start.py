@@ -152,5 +152,6 @@ def test_asyncio_is_imported_only_when_the_session_goes_on(tmp_path, lines, impo
     assert (2 in ids) == imported
 
 
+@pytest.mark.quick
 def test_the_bare_command_line_parses_as_argparse_would():
     assert vars(_parser_defaults()) == vars(_parser().parse_args(["app-server"]))

@@ -61,6 +61,7 @@ async def post(
 # --- streaming -------------------------------------------------------------------------
 
 
+@pytest.mark.quick
 @pytest.mark.asyncio
 async def test_text_reply_streams_deltas_between_item_added_and_done(http):
     async with ModelProviderServer([{"text": "Hello there, world!"}]) as server:
@@ -88,6 +89,7 @@ async def test_text_reply_streams_deltas_between_item_added_and_done(http):
     assert item["content"] == [{"type": "output_text", "text": "Hello there, world!"}]
 
 
+@pytest.mark.quick
 @pytest.mark.asyncio
 async def test_completed_response_carries_its_id_and_usage(http):
     async with ModelProviderServer([{"text": "hi"}]) as server:
@@ -102,6 +104,7 @@ async def test_completed_response_carries_its_id_and_usage(http):
     assert usage["output_tokens_details"] == {"reasoning_tokens": 0}
 
 
+@pytest.mark.quick
 @pytest.mark.asyncio
 async def test_exec_command_reply_is_a_function_call_with_json_arguments(http):
     script = [
@@ -126,6 +129,7 @@ async def test_exec_command_reply_is_a_function_call_with_json_arguments(http):
     assert second[1]["item"]["call_id"] != call["call_id"]
 
 
+@pytest.mark.quick
 @pytest.mark.asyncio
 async def test_function_call_reply_calls_any_tool_by_name_and_namespace(http):
     script = [
@@ -147,6 +151,7 @@ async def test_function_call_reply_calls_any_tool_by_name_and_namespace(http):
     assert first[-1]["type"] == "response.completed"
 
 
+@pytest.mark.quick
 @pytest.mark.asyncio
 async def test_exhausted_script_answers_with_the_default_text(http):
     script = ModelScript(replies=[TextReply(text="first")], default_text="fallback")
@@ -157,6 +162,7 @@ async def test_exhausted_script_answers_with_the_default_text(http):
     assert events[-2]["item"]["content"][0]["text"] == "fallback"
 
 
+@pytest.mark.quick
 @pytest.mark.asyncio
 async def test_http_error_reply_answers_with_its_status_and_json_body(http):
     body = {"error": {"message": "bad thing", "type": "invalid_request_error"}}
@@ -166,6 +172,7 @@ async def test_http_error_reply_answers_with_its_status_and_json_body(http):
         assert await response.json() == body
 
 
+@pytest.mark.quick
 @pytest.mark.asyncio
 async def test_http_error_reply_sends_a_string_body_as_text(http):
     async with ModelProviderServer([{"httpError": {"status": 503, "body": "busy"}}]) as server:
@@ -174,6 +181,7 @@ async def test_http_error_reply_sends_a_string_body_as_text(http):
         assert await response.text() == "busy"
 
 
+@pytest.mark.quick
 @pytest.mark.asyncio
 async def test_disconnect_reply_cuts_the_stream_before_completed(http):
     script = [{"disconnect": True, "partialText": "partial words"}, {"text": "after"}]
@@ -195,6 +203,7 @@ async def test_disconnect_reply_cuts_the_stream_before_completed(http):
     assert retry[-1]["type"] == "response.completed"
 
 
+@pytest.mark.quick
 @pytest.mark.asyncio
 async def test_stall_reply_holds_the_stream_until_the_server_stops(http):
     server = ModelProviderServer([StallReply(stall=True)])
@@ -214,6 +223,7 @@ async def test_stall_reply_holds_the_stream_until_the_server_stops(http):
 # --- recording -------------------------------------------------------------------------
 
 
+@pytest.mark.quick
 @pytest.mark.asyncio
 async def test_requests_are_recorded_with_parsed_body_and_without_authorization(http):
     async with ModelProviderServer([{"text": "hi"}]) as server:
@@ -227,6 +237,7 @@ async def test_requests_are_recorded_with_parsed_body_and_without_authorization(
     assert "authorization" not in request.headers
 
 
+@pytest.mark.quick
 @pytest.mark.asyncio
 async def test_function_call_outputs_are_picked_from_the_recorded_input(http):
     output = {"type": "function_call_output", "call_id": "call_1", "output": "ok"}
@@ -237,6 +248,7 @@ async def test_function_call_outputs_are_picked_from_the_recorded_input(http):
     assert server.requests[0].function_call_outputs() == [output]
 
 
+@pytest.mark.quick
 @pytest.mark.asyncio
 async def test_unknown_paths_get_404_and_are_recorded(http):
     async with ModelProviderServer() as server:
@@ -245,6 +257,7 @@ async def test_unknown_paths_get_404_and_are_recorded(http):
         assert [(r.method, r.path) for r in server.requests] == [("GET", "/v1/models")]
 
 
+@pytest.mark.quick
 @pytest.mark.asyncio
 async def test_wait_for_requests_returns_once_enough_arrived(http):
     async with ModelProviderServer() as server:
@@ -255,6 +268,7 @@ async def test_wait_for_requests_returns_once_enough_arrived(http):
     assert len(requests) == 1
 
 
+@pytest.mark.quick
 @pytest.mark.asyncio
 async def test_replies_added_while_running_are_played_after_the_script(http):
     model = ScriptedModel([{"text": "one"}])
@@ -270,6 +284,7 @@ async def test_replies_added_while_running_are_played_after_the_script(http):
 # --- scripts ---------------------------------------------------------------------------
 
 
+@pytest.mark.quick
 def test_script_loads_from_a_yaml_mapping():
     script = ModelScript.from_yaml(
         """
@@ -295,17 +310,20 @@ def test_script_loads_from_a_yaml_mapping():
     assert script.replies[1].exec_command.cmd == "touch f"
 
 
+@pytest.mark.quick
 def test_script_loads_from_a_bare_yaml_list():
     script = ModelScript.from_yaml("- text: a\n- text: b\n")
 
     assert script.replies == [TextReply(text="a"), TextReply(text="b")]
 
 
+@pytest.mark.quick
 def test_script_rejects_unknown_fields():
     with pytest.raises(ValidationError):
         ModelScript.from_yaml("- text: a\n  colour: red\n")
 
 
+@pytest.mark.quick
 def test_script_rejects_a_reply_of_no_known_kind():
     with pytest.raises(ValidationError, match="a reply needs one of"):
         ModelScript.from_yaml("- sing: loudly\n")
@@ -314,6 +332,7 @@ def test_script_rejects_a_reply_of_no_known_kind():
 # --- pointing codex at it --------------------------------------------------------------
 
 
+@pytest.mark.quick
 @pytest.mark.asyncio
 async def test_codex_overrides_point_the_fake_provider_at_the_server():
     async with ModelProviderServer() as server:
@@ -334,6 +353,7 @@ async def test_codex_overrides_point_the_fake_provider_at_the_server():
     ]
 
 
+@pytest.mark.quick
 @pytest.mark.asyncio
 async def test_codex_overrides_can_keep_codex_retry_policy():
     async with ModelProviderServer() as server:
@@ -577,6 +597,7 @@ async def test_the_readme_example_runs_a_scripted_text_turn_through_the_bridge(
     assert (body["text"], body["status"]) == ("Hello from the scripted model.", "completed")
 
 
+@pytest.mark.quick
 def test_script_refuses_aliases_that_stand_for_a_billion_replies():
     levels = "".join(
         f"{b}: &{b} [{', '.join([f'*{a}'] * 9)}]\n"

@@ -22,6 +22,7 @@ def _executable(path: Path) -> Path:
     return path
 
 
+@pytest.mark.quick
 @pytest.mark.parametrize(
     ("system", "machine", "expected"),
     [
@@ -43,10 +44,12 @@ def test_the_native_binary_path_follows_the_launchers_table(
     assert native_relative_path(system, machine) == Path(expected)
 
 
+@pytest.mark.quick
 def test_a_platform_the_package_does_not_ship_has_no_native_path() -> None:
     assert native_relative_path("linux", "riscv64") is None
 
 
+@pytest.mark.quick
 def test_the_native_binary_is_preferred_over_the_launcher(tmp_path: Path) -> None:
     npm = tmp_path / ".codex-npm"
     launcher = _executable(npm / "node_modules" / ".bin" / "codex")
@@ -60,10 +63,12 @@ def test_the_native_binary_is_preferred_over_the_launcher(tmp_path: Path) -> Non
     assert pinned_codex(npm) == (str(native), None)
 
 
+@pytest.mark.quick
 def test_nothing_installed_is_none(tmp_path: Path) -> None:
     assert pinned_codex(tmp_path / ".codex-npm") is None
 
 
+@pytest.mark.quick
 def test_find_codex_picks_the_native_binary_of_the_project(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -31,7 +31,8 @@ SCENARIOS_README = ROOT / "scenarios" / "README.md"
 #: The comment just before the block of install commands in README.md.
 INSTALL_MARKER = "tests/scenarios/test_install_into_a_new_project.py runs each line"
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
+# One xdist worker: the tests share the module's clone and its wheel.
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(900), pytest.mark.xdist_group("install")]
 
 VERSIONS = """
 import subprocess, sys

@@ -46,6 +46,8 @@ from bridge.process.text_turn import LEGACY_APPROVALS, PERMISSIONS_APPROVAL, V2_
 from scenarios import format as f
 from scenarios.expectations import step_request
 
+pytestmark = pytest.mark.quick
+
 ROOT = Path(__file__).resolve().parents[2]
 LIBRARY = ROOT / "scenarios" / "library"
 

@@ -61,6 +61,7 @@ def name(path: Path) -> str:
     return path.name.removesuffix(".scenario.yaml")
 
 
+@pytest.mark.quick
 def test_every_scenario_left_out_exists_and_says_why() -> None:
     names = {name(p) for p in LIBRARY.glob("*.scenario.yaml")}
     assert set(NOT_IN_SHARED_MODE) <= names

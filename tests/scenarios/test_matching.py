@@ -6,6 +6,8 @@ import pytest
 
 from scenarios.matching import diff, match, match_jsonpath
 
+pytestmark = pytest.mark.quick
+
 
 def messages(expected, actual, *, subset=False):
     return [str(m) for m in match(expected, actual, subset=subset)]

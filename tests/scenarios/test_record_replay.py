@@ -227,6 +227,7 @@ def test_the_tee_exits_as_its_command_does_while_its_client_holds_stdin_open(
 # -- normalising -------------------------------------------------------------------------
 
 
+@pytest.mark.quick
 def test_the_normaliser_takes_out_what_changes_from_run_to_run() -> None:
     work = "/tmp/scenario-x/work"
     norm = Normaliser(
@@ -464,6 +465,7 @@ async def test_a_wire_log_becomes_a_script_that_fake_codex_replays(
     assert b"$$" not in written
 
 
+@pytest.mark.quick
 @pytest.mark.parametrize("warning_first", [True, False])
 def test_a_warning_racing_the_turn_start_reply_is_recorded_after_it(
     tmp_path: Path, warning_first: bool
@@ -485,6 +487,7 @@ def test_a_warning_racing_the_turn_start_reply_is_recorded_after_it(
     assert turn_start["steps"][1]["notify"]["method"] == "warning"
 
 
+@pytest.mark.quick
 def test_a_process_that_died_with_a_request_unanswered(tmp_path: Path) -> None:
     lines: list[dict[str, Any]] = [
         {"argv": ["codex"], "started": 1},
@@ -508,6 +511,7 @@ def test_a_process_that_died_with_a_request_unanswered(tmp_path: Path) -> None:
     ]
 
 
+@pytest.mark.quick
 def test_the_library_replay_is_a_recording_of_its_source() -> None:
     """library/real-codex-scripted-model-replay.scenario.yaml was written by `record`
     from its source (pytest and `make test` run it on fake-codex, with the library)."""
@@ -525,6 +529,7 @@ def test_the_library_replay_is_a_recording_of_its_source() -> None:
 # -- errors -----------------------------------------------------------------------------
 
 
+@pytest.mark.quick
 def test_recording_without_codex_says_so_and_writes_nothing(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -542,6 +547,7 @@ def test_recording_without_codex_says_so_and_writes_nothing(
     assert not out.exists()
 
 
+@pytest.mark.quick
 def test_an_output_that_cannot_be_written_is_refused_before_recording(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -559,6 +565,7 @@ def test_an_output_that_cannot_be_written_is_refused_before_recording(
         asyncio.run(record_scenario(SCRIPTED_MODEL, tmp_path))
 
 
+@pytest.mark.quick
 @pytest.mark.asyncio
 async def test_only_scenarios_that_script_the_model_can_be_recorded(tmp_path: Path) -> None:
     with pytest.raises(RecordError, match="needs a `model:` section"):

@@ -220,6 +220,7 @@ async def test_async_host_replies_to_a_server_request_while_its_call_waits(libra
         await http.aclose()
 
 
+@pytest.mark.quick
 def test_the_cassette_is_vcrpys_format_and_kept_beside_the_scenario(library: Any) -> None:
     path = library("auth-rejection")
     with scenario_router(path, assert_all_called=False):
@@ -238,6 +239,7 @@ def test_the_cassette_is_vcrpys_format_and_kept_beside_the_scenario(library: Any
     assert document["codex"]["hash"].startswith("sha256:")
 
 
+@pytest.mark.quick
 def test_a_stale_cassette_fails_naming_the_command_and_is_rerecorded_on_demand(
     library: Any,
 ) -> None:
@@ -282,6 +284,7 @@ def test_sync_host_gets_the_bridges_own_bytes(library: Any) -> None:
         assert (busy.status_code, busy.headers["Retry-After"]) == (503, "1")
 
 
+@pytest.mark.quick
 def test_a_call_no_route_matches_fails_with_the_known_routes(library: Any) -> None:
     with (
         scenario_router(library("auth-rejection"), assert_all_called=False) as bridge,
@@ -430,6 +433,7 @@ async def test_an_async_long_poll_is_answered_once_a_concurrent_request_is_made(
         await host.http.aclose()
 
 
+@pytest.mark.quick
 def test_a_test_adds_routes_of_its_own_for_what_the_scenario_does_not_make(
     library: Any,
 ) -> None:
@@ -443,6 +447,7 @@ def test_a_test_adds_routes_of_its_own_for_what_the_scenario_does_not_make(
         assert listed.called
 
 
+@pytest.mark.quick
 def test_a_scenario_given_as_a_mapping_behind_a_base_url_with_a_path() -> None:
     scenario = {
         "name": "inline",

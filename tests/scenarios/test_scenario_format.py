@@ -29,6 +29,7 @@ def validator() -> jsonschema.Draft202012Validator:
     return jsonschema.Draft202012Validator(schema)
 
 
+@pytest.mark.quick
 def test_the_library_has_a_scenario_for_each_feature() -> None:
     text = "\n".join(path.read_text() for path in LIBRARY)
     for feature in (
@@ -43,6 +44,7 @@ def test_the_library_has_a_scenario_for_each_feature() -> None:
         assert feature in text, f"no library scenario uses {feature}"
 
 
+@pytest.mark.quick
 @pytest.mark.parametrize("path", LIBRARY, ids=lambda p: p.name)
 def test_library_scenarios_load_and_match_the_schema(path: Path, validator) -> None:
     loaded = load_scenario(path)
@@ -51,6 +53,7 @@ def test_library_scenarios_load_and_match_the_schema(path: Path, validator) -> N
     assert not errors, f"{path.name}: {errors[0].message} at {list(errors[0].absolute_path)}"
 
 
+@pytest.mark.quick
 def test_the_schema_rejects_what_the_models_reject(validator) -> None:
     bad = {"scenario": 1, "steps": [{"teleport": {"to": "/v1"}}]}
     assert list(validator.iter_errors(bad))
@@ -59,6 +62,7 @@ def test_the_schema_rejects_what_the_models_reject(validator) -> None:
     assert list(validator.iter_errors({"scenario": 2, "steps": [{"close": "x"}]}))
 
 
+@pytest.mark.quick
 def test_the_schema_accepts_the_fake_script_shorthands(validator) -> None:
     document = {
         "scenario": 1,
@@ -85,6 +89,7 @@ def test_the_schema_accepts_the_fake_script_shorthands(validator) -> None:
     assert not list(validator.iter_errors(document))
 
 
+@pytest.mark.quick
 def test_every_fake_script_shorthand_says_what_it_accepts() -> None:
     """A "before" validator in the fake's models must declare its input type, so the
     generated schema documents the shorthand (test_the_schema_accepts_... checks it)."""
@@ -262,6 +267,7 @@ MALFORMED = {
 }
 
 
+@pytest.mark.quick
 @pytest.mark.parametrize("case", sorted(MALFORMED))
 def test_a_malformed_file_names_the_file_the_line_and_the_problem(
     case: str, tmp_path: Path

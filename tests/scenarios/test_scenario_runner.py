@@ -354,6 +354,7 @@ def test_keep_alive_comments_are_counted_and_never_read_as_events(tmp_path: Path
     ]
 
 
+@pytest.mark.quick
 def test_a_real_codex_scenario_skips_without_codex_and_fails_under_ci(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -460,6 +461,7 @@ def test_a_folder_search_skips_virtual_environments_and_hidden_folders(tmp_path:
     assert ".hidden/z.scenario.yaml::z" in done.stdout, done.stdout
 
 
+@pytest.mark.quick
 def test_the_fronts_options_become_the_plugins_and_the_old_ones_still_work() -> None:
     args = ["x.scenario.yaml", "--target", "http://h:1", "--codex=/c", "-j", "2", "--junit", "j"]
     assert pytest_arguments(args) == [
