@@ -119,8 +119,12 @@ TOO_DEEP = "Failed to deserialize JSONRPCMessage: recursion limit exceeded"
 
 def too_deep(line: bytes, message: Any) -> bool:
     """Whether `message` (parsed from `line`) nests more than MAX_MESSAGE_DEPTH objects
-    and arrays. Counting brackets first keeps the walk off every ordinary message."""
-    if line.count(b"{") + line.count(b"[") <= MAX_MESSAGE_DEPTH:
+    and arrays. The length, then a count of brackets, keep the walk off every ordinary
+    message (so deep a line opens and closes more than MAX_MESSAGE_DEPTH of them)."""
+    if (
+        len(line) <= 2 * MAX_MESSAGE_DEPTH
+        or line.count(b"{") + line.count(b"[") <= MAX_MESSAGE_DEPTH
+    ):
         return False
     stack: list[tuple[Any, int]] = [(message, 1)]
     while stack:
