@@ -2,10 +2,12 @@
 
 One JSON object per message, no ``"jsonrpc"`` field. The peer numbers its calls,
 keeps their futures and deadlines, dispatches what the app-server sends (responses,
-notifications, server requests), writes replies, and stops the channel when the
-app-server breaks the protocol. How messages travel (a child's stdio, a WebSocket) is
-the :class:`~bridge.process.channel.Channel`'s; the peer knows no process, socket,
-session or HTTP.
+notifications, server requests), writes replies, holds the app-server's output back
+while its owner's flow gate says so, and stops the channel when the app-server breaks
+the protocol (a message that is not JSON-RPC, or longer than MAX_LINE_BYTES). How
+messages travel (a child's stdio, a WebSocket) is the
+:class:`~bridge.process.channel.Channel`'s; the peer knows no process, socket, session
+or HTTP.
 
 A message with a ``method`` is a notification or a request from the server, never a
 response, even when its ``id`` equals one of our pending calls.
@@ -84,7 +86,8 @@ class MessageFilter(Protocol):
 
 
 class JsonRpcPeer:
-    """The client end of one JSON-RPC conversation with an app-server."""
+    """The client end of one JSON-RPC conversation with an app-server; its channel's
+    :class:`~bridge.process.channel.Receiver`."""
 
     def __init__(self, channel: Channel, *, message_filter: MessageFilter | None = None) -> None:
         self.channel = channel
