@@ -7,6 +7,7 @@ import asyncio
 import ctypes
 import dataclasses
 import difflib
+import importlib.util
 import json
 import logging
 import os
@@ -283,21 +284,33 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+#: What the scenario runner needs beyond the bridge (the `harness` extra), by module.
+HARNESS_MODULES = ("pytest", "pytest_asyncio", "jsonschema", "jsonpath_ng")
+SCENARIOS_SCRIPT = "rest-bridge-scenarios"
+
+
 def run_scenarios(argv: Sequence[str]) -> int:
-    """`rest-bridge scenarios ...`: the scenario runner, imported only when asked for.
+    """`rest-bridge scenarios ...`: the scenario runner's own program, in this process's
+    place (as git runs its external subcommands); the bridge never imports it.
 
     It needs the `harness` extra (pytest, jsonschema, jsonpath-ng), which serving does not.
     """
-    try:
-        from scenarios.cli import main as scenarios_main
-    except ImportError as exc:
+    missing = [name for name in HARNESS_MODULES if importlib.util.find_spec(name) is None]
+    if missing:
         print(
-            f"rest-bridge scenarios: {exc}; install codex-rest-bridge with its `harness` "
-            'extra, e.g. from a clone: pip install "/path/to/codex-rest-bridge[harness]"',
+            f"rest-bridge scenarios: {', '.join(missing)} not installed; install "
+            "codex-rest-bridge with its `harness` extra, e.g. from a clone: "
+            'pip install "/path/to/codex-rest-bridge[harness]"',
             file=sys.stderr,
         )
         return 2
-    return scenarios_main(list(argv))
+    sys.stdout.flush()
+    sys.stderr.flush()
+    script = Path(sys.executable).with_name(SCENARIOS_SCRIPT)
+    if script.is_file() and os.access(script, os.X_OK):
+        os.execv(script, [str(script), *argv])
+    # No console script beside this interpreter (run from a source tree): the module.
+    os.execv(sys.executable, [sys.executable, "-m", "scenarios.cli", *argv])
 
 
 def print_openapi(preset: str, auth: bool) -> None:
