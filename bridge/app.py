@@ -329,6 +329,8 @@ def create_app(
         if not closed:
             closed = True
             await backend.close()
+            if backend.peers is not None:
+                await backend.peers.close()
 
     async def backend_lifecycle(app: web.Application) -> AsyncIterator[None]:
         await backend.start()

@@ -398,7 +398,7 @@ async def serve(
     method_policy = MethodPolicy.from_env()
     app = PRESETS[preset](command, limits, app_server, method_policy)
     settings = ReplicaSettings.from_env()
-    drain = replica.configure(app, app[BACKEND], settings)
+    drain = replica.configure(app[BACKEND], settings)
     if token is not None:
         with_bearer_auth(app, token)
     stop = asyncio.Event()

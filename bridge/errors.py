@@ -329,6 +329,15 @@ def make_error_middleware(max_body_bytes: int | None = None) -> Middleware:
     return error_middleware
 
 
+def replica_unavailable(message: str) -> RestError:
+    """This replica cannot take the request: a front passes it to another."""
+    return RestError(503, "replica_unavailable", message, headers={"Retry-After": "1"})
+
+
+def replica_draining() -> RestError:
+    return replica_unavailable("This replica is draining: it takes no new work; retry elsewhere.")
+
+
 def expectation_failed() -> RestError:
     """An ``Expect`` header the bridge cannot meet (only ``100-continue`` is known).
 

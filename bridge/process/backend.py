@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from typing import Any, ClassVar
 
 from bridge import __version__, credentials, errors
-from bridge.backend import Backend, EventStream
+from bridge.backend import Backend, EventStream, new_session_id
 from bridge.events import Event, rfc3339
 from bridge.limits import RestLimits
 from bridge.models import (
@@ -28,7 +28,6 @@ from bridge.process import descendants, startup
 from bridge.process.rpc import AppServerProcess, ProcessGone, RpcError, StdinFull
 from bridge.process.session import Session, SessionStream, rpc_failure
 from bridge.process.text_turn import TextTurn
-from bridge.replica import draining_error, new_session_id
 
 log = logging.getLogger("bridge")
 
@@ -85,7 +84,7 @@ class ProcessBackend(Backend):
         self._version_lock = asyncio.Lock()
         #: REST_ADAPTER_REPLICA_ID: session ids are then `<replica>.<uuid4>`.
         self.replica_id: str | None = None
-        #: A draining replica takes no new sessions, calls or text turns (bridge.replica).
+        #: A draining replica takes no new sessions, calls or text turns (start_drain).
         self.draining = False
         #: Set while draining once nothing is held any more.
         self.drained = asyncio.Event()
@@ -264,9 +263,13 @@ class ProcessBackend(Backend):
         if self.draining and not self.held():
             self.drained.set()
 
+    async def wait_drained(self) -> None:
+        self.check_drained()
+        await self.drained.wait()
+
     def _reserve_slot(self) -> None:
         if self.draining:
-            raise draining_error()
+            raise errors.replica_draining()
         held = len(self._sessions) + self._reserved + self._stopping
         if held >= self.limits.max_sessions:
             raise errors.session_limit_reached(self.limits.max_sessions)
@@ -391,7 +394,7 @@ class ProcessBackend(Backend):
 
     async def text_turn(self, request: TextTurnRequest) -> TextTurnResponse:
         if self.draining:
-            raise draining_error()
+            raise errors.replica_draining()
         limit = self.limits.max_concurrent_text_turns
         if self._turns_active >= limit:
             raise errors.busy(f"The bridge is already running {limit} text turns; retry later.")
