@@ -354,11 +354,12 @@ def expectation_failed() -> RestError:
 ExpectHandler = Callable[[web.Request], Awaitable[web.StreamResponse | None]]
 
 
-def expect_handler(admitted: Callable[[web.Request], bool]) -> ExpectHandler:
+def expect_handler(refusal: Callable[[web.Request], RestError | None]) -> ExpectHandler:
     """What a route does with an ``Expect`` header, before its handler runs.
 
-    The bearer token first: a request that is not admitted gets the 401 (and no
-    ``100 Continue``, so a client that waits for it never sends the body). Then
+    ``refusal`` first: a request it refuses (the 401 of a request without the token, a
+    head over its bound) gets that error, and no ``100 Continue``, so a client that
+    waits for it never sends the body. Then
     ``100-continue`` is met on HTTP/1.1, and any other expectation is a 417 error
     payload that does not repeat the header. HTTP/1.0 requests ignore the header
     (HTTP/1.0 has no interim responses).
@@ -366,8 +367,9 @@ def expect_handler(admitted: Callable[[web.Request], bool]) -> ExpectHandler:
 
     async def handle_expect(request: web.Request) -> web.StreamResponse | None:
         # Either answer closes the connection: the body may be on its way, or never come.
-        if not admitted(request):
-            return await _answer_and_close(request, unauthorized())
+        refused = refusal(request)
+        if refused is not None:
+            return await _answer_and_close(request, refused)
         if request.version < (1, 1):
             return None
         if request.headers.get("Expect", "").strip().lower() != "100-continue":
