@@ -42,3 +42,15 @@ def test_without_the_harness_extra_scenarios_says_what_to_install():
     assert "jsonschema not installed" in done.stderr
     assert 'pip install "/path/to/codex-rest-bridge[harness]"' in done.stderr
     assert "Traceback" not in done.stderr
+
+
+def test_the_request_path_imports_no_replica_front_or_cluster_module():
+    """Dependencies point one way: the app, its routes and the process backend know
+    peers and draining through the Backend interface, never the ops tooling."""
+    done = python(
+        "import sys; import bridge.app, bridge.routes, bridge.process.backend; "
+        "print(sorted(m for m in sys.modules if m in "
+        "('bridge.replica', 'bridge.front', 'bridge.cluster', 'bridge.cli')))"
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "[]"
