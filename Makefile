@@ -120,7 +120,7 @@ test-lowest: $(LOWEST_VENV)/.installed codex nginx
 
 # The quick tier, after every change: lint, types, and the tests that need no real codex
 # and start at most an in-process bridge or nginx -t (about 20 s on 2 cores).
-QUICK_TESTS := tests/test_threat_model.py tests/bridge/test_auth.py tests/bridge/test_limits.py \
+QUICK_TESTS := tests/test_threat_model.py tests/bridge/test_auth.py tests/bridge/test_limits.py tests/bridge/test_cli.py \
 	tests/bridge/test_rpc.py tests/bridge/test_events.py tests/bridge/test_presets_and_openapi.py \
 	tests/bridge/test_front.py tests/scenarios/test_matching.py tests/scenarios/test_scenario_format.py \
 	tests/scenarios/test_library_coverage.py
