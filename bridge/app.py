@@ -23,9 +23,8 @@ from bridge.openapi import build_openapi
 from bridge.policy import HOST_METHODS, HOST_PARAMS, MethodPolicy, MethodRules
 from bridge.process.backend import DEFAULT_COMMAND, ProcessBackend
 from bridge.process.shared import SharedBackend
-from bridge.server import SERVER_SETTINGS, ParserRefusals, head_middleware, head_problem
-
-__all__ = ["SERVER_SETTINGS", "create_app"]
+from bridge.server import SERVER_SETTINGS as SERVER_SETTINGS
+from bridge.server import ParserRefusals, head_middleware, head_problem
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 

@@ -37,9 +37,10 @@ import aiohttp
 import orjson
 
 from bridge import errors
-from bridge.backend import PEER_QUERY_HEADER, SEPARATOR, Backend, PeerSessions, new_session_id
-
-__all__ = ["PEER_QUERY_HEADER", "SEPARATOR", "new_session_id"]
+from bridge.backend import PEER_QUERY_HEADER as PEER_QUERY_HEADER
+from bridge.backend import SEPARATOR as SEPARATOR
+from bridge.backend import Backend, PeerSessions
+from bridge.backend import new_session_id as new_session_id
 
 log = logging.getLogger("bridge.replica")
 
