@@ -110,7 +110,7 @@ test: lint typecheck pytest test-lowest
 # pyproject.toml allows (and the lowest of the other runtime ranges that still install on
 # this Python), in a venv of its own. `make test` runs the newest in .venv beside it.
 LOWEST_VENV := .venv-lowest
-LOWEST_PINS := aiohttp==3.12.0 orjson==3.10.0 faker==30.0.0
+LOWEST_PINS := aiohttp==3.13.4 orjson==3.10.0 faker==30.0.0
 $(LOWEST_VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(LOWEST_VENV)
 	$(LOWEST_VENV)/bin/pip install --quiet --upgrade pip

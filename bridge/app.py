@@ -23,9 +23,8 @@ from bridge.openapi import build_openapi
 from bridge.policy import HOST_METHODS, HOST_PARAMS, MethodPolicy, MethodRules
 from bridge.process.backend import DEFAULT_COMMAND, ProcessBackend
 from bridge.process.shared import ConnectShared
-from bridge.server import SERVER_SETTINGS, ParserRefusals, head_middleware
-
-__all__ = ["SERVER_SETTINGS", "create_app"]
+from bridge.server import SERVER_SETTINGS as SERVER_SETTINGS
+from bridge.server import ParserRefusals, head_middleware, head_problem
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
@@ -310,7 +309,7 @@ def create_app(
     # aiohttp tries the routes under a common prefix in the order they were added, and
     # no two routes match the same path: the busiest goes first (the order of
     # ROUTES, and of the OpenAPI document, stays).
-    expect = errors.expect_handler(admitted)
+    expect = errors.expect_handler(expect_refusal(limits.max_header_bytes))
     for route in sorted(mounted, key=lambda r: r.name not in HOT_ROUTES):
         handler = route.handler
         app.router.add_route(
@@ -320,7 +319,7 @@ def create_app(
             app.router.add_route(
                 "HEAD", route.path, handler, name=f"{route.name}_head", expect_handler=expect
             )
-    add_no_route(app)
+    add_no_route(app, expect)
 
     closed = False
 
@@ -329,6 +328,8 @@ def create_app(
         if not closed:
             closed = True
             await backend.close()
+            if backend.peers is not None:
+                await backend.peers.close()
 
     async def backend_lifecycle(app: web.Application) -> AsyncIterator[None]:
         await backend.start()
@@ -354,7 +355,19 @@ async def quiet_parser_refusals(app: web.Application) -> None:
 NO_ROUTE_PATH = "/{path:(?s:.*)}"
 
 
-def add_no_route(app: web.Application) -> None:
+def expect_refusal(max_header_bytes: int) -> Callable[[web.Request], errors.RestError | None]:
+    """What refuses a request with an ``Expect`` header before any ``100 Continue``: the
+    token (the 401), then the head's bound, as the middlewares would after it."""
+
+    def refusal(request: web.Request) -> errors.RestError | None:
+        if not admitted(request):
+            return errors.unauthorized()
+        return head_problem(request, max_header_bytes)
+
+    return refusal
+
+
+def add_no_route(app: web.Application, expect: errors.ExpectHandler) -> None:
     """Answer a request no route takes with the error payload: 404, or 405 with ``Allow``.
 
     aiohttp's router would answer those with an exception of its own. This route
@@ -375,9 +388,7 @@ def add_no_route(app: web.Application) -> None:
             raise errors.method_not_allowed(request.method, allowed)
         raise errors.not_found()
 
-    route = app.router.add_route(
-        "*", NO_ROUTE_PATH, no_route, expect_handler=errors.expect_handler(admitted)
-    )
+    route = app.router.add_route("*", NO_ROUTE_PATH, no_route, expect_handler=expect)
     own.append(route.resource)  # type: ignore[arg-type]
 
 

@@ -14,7 +14,8 @@ should see; anything else becomes a 500 ``internal_error`` without details.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, Protocol
 
 from bridge import errors
 from bridge.events import Event
@@ -68,6 +69,35 @@ class PollingEventStream(EventStream):
             self._after = seq
 
 
+#: Sent by a replica that asks a peer for its sessions: answer with your own only.
+PEER_QUERY_HEADER = "X-Rest-Bridge-Peer-Query"
+#: Separates the replica id from the uuid in a session id (a replica id has no dot).
+SEPARATOR = "."
+
+
+def new_session_id(replica_id: str | None, uuid_text: str) -> str:
+    """``<replica>.<uuid>`` with a replica id, the uuid alone without."""
+    return uuid_text if replica_id is None else f"{replica_id}{SEPARATOR}{uuid_text}"
+
+
+@dataclass(frozen=True, slots=True)
+class PeerSessions:
+    """What the other replicas said to ``GET /v1/sessions``."""
+
+    #: Their sessions, as they listed them (wire records).
+    sessions: list[Any]
+    #: The replicas that could not be asked, by id.
+    unavailable: list[str]
+
+
+class PeerListing(Protocol):
+    """The other replicas, as a backend asks them (:class:`bridge.replica.Peers`)."""
+
+    async def sessions(self, authorization: str | None) -> PeerSessions: ...
+
+    async def close(self) -> None: ...
+
+
 def _unsupported(what: str) -> errors.RestError:
     return errors.not_found(f"This bridge's backend does not support {what}.")
 
@@ -75,11 +105,37 @@ def _unsupported(what: str) -> errors.RestError:
 class Backend:
     """What the routes call. Subclass it and override what your backend serves."""
 
+    #: This replica's id (``REST_ADAPTER_REPLICA_ID``): session ids then read
+    #: ``<replica>.<uuid>`` (:func:`new_session_id`). None: a bridge on its own.
+    replica_id: str | None = None
+    #: The other replicas, whose sessions ``GET /v1/sessions`` lists too; None: none.
+    peers: PeerListing | None = None
+    #: Set by :meth:`start_drain`: no new sessions, sessionless calls or text turns.
+    draining: bool = False
+
     async def start(self) -> None:
         """Called once when the application starts."""
 
     async def close(self) -> None:
         """Called once when the application shuts down; release every resource."""
+
+    async def peer_sessions(self, authorization: str | None) -> PeerSessions | None:
+        """The other replicas' sessions, asked with the caller's ``Authorization``
+        header; None when this bridge has no peers."""
+        if self.peers is None:
+            return None
+        return await self.peers.sessions(authorization)
+
+    def held(self) -> int:
+        """Sessions, sessionless calls and text turns held now (a drain waits for 0)."""
+        return 0
+
+    def start_drain(self) -> None:
+        """Take no new work from now on (serve what is held)."""
+        self.draining = True
+
+    async def wait_drained(self) -> None:
+        """Return once, draining, nothing is held any more."""
 
     async def compatibility(self) -> Compatibility:
         """Versions of the bridge and of the app-server behind it."""

@@ -4,28 +4,19 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import ctypes
 import dataclasses
 import difflib
+import importlib.util
 import json
 import logging
 import os
-import signal
-import socket
 import sys
 from collections.abc import Callable, Sequence
-
-from aiohttp import web
+from pathlib import Path
 
 from bridge import TOKEN_VARIABLE, __version__, credentials, replica
-from bridge.app import PRESETS, SERVER_SETTINGS, mounted_routes, router_method_rules
+from bridge.app import PRESETS, mounted_routes, router_method_rules
 from bridge.auth import AuthSettings, token_problem, with_bearer_auth
-from bridge.descriptors import (
-    ShortageReporter,
-    budget_line,
-    listening_sockets,
-    raise_soft_limit,
-)
 from bridge.limits import (
     APP_SERVER_MODES,
     APP_SERVER_TOKEN_VARIABLE,
@@ -36,7 +27,6 @@ from bridge.limits import (
 )
 from bridge.openapi import build_openapi
 from bridge.policy import POLICY_VARIABLES, MethodPolicy
-from bridge.process import descendants
 from bridge.process.backend import DEFAULT_COMMAND, parse_command
 from bridge.process.startup import describe_command
 from bridge.replica import (
@@ -46,58 +36,18 @@ from bridge.replica import (
     ReplicaSettingsError,
 )
 from bridge.routes import BACKEND
+from bridge.runtime import (
+    DEFAULT_LOOP,
+    LOOPS,
+    ServeProcess,
+    StartupError,
+    address,
+    event_loop_factory,
+    return_big_buffers_to_the_os,
+)
 from bridge.settings import BridgeSettings
 
 LIMIT_FIELDS = tuple(f.name for f in dataclasses.fields(RestLimits))
-SHUTDOWN_HANDLER_SECONDS = 2.0
-#: At exit, how long to wait for the last descendants to die once killed.
-DESCENDANTS_EXIT_SECONDS = 5.0
-
-
-#: Allocations at least this big are mapped from the OS and returned to it when freed.
-MMAP_THRESHOLD = 1 << 20
-
-
-def return_big_buffers_to_the_os() -> None:
-    """Have glibc map big allocations (app-server lines, events) and unmap them when freed.
-
-    By default glibc raises its mmap threshold to the size of the biggest buffer freed so
-    far (up to 32 MiB), after which buffers of a few MiB come from the heap and their
-    memory stays with the process after a session is deleted: resident memory then creeps
-    up with every burst of big events. A fixed threshold keeps it honest.
-    """
-    if not sys.platform.startswith("linux"):
-        return
-    try:
-        libc = ctypes.CDLL(None)
-        mallopt = libc.mallopt
-    except (OSError, AttributeError):
-        return
-    m_mmap_threshold = -3
-    mallopt(m_mmap_threshold, MMAP_THRESHOLD)
-
-
-#: `--loop` of serve and cluster.
-LOOPS = ("auto", "asyncio", "uvloop")
-DEFAULT_LOOP = "asyncio"
-
-
-def event_loop_factory(name: str) -> Callable[[], asyncio.AbstractEventLoop] | None:
-    """The loop `--loop name` asks for; None when that is uvloop and it is not installed.
-
-    ``auto`` is uvloop when it can be imported, else asyncio.
-    """
-    if name in ("auto", "uvloop"):
-        try:
-            import uvloop
-        except ImportError:
-            return None if name == "uvloop" else asyncio.new_event_loop
-        return uvloop.new_event_loop
-    return asyncio.new_event_loop
-
-
-class StartupError(Exception):
-    """`serve` cannot start; the message is the one line it prints (exit status 2)."""
 
 
 def port_number(text: str) -> int:
@@ -268,21 +218,33 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+#: What the scenario runner needs beyond the bridge (the `harness` extra), by module.
+HARNESS_MODULES = ("pytest", "pytest_asyncio", "jsonschema", "jsonpath_ng")
+SCENARIOS_SCRIPT = "rest-bridge-scenarios"
+
+
 def run_scenarios(argv: Sequence[str]) -> int:
-    """`rest-bridge scenarios ...`: the scenario runner, imported only when asked for.
+    """`rest-bridge scenarios ...`: the scenario runner's own program, in this process's
+    place (as git runs its external subcommands); the bridge never imports it.
 
     It needs the `harness` extra (pytest, jsonschema, jsonpath-ng), which serving does not.
     """
-    try:
-        from scenarios.cli import main as scenarios_main
-    except ImportError as exc:
+    missing = [name for name in HARNESS_MODULES if importlib.util.find_spec(name) is None]
+    if missing:
         print(
-            f"rest-bridge scenarios: {exc}; install codex-rest-bridge with its `harness` "
-            'extra, e.g. from a clone: pip install "/path/to/codex-rest-bridge[harness]"',
+            f"rest-bridge scenarios: {', '.join(missing)} not installed; install "
+            "codex-rest-bridge with its `harness` extra, e.g. from a clone: "
+            'pip install "/path/to/codex-rest-bridge[harness]"',
             file=sys.stderr,
         )
         return 2
-    return scenarios_main(list(argv))
+    sys.stdout.flush()
+    sys.stderr.flush()
+    script = Path(sys.executable).with_name(SCENARIOS_SCRIPT)
+    if script.is_file() and os.access(script, os.X_OK):
+        os.execv(script, [str(script), *argv])
+    # No console script beside this interpreter (run from a source tree): the module.
+    os.execv(sys.executable, [sys.executable, "-m", "scenarios.cli", *argv])
 
 
 def print_openapi(preset: str, auth: bool) -> None:
@@ -293,20 +255,6 @@ def print_openapi(preset: str, auth: bool) -> None:
     )
     sys.stdout.write(json.dumps(document, indent=2) + "\n")
     sys.stdout.flush()
-
-
-def _reason(exc: Exception) -> str:
-    """The system's words for a failed bind or lookup, without Python's decoration."""
-    if isinstance(exc, socket.gaierror) and exc.strerror:
-        return exc.strerror
-    errno = getattr(exc, "errno", None)
-    if errno:
-        return os.strerror(errno)
-    return str(exc)
-
-
-def address(host: str, port: int) -> str:
-    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
 
 async def serve(
@@ -326,30 +274,9 @@ async def serve(
     method_policy = variables.method_policy()
     app = PRESETS[preset](command, limits, app_server, method_policy)
     settings = variables.replica()
-    drain = replica.configure(app, app[BACKEND], settings)
+    drain = replica.configure(app[BACKEND], settings)
     if token is not None:
         with_bearer_auth(app, token)
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    # Ctrl-C reaches a replica of `rest-bridge cluster` from the terminal, then from the
-    # launcher: the first signal stops, the second must not kill the exit.
-    descendants.stop_on_first_signal(stop)
-    # SIGUSR1: drain (no new work; exit once the last session has ended).
-    loop.add_signal_handler(signal.SIGUSR1, drain.start, stop)
-    descendants.quiet_wakeup_fd()
-    descriptors = budget_line(*raise_soft_limit())
-    shortage = ShortageReporter()
-    loop.set_exception_handler(shortage)
-    # Orphaned descendants of app-servers come to the bridge, not init (descendants.py).
-    subreaper = descendants.become_subreaper()
-    runner = web.AppRunner(
-        app,
-        access_log=None,
-        # Shutdown closes the backend first, which ends every stream, long-poll and
-        # call; a handler still running this long after that is cancelled.
-        shutdown_timeout=SHUTDOWN_HANDLER_SECONDS,
-        **SERVER_SETTINGS,
-    )
     if app_server.url is not None:
         described = f"app-server: shared, connecting to {app_server.url} (not started here)"
     else:
@@ -358,52 +285,36 @@ async def serve(
             described = described.replace(
                 "app-server: ", "app-server (shared, one process on a private socket): ", 1
             )
-    await runner.setup()
-    try:
-        # The bridge's own listening socket: an accept pass stops at its first
-        # descriptor shortage (bridge.descriptors).
-        for sock in listening_sockets(host, port):
-            await web.SockSite(runner, sock).start()
-    except (OSError, OverflowError) as exc:
-        await runner.cleanup()
-        raise StartupError(f"cannot listen on {address(host, port)}: {_reason(exc)}") from None
-    bound = runner.addresses[0] if runner.addresses else (host, port)
-    auth = (
-        "on"
-        if token is not None
-        else f"off (set {TOKEN_VARIABLE} or {TOKEN_VARIABLE}_FILE to require a token)"
-    )
-    print(f"rest-bridge {__version__} listening on http://{address(*bound[:2])}", flush=True)
-    loop_name = "uvloop" if type(loop).__module__.startswith("uvloop") else "asyncio"
-    print(f"  preset: {preset}; auth: {auth}; loop: {loop_name}", flush=True)
-    changed = ", ".join(f"{name}={value}" for name, value in limits.changed().items())
-    print(f"  limits: {changed or 'the defaults'}", flush=True)
-    print(f"  methods: {describe_policy(preset, method_policy)}", flush=True)
-    for variable in BridgeSettings.unknown_variables():
-        print(f"  ignoring {variable}: not a variable rest-bridge reads (misspelt?)", flush=True)
-    print(f"  {described}", flush=True)
-    print(f"  {descriptors}", flush=True)
-    if settings.replica_id is not None:
-        print(
-            f"  replica: {settings.replica_id}; peers: {', '.join(settings.peers) or 'none'}",
-            flush=True,
+    async with ServeProcess(drain.start) as process:
+        bound = await process.serve(app, host, port)
+        auth = (
+            "on"
+            if token is not None
+            else f"off (set {TOKEN_VARIABLE} or {TOKEN_VARIABLE}_FILE to require a token)"
         )
-    orphans = asyncio.create_task(descendants.reap_every()) if subreaper else None
-    try:
-        await stop.wait()
-    finally:
-        print("rest-bridge: stopping", flush=True)
-        drain.cancel()
-        await runner.cleanup()
-        if orphans is not None:
-            orphans.cancel()
-        # Every app-server is stopped: whatever still runs below the bridge is a leftover.
-        killed = await descendants.end_all(DESCENDANTS_EXIT_SECONDS)
-        if killed:
-            print(f"rest-bridge: killed {killed} leftover processes", flush=True)
-        shortage.close()
-        # Stopped otherwise (drained): a signal now must not kill the exit either.
-        descendants.ignore_stop_signals()
+        print(f"rest-bridge {__version__} listening on http://{address(*bound[:2])}", flush=True)
+        loop = asyncio.get_running_loop()
+        loop_name = "uvloop" if type(loop).__module__.startswith("uvloop") else "asyncio"
+        print(f"  preset: {preset}; auth: {auth}; loop: {loop_name}", flush=True)
+        changed = ", ".join(f"{name}={value}" for name, value in limits.changed().items())
+        print(f"  limits: {changed or 'the defaults'}", flush=True)
+        print(f"  methods: {describe_policy(preset, method_policy)}", flush=True)
+        for variable in BridgeSettings.unknown_variables():
+            print(
+                f"  ignoring {variable}: not a variable rest-bridge reads (misspelt?)", flush=True
+            )
+        print(f"  {described}", flush=True)
+        print(f"  {process.descriptors}", flush=True)
+        if settings.replica_id is not None:
+            print(
+                f"  replica: {settings.replica_id}; peers: {', '.join(settings.peers) or 'none'}",
+                flush=True,
+            )
+        try:
+            await process.stop.wait()
+        finally:
+            print("rest-bridge: stopping", flush=True)
+            drain.cancel()
 
 
 def read_secrets(

@@ -486,6 +486,15 @@ def make_error_middleware(max_body_bytes: int | None = None) -> Middleware:
     return error_middleware
 
 
+def replica_unavailable(message: str) -> RestError:
+    """This replica cannot take the request: a front passes it to another."""
+    return of_kind("replica_unavailable", message)
+
+
+def replica_draining() -> RestError:
+    return replica_unavailable("This replica is draining: it takes no new work; retry elsewhere.")
+
+
 def expectation_failed() -> RestError:
     """An ``Expect`` header the bridge cannot meet (only ``100-continue`` is known).
 
@@ -497,11 +506,12 @@ def expectation_failed() -> RestError:
 ExpectHandler = Callable[[web.Request], Awaitable[web.StreamResponse | None]]
 
 
-def expect_handler(admitted: Callable[[web.Request], bool]) -> ExpectHandler:
+def expect_handler(refusal: Callable[[web.Request], RestError | None]) -> ExpectHandler:
     """What a route does with an ``Expect`` header, before its handler runs.
 
-    The bearer token first: a request that is not admitted gets the 401 (and no
-    ``100 Continue``, so a client that waits for it never sends the body). Then
+    ``refusal`` first: a request it refuses (the 401 of a request without the token, a
+    head over its bound) gets that error, and no ``100 Continue``, so a client that
+    waits for it never sends the body. Then
     ``100-continue`` is met on HTTP/1.1, and any other expectation is a 417 error
     payload that does not repeat the header. HTTP/1.0 requests ignore the header
     (HTTP/1.0 has no interim responses).
@@ -509,8 +519,9 @@ def expect_handler(admitted: Callable[[web.Request], bool]) -> ExpectHandler:
 
     async def handle_expect(request: web.Request) -> web.StreamResponse | None:
         # Either answer closes the connection: the body may be on its way, or never come.
-        if not admitted(request):
-            return await _answer_and_close(request, unauthorized())
+        refused = refusal(request)
+        if refused is not None:
+            return await _answer_and_close(request, refused)
         if request.version < (1, 1):
             return None
         if request.headers.get("Expect", "").strip().lower() != "100-continue":
@@ -526,13 +537,3 @@ def expect_handler(admitted: Callable[[web.Request], bool]) -> ExpectHandler:
 async def answer_and_close(request: web.BaseRequest, error: RestError) -> web.StreamResponse:
     """Send ``error`` and close the connection, unread body or not (see failure_response)."""
     return await _answer_and_close(request, error)  # type: ignore[arg-type]
-
-
-def replica_draining() -> RestError:
-    """503 ``replica_unavailable``: this replica is draining and takes no new work."""
-    return RestError(
-        503,
-        "replica_unavailable",
-        "This replica is draining: it takes no new work; retry elsewhere.",
-        headers={"Retry-After": "1"},
-    )

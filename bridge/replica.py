@@ -34,18 +34,18 @@ from typing import Any
 
 import aiohttp
 import orjson
-from aiohttp import web
 
 from bridge import errors
-from bridge.process.session import SEPARATOR
+from bridge.backend import PEER_QUERY_HEADER as PEER_QUERY_HEADER
+from bridge.backend import SEPARATOR as SEPARATOR
+from bridge.backend import Backend, PeerSessions
+from bridge.backend import new_session_id as new_session_id
 
 log = logging.getLogger("bridge.replica")
 
 REPLICA_ID_VARIABLE = "REST_ADAPTER_REPLICA_ID"
 PEERS_VARIABLE = "REST_ADAPTER_PEERS"
 DRAIN_TIMEOUT_VARIABLE = "REST_ADAPTER_DRAIN_TIMEOUT_MS"
-#: Sent by a replica that asks a peer for its sessions: answer with your own only.
-PEER_QUERY_HEADER = "X-Rest-Bridge-Peer-Query"
 #: A replica id: a DNS label (lower-case letters, digits, inner hyphens; 1-63 characters).
 REPLICA_ID = re.compile(r"[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?")
 DEFAULT_DRAIN_TIMEOUT_MS = 600_000
@@ -107,8 +107,6 @@ class ReplicaSettings:
     def from_env(cls, environ: Mapping[str, str] | None = None) -> ReplicaSettings:
         from bridge.settings import ReplicaVariables  # the one reader of the variables
 
-        return ReplicaVariables.from_env(environ).replica()
-
 
 def replica_of(session_id: str) -> str | None:
     """The replica a session id names, if it names one."""
@@ -116,15 +114,16 @@ def replica_of(session_id: str) -> str | None:
     return name if separator and REPLICA_ID.fullmatch(name) else None
 
 
-def replica_unavailable(message: str) -> errors.RestError:
-    return errors.RestError(503, "replica_unavailable", message, headers={"Retry-After": "1"})
+replica_unavailable = errors.replica_unavailable
+draining_error = errors.replica_draining
 
 
 # -- the sessions of every replica --------------------------------------------------------
 
 
 class Peers:
-    """Asks the other replicas for their sessions, on behalf of ``GET /v1/sessions``."""
+    """Asks the other replicas for their sessions, on behalf of ``GET /v1/sessions``
+    (a backend's :attr:`bridge.backend.Backend.peers`)."""
 
     def __init__(
         self,
@@ -193,15 +192,9 @@ class Peers:
                 raise ValueError("not a list")
             return sessions
 
-    async def extend(self, request: web.Request, body: dict[str, Any]) -> None:
-        """Add the peers' sessions to ``body``, and ``unavailableReplicas``.
-
-        A request that is itself a peer's question is answered with this replica's own
-        sessions only.
-        """
-        if request.headers.get(PEER_QUERY_HEADER) is not None:
-            return
-        authorization = request.headers.get("Authorization")
+    async def sessions(self, authorization: str | None) -> PeerSessions:
+        """The peers' sessions, asked with ``authorization``, and those not asked."""
+        listed: list[Any] = []
         names = sorted(name for name in self.peers if name not in self.unresponsive)
         answers = await asyncio.gather(
             *(self._ask(self.peers[name], authorization) for name in names),
@@ -217,8 +210,8 @@ class Peers:
                 if isinstance(answer, TimeoutError):
                     self._pass_over(name)
             else:
-                body["sessions"].extend(answer)
-        body["unavailableReplicas"] = sorted(unavailable)
+                listed.extend(answer)
+        return PeerSessions(listed, sorted(unavailable))
 
 
 def _why(exc: Exception) -> str:
@@ -227,23 +220,13 @@ def _why(exc: Exception) -> str:
     return type(exc).__name__ if not isinstance(exc, ValueError) else str(exc)
 
 
-PEERS = web.AppKey("bridge.replica.peers", Peers)
-
-
-async def list_with_peers(request: web.Request, body: dict[str, Any]) -> None:
-    """The hook of ``GET /v1/sessions``: every replica's sessions, when peers are set."""
-    peers = request.app.get(PEERS)
-    if peers is not None:
-        await peers.extend(request, body)
-
-
 # -- draining -----------------------------------------------------------------------------
 
 
 class Drain:
     """Stop taking new work, serve what is held, and say when the replica may exit."""
 
-    def __init__(self, backend: Any, timeout_ms: int) -> None:
+    def __init__(self, backend: Backend, timeout_ms: int) -> None:
         self.backend = backend
         self.timeout = timeout_ms / 1000
         self._task: asyncio.Task[None] | None = None
@@ -256,7 +239,7 @@ class Drain:
         """Begin draining (once); ``done`` is set when the replica may exit."""
         if self._task is not None:
             return
-        self.backend.draining = True
+        self.backend.start_drain()
         held = self.backend.held()
         log.info("draining: no new work; %d sessions and calls held", held)
         print(
@@ -267,9 +250,8 @@ class Drain:
         self._task = asyncio.create_task(self._wait(done))
 
     async def _wait(self, done: asyncio.Event) -> None:
-        self.backend.check_drained()
         with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(self.backend.drained.wait(), self.timeout)
+            await asyncio.wait_for(self.backend.wait_drained(), self.timeout)
         left = self.backend.held()
         if left:
             print(f"rest-bridge: drain deadline reached with {left} still held", flush=True)
@@ -282,16 +264,11 @@ class Drain:
             self._task.cancel()
 
 
-def configure(app: web.Application, backend: Any, settings: ReplicaSettings) -> Drain:
-    """Make ``app`` (served from ``backend``) the replica ``settings`` describe."""
+def configure(backend: Backend, settings: ReplicaSettings) -> Drain:
+    """Make ``backend`` the replica ``settings`` describe: its id, its peers (closed with
+    the application that serves it), and how it drains."""
     backend.replica_id = settings.replica_id
     others = {name: url for name, url in settings.peers.items() if name != settings.replica_id}
     if others:
-        peers = Peers(others)
-        app[PEERS] = peers
-
-        async def close_peers(app: web.Application) -> None:
-            await peers.close()
-
-        app.on_cleanup.append(close_peers)
+        backend.peers = Peers(others)
     return Drain(backend, settings.drain_timeout_ms)

@@ -19,8 +19,8 @@ from aiohttp import web
 from multidict import CIMultiDict
 from pydantic import BaseModel, ValidationError
 
-from bridge import __version__, credentials, errors, replica
-from bridge.backend import Backend
+from bridge import __version__, credentials, errors
+from bridge.backend import PEER_QUERY_HEADER, Backend
 from bridge.events import Event
 from bridge.limits import RestLimits
 from bridge.models import (
@@ -312,8 +312,13 @@ async def call(request: web.Request) -> web.Response:
 async def list_sessions(request: web.Request) -> web.Response:
     sessions = await backend(request).list_sessions()
     body: dict[str, Any] = {"sessions": [dump(s) for s in sessions]}
-    # Behind a front with several replicas: every replica's sessions (bridge.replica).
-    await replica.list_with_peers(request, body)
+    # Behind a front with several replicas: every replica's sessions, unless this is
+    # itself a replica's question (asked so, a replica answers with its own only).
+    if request.headers.get(PEER_QUERY_HEADER) is None:
+        peers = await backend(request).peer_sessions(request.headers.get("Authorization"))
+        if peers is not None:
+            body["sessions"].extend(peers.sessions)
+            body["unavailableReplicas"] = peers.unavailable
     return json_response(body)
 
 

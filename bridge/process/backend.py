@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from bridge import __version__, errors
-from bridge.backend import Backend, EventStream
+from bridge.backend import Backend, EventStream, new_session_id
 from bridge.events import Event, rfc3339
 from bridge.limits import RestLimits
 from bridge.models import (
@@ -29,7 +29,7 @@ from bridge.models import (
 from bridge.process import startup
 from bridge.process.launch import AppServerLauncher, SpawnStdio
 from bridge.process.peer import JsonRpcPeer, ProcessGone, RpcError, StdinFull
-from bridge.process.session import Session, SessionStream, new_session_id, rpc_failure
+from bridge.process.session import Session, SessionStream, rpc_failure
 from bridge.process.startup import DEFAULT_COMMAND as DEFAULT_COMMAND
 from bridge.process.startup import parse_command as parse_command
 from bridge.process.text_turn import TextTurn
@@ -70,7 +70,7 @@ class ProcessBackend(Backend):
         self._reaper: asyncio.Task[None] | None = None
         #: REST_ADAPTER_REPLICA_ID: session ids are then `<replica>.<uuid4>`.
         self.replica_id = replica_id
-        #: A draining replica takes no new sessions, calls or text turns (bridge.replica).
+        #: A draining replica takes no new work (start_drain).
         self.draining = False
         #: Set while draining once nothing is held any more.
         self.drained = asyncio.Event()
@@ -222,6 +222,10 @@ class ProcessBackend(Backend):
     def check_drained(self) -> None:
         if self.draining and not self.held():
             self.drained.set()
+
+    async def wait_drained(self) -> None:
+        self.check_drained()
+        await self.drained.wait()
 
     def _reserve_slot(self) -> None:
         if self.draining:

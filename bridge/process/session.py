@@ -19,8 +19,6 @@ from bridge.process.peer import JsonRpcPeer, ProcessGone, RpcError, StdinFull
 
 log = logging.getLogger("bridge")
 
-#: Separates the replica id from the uuid in a session id (a replica id has no dot).
-SEPARATOR = "."
 #: How many answered request keys a session remembers, to tell "already answered"
 #: from "never existed".
 ANSWERED_MEMORY = 1024
@@ -34,11 +32,6 @@ class ServerRequest:
     request_id: Any
     method: str
     params: Any
-
-
-def new_session_id(replica_id: str | None, uuid_text: str) -> str:
-    """``<replica>.<uuid>`` with a replica id, the uuid alone without."""
-    return uuid_text if replica_id is None else f"{replica_id}{SEPARATOR}{uuid_text}"
 
 
 _INTEGER_TEXT = re.compile(r"-?[0-9]+")

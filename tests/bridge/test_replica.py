@@ -11,11 +11,13 @@ from pathlib import Path
 
 import pytest
 
-from bridge.app import trusted_bridge_app
+from bridge.app import backend_app, trusted_bridge_app
 from bridge.auth import with_bearer_auth
+from bridge.backend import Backend, PeerSessions
 from bridge.limits import RestLimits
 from bridge.replica import (
     PEER_QUERY_HEADER,
+    Drain,
     ReplicaSettings,
     ReplicaSettingsError,
     configure,
@@ -100,7 +102,7 @@ def test_serve_refuses_a_bad_replica_id():
 
 def replica_app(replica_id: str | None, peers: dict[str, str] | None = None, token: str = ""):
     app = trusted_bridge_app(FAKE_CODEX, RestLimits())
-    configure(app, app[BACKEND], ReplicaSettings(replica_id=replica_id, peers=peers or {}))
+    configure(app[BACKEND], ReplicaSettings(replica_id=replica_id, peers=peers or {}))
     if token:
         with_bearer_auth(app, token)
     return app
@@ -166,7 +168,7 @@ async def test_the_listing_asks_every_peer_with_the_callers_token(serve, http):
 @pytest.mark.asyncio
 async def test_a_draining_backend_takes_no_new_work(serve, http):
     app = replica_app("bridge-3")
-    drain = configure(app, app[BACKEND], ReplicaSettings(replica_id="bridge-3"))
+    drain = configure(app[BACKEND], ReplicaSettings(replica_id="bridge-3"))
     base = await serve(app)
     async with http.post(f"{base}/v1/sessions") as response:
         session_id = (await response.json())["sessionId"]
@@ -194,7 +196,7 @@ async def test_a_draining_backend_takes_no_new_work(serve, http):
 @pytest.mark.asyncio
 async def test_a_drain_ends_at_its_deadline_with_sessions_left(serve, http, capsys):
     app = trusted_bridge_app(FAKE_CODEX, RestLimits())
-    drain = configure(app, app[BACKEND], ReplicaSettings(replica_id="r", drain_timeout_ms=200))
+    drain = configure(app[BACKEND], ReplicaSettings(replica_id="r", drain_timeout_ms=200))
     base = await serve(app)
     async with http.post(f"{base}/v1/sessions") as response:
         assert response.status == 201
@@ -207,3 +209,45 @@ async def test_a_drain_ends_at_its_deadline_with_sessions_left(serve, http, caps
     assert "drain deadline reached with 1 still held" in out
     # The session is still served until the bridge stops (stopping is serve's job).
     assert len(app[BACKEND].sessions()) == 1
+
+
+@pytest.mark.asyncio
+async def test_a_hosts_backend_lists_peers_through_the_backend_interface(serve, http):
+    """Peers are a `Backend` method: the route asks it unless a replica is asking."""
+    summary = {
+        "sessionId": "elsewhere.1",
+        "createdAt": "2026-01-01T00:00:00Z",
+        "lastActivityAt": "2026-01-01T00:00:00Z",
+        "state": "running",
+        "exitCode": None,
+        "pendingRequests": [],
+        "nextSeq": 1,
+        "bufferedEvents": 0,
+    }
+    asked: list[str | None] = []
+
+    class WithPeers(Backend):
+        async def list_sessions(self):
+            return []
+
+        async def peer_sessions(self, authorization):
+            asked.append(authorization)
+            return PeerSessions([summary], ["down-1"])
+
+    base = await serve(backend_app(WithPeers()))
+    async with http.get(f"{base}/v1/sessions", headers={"Authorization": "x"}) as response:
+        assert await response.json() == {"sessions": [summary], "unavailableReplicas": ["down-1"]}
+    async with http.get(f"{base}/v1/sessions", headers={PEER_QUERY_HEADER: "1"}) as response:
+        assert await response.json() == {"sessions": []}
+    assert asked == ["x"]
+
+
+@pytest.mark.asyncio
+async def test_a_backend_holding_nothing_drains_at_once(capsys):
+    backend = Backend()
+    drain = Drain(backend, 600_000)
+    done = asyncio.Event()
+    drain.start(done)
+    await asyncio.wait_for(done.wait(), 30)
+    assert backend.draining
+    assert "rest-bridge: drained" in capsys.readouterr().out

@@ -263,6 +263,21 @@ def test_a_head_never_finished_is_closed_by_the_front_after_header_timeout(tmp_p
     assert "Traceback" not in stderr
 
 
+def test_a_head_over_the_bound_waiting_for_100_continue_gets_the_431_instead(bridge):
+    """No `100 Continue` for a head the bridge refuses: the client never sends the body."""
+    lines = [header(f"X-Filler-{i}", 8000) for i in range(5)]
+    request = head(
+        AUTH,
+        *lines,
+        b"Expect: 100-continue\r\nContent-Type: application/json\r\nContent-Length: 2\r\n",
+        target=b"/v1/sessions",
+        method=b"POST",
+    )
+    raw = exchange(bridge.port, request)
+    assert not raw.startswith(b"HTTP/1.1 100"), raw[:100]
+    assert_error_payload(only_response(raw), 431, "headers_too_large")
+
+
 # -- what the parser refuses ---------------------------------------------------------
 
 CLIENT_HELLO = bytes.fromhex(

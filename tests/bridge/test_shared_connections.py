@@ -490,7 +490,7 @@ async def test_a_drain_waits_for_the_connections(serve, http, ws_server):
     server, url = await ws_server("unix")
     settings = AppServerSettings(mode="shared", url=url)
     app = trusted_bridge_app(["unused"], RestLimits(), settings)
-    drain = configure(app, app[BACKEND], ReplicaSettings(replica_id="shared-1"))
+    drain = configure(app[BACKEND], ReplicaSettings(replica_id="shared-1"))
     base = await serve(app)
     session = await new_session(http, base)
     assert session.startswith("shared-1.")

@@ -1,0 +1,165 @@
+"""What `rest-bridge serve` does to its own process, apart from parsing its arguments.
+
+An application of :mod:`bridge.app` is the whole HTTP product; serving it as a
+program is more: the event loop chosen, glibc told to return big buffers, the
+descriptor budget raised and its shortage reported (:mod:`bridge.descriptors`), the
+stop and drain signals, the bridge made the subreaper of its app-servers' orphans
+(:mod:`bridge.process.descendants`), and at exit every leftover descendant killed.
+:class:`ServeProcess` holds that policy; ``bridge.cli`` parses arguments and prints.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ctypes
+import os
+import signal
+import socket
+import sys
+from collections.abc import Callable
+from types import TracebackType
+from typing import Any
+
+from aiohttp import web
+
+from bridge.descriptors import ShortageReporter, budget_line, listening_sockets, raise_soft_limit
+from bridge.process import descendants
+from bridge.server import SERVER_SETTINGS
+
+#: Allocations at least this big are mapped from the OS and returned to it when freed.
+MMAP_THRESHOLD = 1 << 20
+#: `--loop` of serve and cluster.
+LOOPS = ("auto", "asyncio", "uvloop")
+DEFAULT_LOOP = "asyncio"
+SHUTDOWN_HANDLER_SECONDS = 2.0
+#: At exit, how long to wait for the last descendants to die once killed.
+DESCENDANTS_EXIT_SECONDS = 5.0
+
+
+class StartupError(Exception):
+    """`serve` cannot start; the message is the one line it prints (exit status 2)."""
+
+
+def return_big_buffers_to_the_os() -> None:
+    """Have glibc map big allocations (app-server lines, events) and unmap them when freed.
+
+    By default glibc raises its mmap threshold to the size of the biggest buffer freed so
+    far (up to 32 MiB), after which buffers of a few MiB come from the heap and their
+    memory stays with the process after a session is deleted: resident memory then creeps
+    up with every burst of big events. A fixed threshold keeps it honest.
+    """
+    if not sys.platform.startswith("linux"):
+        return
+    try:
+        libc = ctypes.CDLL(None)
+        mallopt = libc.mallopt
+    except (OSError, AttributeError):
+        return
+    m_mmap_threshold = -3
+    mallopt(m_mmap_threshold, MMAP_THRESHOLD)
+
+
+def event_loop_factory(name: str) -> Callable[[], asyncio.AbstractEventLoop] | None:
+    """The loop `--loop name` asks for; None when that is uvloop and it is not installed.
+
+    ``auto`` is uvloop when it can be imported, else asyncio.
+    """
+    if name in ("auto", "uvloop"):
+        try:
+            import uvloop
+        except ImportError:
+            return None if name == "uvloop" else asyncio.new_event_loop
+        return uvloop.new_event_loop
+    return asyncio.new_event_loop
+
+
+def address(host: str, port: int) -> str:
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+def _reason(exc: Exception) -> str:
+    """The system's words for a failed bind or lookup, without Python's decoration."""
+    if isinstance(exc, socket.gaierror) and exc.strerror:
+        return exc.strerror
+    errno = getattr(exc, "errno", None)
+    if errno:
+        return os.strerror(errno)
+    return str(exc)
+
+
+class ServeProcess:
+    """The process policy of `rest-bridge serve`, for as long as it serves.
+
+    ``async with ServeProcess(drain) as process:`` takes over the signals (the first
+    SIGINT or SIGTERM stops, SIGUSR1 calls ``drain`` with :attr:`stop`), raises the
+    descriptor limit (:attr:`descriptors` says how), reports descriptor shortages, and
+    reaps orphaned descendants; :meth:`serve` listens; leaving stops the runner, kills
+    what is left below the bridge and ignores further stop signals.
+    """
+
+    def __init__(self, drain: Callable[[asyncio.Event], None] | None = None) -> None:
+        self._drain = drain
+        self.stop = asyncio.Event()
+        self.descriptors = ""
+        self._shortage = ShortageReporter()
+        self._orphans: asyncio.Task[None] | None = None
+        self._runner: web.AppRunner | None = None
+
+    async def __aenter__(self) -> ServeProcess:
+        loop = asyncio.get_running_loop()
+        # Ctrl-C reaches a replica of `rest-bridge cluster` from the terminal, then from
+        # the launcher: the first signal stops, the second must not kill the exit.
+        descendants.stop_on_first_signal(self.stop)
+        if self._drain is not None:
+            # SIGUSR1: drain (no new work; exit once the last session has ended).
+            loop.add_signal_handler(signal.SIGUSR1, self._drain, self.stop)
+        descendants.quiet_wakeup_fd()
+        self.descriptors = budget_line(*raise_soft_limit())
+        loop.set_exception_handler(self._shortage)
+        # Orphaned descendants of app-servers come to the bridge, not init.
+        if descendants.become_subreaper():
+            self._orphans = asyncio.create_task(descendants.reap_every())
+        return self
+
+    async def serve(self, app: web.Application, host: str, port: int) -> tuple[Any, ...]:
+        """Serve ``app`` on every address of ``host:port``; the first bound address.
+
+        Raises :class:`StartupError` when it cannot listen there.
+        """
+        runner = web.AppRunner(
+            app,
+            access_log=None,
+            # Shutdown closes the backend first, which ends every stream, long-poll and
+            # call; a handler still running this long after that is cancelled.
+            shutdown_timeout=SHUTDOWN_HANDLER_SECONDS,
+            **SERVER_SETTINGS,
+        )
+        await runner.setup()
+        try:
+            # The bridge's own listening sockets: an accept pass stops at its first
+            # descriptor shortage (bridge.descriptors).
+            for sock in listening_sockets(host, port):
+                await web.SockSite(runner, sock).start()
+        except (OSError, OverflowError) as exc:
+            await runner.cleanup()
+            raise StartupError(f"cannot listen on {address(host, port)}: {_reason(exc)}") from None
+        self._runner = runner
+        return tuple(runner.addresses[0]) if runner.addresses else (host, port)
+
+    async def __aexit__(
+        self,
+        kind: type[BaseException] | None,
+        exc: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        if self._runner is not None:
+            await self._runner.cleanup()
+        if self._orphans is not None:
+            self._orphans.cancel()
+        # Every app-server is stopped: whatever still runs below the bridge is a leftover.
+        killed = await descendants.end_all(DESCENDANTS_EXIT_SECONDS)
+        if killed:
+            print(f"rest-bridge: killed {killed} leftover processes", flush=True)
+        self._shortage.close()
+        # Stopped otherwise (drained): a signal now must not kill the exit either.
+        descendants.ignore_stop_signals()
