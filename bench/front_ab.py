@@ -29,7 +29,7 @@ from pathlib import Path
 from bench import lean, wrk
 from bench.b_cluster import IN_FLIGHT, SESSIONS_PER_REPLICA, WRK_SECONDS, rotating_lua
 from bench.common import HOST, child_pids, cpu_ns, fake_env, free_port, http_json, log
-from bridge.limits import RestLimits
+from bridge.settings import LimitVariables
 from bridge_ops.front import FrontSettings, Replica, render, token_map_text
 
 # A replica that also listens on a unix socket: the bridge's own `serve`, with aiohttp's
@@ -175,7 +175,7 @@ def nginx(name: str, replicas: Replicas, directory: Path) -> Iterator[tuple[int,
         admit_all = token_map_text("bench-token").replace("default 0;", "default 1;")
         (prefix / token_map).write_text(admit_all)
     settings = FrontSettings(listen=f"{HOST}:{port}", token_map=token_map)
-    config = VARIANTS[name](render(listed, RestLimits.from_env(), settings))
+    config = VARIANTS[name](render(listed, LimitVariables.from_env().limits(), settings))
     for n, p in enumerate(replicas.ports):
         config = config.replace(f"{{sock_{p}}}", replicas.sockets[n])
     (prefix / "nginx.conf").write_text(config)

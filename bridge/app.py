@@ -25,6 +25,7 @@ from bridge.process.backend import DEFAULT_COMMAND, ProcessBackend
 from bridge.process.shared import ConnectShared
 from bridge.server import SERVER_SETTINGS as SERVER_SETTINGS
 from bridge.server import ParserRefusals, head_middleware, head_problem
+from bridge.settings import AppServerVariables, MethodPolicyVariables
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
@@ -400,7 +401,7 @@ def _process_backend(
     """The bundled backend in the mode ``app_server`` says (None: the environment's,
     ``REST_ADAPTER_APP_SERVER_MODE``, so harnesses and tests switch modes from outside)."""
     limits = limits or RestLimits()
-    settings = app_server or AppServerSettings.from_env()
+    settings = app_server or AppServerVariables.from_env().app_server()
     if settings.shared:
         shared = ConnectShared(app_server_command, limits, settings)
         return ProcessBackend(limits=limits, launcher=shared), limits
@@ -410,7 +411,11 @@ def _process_backend(
 def _host_policy(method_policy: MethodPolicy | None) -> MethodPolicy:
     """The host's method rules: as given, else the environment's
     (``REST_ADAPTER_ALLOW_METHODS``, ``REST_ADAPTER_REFUSE_METHODS``)."""
-    return method_policy if method_policy is not None else MethodPolicy.from_env()
+    return (
+        method_policy
+        if method_policy is not None
+        else MethodPolicyVariables.from_env().method_policy()
+    )
 
 
 #: The rules of the ``default`` preset: it refuses the methods that reach the host.

@@ -341,7 +341,7 @@ def read_secrets(
         if variables.token_file is not None:
             shown = f"the token in {TOKEN_VARIABLE}{credentials.FILE_SUFFIX}"
         raise ValueError(f"{shown} {problem}: no request could match it")
-    # Read by AppServerSettings.from_env, from the variable or its _FILE.
+    # Read by AppServerVariables (bridge.settings), from the variable or its _FILE.
     app_server_token = app_server.token
     problem = None if app_server_token is None else token_problem(app_server_token)
     if problem is not None:

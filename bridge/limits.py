@@ -122,18 +122,6 @@ class RestLimits:
     def env_variable(cls, field_name: str) -> str:
         return ENV_PREFIX + field_name.upper()
 
-    @classmethod
-    def from_env(cls, environ: Mapping[str, str] | None = None) -> RestLimits:
-        """Defaults overridden by every ``REST_ADAPTER_*`` limit that is set.
-
-        Raises :class:`RestLimitsEnvError` for a set variable that is not a positive
-        integer, naming the variable, its value and the expected type.
-        """
-        # The one reader of the variables, and its one rule for integers.
-        from bridge.settings import LimitVariables
-
-        return LimitVariables.from_env(environ).limits()
-
 
 #: ``process`` (one app-server per session, the default) or ``shared`` (one for all).
 APP_SERVER_MODES = ("process", "shared")
@@ -171,25 +159,6 @@ class AppServerSettings:
     @property
     def shared(self) -> bool:
         return self.mode == "shared"
-
-    @classmethod
-    def from_env(
-        cls,
-        environ: Mapping[str, str] | None = None,
-        *,
-        mode: str | None = None,
-        url: str | None = None,
-    ) -> AppServerSettings:
-        """From ``REST_ADAPTER_APP_SERVER_MODE``, ``_URL`` and ``_TOKEN`` (or
-        ``_TOKEN_FILE``); ``mode`` and ``url`` (command-line options) win over the variables.
-
-        Raises :class:`RestLimitsEnvError` for a variable that is set to something else
-        than what it can be, naming it (a token's value is never repeated), and
-        ``bridge.credentials.SecretError`` for a token file that cannot be used.
-        """
-        from bridge.settings import AppServerVariables
-
-        return AppServerVariables.from_env(environ).app_server(mode=mode, url=url)
 
 
 def url_problem(url: str) -> str | None:

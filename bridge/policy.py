@@ -299,16 +299,6 @@ class MethodPolicy:
                     f"method rule {rule!r} is not a method name, a prefix ending in '/' or '*'"
                 )
 
-    @classmethod
-    def from_env(cls, environ: Mapping[str, str] | None = None) -> MethodPolicy:
-        """From ``REST_ADAPTER_ALLOW_METHODS`` and ``REST_ADAPTER_REFUSE_METHODS``.
-
-        Raises :class:`RestLimitsEnvError` for a variable with an item that is not a rule.
-        """
-        from bridge.settings import MethodPolicyVariables  # the one reader of the variables
-
-        return MethodPolicyVariables.from_env(environ).method_policy()
-
 
 def _rule_keys(preset_refuses: Iterable[str], host: MethodPolicy) -> dict[str, bool]:
     """Rule key → allowed: the host's allow over the preset's refuse, its refuse over both."""

@@ -103,10 +103,6 @@ class ReplicaSettings:
     peers: Mapping[str, str] = field(default_factory=dict)
     drain_timeout_ms: int = DEFAULT_DRAIN_TIMEOUT_MS
 
-    @classmethod
-    def from_env(cls, environ: Mapping[str, str] | None = None) -> ReplicaSettings:
-        from bridge.settings import ReplicaVariables  # the one reader of the variables
-
 
 def replica_of(session_id: str) -> str | None:
     """The replica a session id names, if it names one."""

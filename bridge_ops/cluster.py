@@ -53,9 +53,9 @@ from pathlib import Path
 import psutil
 
 from bridge import TOKEN_VARIABLE, credentials
-from bridge.limits import RestLimits
 from bridge.process import descendants
 from bridge.replica import PEERS_VARIABLE, REPLICA_ID_VARIABLE
+from bridge.settings import LimitVariables
 from bridge_ops.front import FrontSettings, Replica, render, token_map_text
 
 #: Marks every process a replica starts, so that none outlives the replica.
@@ -255,7 +255,9 @@ class Cluster:
         """nginx.conf for :attr:`front_replicas`, replaced in one rename (nginx never
         reads half a file)."""
         config = render(
-            list(self.front_replicas.values()), RestLimits.from_env(), self.front_settings
+            list(self.front_replicas.values()),
+            LimitVariables.from_env().limits(),
+            self.front_settings,
         )
         path = self.directory / "nginx.conf"
         partial = self.directory / "nginx.conf.new"

@@ -80,6 +80,7 @@ from bridge import TOKEN_VARIABLE, credentials, errors
 from bridge.auth import token_problem
 from bridge.limits import RestLimits, RestLimitsEnvError
 from bridge.replica import PEER_TIMEOUT_SECONDS, ReplicaSettingsError, validate_replica_id
+from bridge.settings import LimitVariables
 
 #: Added to every read timeout derived from a limit: the replica answers first.
 MARGIN_SECONDS = 5
@@ -561,7 +562,7 @@ def main(args: argparse.Namespace) -> int:
         replicas = [parse_replica(text) for text in args.replica]
         config = render(
             replicas,
-            RestLimits.from_env(),
+            LimitVariables.from_env().limits(),
             FrontSettings(
                 listen=args.listen,
                 workers=args.workers,

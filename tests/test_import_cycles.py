@@ -25,10 +25,6 @@ PACKAGES = ("fakes", "bridge", "scenarios")
 KNOWN: dict[str, list[frozenset[str]]] = {
     "fakes": [],
     "bridge": [
-        # limits reads a secret through credentials, which takes limits' names.
-        frozenset({"bridge.credentials", "bridge.limits"}),
-        # startup probes the version through backend, which calls startup.
-        frozenset({"bridge.process.backend", "bridge.process.startup"}),
         # openapi names app's Route type; app builds the document with openapi.
         frozenset({"bridge.app", "bridge.openapi"}),
     ],

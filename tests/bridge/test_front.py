@@ -26,6 +26,7 @@ from processes import nginx_binary
 from bridge.app import ROUTES
 from bridge.auth import BearerToken, presented_token
 from bridge.limits import RestLimits
+from bridge.settings import LimitVariables
 from bridge_ops.cluster import free_port
 from bridge_ops.front import (
     POOLS,
@@ -210,7 +211,9 @@ def test_kubernetes_manifests_match_the_generated_configuration(tmp_path):
     assert grace * 1000 > drain_ms
 
     # The ConfigMap is exactly the generated configuration for these replicas and limits.
-    limits = RestLimits.from_env({k: v["value"] for k, v in env.items() if "value" in v})
+    limits = LimitVariables.from_env(
+        {k: v["value"] for k, v in env.items() if "value" in v}
+    ).limits()
     replicas = [parse_replica(f"{rid}={host}") for rid, host in hosts.items()]
     nginx = front["spec"]["template"]["spec"]["containers"][0]
     listen = str(nginx["ports"][0]["containerPort"])
@@ -257,7 +260,7 @@ def test_write_config_map_replaces_only_the_block(tmp_path):
     done = front_config("--replica", "a=h:1", "--write-config-map", str(manifest))
     assert done.returncode == 0, done.stderr
     text = manifest.read_text()
-    expected = render([Replica("a", "h:1")], RestLimits.from_env({}))
+    expected = render([Replica("a", "h:1")], LimitVariables.from_env({}).limits())
     assert yaml.safe_load_all(text).__next__()["data"]["nginx.conf"] == expected
     assert text.endswith("---\nkind: Service\n")
     assert replace_config_map(text, expected) == text
@@ -838,7 +841,7 @@ def test_every_error_nginx_answers_itself_goes_to_an_internal_location(tmp_path)
     """Named locations cannot take a request whose request line nginx could not read:
     every error page is an internal URI that returns the error payload. Asked of nginx
     itself, with a token map, as a stranger (no token) and as the token's holder."""
-    limits = RestLimits.from_env({"REST_ADAPTER_MAX_BODY_BYTES": "1024"})
+    limits = LimitVariables.from_env({"REST_ADAPTER_MAX_BODY_BYTES": "1024"}).limits()
     pages = front_pages(limits)
     statuses = sorted(s for s in pages if isinstance(s, int))
     assert statuses == [400, 401, 404, 405, 408, 411, 413, 414, 494, 500, 501, 504, 505]

@@ -6,6 +6,7 @@ from pathlib import Path
 import pytest
 
 from bridge.limits import RestLimits, RestLimitsEnvError
+from bridge.settings import LimitVariables
 
 CONTRACT_DEFAULTS = {
     "MAX_SESSIONS": 64,
@@ -33,7 +34,7 @@ CONTRACT_DEFAULTS = {
 
 @pytest.mark.quick
 def test_defaults_are_the_contracts():
-    limits = RestLimits.from_env({})
+    limits = LimitVariables.from_env({}).limits()
     assert {f.name.upper(): getattr(limits, f.name) for f in dataclasses.fields(limits)} == (
         CONTRACT_DEFAULTS
     )
@@ -42,21 +43,24 @@ def test_defaults_are_the_contracts():
 @pytest.mark.quick
 def test_every_limit_is_read_from_its_variable():
     env = {f"REST_ADAPTER_{name}": str(value + 1) for name, value in CONTRACT_DEFAULTS.items()}
-    limits = RestLimits.from_env(env)
+    limits = LimitVariables.from_env(env).limits()
     for name, value in CONTRACT_DEFAULTS.items():
         assert getattr(limits, name.lower()) == value + 1
 
 
 @pytest.mark.quick
 def test_unrelated_variables_are_ignored():
-    assert RestLimits.from_env({"REST_ADAPTER_TOKEN": "x", "MAX_SESSIONS": "zz"}) == RestLimits()
+    assert (
+        LimitVariables.from_env({"REST_ADAPTER_TOKEN": "x", "MAX_SESSIONS": "zz"}).limits()
+        == RestLimits()
+    )
 
 
 @pytest.mark.quick
 @pytest.mark.parametrize("value", ["abc", "1.5", "", "0", "-3", "12kb"])
 def test_unparsable_value_names_variable_value_and_type(value):
     with pytest.raises(RestLimitsEnvError) as info:
-        RestLimits.from_env({"REST_ADAPTER_MAX_SESSIONS": value})
+        LimitVariables.from_env({"REST_ADAPTER_MAX_SESSIONS": value}).limits()
     error = info.value
     assert error.variable == "REST_ADAPTER_MAX_SESSIONS"
     assert error.value == value
@@ -84,7 +88,7 @@ def test_serve_exits_non_zero_with_the_message(tmp_path: Path):
 @pytest.mark.parametrize("raw", [" 5 ", "+5", "1_000", "\u0665", "5\n"])
 def test_only_plain_ascii_digits_are_a_limit(raw):
     with pytest.raises(RestLimitsEnvError):
-        RestLimits.from_env({"REST_ADAPTER_MAX_SESSIONS": raw})
+        LimitVariables.from_env({"REST_ADAPTER_MAX_SESSIONS": raw}).limits()
 
 
 @pytest.mark.quick
@@ -97,7 +101,7 @@ def test_a_misspelt_variable_is_named_and_changed_limits_are_listed():
     assert RestLimits.unknown_variables(env, frozenset({"REST_ADAPTER_TOKEN"})) == [
         "REST_ADAPTER_MAX_SESION"
     ]
-    assert RestLimits.from_env(env).changed() == {"REST_ADAPTER_MAX_SESSIONS": 4}
+    assert LimitVariables.from_env(env).limits().changed() == {"REST_ADAPTER_MAX_SESSIONS": 4}
 
 
 def test_serve_help_names_every_variable_an_operator_sets():

@@ -24,6 +24,7 @@ from bridge.app import DEFAULT_REFUSED_METHODS, default_app, text_turn_app, trus
 from bridge.limits import RestLimitsEnvError
 from bridge.policy import HOST_METHODS, MethodPolicy, MethodRules, canonical
 from bridge.routes import OPENAPI
+from bridge.settings import MethodPolicyVariables
 from scenarios.format import dump_yaml
 
 REST_BRIDGE = str(Path(sys.executable).with_name("rest-bridge"))
@@ -475,12 +476,12 @@ def test_a_rule_that_is_not_a_name_or_prefix_is_refused_in_python(rule):
 
 @pytest.mark.quick
 def test_policy_variables_parse_like_the_limits():
-    policy = MethodPolicy.from_env(
+    policy = MethodPolicyVariables.from_env(
         {"REST_ADAPTER_ALLOW_METHODS": " fs/readFile ,, thread/", "REST_ADAPTER_REFUSE_METHODS": ""}
-    )
+    ).method_policy()
     assert policy == MethodPolicy(allow=frozenset({"fs/readFile", "thread/"}))
     with pytest.raises(RestLimitsEnvError) as raised:
-        MethodPolicy.from_env({"REST_ADAPTER_REFUSE_METHODS": "fs/,x y"})
+        MethodPolicyVariables.from_env({"REST_ADAPTER_REFUSE_METHODS": "fs/,x y"}).method_policy()
     assert raised.value.variable == "REST_ADAPTER_REFUSE_METHODS"
 
 

@@ -26,6 +26,7 @@ from bridge.replica import (
     validate_replica_id,
 )
 from bridge.routes import BACKEND
+from bridge.settings import ReplicaVariables
 
 FAKE_CODEX = [str(Path(sys.executable).with_name("fake-codex")), "app-server"]
 REST_BRIDGE = str(Path(sys.executable).with_name("rest-bridge"))
@@ -50,17 +51,17 @@ def test_other_replica_ids_are_refused(bad):
 
 @pytest.mark.quick
 def test_settings_from_the_environment():
-    settings = ReplicaSettings.from_env(
+    settings = ReplicaVariables.from_env(
         {
             "REST_ADAPTER_REPLICA_ID": "bridge-1",
             "REST_ADAPTER_PEERS": "bridge-0=http://a:1, bridge-1=http://b:2,bridge-2=http://c:3/",
             "REST_ADAPTER_DRAIN_TIMEOUT_MS": "5000",
         }
-    )
+    ).replica()
     assert settings.replica_id == "bridge-1"
     assert dict(settings.peers) == {"bridge-0": "http://a:1", "bridge-2": "http://c:3"}
     assert settings.drain_timeout_ms == 5000
-    assert ReplicaSettings.from_env({}) == ReplicaSettings()
+    assert ReplicaVariables.from_env({}).replica() == ReplicaSettings()
 
 
 @pytest.mark.quick
@@ -76,7 +77,7 @@ def test_settings_from_the_environment():
 )
 def test_bad_settings_name_the_variable(env, needle):
     with pytest.raises(ReplicaSettingsError, match=re.escape(needle)):
-        ReplicaSettings.from_env(env)
+        ReplicaVariables.from_env(env).replica()
 
 
 @pytest.mark.quick

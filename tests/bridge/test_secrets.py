@@ -27,9 +27,9 @@ from processes import marked_processes, nginx_binary
 
 from bridge.credentials import SecretError
 from bridge.errors import RestError
-from bridge.limits import AppServerSettings
 from bridge.models import ClientOptions
 from bridge.process.backend import ProcessBackend
+from bridge.settings import AppServerVariables
 
 REST_BRIDGE = str(Path(sys.executable).with_name("rest-bridge"))
 FAKE_CODEX = str(Path(sys.executable).with_name("fake-codex"))
@@ -472,11 +472,11 @@ def test_the_cluster_launcher_and_nginx_hold_no_secret(tmp_path: Path) -> None:
 
 @pytest.mark.quick
 def test_app_server_settings_read_the_token_file_too(tmp_path: Path) -> None:
-    """The library's way in (and the harness's): AppServerSettings.from_env."""
+    """The library's way in (and the harness's): AppServerVariables.from_env(...).app_server()."""
     (tmp_path / "ws-token").write_text(APP_SERVER_TOKEN + "\n")
     url = {"REST_ADAPTER_APP_SERVER_URL": "ws://127.0.0.1:9"}
     env = {**url, "REST_ADAPTER_APP_SERVER_TOKEN_FILE": str(tmp_path / "ws-token")}
-    assert AppServerSettings.from_env(env).token == APP_SERVER_TOKEN
+    assert AppServerVariables.from_env(env).app_server().token == APP_SERVER_TOKEN
     with pytest.raises(SecretError, match="are both set"):
-        AppServerSettings.from_env({**env, "REST_ADAPTER_APP_SERVER_TOKEN": "x"})
-    assert APP_SERVER_TOKEN not in repr(AppServerSettings.from_env(env))
+        AppServerVariables.from_env({**env, "REST_ADAPTER_APP_SERVER_TOKEN": "x"}).app_server()
+    assert APP_SERVER_TOKEN not in repr(AppServerVariables.from_env(env).app_server())

@@ -10,8 +10,8 @@ import pytest
 
 from bridge.cli import main
 from bridge.limits import RestLimits, RestLimitsEnvError
-from bridge.replica import ReplicaSettings, ReplicaSettingsError
-from bridge.settings import BridgeSettings, LimitVariables, variable_name
+from bridge.replica import ReplicaSettingsError
+from bridge.settings import BridgeSettings, LimitVariables, ReplicaVariables, variable_name
 
 ROOT = Path(__file__).resolve().parents[2]
 API = ROOT / "docs" / "API.md"
@@ -62,21 +62,21 @@ def test_the_console_script_refuses_a_drain_timeout_with_a_sign(tmp_path: Path):
 @pytest.mark.parametrize("raw", NOT_ASCII_DIGITS)
 def test_the_drain_timeout_follows_the_limits_rule(raw):
     with pytest.raises(ReplicaSettingsError, match="REST_ADAPTER_DRAIN_TIMEOUT_MS"):
-        ReplicaSettings.from_env({"REST_ADAPTER_DRAIN_TIMEOUT_MS": raw})
+        ReplicaVariables.from_env({"REST_ADAPTER_DRAIN_TIMEOUT_MS": raw}).replica()
 
 
 def test_a_value_too_long_to_be_a_number_is_named_not_repeated_in_full():
     """More digits than Python converts, and a value of any length: one short line."""
     digits = "7" * 5000
     with pytest.raises(RestLimitsEnvError) as raised:
-        RestLimits.from_env({"REST_ADAPTER_MAX_SESSIONS": digits})
+        LimitVariables.from_env({"REST_ADAPTER_MAX_SESSIONS": digits}).limits()
     assert raised.value.value == digits
     assert (
         str(raised.value)
         == f"REST_ADAPTER_MAX_SESSIONS={'7' * 80!r} is not a valid positive integer"
     )
     with pytest.raises(ReplicaSettingsError) as drained:
-        ReplicaSettings.from_env({"REST_ADAPTER_DRAIN_TIMEOUT_MS": digits})
+        ReplicaVariables.from_env({"REST_ADAPTER_DRAIN_TIMEOUT_MS": digits}).replica()
     assert len(str(drained.value)) < 200
 
 

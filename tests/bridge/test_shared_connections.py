@@ -26,6 +26,7 @@ from processes import open_descriptors
 
 from bridge.app import default_app, trusted_bridge_app
 from bridge.limits import AppServerSettings, RestLimits, RestLimitsEnvError
+from bridge.settings import AppServerVariables
 from scenarios.sse import SseReader
 
 TOKEN = "s3cret-app-server-token"
@@ -399,12 +400,14 @@ async def test_the_default_preset_in_shared_mode_still_refuses_by_preset(serve, 
 @pytest.mark.quick
 def test_settings_from_the_environment():
     env = {"REST_ADAPTER_APP_SERVER_MODE": "shared"}
-    assert AppServerSettings.from_env(env) == AppServerSettings(mode="shared")
+    assert AppServerVariables.from_env(env).app_server() == AppServerSettings(mode="shared")
     url = {"REST_ADAPTER_APP_SERVER_URL": "ws://h:1", "REST_ADAPTER_APP_SERVER_TOKEN": TOKEN}
-    assert AppServerSettings.from_env(url) == AppServerSettings("shared", "ws://h:1", TOKEN)
-    assert TOKEN not in repr(AppServerSettings.from_env(url))
-    assert AppServerSettings.from_env({}).mode == "process"
-    assert AppServerSettings.from_env(env, mode="process").mode == "process"
+    assert AppServerVariables.from_env(url).app_server() == AppServerSettings(
+        "shared", "ws://h:1", TOKEN
+    )
+    assert TOKEN not in repr(AppServerVariables.from_env(url).app_server())
+    assert AppServerVariables.from_env({}).app_server().mode == "process"
+    assert AppServerVariables.from_env(env).app_server(mode="process").mode == "process"
     for variable, value in (
         ("REST_ADAPTER_APP_SERVER_MODE", "Shared"),
         ("REST_ADAPTER_APP_SERVER_URL", "http://h:1"),
@@ -412,7 +415,7 @@ def test_settings_from_the_environment():
         ("REST_ADAPTER_APP_SERVER_URL", "ws://h"),
     ):
         with pytest.raises(RestLimitsEnvError) as caught:
-            AppServerSettings.from_env({variable: value})
+            AppServerVariables.from_env({variable: value}).app_server()
         assert caught.value.variable == variable
     with pytest.raises(ValueError, match="needs the shared mode"):
         AppServerSettings(mode="process", url="ws://h:1")

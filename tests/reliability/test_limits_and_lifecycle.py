@@ -22,6 +22,7 @@ from bridge.app import trusted_bridge_app
 from bridge.limits import RestLimits
 from bridge.process.backend import ProcessBackend
 from bridge.routes import BACKEND
+from bridge.settings import LimitVariables
 from scenarios.sse import SseReader
 
 pytestmark = pytest.mark.asyncio
@@ -57,7 +58,7 @@ async def test_memory_stays_within_the_formula_under_churn_of_big_events(
         "REST_ADAPTER_MAX_LINE_BYTES": str(9 * MIB),
         "REST_ADAPTER_MAX_CONCURRENT_TEXT_TURNS": "1",
     }
-    limits = RestLimits.from_env(env)
+    limits = LimitVariables.from_env(env).limits()
     served = bridge_process(env=env)
     big = {"steps": [{"bigLine": 8 * MIB} for _ in range(10)], "result": {}}
     script = write_script({"methods": {"x/big": big}})
