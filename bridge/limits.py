@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 
@@ -172,3 +173,61 @@ def url_problem(url: str) -> str | None:
             return None
         return "needs a host and a port (ws://HOST:PORT)"
     return "must start with unix:// or ws://"
+
+
+# -- replicas (bridge.replica runs them; these are what the environment says) -------------
+
+REPLICA_ID_VARIABLE = "REST_ADAPTER_REPLICA_ID"
+PEERS_VARIABLE = "REST_ADAPTER_PEERS"
+DRAIN_TIMEOUT_VARIABLE = "REST_ADAPTER_DRAIN_TIMEOUT_MS"
+#: A replica id: a DNS label (lower-case letters, digits, inner hyphens; 1-63 characters).
+REPLICA_ID = re.compile(r"[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?")
+DEFAULT_DRAIN_TIMEOUT_MS = 600_000
+
+
+class ReplicaSettingsError(ValueError):
+    """A replica variable is set to something the bridge cannot use."""
+
+
+def validate_replica_id(value: str) -> str:
+    if not REPLICA_ID.fullmatch(value):
+        raise ReplicaSettingsError(
+            f"{REPLICA_ID_VARIABLE}={value[:80]!r} is not a valid replica id: a DNS label "
+            "(1-63 lower-case letters, digits and inner hyphens, e.g. bridge-0)"
+        )
+    return value
+
+
+def parse_peers(text: str) -> dict[str, str]:
+    """``id=url,id=url`` (whitespace ignored) as a mapping; a bad entry raises."""
+    peers: dict[str, str] = {}
+    for entry in text.replace("\n", ",").split(","):
+        entry = entry.strip()
+        if not entry:
+            continue
+        name, equals, url = entry.partition("=")
+        name, url = name.strip(), url.strip().rstrip("/")
+        if not equals or not url.startswith(("http://", "https://")):
+            raise ReplicaSettingsError(
+                f"{PEERS_VARIABLE}: {entry[:120]!r} is not of the form id=http://host:port"
+            )
+        try:
+            validate_replica_id(name)
+        except ReplicaSettingsError:
+            raise ReplicaSettingsError(
+                f"{PEERS_VARIABLE}: {name[:80]!r} is not a valid replica id"
+            ) from None
+        if name in peers:
+            raise ReplicaSettingsError(f"{PEERS_VARIABLE}: replica {name!r} is listed twice")
+        peers[name] = url
+    return peers
+
+
+@dataclass(frozen=True, slots=True)
+class ReplicaSettings:
+    """What the environment says about this replica (all optional)."""
+
+    replica_id: str | None = None
+    #: The other replicas, by id (this replica's own id is left out if listed).
+    peers: Mapping[str, str] = dataclasses.field(default_factory=dict)
+    drain_timeout_ms: int = DEFAULT_DRAIN_TIMEOUT_MS

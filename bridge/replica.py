@@ -27,9 +27,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import re
 from collections.abc import Mapping
-from dataclasses import dataclass, field
 from typing import Any
 
 import aiohttp
@@ -40,68 +38,23 @@ from bridge.backend import PEER_QUERY_HEADER as PEER_QUERY_HEADER
 from bridge.backend import SEPARATOR as SEPARATOR
 from bridge.backend import Backend, PeerSessions
 from bridge.backend import new_session_id as new_session_id
+from bridge.limits import DEFAULT_DRAIN_TIMEOUT_MS as DEFAULT_DRAIN_TIMEOUT_MS
+from bridge.limits import DRAIN_TIMEOUT_VARIABLE as DRAIN_TIMEOUT_VARIABLE
+from bridge.limits import PEERS_VARIABLE as PEERS_VARIABLE
+from bridge.limits import REPLICA_ID as REPLICA_ID
+from bridge.limits import REPLICA_ID_VARIABLE as REPLICA_ID_VARIABLE
+from bridge.limits import ReplicaSettings as ReplicaSettings
+from bridge.limits import ReplicaSettingsError as ReplicaSettingsError
+from bridge.limits import parse_peers as parse_peers
+from bridge.limits import validate_replica_id as validate_replica_id
 
 log = logging.getLogger("bridge.replica")
 
-REPLICA_ID_VARIABLE = "REST_ADAPTER_REPLICA_ID"
-PEERS_VARIABLE = "REST_ADAPTER_PEERS"
-DRAIN_TIMEOUT_VARIABLE = "REST_ADAPTER_DRAIN_TIMEOUT_MS"
-#: A replica id: a DNS label (lower-case letters, digits, inner hyphens; 1-63 characters).
-REPLICA_ID = re.compile(r"[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?")
-DEFAULT_DRAIN_TIMEOUT_MS = 600_000
 #: How long a replica waits for a peer's list of sessions (a peer that is alive answers
 #: in milliseconds; one that is stopped, its kernel still accepting connections, never).
 PEER_TIMEOUT_SECONDS = 3.0
 #: How often a peer that did not answer in time is asked for its health, until it answers.
 PEER_PROBE_SECONDS = 1.0
-
-
-class ReplicaSettingsError(ValueError):
-    """A replica variable is set to something the bridge cannot use."""
-
-
-def validate_replica_id(value: str) -> str:
-    if not REPLICA_ID.fullmatch(value):
-        raise ReplicaSettingsError(
-            f"{REPLICA_ID_VARIABLE}={value[:80]!r} is not a valid replica id: a DNS label "
-            "(1-63 lower-case letters, digits and inner hyphens, e.g. bridge-0)"
-        )
-    return value
-
-
-def parse_peers(text: str) -> dict[str, str]:
-    """``id=url,id=url`` (whitespace ignored) as a mapping; a bad entry raises."""
-    peers: dict[str, str] = {}
-    for entry in text.replace("\n", ",").split(","):
-        entry = entry.strip()
-        if not entry:
-            continue
-        name, equals, url = entry.partition("=")
-        name, url = name.strip(), url.strip().rstrip("/")
-        if not equals or not url.startswith(("http://", "https://")):
-            raise ReplicaSettingsError(
-                f"{PEERS_VARIABLE}: {entry[:120]!r} is not of the form id=http://host:port"
-            )
-        try:
-            validate_replica_id(name)
-        except ReplicaSettingsError:
-            raise ReplicaSettingsError(
-                f"{PEERS_VARIABLE}: {name[:80]!r} is not a valid replica id"
-            ) from None
-        if name in peers:
-            raise ReplicaSettingsError(f"{PEERS_VARIABLE}: replica {name!r} is listed twice")
-        peers[name] = url
-    return peers
-
-
-@dataclass(frozen=True, slots=True)
-class ReplicaSettings:
-    """What the environment says about this replica (all optional)."""
-
-    replica_id: str | None = None
-    #: The other replicas, by id (this replica's own id is left out if listed).
-    peers: Mapping[str, str] = field(default_factory=dict)
-    drain_timeout_ms: int = DEFAULT_DRAIN_TIMEOUT_MS
 
 
 def replica_of(session_id: str) -> str | None:

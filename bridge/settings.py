@@ -31,20 +31,18 @@ from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, Settings
 from bridge.credentials import read_secret
 from bridge.limits import (
     APP_SERVER_MODES,
+    DEFAULT_DRAIN_TIMEOUT_MS,
     ENV_PREFIX,
     AppServerSettings,
-    RestLimits,
-    RestLimitsEnvError,
-    url_problem,
-)
-from bridge.policy import MethodPolicy, parse_rules
-from bridge.replica import (
-    DEFAULT_DRAIN_TIMEOUT_MS,
     ReplicaSettings,
     ReplicaSettingsError,
+    RestLimits,
+    RestLimitsEnvError,
     parse_peers,
+    url_problem,
     validate_replica_id,
 )
+from bridge.policy import MethodPolicy, parse_rules
 
 #: The most characters of a bad value an error message repeats.
 SHOWN_CHARACTERS = 80
