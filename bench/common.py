@@ -223,7 +223,8 @@ def free_port() -> int:
 
 
 class Bridge:
-    """``rest-bridge serve`` on a free loopback port, fronting fake-codex."""
+    """``rest-bridge serve`` on a free loopback port, fronting fake-codex (or the
+    app-server ``app_server`` starts)."""
 
     def __init__(
         self,
@@ -231,7 +232,9 @@ class Bridge:
         loop: str | None = None,
         script: bool = True,
         env: dict[str, str] | None = None,
+        app_server: Sequence[str] | None = None,
     ) -> None:
+        self.app_server = list(app_server) if app_server is not None else fake_argv()
         self.limits = limits or {}
         self.extra_env = env or {}
         self.loop = loop
@@ -250,7 +253,7 @@ class Bridge:
         return f"http://{HOST}:{self.port}"
 
     def __enter__(self) -> Bridge:
-        command = shlex.join(fake_argv())
+        command = shlex.join(self.app_server)
         argv = [str(BIN / "rest-bridge"), "serve", "--host", HOST, "--port", str(self.port)]
         argv += ["--app-server", command]
         if self.loop:
