@@ -75,19 +75,18 @@ def dump(model: BaseModel) -> Any:
 DECODED_ENCODINGS = frozenset({"", "identity", "gzip", "x-gzip", "deflate"})
 
 
-async def read_body(request: web.Request, model: type[M]) -> M:
+async def read_body(request: web.Request, limits: RestLimits, model: type[M]) -> M:
     """The request body validated as ``model``; an empty body counts as ``{}``."""
-    return validate_body(model, await read_raw_body(request))
+    return validate_body(model, await read_raw_body(request, limits))
 
 
-async def read_raw_body(request: web.Request) -> bytes:
+async def read_raw_body(request: web.Request, limits: RestLimits) -> bytes:
     """The request body's bytes, decoded.
 
     It must arrive within BODY_TIMEOUT_MS (else 408, and the connection is closed) and
     use a content coding the bridge decodes (else 415); decoded, it must fit
     MAX_BODY_BYTES like any other body (413).
     """
-    limits = request.app[CONFIG].limits
     limit = limits.max_body_bytes
     encoding = request.headers.get("Content-Encoding", "").strip().lower()
     if encoding not in DECODED_ENCODINGS:
@@ -95,10 +94,13 @@ async def read_raw_body(request: web.Request) -> bytes:
     if request.content_length is not None and request.content_length > limit:
         raise errors.payload_too_large(limit)
     try:
-        if request.content.is_eof():
-            # The whole body has arrived (a small body comes with its headers): reading
-            # it cannot wait, so it needs no deadline (and no timer per request).
-            raw = await request.read()
+        content = request.content
+        if content.is_eof():
+            # The whole body has arrived (a small body comes with its headers): it is
+            # taken as it is buffered, with no deadline (no timer per request) and no wait.
+            raw = content.read_nowait()
+            if len(raw) > limit:
+                raise errors.payload_too_large(limit)
         else:
             async with asyncio.timeout(limits.body_timeout_ms / 1000):
                 raw = await request.read()
@@ -204,9 +206,9 @@ def call_body(raw: bytes) -> tuple[Any, int | None]:
     return body.params, body.timeout_ms
 
 
-def check_options(request: web.Request, options: ClientOptions | None) -> None:
+def check_options(config: RouterConfig, options: ClientOptions | None) -> None:
     """Refuse ClientOptions fields that this router's preset does not allow."""
-    refuse_options(options, request.app[CONFIG].allowed_client_options)
+    refuse_options(options, config.allowed_client_options)
 
 
 def refuse_options(options: ClientOptions | None, allowed: frozenset[str] | None) -> None:
@@ -222,17 +224,17 @@ def refuse_options(options: ClientOptions | None, allowed: frozenset[str] | None
         raise errors.reserved_variables(reserved)
 
 
-def check_method(request: web.Request, method: str) -> None:
+def check_method(config: RouterConfig, method: str) -> None:
     """Refuse an app-server method the router's method policy refuses (403), before
     anything is spawned or sent."""
-    rules = request.app[CONFIG].method_rules
+    rules = config.method_rules
     if not rules.allows_all and not rules.allows(method):
         raise errors.method_refused(method)
 
 
-def check_params(request: web.Request, method: str, params: Any) -> None:
+def check_params(config: RouterConfig, method: str, params: Any) -> None:
     """Refuse the params the router's method policy refuses ``method`` to carry (403)."""
-    refused = request.app[CONFIG].method_rules.refused_params_of(method, params)
+    refused = config.method_rules.refused_params_of(method, params)
     if refused:
         raise errors.method_refused(method, refused)
 
@@ -287,23 +289,27 @@ TEXT_TURN_METHODS = ("thread/start", "turn/start")
 
 
 async def text_turn(request: web.Request) -> web.Response:
+    app = request.app
+    config = app[CONFIG]
     for method in TEXT_TURN_METHODS:
-        check_method(request, method)
-    body = await read_body(request, TextTurnRequest)
-    check_options(request, body.options)
-    check_params(request, "thread/start", body.thread_params)
-    check_params(request, "turn/start", body.turn_params)
-    result = await backend(request).text_turn(body)
+        check_method(config, method)
+    body = await read_body(request, config.limits, TextTurnRequest)
+    check_options(config, body.options)
+    check_params(config, "thread/start", body.thread_params)
+    check_params(config, "turn/start", body.turn_params)
+    result = await app[BACKEND].text_turn(body)
     return json_response(result.model_dump(mode="json", by_alias=True, exclude_unset=True))
 
 
 async def call(request: web.Request) -> web.Response:
+    app = request.app
+    config = app[CONFIG]
     method = request.match_info["method"]
-    check_method(request, method)
-    body = await read_body(request, SessionlessCallBody)
-    check_options(request, body.options)
-    check_params(request, method, body.params)
-    result = await backend(request).call(
+    check_method(config, method)
+    body = await read_body(request, config.limits, SessionlessCallBody)
+    check_options(config, body.options)
+    check_params(config, method, body.params)
+    result = await app[BACKEND].call(
         method, body.params, options=body.options, timeout_ms=body.timeout_ms
     )
     return json_response({"result": result})
@@ -323,9 +329,11 @@ async def list_sessions(request: web.Request) -> web.Response:
 
 
 async def create_session(request: web.Request) -> web.Response:
-    body = await read_body(request, SessionCreateRequest)
-    check_options(request, body.options)
-    created = await backend(request).create_session(body.options)
+    app = request.app
+    config = app[CONFIG]
+    body = await read_body(request, config.limits, SessionCreateRequest)
+    check_options(config, body.options)
+    created = await app[BACKEND].create_session(body.options)
     return json_response(dump(created), status=201)
 
 
@@ -336,12 +344,15 @@ async def delete_session(request: web.Request) -> web.Response:
 
 
 async def session_call(request: web.Request) -> web.Response:
+    app = request.app
+    config = app[CONFIG]
     match_info = request.match_info
-    check_method(request, match_info["method"])
-    params, timeout_ms = call_body(await read_raw_body(request))
-    check_params(request, match_info["method"], params)
-    result = await backend(request).session_call(
-        match_info["sessionId"], match_info["method"], params, timeout_ms=timeout_ms
+    method = match_info["method"]
+    check_method(config, method)
+    params, timeout_ms = call_body(await read_raw_body(request, config.limits))
+    check_params(config, method, params)
+    result = await app[BACKEND].session_call(
+        match_info["sessionId"], method, params, timeout_ms=timeout_ms
     )
     return json_response({"result": result})
 
@@ -460,14 +471,14 @@ async def openapi_document(request: web.Request) -> web.Response:
 
 
 async def reply_result(request: web.Request) -> web.Response:
-    body = await read_body(request, ReplyResult)
+    body = await read_body(request, request.app[CONFIG].limits, ReplyResult)
     key = request.match_info["requestKey"]
     await backend(request).reply_result(request.match_info["sessionId"], key, body.result)
     return json_response({"status": "sent", "requestKey": key})
 
 
 async def reply_error(request: web.Request) -> web.Response:
-    body = await read_body(request, ReplyError)
+    body = await read_body(request, request.app[CONFIG].limits, ReplyError)
     key = request.match_info["requestKey"]
     await backend(request).reply_error(
         request.match_info["sessionId"], key, body.code, body.message, body.data

@@ -24,6 +24,7 @@ refusals are the error payload, and a head must arrive within ``HEADER_TIMEOUT_M
 
 from __future__ import annotations
 
+import itertools
 import logging
 import re
 import time
@@ -91,15 +92,22 @@ def uri_too_long(limit: int) -> errors.RestError:
     )
 
 
+#: ``"  HTTP/1.1\r\n"``: what a request line holds besides its method and target (the
+#: two spaces, the version of one digit each side, as aiohttp's parsers take it, the CRLF).
+_LINE_EXTRA = len("  HTTP/1.1\r\n")
+_chain = itertools.chain.from_iterable
+
+
 def head_sizes(request: web.BaseRequest) -> tuple[int, int]:
     """The bytes of ``request``'s request line and of its whole head, as parsed (each
     line with its CRLF, the empty line ending the head included)."""
-    version = request.version
-    line = (
-        len(request.method) + len(request.raw_path) + len(f"  HTTP/{version[0]}.{version[1]}\r\n")
-    )
-    headers = sum(len(name) + len(value) + 4 for name, value in request.raw_headers)
-    return line, line + headers + 2
+    major, minor = request.version
+    line = len(request.method) + len(request.raw_path) + _LINE_EXTRA
+    if major > 9 or minor > 9:
+        line += len(str(major)) + len(str(minor)) - 2
+    headers = request.raw_headers
+    # ": " and CRLF per header; the names and values counted in one pass in C.
+    return line, line + len(b"".join(_chain(headers))) + 4 * len(headers) + 2
 
 
 def head_problem(request: web.BaseRequest, max_header_bytes: int) -> errors.RestError | None:
