@@ -33,7 +33,7 @@ from bridge.models import (
     TextTurnRequest,
 )
 from bridge.policy import MethodPolicy, MethodRules
-from bridge.wire import JSONDecodeError, dumps, loads
+from bridge.wire import dumps
 
 M = TypeVar("M", bound=BaseModel)
 
@@ -175,35 +175,6 @@ def validate_body(model: type[M], raw: bytes) -> M:
             else "The request body does not match the expected shape."
         )
         raise errors.bad_request(message, data={"errors": details}) from None
-
-
-_CALL_KEYS = frozenset({"params", "timeoutMs"})
-_MAX_MS = 2**63 - 1
-#: Below this many `{` and `[`, a body is less deeply nested than pydantic's parser
-#: allows (it refuses some 250 levels; orjson reads 1024).
-_FAST_BRACKETS = 200
-
-
-def call_body(raw: bytes) -> tuple[Any, int | None]:
-    """A session call's body, ``(params, timeoutMs)``: :func:`validate_body` with
-    :class:`CallBody`, minus pydantic for the bodies it would take as they are.
-
-    A body of at most the two fields, ``timeoutMs`` absent, null or an integer in
-    range, parsed by orjson (through :func:`bridge.wire.loads`, so big integers stay
-    exact), is the same values pydantic would give; anything else (an error, an alias,
-    ``1000.0``, deep nesting, NaN) goes through pydantic, so errors read as before.
-    """
-    if raw.count(b"{") + raw.count(b"[") < _FAST_BRACKETS:
-        try:
-            value = loads(raw) if raw.strip() else {}
-        except JSONDecodeError:
-            value = None
-        if type(value) is dict and value.keys() <= _CALL_KEYS:
-            timeout_ms = value.get("timeoutMs")
-            if timeout_ms is None or (type(timeout_ms) is int and 1 <= timeout_ms <= _MAX_MS):
-                return value.get("params"), timeout_ms
-    body = validate_body(CallBody, raw)
-    return body.params, body.timeout_ms
 
 
 def check_options(config: RouterConfig, options: ClientOptions | None) -> None:
@@ -349,10 +320,10 @@ async def session_call(request: web.Request) -> web.Response:
     match_info = request.match_info
     method = match_info["method"]
     check_method(config, method)
-    params, timeout_ms = call_body(await read_raw_body(request, config.limits))
-    check_params(config, method, params)
+    body = await read_body(request, config.limits, CallBody)
+    check_params(config, method, body.params)
     result = await app[BACKEND].session_call(
-        match_info["sessionId"], method, params, timeout_ms=timeout_ms
+        match_info["sessionId"], method, body.params, timeout_ms=body.timeout_ms
     )
     return json_response({"result": result})
 
