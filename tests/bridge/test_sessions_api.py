@@ -327,6 +327,28 @@ async def test_chunked_body_over_the_limit_is_413(bridge, http):
 
 
 @pytest.mark.quick
+@pytest.mark.parametrize("size", [100, 101, 4000])
+async def test_chunked_body_that_arrived_whole_is_bounded_too(bridge, size):
+    """A chunked body (no Content-Length) sent in one write with its head is all there
+    when the handler runs: it is measured as it is taken, a 413 past MAX_BODY_BYTES."""
+    base = await bridge(max_body_bytes=100)
+    host, port = URL(base).host, URL(base).port
+    reader, writer = await asyncio.open_connection(host, port)
+    body = b'{"params": "' + b"x" * (size - 14) + b'"}'
+    assert len(body) == size
+    writer.write(
+        b"POST /v1/sessions/nope/call/x HTTP/1.1\r\nHost: t\r\n"
+        b"Transfer-Encoding: chunked\r\n\r\n%x\r\n%s\r\n0\r\n\r\n" % (size, body)
+    )
+    await writer.drain()
+    head = await reader.readuntil(b"\r\n\r\n")
+    writer.close()
+    await writer.wait_closed()
+    # Within the bound, the body is read and the session is looked up (404).
+    assert head.startswith(b"HTTP/1.1 413 " if size > 100 else b"HTTP/1.1 404 "), head
+
+
+@pytest.mark.quick
 async def test_invalid_json_is_400(bridge, http):
     base = await bridge()
     async with http.post(f"{base}/v1/sessions", data=b"{not json") as response:
