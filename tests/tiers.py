@@ -106,11 +106,15 @@ def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> 
 def _on_audit_event(event: str, args: tuple[Any, ...]) -> None:
     if not _watching or event not in SPAWN_EVENTS:
         return
-    where = SPAWN_EVENTS[event]
-    argv = args[where] if where is not None else [event]
-    if isinstance(argv, (str, bytes, os.PathLike)):
-        argv = [argv]
-    words = [os.fsdecode(word) for word in argv]
+    # An exception here would fail the call being audited: none leaves this function.
+    try:
+        where = SPAWN_EVENTS[event]
+        argv = args[where] if where is not None else [event]
+        if isinstance(argv, (str, bytes, os.PathLike)):
+            argv = [argv]
+        words = [os.fsdecode(word) for word in argv]
+    except Exception:
+        words = [event]
     if _allowed(words):
         return
     for started in _watching:
