@@ -10,6 +10,7 @@ transcript (left out with `--tb=short`, `line` or `no`). Without pytest-asyncio 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import fnmatch
 import os
 import re
@@ -302,6 +303,14 @@ def _tmp_root(config: pytest.Config) -> Path:
             root = Path(tempfile.mkdtemp(prefix="pytest-scenarios-"))
         config.stash[_TMP_ROOT] = root
     return root
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    """The run's own directory goes once empty: only failed runs' directories are kept."""
+    root = config.stash.get(_TMP_ROOT, None)
+    if root is not None and not config.getoption("basetemp"):
+        with contextlib.suppress(OSError):
+            root.rmdir()
 
 
 StartBridge = Callable[..., Awaitable["RunningBridge"]]

@@ -15,11 +15,13 @@ TESTS = Path(__file__).resolve().parent
 
 
 @pytest.fixture
-def project(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> pytest.Pytester:
+def project(pytester: pytest.Pytester) -> pytest.Pytester:
     """A project whose conftest registers the tiers as this project's tests/conftest.py does."""
-    monkeypatch.syspath_prepend(str(TESTS))
     pytester.makeconftest(
-        """
+        f"""
+        import sys
+
+        sys.path.append({str(TESTS)!r})  # last: tests/bridge must not hide the package
         import tiers
 
         def pytest_configure(config):
@@ -75,6 +77,21 @@ def test_a_quick_test_that_starts_a_process_fails_naming_it_and_the_phase(
             def test_starts_nginx():
                 subprocess.run([NGINX, "-c", "/dev/null"], check=True)
 
+            @pytest.fixture
+            def joined():
+                children = []
+                yield children
+                for child in children:
+                    child.join()
+                    child.close()
+
+            @pytest.mark.quick
+            def test_starts_one_through_multiprocessing(joined):
+                import multiprocessing
+                child = multiprocessing.get_context("spawn").Process(target=print)
+                child.start()
+                joined.append(child)
+
             @pytest.mark.quick
             def test_starts_nothing():
                 pass
@@ -84,8 +101,9 @@ def test_a_quick_test_that_starts_a_process_fails_naming_it_and_the_phase(
             """
         )
     )
-    result = project.runpytest_inprocess("-p", "no:cacheprovider", "-rfE")
-    result.assert_outcomes(passed=3, failed=3, errors=1)
+    # In a process of its own: multiprocessing leaves its resource tracker running there.
+    result = project.runpytest_subprocess("-p", "no:cacheprovider", "-rfE")
+    result.assert_outcomes(passed=3, failed=4, errors=1)
     fails = "a quick test started 1 process(es) in its"
     result.stdout.fnmatch_lines(
         [
@@ -97,6 +115,10 @@ def test_a_quick_test_that_starts_a_process_fails_naming_it_and_the_phase(
             f"{fails} call: true. *",
             "*_ test_starts_nginx _*",
             f"{fails} call: {nginx} -c /dev/null. *",
+            "*_ test_starts_one_through_multiprocessing _*",
+            # The child, and the resource tracker the spawn starts first (the child may be
+            # caught before its exec, or after its exit: "pid N" then).
+            "a quick test started * process(es) in its call: *multiprocessing*",
         ]
     )
 

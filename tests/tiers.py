@@ -5,8 +5,9 @@ module, or ``@pytest.mark.quick`` on it) starts no process. What it needs runs i
 test process: an in-process bridge, the in-process fakes. `nginx -t`, which checks a
 configuration file and serves nothing, is the one exception. The rule holds because it
 is checked: Python's audit events (``subprocess.Popen``, ``os.fork``, ``os.posix_spawn``,
-``os.system``) report each process this process starts, and a quick test that starts one
-fails, naming it, in the phase (setup, call, teardown) that started it.
+``os.system``) report each process this process starts, a child still there at the end
+of a phase is seen in ``/proc``, and a quick test that starts one fails, naming it, in the
+phase (setup, call, teardown) that started it.
 
 **Groups** (`make test`, ``--dist loadgroup``): a worker runs one test at a time, but a
 test that reads this process's own state counts whatever the worker's earlier tests left
@@ -105,15 +106,37 @@ def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> 
 def _on_audit_event(event: str, args: tuple[Any, ...]) -> None:
     if not _watching or event not in SPAWN_EVENTS:
         return
-    where = SPAWN_EVENTS[event]
-    argv = args[where] if where is not None else [event]
-    if isinstance(argv, (str, bytes, os.PathLike)):
-        argv = [argv]
-    words = [os.fsdecode(word) for word in argv]
+    # An exception here would fail the call being audited: none leaves this function.
+    try:
+        where = SPAWN_EVENTS[event]
+        argv = args[where] if where is not None else [event]
+        if isinstance(argv, (str, bytes, os.PathLike)):
+            argv = [argv]
+        words = [os.fsdecode(word) for word in argv]
+    except Exception:
+        words = [event]
     if _allowed(words):
         return
     for started in _watching:
         started.append(" ".join(words)[:200])
+
+
+def _children() -> set[int]:
+    """This process's children (each thread's; zombies included)."""
+    found: set[int] = set()
+    for task in os.listdir("/proc/self/task"):
+        with contextlib.suppress(OSError), open(f"/proc/self/task/{task}/children") as f:
+            found.update(int(pid) for pid in f.read().split())
+    return found
+
+
+def _command(pid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            argv = f.read().split(b"\0")
+    except OSError:
+        return f"pid {pid}"
+    return " ".join(os.fsdecode(word) for word in argv if word)[:200] or f"pid {pid}"
 
 
 def _allowed(argv: list[str]) -> bool:
@@ -128,11 +151,15 @@ def no_process_started(item: pytest.Item, phase: str) -> Iterator[None]:
         yield
         return
     started: list[str] = []
+    children = _children()
     _watching.append(started)
     try:
         yield
     finally:
         _watching.remove(started)
+    # A child started otherwise (multiprocessing's spawn, say, raises no event) is seen if
+    # it is still there: alive, or exited and not yet reaped.
+    started += [_command(pid) for pid in sorted(_children() - children)]
     if started:
         pytest.fail(
             f"a quick test started {len(started)} process(es) in its {phase}: "

@@ -240,6 +240,18 @@ def test_a_host_project_hears_nothing_about_the_loop_scope_and_its_fixtures_keep
     chosen.stdout.fnmatch_lines(["asyncio: *asyncio_default_fixture_loop_scope=function,*"])
 
 
+def test_with_pytest_asyncio_turned_off_the_loop_scope_is_not_declared(
+    pytester: pytest.Pytester,
+) -> None:
+    """Under `-p no:asyncio` the plugin leaves pytest-asyncio's option alone: a host's
+    configuration that sets it is then an unknown option, as without the plugin."""
+    pytester.makepyfile("def test_sync():\n    assert True\n")
+    result = pytester.runpytest_subprocess(*QUIET, "-p", "no:asyncio", "--help")
+    assert "asyncio_default_fixture_loop_scope" not in result.stdout.str()
+    result = pytester.runpytest_subprocess(*QUIET, "-p", "no:asyncio")
+    result.assert_outcomes(passed=1)
+
+
 MODEL_SCENARIO = """
 scenario: 1
 name: needs-the-real-codex

@@ -54,6 +54,13 @@ def test_a_checkout_with_the_harness_extra_alone_runs_its_library() -> None:
     assert "INTERNALERROR" not in done.stdout + done.stderr
 
 
+def test_a_passing_run_without_basetemp_leaves_no_directory_behind(tmp_path: Path) -> None:
+    scenario = LIBRARY / "auth-rejection.scenario.yaml"
+    done = run_cli("run", str(scenario), TMPDIR=str(tmp_path))
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert not list(tmp_path.glob("pytest-scenarios-*"))
+
+
 def write(tmp_path: Path, name: str, text: str) -> Path:
     path = tmp_path / name
     path.write_text(textwrap.dedent(text).lstrip())
