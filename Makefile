@@ -120,7 +120,7 @@ $(LOWEST_VENV)/.installed: pyproject.toml
 
 test-lowest: $(LOWEST_VENV)/.installed codex nginx
 	$(LOWEST_VENV)/bin/python -c 'import aiohttp, pydantic; print("lowest: aiohttp", aiohttp.__version__, "pydantic", pydantic.VERSION)'
-	$(LOWEST_VENV)/bin/pytest tests/bridge -q -p no:cacheprovider
+	$(LOWEST_VENV)/bin/pytest tests/bridge -q -p no:cacheprovider -n $(JOBS) --dist loadgroup
 
 # The quick tier, after every change: lint, types, and the tests marked `quick`, which
 # start no process (nginx -t aside); tests/tiers.py fails one that does.
