@@ -52,7 +52,7 @@ from pathlib import Path
 
 import psutil
 
-from bridge import TOKEN_VARIABLE, credentials
+from bridge import TOKEN_VARIABLE, credentials, runtime
 from bridge.process import descendants
 from bridge.replica import PEERS_VARIABLE, REPLICA_ID_VARIABLE
 from bridge.settings import LimitVariables
@@ -486,7 +486,7 @@ async def _stop_all(cluster: Cluster, watching: Awaitable[None]) -> int:
 
 async def run(cluster: Cluster) -> int:
     stop = asyncio.Event()
-    descendants.stop_on_first_signal(stop)
+    runtime.stop_on_first_signal(stop)
     descendants.become_subreaper()
     for attempt in range(1, START_ATTEMPTS + 1):
         try:
