@@ -229,9 +229,9 @@ class SharedAppServer:
         )
 
     async def _died(self, process: StdioChannel | None) -> bool:
-        """Whether the supervised ``process`` has died: waited for a moment (a refused
-        connection can come before the bridge learns of the exit), and then until the
-        bridge has taken note of it (its restart is scheduled)."""
+        """Whether the supervised ``process`` has died: waited for a moment (a refused or
+        dropped connection can come before the bridge learns of the exit), and then until
+        the bridge has taken note of it (its sessions ended, its restart scheduled)."""
         if process is None:
             return False
         with contextlib.suppress(TimeoutError):
@@ -266,20 +266,7 @@ class SharedAppServer:
     async def closed_by_server(self) -> None:
         """A connection the app-server dropped: wait a moment for the process's exit, so
         that a crash ends the session as a crash (:meth:`WebSocketChannel.server_exited`)."""
-        process = self.process
-        if process is None or not process.running:
-            return
-        with contextlib.suppress(TimeoutError):
-            async with asyncio.timeout(_CLOSE_TO_EXIT_SECONDS):
-                await process.dead.wait()
-        if process.dead.is_set():
-            with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(_EXIT_TO_FINISH_SECONDS):
-                    await process.wait()
-
-    def note_initialize(self, result: Any) -> None:
-        if isinstance(result, dict) and isinstance(result.get("userAgent"), str):
-            self.last_user_agent = str(result["userAgent"])[:200]
+        await self._died(self.process)
 
     # -- the supervised process ------------------------------------------------
 
@@ -615,7 +602,8 @@ class ConnectShared:
         return JsonRpcPeer(await self.server.connect(), message_filter=Tenant())
 
     def initialized(self, result: Any) -> None:
-        self.server.note_initialize(result)
+        if isinstance(result, dict) and isinstance(result.get("userAgent"), str):
+            self.server.last_user_agent = str(result["userAgent"])[:200]
 
     async def close(self) -> None:
         await self.server.close()
