@@ -149,7 +149,7 @@ class ProcessBackend(Backend):
         self._processes.add(process)
         process.exit_callbacks.append(lambda _: self._processes.discard(process))
         if self._closing:
-            await self._stop(process)
+            await process.shutdown(self.limits.shutdown_grace_ms / 1000)
             raise errors.app_server_spawn_failed("The bridge is shutting down.")
         return process
 
@@ -183,9 +183,6 @@ class ProcessBackend(Backend):
                 "the app-server stopped taking input after answering `initialize`"
             ) from None
 
-    async def _stop(self, process: JsonRpcPeer) -> None:
-        await process.shutdown(self.limits.shutdown_grace_ms / 1000)
-
     async def _stop_fully(self, process: JsonRpcPeer) -> None:
         """Stop ``process`` and wait until it is gone, even when the caller is cancelled.
 
@@ -193,7 +190,7 @@ class ProcessBackend(Backend):
         still be stopped, and its slot held until it is gone. The cancellation is
         re-raised once it is.
         """
-        stopping = asyncio.ensure_future(self._stop(process))
+        stopping = asyncio.ensure_future(process.shutdown(self.limits.shutdown_grace_ms / 1000))
         cancelled = False
         while not stopping.done():
             try:
