@@ -11,7 +11,7 @@ import contextlib
 import logging
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 from bridge import __version__, errors
@@ -224,13 +224,20 @@ class ProcessBackend(Backend):
         self.check_drained()
         await self.drained.wait()
 
-    def _reserve_slot(self) -> None:
+    @contextlib.contextmanager
+    def _slot(self) -> Iterator[None]:
+        """One of MAX_SESSIONS held for a session being created or a sessionless call."""
         if self.draining:
             raise errors.replica_draining()
         held = len(self._sessions) + self._reserved + self._stopping
         if held >= self.limits.max_sessions:
             raise errors.session_limit_reached(self.limits.max_sessions)
         self._reserved += 1
+        try:
+            yield
+        finally:
+            self._reserved -= 1
+            self.check_drained()
 
     # -- compatibility ---------------------------------------------------------
 
@@ -242,8 +249,7 @@ class ProcessBackend(Backend):
     async def call(
         self, method: str, params: Any, *, options: ClientOptions | None, timeout_ms: int | None
     ) -> Any:
-        self._reserve_slot()
-        try:
+        with self._slot():
             process = await self._spawn(options)
             try:
                 process.on_request = _refuse_server_request(process)
@@ -255,15 +261,11 @@ class ProcessBackend(Backend):
                     raise rpc_failure(exc, f"The call to {method!r}") from None
             finally:
                 await self._stop_fully(process)
-        finally:
-            self._reserved -= 1
-            self.check_drained()
 
     # -- sessions --------------------------------------------------------------
 
     async def create_session(self, options: ClientOptions | None) -> SessionCreated:
-        self._reserve_slot()
-        try:
+        with self._slot():
             process = await self._spawn(options)
             session = Session(
                 process,
@@ -274,9 +276,6 @@ class ProcessBackend(Backend):
             )
             session.initialize_result = await self._initialize(process, options)
             self._sessions[session.id] = session
-        finally:
-            self._reserved -= 1
-            self.check_drained()
         return SessionCreated.model_construct(
             session_id=session.id,
             created_at=rfc3339(session.created_at),
@@ -349,8 +348,8 @@ class ProcessBackend(Backend):
                     return await turn.run(self.limits.call_timeout_ms / 1000)
             except TimeoutError:
                 data: dict[str, Any] = {"reason": "deadline"}
-                if turn.state.last_error is not None:
-                    data["lastError"] = turn.state.last_error  # e.g. codex retrying its model
+                if turn.last_error is not None:
+                    data["lastError"] = turn.last_error  # e.g. codex retrying its model
                 raise errors.RestError(
                     504,
                     "timeout",
