@@ -53,8 +53,8 @@ from pathlib import Path
 import psutil
 
 from bridge import TOKEN_VARIABLE, credentials, runtime
+from bridge.limits import PEERS_VARIABLE, REPLICA_ID_VARIABLE
 from bridge.process import descendants
-from bridge.replica import PEERS_VARIABLE, REPLICA_ID_VARIABLE
 from bridge.settings import LimitVariables
 from bridge_ops.front import FrontSettings, Replica, render, token_map_text
 
