@@ -231,9 +231,19 @@ class ConnectShared:
         raise AssertionError("unreachable")  # the last attempt returns or raises
 
     async def _ws_connect(self) -> aiohttp.ClientWebSocketResponse:
-        client, url, headers = self._target()
-        return await client.ws_connect(
-            url,
+        url = self.url or f"unix://{self._socket}"
+        if self._client is None or self._client.closed:
+            connector: aiohttp.BaseConnector = (
+                aiohttp.UnixConnector(path=url[len("unix://") :], limit=0)
+                if url.startswith("unix://")
+                else aiohttp.TCPConnector(limit=0)
+            )
+            self._client = aiohttp.ClientSession(connector=connector)
+        headers: dict[str, str] = {}
+        if url.startswith("ws://") and self._token:
+            headers["Authorization"] = f"Bearer {self._token}"
+        return await self._client.ws_connect(
+            url if url.startswith("ws://") else "http://localhost/",
             headers=headers,
             max_msg_size=self._max_line_bytes,
             autoclose=False,
@@ -264,25 +274,6 @@ class ConnectShared:
             async with asyncio.timeout(_EXIT_TO_FINISH_SECONDS):
                 await process.wait()
         return True
-
-    def _target(self) -> tuple[aiohttp.ClientSession, str, dict[str, str]]:
-        if self._client is None or self._client.closed:
-            if self.url is not None and self.url.startswith("unix://"):
-                connector: aiohttp.BaseConnector = aiohttp.UnixConnector(
-                    path=self.url[len("unix://") :], limit=0
-                )
-            elif self.url is not None:
-                connector = aiohttp.TCPConnector(limit=0)
-            else:
-                assert self._socket is not None
-                connector = aiohttp.UnixConnector(path=self._socket, limit=0)
-            self._client = aiohttp.ClientSession(connector=connector)
-        headers: dict[str, str] = {}
-        if self.url is not None and self.url.startswith("ws://"):
-            if self._token:
-                headers["Authorization"] = f"Bearer {self._token}"
-            return self._client, self.url, headers
-        return self._client, "http://localhost/", headers
 
     async def closed_by_server(self) -> None:
         """A connection the app-server dropped: wait a moment for the process's exit, so
