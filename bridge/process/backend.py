@@ -29,7 +29,7 @@ from bridge.models import (
 from bridge.process import startup
 from bridge.process.launch import AppServerLauncher, SpawnStdio
 from bridge.process.peer import JsonRpcPeer, ProcessGone, RpcError, StdinFull
-from bridge.process.session import Session, SessionStream, rpc_failure
+from bridge.process.session import Session, rpc_failure
 from bridge.process.startup import DEFAULT_COMMAND as DEFAULT_COMMAND
 from bridge.process.startup import parse_command as parse_command
 from bridge.process.text_turn import TextTurn
@@ -316,7 +316,7 @@ class ProcessBackend(Backend):
         return await self.session(session_id).read_events(after, wait, limit)
 
     async def open_stream(self, session_id: str, after: int | None) -> EventStream:
-        return _SessionEventStream(self.session(session_id).open_stream(after))
+        return self.session(session_id).open_stream(after)
 
     async def reply_result(self, session_id: str, request_key: str, result: Any) -> None:
         self.session(session_id).reply(request_key, result=result)
@@ -361,20 +361,6 @@ class ProcessBackend(Backend):
         finally:
             self._turns_active -= 1
             self.check_drained()
-
-
-class _SessionEventStream(EventStream):
-    def __init__(self, stream: SessionStream) -> None:
-        self._stream = stream
-
-    async def next_batch(self, wait: float, limit: int) -> Sequence[Event]:
-        return await self._stream.next_batch(wait, limit)
-
-    def delivered(self, seq: int) -> None:
-        self._stream.delivered(seq)
-
-    def close(self, completed: bool = False) -> None:
-        self._stream.close(completed)
 
 
 def _refuse_server_request(process: JsonRpcPeer) -> Any:
