@@ -207,26 +207,19 @@ def released(pid: int | None) -> None:
     _registry.own.pop(pid or -1, None)
 
 
-def reap_orphans() -> int:
-    """Reap the adopted orphans that have exited; how many (only as a subreaper)."""
+def _reap_quietly() -> None:
+    """Reap the adopted orphans that have exited (only as a subreaper)."""
     if not _registry.subreaper:
-        return 0
+        return
     if _registry.spawning:
         _registry.deferred = True
-        return 0
+        return
     me = os.getpid()
-    reaped = 0
-    for pid, stat in _table().items():
-        if stat.ppid == me and not stat.alive and not _registry.is_own(pid, stat):
-            with contextlib.suppress(ChildProcessError):
-                if os.waitpid(pid, os.WNOHANG)[0] == pid:
-                    reaped += 1
-    return reaped
-
-
-def _reap_quietly() -> None:
     try:
-        reap_orphans()
+        for pid, stat in _table().items():
+            if stat.ppid == me and not stat.alive and not _registry.is_own(pid, stat):
+                with contextlib.suppress(ChildProcessError):
+                    os.waitpid(pid, os.WNOHANG)
     except OSError as exc:
         # Out of descriptors, most likely: said once, tried again at the next occasion.
         if not _registry.failing:
