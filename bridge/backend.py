@@ -29,7 +29,7 @@ from bridge.models import (
 )
 
 
-class EventStream:
+class EventStream(Protocol):
     """The source of one SSE stream: batches of events from a position on.
 
     :meth:`Backend.open_stream` returns one; the route writes each batch, then reports
@@ -46,9 +46,11 @@ class EventStream:
 
     def delivered(self, seq: int) -> None:
         """Every event through ``seq`` has been written to the client."""
+        return None
 
     def close(self, completed: bool = False) -> None:
         """The stream has ended: after its ``exit`` event (``completed``), or cut short."""
+        return None
 
 
 class PollingEventStream(EventStream):

@@ -21,7 +21,11 @@ from bridge.limits import (
     APP_SERVER_MODES,
     APP_SERVER_TOKEN_VARIABLE,
     APP_SERVER_VARIABLES,
+    DRAIN_TIMEOUT_VARIABLE,
+    PEERS_VARIABLE,
+    REPLICA_ID_VARIABLE,
     AppServerSettings,
+    ReplicaSettingsError,
     RestLimits,
     RestLimitsEnvError,
 )
@@ -29,12 +33,6 @@ from bridge.openapi import build_openapi
 from bridge.policy import POLICY_VARIABLES, MethodPolicy
 from bridge.process.backend import DEFAULT_COMMAND, parse_command
 from bridge.process.startup import describe_command
-from bridge.replica import (
-    DRAIN_TIMEOUT_VARIABLE,
-    PEERS_VARIABLE,
-    REPLICA_ID_VARIABLE,
-    ReplicaSettingsError,
-)
 from bridge.routes import BACKEND
 from bridge.runtime import (
     DEFAULT_LOOP,

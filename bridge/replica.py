@@ -34,19 +34,8 @@ import aiohttp
 import orjson
 
 from bridge import errors
-from bridge.backend import PEER_QUERY_HEADER as PEER_QUERY_HEADER
-from bridge.backend import SEPARATOR as SEPARATOR
-from bridge.backend import Backend, PeerSessions
-from bridge.backend import new_session_id as new_session_id
-from bridge.limits import DEFAULT_DRAIN_TIMEOUT_MS as DEFAULT_DRAIN_TIMEOUT_MS
-from bridge.limits import DRAIN_TIMEOUT_VARIABLE as DRAIN_TIMEOUT_VARIABLE
-from bridge.limits import PEERS_VARIABLE as PEERS_VARIABLE
-from bridge.limits import REPLICA_ID as REPLICA_ID
-from bridge.limits import REPLICA_ID_VARIABLE as REPLICA_ID_VARIABLE
-from bridge.limits import ReplicaSettings as ReplicaSettings
-from bridge.limits import ReplicaSettingsError as ReplicaSettingsError
-from bridge.limits import parse_peers as parse_peers
-from bridge.limits import validate_replica_id as validate_replica_id
+from bridge.backend import PEER_QUERY_HEADER, SEPARATOR, Backend, PeerSessions
+from bridge.limits import REPLICA_ID, ReplicaSettings
 
 log = logging.getLogger("bridge.replica")
 

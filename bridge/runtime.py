@@ -87,6 +87,62 @@ def _reason(exc: Exception) -> str:
     return str(exc)
 
 
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+
+def ignore_stop_signals() -> None:
+    """SIGINT and SIGTERM dropped by the kernel from now on (SIGKILL still ends us)."""
+    for sig in STOP_SIGNALS:
+        signal.signal(sig, signal.SIG_IGN)
+
+
+def stop_on_first_signal(stop: asyncio.Event) -> None:
+    """The first SIGINT or SIGTERM sets ``stop``; from then on both are ignored.
+
+    For a process that stops by itself once asked (`rest-bridge serve`, the cluster
+    launcher), in the main thread with its loop running. Plain handlers, not the loop's:
+    swapping one for SIG_IGN is a single step, where removing the loop's restores the
+    default first, and a SIGTERM in that moment kills a process on its way out. Ignored
+    at once, a flood of signals cannot fill the loop's wakeup pipe either (CPython 3.11's
+    handler then blocks for good on a lock).
+    """
+    loop = asyncio.get_running_loop()
+    stopping = False
+
+    def on_signal(signum: int, frame: object) -> None:
+        # Signals that come before the swap run this again, nested: they return at once.
+        nonlocal stopping
+        if stopping:
+            return
+        stopping = True
+        ignore_stop_signals()
+        loop.call_soon_threadsafe(stop.set)
+
+    sys.unraisablehook = _quiet_about_ignored_signals
+    for sig in STOP_SIGNALS:
+        signal.signal(sig, on_signal)
+
+
+def quiet_wakeup_fd() -> None:
+    """Call after the loop's ``add_signal_handler``: its wakeup pipe, once full (a few
+    hundred signals the loop has not read yet), is then skipped in silence. By default
+    CPython reports each failed write with a traceback, from a call it queues inside the
+    signal handler, which can block for good on the queue's lock."""
+    fd = signal.set_wakeup_fd(-1)
+    if fd != -1:
+        signal.set_wakeup_fd(fd, warn_on_full_buffer=False)
+
+
+def _quiet_about_ignored_signals(unraisable: sys.UnraisableHookArgs) -> None:
+    """Python's default ``sys.unraisablehook``, without its report of a signal that
+    arrived as its handler became SIG_IGN ("Signal 15 ignored due to race condition",
+    with a traceback): what :func:`stop_on_first_signal` asks for, not an error."""
+    error = unraisable.exc_value
+    if isinstance(error, OSError) and str(error).endswith("ignored due to race condition"):
+        return
+    sys.__unraisablehook__(unraisable)
+
+
 class ServeProcess:
     """The process policy of `rest-bridge serve`, for as long as it serves.
 
@@ -109,11 +165,11 @@ class ServeProcess:
         loop = asyncio.get_running_loop()
         # Ctrl-C reaches a replica of `rest-bridge cluster` from the terminal, then from
         # the launcher: the first signal stops, the second must not kill the exit.
-        descendants.stop_on_first_signal(self.stop)
+        stop_on_first_signal(self.stop)
         if self._drain is not None:
             # SIGUSR1: drain (no new work; exit once the last session has ended).
             loop.add_signal_handler(signal.SIGUSR1, self._drain, self.stop)
-        descendants.quiet_wakeup_fd()
+        quiet_wakeup_fd()
         self.descriptors = budget_line(*raise_soft_limit())
         loop.set_exception_handler(self._shortage)
         # Orphaned descendants of app-servers come to the bridge, not init.
@@ -162,4 +218,4 @@ class ServeProcess:
             print(f"rest-bridge: killed {killed} leftover processes", flush=True)
         self._shortage.close()
         # Stopped otherwise (drained): a signal now must not kill the exit either.
-        descendants.ignore_stop_signals()
+        ignore_stop_signals()

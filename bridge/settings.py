@@ -12,10 +12,10 @@ One rule for integers: plain ASCII digits, a positive value (not ``" 5"``, ``"+5
 ``"1_0"`` or digits of other scripts, which ``int()`` would take), so that what the
 environment says is what the docs show. A bad value raises the error its concern has
 always raised (:class:`bridge.limits.RestLimitsEnvError`, or
-:class:`bridge.replica.ReplicaSettingsError`), naming the variable and the value; the
+:class:`bridge.limits.ReplicaSettingsError`), naming the variable and the value; the
 objects the code uses (:class:`~bridge.limits.RestLimits`,
 :class:`~bridge.policy.MethodPolicy`, :class:`~bridge.limits.AppServerSettings`,
-:class:`~bridge.replica.ReplicaSettings`) are built from the model.
+:class:`~bridge.limits.ReplicaSettings`) are built from the model.
 """
 
 from __future__ import annotations

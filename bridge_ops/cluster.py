@@ -52,9 +52,9 @@ from pathlib import Path
 
 import psutil
 
-from bridge import TOKEN_VARIABLE, credentials
+from bridge import TOKEN_VARIABLE, credentials, runtime
+from bridge.limits import PEERS_VARIABLE, REPLICA_ID_VARIABLE
 from bridge.process import descendants
-from bridge.replica import PEERS_VARIABLE, REPLICA_ID_VARIABLE
 from bridge.settings import LimitVariables
 from bridge_ops.front import FrontSettings, Replica, render, token_map_text
 
@@ -486,7 +486,7 @@ async def _stop_all(cluster: Cluster, watching: Awaitable[None]) -> int:
 
 async def run(cluster: Cluster) -> int:
     stop = asyncio.Event()
-    descendants.stop_on_first_signal(stop)
+    runtime.stop_on_first_signal(stop)
     descendants.become_subreaper()
     for attempt in range(1, START_ATTEMPTS + 1):
         try:

@@ -78,8 +78,8 @@ from pathlib import Path
 
 from bridge import TOKEN_VARIABLE, credentials, errors
 from bridge.auth import token_problem
-from bridge.limits import RestLimits, RestLimitsEnvError
-from bridge.replica import PEER_TIMEOUT_SECONDS, ReplicaSettingsError, validate_replica_id
+from bridge.limits import ReplicaSettingsError, RestLimits, RestLimitsEnvError, validate_replica_id
+from bridge.replica import PEER_TIMEOUT_SECONDS
 from bridge.settings import LimitVariables
 
 #: Added to every read timeout derived from a limit: the replica answers first.

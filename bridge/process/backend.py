@@ -11,7 +11,7 @@ import contextlib
 import logging
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 from bridge import __version__, errors
@@ -29,7 +29,7 @@ from bridge.models import (
 from bridge.process import startup
 from bridge.process.launch import AppServerLauncher, SpawnStdio
 from bridge.process.peer import JsonRpcPeer, ProcessGone, RpcError, StdinFull
-from bridge.process.session import Session, SessionStream, rpc_failure
+from bridge.process.session import Session, rpc_failure
 from bridge.process.startup import DEFAULT_COMMAND as DEFAULT_COMMAND
 from bridge.process.startup import parse_command as parse_command
 from bridge.process.text_turn import TextTurn
@@ -149,7 +149,7 @@ class ProcessBackend(Backend):
         self._processes.add(process)
         process.exit_callbacks.append(lambda _: self._processes.discard(process))
         if self._closing:
-            await self._stop(process)
+            await process.shutdown(self.limits.shutdown_grace_ms / 1000)
             raise errors.app_server_spawn_failed("The bridge is shutting down.")
         return process
 
@@ -183,9 +183,6 @@ class ProcessBackend(Backend):
                 "the app-server stopped taking input after answering `initialize`"
             ) from None
 
-    async def _stop(self, process: JsonRpcPeer) -> None:
-        await process.shutdown(self.limits.shutdown_grace_ms / 1000)
-
     async def _stop_fully(self, process: JsonRpcPeer) -> None:
         """Stop ``process`` and wait until it is gone, even when the caller is cancelled.
 
@@ -193,7 +190,7 @@ class ProcessBackend(Backend):
         still be stopped, and its slot held until it is gone. The cancellation is
         re-raised once it is.
         """
-        stopping = asyncio.ensure_future(self._stop(process))
+        stopping = asyncio.ensure_future(process.shutdown(self.limits.shutdown_grace_ms / 1000))
         cancelled = False
         while not stopping.done():
             try:
@@ -227,13 +224,20 @@ class ProcessBackend(Backend):
         self.check_drained()
         await self.drained.wait()
 
-    def _reserve_slot(self) -> None:
+    @contextlib.contextmanager
+    def _slot(self) -> Iterator[None]:
+        """One of MAX_SESSIONS held for a session being created or a sessionless call."""
         if self.draining:
             raise errors.replica_draining()
         held = len(self._sessions) + self._reserved + self._stopping
         if held >= self.limits.max_sessions:
             raise errors.session_limit_reached(self.limits.max_sessions)
         self._reserved += 1
+        try:
+            yield
+        finally:
+            self._reserved -= 1
+            self.check_drained()
 
     # -- compatibility ---------------------------------------------------------
 
@@ -245,8 +249,7 @@ class ProcessBackend(Backend):
     async def call(
         self, method: str, params: Any, *, options: ClientOptions | None, timeout_ms: int | None
     ) -> Any:
-        self._reserve_slot()
-        try:
+        with self._slot():
             process = await self._spawn(options)
             try:
                 process.on_request = _refuse_server_request(process)
@@ -258,15 +261,11 @@ class ProcessBackend(Backend):
                     raise rpc_failure(exc, f"The call to {method!r}") from None
             finally:
                 await self._stop_fully(process)
-        finally:
-            self._reserved -= 1
-            self.check_drained()
 
     # -- sessions --------------------------------------------------------------
 
     async def create_session(self, options: ClientOptions | None) -> SessionCreated:
-        self._reserve_slot()
-        try:
+        with self._slot():
             process = await self._spawn(options)
             session = Session(
                 process,
@@ -277,9 +276,6 @@ class ProcessBackend(Backend):
             )
             session.initialize_result = await self._initialize(process, options)
             self._sessions[session.id] = session
-        finally:
-            self._reserved -= 1
-            self.check_drained()
         return SessionCreated.model_construct(
             session_id=session.id,
             created_at=rfc3339(session.created_at),
@@ -320,7 +316,7 @@ class ProcessBackend(Backend):
         return await self.session(session_id).read_events(after, wait, limit)
 
     async def open_stream(self, session_id: str, after: int | None) -> EventStream:
-        return _SessionEventStream(self.session(session_id).open_stream(after))
+        return self.session(session_id).open_stream(after)
 
     async def reply_result(self, session_id: str, request_key: str, result: Any) -> None:
         self.session(session_id).reply(request_key, result=result)
@@ -352,8 +348,8 @@ class ProcessBackend(Backend):
                     return await turn.run(self.limits.call_timeout_ms / 1000)
             except TimeoutError:
                 data: dict[str, Any] = {"reason": "deadline"}
-                if turn.state.last_error is not None:
-                    data["lastError"] = turn.state.last_error  # e.g. codex retrying its model
+                if turn.last_error is not None:
+                    data["lastError"] = turn.last_error  # e.g. codex retrying its model
                 raise errors.RestError(
                     504,
                     "timeout",
@@ -365,20 +361,6 @@ class ProcessBackend(Backend):
         finally:
             self._turns_active -= 1
             self.check_drained()
-
-
-class _SessionEventStream(EventStream):
-    def __init__(self, stream: SessionStream) -> None:
-        self._stream = stream
-
-    async def next_batch(self, wait: float, limit: int) -> Sequence[Event]:
-        return await self._stream.next_batch(wait, limit)
-
-    def delivered(self, seq: int) -> None:
-        self._stream.delivered(seq)
-
-    def close(self, completed: bool = False) -> None:
-        self._stream.close(completed)
 
 
 def _refuse_server_request(process: JsonRpcPeer) -> Any:

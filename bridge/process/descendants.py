@@ -184,66 +184,6 @@ def become_subreaper() -> bool:
     return True
 
 
-STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
-
-
-def ignore_stop_signals() -> None:
-    """SIGINT and SIGTERM dropped by the kernel from now on (SIGKILL still ends us)."""
-    for sig in STOP_SIGNALS:
-        signal.signal(sig, signal.SIG_IGN)
-
-
-def stop_on_first_signal(stop: asyncio.Event) -> None:
-    """The first SIGINT or SIGTERM sets ``stop``; from then on both are ignored.
-
-    For a process that stops by itself once asked (`rest-bridge serve`, the cluster
-    launcher), in the main thread with its loop running. Plain handlers, not the loop's:
-    swapping one for SIG_IGN is a single step, where removing the loop's restores the
-    default first, and a SIGTERM in that moment kills a process on its way out. Ignored
-    at once, a flood of signals cannot fill the loop's wakeup pipe either (CPython 3.11's
-    handler then blocks for good on a lock).
-    """
-    loop = asyncio.get_running_loop()
-    stopping = False
-
-    def on_signal(signum: int, frame: object) -> None:
-        # Signals that come before the swap run this again, nested: they return at once.
-        nonlocal stopping
-        if stopping:
-            return
-        stopping = True
-        ignore_stop_signals()
-        loop.call_soon_threadsafe(stop.set)
-
-    sys.unraisablehook = _quiet_about_ignored_signals
-    for sig in STOP_SIGNALS:
-        signal.signal(sig, on_signal)
-
-
-def quiet_wakeup_fd() -> None:
-    """Call after the loop's ``add_signal_handler``: its wakeup pipe, once full (a few
-    hundred signals the loop has not read yet), is then skipped in silence. By default
-    CPython reports each failed write with a traceback, from a call it queues inside the
-    signal handler, which can block for good on the queue's lock."""
-    fd = signal.set_wakeup_fd(-1)
-    if fd != -1:
-        signal.set_wakeup_fd(fd, warn_on_full_buffer=False)
-
-
-def _quiet_about_ignored_signals(unraisable: sys.UnraisableHookArgs) -> None:
-    """Python's default ``sys.unraisablehook``, without its report of a signal that
-    arrived as its handler became SIG_IGN ("Signal 15 ignored due to race condition",
-    with a traceback): what :func:`stop_on_first_signal` asks for, not an error."""
-    error = unraisable.exc_value
-    if isinstance(error, OSError) and str(error).endswith("ignored due to race condition"):
-        return
-    sys.__unraisablehook__(unraisable)
-
-
-def is_subreaper() -> bool:
-    return _registry.subreaper
-
-
 @contextlib.contextmanager
 def spawning() -> Iterator[Callable[[int], None]]:
     """Around a spawn of this process's own child: hands out ``register(pid)``.
@@ -267,26 +207,19 @@ def released(pid: int | None) -> None:
     _registry.own.pop(pid or -1, None)
 
 
-def reap_orphans() -> int:
-    """Reap the adopted orphans that have exited; how many (only as a subreaper)."""
+def _reap_quietly() -> None:
+    """Reap the adopted orphans that have exited (only as a subreaper)."""
     if not _registry.subreaper:
-        return 0
+        return
     if _registry.spawning:
         _registry.deferred = True
-        return 0
+        return
     me = os.getpid()
-    reaped = 0
-    for pid, stat in _table().items():
-        if stat.ppid == me and not stat.alive and not _registry.is_own(pid, stat):
-            with contextlib.suppress(ChildProcessError):
-                if os.waitpid(pid, os.WNOHANG)[0] == pid:
-                    reaped += 1
-    return reaped
-
-
-def _reap_quietly() -> None:
     try:
-        reap_orphans()
+        for pid, stat in _table().items():
+            if stat.ppid == me and not stat.alive and not _registry.is_own(pid, stat):
+                with contextlib.suppress(ChildProcessError):
+                    os.waitpid(pid, os.WNOHANG)
     except OSError as exc:
         # Out of descriptors, most likely: said once, tried again at the next occasion.
         if not _registry.failing:
@@ -330,14 +263,36 @@ def _settle(future: asyncio.Future[None]) -> None:
         future.set_result(None)
 
 
-async def kill_all(select: Callable[[Mapping[int, _Stat]], set[int]], timeout: float) -> int:
-    """SIGKILL every process ``select`` picks from the process table, until a search
-    finds nothing new (one may fork meanwhile); wait up to ``timeout`` for them to exit
-    and reap what this process adopted. Returns how many were found and killed.
+def _kill_rounds(
+    select: Callable[[Mapping[int, _Stat]], set[int]],
+    killed: set[tuple[int, float]],
+    fds: list[int],
+) -> bool:
+    """SIGKILL every process ``select`` picks from the process table, and search again
+    until a search finds nothing new (one may fork meanwhile); False if it still finds
+    some after :data:`_MAX_ROUNDS`. What was killed goes to ``killed`` (pid, start
+    time), the pidfds to wait on to ``fds``: they stand when reading the table fails
+    (OSError, no descriptor left, say)."""
+    for _ in range(_MAX_ROUNDS):
+        table = _table()
+        found = {(pid, table[pid].start) for pid in select(table)} - killed
+        if not found:
+            return True
+        for pid, start in found:
+            killed.add((pid, start))
+            fd = _kill(pid, start)
+            if fd is not None:
+                fds.append(fd)
+    return False
 
-    Each is signalled through a pidfd once its start time is checked, so a recycled pid
-    is never hit. A failure to read the process table (no descriptor left) is logged, not raised:
-    the kills made so far stand.
+
+async def kill_all(select: Callable[[Mapping[int, _Stat]], set[int]], timeout: float) -> int:
+    """SIGKILL every process ``select`` picks (:func:`_kill_rounds`), wait up to
+    ``timeout`` for them to exit and reap what this process adopted. Returns how many
+    were found and killed.
+
+    A failure to read the process table (no descriptor left) is logged, not raised: the
+    kills made so far stand.
     """
     if not LINUX:
         return 0
@@ -345,16 +300,7 @@ async def kill_all(select: Callable[[Mapping[int, _Stat]], set[int]], timeout: f
     killed: set[tuple[int, float]] = set()
     fds: list[int] = []
     try:
-        for _ in range(_MAX_ROUNDS):
-            table = _table()
-            found = {(pid, table[pid].start) for pid in select(table)} - killed
-            if not found:
-                break
-            for pid, start in found:
-                killed.add((pid, start))
-                fd = _kill(pid, start)
-                if fd is not None:
-                    fds.append(fd)
+        _kill_rounds(select, killed, fds)
         if fds:
             pending = []
             for fd in fds:
@@ -476,7 +422,7 @@ class Lineage:
             log.info("app-server pid %s left %d processes running: killed", self.pid, killed)
         _wait_then_reap(fds)
 
-    def _targets(self, table: Mapping[int, _Stat]) -> set[tuple[int, float]]:
+    def _targets(self, table: Mapping[int, _Stat]) -> set[int]:
         me = os.getpid()
         roots: set[int] = set()
         for pid, stat in table.items():
@@ -487,24 +433,14 @@ class Lineage:
             if self._tree.get(pid) == stat.start or _environ_has(pid, MARK_VARIABLE, self.mark):
                 roots.add(pid)
         found = roots | _descendants(table, roots)
-        found = {pid for pid in found if not _registry.is_own(pid, table[pid])}
         found.discard(me)
-        return {(pid, table[pid].start) for pid in found}
+        return {pid for pid in found if not _registry.is_own(pid, table[pid])}
 
     def _sweep(self) -> tuple[int, list[int]]:
         killed: set[tuple[int, float]] = set()
         fds: list[int] = []
         try:
-            for _ in range(_MAX_ROUNDS):
-                found = self._targets(_table()) - killed
-                if not found:
-                    break
-                for pid, start in found:
-                    killed.add((pid, start))
-                    fd = _kill(pid, start)
-                    if fd is not None:
-                        fds.append(fd)
-            else:
+            if not _kill_rounds(self._targets, killed, fds):
                 log.warning("app-server pid %s left processes that keep forking", self.pid)
         except BaseException:
             # The kills so far stand; the next attempt finds the rest.

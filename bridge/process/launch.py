@@ -108,7 +108,11 @@ class SpawnStdio:
 
     async def open(self, options: ClientOptions | None) -> JsonRpcPeer:
         argv = self._argv(options)
-        refuse_reserved_env(options)
+        # 403 for an `options.env` naming a REST_ADAPTER_* variable: those are the bridge's
+        # own (its secrets, the marks that tie a process to its bridge and replica).
+        reserved = credentials.reserved_variables(options.env if options else None)
+        if reserved:
+            raise errors.reserved_variables(reserved)
         cwd = options.cwd if options else None
         try:
             return await spawn_peer(
@@ -137,12 +141,3 @@ class SpawnStdio:
 
     async def close(self) -> None:
         pass
-
-
-def refuse_reserved_env(options: ClientOptions | None) -> None:
-    """403 ``options_not_allowed`` for an ``options.env`` naming a ``REST_ADAPTER_*``
-    variable: those are the bridge's own (its secrets, the marks that tie a process to
-    its bridge and replica), never a caller's to set in a process."""
-    names = credentials.reserved_variables(options.env if options else None)
-    if names:
-        raise errors.reserved_variables(names)

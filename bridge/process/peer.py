@@ -391,11 +391,6 @@ class JsonRpcPeer:
         """Take what was held back, if the flow gate now allows it, and read on."""
         self.channel.resume_reading()
 
-    def release_flow(self) -> None:
-        """No more holding back: take everything (for shutdown)."""
-        self.flow_gate = None
-        self.resume()
-
     def break_protocol(self, reason: str) -> None:
         """The conversation can no longer be trusted: stop the channel."""
         if self._protocol_error is None:

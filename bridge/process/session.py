@@ -119,9 +119,6 @@ class Session:
         """409 ``session_exited``, worded for what ended: a process or a connection."""
         return errors.session_exited(self.id, shared=self.peer.shared)
 
-    def pending_request_keys(self) -> list[str]:
-        return list(self._pending)
-
     def summary(self) -> dict[str, Any]:
         info = self.peer.exit_info
         return {
@@ -130,7 +127,7 @@ class Session:
             "lastActivityAt": rfc3339(self.last_activity_at),
             "state": "running" if info is None else "exited",
             "exitCode": None if info is None else info.exit_code,
-            "pendingRequests": self.pending_request_keys(),
+            "pendingRequests": list(self._pending),
             "nextSeq": self.events.next_seq,
             "bufferedEvents": len(self.events),
         }

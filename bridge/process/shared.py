@@ -4,14 +4,13 @@
 one process: each connection speaks WebSocket, one JSON-RPC message per text frame, and
 does its own ``initialize``. Here:
 
-- :class:`ConnectShared` is the backend's launcher in shared mode: each conversation is
-  a :class:`~bridge.process.peer.JsonRpcPeer` over a
-  :class:`~bridge.process.websocket.WebSocketChannel`, filtered by a
-  :class:`~bridge.process.tenancy.Tenant` (a session sees and touches its own threads
-  only). Its "exit" is the end of the connection.
-- :class:`SharedAppServer` starts and supervises the one process (on a unix socket in a
-  private 0700 directory), restarts it with a backoff when it dies, and opens the
-  connections; or, given a URL, only connects to an app-server that runs already.
+:class:`ConnectShared`, the backend's launcher in shared mode, makes each conversation a
+:class:`~bridge.process.peer.JsonRpcPeer` over a
+:class:`~bridge.process.websocket.WebSocketChannel`, filtered by a
+:class:`~bridge.process.tenancy.Tenant` (a session sees and touches its own threads
+only); its "exit" is the end of the connection. It starts and supervises the one process
+(on a unix socket in a private 0700 directory) and restarts it with a backoff when it
+dies; or, given a URL, only connects to an app-server that runs already.
 """
 
 from __future__ import annotations
@@ -96,33 +95,36 @@ def connect_failure(exc: BaseException) -> str:
     return "the connection failed"
 
 
-def _env_without(secrets: Sequence[str]) -> dict[str, str]:
-    # Never the bridge's secrets (bridge.credentials), whatever ``secrets`` says.
-    return {k: v for k, v in credentials.child_environment().items() if k not in secrets}
+#: ClientOptions that shape a process of one's own, refused in shared mode (403), with why.
+PROCESS_OPTIONS = {
+    "env": "the shared app-server's environment is the bridge's, set when it starts",
+    "cwd": "the process's working directory is shared; give `cwd` per thread in thread/start",
+    "configOverrides": "`-c` arguments belong to the shared app-server's command line",
+}
 
 
-class SharedAppServer:
-    """The one app-server of shared mode: started, supervised and connected to here."""
+class ConnectShared:
+    """The launcher of shared mode: every session, sessionless call and text turn is a
+    connection to one app-server, seeing its own threads only (tenancy.py). That
+    app-server is started, supervised and connected to here."""
+
+    starting = "Opening a connection to the shared app-server"
 
     def __init__(
         self,
-        command: Sequence[str],
-        settings: AppServerSettings,
-        *,
-        max_line_bytes: int,
-        spawn_timeout: float,
-        shutdown_grace: float,
-        secret_env: Sequence[str] = (),
-        liveness_interval: float = 10.0,
-        liveness_timeout: float = 20.0,
+        command: str | Sequence[str] = startup.DEFAULT_COMMAND,
+        limits: RestLimits | None = None,
+        settings: AppServerSettings | None = None,
     ) -> None:
-        self.command = list(command)
+        self.command = startup.parse_command(command)
+        limits = limits or RestLimits()
+        settings = settings or AppServerSettings(mode="shared")
         self.url = settings.url
         self._token = settings.token
-        self._max_line_bytes = max_line_bytes
-        self._spawn_timeout = spawn_timeout
-        self._shutdown_grace = shutdown_grace
-        self._secret_env = tuple(secret_env)
+        self._max_line_bytes = limits.max_line_bytes
+        self._spawn_timeout = limits.spawn_timeout_ms / 1000
+        self._shutdown_grace = limits.shutdown_grace_ms / 1000
+        self.version = VersionProbe(self.command)
         self.process: StdioChannel | None = None
         self._client: aiohttp.ClientSession | None = None
         self._dir: str | None = None
@@ -142,8 +144,8 @@ class SharedAppServer:
         self.last_user_agent: str | None = None
         self._closing = False
         #: The liveness probe of the supervised process (:meth:`_watch`), one per start.
-        self._liveness_interval = liveness_interval
-        self._liveness_timeout = liveness_timeout
+        self._liveness_interval = limits.liveness_interval_ms / 1000
+        self._liveness_timeout = limits.liveness_timeout_ms / 1000
         self._watchers: set[asyncio.Task[None]] = set()
         #: The process the probe found wedged and killed (said so in ``lastExit``).
         self._wedged_process: StdioChannel | None = None
@@ -158,6 +160,25 @@ class SharedAppServer:
         return self._dir
 
     # -- connections -----------------------------------------------------------
+
+    async def open(self, options: ClientOptions | None) -> JsonRpcPeer:
+        """A conversation of its own; 403 ``options_not_allowed`` for the options that
+        would need a process of its own."""
+        refused = sorted(f for f in options.set_fields() if f in PROCESS_OPTIONS) if options else []
+        if refused:
+            raise errors.RestError(
+                403,
+                "options_not_allowed",
+                "In shared mode every session is a connection to one app-server, so options "
+                "that shape a process of its own cannot apply: "
+                + "; ".join(f"{field}: {PROCESS_OPTIONS[field]}" for field in refused),
+                data={"fields": refused, "mode": "shared"},
+            )
+        return JsonRpcPeer(await self.connect(), message_filter=Tenant())
+
+    def initialized(self, result: Any) -> None:
+        if isinstance(result, dict) and isinstance(result.get("userAgent"), str):
+            self.last_user_agent = str(result["userAgent"])[:200]
 
     async def connect(self) -> WebSocketChannel:
         """A new connection (starting the app-server first if it is not running).
@@ -210,9 +231,19 @@ class SharedAppServer:
         raise AssertionError("unreachable")  # the last attempt returns or raises
 
     async def _ws_connect(self) -> aiohttp.ClientWebSocketResponse:
-        client, url, headers = self._target()
-        return await client.ws_connect(
-            url,
+        url = self.url or f"unix://{self._socket}"
+        if self._client is None or self._client.closed:
+            connector: aiohttp.BaseConnector = (
+                aiohttp.UnixConnector(path=url[len("unix://") :], limit=0)
+                if url.startswith("unix://")
+                else aiohttp.TCPConnector(limit=0)
+            )
+            self._client = aiohttp.ClientSession(connector=connector)
+        headers: dict[str, str] = {}
+        if url.startswith("ws://") and self._token:
+            headers["Authorization"] = f"Bearer {self._token}"
+        return await self._client.ws_connect(
+            url if url.startswith("ws://") else "http://localhost/",
             headers=headers,
             max_msg_size=self._max_line_bytes,
             autoclose=False,
@@ -229,9 +260,9 @@ class SharedAppServer:
         )
 
     async def _died(self, process: StdioChannel | None) -> bool:
-        """Whether the supervised ``process`` has died: waited for a moment (a refused
-        connection can come before the bridge learns of the exit), and then until the
-        bridge has taken note of it (its restart is scheduled)."""
+        """Whether the supervised ``process`` has died: waited for a moment (a refused or
+        dropped connection can come before the bridge learns of the exit), and then until
+        the bridge has taken note of it (its sessions ended, its restart scheduled)."""
         if process is None:
             return False
         with contextlib.suppress(TimeoutError):
@@ -244,42 +275,10 @@ class SharedAppServer:
                 await process.wait()
         return True
 
-    def _target(self) -> tuple[aiohttp.ClientSession, str, dict[str, str]]:
-        if self._client is None or self._client.closed:
-            if self.url is not None and self.url.startswith("unix://"):
-                connector: aiohttp.BaseConnector = aiohttp.UnixConnector(
-                    path=self.url[len("unix://") :], limit=0
-                )
-            elif self.url is not None:
-                connector = aiohttp.TCPConnector(limit=0)
-            else:
-                assert self._socket is not None
-                connector = aiohttp.UnixConnector(path=self._socket, limit=0)
-            self._client = aiohttp.ClientSession(connector=connector)
-        headers: dict[str, str] = {}
-        if self.url is not None and self.url.startswith("ws://"):
-            if self._token:
-                headers["Authorization"] = f"Bearer {self._token}"
-            return self._client, self.url, headers
-        return self._client, "http://localhost/", headers
-
     async def closed_by_server(self) -> None:
         """A connection the app-server dropped: wait a moment for the process's exit, so
         that a crash ends the session as a crash (:meth:`WebSocketChannel.server_exited`)."""
-        process = self.process
-        if process is None or not process.running:
-            return
-        with contextlib.suppress(TimeoutError):
-            async with asyncio.timeout(_CLOSE_TO_EXIT_SECONDS):
-                await process.dead.wait()
-        if process.dead.is_set():
-            with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(_EXIT_TO_FINISH_SECONDS):
-                    await process.wait()
-
-    def note_initialize(self, result: Any) -> None:
-        if isinstance(result, dict) and isinstance(result.get("userAgent"), str):
-            self.last_user_agent = str(result["userAgent"])[:200]
+        await self._died(self.process)
 
     # -- the supervised process ------------------------------------------------
 
@@ -319,7 +318,11 @@ class SharedAppServer:
         process = StdioChannel(max_line_bytes=self._max_line_bytes, stdout_is_log=True)
         process.attach(_ExitWatch(lambda info: self._exited(process, info)))
         try:
-            await process.spawn(argv, env=_env_without(self._secret_env))
+            # Never the bridge's secrets, nor the token meant for an app-server of its own.
+            env = credentials.child_environment()
+            for name in (*startup.SECRET_ENV, APP_SERVER_TOKEN_VARIABLE):
+                env.pop(name, None)
+            await process.spawn(argv, env=env)
         except OSError as exc:
             self._failed(loop)
             raise startup.spawn_failed(self.command, exc, None) from None
@@ -534,6 +537,21 @@ class SharedAppServer:
             "userAgent": self.last_user_agent,
         }
 
+    async def compatibility(self) -> Compatibility:
+        if self.supervised:
+            version, version_error = await self.version.get()
+            command = self.command
+        else:
+            version, command = None, []
+            version_error = (
+                "the bridge connects to an app-server it did not start; "
+                "appServer.shared.userAgent names the one that answered"
+            )
+        info = AppServerInfo(command=command, version=version, version_error=version_error)
+        info.mode = "shared"
+        info.shared = SharedAppServerState.model_validate(self.describe())
+        return Compatibility(bridge_version=__version__, app_server=info)
+
     async def close(self) -> None:
         self._closing = True
         for watcher in list(self._watchers):
@@ -558,82 +576,6 @@ class SharedAppServer:
         if self._dir is not None:
             shutil.rmtree(self._dir, ignore_errors=True)
             self._dir = None
-
-
-#: ClientOptions that shape a process of one's own, refused in shared mode (403), with why.
-PROCESS_OPTIONS = {
-    "env": "the shared app-server's environment is the bridge's, set when it starts",
-    "cwd": "the process's working directory is shared; give `cwd` per thread in thread/start",
-    "configOverrides": "`-c` arguments belong to the shared app-server's command line",
-}
-
-
-def refuse_process_options(options: ClientOptions | None) -> None:
-    """403 ``options_not_allowed`` for the fields that would need a process of their own."""
-    if options is None:
-        return
-    refused = sorted(f for f in options.set_fields() if f in PROCESS_OPTIONS)
-    if refused:
-        raise errors.RestError(
-            403,
-            "options_not_allowed",
-            "In shared mode every session is a connection to one app-server, so options "
-            "that shape a process of its own cannot apply: "
-            + "; ".join(f"{field}: {PROCESS_OPTIONS[field]}" for field in refused),
-            data={"fields": refused, "mode": "shared"},
-        )
-
-
-class ConnectShared:
-    """The launcher of shared mode: every session, sessionless call and text turn is a
-    connection to one app-server, seeing its own threads only (tenancy.py)."""
-
-    starting = "Opening a connection to the shared app-server"
-
-    def __init__(
-        self,
-        command: str | Sequence[str] = startup.DEFAULT_COMMAND,
-        limits: RestLimits | None = None,
-        settings: AppServerSettings | None = None,
-    ) -> None:
-        self.command = startup.parse_command(command)
-        limits = limits or RestLimits()
-        self.server = SharedAppServer(
-            self.command,
-            settings or AppServerSettings(mode="shared"),
-            max_line_bytes=limits.max_line_bytes,
-            spawn_timeout=limits.spawn_timeout_ms / 1000,
-            shutdown_grace=limits.shutdown_grace_ms / 1000,
-            secret_env=(*startup.SECRET_ENV, APP_SERVER_TOKEN_VARIABLE),
-            liveness_interval=limits.liveness_interval_ms / 1000,
-            liveness_timeout=limits.liveness_timeout_ms / 1000,
-        )
-        self.version = VersionProbe(self.command)
-
-    async def open(self, options: ClientOptions | None) -> JsonRpcPeer:
-        refuse_process_options(options)
-        return JsonRpcPeer(await self.server.connect(), message_filter=Tenant())
-
-    def initialized(self, result: Any) -> None:
-        self.server.note_initialize(result)
-
-    async def close(self) -> None:
-        await self.server.close()
-
-    async def compatibility(self) -> Compatibility:
-        if self.server.supervised:
-            version, version_error = await self.version.get()
-            command = self.command
-        else:
-            version, command = None, []
-            version_error = (
-                "the bridge connects to an app-server it did not start; "
-                "appServer.shared.userAgent names the one that answered"
-            )
-        info = AppServerInfo(command=command, version=version, version_error=version_error)
-        info.mode = "shared"
-        info.shared = SharedAppServerState.model_validate(self.server.describe())
-        return Compatibility(bridge_version=__version__, app_server=info)
 
 
 class _ExitWatch:

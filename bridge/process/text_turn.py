@@ -8,7 +8,6 @@ JSON-RPC error at once.
 from __future__ import annotations
 
 import asyncio
-from dataclasses import dataclass, field
 from typing import Any
 
 from bridge import errors
@@ -51,31 +50,43 @@ def approval_answer(method: str, params: Any, policy: ApprovalPolicy) -> Any | N
     return None
 
 
-@dataclass
-class _TurnState:
-    policy: ApprovalPolicy
-    events: EventLog | None
-    #: Bounds on what a turn keeps of the deltas (bytes) and of the approvals (entries).
-    max_delta_bytes: int = 1 << 25
-    max_approvals: int = 4096
-    delta_bytes: int = 0
-    thread_id: str | None = None
-    turn_id: str | None = None
-    last_agent_text: str | None = None
-    deltas: dict[str, list[str]] = field(default_factory=dict)
-    usage: dict[str, Any] | None = None
-    approvals: list[dict[str, str]] = field(default_factory=list)
-    completed: dict[str, Any] | None = None
-    done: asyncio.Event = field(default_factory=asyncio.Event)
-    idle: asyncio.Event = field(default_factory=asyncio.Event)
-    #: `turn/started` was seen: it can come (with the whole turn) before the bridge has
-    #: read the turn id out of the `turn/start` response.
-    started: bool = False
-    #: The message of the last `error` notification (codex retrying its model, say):
-    #: what a turn that never completes tells of why.
-    last_error: str | None = None
+class TextTurn:
+    """One text turn on its own process (see :meth:`run`)."""
 
-    def on_notification(self, method: str, params: Any) -> None:
+    def __init__(
+        self,
+        peer: JsonRpcPeer,
+        request: TextTurnRequest,
+        event_buffer: int,
+        event_buffer_bytes: int | None = None,
+    ):
+        self.peer = peer
+        self.request = request
+        self.policy: ApprovalPolicy = request.approval_policy
+        self.events = EventLog(event_buffer, event_buffer_bytes) if request.include_events else None
+        #: Bounds on what a turn keeps of the deltas (bytes) and of the approvals (entries).
+        self.max_delta_bytes = 1 << 25 if event_buffer_bytes is None else event_buffer_bytes
+        self.max_approvals = event_buffer
+        self.delta_bytes = 0
+        self.thread_id: str | None = None
+        self.turn_id: str | None = None
+        self.last_agent_text: str | None = None
+        self.deltas: dict[str, list[str]] = {}
+        self.usage: dict[str, Any] | None = None
+        self.approvals: list[dict[str, str]] = []
+        self.completed: dict[str, Any] | None = None
+        self.done = asyncio.Event()
+        self.idle = asyncio.Event()
+        #: `turn/started` was seen: it can come (with the whole turn) before the bridge has
+        #: read the turn id out of the `turn/start` response.
+        self.started = False
+        #: The message of the last `error` notification (codex retrying its model, say):
+        #: what a turn that never completes tells of why.
+        self.last_error: str | None = None
+        peer.on_notification = self._on_notification
+        peer.on_request = self._on_request
+
+    def _on_notification(self, method: str, params: Any) -> None:
         if self.events is not None:
             self.events.append("notification", method, params)
         if not isinstance(params, dict):
@@ -117,32 +128,11 @@ class _TurnState:
     def _is_ours(self, turn_id: Any) -> bool:
         return self.turn_id is None or turn_id == self.turn_id
 
-
-class TextTurn:
-    """One text turn on its own process (see :meth:`run`)."""
-
-    def __init__(
-        self,
-        peer: JsonRpcPeer,
-        request: TextTurnRequest,
-        event_buffer: int,
-        event_buffer_bytes: int | None = None,
-    ):
-        self.peer = peer
-        self.request = request
-        events = EventLog(event_buffer, event_buffer_bytes) if request.include_events else None
-        self.state = _TurnState(policy=request.approval_policy, events=events)
-        if event_buffer_bytes is not None:
-            self.state.max_delta_bytes = event_buffer_bytes
-        self.state.max_approvals = event_buffer
-        peer.on_notification = self.state.on_notification
-        peer.on_request = self._on_request
-
     def _on_request(self, request_id: Any, method: str, params: Any) -> None:
         key = request_key(request_id)
-        if self.state.events is not None:
-            self.state.events.append("request", method, params, key)
-        answer = approval_answer(method, params, self.state.policy)
+        if self.events is not None:
+            self.events.append("request", method, params, key)
+        answer = approval_answer(method, params, self.policy)
         try:
             if answer is None:
                 self.peer.respond_error(
@@ -154,10 +144,8 @@ class TextTurn:
             self.peer.respond(request_id, answer)
         except (ProcessGone, StdinFull):
             return
-        if len(self.state.approvals) < self.state.max_approvals:
-            self.state.approvals.append(
-                {"method": method, "requestKey": key, "decision": self.state.policy}
-            )
+        if len(self.approvals) < self.max_approvals:
+            self.approvals.append({"method": method, "requestKey": key, "decision": self.policy})
 
     async def run(self, call_timeout: float) -> TextTurnResponse:
         """Start the thread and the turn, then wait for ``turn/completed``.
@@ -165,30 +153,28 @@ class TextTurn:
         The caller bounds the whole with its deadline and stops the process.
         """
         request = self.request
-        state = self.state
         try:
             thread = await self.peer.call("thread/start", request.thread_params or {}, call_timeout)
-            state.thread_id = _nested_id(thread, "thread")
+            self.thread_id = _nested_id(thread, "thread")
             turn_params = {
                 **(request.turn_params or {}),
-                "threadId": state.thread_id,
+                "threadId": self.thread_id,
                 "input": [{"type": "text", "text": request.text}],
             }
             turn = await self.peer.call("turn/start", turn_params, call_timeout)
         except (RpcError, ProcessGone, StdinFull, TimeoutError) as exc:
             raise rpc_failure(exc, "Starting the turn") from None
-        state.turn_id = _nested_id(turn, "turn")
-        if state.completed is not None and state.completed.get("id") != state.turn_id:
-            state.completed = None
-            state.done.clear()
+        self.turn_id = _nested_id(turn, "turn")
+        if self.completed is not None and self.completed.get("id") != self.turn_id:
+            self.completed = None
+            self.done.clear()
         await self._wait_for_completion()
         return self._response()
 
     async def _wait_for_completion(self) -> None:
-        state = self.state
         exited = asyncio.ensure_future(self.peer.wait())
-        done = asyncio.ensure_future(state.done.wait())
-        idle = asyncio.ensure_future(state.idle.wait())
+        done = asyncio.ensure_future(self.done.wait())
+        idle = asyncio.ensure_future(self.idle.wait())
         try:
             await asyncio.wait((exited, done, idle), return_when=asyncio.FIRST_COMPLETED)
             if not done.done() and idle.done() and not exited.done():
@@ -211,9 +197,8 @@ class TextTurn:
                 waiter.cancel()
 
     def _response(self) -> TextTurnResponse:
-        state = self.state
-        turn = state.completed or {}
-        text = state.last_agent_text
+        turn = self.completed or {}
+        text = self.last_agent_text
         if text is None:
             for item in turn.get("items") or []:
                 if isinstance(item, dict) and item.get("type") == "agentMessage":
@@ -224,15 +209,15 @@ class TextTurn:
         error = turn.get("error")
         payload: dict[str, Any] = {
             "text": text or "",
-            "threadId": state.thread_id or "",
-            "turnId": state.turn_id or "",
+            "threadId": self.thread_id or "",
+            "turnId": self.turn_id or "",
             "status": status,
             "error": error if isinstance(error, dict) else None,
-            "usage": state.usage,
-            "approvals": state.approvals,
+            "usage": self.usage,
+            "approvals": self.approvals,
         }
-        if state.events is not None:
-            payload["events"] = [e.to_wire() for e in state.events.read(0, len(state.events) + 1)]
+        if self.events is not None:
+            payload["events"] = [e.to_wire() for e in self.events.read(0, len(self.events) + 1)]
         return TextTurnResponse.model_validate(payload)
 
 

@@ -2,7 +2,7 @@
 
 ``codex app-server --listen unix://PATH`` (or ``ws://IP:PORT``) speaks WebSocket, one
 JSON-RPC message per text frame. The connection (aiohttp's client) is opened by
-:class:`~bridge.process.shared.SharedAppServer`; this channel reads and writes it, holds
+:class:`~bridge.process.shared.ConnectShared`; this channel reads and writes it, holds
 a frame back while its receiver does not take it, and says how the connection ended.
 """
 

@@ -14,17 +14,14 @@ import pytest
 from bridge.app import backend_app, trusted_bridge_app
 from bridge.auth import with_bearer_auth
 from bridge.backend import Backend, PeerSessions
-from bridge.limits import RestLimits
-from bridge.replica import (
-    PEER_QUERY_HEADER,
-    Drain,
+from bridge.limits import (
     ReplicaSettings,
     ReplicaSettingsError,
-    configure,
+    RestLimits,
     parse_peers,
-    replica_of,
     validate_replica_id,
 )
+from bridge.replica import PEER_QUERY_HEADER, Drain, configure, replica_of
 from bridge.routes import BACKEND
 from bridge.settings import ReplicaVariables
 

@@ -9,8 +9,7 @@ from pathlib import Path
 import pytest
 
 from bridge.cli import main
-from bridge.limits import RestLimits, RestLimitsEnvError
-from bridge.replica import ReplicaSettingsError
+from bridge.limits import ReplicaSettingsError, RestLimits, RestLimitsEnvError
 from bridge.settings import BridgeSettings, LimitVariables, ReplicaVariables, variable_name
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -487,7 +487,8 @@ async def test_connections_leave_no_descriptor_behind(serve, http, ws_server):
 @pytest.mark.quick
 @pytest.mark.asyncio
 async def test_a_drain_waits_for_the_connections(serve, http, ws_server):
-    from bridge.replica import ReplicaSettings, configure
+    from bridge.limits import ReplicaSettings
+    from bridge.replica import configure
     from bridge.routes import BACKEND
 
     server, url = await ws_server("unix")

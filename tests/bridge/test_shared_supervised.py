@@ -169,7 +169,7 @@ async def test_nothing_is_left_when_the_bridge_stops(http, write_script):
         session = await new_session(http, base)
         status, _ = await post(http, f"{base}/v1/sessions/{session}/call/x/child", NO_PARAMS)
         assert status == 200
-        socket_dir = app[BACKEND].launcher.server.socket_dir
+        socket_dir = app[BACKEND].launcher.socket_dir
         assert socket_dir is not None
         assert os.stat(socket_dir).st_mode & 0o777 == 0o700
         async with http.get(f"{base}/v1/sessions/{session}/events/stream") as stream:

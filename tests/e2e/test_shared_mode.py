@@ -639,7 +639,7 @@ async def test_what_codex_listens_on_is_removed_and_only_its_directory_stays(
     runner, base = await serve_app(app)
     try:
         await create_session(http, base, None)
-        socket_dir = app[BACKEND].launcher.server.socket_dir
+        socket_dir = app[BACKEND].launcher.socket_dir
         assert socket_dir is not None
         target = os.readlink(os.path.join(socket_dir, "app-server.sock"))
         assert os.path.dirname(target) == f"/tmp/codex-daemon-{os.getuid()}"
