@@ -241,8 +241,20 @@ def run_scenarios(argv: Sequence[str]) -> int:
     script = Path(sys.executable).with_name(SCENARIOS_SCRIPT)
     if script.is_file() and os.access(script, os.X_OK):
         os.execv(script, [str(script), *argv])
-    # No console script beside this interpreter (run from a source tree): the module.
-    os.execv(sys.executable, [sys.executable, "-m", "scenarios.cli", *argv])
+    # No console script beside this interpreter (a source tree, a `pip install --user`):
+    # the package this process finds, run with -P, which, unlike -m, puts no working
+    # directory (and so no `scenarios` package of whoever's directory) first on sys.path.
+    spec = importlib.util.find_spec("scenarios")
+    locations = list(spec.submodule_search_locations or []) if spec else []
+    root = str(Path(locations[0]).parent) if locations else ""
+    os.execv(sys.executable, [sys.executable, "-P", "-c", _RUN_SCENARIOS, root, *argv])
+
+
+#: The harness's entry point, run with its package's directory (argv[1]) first on sys.path.
+_RUN_SCENARIOS = (
+    "import sys; root = sys.argv.pop(1); root and sys.path.insert(0, root); "
+    "from scenarios.cli import main; sys.exit(main())"
+)
 
 
 def print_openapi(preset: str, auth: bool) -> None:

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import ctypes
 import os
+import stat
 import sys
 from collections.abc import Iterable, Mapping
 
@@ -53,15 +54,26 @@ def read_secret_file(path: str) -> str:
     """The secret in the file at ``path``, its trailing whitespace trimmed.
 
     Raises :class:`SecretError` (naming the path, never the content) when the file cannot
-    be read, is bigger than :data:`MAX_SECRET_FILE_BYTES`, is not UTF-8 or holds nothing
-    but whitespace. For hosts embedding the bridge:
+    be read, is a FIFO (which would wait for a writer), is bigger than
+    :data:`MAX_SECRET_FILE_BYTES`, is not UTF-8 or holds nothing but whitespace. For
+    hosts embedding the bridge:
     ``with_bearer_auth(app, read_secret_file("/run/secrets/bridge-token"))``.
     """
     try:
-        with open(path, "rb") as handle:
+        # Opened without waiting: a FIFO with no writer would hold the start for ever.
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError as exc:
+        raise SecretError(f"cannot read {path!r}: {exc.strerror or type(exc).__name__}") from None
+    try:
+        if stat.S_ISFIFO(os.fstat(fd).st_mode):
+            raise SecretError(f"{path!r} is a FIFO: it would wait for a writer")
+        os.set_blocking(fd, True)
+        with open(fd, "rb", closefd=False) as handle:
             data = handle.read(MAX_SECRET_FILE_BYTES + 1)
     except OSError as exc:
         raise SecretError(f"cannot read {path!r}: {exc.strerror or type(exc).__name__}") from None
+    finally:
+        os.close(fd)
     if len(data) > MAX_SECRET_FILE_BYTES:
         raise SecretError(f"{path!r} is larger than {MAX_SECRET_FILE_BYTES} bytes")
     try:

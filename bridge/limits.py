@@ -168,6 +168,12 @@ def url_problem(url: str) -> str | None:
         return None if url[len("unix://") :].startswith("/") else "needs an absolute path"
     if url.startswith("ws://"):
         rest = url[len("ws://") :]
+        if "@" in rest.partition("/")[0]:
+            # It would be shown on the start line and in every connection error.
+            return (
+                "holds credentials before the host: the token goes in "
+                "REST_ADAPTER_APP_SERVER_TOKEN (or its _FILE)"
+            )
         host, _, port = rest.partition("/")[0].rpartition(":")
         if host and port.isascii() and port.isdigit() and 0 < int(port) < 65536:
             return None

@@ -265,7 +265,14 @@ class AppServerVariables(Variables):
             mode = raw_mode
         raw_url = self.app_server_url
         if url is None and raw_url is not None:
-            if url_problem(raw_url) is not None:
+            problem = url_problem(raw_url)
+            if problem is not None and "@" in raw_url:  # never repeat the credentials
+                raise RestLimitsEnvError(
+                    variable_name("app_server_url"),
+                    "...@...",
+                    "URL without credentials (the token goes in REST_ADAPTER_APP_SERVER_TOKEN)",
+                )
+            if problem is not None:
                 raise RestLimitsEnvError(
                     variable_name("app_server_url"), raw_url, "unix://PATH or ws://HOST:PORT"
                 )

@@ -505,6 +505,7 @@ def render(
             if settings.token_map
             else ""
         ),
+        BAD_REQUEST_URI=f"{FRONT_ERRORS}400",
         LISTING=LISTING,
         SESSION_LOCATIONS=_blocks("session location", sessions),
         SESSION_NOT_FOUND=pages["session_not_found"].payload,

@@ -54,3 +54,37 @@ def test_the_request_path_imports_no_replica_front_or_cluster_module():
     )
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "[]"
+
+
+def test_scenarios_without_its_console_script_runs_no_module_of_the_working_directory(
+    tmp_path: Path,
+):
+    """An interpreter with no `rest-bridge-scenarios` beside it (a `pip install --user`,
+    whose scripts live elsewhere) runs the harness as a module: the one `rest-bridge`
+    itself finds, never a `scenarios` package of the directory it is run in."""
+    venv = Path(sys.prefix)
+    bare = tmp_path / "bare"  # the same environment, with nothing in bin/ but python
+    (bare / "bin").mkdir(parents=True)
+    (bare / "bin" / "python").symlink_to(sys.executable)
+    (bare / "lib").symlink_to(venv / "lib")
+    (bare / "pyvenv.cfg").write_text((venv / "pyvenv.cfg").read_text())
+    here = tmp_path / "here"
+    (here / "scenarios").mkdir(parents=True)
+    (here / "scenarios" / "__init__.py").write_text("")
+    (here / "scenarios" / "cli.py").write_text("print('not the harness')\n")
+    done = subprocess.run(
+        # -P: as a console script, with no working directory on sys.path.
+        [
+            bare / "bin" / "python",
+            "-P",
+            "-c",
+            "import sys; from bridge.cli import main; sys.exit(main(['scenarios', '--help']))",
+        ],
+        cwd=here,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    assert "not the harness" not in done.stdout
+    assert "rest-bridge scenarios" in done.stdout

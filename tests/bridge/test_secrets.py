@@ -336,6 +336,35 @@ def test_a_secret_file_that_cannot_be_used_stops_serve(tmp_path: Path) -> None:
         assert "Traceback" not in output
 
 
+def test_a_secret_file_that_is_a_fifo_stops_serve_instead_of_waiting_for_a_writer(
+    tmp_path: Path,
+) -> None:
+    """A FIFO no one writes to would hold `serve` at its start for ever: refused, by name."""
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    for variable in ("REST_ADAPTER_TOKEN_FILE", "REST_ADAPTER_APP_SERVER_TOKEN_FILE"):
+        env = {variable: str(fifo)}
+        if variable.startswith("REST_ADAPTER_APP_SERVER"):
+            env["REST_ADAPTER_APP_SERVER_MODE"] = "shared"
+        process = subprocess.Popen(
+            [REST_BRIDGE, "serve", "--port", "0", "--app-server", f"{FAKE_CODEX} app-server"],
+            env=bridge_environment(env),
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        try:
+            output, _ = process.communicate(timeout=WAIT)
+        finally:
+            if process.poll() is None:
+                process.kill()
+                process.wait()
+        assert process.returncode == 2, output
+        refusal = f"{variable}: {str(fifo)!r} is a FIFO: it would wait for a writer"
+        assert output == f"rest-bridge: {refusal}\n"
+
+
 RESERVED = {
     "REST_ADAPTER_CLUSTER_MARK": "x",
     "REST_ADAPTER_PROCESS_MARK": "y",

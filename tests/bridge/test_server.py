@@ -324,6 +324,35 @@ def test_refused_requests_get_the_error_payload_without_the_token(front, case):
     assert_error_payload(response, status, kind)
 
 
+@pytest.mark.parametrize(
+    "line",
+    [
+        b"Authorization: Bearer %s\x01\r\n",
+        b"Authorization: Bearer %s\x7f\r\n",
+        b"Authorization: Bearer %s\x1f\r\n",
+        b"Authorization : Bearer %s\r\n",
+        b"Authorization: Bearer\r\n %s\r\n",
+        b"Authorization\x01: Bearer %s\r\n",
+    ],
+)
+def test_a_malformed_authorization_line_never_comes_back_through_the_front(front, line):
+    """aiohttp's own 400 quotes the line it refuses: a control character in the
+    Authorization value is the front's 400 payload, before any replica sees it."""
+    request = head(line % TOKEN.encode(), b"Connection: close\r\n", target=b"/v1/sessions")
+    raw = exchange(front.port, request)
+    assert TOKEN.encode() not in raw, raw
+    assert_error_payload(only_response(raw), 400, "bad_request")
+
+
+def test_the_front_counts_the_whitespace_of_a_head_the_bridge_alone_does_not_see(front):
+    """aiohttp drops the spaces around a header's value before the bridge counts a head;
+    the front counts the bytes as they arrive: 100 padded headers (800 KB) are a 431."""
+    padded = [b"X-Pad-%d:%s v%s\r\n" % (i, b" " * 4000, b" " * 4000) for i in range(100)]
+    raw = exchange(front.port, head(AUTH, *padded))
+    assert TOKEN.encode() not in raw
+    assert_error_payload(only_response(raw), 431, "headers_too_large")
+
+
 @pytest.mark.parametrize("case", sorted(REFUSED))
 def test_the_parser_of_the_bridge_alone_refuses_with_400_and_closes(bridge, case):
     """aiohttp's own answer (plain text, before the bridge's code): the status and the

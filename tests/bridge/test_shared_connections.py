@@ -444,6 +444,32 @@ def test_serve_refuses_bad_app_server_settings(env, args, says):
     assert "Traceback" not in result.stderr
 
 
+@pytest.mark.parametrize(
+    ("env", "args"),
+    [
+        ({"REST_ADAPTER_APP_SERVER_URL": "ws://bridge:pw-0fd2@h:1"}, []),
+        ({}, ["--app-server-mode", "shared", "--app-server-url", "ws://bridge:pw-0fd2@h:1"]),
+    ],
+)
+def test_a_url_holding_credentials_is_refused_without_showing_them(env, args):
+    """Whatever stands before the host would be printed on the start line and in every
+    connection error: the token has its own variable, never shown."""
+    import os
+
+    result = subprocess.run(
+        [sys.executable, "-m", "bridge.cli", "serve", "--port", "0", *args],
+        env={**os.environ, **env},
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 2, result.stderr
+    assert "REST_ADAPTER_APP_SERVER_TOKEN" in result.stderr
+    assert "pw-0fd2" not in result.stdout + result.stderr
+    assert "Traceback" not in result.stderr
+
+
 @pytest.mark.quick
 @pytest.mark.asyncio
 async def test_a_message_over_max_line_bytes_is_a_protocol_error(serve, http, ws_server):
