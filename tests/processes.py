@@ -192,3 +192,28 @@ def nginx_binary() -> str:
             pytest.fail(message)
         pytest.skip(message)
     return found
+
+
+def start_nginx(prefix: Path, config: str) -> subprocess.Popen[str]:
+    """nginx in the foreground on ``config`` (written to ``prefix``/nginx.conf), once it
+    has bound its ports: the line of its first worker is the event waited on. Its
+    stderr is closed then, so nginx never blocks on it; stop it with ``terminate()``."""
+    prefix.mkdir(parents=True, exist_ok=True)
+    (prefix / "nginx.conf").write_text(config)
+    process = subprocess.Popen(
+        [
+            *(nginx_binary(), "-p", f"{prefix}/", "-c", f"{prefix}/nginx.conf", "-e", "stderr"),
+            *("-g", "daemon off; error_log stderr notice;"),
+        ],
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    assert process.stderr is not None
+    with process.stderr:
+        for line in process.stderr:
+            if "start worker process" in line:
+                return process
+    process.wait(timeout=30)
+    pytest.fail("nginx did not start")

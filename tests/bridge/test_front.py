@@ -21,7 +21,7 @@ from typing import Any
 
 import pytest
 import yaml
-from processes import nginx_binary
+from processes import nginx_binary, start_nginx
 
 from bridge.app import ROUTES
 from bridge.auth import BearerToken, presented_token
@@ -389,31 +389,12 @@ class StandIn:
 @contextlib.contextmanager
 def nginx_running(prefix: Path, config: str) -> Iterator[subprocess.Popen[str]]:
     """nginx on ``config`` (its prefix directory ``prefix``), until the block ends."""
-    prefix.mkdir(parents=True, exist_ok=True)
-    (prefix / "nginx.conf").write_text(config)
-    front = subprocess.Popen(
-        [
-            *(nginx_binary(), "-p", f"{prefix}/", "-c", f"{prefix}/nginx.conf", "-e", "stderr"),
-            *("-g", "daemon off; error_log stderr notice;"),
-        ],
-        stdin=subprocess.DEVNULL,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+    front = start_nginx(prefix, config)
     try:
-        assert front.stderr is not None
-        for line in front.stderr:  # bound before its worker starts
-            if "start worker process" in line:
-                break
-        else:
-            pytest.fail("nginx did not start")
         yield front
     finally:
         front.terminate()
         front.wait(30)
-        if front.stderr is not None:
-            front.stderr.close()
 
 
 @dataclass

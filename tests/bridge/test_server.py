@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from processes import nginx_binary
+from processes import start_nginx
 
 from bridge.limits import RestLimits
 from bridge_ops.front import FrontSettings, Replica, render
@@ -103,32 +103,13 @@ def free_port() -> int:
 
 def start_front(tmp: Path, bridge: Bridge, **limits: int) -> Front:
     """nginx on a free port before ``bridge``, its bounds from ``limits``."""
-    nginx = nginx_binary()
     port = free_port()
     config = render(
         [Replica("bridge-0", f"127.0.0.1:{bridge.port}")],
         RestLimits(**limits),
         FrontSettings(listen=f"127.0.0.1:{port}", runtime_dir=str(tmp)),
     )
-    (tmp / "nginx.conf").write_text(config)
-    process = subprocess.Popen(
-        [
-            *(nginx, "-p", f"{tmp}/", "-c", f"{tmp}/nginx.conf", "-e", "stderr"),
-            *("-g", "daemon off; error_log stderr notice;"),
-        ],
-        stdin=subprocess.DEVNULL,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    assert process.stderr is not None
-    for line in process.stderr:  # bound before its worker starts
-        if "start worker process" in line:
-            # The rest of stderr is not read: close it so nginx never blocks on it.
-            process.stderr.close()
-            return Front(process, port)
-    process.wait(timeout=WAIT)
-    pytest.fail("nginx did not start")
+    return Front(start_nginx(tmp, config), port)
 
 
 @pytest.fixture(scope="module")
