@@ -21,8 +21,9 @@ from bridge.backend import Backend
 from bridge.limits import AppServerSettings, RestLimits
 from bridge.openapi import build_openapi
 from bridge.policy import HOST_METHODS, HOST_PARAMS, MethodPolicy, MethodRules
-from bridge.process.backend import DEFAULT_COMMAND, ProcessBackend
+from bridge.process.backend import ProcessBackend
 from bridge.process.shared import ConnectShared
+from bridge.process.startup import DEFAULT_COMMAND
 from bridge.server import SERVER_SETTINGS as SERVER_SETTINGS
 from bridge.server import ParserRefusals, head_middleware, head_problem
 from bridge.settings import AppServerVariables, MethodPolicyVariables

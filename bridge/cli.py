@@ -31,8 +31,7 @@ from bridge.limits import (
 )
 from bridge.openapi import build_openapi
 from bridge.policy import POLICY_VARIABLES, MethodPolicy
-from bridge.process.backend import DEFAULT_COMMAND, parse_command
-from bridge.process.startup import describe_command
+from bridge.process.startup import DEFAULT_COMMAND, describe_command, parse_command
 from bridge.routes import BACKEND
 from bridge.runtime import (
     DEFAULT_LOOP,

@@ -33,7 +33,6 @@ from typing import Any
 import aiohttp
 import orjson
 
-from bridge import errors
 from bridge.backend import PEER_QUERY_HEADER, SEPARATOR, Backend, PeerSessions
 from bridge.limits import REPLICA_ID, ReplicaSettings
 
@@ -50,10 +49,6 @@ def replica_of(session_id: str) -> str | None:
     """The replica a session id names, if it names one."""
     name, separator, _ = session_id.partition(SEPARATOR)
     return name if separator and REPLICA_ID.fullmatch(name) else None
-
-
-replica_unavailable = errors.replica_unavailable
-draining_error = errors.replica_draining
 
 
 # -- the sessions of every replica --------------------------------------------------------

@@ -30,8 +30,7 @@ from bridge.process import startup
 from bridge.process.launch import AppServerLauncher, SpawnStdio
 from bridge.process.peer import JsonRpcPeer, ProcessGone, RpcError, StdinFull
 from bridge.process.session import Session, rpc_failure
-from bridge.process.startup import DEFAULT_COMMAND as DEFAULT_COMMAND
-from bridge.process.startup import parse_command as parse_command
+from bridge.process.startup import DEFAULT_COMMAND, parse_command
 from bridge.process.text_turn import TextTurn
 
 log = logging.getLogger("bridge")
