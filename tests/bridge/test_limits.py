@@ -69,21 +69,6 @@ def test_unparsable_value_names_variable_value_and_type(value):
     assert repr(value) in str(error)
 
 
-def test_serve_exits_non_zero_with_the_message(tmp_path: Path):
-    script = Path(sys.executable).with_name("rest-bridge")
-    done = subprocess.run(
-        [str(script), "serve", "--port", "0"],
-        env={"REST_ADAPTER_EVENT_BUFFER": "lots", "PATH": "/usr/bin:/bin"},
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
-    assert done.returncode == 2
-    assert "REST_ADAPTER_EVENT_BUFFER='lots' is not a valid positive integer" in done.stderr
-    assert "Traceback" not in done.stderr
-
-
 @pytest.mark.quick
 @pytest.mark.parametrize("raw", [" 5 ", "+5", "1_000", "\u0665", "5\n"])
 def test_only_plain_ascii_digits_are_a_limit(raw):

@@ -43,18 +43,25 @@ def test_serve_refuses_an_integer_that_is_not_plain_ascii_digits(
     assert err == f"rest-bridge: {variable}={raw!r} is not a valid positive integer\n"
 
 
-def test_the_console_script_refuses_a_drain_timeout_with_a_sign(tmp_path: Path):
+@pytest.mark.parametrize(
+    ("variable", "raw"),
+    [("REST_ADAPTER_DRAIN_TIMEOUT_MS", "+5"), ("REST_ADAPTER_EVENT_BUFFER", "lots")],
+)
+def test_the_console_script_refuses_a_value_that_is_not_a_positive_integer(
+    tmp_path: Path, variable: str, raw: str
+):
+    """The installed `rest-bridge`, not only `main()`: exit 2 and the one line."""
     script = Path(sys.executable).with_name("rest-bridge")
     done = subprocess.run(
         [str(script), "serve", "--host", "256.0.0.1", "--port", "0"],
-        env={"REST_ADAPTER_DRAIN_TIMEOUT_MS": "+5", "PATH": "/usr/bin:/bin"},
+        env={variable: raw, "PATH": "/usr/bin:/bin"},
         capture_output=True,
         text=True,
         timeout=60,
         check=False,
     )
     assert done.returncode == 2
-    assert "REST_ADAPTER_DRAIN_TIMEOUT_MS='+5' is not a valid positive integer" in done.stderr
+    assert f"{variable}={raw!r} is not a valid positive integer" in done.stderr
     assert "Traceback" not in done.stderr
 
 
