@@ -20,6 +20,7 @@ class IdFactory:
 
     def __init__(self, seed: int | None) -> None:
         self._rng = random.Random(seed)
+        self._last_v7 = (0, 0)
 
     @property
     def rng(self) -> random.Random:
@@ -27,11 +28,22 @@ class IdFactory:
         return self._rng
 
     def uuid7(self) -> str:
-        """A UUIDv7 string, the format of real thread, turn and user-message ids."""
-        millis = now_ms()
-        rand_a = self._rng.getrandbits(12)
-        rand_b = self._rng.getrandbits(62)
-        value = (millis & (1 << 48) - 1) << 80 | 0x7 << 76 | rand_a << 64 | 0b10 << 62 | rand_b
+        """A UUIDv7 string, the format of real thread, turn and user-message ids.
+
+        Monotonic within the process, as the real server's (Rust's `Uuid::now_v7`): an
+        id made in the same millisecond as the last one (or while the clock stands
+        still or steps back) is the last one's successor, so ids sort in creation order.
+        """
+        millis = now_ms() & (1 << 48) - 1
+        random_bits = self._rng.getrandbits(12) << 62 | self._rng.getrandbits(62)
+        last_millis, last_bits = self._last_v7
+        if millis <= last_millis:
+            millis, random_bits = last_millis, last_bits + 1
+            if random_bits >> 74:
+                millis, random_bits = last_millis + 1, 0
+        self._last_v7 = (millis, random_bits)
+        rand_a, rand_b = random_bits >> 62, random_bits & (1 << 62) - 1
+        value = millis << 80 | 0x7 << 76 | rand_a << 64 | 0b10 << 62 | rand_b
         return _dashed(value)
 
     def uuid4(self) -> str:
