@@ -84,7 +84,7 @@ def bridge(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Bridge]:
 
 @dataclass
 class Front:
-    """nginx before a bridge, configured by `bridge.front`."""
+    """nginx before a bridge, configured by `bridge_ops.front`."""
 
     process: subprocess.Popen[str]
     port: int
