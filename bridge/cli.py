@@ -43,6 +43,7 @@ from bridge.runtime import (
     return_big_buffers_to_the_os,
 )
 from bridge.settings import BridgeSettings
+from bridge_ops import codex_diff
 
 LIMIT_FIELDS = tuple(f.name for f in dataclasses.fields(RestLimits))
 
@@ -205,6 +206,14 @@ def build_parser() -> argparse.ArgumentParser:
     openapi.add_argument("--preset", choices=sorted(PRESETS), default="trusted")
     openapi.add_argument(
         "--auth", action="store_true", help="document the bearer scheme, as when a token is set"
+    )
+    codex_diff.add_arguments(
+        commands.add_parser(
+            "codex-diff",
+            help="what changed in the app-server protocol between two codex releases",
+            description=codex_diff.__doc__,
+            formatter_class=argparse.RawDescriptionHelpFormatter,
+        )
     )
     # Listed for --help only: `main` hands everything after `scenarios` to scenarios.cli.
     commands.add_parser(
@@ -411,6 +420,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         from bridge_ops import front
 
         return front.main(args)
+    elif args.command == "codex-diff":
+        return codex_diff.main(args)
     elif args.command == "cluster":
         from bridge_ops import cluster
 
