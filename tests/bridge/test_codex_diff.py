@@ -289,3 +289,34 @@ def test_a_real_codex_against_an_edited_copy_of_its_own_schema(
         check=False,
     )
     assert same.returncode == 0, same.stdout + same.stderr
+
+
+def test_a_version_already_installed_in_the_cache_is_used_without_npm(
+    codex_bin: str, tmp_path: Path
+) -> None:
+    """A version number names `CACHE/<version>/node_modules/.bin/codex`; once it is
+    there, nothing is installed again (PATH here has no npm to install with)."""
+    launcher = tmp_path / "cache" / "9.8.7" / "node_modules" / ".bin" / "codex"
+    launcher.parent.mkdir(parents=True)
+    launcher.symlink_to(codex_bin)
+    codex_diff = [sys.executable, "-m", "bridge.cli", "codex-diff"]
+    done = subprocess.run(
+        [*codex_diff, "9.8.7", codex_bin, "--cache", str(tmp_path / "cache")],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={"PATH": str(tmp_path / "empty"), "HOME": str(tmp_path)},
+        check=False,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "0 changes, 0 breaking" in done.stdout
+    missing = subprocess.run(
+        [*codex_diff, "9.8.8", codex_bin, "--cache", str(tmp_path / "cache")],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={"PATH": str(tmp_path / "empty"), "HOME": str(tmp_path)},
+        check=False,
+    )
+    assert missing.returncode == 2
+    assert "installing codex 9.8.8 needs npm, which is not on PATH" in missing.stderr
