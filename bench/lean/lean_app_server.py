@@ -60,10 +60,11 @@ def _unknown(method: str) -> str:
     """The real server's text, with its list of methods when fake-codex's copy is at hand."""
     text = f"Invalid request: unknown variant `{method}`"
     try:
-        from fakes.app_server.known_methods import KNOWN_METHODS
+        from fakes.app_server.protocol import DEFAULT_VERSION, profile
     except ImportError:
         return text
-    return text + ", expected one of " + ", ".join(f"`{m}`" for m in KNOWN_METHODS)
+    known = profile(DEFAULT_VERSION).client_requests
+    return text + ", expected one of " + ", ".join(f"`{m}`" for m in known)
 
 
 def _flood_chunks() -> list[bytes]:

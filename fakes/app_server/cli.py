@@ -81,6 +81,12 @@ def _parser() -> argparse.ArgumentParser:
     server.add_argument("--strict-config", action="store_true")
     server.add_argument("--analytics-default-enabled", action="store_true")
     server.add_argument("--script", help="the YAML/JSON script to follow")
+    server.add_argument(
+        "--codex-version",
+        type=_codex_version,
+        metavar="VERSION",
+        help="the codex release whose protocol to speak and version to report",
+    )
     server.add_argument("--ws-auth", choices=("capability-token", "signed-bearer-token"))
     server.add_argument("--ws-token-file", metavar="PATH")
     server.add_argument("--ws-token-sha256", metavar="HEX")
@@ -141,8 +147,26 @@ def _env_seed() -> int | None:
         raise UsageError(f"{SEED_ENV} must be an integer, got {raw!r}") from None
 
 
-def _version_output(script: AppServerScript | None) -> str:
-    return (script.version_output if script else None) or DEFAULT_VERSION_OUTPUT
+def _version_output(script: AppServerScript | None, codex_version: str | None = None) -> str:
+    """What `--version` prints and `initialize` quotes; the fake speaks that release's
+    protocol (fakes/app_server/protocol.py). `--codex-version` wins over the script."""
+    if codex_version is not None:
+        return f"codex-cli {codex_version}"
+    if script is not None and script.version_output:
+        return script.version_output
+    if script is not None and script.codex_version:
+        return f"codex-cli {script.codex_version}"
+    return DEFAULT_VERSION_OUTPUT
+
+
+def _codex_version(text: str) -> str:
+    """An argparse type: a release fake-codex has the protocol of."""
+    from fakes.app_server import protocol
+
+    if text not in protocol.versions():
+        known = ", ".join(protocol.versions())
+        raise argparse.ArgumentTypeError(f"fake-codex emulates codex {known}, not {text!r}")
+    return text
 
 
 def _generate_json_schema(args: argparse.Namespace) -> int:
@@ -182,7 +206,7 @@ def _app_server(args: argparse.Namespace) -> int:
     seed = _env_seed()
     if seed is None and script is not None:
         seed = script.seed
-    version_output = _version_output(script)
+    version_output = _version_output(script, args.codex_version)
     if endpoint is not None:
         from fakes.app_server.listen import serve_listen
 
@@ -237,6 +261,7 @@ def _parser_defaults() -> argparse.Namespace:
         strict_config=False,
         analytics_default_enabled=False,
         script=None,
+        codex_version=None,
         ws_auth=None,
         ws_token_file=None,
         ws_token_sha256=None,

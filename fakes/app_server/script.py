@@ -25,6 +25,7 @@ from pydantic import (
 )
 from pydantic.alias_generators import to_camel
 
+from fakes.app_server import protocol
 from fakes.app_server.script_source import ScriptError, check_depth, describe_errors, parse_yaml
 
 __all__ = [
@@ -468,6 +469,7 @@ class AppServerScript(_Model):
     version: Literal[1]
     seed: int | None = None
     version_output: str | None = None
+    codex_version: str | None = None
     initialize: MethodBehavior | None = None
     on_initialized: list[Step] = Field(default_factory=list)
     methods: dict[str, list[MethodBehavior]] = Field(default_factory=dict)
@@ -484,6 +486,15 @@ class AppServerScript(_Model):
         if not isinstance(value, dict):
             return value
         return {key: entry if isinstance(entry, list) else [entry] for key, entry in value.items()}
+
+    @field_validator("codex_version")
+    @classmethod
+    def _emulated(cls, value: str | None) -> str | None:
+        """The release to emulate: one that fake-codex has a protocol profile of."""
+        if value is not None and value not in protocol.versions():
+            known = ", ".join(protocol.versions())
+            raise ValueError(f"fake-codex emulates codex {known}, not {value!r}")
+        return value
 
     @field_validator("turns", mode="before", json_schema_input_type=list[TurnScript | str])
     @classmethod

@@ -18,10 +18,9 @@ from typing import TYPE_CHECKING, Any
 
 import orjson
 
-from fakes.app_server import report, shapes
+from fakes.app_server import protocol, report, shapes
 from fakes.app_server.fast import FastStart, remote_control_line
 from fakes.app_server.ids import IdFactory
-from fakes.app_server.known_methods import KNOWN_METHODS
 from fakes.app_server.replies import (
     INTERNAL_ERROR,
     INVALID_REQUEST,
@@ -53,8 +52,6 @@ if TYPE_CHECKING:
     from fakes.app_server.steps import StepRunner
 
 __all__ = ["INTERNAL_ERROR", "INVALID_REQUEST", "AppServer", "Call", "Reply", "Sink", "serve"]
-
-_KNOWN = frozenset(KNOWN_METHODS)
 
 
 def default_reply_text(inputs: list[Any]) -> str:
@@ -97,6 +94,9 @@ class AppServer:
         self.script = script
         self.seed = seed
         self.version = shapes.cli_version(version_output)
+        # The protocol of the release it reports (protocol.py: the default's otherwise).
+        self.protocol = protocol.profile(self.version)
+        self._known = frozenset(self.protocol.client_requests)
         self.out: Sink
         self.report: report.Report | None = None
         self.initialized = False
@@ -278,12 +278,12 @@ class AppServer:
 
     def _on_request(self, message: Message, method: str, request_id: RequestId) -> None:
         call = Call(request_id, method, message.get("params"))
-        if method not in _KNOWN and method not in self._behaviors:
+        if method not in self._known and method not in self._behaviors:
             unknown = self.script.unknown_methods if self.script else None
             if unknown is not None and self._runner is not None:
                 self.spawn(self._runner.run_behavior(call, unknown))
                 return
-            known = ", ".join(f"`{name}`" for name in KNOWN_METHODS)
+            known = ", ".join(f"`{name}`" for name in self.protocol.client_requests)
             message_text = f"Invalid request: unknown variant `{method}`, expected one of {known}"
             self.answer(call, invalid(message_text))
         elif "params" not in message:

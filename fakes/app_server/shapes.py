@@ -13,7 +13,9 @@ import sys
 import time
 from typing import Any
 
-DEFAULT_VERSION_OUTPUT = "codex-cli 0.169.0"
+from fakes.app_server.protocol import DEFAULT_VERSION
+
+DEFAULT_VERSION_OUTPUT = f"codex-cli {DEFAULT_VERSION}"
 DEFAULT_MODEL = "gpt-6.1-sol"
 DEFAULT_MODEL_PROVIDER = "openai"
 MODEL_CONTEXT_WINDOW = 258400

@@ -20,6 +20,8 @@ from typing import Any
 import pytest
 import pytest_asyncio
 
+from fakes.app_server.protocol import profile, versions
+
 pytestmark = pytest.mark.asyncio
 
 REPO = Path(__file__).resolve().parents[2]
@@ -418,6 +420,50 @@ async def test_an_unknown_method_gets_the_real_unknown_variant_error(spawn: Spaw
         "Invalid request: unknown variant `no/such/method`, expected one of `initialize`, "
     )
     assert "data" not in error
+
+
+@pytest.mark.parametrize("how", ["option", "script"])
+async def test_the_fake_speaks_the_protocol_of_the_release_it_emulates(
+    spawn: Spawn, how: str
+) -> None:
+    """`--codex-version 0.171.0` (or the script's `codexVersion`): that release's method
+    list in the unknown-variant error, its new method known (unscripted, the fake says it
+    does not implement it, rather than that it does not exist), its version quoted."""
+    if how == "option":
+        fake = await spawn(None, "app-server", "--codex-version", "0.171.0")
+    else:
+        fake = await spawn("version: 1\ncodexVersion: 0.171.0\n")
+    result = (await fake.initialize())["result"]
+    assert result["userAgent"].split(" ")[0].endswith("/0.171.0")
+    error = (await fake.request("no/such/method"))["error"]
+    listed = re.findall(r"`([^`]*)`", error["message"].split("expected one of ", 1)[1])
+    assert listed == list(profile("0.171.0").client_requests)
+    assert "modelProvider/default/set" in listed
+    known = (await fake.request("modelProvider/default/set", {}))["error"]
+    assert "fake-codex does not implement `modelProvider/default/set`" in known["message"]
+
+
+async def test_the_default_release_does_not_know_a_later_releases_method(spawn: Spawn) -> None:
+    fake = await spawn()
+    await fake.initialize()
+    error = (await fake.request("modelProvider/default/set", {}))["error"]
+    assert error["message"].startswith(
+        "Invalid request: unknown variant `modelProvider/default/set`, expected one of "
+    )
+
+
+async def test_a_release_the_fake_cannot_emulate_is_refused_naming_those_it_can(
+    tmp_path: Path,
+) -> None:
+    refusal = f"fake-codex emulates codex {', '.join(versions())}, not '0.1.0'"
+    code, _, err = await run_cli(tmp_path, "app-server", "--codex-version", "0.1.0")
+    assert code == 2
+    assert refusal in err
+    script = tmp_path / "s.yaml"
+    script.write_text("version: 1\ncodexVersion: 0.1.0\n")
+    code, _, err = await run_cli(tmp_path, "app-server", "--script", str(script))
+    assert code == 2
+    assert refusal in err
 
 
 async def test_a_request_without_params_names_the_missing_field(spawn: Spawn) -> None:

@@ -1,0 +1,239 @@
+"""Which protocol fake-codex speaks: each codex release's, as that release describes it.
+
+A profile (``protocols/<version>.json``) is generated from a real codex binary by
+``python -m fakes.app_server.protocol BINARY...``, never written by hand: the client
+request methods in the order the real server lists them in its "unknown variant" error
+(that order is only in the error: the schema leaves out three legacy methods), which of
+them are experimental, and the server requests and notifications, from
+``codex app-server generate-json-schema`` with and without ``--experimental``. The suite
+regenerates the profile of every installed release it supports and fails when one
+differs from the profile shipped here (tests/fakes/test_protocol.py).
+
+The fake speaks the protocol of the version it reports (``--codex-version``, the
+script's ``codexVersion``, or the release in ``versionOutput``), or the default
+release's when it reports one no profile describes.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import sys
+from functools import cache
+from typing import Any
+
+# subprocess and tempfile are imported where a profile is generated: fake-codex's fast
+# start reads a profile and should not pay for them.
+
+#: The release fake-codex emulates unless told otherwise.
+DEFAULT_VERSION = "0.169.0"
+_FOLDER = "protocols"
+_UNKNOWN_VARIANT = re.compile(r"unknown variant `[^`]*`, expected one of (.*)$")
+_SCHEMA_BUNDLE = "codex_app_server_protocol.schemas.json"
+_MESSAGES = {
+    "ClientRequest": "clientRequests",
+    "ServerRequest": "serverRequests",
+    "ServerNotification": "serverNotifications",
+    "ClientNotification": "clientNotifications",
+}
+
+
+class Profile:
+    """One release's messages: what the fake answers, refuses and may send.
+
+    (A plain class: `dataclasses` would cost fake-codex's fast start its imports.)
+    """
+
+    __slots__ = (
+        "client_notifications",
+        "client_requests",
+        "codex_version",
+        "experimental_client_requests",
+        "server_notifications",
+        "server_requests",
+    )
+
+    def __init__(
+        self,
+        *,
+        codex_version: str,
+        client_requests: tuple[str, ...],
+        experimental_client_requests: frozenset[str],
+        server_requests: tuple[str, ...],
+        server_notifications: tuple[str, ...],
+        client_notifications: tuple[str, ...],
+    ) -> None:
+        self.codex_version = codex_version
+        self.client_requests = client_requests
+        self.experimental_client_requests = experimental_client_requests
+        self.server_requests = server_requests
+        self.server_notifications = server_notifications
+        self.client_notifications = client_notifications
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Profile) and self.to_json() == other.to_json()
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "codexVersion": self.codex_version,
+            "clientRequests": list(self.client_requests),
+            "experimentalClientRequests": sorted(self.experimental_client_requests),
+            "serverRequests": list(self.server_requests),
+            "serverNotifications": list(self.server_notifications),
+            "clientNotifications": list(self.client_notifications),
+        }
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> Profile:
+        return cls(
+            codex_version=data["codexVersion"],
+            client_requests=tuple(data["clientRequests"]),
+            experimental_client_requests=frozenset(data["experimentalClientRequests"]),
+            server_requests=tuple(data["serverRequests"]),
+            server_notifications=tuple(data["serverNotifications"]),
+            client_notifications=tuple(data["clientNotifications"]),
+        )
+
+
+def versions() -> tuple[str, ...]:
+    """The releases a profile ships for, oldest first."""
+    names = [name.removesuffix(".json") for name in os.listdir(_folder())]
+    return tuple(sorted((n for n in names if _is_version(n)), key=_version_key))
+
+
+@cache
+def profile(version: str) -> Profile:
+    """The profile of ``version``; the default release's when none ships for it."""
+    if version not in versions():
+        version = DEFAULT_VERSION
+    with open(os.path.join(_folder(), f"{version}.json"), encoding="utf-8") as file:
+        return Profile.from_json(json.load(file))
+
+
+def _folder() -> str:
+    return os.path.join(os.path.dirname(__file__), _FOLDER)
+
+
+def _is_version(text: str) -> bool:
+    parts = text.split(".")
+    return len(parts) == 3 and all(part.isdecimal() and part.isascii() for part in parts)
+
+
+def _version_key(version: str) -> tuple[int, ...]:
+    return tuple(int(part) for part in version.split("."))
+
+
+# Generating a profile from a real binary --------------------------------------------------
+
+
+def _schema_messages(binary: str, home: str, experimental: bool) -> dict[str, list[str]]:
+    import subprocess
+    import tempfile
+
+    with tempfile.TemporaryDirectory(prefix="fake-protocol-") as out:
+        command = [binary, "app-server", "generate-json-schema", "--out", out]
+        subprocess.run(
+            [*command, *(["--experimental"] if experimental else [])],
+            env={**os.environ, "CODEX_HOME": home},
+            stdin=subprocess.DEVNULL,
+            capture_output=True,
+            check=True,
+            timeout=60,
+        )
+        with open(os.path.join(out, _SCHEMA_BUNDLE), encoding="utf-8") as file:
+            bundle = json.load(file)
+    found: dict[str, list[str]] = {}
+    for union, key in _MESSAGES.items():
+        variants = bundle["definitions"].get(union, {}).get("oneOf", [])
+        found[key] = [name for v in variants for name in v["properties"]["method"].get("enum", [])]
+    return found
+
+
+def _listed_order(binary: str, home: str) -> list[str]:
+    """The client requests as the real server lists them, asked with an unknown one."""
+    import subprocess
+
+    lines = [
+        {
+            "id": 0,
+            "method": "initialize",
+            "params": {"clientInfo": {"name": "probe", "version": "0"}},
+        },
+        {"method": "initialized"},
+        {"id": 1, "method": "fake-codex/probe", "params": {}},
+    ]
+    with subprocess.Popen(
+        [binary, "app-server"],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        env={**os.environ, "CODEX_HOME": home, "RUST_LOG": "off"},
+        text=True,
+    ) as server:
+        assert server.stdin is not None
+        assert server.stdout is not None
+        server.stdin.write("".join(json.dumps(line) + "\n" for line in lines))
+        server.stdin.flush()
+        try:
+            for raw in server.stdout:
+                message = json.loads(raw)
+                if message.get("id") == 1:
+                    match = _UNKNOWN_VARIANT.search(message["error"]["message"])
+                    if match is None:
+                        raise ValueError(f"unexpected answer: {message}")
+                    return re.findall(r"`([^`]*)`", match.group(1))
+        finally:
+            server.kill()
+    raise ValueError(f"{binary} app-server ended without answering")
+
+
+def generate(binary: str) -> Profile:
+    """The profile of the codex at ``binary`` (its native binary or npm launcher)."""
+    import subprocess
+    import tempfile
+
+    with tempfile.TemporaryDirectory(prefix="fake-protocol-home-") as home:
+        done = subprocess.run(
+            [binary, "--version"], capture_output=True, text=True, check=True, timeout=60
+        )
+        version = done.stdout.split()[-1]
+        full = _schema_messages(binary, home, experimental=True)
+        stable = _schema_messages(binary, home, experimental=False)
+        order = _listed_order(binary, home)
+    return Profile(
+        codex_version=version,
+        client_requests=tuple(order),
+        experimental_client_requests=frozenset(
+            set(full["clientRequests"]) - set(stable["clientRequests"])
+        ),
+        server_requests=tuple(full["serverRequests"]),
+        server_notifications=tuple(full["serverNotifications"]),
+        client_notifications=tuple(full["clientNotifications"]),
+    )
+
+
+def render(profile: Profile) -> str:
+    """A profile as the file it ships in."""
+    return json.dumps(profile.to_json(), indent=1) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`python -m fakes.app_server.protocol BINARY...`: (re)write each binary's profile."""
+    binaries = sys.argv[1:] if argv is None else argv
+    if not binaries:
+        print("usage: python -m fakes.app_server.protocol CODEX_BINARY...", file=sys.stderr)
+        return 2
+    for binary in binaries:
+        made = generate(binary)
+        name = f"{made.codex_version}.json"
+        with open(os.path.join(_folder(), name), "w", encoding="utf-8") as file:
+            file.write(render(made))
+        print(f"{name}: {len(made.client_requests)} client requests")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
