@@ -5,10 +5,6 @@ The operator chose the command, so the bridge's log names it, with the reason (t
 ``OSError``, or the exit and the tail of what the process wrote on stderr). The client
 gets the error payload with what to check, never the command, a path or the stderr: those
 are the operator's to show (the threat model is docs/SECURITY.md).
-
-``rest-bridge serve`` also resolves the command once at start-up and reports it on one
-line (:func:`describe_command`), so a misspelt ``--app-server`` shows before the first
-request.
 """
 
 from __future__ import annotations
@@ -17,9 +13,7 @@ import asyncio
 import contextlib
 import errno
 import logging
-import os
 import shlex
-import shutil
 from collections.abc import Sequence
 
 from bridge import credentials, errors
@@ -106,53 +100,6 @@ def stderr_summary(tail: str) -> str:
     if len(text) > LOG_STDERR_CHARS:
         text = "…" + text[-LOG_STDERR_CHARS:]
     return text
-
-
-def unstartable(command: Sequence[str]) -> str | None:
-    """Why ``command`` cannot be started from here (its program missing, a directory,
-    not executable), or None when its program resolves as ``PATH`` stands now."""
-    program = command[0]
-    if shutil.which(program):
-        return None
-    if "/" not in program:
-        return f"{program}: not found on PATH"
-    if not os.path.exists(program):
-        return f"{program}: no such file"
-    if os.path.isdir(program):
-        return f"{program}: is a directory"
-    return f"{program}: not executable"
-
-
-async def describe_command(command: Sequence[str]) -> str:
-    """One line for ``rest-bridge serve``'s start: the command, where its program is, and
-    the version it reports, or why it cannot start (the bridge serves anyway: a request's
-    ``options.cwd`` or ``options.env`` may still make it startable)."""
-    shown = shlex.join(command)
-    problem = unstartable(command)
-    if problem is not None:
-        line = (
-            f"app-server: {shown}: cannot start: {problem}; every request that starts an "
-            "app-server will fail (502 app_server_spawn_failed) until --app-server names "
-            "a command that exists"
-        )
-        if os.path.basename(command[0]) == "codex":
-            line += (
-                " (install codex: npm install -g @openai/codex; or serve the bundled fake: "
-                "--app-server 'fake-codex app-server')"
-            )
-        return line
-    found = _absolute(shutil.which(command[0]) or command[0])
-    version, error = await probe_version(version_command(command))
-    details = [version or f"version unknown: {error}"]
-    if found != command[0]:
-        details.insert(0, found)
-    if "app-server" not in command:
-        details.append("note: no `app-server` in the command, which codex needs to serve")
-    return f"app-server: {shown} ({'; '.join(details)})"
-
-
-def _absolute(path: str) -> str:
-    return os.path.abspath(path)
 
 
 def parse_command(command: str | Sequence[str]) -> list[str]:
