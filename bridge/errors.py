@@ -209,7 +209,6 @@ ERROR_KINDS: tuple[ErrorKind, ...] = (
         505, "http_version_not_supported", "An HTTP version but 1.0 and 1.1", front_only=True
     ),
 )
-_BY_KEY = {(entry.status, entry.kind): entry for entry in ERROR_KINDS}
 #: The kind each of aiohttp's own HTTP exceptions becomes, by status.
 HTTP_EXCEPTION_KINDS = {e.status: e.kind for e in ERROR_KINDS if e.for_http_exception}
 

@@ -117,12 +117,9 @@ class ProcessBackend(Backend):
         for session in list(self._sessions.values()):
             if not session.busy() and now - session.last_activity_at > idle:
                 log.info("reaping idle session %s", session.id)
-                self._run_in_background(self._remove(session))
-
-    def _run_in_background(self, coroutine: Any) -> None:
-        task = asyncio.create_task(coroutine)
-        self._background.add(task)
-        task.add_done_callback(self._background.discard)
+                task = asyncio.create_task(self._remove(session))
+                self._background.add(task)
+                task.add_done_callback(self._background.discard)
 
     # -- processes -------------------------------------------------------------
 
@@ -349,12 +346,8 @@ class ProcessBackend(Backend):
                 data: dict[str, Any] = {"reason": "deadline"}
                 if turn.last_error is not None:
                     data["lastError"] = turn.last_error  # e.g. codex retrying its model
-                raise errors.RestError(
-                    504,
-                    "timeout",
-                    f"The text turn did not complete within {deadline:g} s.",
-                    data=data,
-                ) from None
+                message = f"The text turn did not complete within {deadline:g} s."
+                raise errors.of_kind("timeout", message, data=data) from None
             finally:
                 await self._stop_fully(process)
         finally:

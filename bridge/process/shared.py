@@ -72,7 +72,8 @@ _SOCKET_NAME = "app-server.sock"
 
 
 def _real_path(path: str) -> str | None:
-    """Where a symlink leads (codex's ``unix://PATH`` is a link to its own socket)."""
+    """Where a symlink leads (codex's ``unix://PATH`` is a link to its own socket); a
+    function of its own, as the loop must not make blocking path calls inline."""
     try:
         return os.path.realpath(path, strict=True)
     except OSError:
@@ -166,8 +167,7 @@ class ConnectShared:
         would need a process of its own."""
         refused = sorted(f for f in options.set_fields() if f in PROCESS_OPTIONS) if options else []
         if refused:
-            raise errors.RestError(
-                403,
+            raise errors.of_kind(
                 "options_not_allowed",
                 "In shared mode every session is a connection to one app-server, so options "
                 "that shape a process of its own cannot apply: "
@@ -293,8 +293,7 @@ class ConnectShared:
             loop = asyncio.get_running_loop()
             wait = self._next_start - loop.time()
             if wait > self._spawn_timeout:
-                raise errors.RestError(
-                    502,
+                raise errors.of_kind(
                     "app_server_spawn_failed",
                     f"The shared app-server is restarting after a failure; retry in {wait:.0f} s.",
                     headers={"Retry-After": str(max(1, round(wait)))},
@@ -547,9 +546,13 @@ class ConnectShared:
                 "the bridge connects to an app-server it did not start; "
                 "appServer.shared.userAgent names the one that answered"
             )
-        info = AppServerInfo(command=command, version=version, version_error=version_error)
-        info.mode = "shared"
-        info.shared = SharedAppServerState.model_validate(self.describe())
+        info = AppServerInfo(
+            command=command,
+            version=version,
+            version_error=version_error,
+            mode="shared",
+            shared=SharedAppServerState.model_validate(self.describe()),
+        )
         return Compatibility(bridge_version=__version__, app_server=info)
 
     async def close(self) -> None:

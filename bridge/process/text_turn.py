@@ -186,8 +186,7 @@ class TextTurn:
                 return
             if exited.done():
                 raise rpc_failure(ProcessGone(exited.result()), "The turn")
-            raise errors.RestError(
-                504,
+            raise errors.of_kind(
                 "timeout",
                 "The thread went idle but the app-server never sent turn/completed.",
                 data={"reason": "idle_without_completion"},
