@@ -1,6 +1,6 @@
 """The bundled backend: every session is a conversation with a real app-server.
 
-How the app-server is reached is the launcher's (:mod:`bridge.process.launch`): a child
+How the app-server is reached is the launcher's (:mod:`bridge.process.startup`): a child
 process per session by default, a connection to one shared app-server in shared mode.
 """
 
@@ -27,10 +27,9 @@ from bridge.models import (
     TextTurnResponse,
 )
 from bridge.process import startup
-from bridge.process.launch import AppServerLauncher, SpawnStdio
 from bridge.process.peer import JsonRpcPeer, ProcessGone, RpcError, StdinFull
 from bridge.process.session import Session, rpc_failure
-from bridge.process.startup import DEFAULT_COMMAND, parse_command
+from bridge.process.startup import DEFAULT_COMMAND, AppServerLauncher, SpawnStdio, parse_command
 from bridge.process.text_turn import TextTurn
 
 log = logging.getLogger("bridge")

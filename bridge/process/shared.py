@@ -35,7 +35,6 @@ from bridge.limits import APP_SERVER_TOKEN_VARIABLE, AppServerSettings, RestLimi
 from bridge.models import AppServerInfo, ClientOptions, Compatibility, SharedAppServerState
 from bridge.process import startup
 from bridge.process.channel import ExitInfo
-from bridge.process.launch import VersionProbe
 from bridge.process.peer import JsonRpcPeer, ProcessGone, RpcError, StdinFull
 from bridge.process.stdio import StdioChannel
 from bridge.process.tenancy import Tenant
@@ -125,7 +124,7 @@ class ConnectShared:
         self._max_line_bytes = limits.max_line_bytes
         self._spawn_timeout = limits.spawn_timeout_ms / 1000
         self._shutdown_grace = limits.shutdown_grace_ms / 1000
-        self.version = VersionProbe(self.command)
+        self.version = startup.VersionProbe(self.command)
         self.process: StdioChannel | None = None
         self._client: aiohttp.ClientSession | None = None
         self._dir: str | None = None
