@@ -221,19 +221,6 @@ def error_kind(kind: str, status: int | None = None) -> ErrorKind:
     return rows[0]
 
 
-def status_description(status: int) -> str:
-    """What ``status`` means on a route that may answer it, from the table's rows."""
-    rows = [e for e in ERROR_KINDS if e.status == status and e.on_every_route]
-    if not rows:
-        return "Error"
-    text = "; ".join(f"{e.description} (`{e.kind}`)" for e in rows)
-    if all(e.retry_after for e in rows):
-        text += "; see Retry-After"
-    if all(e.closes_connection for e in rows):
-        text += "; the connection is closed"
-    return text
-
-
 def of_kind(
     kind: str,
     message: str | None = None,
