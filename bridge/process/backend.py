@@ -293,10 +293,7 @@ class ProcessBackend(Backend):
     async def delete_session(self, session_id: str) -> None:
         """Gone at once: every new request on the id is a 404; open streams read on to
         the ``exit`` event. Answers once the process is gone."""
-        session = self._sessions.get(session_id)
-        if session is None:
-            raise errors.session_not_found(session_id)
-        await self._remove(session)
+        await self._remove(self.session(session_id))
 
     async def session_call(
         self, session_id: str, method: str, params: Any, *, timeout_ms: int | None
