@@ -31,7 +31,7 @@ import aiohttp
 
 from bridge import __version__, credentials, errors
 from bridge.events import rfc3339
-from bridge.limits import APP_SERVER_TOKEN_VARIABLE, AppServerSettings, RestLimits
+from bridge.limits import AppServerSettings, RestLimits
 from bridge.models import AppServerInfo, ClientOptions, Compatibility, SharedAppServerState
 from bridge.process import startup
 from bridge.process.channel import ExitInfo
@@ -316,11 +316,9 @@ class ConnectShared:
         process = StdioChannel(max_line_bytes=self._max_line_bytes, stdout_is_log=True)
         process.attach(_ExitWatch(lambda info: self._exited(process, info)))
         try:
-            # Never the bridge's secrets, nor the token meant for an app-server of its own.
-            env = credentials.child_environment()
-            for name in (*startup.SECRET_ENV, APP_SERVER_TOKEN_VARIABLE):
-                env.pop(name, None)
-            await process.spawn(argv, env=env)
+            # Never the bridge's secrets (the app-server token, meant for an app-server
+            # the bridge connects to, is one of them).
+            await process.spawn(argv, env=credentials.child_environment())
         except OSError as exc:
             self._failed(loop)
             raise startup.spawn_failed(self.command, exc, None) from None

@@ -33,9 +33,6 @@ from bridge.process.stdio import StdioChannel
 log = logging.getLogger("bridge")
 
 DEFAULT_COMMAND = ("codex", "app-server")
-#: Variables of the bridge's own environment that a child process must never see: the
-#: secrets and the paths of their files (bridge.credentials).
-SECRET_ENV = tuple(sorted(credentials.HIDDEN_VARIABLES))
 _VERSION_TIMEOUT = 10.0
 
 #: The part of the client's message that says what to check.
