@@ -24,7 +24,7 @@ import shutil
 import signal
 import tempfile
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import aiohttp
@@ -313,8 +313,11 @@ class ConnectShared:
             self._client = None
         argv = [*self.command, "--listen", f"unix://{self._socket}"]
         # It speaks on its socket: its stdout is only a log.
-        process = StdioChannel(max_line_bytes=self._max_line_bytes, stdout_is_log=True)
-        process.attach(_ExitWatch(lambda info: self._exited(process, info)))
+        process = StdioChannel(
+            max_line_bytes=self._max_line_bytes,
+            stdout_is_log=True,
+            on_end=lambda info: self._exited(process, info),
+        )
         try:
             # Never the bridge's secrets (the app-server token, meant for an app-server
             # the bridge connects to, is one of them).
@@ -576,22 +579,3 @@ class ConnectShared:
         if self._dir is not None:
             shutil.rmtree(self._dir, ignore_errors=True)
             self._dir = None
-
-
-class _ExitWatch:
-    """What the supervised process's channel reports to: only its end (its stdout is a
-    log, so no frame comes)."""
-
-    received_at = 0.0
-
-    def __init__(self, exited: Callable[[ExitInfo], None]) -> None:
-        self._exited = exited
-
-    def frames_received(self, frames: list[bytes]) -> int:
-        return len(frames)
-
-    def channel_broken(self, reason: str) -> None:
-        pass
-
-    def channel_ended(self, info: ExitInfo) -> None:
-        self._exited(info)
