@@ -7,7 +7,6 @@ import json
 import logging
 import re
 import time
-import uuid
 from collections import OrderedDict
 from typing import Any
 
@@ -66,12 +65,12 @@ class Session:
         self,
         peer: JsonRpcPeer,
         *,
+        session_id: str,
         event_buffer: int,
-        event_buffer_bytes: int | None = None,
-        reader_stall: float = 10.0,
-        session_id: str | None = None,
+        event_buffer_bytes: int,
+        reader_stall: float,
     ) -> None:
-        self.id = session_id or str(uuid.uuid4())
+        self.id = session_id
         self.peer = peer
         self.events = EventLog(event_buffer, event_buffer_bytes)
         self.created_at = time.time()

@@ -111,14 +111,9 @@ class ConnectShared:
     starting = "Opening a connection to the shared app-server"
 
     def __init__(
-        self,
-        command: str | Sequence[str] = startup.DEFAULT_COMMAND,
-        limits: RestLimits | None = None,
-        settings: AppServerSettings | None = None,
+        self, command: str | Sequence[str], limits: RestLimits, settings: AppServerSettings
     ) -> None:
         self.command = startup.parse_command(command)
-        limits = limits or RestLimits()
-        settings = settings or AppServerSettings(mode="shared")
         self.url = settings.url
         self._token = settings.token
         self._max_line_bytes = limits.max_line_bytes
