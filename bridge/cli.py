@@ -10,6 +10,8 @@ import importlib.util
 import json
 import logging
 import os
+import shlex
+import shutil
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -31,7 +33,8 @@ from bridge.limits import (
 )
 from bridge.openapi import build_openapi
 from bridge.policy import POLICY_VARIABLES, MethodPolicy
-from bridge.process.startup import DEFAULT_COMMAND, describe_command, parse_command
+from bridge.process import startup
+from bridge.process.startup import DEFAULT_COMMAND, parse_command
 from bridge.routes import BACKEND
 from bridge.runtime import (
     DEFAULT_LOOP,
@@ -273,6 +276,53 @@ def print_openapi(preset: str, auth: bool) -> None:
     )
     sys.stdout.write(json.dumps(document, indent=2) + "\n")
     sys.stdout.flush()
+
+
+def unstartable(command: Sequence[str]) -> str | None:
+    """Why ``command`` cannot be started from here (its program missing, a directory,
+    not executable), or None when its program resolves as ``PATH`` stands now."""
+    program = command[0]
+    if shutil.which(program):
+        return None
+    if "/" not in program:
+        return f"{program}: not found on PATH"
+    if not os.path.exists(program):
+        return f"{program}: no such file"
+    if os.path.isdir(program):
+        return f"{program}: is a directory"
+    return f"{program}: not executable"
+
+
+async def describe_command(command: Sequence[str]) -> str:
+    """One line for ``rest-bridge serve``'s start: the command, where its program is, and
+    the version it reports, or why it cannot start (the bridge serves anyway: a request's
+    ``options.cwd`` or ``options.env`` may still make it startable)."""
+    shown = shlex.join(command)
+    problem = unstartable(command)
+    if problem is not None:
+        line = (
+            f"app-server: {shown}: cannot start: {problem}; every request that starts an "
+            "app-server will fail (502 app_server_spawn_failed) until --app-server names "
+            "a command that exists"
+        )
+        if os.path.basename(command[0]) == "codex":
+            line += (
+                " (install codex: npm install -g @openai/codex; or serve the bundled fake: "
+                "--app-server 'fake-codex app-server')"
+            )
+        return line
+    found = _absolute(shutil.which(command[0]) or command[0])
+    version, error = await startup.probe_version(startup.version_command(command))
+    details = [version or f"version unknown: {error}"]
+    if found != command[0]:
+        details.insert(0, found)
+    if "app-server" not in command:
+        details.append("note: no `app-server` in the command, which codex needs to serve")
+    return f"app-server: {shown} ({'; '.join(details)})"
+
+
+def _absolute(path: str) -> str:
+    return os.path.abspath(path)
 
 
 async def serve(

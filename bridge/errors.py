@@ -15,7 +15,6 @@ from dataclasses import dataclass
 from typing import Any
 
 from aiohttp import web
-from aiohttp.typedefs import Middleware
 
 from bridge.wire import dumps
 
@@ -210,7 +209,6 @@ ERROR_KINDS: tuple[ErrorKind, ...] = (
         505, "http_version_not_supported", "An HTTP version but 1.0 and 1.1", front_only=True
     ),
 )
-_BY_KEY = {(entry.status, entry.kind): entry for entry in ERROR_KINDS}
 #: The kind each of aiohttp's own HTTP exceptions becomes, by status.
 HTTP_EXCEPTION_KINDS = {e.status: e.kind for e in ERROR_KINDS if e.for_http_exception}
 
@@ -221,19 +219,6 @@ def error_kind(kind: str, status: int | None = None) -> ErrorKind:
     if len(rows) != 1:
         raise LookupError(f"the error table has {len(rows)} rows for {kind!r} at {status}")
     return rows[0]
-
-
-def status_description(status: int) -> str:
-    """What ``status`` means on a route that may answer it, from the table's rows."""
-    rows = [e for e in ERROR_KINDS if e.status == status and e.on_every_route]
-    if not rows:
-        return "Error"
-    text = "; ".join(f"{e.description} (`{e.kind}`)" for e in rows)
-    if all(e.retry_after for e in rows):
-        text += "; see Retry-After"
-    if all(e.closes_connection for e in rows):
-        text += "; the connection is closed"
-    return text
 
 
 def of_kind(
@@ -320,20 +305,14 @@ def method_refused(method: str, params: list[str] | None = None) -> RestError:
     names it as the caller spelt it, ``data.params`` the params refused, when the method
     is allowed but not with them.
     """
+    message = f"This router does not allow the app-server method {method!r}"
+    data: dict[str, Any] = {"method": method}
     if params:
-        return of_kind(
-            "method_not_allowed",
-            f"This router does not allow the app-server method {method!r} with these "
-            "params: " + ", ".join(params),
-            status=403,
-            data={"method": method, "params": params},
-        )
-    return of_kind(
-        "method_not_allowed",
-        f"This router does not allow the app-server method {method!r}.",
-        status=403,
-        data={"method": method},
-    )
+        message += " with these params: " + ", ".join(params)
+        data["params"] = params
+    else:
+        message += "."
+    return of_kind("method_not_allowed", message, status=403, data=data)
 
 
 def session_exited(session_id: str, *, shared: bool = False) -> RestError:
@@ -430,11 +409,8 @@ def from_http_exception(exc: web.HTTPException, max_body_bytes: int | None) -> R
     return RestError(exc.status, kind, exc.reason)
 
 
-Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
-
-
-async def _answer_and_close(request: web.Request, error: RestError) -> web.StreamResponse:
-    """Send ``error`` and close the connection at once.
+async def answer_and_close(request: web.BaseRequest, error: RestError) -> web.StreamResponse:
+    """Send ``error`` and close the connection at once, unread body or not.
 
     aiohttp would otherwise linger up to ten seconds reading the rest of a body nobody
     wants (one that never arrives, or cannot be decoded).
@@ -457,7 +433,7 @@ async def failure_response(
     """
     if isinstance(exc, RestError):
         if exc.close_connection:
-            return await _answer_and_close(request, exc)
+            return await answer_and_close(request, exc)
         return exc.to_response()
     if isinstance(exc, web.HTTPException):
         if exc.status < 400:
@@ -466,24 +442,6 @@ async def failure_response(
     # The last line of defence: no traceback leaves the bridge.
     log.error("internal error on %s %s: %s", request.method, request.path, type(exc).__name__)
     return internal_error().to_response()
-
-
-def make_error_middleware(max_body_bytes: int | None = None) -> Middleware:
-    """A middleware that renders every failure as the spec's error payload.
-
-    The applications of :mod:`bridge.app` render failures in their own middleware
-    (:func:`bridge.server.head_middleware`); this is for a host that mounts the bridge's
-    handlers in an application of its own.
-    """
-
-    @web.middleware
-    async def error_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
-        try:
-            return await handler(request)
-        except Exception as exc:
-            return await failure_response(request, exc, max_body_bytes)
-
-    return error_middleware
 
 
 def replica_unavailable(message: str) -> RestError:
@@ -521,19 +479,14 @@ def expect_handler(refusal: Callable[[web.Request], RestError | None]) -> Expect
         # Either answer closes the connection: the body may be on its way, or never come.
         refused = refusal(request)
         if refused is not None:
-            return await _answer_and_close(request, refused)
+            return await answer_and_close(request, refused)
         if request.version < (1, 1):
             return None
         if request.headers.get("Expect", "").strip().lower() != "100-continue":
-            return await _answer_and_close(request, expectation_failed())
+            return await answer_and_close(request, expectation_failed())
         await request.writer.write(b"HTTP/1.1 100 Continue\r\n\r\n")
         # The interim response is not part of the response that follows.
         request.writer.output_size = 0
         return None
 
     return handle_expect
-
-
-async def answer_and_close(request: web.BaseRequest, error: RestError) -> web.StreamResponse:
-    """Send ``error`` and close the connection, unread body or not (see failure_response)."""
-    return await _answer_and_close(request, error)  # type: ignore[arg-type]

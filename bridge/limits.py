@@ -7,6 +7,7 @@ import os
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 ENV_PREFIX = "REST_ADAPTER_"
 #: Past this much unsent data on an app-server's stdin, new calls are refused.
@@ -26,6 +27,12 @@ class RestLimitsEnvError(ValueError):
         self.expected = expected
 
 
+def _limit(default: int, description: str) -> Any:
+    """A limit's field: its default, and in a line what it bounds (the settings model's
+    description of its variable, bridge.settings)."""
+    return dataclasses.field(default=default, metadata={"description": description})
+
+
 @dataclass(frozen=True, slots=True)
 class RestLimits:
     """Bounds on what the bridge holds and how long it waits.
@@ -34,37 +41,37 @@ class RestLimits:
     e.g. ``REST_ADAPTER_MAX_SESSIONS=16``.
     """
 
-    max_sessions: int = 64
-    max_body_bytes: int = 1_048_576
-    call_timeout_ms: int = 60_000
-    text_turn_timeout_ms: int = 600_000
-    spawn_timeout_ms: int = 15_000
-    max_wait_ms: int = 30_000
-    event_buffer: int = 4096
-    session_idle_timeout_ms: int = 1_800_000
-    sse_keepalive_ms: int = 15_000
-    max_concurrent_text_turns: int = 8
-    max_line_bytes: int = 16_777_216
-    shutdown_grace_ms: int = 3000
+    max_sessions: int = _limit(64, "sessions and sessionless calls held at once")
+    max_body_bytes: int = _limit(1_048_576, "a request body")
+    call_timeout_ms: int = _limit(60_000, "a call without timeoutMs")
+    text_turn_timeout_ms: int = _limit(600_000, "a text turn without timeoutMs")
+    spawn_timeout_ms: int = _limit(15_000, "spawning an app-server and initialize")
+    max_wait_ms: int = _limit(30_000, "a long-poll's waitMs: default and cap")
+    event_buffer: int = _limit(4096, "events kept per session")
+    session_idle_timeout_ms: int = _limit(1_800_000, "an idle session is removed")
+    sse_keepalive_ms: int = _limit(15_000, "keep-alive comments of an idle stream")
+    max_concurrent_text_turns: int = _limit(8, "text turns at once")
+    max_line_bytes: int = _limit(16_777_216, "one line from the app-server")
+    shutdown_grace_ms: int = _limit(3000, "stopping a process before SIGKILL")
     #: The bytes of one session's event log (the events' JSON), as EVENT_BUFFER bounds
     #: their number; what either drops is announced by a ``gap`` event.
-    event_buffer_bytes: int = 33_554_432
+    event_buffer_bytes: int = _limit(33_554_432, "bytes of events kept per session")
     #: How long a request body may take to arrive (408 ``request_timeout``).
-    body_timeout_ms: int = 30_000
+    body_timeout_ms: int = _limit(30_000, "a request body's arrival")
     #: How long an SSE stream that is behind may stop reading before the app-server's
     #: output is no longer held back for it (it then gets a ``gap``).
-    reader_stall_ms: int = 10_000
+    reader_stall_ms: int = _limit(10_000, "how long a stream behind may stop reading")
     #: The bytes of one request head (request line and headers) in all (431 beyond).
-    max_header_bytes: int = 32_768
+    max_header_bytes: int = _limit(32_768, "one request head in all")
     #: How long a request head may take to arrive once begun (408, connection closed).
-    header_timeout_ms: int = 10_000
+    header_timeout_ms: int = _limit(10_000, "a request head's arrival")
     #: Shared mode, supervised: how often the app-server is asked a cheap question over a
     #: connection of the bridge's own, and how long it has to answer before it counts as
     #: wedged (killed and restarted, its sessions ended): twice READER_STALL_MS, the
     #: longest the bridge holds a connection's output back for a slow reader, in case the
     #: app-server waits on that connection meanwhile.
-    liveness_interval_ms: int = 10_000
-    liveness_timeout_ms: int = 20_000
+    liveness_interval_ms: int = _limit(10_000, "shared mode: how often it is probed")
+    liveness_timeout_ms: int = _limit(20_000, "shared mode: unanswered, it is wedged")
 
     def __post_init__(self) -> None:
         for field in dataclasses.fields(self):

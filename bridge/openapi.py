@@ -17,7 +17,7 @@ from pydantic.json_schema import models_json_schema
 
 from bridge import __version__
 from bridge.auth import HEALTH_METHODS, HEALTH_PATHS, AuthSettings
-from bridge.errors import status_description
+from bridge.errors import ERROR_KINDS
 from bridge.models import ErrorPayload, EventResponse
 from bridge.routes import MAX_QUERY_INT
 
@@ -50,6 +50,19 @@ _SSE_EVENT: dict[str, Any] = {
     },
     "required": ["id", "event", "data"],
 }
+
+
+def status_description(status: int) -> str:
+    """What ``status`` means on a route that may answer it, from the table's rows."""
+    rows = [e for e in ERROR_KINDS if e.status == status and e.on_every_route]
+    if not rows:
+        return "Error"
+    text = "; ".join(f"{e.description} (`{e.kind}`)" for e in rows)
+    if all(e.retry_after for e in rows):
+        text += "; see Retry-After"
+    if all(e.closes_connection for e in rows):
+        text += "; the connection is closed"
+    return text
 
 
 def openapi_path(path: str) -> str:

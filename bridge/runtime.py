@@ -12,11 +12,12 @@ from __future__ import annotations
 
 import asyncio
 import ctypes
+import logging
 import os
 import signal
 import socket
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from types import TracebackType
 from typing import Any
 
@@ -34,6 +35,11 @@ DEFAULT_LOOP = "asyncio"
 SHUTDOWN_HANDLER_SECONDS = 2.0
 #: At exit, how long to wait for the last descendants to die once killed.
 DESCENDANTS_EXIT_SECONDS = 5.0
+#: How often `rest-bridge serve` reaps adopted orphans that exited on their own.
+ORPHAN_REAP_SECONDS = 5.0
+_PR_SET_CHILD_SUBREAPER = 36
+
+log = logging.getLogger("bridge.process")
 
 
 class StartupError(Exception):
@@ -143,6 +149,90 @@ def _quiet_about_ignored_signals(unraisable: sys.UnraisableHookArgs) -> None:
     sys.__unraisablehook__(unraisable)
 
 
+# -- the descendants of the whole process (bridge.process.descendants has one app-server's)
+
+
+def become_subreaper() -> bool:
+    """Make this process the reaper of its orphaned descendants (Linux; True if so)."""
+    if not descendants.LINUX:
+        return False
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) != 0:
+        log.warning("could not become a child subreaper: %s", os.strerror(ctypes.get_errno()))
+        return False
+    descendants.adopt_orphans()
+    return True
+
+
+async def reap_every(seconds: float = ORPHAN_REAP_SECONDS) -> None:
+    """Reap adopted orphans that exited on their own, every ``seconds``, until cancelled."""
+    while True:
+        await asyncio.sleep(seconds)
+        descendants.reap_orphans()
+
+
+def _settle(future: asyncio.Future[None]) -> None:
+    if not future.done():
+        future.set_result(None)
+
+
+async def kill_all(select: descendants.Selector, timeout: float) -> int:
+    """SIGKILL every process ``select`` picks (:func:`~bridge.process.descendants.kill_rounds`),
+    wait up to ``timeout`` for them to exit and reap what this process adopted. Returns
+    how many were found and killed.
+
+    A failure to read the process table (no descriptor left) is logged, not raised: the
+    kills made so far stand.
+    """
+    if not descendants.LINUX:
+        return 0
+    loop = asyncio.get_running_loop()
+    killed: set[tuple[int, float]] = set()
+    fds: list[int] = []
+    try:
+        descendants.kill_rounds(select, killed, fds)
+        if fds:
+            pending = []
+            for fd in fds:
+                done: asyncio.Future[None] = loop.create_future()
+                loop.add_reader(fd, _settle, done)
+                pending.append(done)
+            await asyncio.wait(pending, timeout=timeout)
+        descendants.reap_orphans()
+    except OSError as exc:
+        log.warning("could not stop every process: %s", exc.strerror or exc)
+    finally:
+        for fd in fds:
+            loop.remove_reader(fd)
+            os.close(fd)
+    return len(killed)
+
+
+async def end_all(timeout: float) -> int:
+    """Kill every descendant of this process and reap them: `rest-bridge serve`'s last act.
+
+    Returns how many were killed. Only for a process that is the bridge alone: it
+    spares nothing below it.
+    """
+    me = os.getpid()
+    return await kill_all(lambda table: descendants.descendants_of(table, {me}), timeout)
+
+
+def carrying(variable: str, value: str) -> descendants.Selector:
+    """For :func:`kill_all`: the live processes whose environment has ``variable=value``
+    (whoever their parent is now)."""
+    me = os.getpid()
+
+    def select(table: Mapping[int, descendants.Stat]) -> set[int]:
+        return {
+            pid
+            for pid, stat in table.items()
+            if pid != me and stat.alive and descendants.environ_has(pid, variable, value)
+        }
+
+    return select
+
+
 class ServeProcess:
     """The process policy of `rest-bridge serve`, for as long as it serves.
 
@@ -173,8 +263,8 @@ class ServeProcess:
         self.descriptors = budget_line(*raise_soft_limit())
         loop.set_exception_handler(self._shortage)
         # Orphaned descendants of app-servers come to the bridge, not init.
-        if descendants.become_subreaper():
-            self._orphans = asyncio.create_task(descendants.reap_every())
+        if become_subreaper():
+            self._orphans = asyncio.create_task(reap_every())
         return self
 
     async def serve(self, app: web.Application, host: str, port: int) -> tuple[Any, ...]:
@@ -213,7 +303,7 @@ class ServeProcess:
         if self._orphans is not None:
             self._orphans.cancel()
         # Every app-server is stopped: whatever still runs below the bridge is a leftover.
-        killed = await descendants.end_all(DESCENDANTS_EXIT_SECONDS)
+        killed = await end_all(DESCENDANTS_EXIT_SECONDS)
         if killed:
             print(f"rest-bridge: killed {killed} leftover processes", flush=True)
         self._shortage.close()

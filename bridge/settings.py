@@ -23,9 +23,16 @@ from __future__ import annotations
 import dataclasses
 import os
 from collections.abc import Mapping
-from typing import Any, Self
+from typing import TYPE_CHECKING, Any, Self
 
-from pydantic import Field, ValidationError, ValidationInfo, field_validator, model_validator
+from pydantic import (
+    Field,
+    ValidationError,
+    ValidationInfo,
+    create_model,
+    field_validator,
+    model_validator,
+)
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
 from bridge.credentials import read_secret
@@ -46,7 +53,6 @@ from bridge.policy import MethodPolicy, parse_rules
 
 #: The most characters of a bad value an error message repeats.
 SHOWN_CHARACTERS = 80
-_LIMITS = RestLimits()
 LIMIT_FIELDS = tuple(field.name for field in dataclasses.fields(RestLimits))
 
 
@@ -117,65 +123,21 @@ class Variables(BaseSettings):
                     raise cause from None
             raise  # a type the rules above do not produce (a host passing a non-string)
 
+    def _secret(self, name: str) -> str | None:
+        """The secret of field ``name``, from its variable or the file its ``_FILE``
+        variable names (:func:`bridge.credentials.read_secret`)."""
+        given = {
+            variable_name(field): value
+            for field in (name, name + "_file")
+            if (value := getattr(self, field)) is not None
+        }
+        return read_secret(variable_name(name), given)
 
-class LimitVariables(Variables):
-    """``REST_ADAPTER_<LIMIT>``: the fields of :class:`~bridge.limits.RestLimits`."""
 
-    max_sessions: int = Field(
-        _LIMITS.max_sessions, ge=1, description="sessions and sessionless calls held at once"
-    )
-    max_body_bytes: int = Field(_LIMITS.max_body_bytes, ge=1, description="a request body")
-    call_timeout_ms: int = Field(
-        _LIMITS.call_timeout_ms, ge=1, description="a call without timeoutMs"
-    )
-    text_turn_timeout_ms: int = Field(
-        _LIMITS.text_turn_timeout_ms, ge=1, description="a text turn without timeoutMs"
-    )
-    spawn_timeout_ms: int = Field(
-        _LIMITS.spawn_timeout_ms, ge=1, description="spawning an app-server and initialize"
-    )
-    max_wait_ms: int = Field(
-        _LIMITS.max_wait_ms, ge=1, description="a long-poll's waitMs: default and cap"
-    )
-    event_buffer: int = Field(_LIMITS.event_buffer, ge=1, description="events kept per session")
-    session_idle_timeout_ms: int = Field(
-        _LIMITS.session_idle_timeout_ms, ge=1, description="an idle session is removed"
-    )
-    sse_keepalive_ms: int = Field(
-        _LIMITS.sse_keepalive_ms, ge=1, description="keep-alive comments of an idle stream"
-    )
-    max_concurrent_text_turns: int = Field(
-        _LIMITS.max_concurrent_text_turns, ge=1, description="text turns at once"
-    )
-    max_line_bytes: int = Field(
-        _LIMITS.max_line_bytes, ge=1, description="one line from the app-server"
-    )
-    shutdown_grace_ms: int = Field(
-        _LIMITS.shutdown_grace_ms, ge=1, description="stopping a process before SIGKILL"
-    )
-    event_buffer_bytes: int = Field(
-        _LIMITS.event_buffer_bytes, ge=1, description="bytes of events kept per session"
-    )
-    body_timeout_ms: int = Field(
-        _LIMITS.body_timeout_ms, ge=1, description="a request body's arrival"
-    )
-    reader_stall_ms: int = Field(
-        _LIMITS.reader_stall_ms, ge=1, description="how long a stream behind may stop reading"
-    )
-    max_header_bytes: int = Field(
-        _LIMITS.max_header_bytes, ge=1, description="one request head in all"
-    )
-    header_timeout_ms: int = Field(
-        _LIMITS.header_timeout_ms, ge=1, description="a request head's arrival"
-    )
-    liveness_interval_ms: int = Field(
-        _LIMITS.liveness_interval_ms, ge=1, description="shared mode: how often it is probed"
-    )
-    liveness_timeout_ms: int = Field(
-        _LIMITS.liveness_timeout_ms, ge=1, description="shared mode: unanswered, it is wedged"
-    )
+class _LimitRules(Variables):
+    """What :data:`LimitVariables` adds to its fields, made from RestLimits' own."""
 
-    @field_validator(*LIMIT_FIELDS, mode="before")
+    @field_validator(*LIMIT_FIELDS, mode="before", check_fields=False)
     @classmethod
     def _digits(cls, raw: Any, info: ValidationInfo) -> Any:
         if isinstance(raw, str):
@@ -184,6 +146,23 @@ class LimitVariables(Variables):
 
     def limits(self) -> RestLimits:
         return RestLimits(**{name: getattr(self, name) for name in LIMIT_FIELDS})
+
+
+if TYPE_CHECKING:
+    LimitVariables = _LimitRules
+else:
+    # One field for each of RestLimits', with its default and description: a new limit
+    # is a variable (and a row the docs must have) at once.
+    LimitVariables = create_model(
+        "LimitVariables",
+        __doc__="``REST_ADAPTER_<LIMIT>``: the fields of :class:`~bridge.limits.RestLimits`.",
+        __base__=_LimitRules,
+        __module__=__name__,
+        **{
+            field.name: (int, Field(field.default, ge=1, description=field.metadata["description"]))
+            for field in dataclasses.fields(RestLimits)
+        },
+    )
 
 
 class MethodPolicyVariables(Variables):
@@ -220,12 +199,7 @@ class AuthVariables(Variables):
         Raises :class:`bridge.credentials.SecretError` naming the variable when both are
         set, or when the file cannot be used.
         """
-        given = {
-            variable_name(name): value
-            for name in ("token", "token_file")
-            if (value := getattr(self, name)) is not None
-        }
-        return read_secret(variable_name("token"), given)
+        return self._secret("token")
 
 
 class AppServerVariables(Variables):
@@ -279,12 +253,7 @@ class AppServerVariables(Variables):
             url = raw_url
         if url is not None and mode is None:
             mode = "shared"
-        secret = {
-            variable_name(name): value
-            for name in ("app_server_token", "app_server_token_file")
-            if (value := getattr(self, name)) is not None
-        }
-        token = read_secret(variable_name("app_server_token"), secret) or None
+        token = self._secret("app_server_token") or None
         return AppServerSettings(mode=mode or "process", url=url, token=token)
 
 

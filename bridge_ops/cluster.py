@@ -98,7 +98,7 @@ async def bury(mark: str, timeout: float = STOP_SECONDS) -> int:
     Searches again until a search finds nothing new (one may fork meanwhile). Returns
     how many were killed.
     """
-    return await descendants.kill_all(descendants.carrying(CLUSTER_MARK_VARIABLE, mark), timeout)
+    return await runtime.kill_all(runtime.carrying(CLUSTER_MARK_VARIABLE, mark), timeout)
 
 
 def nginx_workers(master: int) -> dict[int, str]:
@@ -481,13 +481,13 @@ async def _stop_all(cluster: Cluster, watching: Awaitable[None]) -> int:
         await asyncio.wait_for(watching, STOP_SECONDS)
     except TimeoutError:
         say("members still running after the grace period: killing them")
-    return await descendants.end_all(5.0)
+    return await runtime.end_all(5.0)
 
 
 async def run(cluster: Cluster) -> int:
     stop = asyncio.Event()
     runtime.stop_on_first_signal(stop)
-    descendants.become_subreaper()
+    runtime.become_subreaper()
     for attempt in range(1, START_ATTEMPTS + 1):
         try:
             if not await _started(cluster, stop):
@@ -505,7 +505,7 @@ async def run(cluster: Cluster) -> int:
                 return 1
             cluster.reset()
     say("ready")
-    orphans = asyncio.ensure_future(descendants.reap_every(1.0))
+    orphans = asyncio.ensure_future(runtime.reap_every(1.0))
     probing = asyncio.ensure_future(cluster.probe())
     watching = asyncio.ensure_future(cluster.watch())
     stopping = asyncio.ensure_future(stop.wait())

@@ -1,6 +1,6 @@
 """The bundled backend: every session is a conversation with a real app-server.
 
-How the app-server is reached is the launcher's (:mod:`bridge.process.launch`): a child
+How the app-server is reached is the launcher's (:mod:`bridge.process.startup`): a child
 process per session by default, a connection to one shared app-server in shared mode.
 """
 
@@ -27,10 +27,9 @@ from bridge.models import (
     TextTurnResponse,
 )
 from bridge.process import startup
-from bridge.process.launch import AppServerLauncher, SpawnStdio
 from bridge.process.peer import JsonRpcPeer, ProcessGone, RpcError, StdinFull
 from bridge.process.session import Session, rpc_failure
-from bridge.process.startup import DEFAULT_COMMAND, parse_command
+from bridge.process.startup import DEFAULT_COMMAND, AppServerLauncher, SpawnStdio, parse_command
 from bridge.process.text_turn import TextTurn
 
 log = logging.getLogger("bridge")
@@ -117,12 +116,9 @@ class ProcessBackend(Backend):
         for session in list(self._sessions.values()):
             if not session.busy() and now - session.last_activity_at > idle:
                 log.info("reaping idle session %s", session.id)
-                self._run_in_background(self._remove(session))
-
-    def _run_in_background(self, coroutine: Any) -> None:
-        task = asyncio.create_task(coroutine)
-        self._background.add(task)
-        task.add_done_callback(self._background.discard)
+                task = asyncio.create_task(self._remove(session))
+                self._background.add(task)
+                task.add_done_callback(self._background.discard)
 
     # -- processes -------------------------------------------------------------
 
@@ -297,10 +293,7 @@ class ProcessBackend(Backend):
     async def delete_session(self, session_id: str) -> None:
         """Gone at once: every new request on the id is a 404; open streams read on to
         the ``exit`` event. Answers once the process is gone."""
-        session = self._sessions.get(session_id)
-        if session is None:
-            raise errors.session_not_found(session_id)
-        await self._remove(session)
+        await self._remove(self.session(session_id))
 
     async def session_call(
         self, session_id: str, method: str, params: Any, *, timeout_ms: int | None
@@ -349,12 +342,8 @@ class ProcessBackend(Backend):
                 data: dict[str, Any] = {"reason": "deadline"}
                 if turn.last_error is not None:
                     data["lastError"] = turn.last_error  # e.g. codex retrying its model
-                raise errors.RestError(
-                    504,
-                    "timeout",
-                    f"The text turn did not complete within {deadline:g} s.",
-                    data=data,
-                ) from None
+                message = f"The text turn did not complete within {deadline:g} s."
+                raise errors.of_kind("timeout", message, data=data) from None
             finally:
                 await self._stop_fully(process)
         finally:

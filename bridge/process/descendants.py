@@ -11,14 +11,13 @@ nothing new (a process forking while the bridge kills stays a step behind).
 Processes are signalled through pidfds, after checking that the pid still names the
 process that was found (same start time), so a recycled pid is never hit.
 
-``rest-bridge serve`` also makes the bridge a *child subreaper*
-(:func:`become_subreaper`): an orphaned descendant is re-parented to the bridge rather
-than to init, so none leaves the bridge's process tree, and the bridge reaps what it
-adopted. It reaps only zombies that are not its own children in the usual sense (those
-it spawned itself, which asyncio waits for by pid: they are registered through
-:func:`spawning`), so no exit status is ever taken from under asyncio's child watcher.
-An embedding host keeps the mark-based kill but not the subreaper, which is a setting
-of the whole process.
+``rest-bridge serve`` also makes the bridge a *child subreaper* (that policy of the
+whole process is :mod:`bridge.runtime`'s): an orphaned descendant is re-parented to the
+bridge rather than to init, and the bridge reaps what it adopted (:func:`reap_orphans`).
+It reaps only zombies that are not its own children in the usual sense (those it spawned
+itself, which asyncio waits for by pid: they are registered through :func:`spawning`),
+so no exit status is ever taken from under asyncio's child watcher. An embedding host
+keeps the mark-based kill but not the subreaper.
 
 Elsewhere than Linux (no ``/proc``, pidfds or subreapers) this module does nothing.
 """
@@ -27,7 +26,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import ctypes
 import logging
 import os
 import secrets
@@ -44,11 +42,8 @@ log = logging.getLogger("bridge.process")
 MARK_VARIABLE = "REST_ADAPTER_PROCESS_MARK"
 #: When to look again for what an app-server left, after the sweep at its exit.
 _SWEEP_AGAIN = (0.1, 1.0)
-#: How often `rest-bridge serve` reaps adopted orphans that exited on their own.
-ORPHAN_REAP_SECONDS = 5.0
 LINUX = sys.platform.startswith("linux") and hasattr(os, "pidfd_open")
 
-_PR_SET_CHILD_SUBREAPER = 36
 #: Rounds of search-and-kill before giving up on a lineage that keeps forking.
 _MAX_ROUNDS = 64
 #: When the process table cannot be read (no descriptor left), how often and how long to retry.
@@ -58,14 +53,18 @@ _DEAD = (psutil.STATUS_ZOMBIE, psutil.STATUS_DEAD)
 
 
 @dataclass(frozen=True, slots=True)
-class _Stat:
+class Stat:
     ppid: int
     alive: bool
     #: When the process started (psutil's create_time): with the pid, who it is.
     start: float
 
 
-def _stat(pid: int) -> _Stat | None:
+#: Picks, from the process table, the processes to kill.
+Selector = Callable[[Mapping[int, Stat]], set[int]]
+
+
+def _stat(pid: int) -> Stat | None:
     """A process's parent, whether it is alive (not a zombie) and its start time; None
     if the pid is gone, or hidden from this process (``/proc`` mounted ``hidepid``).
 
@@ -74,15 +73,15 @@ def _stat(pid: int) -> _Stat | None:
     try:
         process = psutil.Process(pid)
         with process.oneshot():
-            return _Stat(process.ppid(), process.status() not in _DEAD, process.create_time())
+            return Stat(process.ppid(), process.status() not in _DEAD, process.create_time())
     except (psutil.NoSuchProcess, psutil.AccessDenied):
         return None
 
 
-def _table() -> dict[int, _Stat]:
+def _table() -> dict[int, Stat]:
     # psutil.Process objects made afresh, not process_iter's cache: a cached object
     # keeps the start time of a pid the system has since given to another process.
-    table: dict[int, _Stat] = {}
+    table: dict[int, Stat] = {}
     for pid in psutil.pids():
         stat = _stat(pid)
         if stat is not None:
@@ -90,14 +89,14 @@ def _table() -> dict[int, _Stat]:
     return table
 
 
-def _environ_has(pid: int, variable: str, value: str) -> bool:
+def environ_has(pid: int, variable: str, value: str) -> bool:
     try:
         return psutil.Process(pid).environ().get(variable) == value
     except (psutil.NoSuchProcess, psutil.AccessDenied):
         return False
 
 
-def _descendants(table: Mapping[int, _Stat], roots: set[int]) -> set[int]:
+def descendants_of(table: Mapping[int, Stat], roots: set[int]) -> set[int]:
     children: dict[int, list[int]] = {}
     for pid, stat in table.items():
         if stat.alive:
@@ -164,24 +163,12 @@ class _Registry:
             stat = None
         self.own[pid] = stat.start if stat is not None else -1
 
-    def is_own(self, pid: int, stat: _Stat) -> bool:
+    def is_own(self, pid: int, stat: Stat) -> bool:
         start = self.own.get(pid)
         return start is not None and start in (stat.start, -1)
 
 
 _registry = _Registry()
-
-
-def become_subreaper() -> bool:
-    """Make this process the reaper of its orphaned descendants (Linux; True if so)."""
-    if not LINUX:
-        return False
-    libc = ctypes.CDLL(None, use_errno=True)
-    if libc.prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) != 0:
-        log.warning("could not become a child subreaper: %s", os.strerror(ctypes.get_errno()))
-        return False
-    _registry.subreaper = True
-    return True
 
 
 @contextlib.contextmanager
@@ -199,7 +186,13 @@ def spawning() -> Iterator[Callable[[int], None]]:
         _registry.spawning -= 1
         if _registry.spawning == 0 and _registry.deferred:
             _registry.deferred = False
-            _reap_quietly()
+            reap_orphans()
+
+
+def adopt_orphans() -> None:
+    """This process has become a child subreaper (:func:`bridge.runtime.become_subreaper`):
+    from now on it reaps the orphans it adopts."""
+    _registry.subreaper = True
 
 
 def released(pid: int | None) -> None:
@@ -207,7 +200,7 @@ def released(pid: int | None) -> None:
     _registry.own.pop(pid or -1, None)
 
 
-def _reap_quietly() -> None:
+def reap_orphans() -> None:
     """Reap the adopted orphans that have exited (only as a subreaper)."""
     if not _registry.subreaper:
         return
@@ -229,13 +222,6 @@ def _reap_quietly() -> None:
         _registry.failing = False
 
 
-async def reap_every(seconds: float = ORPHAN_REAP_SECONDS) -> None:
-    """Reap adopted orphans that exited on their own, every ``seconds``, until cancelled."""
-    while True:
-        await asyncio.sleep(seconds)
-        _reap_quietly()
-
-
 def _wait_then_reap(fds: list[int]) -> None:
     """Close the pidfds once their processes have exited, then reap what was adopted."""
     if not fds:
@@ -252,19 +238,14 @@ def _wait_then_reap(fds: list[int]) -> None:
         os.close(fd)
         waiting.discard(fd)
         if not waiting:
-            _reap_quietly()
+            reap_orphans()
 
     for fd in fds:
         loop.add_reader(fd, exited, fd)
 
 
-def _settle(future: asyncio.Future[None]) -> None:
-    if not future.done():
-        future.set_result(None)
-
-
-def _kill_rounds(
-    select: Callable[[Mapping[int, _Stat]], set[int]],
+def kill_rounds(
+    select: Selector,
     killed: set[tuple[int, float]],
     fds: list[int],
 ) -> bool:
@@ -284,63 +265,6 @@ def _kill_rounds(
             if fd is not None:
                 fds.append(fd)
     return False
-
-
-async def kill_all(select: Callable[[Mapping[int, _Stat]], set[int]], timeout: float) -> int:
-    """SIGKILL every process ``select`` picks (:func:`_kill_rounds`), wait up to
-    ``timeout`` for them to exit and reap what this process adopted. Returns how many
-    were found and killed.
-
-    A failure to read the process table (no descriptor left) is logged, not raised: the
-    kills made so far stand.
-    """
-    if not LINUX:
-        return 0
-    loop = asyncio.get_running_loop()
-    killed: set[tuple[int, float]] = set()
-    fds: list[int] = []
-    try:
-        _kill_rounds(select, killed, fds)
-        if fds:
-            pending = []
-            for fd in fds:
-                done: asyncio.Future[None] = loop.create_future()
-                loop.add_reader(fd, _settle, done)
-                pending.append(done)
-            await asyncio.wait(pending, timeout=timeout)
-        _reap_quietly()
-    except OSError as exc:
-        log.warning("could not stop every process: %s", exc.strerror or exc)
-    finally:
-        for fd in fds:
-            loop.remove_reader(fd)
-            os.close(fd)
-    return len(killed)
-
-
-async def end_all(timeout: float) -> int:
-    """Kill every descendant of this process and reap them: `rest-bridge serve`'s last act.
-
-    Returns how many were killed. Only for a process that is the bridge alone: it
-    spares nothing below it.
-    """
-    me = os.getpid()
-    return await kill_all(lambda table: _descendants(table, {me}), timeout)
-
-
-def carrying(variable: str, value: str) -> Callable[[Mapping[int, _Stat]], set[int]]:
-    """For :func:`kill_all`: the live processes whose environment has ``variable=value``
-    (whoever their parent is now)."""
-    me = os.getpid()
-
-    def select(table: Mapping[int, _Stat]) -> set[int]:
-        return {
-            pid
-            for pid, stat in table.items()
-            if pid != me and stat.alive and _environ_has(pid, variable, value)
-        }
-
-    return select
 
 
 # -- one app-server's lineage -----------------------------------------------------------------
@@ -384,7 +308,7 @@ class Lineage:
         mine = table.get(self.pid)
         if mine is None or not mine.alive or mine.start != self._start:
             return
-        for pid in _descendants(table, {self.pid}):
+        for pid in descendants_of(table, {self.pid}):
             self._tree[pid] = table[pid].start
 
     def end(self) -> None:
@@ -422,7 +346,7 @@ class Lineage:
             log.info("app-server pid %s left %d processes running: killed", self.pid, killed)
         _wait_then_reap(fds)
 
-    def _targets(self, table: Mapping[int, _Stat]) -> set[int]:
+    def _targets(self, table: Mapping[int, Stat]) -> set[int]:
         me = os.getpid()
         roots: set[int] = set()
         for pid, stat in table.items():
@@ -430,9 +354,9 @@ class Lineage:
                 continue
             if stat.start < self._start:
                 continue
-            if self._tree.get(pid) == stat.start or _environ_has(pid, MARK_VARIABLE, self.mark):
+            if self._tree.get(pid) == stat.start or environ_has(pid, MARK_VARIABLE, self.mark):
                 roots.add(pid)
-        found = roots | _descendants(table, roots)
+        found = roots | descendants_of(table, roots)
         found.discard(me)
         return {pid for pid in found if not _registry.is_own(pid, table[pid])}
 
@@ -440,7 +364,7 @@ class Lineage:
         killed: set[tuple[int, float]] = set()
         fds: list[int] = []
         try:
-            if not _kill_rounds(self._targets, killed, fds):
+            if not kill_rounds(self._targets, killed, fds):
                 log.warning("app-server pid %s left processes that keep forking", self.pid)
         except BaseException:
             # The kills so far stand; the next attempt finds the rest.

@@ -7,9 +7,7 @@ import json
 import logging
 import re
 import time
-import uuid
 from collections import OrderedDict
-from dataclasses import dataclass
 from typing import Any
 
 from bridge import errors
@@ -22,16 +20,6 @@ log = logging.getLogger("bridge")
 #: How many answered request keys a session remembers, to tell "already answered"
 #: from "never existed".
 ANSWERED_MEMORY = 1024
-
-
-@dataclass(slots=True)
-class ServerRequest:
-    """A request the app-server sent to the client and that awaits a reply."""
-
-    key: str
-    request_id: Any
-    method: str
-    params: Any
 
 
 _INTEGER_TEXT = re.compile(r"-?[0-9]+")
@@ -77,12 +65,12 @@ class Session:
         self,
         peer: JsonRpcPeer,
         *,
+        session_id: str,
         event_buffer: int,
-        event_buffer_bytes: int | None = None,
-        reader_stall: float = 10.0,
-        session_id: str | None = None,
+        event_buffer_bytes: int,
+        reader_stall: float,
     ) -> None:
-        self.id = session_id or str(uuid.uuid4())
+        self.id = session_id
         self.peer = peer
         self.events = EventLog(event_buffer, event_buffer_bytes)
         self.created_at = time.time()
@@ -92,7 +80,8 @@ class Session:
         self.readers = 0
         #: Calls waiting for the app-server's answer; a session with one is not idle.
         self.calls = 0
-        self._pending: dict[str, ServerRequest] = {}
+        #: The app-server's requests awaiting a reply: request key → JSON-RPC id.
+        self._pending: dict[str, str | int] = {}
         self._answered: OrderedDict[str, None] = OrderedDict()
         self._reader_stall = reader_stall
         self._stall_timer: asyncio.TimerHandle | None = None
@@ -152,17 +141,17 @@ class Session:
         self.touch()
         if not self.running:
             raise self.exited_error()
-        request = self._pending.get(key)
-        if request is None:
+        request_id = self._pending.get(key)
+        if request_id is None:
             if key in self._answered:
                 raise errors.request_already_answered(key)
             raise errors.request_not_found(key)
         try:
             if error is None:
-                self.peer.respond(request.request_id, result)
+                self.peer.respond(request_id, result)
             else:
                 self.peer.respond_error(
-                    request.request_id, error["code"], error["message"], error.get("data")
+                    request_id, error["code"], error["message"], error.get("data")
                 )
         except (ProcessGone, StdinFull) as exc:
             raise rpc_failure(exc, "The reply") from None
@@ -222,7 +211,7 @@ class Session:
                 "the app-server reused the id of a request still awaiting its reply"
             )
             return
-        self._pending[key] = ServerRequest(key, request_id, method, params)
+        self._pending[key] = request_id
         self._answered.pop(key, None)
         self.events.append("request", method, params, key, self.peer.received_at)
 

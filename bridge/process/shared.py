@@ -24,18 +24,17 @@ import shutil
 import signal
 import tempfile
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import aiohttp
 
 from bridge import __version__, credentials, errors
 from bridge.events import rfc3339
-from bridge.limits import APP_SERVER_TOKEN_VARIABLE, AppServerSettings, RestLimits
+from bridge.limits import AppServerSettings, RestLimits
 from bridge.models import AppServerInfo, ClientOptions, Compatibility, SharedAppServerState
 from bridge.process import startup
 from bridge.process.channel import ExitInfo
-from bridge.process.launch import VersionProbe
 from bridge.process.peer import JsonRpcPeer, ProcessGone, RpcError, StdinFull
 from bridge.process.stdio import StdioChannel
 from bridge.process.tenancy import Tenant
@@ -72,7 +71,8 @@ _SOCKET_NAME = "app-server.sock"
 
 
 def _real_path(path: str) -> str | None:
-    """Where a symlink leads (codex's ``unix://PATH`` is a link to its own socket)."""
+    """Where a symlink leads (codex's ``unix://PATH`` is a link to its own socket); a
+    function of its own, as the loop must not make blocking path calls inline."""
     try:
         return os.path.realpath(path, strict=True)
     except OSError:
@@ -111,20 +111,15 @@ class ConnectShared:
     starting = "Opening a connection to the shared app-server"
 
     def __init__(
-        self,
-        command: str | Sequence[str] = startup.DEFAULT_COMMAND,
-        limits: RestLimits | None = None,
-        settings: AppServerSettings | None = None,
+        self, command: str | Sequence[str], limits: RestLimits, settings: AppServerSettings
     ) -> None:
         self.command = startup.parse_command(command)
-        limits = limits or RestLimits()
-        settings = settings or AppServerSettings(mode="shared")
         self.url = settings.url
         self._token = settings.token
         self._max_line_bytes = limits.max_line_bytes
         self._spawn_timeout = limits.spawn_timeout_ms / 1000
         self._shutdown_grace = limits.shutdown_grace_ms / 1000
-        self.version = VersionProbe(self.command)
+        self.version = startup.VersionProbe(self.command)
         self.process: StdioChannel | None = None
         self._client: aiohttp.ClientSession | None = None
         self._dir: str | None = None
@@ -166,8 +161,7 @@ class ConnectShared:
         would need a process of its own."""
         refused = sorted(f for f in options.set_fields() if f in PROCESS_OPTIONS) if options else []
         if refused:
-            raise errors.RestError(
-                403,
+            raise errors.of_kind(
                 "options_not_allowed",
                 "In shared mode every session is a connection to one app-server, so options "
                 "that shape a process of its own cannot apply: "
@@ -293,8 +287,7 @@ class ConnectShared:
             loop = asyncio.get_running_loop()
             wait = self._next_start - loop.time()
             if wait > self._spawn_timeout:
-                raise errors.RestError(
-                    502,
+                raise errors.of_kind(
                     "app_server_spawn_failed",
                     f"The shared app-server is restarting after a failure; retry in {wait:.0f} s.",
                     headers={"Retry-After": str(max(1, round(wait)))},
@@ -315,14 +308,15 @@ class ConnectShared:
             self._client = None
         argv = [*self.command, "--listen", f"unix://{self._socket}"]
         # It speaks on its socket: its stdout is only a log.
-        process = StdioChannel(max_line_bytes=self._max_line_bytes, stdout_is_log=True)
-        process.attach(_ExitWatch(lambda info: self._exited(process, info)))
+        process = StdioChannel(
+            max_line_bytes=self._max_line_bytes,
+            stdout_is_log=True,
+            on_end=lambda info: self._exited(process, info),
+        )
         try:
-            # Never the bridge's secrets, nor the token meant for an app-server of its own.
-            env = credentials.child_environment()
-            for name in (*startup.SECRET_ENV, APP_SERVER_TOKEN_VARIABLE):
-                env.pop(name, None)
-            await process.spawn(argv, env=env)
+            # Never the bridge's secrets (the app-server token, meant for an app-server
+            # the bridge connects to, is one of them).
+            await process.spawn(argv, env=credentials.child_environment())
         except OSError as exc:
             self._failed(loop)
             raise startup.spawn_failed(self.command, exc, None) from None
@@ -547,9 +541,13 @@ class ConnectShared:
                 "the bridge connects to an app-server it did not start; "
                 "appServer.shared.userAgent names the one that answered"
             )
-        info = AppServerInfo(command=command, version=version, version_error=version_error)
-        info.mode = "shared"
-        info.shared = SharedAppServerState.model_validate(self.describe())
+        info = AppServerInfo(
+            command=command,
+            version=version,
+            version_error=version_error,
+            mode="shared",
+            shared=SharedAppServerState.model_validate(self.describe()),
+        )
         return Compatibility(bridge_version=__version__, app_server=info)
 
     async def close(self) -> None:
@@ -576,22 +574,3 @@ class ConnectShared:
         if self._dir is not None:
             shutil.rmtree(self._dir, ignore_errors=True)
             self._dir = None
-
-
-class _ExitWatch:
-    """What the supervised process's channel reports to: only its end (its stdout is a
-    log, so no frame comes)."""
-
-    received_at = 0.0
-
-    def __init__(self, exited: Callable[[ExitInfo], None]) -> None:
-        self._exited = exited
-
-    def frames_received(self, frames: list[bytes]) -> int:
-        return len(frames)
-
-    def channel_broken(self, reason: str) -> None:
-        pass
-
-    def channel_ended(self, info: ExitInfo) -> None:
-        self._exited(info)

@@ -1,14 +1,15 @@
-"""The app-server's command, and when it cannot start: what the operator reads, and what
-the client is told.
+"""How the backend reaches an app-server, and what is said when one cannot start.
 
-The operator chose the command, so the bridge's log names it, with the reason (the
-``OSError``, or the exit and the tail of what the process wrote on stderr). The client
-gets the error payload with what to check, never the command, a path or the stderr: those
-are the operator's to show (the threat model is docs/SECURITY.md).
+A launcher opens one JSON-RPC conversation per session, sessionless call and text turn,
+not yet initialized (the backend puts its handlers in place first, then does
+``initialize``). :class:`SpawnStdio` spawns a child process for each; the shared mode's
+:class:`~bridge.process.shared.ConnectShared` opens a connection to one app-server.
 
-``rest-bridge serve`` also resolves the command once at start-up and reports it on one
-line (:func:`describe_command`), so a misspelt ``--app-server`` shows before the first
-request.
+The operator chose the app-server's command, so the bridge's log names it when it cannot
+start, with the reason (the ``OSError``, or the exit and the tail of what the process
+wrote on stderr). The client gets the error payload with what to check, never the
+command, a path or the stderr: those are the operator's to show (the threat model is
+docs/SECURITY.md).
 """
 
 from __future__ import annotations
@@ -17,21 +18,21 @@ import asyncio
 import contextlib
 import errno
 import logging
-import os
 import shlex
-import shutil
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any, Protocol
 
-from bridge import credentials, errors
+from bridge import __version__, credentials, errors
+from bridge.limits import RestLimits
+from bridge.models import AppServerInfo, ClientOptions, Compatibility
 from bridge.process import descendants
 from bridge.process.channel import ExitInfo
+from bridge.process.peer import JsonRpcPeer
+from bridge.process.stdio import StdioChannel
 
 log = logging.getLogger("bridge")
 
 DEFAULT_COMMAND = ("codex", "app-server")
-#: Variables of the bridge's own environment that a child process must never see: the
-#: secrets and the paths of their files (bridge.credentials).
-SECRET_ENV = tuple(sorted(credentials.HIDDEN_VARIABLES))
 _VERSION_TIMEOUT = 10.0
 
 #: The part of the client's message that says what to check.
@@ -108,53 +109,6 @@ def stderr_summary(tail: str) -> str:
     return text
 
 
-def unstartable(command: Sequence[str]) -> str | None:
-    """Why ``command`` cannot be started from here (its program missing, a directory,
-    not executable), or None when its program resolves as ``PATH`` stands now."""
-    program = command[0]
-    if shutil.which(program):
-        return None
-    if "/" not in program:
-        return f"{program}: not found on PATH"
-    if not os.path.exists(program):
-        return f"{program}: no such file"
-    if os.path.isdir(program):
-        return f"{program}: is a directory"
-    return f"{program}: not executable"
-
-
-async def describe_command(command: Sequence[str]) -> str:
-    """One line for ``rest-bridge serve``'s start: the command, where its program is, and
-    the version it reports, or why it cannot start (the bridge serves anyway: a request's
-    ``options.cwd`` or ``options.env`` may still make it startable)."""
-    shown = shlex.join(command)
-    problem = unstartable(command)
-    if problem is not None:
-        line = (
-            f"app-server: {shown}: cannot start: {problem}; every request that starts an "
-            "app-server will fail (502 app_server_spawn_failed) until --app-server names "
-            "a command that exists"
-        )
-        if os.path.basename(command[0]) == "codex":
-            line += (
-                " (install codex: npm install -g @openai/codex; or serve the bundled fake: "
-                "--app-server 'fake-codex app-server')"
-            )
-        return line
-    found = _absolute(shutil.which(command[0]) or command[0])
-    version, error = await probe_version(version_command(command))
-    details = [version or f"version unknown: {error}"]
-    if found != command[0]:
-        details.insert(0, found)
-    if "app-server" not in command:
-        details.append("note: no `app-server` in the command, which codex needs to serve")
-    return f"app-server: {shown} ({'; '.join(details)})"
-
-
-def _absolute(path: str) -> str:
-    return os.path.abspath(path)
-
-
 def parse_command(command: str | Sequence[str]) -> list[str]:
     """A command line as argv: a string is split like a shell would."""
     argv = shlex.split(command) if isinstance(command, str) else list(command)
@@ -201,3 +155,127 @@ async def probe_version(argv: list[str]) -> tuple[str | None, str | None]:
     if proc.returncode != 0 or not text:
         return None, f"`--version` exited with code {proc.returncode}"
     return text.splitlines()[0][:200], None
+
+
+#: How long a failed ``--version`` is remembered before it is asked again.
+_VERSION_RETRY_AFTER = 30.0
+
+
+class AppServerLauncher(Protocol):
+    """Opens app-server conversations for :class:`~bridge.process.backend.ProcessBackend`."""
+
+    #: The app-server's command line (shown by ``/v1/compatibility``, named in logs).
+    command: list[str]
+    #: What a failed ``initialize`` was doing, for the client's error message.
+    starting: str
+
+    async def open(self, options: ClientOptions | None) -> JsonRpcPeer:
+        """A new conversation shaped by ``options``; raises the bridge's RestError
+        (``app_server_spawn_failed``, ``bad_request``, ``options_not_allowed``...)."""
+
+    def initialized(self, result: Any) -> None:
+        """A conversation's ``initialize`` was answered with ``result``."""
+
+    async def compatibility(self) -> Compatibility:
+        """What ``/v1/compatibility`` says of the app-server."""
+
+    async def close(self) -> None:
+        """Release what the launcher holds (its conversations are closed already)."""
+
+
+async def spawn_peer(
+    command: Sequence[str],
+    *,
+    max_line_bytes: int,
+    env: Mapping[str, str] | None = None,
+    cwd: str | None = None,
+) -> JsonRpcPeer:
+    """A peer speaking to a new child process ``command`` over its stdio.
+
+    Raises ``OSError`` when it cannot be started.
+    """
+    channel = StdioChannel(max_line_bytes=max_line_bytes)
+    peer = JsonRpcPeer(channel)
+    await channel.spawn(command, env=env, cwd=cwd)
+    return peer
+
+
+class VersionProbe:
+    """What ``<command> --version`` says, asked once (again a while after a failure)."""
+
+    def __init__(self, command: Sequence[str]) -> None:
+        self._argv = version_command(command)
+        self._version: tuple[str | None, str | None] | None = None
+        self._checked_at = 0.0
+        self._lock = asyncio.Lock()
+
+    async def get(self) -> tuple[str | None, str | None]:
+        """(version, None), or (None, why not)."""
+        async with self._lock:
+            loop = asyncio.get_running_loop()
+            stale = self._version is None or (
+                self._version[0] is None and loop.time() - self._checked_at > _VERSION_RETRY_AFTER
+            )
+            if stale:
+                self._version = await probe_version(self._argv)
+                self._checked_at = loop.time()
+            assert self._version is not None
+            return self._version
+
+
+class SpawnStdio:
+    """Every conversation is a child process of its own, spoken to over its stdio."""
+
+    starting = "Starting the app-server"
+
+    def __init__(self, command: Sequence[str], limits: RestLimits) -> None:
+        self.command = list(command)
+        self.limits = limits
+        self.version = VersionProbe(self.command)
+
+    def _argv(self, options: ClientOptions | None) -> list[str]:
+        argv = list(self.command)
+        for override in (options.config_overrides or []) if options else []:
+            if "=" not in override:
+                raise errors.bad_request(
+                    "Each configOverrides entry must have the form key=value.",
+                    data={"configOverrides": override},
+                )
+            argv += ["-c", override]
+        return argv
+
+    async def open(self, options: ClientOptions | None) -> JsonRpcPeer:
+        argv = self._argv(options)
+        # 403 for an `options.env` naming a REST_ADAPTER_* variable: those are the bridge's
+        # own (its secrets, the marks that tie a process to its bridge and replica).
+        reserved = credentials.reserved_variables(options.env if options else None)
+        if reserved:
+            raise errors.reserved_variables(reserved)
+        cwd = options.cwd if options else None
+        try:
+            return await spawn_peer(
+                argv,
+                max_line_bytes=self.limits.max_line_bytes,
+                env=credentials.child_environment(options.env if options else None),
+                cwd=cwd,
+            )
+        except OSError as exc:
+            raise spawn_failed(self.command, exc, cwd) from None
+        except ValueError:
+            # A NUL byte, or `=` in a variable name: the request's options cannot be used.
+            raise errors.bad_request("The client options cannot be given to a process.") from None
+
+    def initialized(self, result: Any) -> None:
+        pass
+
+    async def compatibility(self) -> Compatibility:
+        version, version_error = await self.version.get()
+        return Compatibility(
+            bridge_version=__version__,
+            app_server=AppServerInfo(
+                command=self.command, version=version, version_error=version_error
+            ),
+        )
+
+    async def close(self) -> None:
+        pass

@@ -18,7 +18,7 @@ import os
 import re
 import signal
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import cast
 
 from bridge.limits import MAX_STDIN_BUFFER
@@ -74,14 +74,22 @@ class StdioChannel:
     """One app-server child process; messages are lines on its stdin and stdout.
 
     With ``stdout_is_log`` (an app-server that speaks on a socket) stdout is kept with
-    stderr's tail, and only the process's end is reported.
+    stderr's tail, and only the process's end is reported (to ``on_end``, as to a
+    receiver's ``channel_ended``).
     """
 
     newline_delimited = True
     shared = False
 
-    def __init__(self, *, max_line_bytes: int, stdout_is_log: bool = False) -> None:
+    def __init__(
+        self,
+        *,
+        max_line_bytes: int,
+        stdout_is_log: bool = False,
+        on_end: Callable[[ExitInfo], None] | None = None,
+    ) -> None:
         self.stdout_is_log = stdout_is_log
+        self._on_end = on_end
         self.max_frame_bytes = max_line_bytes
         self._receiver: Receiver | None = None
         self._loop = asyncio.get_running_loop()
@@ -345,7 +353,9 @@ class StdioChannel:
         self._finished.set_result(info)
         if self._receiver is not None:
             self._receiver.channel_ended(info)
-        self._receiver = None
+        if self._on_end is not None:
+            self._on_end(info)
+        self._receiver = self._on_end = None
         self._held = b""
         if self._protocol is not None:
             self._protocol.owner = None

@@ -2,7 +2,7 @@
 
 codex serves every connection from one store of threads: any connection can read, list,
 resume, answer for or delete any thread, and it broadcasts every thread's news to every
-connection. :class:`Threads` is what one connection (one session) owns, and :class:`Tenant` applies
+connection. A :class:`Tenant` knows what one connection (one session) owns and applies
 the rules with it, in one place (the filter of the connection's
 :class:`~bridge.process.peer.JsonRpcPeer`):
 
@@ -86,7 +86,8 @@ def _dig(value: Any, path: tuple[str, ...]) -> Any:
 
 
 def _replace(value: Any, substitutes: dict[str, str]) -> Any:
-    """``value`` with every substitute id, wherever it appears in a string, put back."""
+    """``value`` with every substitute id (or token), wherever it appears in a string,
+    put back."""
     if isinstance(value, str):
         for substitute, original in substitutes.items():
             value = value.replace(substitute, original)
@@ -98,29 +99,138 @@ def _replace(value: Any, substitutes: dict[str, str]) -> Any:
     return value
 
 
-class Threads:
-    """The threads one connection owns, and the rules that keep other threads from it."""
+def _undisguised(exc: RpcError, substitutes: dict[str, str]) -> RpcError:
+    """codex's error with the caller's ids (or tokens) put back where it quotes ours."""
+    return RpcError(exc.code, _replace(exc.message, substitutes), _replace(exc.data, substitutes))
+
+
+class Tenant:
+    """The filter of one connection's peer: the threads it owns, what it shows of
+    codex's news and how it asks (see above)."""
 
     def __init__(self) -> None:
         self._owned: set[str] = set()
         #: Token → (the listing it came from, codex's cursor).
         self._cursors: OrderedDict[str, tuple[str, str]] = OrderedDict()
+        #: The latest frames about threads not owned, and their size.
+        self._limbo: deque[tuple[str, bytes]] = deque()
+        self._limbo_bytes = 0
 
-    def __bool__(self) -> bool:
-        return bool(self._owned)
-
-    def __contains__(self, thread_id: object) -> bool:
+    def owns(self, thread_id: object) -> bool:
         return isinstance(thread_id, str) and (
             thread_id in self._owned or canonical(thread_id) in self._owned
         )
 
-    def add(self, thread_id: object) -> None:
+    def _add(self, thread_id: object) -> None:
         if isinstance(thread_id, str):
             self._owned.add(canonical(thread_id) or thread_id)
 
-    # -- calls -------------------------------------------------------------------
+    def _foreign_thread(self, params: Any) -> str | None:
+        """The thread, not the connection's own, that a message is about (or None)."""
+        if not isinstance(params, dict):
+            return None
+        for field in THREAD_FIELDS:
+            value = params.get(field)
+            if isinstance(value, str) and not self.owns(value):
+                thread_id = canonical(value)
+                if thread_id is not None:
+                    return thread_id
+        return None
 
-    def disguise(self, method: str, params: Any) -> tuple[Any, dict[str, str]]:
+    # -- what codex sends ----------------------------------------------------------
+
+    def admit_notification(self, method: str, params: Any, frame: bytes) -> bool:
+        """codex tells every connection of every thread (`thread/started`, status, name,
+        archive, ...): pass on only what concerns this connection's own threads (codex
+        answers a `thread/start` before it announces it).
+
+        codex may tell of a sub-agent (its status) before the parent's `spawnAgent` item
+        names it: the latest such frames are kept, and passed on once it is named."""
+        if method == "thread/started":
+            return self._announced(params)
+        return self.admit_request(params, frame)
+
+    def _announced(self, params: Any) -> bool:
+        """``thread/started``: True (and owned from now on) if the thread is the
+        connection's own or comes from one of its threads."""
+        thread = params.get("thread") if isinstance(params, dict) else None
+        if not isinstance(thread, dict) or not isinstance(thread.get("id"), str):
+            return True  # names no thread
+        if self.owns(thread["id"]) or any(self.owns(thread.get(key)) for key in ORIGINS):
+            self._add(thread["id"])
+            return True
+        return False
+
+    def admit_request(self, params: Any, frame: bytes) -> bool:
+        """A server request about another connection's thread is not this one's to
+        answer: it is left to the owner (an answer from here would settle it). Kept in
+        limbo, as a notification is, in case it is about a sub-agent not yet named."""
+        foreign = self._foreign_thread(params)
+        if foreign is None:
+            return True
+        if len(frame) <= LIMBO_BYTES and self._owned:
+            # (Too big for it, or no thread of its own to have a sub-agent: dropped.)
+            self._limbo.append((foreign, frame))
+            self._limbo_bytes += len(frame)
+            while self._limbo_bytes > LIMBO_BYTES:
+                self._limbo_bytes -= len(self._limbo.popleft()[1])
+        return False
+
+    def delivered(self, method: str, params: Any) -> list[bytes]:
+        """The frames kept in limbo about the sub-agents this notification names as
+        spawned by an owned thread, now owned too."""
+        spawned = self._spawned(method, params)
+        if not spawned or not self._limbo:
+            return []
+        owned = set(spawned)
+        kept = [entry for entry in self._limbo if entry[0] not in owned]
+        released = [frame for thread_id, frame in self._limbo if thread_id in owned]
+        self._limbo = deque(kept)
+        self._limbo_bytes = sum(len(frame) for _, frame in kept)
+        return released
+
+    def _spawned(self, method: str, params: Any) -> list[str]:
+        """The sub-agents an owned thread's item says it spawned, now owned too (only a
+        spawn: a tool call that sends to or resumes an agent names a thread it did not
+        create)."""
+        if method not in ("item/started", "item/completed") or not isinstance(params, dict):
+            return []
+        item = params.get("item")
+        if not isinstance(item, dict) or item.get("tool") not in SPAWNING_TOOLS:
+            return []
+        receivers = item.get("receiverThreadIds")
+        if item.get("type") != "collabAgentToolCall" or not isinstance(receivers, list):
+            return []
+        new = [r for r in receivers if isinstance(r, str) and not self.owns(r)]
+        for thread_id in new:
+            self._add(thread_id)
+        return new
+
+    # -- calls ---------------------------------------------------------------------
+
+    async def call(self, peer: JsonRpcPeer, method: str, params: Any, timeout: float) -> Any:
+        """A call on a thread this connection does not own is answered by codex as for
+        a thread that does not exist; a listing shows this connection's threads only."""
+        if method in LISTINGS:
+            return await self._list_owned(peer, method, params, timeout)
+        hook = None
+        if method in OPENERS:
+            opened = OPENERS[method]
+
+            def hook(result: Any) -> None:
+                # The thread the call opened is the connection's now.
+                self._add(_dig(result, opened))
+
+        disguised, substitutes = self._disguise(method, params)
+        if not substitutes:
+            return await peer.request(method, params, timeout, hook)
+        try:
+            result = await peer.request(method, disguised, timeout, hook)
+        except RpcError as exc:
+            raise _undisguised(exc, substitutes) from None
+        return _replace(result, substitutes)
+
+    def _disguise(self, method: str, params: Any) -> tuple[Any, dict[str, str]]:
         """``params`` with each thread the connection does not own replaced by a fresh
         random id, and the map from those ids back to the caller's (as codex prints an
         id: lower case, hyphenated)."""
@@ -136,7 +246,7 @@ class Threads:
             disguised["path"] = substitute
         for field in THREAD_FIELDS:
             value = params.get(field)
-            if not isinstance(value, str) or value in self:
+            if not isinstance(value, str) or self.owns(value):
                 continue
             original = canonical(value)
             if original is None:
@@ -148,71 +258,9 @@ class Threads:
             disguised[field] = substitute
         return disguised, substitutes
 
-    @staticmethod
-    def undisguise(value: Any, substitutes: dict[str, str]) -> Any:
-        return _replace(value, substitutes) if substitutes else value
-
-    def opened(self, method: str, result: Any) -> None:
-        """A call answered: the thread it opened (if any) is the connection's now."""
-        path = OPENERS.get(method)
-        if path is not None:
-            self.add(_dig(result, path))
-
-    # -- what codex sends ----------------------------------------------------------
-
-    def announced(self, params: Any) -> bool:
-        """``thread/started``: True (and owned from now on) if the thread is the
-        connection's own or comes from one of its threads."""
-        thread = params.get("thread") if isinstance(params, dict) else None
-        if not isinstance(thread, dict) or not isinstance(thread.get("id"), str):
-            return True  # names no thread
-        if thread["id"] in self or any(thread.get(key) in self for key in ORIGINS):
-            self.add(thread["id"])
-            return True
-        return False
-
-    def spawned(self, method: str, params: Any) -> list[str]:
-        """The sub-agents an owned thread's item says it spawned, now owned too (only a
-        spawn: a tool call that sends to or resumes an agent names a thread it did not
-        create)."""
-        if method not in ("item/started", "item/completed") or not isinstance(params, dict):
-            return []
-        item = params.get("item")
-        if not isinstance(item, dict) or item.get("tool") not in SPAWNING_TOOLS:
-            return []
-        receivers = item.get("receiverThreadIds")
-        if item.get("type") != "collabAgentToolCall" or not isinstance(receivers, list):
-            return []
-        new = [r for r in receivers if isinstance(r, str) and r not in self]
-        for thread_id in new:
-            self.add(thread_id)
-        return new
-
-    def foreign_thread(self, params: Any) -> str | None:
-        """The thread, not the connection's own, that a message is about (or None)."""
-        if not isinstance(params, dict):
-            return None
-        for field in THREAD_FIELDS:
-            value = params.get(field)
-            if isinstance(value, str) and value not in self:
-                thread_id = canonical(value)
-                if thread_id is not None:
-                    return thread_id
-        return None
-
     # -- listings ------------------------------------------------------------------
 
-    def cursor_for(self, method: str, token: Any) -> Any:
-        """The codex cursor behind a token this connection gave out for this listing
-        (else the value as is: codex judges it, and its answer names only it)."""
-        if isinstance(token, str) and token in self._cursors:
-            listing, cursor = self._cursors[token]
-            if listing == method:
-                self._cursors.move_to_end(token)
-                return cursor
-        return token
-
-    def token_for(self, method: str, cursor: Any) -> Any:
+    def _token_for(self, method: str, cursor: Any) -> Any:
         """A token of this connection's for a codex cursor (which may name a thread)."""
         if not isinstance(cursor, str):
             return cursor
@@ -222,141 +270,37 @@ class Threads:
             self._cursors.popitem(last=False)
         return token
 
-    def owned_items(self, method: str, items: Any) -> list[Any]:
+    def _owned_items(self, method: str, items: Any) -> list[Any]:
         if not isinstance(items, list):
             return []
         key = LISTINGS[method]
         if key:
-            return [item for item in items if isinstance(item, dict) and item.get(key) in self]
-        return [item for item in items if item in self]
-
-    def only_owned(
-        self, method: str, result: dict[str, Any], items: list[Any], after: Any
-    ) -> dict[str, Any]:
-        """The first page's result with the owned ``items``, the last page's cursor
-        ``after`` and this connection's tokens for the cursors. A page with nothing of
-        the connection's has no backwards cursor (codex's would say other threads are
-        there)."""
-        shown = dict(result)
-        shown["data"] = items
-        if "nextCursor" in shown or after is not None:
-            shown["nextCursor"] = self.token_for(method, after)
-        if "backwardsCursor" in shown:
-            backwards = shown["backwardsCursor"] if items else None
-            shown["backwardsCursor"] = self.token_for(method, backwards)
-        states = shown.get("readStates")
-        if isinstance(states, dict):
-            shown["readStates"] = {key: state for key, state in states.items() if key in self}
-        return shown
-
-
-class Tenant:
-    """The filter of one connection's peer: what it shows and how it asks (see above)."""
-
-    def __init__(self) -> None:
-        self.threads = Threads()
-        #: How many notifications and server requests about other connections' threads
-        #: were kept from this one.
-        self.foreign_threads_hidden = 0
-        #: The latest frames about threads not owned, and their size.
-        self._limbo: deque[tuple[str, bytes]] = deque()
-        self._limbo_bytes = 0
-
-    # -- what codex sends ----------------------------------------------------------
-
-    def admit_notification(self, method: str, params: Any, frame: bytes) -> bool:
-        """codex tells every connection of every thread (`thread/started`, status, name,
-        archive, ...): pass on only what concerns this connection's own threads (codex
-        answers a `thread/start` before it announces it).
-
-        codex may tell of a sub-agent (its status) before the parent's `spawnAgent` item
-        names it: the latest such frames are kept, and passed on once it is named."""
-        if method == "thread/started":
-            if not self.threads.announced(params):
-                self.foreign_threads_hidden += 1
-                return False
-        elif (foreign := self.threads.foreign_thread(params)) is not None:
-            self.foreign_threads_hidden += 1
-            self._keep_in_limbo(foreign, frame)
-            return False
-        return True
-
-    def delivered(self, method: str, params: Any) -> list[bytes]:
-        spawned = self.threads.spawned(method, params)
-        if not spawned or not self._limbo:
-            return []
-        owned = set(spawned)
-        kept = [entry for entry in self._limbo if entry[0] not in owned]
-        released = [frame for thread_id, frame in self._limbo if thread_id in owned]
-        self._limbo = deque(kept)
-        self._limbo_bytes = sum(len(frame) for _, frame in kept)
-        self.foreign_threads_hidden -= len(released)
-        return released
-
-    def admit_request(self, params: Any, frame: bytes) -> bool:
-        """A server request about another connection's thread is not this one's to
-        answer: it is left to the owner (an answer from here would settle it)."""
-        foreign = self.threads.foreign_thread(params)
-        if foreign is None:
-            return True
-        self.foreign_threads_hidden += 1
-        self._keep_in_limbo(foreign, frame)
-        return False
-
-    def _keep_in_limbo(self, thread_id: str, frame: bytes) -> None:
-        if len(frame) > LIMBO_BYTES or not self.threads:
-            return  # too big for it, or no thread of its own to have a sub-agent
-        self._limbo.append((thread_id, frame))
-        self._limbo_bytes += len(frame)
-        while self._limbo_bytes > LIMBO_BYTES:
-            self._limbo_bytes -= len(self._limbo.popleft()[1])
-
-    # -- calls ---------------------------------------------------------------------
-
-    async def call(self, peer: JsonRpcPeer, method: str, params: Any, timeout: float) -> Any:
-        """A call on a thread this connection does not own is answered by codex as for
-        a thread that does not exist; a listing shows this connection's threads only."""
-        if method in LISTINGS:
-            return await self._list_owned(peer, method, params, timeout)
-        threads = self.threads
-        hook = None
-        if method in OPENERS:
-
-            def hook(result: Any) -> None:
-                threads.opened(method, result)
-
-        disguised, substitutes = threads.disguise(method, params)
-        if not substitutes:
-            return await peer.request(method, params, timeout, hook)
-        try:
-            result = await peer.request(method, disguised, timeout, hook)
-        except RpcError as exc:
-            undo = Threads.undisguise
-            raise RpcError(
-                exc.code, undo(exc.message, substitutes), undo(exc.data, substitutes)
-            ) from None
-        return Threads.undisguise(result, substitutes)
+            return [i for i in items if isinstance(i, dict) and self.owns(i.get(key))]
+        return [item for item in items if self.owns(item)]
 
     async def _list_owned(self, peer: JsonRpcPeer, method: str, params: Any, timeout: float) -> Any:
         """Read codex's pages until one page of owned threads is full (or codex has no
         more, or :data:`MAX_LIST_ROUNDS` pages were read); cursors are tokens."""
-        threads = self.threads
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout
         asked = dict(params) if isinstance(params, dict) else {}
         #: A token of this connection's, and codex's cursor behind it, to put back.
         back: dict[str, str] = {}
-        if "cursor" in asked:
-            token = asked["cursor"]
-            asked["cursor"] = threads.cursor_for(method, token)
-            if isinstance(token, str) and asked["cursor"] != token:
-                back[asked["cursor"]] = token
+        token = asked.get("cursor")
+        if isinstance(token, str) and token in self._cursors:
+            listing, cursor = self._cursors[token]
+            # Else the value goes as is: codex judges it, and its answer names only it.
+            if listing == method:
+                self._cursors.move_to_end(token)
+                asked["cursor"] = cursor
+                if cursor != token:
+                    back[cursor] = token
         limit = asked.get("limit")
         #: How many owned threads make a page (codex's own page size if none is asked).
         wanted = limit if isinstance(limit, int) and not isinstance(limit, bool) else -1
         first: dict[str, Any] | None = None
         kept: list[Any] = []
-        cursor: Any = None
+        after: Any = None
         for _ in range(MAX_LIST_ROUNDS):
             try:
                 result = await peer.request(
@@ -365,9 +309,7 @@ class Tenant:
             except RpcError as exc:
                 if first is None:
                     # codex may quote its cursor, which names a thread: quote the token.
-                    undo = Threads.undisguise
-                    message, data = undo(exc.message, back), undo(exc.data, back)
-                    raise RpcError(exc.code, message, data) from None
+                    raise _undisguised(exc, back) from None
                 break  # what was read so far is a page, and its cursor goes on from there
             except TimeoutError:
                 if first is None:
@@ -376,16 +318,29 @@ class Tenant:
             if not isinstance(result, dict):
                 result = {}
             page = result.get("data")
-            kept += threads.owned_items(method, page)
+            kept += self._owned_items(method, page)
             if first is None:
                 first = result
                 if wanted < 0:
                     wanted = len(page) if isinstance(page, list) else 0
-            cursor = result.get("nextCursor")
+            after = result.get("nextCursor")
             timeout = deadline - loop.time()
-            if not isinstance(cursor, str) or len(kept) >= wanted or timeout <= 0:
+            if not isinstance(after, str) or len(kept) >= wanted or timeout <= 0:
                 break
-            asked["cursor"] = cursor
+            asked["cursor"] = after
             asked["limit"] = wanted - len(kept)
         assert first is not None
-        return threads.only_owned(method, first, kept, cursor)
+        # The first page's result with the owned items, the last page's cursor and this
+        # connection's tokens for the cursors. A page with nothing of the connection's
+        # has no backwards cursor (codex's would say other threads are there).
+        shown = dict(first)
+        shown["data"] = kept
+        if "nextCursor" in shown or after is not None:
+            shown["nextCursor"] = self._token_for(method, after)
+        if "backwardsCursor" in shown:
+            backwards = shown["backwardsCursor"] if kept else None
+            shown["backwardsCursor"] = self._token_for(method, backwards)
+        states = shown.get("readStates")
+        if isinstance(states, dict):
+            shown["readStates"] = {key: state for key, state in states.items() if self.owns(key)}
+        return shown

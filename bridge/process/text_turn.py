@@ -58,14 +58,14 @@ class TextTurn:
         peer: JsonRpcPeer,
         request: TextTurnRequest,
         event_buffer: int,
-        event_buffer_bytes: int | None = None,
+        event_buffer_bytes: int,
     ):
         self.peer = peer
         self.request = request
         self.policy: ApprovalPolicy = request.approval_policy
         self.events = EventLog(event_buffer, event_buffer_bytes) if request.include_events else None
         #: Bounds on what a turn keeps of the deltas (bytes) and of the approvals (entries).
-        self.max_delta_bytes = 1 << 25 if event_buffer_bytes is None else event_buffer_bytes
+        self.max_delta_bytes = event_buffer_bytes
         self.max_approvals = event_buffer
         self.delta_bytes = 0
         self.thread_id: str | None = None
@@ -186,8 +186,7 @@ class TextTurn:
                 return
             if exited.done():
                 raise rpc_failure(ProcessGone(exited.result()), "The turn")
-            raise errors.RestError(
-                504,
+            raise errors.of_kind(
                 "timeout",
                 "The thread went idle but the app-server never sent turn/completed.",
                 data={"reason": "idle_without_completion"},

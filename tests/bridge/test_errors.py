@@ -9,7 +9,7 @@ import pytest
 from bridge import errors
 from bridge.app import mounted_routes, trusted_bridge_app
 from bridge.errors import ERROR_KINDS, error_kind
-from bridge.openapi import build_openapi
+from bridge.openapi import build_openapi, status_description
 
 ROOT = Path(__file__).resolve().parents[2]
 API = ROOT / "docs" / "API.md"
@@ -86,7 +86,7 @@ def test_the_openapi_document_describes_each_status_from_the_table():
     for operations in document["paths"].values():
         for operation in operations.values():
             for status, response in operation["responses"].items():
-                expected = errors.status_description(int(status))
+                expected = status_description(int(status))
                 if response.get("content", {}).get("application/json", {}).get("schema") != {
                     "$ref": "#/components/schemas/ErrorPayload"
                 } or response["description"].startswith("App-server method refused"):

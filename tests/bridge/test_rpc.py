@@ -7,8 +7,8 @@ import textwrap
 
 import pytest
 
-from bridge.process.launch import spawn_peer
 from bridge.process.peer import JsonRpcPeer, ProcessGone, RpcError
+from bridge.process.startup import spawn_peer
 
 pytestmark = pytest.mark.asyncio
 
