@@ -61,8 +61,9 @@ async def idle_connections(base: str, count: int) -> list[asyncio.StreamWriter]:
 async def test_descriptor_exhaustion_is_reported_not_flooded_and_survived(
     bridge_process, report, eventually, loop
 ):
-    """288 idle connections against descriptor limits 100/200 (soft/hard), on the default
-    loop and on each loop by name"""
+    """288 idle connections against descriptor limits 100/200 (soft/hard)
+
+    On the default loop, and on each loop by name."""
     extra_args = [] if loop == "default" else ["--loop", loop]
     served = bridge_process(nofile=(SOFT, HARD), extra_args=extra_args)
     pid = served.pid

@@ -240,9 +240,9 @@ async def test_the_default_command_without_codex_says_so_at_start(bridge_process
     ids=["default", "auto", "asyncio"],
 )
 async def test_the_event_loop_is_said_at_start_and_serves(bridge_process, report, args, loop):
-    """uvloop is the default (a dependency; bench/FINDINGS.md says why), `--loop auto`
-    takes it too, and `--loop asyncio` still runs the standard library's loop; each
-    serves a session and stops clean"""
+    """`--loop auto` is uvloop when installed (it is, with the dev extra); the default
+    is uvloop too (a dependency now; bench/FINDINGS.md says why), and `--loop asyncio`
+    still runs the standard library's loop; each serves a session and stops clean"""
     import uvloop  # noqa: F401  (a dependency: the default and auto must pick it)
 
     served = bridge_process(extra_args=list(args))
