@@ -158,6 +158,39 @@ async def test_descriptor_exhaustion_is_reported_not_flooded_and_survived(
     report.no_leak = True
 
 
+@pytest.mark.asyncio
+@pytest.mark.parametrize("loop", ["default", "asyncio", "uvloop"])
+async def test_a_connection_that_waits_for_a_descriptor_is_served_once_one_is_free(
+    bridge_process, eventually, loop
+):
+    """Every descriptor taken and accept() failing: a request sent on a connection that
+    waits in the backlog is answered once descriptors are free, on either loop (libuv's
+    own accept loop closed such connections unanswered)."""
+    extra_args = [] if loop == "default" else ["--loop", loop]
+    served = bridge_process(nofile=(SOFT, HARD), extra_args=extra_args)
+    pid = served.pid
+    limit = soft_limit(pid)
+    before = len(served.output)
+    idle = await idle_connections(served.base, limit + 10 - descriptors(pid))
+    host, port = served.base.removeprefix("http://").rsplit(":", 1)
+    try:
+        await eventually(lambda: SHORTAGE in served.output[before:], what="the shortage")
+        reader, waiting = await asyncio.open_connection(host, int(port))
+        idle.append(waiting)
+        waiting.write(b"GET /health HTTP/1.1\r\nHost: bridge\r\nConnection: close\r\n\r\n")
+        await waiting.drain()
+        for writer in idle[:40]:  # accepted ones: their descriptors come free
+            writer.close()
+        answer = await asyncio.wait_for(reader.read(), 30)
+        assert answer.startswith(b"HTTP/1.1 200 "), answer[:200]
+    finally:
+        for writer in idle:
+            writer.close()
+    served.signal(signal.SIGTERM)
+    assert await asyncio.to_thread(served.wait, 60) == 0
+    assert "Traceback" not in served.output, served.output[-2000:]
+
+
 ONE_PASS = """
 import asyncio, os, resource, socket, sys
 from bridge.descriptors import Acceptor, is_accept_shortage, listening_sockets
