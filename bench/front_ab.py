@@ -32,17 +32,19 @@ from bench.common import HOST, child_pids, cpu_ns, fake_env, free_port, http_jso
 from bridge.settings import LimitVariables
 from bridge_ops.front import FrontSettings, Replica, render, token_map_text
 
-# A replica that also listens on a unix socket: the bridge's own `serve`, with aiohttp's
-# TCP site made to open a unix site beside it (an experiment; serve has no such option).
+# A replica that also listens on a unix socket: the bridge's own `serve`, with its
+# listening sockets made to include a unix one (an experiment; serve has no such option).
 UNIX_REPLICA = """
-import os, sys
-from aiohttp import web
-class Both(web.TCPSite):
-    async def start(self):
-        await super().start()
-        site = web.UnixSite(self._runner, os.environ["BENCH_UNIX_SOCKET"])
-        await site.start()
-web.TCPSite = Both
+import os, socket, sys
+import bridge.runtime
+tcp = bridge.runtime.listening_sockets
+def both(host, port):
+    unix = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    unix.bind(os.environ["BENCH_UNIX_SOCKET"])
+    unix.listen(128)
+    unix.setblocking(False)
+    return tcp(host, port) + [unix]
+bridge.runtime.listening_sockets = both
 from bridge.cli import main
 sys.exit(main(sys.argv[1:]))
 """

@@ -127,8 +127,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--loop",
         choices=LOOPS,
         default=DEFAULT_LOOP,
-        help="event loop: uvloop (the `uvloop` extra) serves more calls per core; auto: "
-        f"uvloop when installed, else asyncio (default: {DEFAULT_LOOP})",
+        help="event loop: uvloop spends less CPU per call, asyncio is the standard "
+        f"library's; auto: uvloop when installed, else asyncio (default: {DEFAULT_LOOP})",
     )
     front_config = commands.add_parser(
         "front-config",

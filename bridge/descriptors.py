@@ -9,17 +9,21 @@ retry, so the retries (and the log) multiply every second. Two parts stop that:
   one line when they start, one line per :data:`REPORT_SECONDS` while they last (how
   many, and the limit), and one line when connections are accepted again; every other
   context goes to the loop's default handler.
-- :class:`ShortageGuardedSocket`, the listening socket of ``rest-bridge serve``
-  (:func:`listening_socket`, handed to aiohttp as ``web.SockSite``), ends asyncio's
-  accept pass at its first such failure: its next ``accept()`` in the same pass raises
-  ``BlockingIOError``, asyncio's own "nothing more to accept", so each pass schedules
-  exactly one retry (asyncio's, a second later), which is also how accepting resumes
-  once descriptors are free again. Any event loop takes it (uvloop accepts without it).
+- :class:`Acceptor`, which accepts the connections of ``rest-bridge serve``'s listening
+  sockets (:func:`listening_sockets`) itself, on any event loop (``loop.sock_accept``),
+  and hands each to aiohttp's server (``loop.connect_accepted_socket``). At a failure
+  for want of descriptors it reports once (to the loop's exception handler, as
+  asyncio's own accept loop does) and waits :data:`ACCEPT_RETRY_SECONDS` before the
+  next ``accept()``, so a shortage costs one report and one retry a second, on asyncio
+  and uvloop alike (uvloop's own accept loop, in C, would close the waiting
+  connections and say nothing). Connections beyond what fits wait in the kernel's
+  backlog and are served once descriptors are free.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import errno
 import logging
 import resource
@@ -147,41 +151,69 @@ def _soft_limit() -> str:
     return describe_limit(resource.getrlimit(resource.RLIMIT_NOFILE)[0])
 
 
-class ShortageGuardedSocket(socket.socket):
-    """A listening socket whose accept pass stops at its first descriptor shortage.
+#: How long to wait after an accept() that failed for want of descriptors (asyncio's own
+#: accept loop waits as long).
+ACCEPT_RETRY_SECONDS = 1.0
 
-    asyncio's pass goes on calling ``accept()`` after a failure for want of
-    descriptors, up to the backlog, reporting and scheduling a retry each time. After
-    such a failure this socket has nothing to accept until the loop has finished the
-    pass (a ``call_soon`` callback clears the flag).
+
+class Acceptor:
+    """Accepts connections on ``sockets`` and serves each with ``protocol_factory``
+    (aiohttp's ``web.Server``: ``runner.server``), one task per socket, on whatever loop
+    runs it. :meth:`close` stops accepting and closes the sockets; connections already
+    accepted are the server's (``runner.cleanup()`` closes them).
     """
 
-    short = False
+    def __init__(
+        self, protocol_factory: Callable[[], asyncio.Protocol], sockets: list[socket.socket]
+    ) -> None:
+        self._factory = protocol_factory
+        self.sockets = sockets
+        self._tasks = [asyncio.create_task(self._accept(sock)) for sock in sockets]
 
-    def accept(self) -> tuple[socket.socket, Any]:
-        if self.short:
-            raise BlockingIOError(errno.EAGAIN, "stopped after a shortage")
-        try:
-            return super().accept()
-        except OSError as exc:
-            if exc.errno in SHORTAGE_ERRNOS:
-                self.short = True
-                asyncio.get_running_loop().call_soon(self._end_pass)
-            raise
+    async def _accept(self, sock: socket.socket) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            try:
+                conn, _ = await loop.sock_accept(sock)
+            except (ConnectionAbortedError, InterruptedError):
+                continue  # the client left before it was accepted
+            except OSError as exc:
+                if exc.errno in SHORTAGE_ERRNOS:
+                    # The loop's exception handler (ShortageReporter under serve) reports it.
+                    context = {"message": _ACCEPT_MESSAGE, "exception": exc, "socket": sock}
+                    loop.call_exception_handler(context)
+                else:
+                    log.warning("accept() failed: %s", exc)
+                await asyncio.sleep(ACCEPT_RETRY_SECONDS)
+                continue
+            try:
+                await loop.connect_accepted_socket(self._factory, conn)
+            except OSError as exc:
+                conn.close()
+                log.warning("could not serve an accepted connection: %s", exc)
+            except BaseException:
+                conn.close()
+                raise
 
-    def _end_pass(self) -> None:
-        self.short = False
+    async def close(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+        for task in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        for sock in self.sockets:
+            sock.close()
 
 
-def listening_sockets(host: str, port: int, backlog: int = 128) -> list[ShortageGuardedSocket]:
-    """:class:`ShortageGuardedSocket` s bound to every address of ``host:port`` and
+def listening_sockets(host: str, port: int, backlog: int = 128) -> list[socket.socket]:
+    """Non-blocking sockets bound to every address of ``host:port`` and
     listening, as ``web.TCPSite`` binds them (``SO_REUSEADDR``; an IPv6 socket for IPv6
     only). Raises OSError (``socket.gaierror`` for a host that does not resolve)."""
     found = socket.getaddrinfo(host or None, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
-    sockets: list[ShortageGuardedSocket] = []
+    sockets: list[socket.socket] = []
     try:
         for family, kind, proto, _, address in dict.fromkeys(found):
-            sock = ShortageGuardedSocket(family, kind, proto)
+            sock = socket.socket(family, kind, proto)
             sockets.append(sock)
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
             if family == socket.AF_INET6:

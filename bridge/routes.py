@@ -88,10 +88,13 @@ async def read_raw_body(request: web.Request, limits: RestLimits) -> bytes:
     MAX_BODY_BYTES like any other body (413).
     """
     limit = limits.max_body_bytes
-    encoding = request.headers.get("Content-Encoding", "").strip().lower()
-    if encoding not in DECODED_ENCODINGS:
-        raise errors.unsupported_media_type(encoding)
-    if request.content_length is not None and request.content_length > limit:
+    encoding = request.headers.get("Content-Encoding")
+    if encoding:
+        encoding = encoding.strip().lower()
+        if encoding not in DECODED_ENCODINGS:
+            raise errors.unsupported_media_type(encoding)
+    length = request.content_length
+    if length is not None and length > limit:
         raise errors.payload_too_large(limit)
     try:
         content = request.content
@@ -113,7 +116,7 @@ async def read_raw_body(request: web.Request, limits: RestLimits) -> bytes:
         raise errors.bad_request(
             "The request body could not be read.", close_connection=True
         ) from None
-    if encoding not in ("", "identity") and request.content.total_compressed_bytes is None:
+    if encoding and encoding != "identity" and content.total_compressed_bytes is None:
         # The server was run without automatic decompression (as `rest-bridge serve`
         # runs it): decode here, never past the limit.
         raw = decompress_body(raw, encoding, limit)

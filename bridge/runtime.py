@@ -23,7 +23,13 @@ from typing import Any
 
 from aiohttp import web
 
-from bridge.descriptors import ShortageReporter, budget_line, listening_sockets, raise_soft_limit
+from bridge.descriptors import (
+    Acceptor,
+    ShortageReporter,
+    budget_line,
+    listening_sockets,
+    raise_soft_limit,
+)
 from bridge.process import descendants
 from bridge.server import SERVER_SETTINGS
 
@@ -31,7 +37,7 @@ from bridge.server import SERVER_SETTINGS
 MMAP_THRESHOLD = 1 << 20
 #: `--loop` of serve and cluster.
 LOOPS = ("auto", "asyncio", "uvloop")
-DEFAULT_LOOP = "asyncio"
+DEFAULT_LOOP = "uvloop"
 SHUTDOWN_HANDLER_SECONDS = 2.0
 #: At exit, how long to wait for the last descendants to die once killed.
 DESCENDANTS_EXIT_SECONDS = 5.0
@@ -250,6 +256,7 @@ class ServeProcess:
         self._shortage = ShortageReporter()
         self._orphans: asyncio.Task[None] | None = None
         self._runner: web.AppRunner | None = None
+        self._acceptor: Acceptor | None = None
 
     async def __aenter__(self) -> ServeProcess:
         loop = asyncio.get_running_loop()
@@ -281,16 +288,17 @@ class ServeProcess:
             **SERVER_SETTINGS,
         )
         await runner.setup()
+        assert runner.server is not None
         try:
-            # The bridge's own listening sockets: an accept pass stops at its first
-            # descriptor shortage (bridge.descriptors).
-            for sock in listening_sockets(host, port):
-                await web.SockSite(runner, sock).start()
+            sockets = listening_sockets(host, port)
         except (OSError, OverflowError) as exc:
             await runner.cleanup()
             raise StartupError(f"cannot listen on {address(host, port)}: {_reason(exc)}") from None
         self._runner = runner
-        return tuple(runner.addresses[0]) if runner.addresses else (host, port)
+        # The bridge accepts its connections itself, on either loop, so that running out
+        # of descriptors is reported and survived alike (bridge.descriptors).
+        self._acceptor = Acceptor(runner.server, sockets)
+        return tuple(sockets[0].getsockname())
 
     async def __aexit__(
         self,
@@ -298,6 +306,8 @@ class ServeProcess:
         exc: BaseException | None,
         traceback: TracebackType | None,
     ) -> None:
+        if self._acceptor is not None:
+            await self._acceptor.close()
         if self._runner is not None:
             await self._runner.cleanup()
         if self._orphans is not None:

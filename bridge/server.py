@@ -126,8 +126,10 @@ def head_middleware(max_header_bytes: int, max_body_bytes: int | None) -> Middle
 
     @web.middleware
     async def bridge_head(request: web.Request, handler: Handler) -> web.StreamResponse:
-        problem = head_problem(request, max_header_bytes)
-        if problem is None and not request.path.startswith("/"):
+        problem = None
+        if head_sizes(request)[1] > max_header_bytes:  # the line is part of the head
+            problem = head_problem(request, max_header_bytes)
+        elif not request.path.startswith("/"):
             # CONNECT host:port, OPTIONS *: no route takes them. Closed: after a
             # CONNECT, what follows the head would be a tunnel's bytes.
             problem = errors.not_found("No such route: the request target is not a path.")

@@ -43,12 +43,35 @@ OUT_OF_RESOURCES = frozenset({errno.EMFILE, errno.ENFILE, errno.EAGAIN, errno.EN
 LOG_STDERR_CHARS = 1000
 
 
+#: Descriptors a spawn takes at once (three pipes, and the child's error pipe).
+SPAWN_DESCRIPTORS = 8
+
+
+def shortage_behind(exc: OSError) -> OSError:
+    """``exc``, or the shortage it hides: uvloop reports a spawn that failed for want of
+    descriptors without an errno (-1), so the bridge asks for as many as a spawn takes."""
+    if exc.errno not in (None, -1):
+        return exc
+    opened: list[int] = []
+    try:
+        while len(opened) < SPAWN_DESCRIPTORS:
+            opened.extend(os.pipe())
+    except OSError as probe:
+        if probe.errno in OUT_OF_RESOURCES:
+            return probe
+    finally:
+        for fd in opened:
+            os.close(fd)
+    return exc
+
+
 def spawn_failed(command: Sequence[str], exc: OSError, cwd: str | None) -> errors.RestError:
     """The process could not be created: 502 ``app_server_spawn_failed``, and a log line.
 
     A ``cwd`` that does not exist fails the same way as a missing executable; the
     exception names which (``filename``), and the client hears which of the two to check.
     """
+    exc = shortage_behind(exc)
     reason = exc.strerror or type(exc).__name__
     if cwd is not None and exc.filename == cwd:
         log.warning("could not start the app-server in the requested cwd %r: %s", cwd, reason)

@@ -675,17 +675,17 @@ def test_a_unix_socket_path_nginx_would_misread_is_refused(bad):
 # The bridge's own `serve`, listening on a unix socket beside its TCP port (serve has no
 # option for it yet): its socket site opens a unix site of the same runner as it starts.
 UNIX_REPLICA = """
-import os, sys
-from aiohttp import web
-class Both(web.SockSite):
-    def __init__(self, runner, *args, **kwargs):
-        super().__init__(runner, *args, **kwargs)
-        self.unix = web.UnixSite(runner, os.environ["TEST_UNIX_SOCKET"])
-    async def start(self):
-        await super().start()
-        await self.unix.start()
-        os.chmod(os.environ["TEST_UNIX_SOCKET"], 0o666)
-web.SockSite = Both
+import os, socket, sys
+import bridge.runtime
+tcp = bridge.runtime.listening_sockets
+def both(host, port):
+    unix = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    unix.bind(os.environ["TEST_UNIX_SOCKET"])
+    os.chmod(os.environ["TEST_UNIX_SOCKET"], 0o666)
+    unix.listen(128)
+    unix.setblocking(False)
+    return tcp(host, port) + [unix]
+bridge.runtime.listening_sockets = both
 from bridge.cli import main
 sys.exit(main(sys.argv[1:]))
 """

@@ -57,11 +57,15 @@ async def idle_connections(base: str, count: int) -> list[asyncio.StreamWriter]:
 
 
 @pytest.mark.asyncio
+@pytest.mark.parametrize("loop", ["default", "asyncio", "uvloop"])
 async def test_descriptor_exhaustion_is_reported_not_flooded_and_survived(
-    bridge_process, report, eventually
+    bridge_process, report, eventually, loop
 ):
-    """288 idle connections against descriptor limits 100/200 (soft/hard)"""
-    served = bridge_process(nofile=(SOFT, HARD))
+    """288 idle connections against descriptor limits 100/200 (soft/hard)
+
+    On the default loop, and on each loop by name."""
+    extra_args = [] if loop == "default" else ["--loop", loop]
+    served = bridge_process(nofile=(SOFT, HARD), extra_args=extra_args)
     pid = served.pid
     http = aiohttp.ClientSession(
         timeout=aiohttp.ClientTimeout(total=60),
@@ -154,9 +158,43 @@ async def test_descriptor_exhaustion_is_reported_not_flooded_and_survived(
     report.no_leak = True
 
 
+@pytest.mark.asyncio
+@pytest.mark.parametrize("loop", ["default", "asyncio", "uvloop"])
+async def test_a_connection_that_waits_for_a_descriptor_is_served_once_one_is_free(
+    bridge_process, eventually, loop
+):
+    """Every descriptor taken and accept() failing: a request sent on a connection that
+    waits in the backlog is answered once descriptors are free, on either loop (libuv's
+    own accept loop closed such connections unanswered)."""
+    extra_args = [] if loop == "default" else ["--loop", loop]
+    served = bridge_process(nofile=(SOFT, HARD), extra_args=extra_args)
+    pid = served.pid
+    limit = soft_limit(pid)
+    before = len(served.output)
+    idle = await idle_connections(served.base, limit + 10 - descriptors(pid))
+    host, port = served.base.removeprefix("http://").rsplit(":", 1)
+    try:
+        await eventually(lambda: SHORTAGE in served.output[before:], what="the shortage")
+        reader, waiting = await asyncio.open_connection(host, int(port))
+        idle.append(waiting)
+        waiting.write(b"GET /health HTTP/1.1\r\nHost: bridge\r\nConnection: close\r\n\r\n")
+        await waiting.drain()
+        for writer in idle[:40]:  # accepted ones: their descriptors come free
+            writer.close()
+        answer = await asyncio.wait_for(reader.read(), 30)
+        assert answer.startswith(b"HTTP/1.1 200 "), answer[:200]
+    finally:
+        for writer in idle:
+            writer.close()
+    served.signal(signal.SIGTERM)
+    assert await asyncio.to_thread(served.wait, 60) == 0
+    assert "Traceback" not in served.output, served.output[-2000:]
+
+
 ONE_PASS = """
-import asyncio, os, resource, socket
-from bridge.descriptors import is_accept_shortage, listening_sockets
+import asyncio, os, resource, socket, sys
+from bridge.descriptors import Acceptor, is_accept_shortage, listening_sockets
+from bridge.runtime import event_loop_factory
 
 async def main():
     [sock] = listening_sockets("127.0.0.1", 0)
@@ -178,22 +216,25 @@ async def main():
     os.close(lowest)
     hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
     resource.setrlimit(resource.RLIMIT_NOFILE, (lowest, hard))
-    server = await loop.create_server(asyncio.Protocol, sock=sock)
-    await failed.wait()  # the pass that failed has ended: it runs in one callback
+    acceptor = Acceptor(asyncio.Protocol, [sock])
+    await failed.wait()  # the first accept() failed; the next is a second away
+    await asyncio.sleep(0)
     print(len(failures), flush=True)
-    server.close()
+    await acceptor.close()
     for client in clients:
         client.close()
 
-asyncio.run(main())
+with asyncio.Runner(loop_factory=event_loop_factory(sys.argv[1])) as runner:
+    runner.run(main())
 """
 
 
-def test_an_accept_pass_stops_at_its_first_shortage():
+@pytest.mark.parametrize("loop", ["asyncio", "uvloop"])
+def test_an_accept_pass_stops_at_its_first_shortage(loop):
     """Ten connections wait; no descriptor is free: the pass fails once (one report, one
-    retry scheduled), not once per waiting connection."""
+    retry scheduled), not once per waiting connection, on either loop."""
     done = subprocess.run(
-        [sys.executable, "-c", ONE_PASS], capture_output=True, text=True, timeout=60
+        [sys.executable, "-c", ONE_PASS, loop], capture_output=True, text=True, timeout=60
     )
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "1", done.stdout
