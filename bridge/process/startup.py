@@ -18,6 +18,7 @@ import asyncio
 import contextlib
 import errno
 import logging
+import os
 import shlex
 from collections.abc import Mapping, Sequence
 from typing import Any, Protocol
