@@ -14,7 +14,7 @@ import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from bridge import TOKEN_VARIABLE, __version__, credentials, replica
+from bridge import TOKEN_VARIABLE, __version__, codex_window, credentials, replica
 from bridge.app import PRESETS, mounted_routes, router_method_rules
 from bridge.auth import AuthSettings, token_problem, with_bearer_auth
 from bridge.limits import (
@@ -288,8 +288,13 @@ async def serve(
         with_bearer_auth(app, token)
     if app_server.url is not None:
         described = f"app-server: shared, connecting to {app_server.url} (not started here)"
+        window = (
+            f"tested on {codex_window.window()}; GET /v1/compatibility says whether the "
+            "app-server that answers is one of them"
+        )
     else:
-        described = await describe_command(command)
+        described, version = await describe_command(command)
+        window = codex_window.status(version)
         if app_server.shared:
             described = described.replace(
                 "app-server: ", "app-server (shared, one process on a private socket): ", 1
@@ -313,6 +318,7 @@ async def serve(
                 f"  ignoring {variable}: not a variable rest-bridge reads (misspelt?)", flush=True
             )
         print(f"  {described}", flush=True)
+        print(f"  {window}", flush=True)
         print(f"  {process.descriptors}", flush=True)
         if settings.replica_id is not None:
             print(

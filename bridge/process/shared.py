@@ -29,7 +29,7 @@ from typing import Any
 
 import aiohttp
 
-from bridge import __version__, credentials, errors
+from bridge import __version__, codex_window, credentials, errors
 from bridge.events import rfc3339
 from bridge.limits import APP_SERVER_TOKEN_VARIABLE, AppServerSettings, RestLimits
 from bridge.models import AppServerInfo, ClientOptions, Compatibility, SharedAppServerState
@@ -547,7 +547,12 @@ class ConnectShared:
                 "the bridge connects to an app-server it did not start; "
                 "appServer.shared.userAgent names the one that answered"
             )
-        info = AppServerInfo(command=command, version=version, version_error=version_error)
+        info = AppServerInfo(
+            command=command,
+            version=version,
+            version_error=version_error,
+            **codex_window.assess(version, self.last_user_agent),
+        )
         info.mode = "shared"
         info.shared = SharedAppServerState.model_validate(self.describe())
         return Compatibility(bridge_version=__version__, app_server=info)

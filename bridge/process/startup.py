@@ -123,10 +123,10 @@ def unstartable(command: Sequence[str]) -> str | None:
     return f"{program}: not executable"
 
 
-async def describe_command(command: Sequence[str]) -> str:
+async def describe_command(command: Sequence[str]) -> tuple[str, str | None]:
     """One line for ``rest-bridge serve``'s start: the command, where its program is, and
     the version it reports, or why it cannot start (the bridge serves anyway: a request's
-    ``options.cwd`` or ``options.env`` may still make it startable)."""
+    ``options.cwd`` or ``options.env`` may still make it startable); and that version."""
     shown = shlex.join(command)
     problem = unstartable(command)
     if problem is not None:
@@ -140,7 +140,7 @@ async def describe_command(command: Sequence[str]) -> str:
                 " (install codex: npm install -g @openai/codex; or serve the bundled fake: "
                 "--app-server 'fake-codex app-server')"
             )
-        return line
+        return line, None
     found = _absolute(shutil.which(command[0]) or command[0])
     version, error = await probe_version(version_command(command))
     details = [version or f"version unknown: {error}"]
@@ -148,7 +148,7 @@ async def describe_command(command: Sequence[str]) -> str:
         details.insert(0, found)
     if "app-server" not in command:
         details.append("note: no `app-server` in the command, which codex needs to serve")
-    return f"app-server: {shown} ({'; '.join(details)})"
+    return f"app-server: {shown} ({'; '.join(details)})", version
 
 
 def _absolute(path: str) -> str:

@@ -26,6 +26,7 @@ import orjson
 import pytest
 import yaml
 
+from bridge import codex_window
 from fakes.app_server.wire import WIRE_LOG_ENV
 from scenarios import harness
 from scenarios.cli import main as scenarios_main
@@ -413,7 +414,7 @@ async def test_a_wire_log_becomes_a_script_that_fake_codex_replays(
     lines = [orjson.dumps(entry).decode() for entry in wire_log(run)]
     (wire / "wire-1.jsonl").write_text("\n".join(lines) + "\n")
     paths = {str(run / "work"): "${cwd}", str(run / "codex-home"): "/home/codex/.codex"}
-    translated = translate_wire_logs(wire, paths, version_output="codex-cli 0.169.0")
+    translated = translate_wire_logs(wire, paths, version_output=f"codex-cli {codex_window.PIN}")
     script = translated.script
     assert str(tmp_path) not in json.dumps(script)
     assert translated.unanswered_requests == 0
