@@ -34,6 +34,7 @@ from scenarios.format import load_scenario
 from scenarios.record import (
     FROZEN_MS,
     FROZEN_S,
+    USER_AGENT_MACHINE,
     Normaliser,
     RecordError,
     record_scenario,
@@ -44,6 +45,7 @@ from scenarios.runner import RunOptions, run_scenario
 ROOT = Path(__file__).resolve().parents[2]
 LIBRARY = ROOT / "scenarios" / "library"
 SCRIPTED_MODEL = LIBRARY / "real-codex-scripted-model.scenario.yaml"
+SCRIPTED_MODEL_REPLAY = LIBRARY / "real-codex-scripted-model-replay.scenario.yaml"
 REST_BRIDGE = str(Path(sys.executable).with_name("rest-bridge"))
 
 #: Two turns on one thread: a command accepted, then one declined, then the history.
@@ -721,6 +723,24 @@ async def test_a_recording_is_stable_and_the_fake_says_what_codex_said(
             and m["params"]["item"]["type"] == "commandExecution"
         ]
         assert decisions == ["completed", "declined"]
+
+
+@pytest.mark.real_codex
+@pytest.mark.asyncio
+@pytest.mark.parametrize(
+    "codex_bin", [codex_window.PIN], indirect=True, ids=[f"codex-{codex_window.PIN}"]
+)
+async def test_the_committed_replay_of_the_library_scenario_is_what_recording_it_gives(
+    codex_bin: str,
+) -> None:
+    recording = await record_scenario(SCRIPTED_MODEL, None, codex=codex_bin, verify=False)
+    assert recording.text == SCRIPTED_MODEL_REPLAY.read_text()
+    # Nothing of the recording machine: its OS, kernel, architecture and terminal.
+    user_agent = recording.data["appServer"]["initialize"]["result"]["userAgent"]
+    assert f" {USER_AGENT_MACHINE} " in user_agent
+    uname = os.uname()
+    for detail in (uname.release, uname.version, uname.nodename, os.environ.get("TERM")):
+        assert not detail or detail not in recording.text
 
 
 #: The text-turn preset: a codex process per turn, each running the recorded script
