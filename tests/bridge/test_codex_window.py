@@ -161,3 +161,20 @@ def test_serve_says_at_start_whether_the_app_server_is_a_tested_release(
         assert window == [
             f"  tested: {version} is a release this bridge is tested on ({codex_window.window()})"
         ], lines
+
+
+@pytest.mark.asyncio
+async def test_a_scripted_initialize_result_is_sent_as_written_and_reported_as_codex(
+    serve, http, write_script
+) -> None:
+    """A recorded replay answers `initialize` with what the real codex said: the fake
+    sends it as written, so the bridge reports that codex (docs/API.md)."""
+    recorded = "codex_rest_bridge/0.150.0 (os; arch) terminal (codex_rest_bridge; 0.1.0)"
+    script = {"initialize": {"result": {"userAgent": recorded, "codexHome": "/home/codex"}}}
+    base = await serve(trusted_bridge_app(fake_app_server_command(write_script(script))))
+    async with http.post(f"{base}/v1/sessions", json={}) as response:
+        assert response.status == 201, await response.text()
+    app_server = await compatibility(http, base)
+    assert app_server["kind"] == "codex"
+    assert app_server["version"] == f"codex-cli {codex_window.PIN}"  # `--version`, unscripted
+    assert app_server["tested"] is True
