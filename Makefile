@@ -3,13 +3,16 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
-CODEX_VERSION := 0.169.0
+# The codex releases the project is tested against, and the pinned one `make serve-codex`
+# serves: both from bridge/codex_window.py, the one place that names them.
+CODEX_VERSIONS := $(shell $(PYTHON) -m bridge.codex_window)
+CODEX_VERSION := $(shell $(PYTHON) -m bridge.codex_window --pin)
+# Each release in a folder of its own, .codex-npm/<version>/; what runs is the native
+# binary the package ships for this platform (88 MB and `initialize` after ~48 ms per
+# app-server, against 132 MB and ~115 ms through the Node launcher), else the launcher;
+# see scenarios/codex_install.py.
 CODEX_DIR := .codex-npm
-CODEX_BIN := $(CODEX_DIR)/node_modules/.bin/codex
-# What to run: the native binary the package ships for this platform (88 MB and
-# `initialize` after ~48 ms per app-server, against 132 MB and ~115 ms through the Node
-# launcher above), else the launcher; see scenarios/codex_install.py.
-CODEX := $(shell $(PYTHON) -m scenarios.codex_install $(CODEX_DIR) 2>/dev/null || echo $(CODEX_BIN))
+CODEX_BINS := $(foreach version,$(CODEX_VERSIONS),$(CODEX_DIR)/$(version)/node_modules/.bin/codex)
 HOST ?= 127.0.0.1
 PORT ?= 8787
 PRESET ?= trusted
@@ -31,17 +34,17 @@ $(STAMP): pyproject.toml
 	$(BIN)/pip install --quiet --no-deps openai-codex==0.163.0
 	touch $(STAMP)
 
-# The pinned real codex, installed into an ignored folder of the project.
-$(CODEX_BIN):
+# Every real codex of the window, each installed into an ignored folder of the project.
+$(CODEX_DIR)/%/node_modules/.bin/codex:
 	@if command -v npm >/dev/null 2>&1; then \
-		mkdir -p $(CODEX_DIR) && \
-		npm install --prefix $(CODEX_DIR) --no-audit --no-fund --loglevel=error \
-			@openai/codex@$(CODEX_VERSION); \
+		mkdir -p $(CODEX_DIR)/$* && \
+		npm install --prefix $(CODEX_DIR)/$* --no-audit --no-fund --loglevel=error \
+			@openai/codex@$*; \
 	else \
 		echo "npm not found: tests that need the real codex will skip (they fail when CI=true)"; \
 	fi
 
-codex: $(CODEX_BIN)
+codex: $(CODEX_BINS)
 
 # What `make serve` says first: the fake by default, else the command it was given.
 ifeq ($(origin APP_SERVER),file)
@@ -69,10 +72,11 @@ serve: $(STAMP)
 	@echo "$(SERVE_NOTE)"
 	$(BIN)/rest-bridge serve --preset $(PRESET) --host $(HOST) --port $(PORT) --app-server "$(APP_SERVER)"
 
-# `make serve` on the pinned real codex: its native binary, found once it is installed
-# (CODEX above is read before `make codex` has run on a fresh machine).
-serve-codex: $(STAMP) codex
-	@set -e; codex="$$($(BIN)/python -m scenarios.codex_install $(CODEX_DIR))"; \
+# `make serve` on the pinned real codex: its native binary, found once it is installed.
+# Another release: `make serve-codex CODEX_VERSION=0.171.0` (one outside the window is
+# installed too, and `rest-bridge serve` says it was not tested).
+serve-codex: $(STAMP) $(CODEX_DIR)/$(CODEX_VERSION)/node_modules/.bin/codex
+	@set -e; codex="$$($(BIN)/python -m scenarios.codex_install $(CODEX_DIR) $(CODEX_VERSION))"; \
 		echo "Serving on the real codex: $$codex app-server"; \
 		$(BIN)/rest-bridge serve --preset $(PRESET) --host $(HOST) --port $(PORT) \
 			--app-server "$$codex app-server"

@@ -16,7 +16,7 @@ import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from bridge import TOKEN_VARIABLE, __version__, credentials, replica
+from bridge import TOKEN_VARIABLE, __version__, codex_window, credentials, replica
 from bridge.app import PRESETS, mounted_routes, router_method_rules
 from bridge.auth import AuthSettings, token_problem, with_bearer_auth
 from bridge.limits import (
@@ -293,10 +293,10 @@ def unstartable(command: Sequence[str]) -> str | None:
     return f"{program}: not executable"
 
 
-async def describe_command(command: Sequence[str]) -> str:
+async def describe_command(command: Sequence[str]) -> tuple[str, str | None]:
     """One line for ``rest-bridge serve``'s start: the command, where its program is, and
     the version it reports, or why it cannot start (the bridge serves anyway: a request's
-    ``options.cwd`` or ``options.env`` may still make it startable)."""
+    ``options.cwd`` or ``options.env`` may still make it startable); and that version."""
     shown = shlex.join(command)
     problem = unstartable(command)
     if problem is not None:
@@ -310,7 +310,7 @@ async def describe_command(command: Sequence[str]) -> str:
                 " (install codex: npm install -g @openai/codex; or serve the bundled fake: "
                 "--app-server 'fake-codex app-server')"
             )
-        return line
+        return line, None
     found = _absolute(shutil.which(command[0]) or command[0])
     version, error = await startup.probe_version(startup.version_command(command))
     details = [version or f"version unknown: {error}"]
@@ -318,7 +318,7 @@ async def describe_command(command: Sequence[str]) -> str:
         details.insert(0, found)
     if "app-server" not in command:
         details.append("note: no `app-server` in the command, which codex needs to serve")
-    return f"app-server: {shown} ({'; '.join(details)})"
+    return f"app-server: {shown} ({'; '.join(details)})", version
 
 
 def _absolute(path: str) -> str:
@@ -347,8 +347,13 @@ async def serve(
         with_bearer_auth(app, token)
     if app_server.url is not None:
         described = f"app-server: shared, connecting to {app_server.url} (not started here)"
+        window = (
+            f"tested on {codex_window.window()}; GET /v1/compatibility says whether the "
+            "app-server that answers is one of them"
+        )
     else:
-        described = await describe_command(command)
+        described, version = await describe_command(command)
+        window = codex_window.status(version)
         if app_server.shared:
             described = described.replace(
                 "app-server: ", "app-server (shared, one process on a private socket): ", 1
@@ -372,6 +377,7 @@ async def serve(
                 f"  ignoring {variable}: not a variable rest-bridge reads (misspelt?)", flush=True
             )
         print(f"  {described}", flush=True)
+        print(f"  {window}", flush=True)
         print(f"  {process.descriptors}", flush=True)
         if settings.replica_id is not None:
             print(

@@ -88,6 +88,24 @@ class AppServerInfo(_Wire):
         description="`process`: an app-server per session; `shared`: one for all of them.",
     )
     shared: SharedAppServerState | None = None
+    kind: Literal["codex", "fake-codex"] | None = Field(
+        default=None,
+        description="`fake-codex` or a real `codex`, from the userAgent of the last "
+        "`initialize` answered; null until an app-server has answered one.",
+    )
+    tested: bool | None = Field(
+        default=None,
+        description="Whether its version is one of `testedVersions`; null when the version "
+        "is unknown.",
+    )
+    tested_versions: list[str] = Field(
+        default_factory=list,
+        description="The codex releases this bridge is tested against (its support window).",
+    )
+    warning: str | None = Field(
+        default=None,
+        description="One line when the app-server is not a tested release, else null.",
+    )
 
 
 class Compatibility(_Wire):

@@ -45,7 +45,8 @@ _BLANK = "".join(chr(c) for c in range(33)) + "\x7f"
 #: Percent-decoding rounds before a name counts as decoded (each round shortens it).
 _UNQUOTE_ROUNDS = 8
 
-# The methods of codex app-server (0.169.0, the experimental surface included) that
+# The methods of codex app-server (every release of the tested window, bridge/codex_window.py,
+# the experimental surface included) that
 # reach past a thread to the host or to state every session shares. The ``default``
 # preset refuses them unless the host allows them. Each rule with why.
 HOST_METHODS: dict[str, str] = {
@@ -66,6 +67,8 @@ HOST_METHODS: dict[str, str] = {
     "servers it starts",
     "modelProvider/config/write": "persists a model provider (its URL gets every later "
     "prompt and the API key)",
+    "modelProvider/default/set": "switches the provider every later thread of the "
+    "app-server uses by default (its URL gets their prompts; codex 0.171.0 on)",
     "skills/config/write": "persists skill configuration for every later session",
     "skills/extraRoots/set": "makes the app-server load skills from any host directory",
     "experimentalFeature/enablement/set": "switches features on for the whole app-server",
@@ -167,6 +170,9 @@ THREAD_METHODS: dict[str, tuple[str, ...]] = {
         "thread/memoryMode/set",
         "thread/memory/read",
         "thread/search",
+        "thread/search/cancel",
+        "thread/search/stream",
+        "thread/search/stream/cancel",
         "thread/searchOccurrences",
         "thread/readState/update",
         "thread/items/read",
@@ -177,6 +183,7 @@ THREAD_METHODS: dict[str, tuple[str, ...]] = {
         "thread/realtime/appendText",
         "thread/realtime/appendSpeech",
         "thread/realtime/stop",
+        "thread/realtime/list",
         "thread/realtime/listVoices",
         "thread/timeline/list",
         "turn/settings/update",

@@ -1,7 +1,10 @@
-"""Where the pinned real codex is, inside the folder `make codex` installs it into.
+"""Where the real codex is, inside the folder `make codex` installs it into.
 
-The npm package `@openai/codex` is a Node launcher (`node_modules/.bin/codex`) plus, in
-a package per platform, the native binary it starts:
+`make codex` installs each release of the support window (`bridge/codex_window.py`) in a
+folder of its own, `.codex-npm/<version>/`; the pinned one is what `make serve-codex`
+serves and what the harness finds when no codex is named. The npm package
+`@openai/codex` is a Node launcher (`node_modules/.bin/codex`) plus, in a package per
+platform, the native binary it starts:
 `node_modules/@openai/codex-<platform>/vendor/<target triple>/bin/codex`. Run the native
 binary directly: measured with 0.169.0 on Linux x64, an idle `codex app-server` after
 `initialize` holds 88 MB instead of 132 MB (the launcher's Node process stays alive
@@ -10,8 +13,8 @@ instead of 115 ms. The launcher adds only `CODEX_MANAGED_BY_NPM=1` and
 `CODEX_MANAGED_PACKAGE_ROOT` to the environment, which steer codex's self-update hints,
 not the app-server protocol.
 
-Standard library only: the Makefile runs `python3 -m scenarios.codex_install` before
-any virtual environment exists.
+Standard library only (and `bridge.codex_window`, which is too): the Makefile runs
+`python3 -m scenarios.codex_install` before any virtual environment exists.
 """
 
 from __future__ import annotations
@@ -20,6 +23,8 @@ import os
 import platform
 import sys
 from pathlib import Path
+
+from bridge import codex_window
 
 #: The launcher's own table (`bin/codex.js` in @openai/codex 0.169.0): target triple and
 #: platform package for each (sys.platform, machine), machine names as `_MACHINES` has them.
@@ -47,10 +52,17 @@ def native_relative_path(system: str | None = None, machine: str | None = None) 
     return Path("@openai") / package / "vendor" / triple / "bin" / executable
 
 
-def pinned_codex(npm_dir: Path) -> tuple[str, str | None] | None:
-    """The codex installed in `npm_dir` (a `.codex-npm/` folder): the native binary when
-    it is there, else the Node launcher with a note saying why it is second best; None
-    when neither is installed."""
+def pinned_codex(npm_dir: Path, version: str | None = None) -> tuple[str, str | None] | None:
+    """The codex `version` (default: the pinned one) installed under `npm_dir` (a
+    `.codex-npm/` folder, holding a folder per version; a folder that is itself one npm
+    install, as before the window, is used as it is when the version's folder is not
+    there): the native binary when it is there, else the Node launcher with a note saying
+    why it is second best; None when neither is installed."""
+    versioned = npm_dir / (version or codex_window.PIN)
+    return _installed(versioned) or (_installed(npm_dir) if version is None else None)
+
+
+def _installed(npm_dir: Path) -> tuple[str, str | None] | None:
     modules = npm_dir / "node_modules"
     relative = native_relative_path()
     if relative is not None:
@@ -69,9 +81,10 @@ def pinned_codex(npm_dir: Path) -> tuple[str, str | None] | None:
 
 
 def main() -> int:
-    """Print the pinned codex in `./.codex-npm` (or the folder given), for the Makefile."""
+    """Print the pinned codex in `./.codex-npm` (or the folder given), or the version
+    given second, for the Makefile."""
     npm_dir = Path(sys.argv[1] if len(sys.argv) > 1 else ".codex-npm")
-    found = pinned_codex(npm_dir)
+    found = pinned_codex(npm_dir, sys.argv[2] if len(sys.argv) > 2 else None)
     if found is None:
         return 1
     path, note = found

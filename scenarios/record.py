@@ -45,6 +45,11 @@ _DURATION_KEY = re.compile(r"^([a-z][A-Za-z0-9]*D|d)urationMs$")
 _PROCESS_ID_KEYS = frozenset({"processId", "pid"})
 #: Ids the scripted model makes up (`fakes.model_provider` counts them across processes).
 _MODEL_ID = re.compile(r"^(msg|call|fc|resp)_(\d+)$")
+#: codex's `initialize` userAgent: `<originator>/<version> (<os>; <arch>) <terminal>
+#: (<client>; <version>)`; the middle two name the recording machine.
+_USER_AGENT = re.compile(r"^(\S+) \([^()]*\) .*? (\([^()]*\))$")
+#: What stands for them in a recording.
+USER_AGENT_MACHINE = "(os; arch) terminal"
 _FAKE_SENDS_ITSELF = "remoteControl/status/changed"
 #: Sent at start-up, after the `initialize` reply, at a moment that varies from run to
 #: run (before or after `initialized`, or during the first call): recorded as
@@ -116,6 +121,8 @@ class Normaliser:
             return {k: self.value(v, k if isinstance(k, str) else None) for k, v in value.items()}
         if isinstance(value, list):
             return [self.value(item) for item in value]
+        if key == "userAgent" and isinstance(value, str):
+            value = _USER_AGENT.sub(rf"\1 {USER_AGENT_MACHINE} \2", value)
         if key is not None and value is not None and not isinstance(value, bool):
             if key in _PROCESS_ID_KEYS and isinstance(value, int | str):
                 number = self._process_ids.setdefault(str(value), 1001 + len(self._process_ids))

@@ -29,7 +29,7 @@ from typing import Any
 
 import aiohttp
 
-from bridge import __version__, credentials, errors
+from bridge import __version__, codex_window, credentials, errors
 from bridge.events import rfc3339
 from bridge.limits import AppServerSettings, RestLimits
 from bridge.models import AppServerInfo, ClientOptions, Compatibility, SharedAppServerState
@@ -547,6 +547,7 @@ class ConnectShared:
             version_error=version_error,
             mode="shared",
             shared=SharedAppServerState.model_validate(self.describe()),
+            **codex_window.assess(version, self.last_user_agent),
         )
         return Compatibility(bridge_version=__version__, app_server=info)
 

@@ -23,7 +23,7 @@ import shlex
 from collections.abc import Mapping, Sequence
 from typing import Any, Protocol
 
-from bridge import __version__, credentials, errors
+from bridge import __version__, codex_window, credentials, errors
 from bridge.limits import RestLimits
 from bridge.models import AppServerInfo, ClientOptions, Compatibility
 from bridge.process import descendants
@@ -256,6 +256,8 @@ class SpawnStdio:
         self.command = list(command)
         self.limits = limits
         self.version = VersionProbe(self.command)
+        #: The userAgent of the last `initialize` answered (fake-codex or codex).
+        self.user_agent: str | None = None
 
     def _argv(self, options: ClientOptions | None) -> list[str]:
         argv = list(self.command)
@@ -290,14 +292,18 @@ class SpawnStdio:
             raise errors.bad_request("The client options cannot be given to a process.") from None
 
     def initialized(self, result: Any) -> None:
-        pass
+        if isinstance(result, dict) and isinstance(result.get("userAgent"), str):
+            self.user_agent = str(result["userAgent"])[:200]
 
     async def compatibility(self) -> Compatibility:
         version, version_error = await self.version.get()
         return Compatibility(
             bridge_version=__version__,
             app_server=AppServerInfo(
-                command=self.command, version=version, version_error=version_error
+                command=self.command,
+                version=version,
+                version_error=version_error,
+                **codex_window.assess(version, self.user_agent),
             ),
         )
 

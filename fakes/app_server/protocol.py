@@ -23,11 +23,13 @@ import sys
 from functools import cache
 from typing import Any
 
+from bridge import codex_window
+
 # subprocess and tempfile are imported where a profile is generated: fake-codex's fast
 # start reads a profile and should not pay for them.
 
-#: The release fake-codex emulates unless told otherwise.
-DEFAULT_VERSION = "0.169.0"
+#: The release fake-codex emulates unless told otherwise: the project's pinned codex.
+DEFAULT_VERSION = codex_window.PIN
 _FOLDER = "protocols"
 _UNKNOWN_VARIANT = re.compile(r"unknown variant `[^`]*`, expected one of (.*)$")
 _SCHEMA_BUNDLE = "codex_app_server_protocol.schemas.json"

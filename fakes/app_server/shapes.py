@@ -13,8 +13,10 @@ import sys
 import time
 from typing import Any
 
+from bridge import codex_window
 from fakes.app_server.protocol import DEFAULT_VERSION
 
+#: The release the fake emulates by default: the project's pinned codex.
 DEFAULT_VERSION_OUTPUT = f"codex-cli {DEFAULT_VERSION}"
 DEFAULT_MODEL = "gpt-6.1-sol"
 DEFAULT_MODEL_PROVIDER = "openai"
@@ -38,7 +40,10 @@ def codex_home() -> str:
 def initialize_result(client_info: Json, version: str) -> Json:
     """The `initialize` result.
 
-    userAgent follows the real pattern `name/version (os; arch) terminal (name; client version)`.
+    userAgent follows the real pattern `name/version (os; arch) terminal (name; client version)`,
+    with one token more after the terminal, `fake-codex/<version>`: how a client (the
+    bridge's `/v1/compatibility`) tells the fake apart, where a client that reads the
+    version from the first token (the SDK) reads what it would from the real server.
     """
     name = str(client_info.get("name", ""))
     client_version = str(client_info.get("version", ""))
@@ -46,7 +51,7 @@ def initialize_result(client_info: Json, version: str) -> Json:
     terminal = os.environ.get("TERM", "unknown")
     user_agent = (
         f"{name}/{version} ({uname.sysname} {uname.release}; {uname.machine}) "
-        f"{terminal} ({name}; {client_version})"
+        f"{terminal} {codex_window.FAKE_TOKEN}{version} ({name}; {client_version})"
     )
     return {
         "userAgent": user_agent,

@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 from processes import live_children
 
+from bridge import codex_window
 from bridge.app import text_turn_app, trusted_bridge_app
 from bridge.limits import RestLimits
 
@@ -226,10 +227,14 @@ async def test_compatibility_reports_the_app_server_version(serve, fake_codex, h
         "openapi": "3.1.0",
         "appServer": {
             "command": fake_codex,
-            "version": "codex-cli 0.169.0",
+            "version": f"codex-cli {codex_window.PIN}",
             "versionError": None,
             "mode": "process",
             "shared": None,
+            "kind": None,
+            "tested": True,
+            "testedVersions": list(codex_window.TESTED),
+            "warning": None,
         },
     }
 

@@ -12,11 +12,11 @@ from typing import Any
 import pytest
 from processes import live_children
 
+from bridge import codex_window
 from scenarios.sse import SseFrame, SseReader
 
 pytestmark = [pytest.mark.asyncio, pytest.mark.real_codex]
 
-CODEX_VERSION = "codex-cli 0.169.0"
 COMMAND_APPROVAL = "item/commandExecution/requestApproval"
 #: How long any one wait on the real codex may take before the test fails.
 WAIT = 30.0
@@ -94,13 +94,25 @@ def command_items(seen: list[dict[str, Any]]) -> list[dict[str, Any]]:
 # -- versions and sessionless calls -------------------------------------------------
 
 
-async def test_compatibility_reports_the_pinned_codex_version(bridge, http, codex_bin):
+async def test_compatibility_reports_the_codex_version(bridge, http, codex_bin, codex_version):
     async with http.get(f"{bridge}/v1/compatibility") as response:
         assert response.status == 200
         body = await response.json()
-    assert body["appServer"]["version"] == CODEX_VERSION
+    assert body["appServer"]["version"] == codex_version
     assert body["appServer"]["versionError"] is None
     assert body["appServer"]["command"] == [codex_bin, "app-server"]
+
+
+async def test_compatibility_says_a_tested_real_codex_once_one_answered(
+    bridge, http, codex_options
+):
+    await create_session(http, bridge, codex_options)
+    async with http.get(f"{bridge}/v1/compatibility") as response:
+        app_server = (await response.json())["appServer"]
+    assert app_server["kind"] == "codex"
+    assert app_server["tested"] is True
+    assert app_server["warning"] is None
+    assert app_server["testedVersions"] == list(codex_window.TESTED)
 
 
 async def test_sessionless_model_list_returns_the_model_catalogue(bridge, http, codex_options):

@@ -24,6 +24,7 @@ from processes import exited, live_children
 from session_logs import session_log
 
 from bridge.app import trusted_bridge_app
+from bridge.codex_window import release
 from bridge.limits import AppServerSettings, RestLimits
 from bridge.routes import BACKEND
 from fakes.model_provider import ModelProviderServer
@@ -72,7 +73,7 @@ async def shared_state(http, base) -> dict[str, Any]:
 
 
 async def test_sessions_calls_and_text_turns_share_one_codex_process(
-    shared_bridge, http, model, workspace
+    shared_bridge, http, model, workspace, codex_version
 ):
     before = live_children()
     assert (await shared_state(http, shared_bridge))["state"] == "idle"
@@ -100,7 +101,7 @@ async def test_sessions_calls_and_text_turns_share_one_codex_process(
     assert process_groups(live_children() - before) == {state["pid"]}
     state = await shared_state(http, shared_bridge)
     assert state["connections"] == 3
-    assert state["userAgent"].startswith("codex_rest_bridge/0.169.0")
+    assert state["userAgent"].startswith(f"codex_rest_bridge/{release(codex_version)} ")
 
 
 async def test_a_session_hears_of_its_own_threads_only(shared_bridge, http, workspace):

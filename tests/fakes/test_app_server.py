@@ -20,6 +20,7 @@ from typing import Any
 import pytest
 import pytest_asyncio
 
+from bridge import codex_window
 from fakes.app_server.protocol import profile, versions
 
 pytestmark = pytest.mark.asyncio
@@ -224,7 +225,7 @@ async def run_cli(tmp_path: Path, *args: str, **env: str) -> tuple[int, str, str
 
 
 async def test_version_prints_the_real_cli_version(tmp_path: Path) -> None:
-    assert await run_cli(tmp_path, "--version") == (0, "codex-cli 0.169.0\n", "")
+    assert await run_cli(tmp_path, "--version") == (0, f"codex-cli {codex_window.PIN}\n", "")
 
 
 async def test_version_reads_the_script_named_by_the_environment(tmp_path: Path) -> None:
@@ -360,7 +361,7 @@ async def test_initialize_answers_like_the_real_server(spawn: Spawn) -> None:
     reply = await fake.request("initialize", {"clientInfo": CLIENT_INFO})
     result = reply["result"]
     assert list(result) == ["userAgent", "codexHome", "platformFamily", "platformOs"]
-    assert result["userAgent"].startswith("tests/0.169.0 (")
+    assert result["userAgent"].startswith(f"tests/{codex_window.PIN} (")
     assert result["userAgent"].endswith("(tests; 9.9.9)")
 
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import pytest
 
+from bridge import codex_window
 from fakes.app_server import protocol
 
 
@@ -34,3 +35,11 @@ def test_the_shipped_profile_is_what_the_real_codex_generates(codex_bin: str) ->
         "run python -m fakes.app_server.protocol on its binary"
     )
     assert protocol.render(made) == protocol.render(protocol.profile(made.codex_version))
+
+
+@pytest.mark.quick
+def test_the_fake_can_emulate_every_release_of_the_support_window() -> None:
+    """Moving the window (bridge/codex_window.py) means generating the new release's
+    profile; the fake's default is the window's pin."""
+    assert set(codex_window.TESTED) <= set(protocol.versions())
+    assert protocol.DEFAULT_VERSION == codex_window.PIN

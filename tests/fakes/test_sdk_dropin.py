@@ -22,6 +22,8 @@ import pytest
 import yaml
 from pydantic import BaseModel
 
+from bridge import codex_window
+
 FAKE_CODEX = str(Path(sys.executable).with_name("fake-codex"))
 
 if os.environ.get("CI", "").lower() == "true":
@@ -94,7 +96,7 @@ def config(tmp_path: Path) -> Callable[..., CodexConfig]:
 def test_the_sdk_runs_a_text_turn(config: Callable[..., CodexConfig]) -> None:
     with Codex(config(TEXT_SCRIPT)) as codex:
         assert codex.metadata.serverInfo is not None
-        assert codex.metadata.serverInfo.version.startswith("0.169.0 ")
+        assert codex.metadata.serverInfo.version.startswith(f"{codex_window.PIN} ")
         thread = codex.thread_start()
         result = thread.run("Say hi")
     assert result.final_response == "Hello there, world!"

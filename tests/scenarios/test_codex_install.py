@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from bridge import codex_window
 from scenarios.codex_install import native_relative_path, pinned_codex
 from scenarios.harness import find_codex
 
@@ -61,6 +62,24 @@ def test_the_native_binary_is_preferred_over_the_launcher(tmp_path: Path) -> Non
     assert "Node launcher" in str(fallback[1])
     native = _executable(npm / "node_modules" / relative)
     assert pinned_codex(npm) == (str(native), None)
+
+
+@pytest.mark.quick
+def test_each_release_of_the_window_is_found_in_its_own_folder(tmp_path: Path) -> None:
+    npm = tmp_path / ".codex-npm"
+    relative = native_relative_path()
+    assert relative is not None
+    flat = _executable(npm / "node_modules" / relative)
+    natives = {
+        version: _executable(npm / version / "node_modules" / relative)
+        for version in codex_window.TESTED
+    }
+    for version, native in natives.items():
+        assert pinned_codex(npm, version) == (str(native), None)
+    # The pin, when none is named: its own folder before a flat install of old.
+    assert pinned_codex(npm) == (str(natives[codex_window.PIN]), None)
+    assert pinned_codex(npm, "0.1.0") is None
+    assert str(flat) != pinned_codex(npm)[0]  # type: ignore[index]
 
 
 @pytest.mark.quick

@@ -26,6 +26,7 @@ import orjson
 import pytest
 import yaml
 
+from bridge import codex_window
 from fakes.app_server.wire import WIRE_LOG_ENV
 from scenarios import harness
 from scenarios.cli import main as scenarios_main
@@ -33,6 +34,7 @@ from scenarios.format import load_scenario
 from scenarios.record import (
     FROZEN_MS,
     FROZEN_S,
+    USER_AGENT_MACHINE,
     Normaliser,
     RecordError,
     record_scenario,
@@ -43,6 +45,7 @@ from scenarios.runner import RunOptions, run_scenario
 ROOT = Path(__file__).resolve().parents[2]
 LIBRARY = ROOT / "scenarios" / "library"
 SCRIPTED_MODEL = LIBRARY / "real-codex-scripted-model.scenario.yaml"
+SCRIPTED_MODEL_REPLAY = LIBRARY / "real-codex-scripted-model-replay.scenario.yaml"
 REST_BRIDGE = str(Path(sys.executable).with_name("rest-bridge"))
 
 #: Two turns on one thread: a command accepted, then one declined, then the history.
@@ -413,7 +416,7 @@ async def test_a_wire_log_becomes_a_script_that_fake_codex_replays(
     lines = [orjson.dumps(entry).decode() for entry in wire_log(run)]
     (wire / "wire-1.jsonl").write_text("\n".join(lines) + "\n")
     paths = {str(run / "work"): "${cwd}", str(run / "codex-home"): "/home/codex/.codex"}
-    translated = translate_wire_logs(wire, paths, version_output="codex-cli 0.169.0")
+    translated = translate_wire_logs(wire, paths, version_output=f"codex-cli {codex_window.PIN}")
     script = translated.script
     assert str(tmp_path) not in json.dumps(script)
     assert translated.unanswered_requests == 0
@@ -720,6 +723,24 @@ async def test_a_recording_is_stable_and_the_fake_says_what_codex_said(
             and m["params"]["item"]["type"] == "commandExecution"
         ]
         assert decisions == ["completed", "declined"]
+
+
+@pytest.mark.real_codex
+@pytest.mark.asyncio
+@pytest.mark.parametrize(
+    "codex_bin", [codex_window.PIN], indirect=True, ids=[f"codex-{codex_window.PIN}"]
+)
+async def test_the_committed_replay_of_the_library_scenario_is_what_recording_it_gives(
+    codex_bin: str,
+) -> None:
+    recording = await record_scenario(SCRIPTED_MODEL, None, codex=codex_bin, verify=False)
+    assert recording.text == SCRIPTED_MODEL_REPLAY.read_text()
+    # Nothing of the recording machine: its OS, kernel, architecture and terminal.
+    user_agent = recording.data["appServer"]["initialize"]["result"]["userAgent"]
+    assert f" {USER_AGENT_MACHINE} " in user_agent
+    uname = os.uname()
+    for detail in (uname.release, uname.version, uname.nodename, os.environ.get("TERM")):
+        assert not detail or detail not in recording.text
 
 
 #: The text-turn preset: a codex process per turn, each running the recorded script

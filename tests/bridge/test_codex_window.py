@@ -1,0 +1,180 @@
+"""The support window (bridge/codex_window.py): what the bridge says of the app-server it
+fronts, at start-up and in `/v1/compatibility`. The real codex's side is in
+tests/e2e/test_real_codex.py; here fake-codex plays releases inside and outside it."""
+
+from __future__ import annotations
+
+import os
+import shlex
+import signal
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from bridge import codex_window
+from bridge.app import trusted_bridge_app
+from scenarios.harness import fake_app_server_command
+
+REST_BRIDGE = str(Path(sys.executable).with_name("rest-bridge"))
+ROOT = Path(__file__).resolve().parents[2]
+OUTSIDE = "codex-cli 0.150.0"
+
+
+@pytest.mark.quick
+def test_the_window_is_named_once_and_holds_the_pin() -> None:
+    assert codex_window.PIN in codex_window.TESTED
+    assert list(codex_window.TESTED) == sorted(
+        codex_window.TESTED, key=lambda v: tuple(map(int, v.split(".")))
+    )
+    assert all(codex_window.release(f"codex-cli {v}") == v for v in codex_window.TESTED)
+
+
+@pytest.mark.quick
+@pytest.mark.parametrize(
+    ("version", "tested"),
+    [
+        (f"codex-cli {codex_window.TESTED[-1]}", True),
+        (OUTSIDE, False),
+        ("codex-cli 0.171.0-alpha.2", False),
+        ("something else 1.0", None),
+        (None, None),
+    ],
+)
+def test_a_version_line_is_inside_the_window_or_not_or_unknown(
+    version: str | None, tested: bool | None
+) -> None:
+    assert codex_window.is_tested(version) is tested
+    warning = codex_window.warning(version)
+    if tested:
+        assert warning is None
+    else:
+        assert warning is not None
+        assert "\n" not in warning
+        assert codex_window.window() in warning
+
+
+@pytest.mark.quick
+@pytest.mark.parametrize(
+    ("user_agent", "kind", "release"),
+    [
+        ("app/0.171.0 (Debian 12.0.0; x86_64) xterm (app; 1.0)", "codex", "0.171.0"),
+        (
+            "app/0.169.0 (Linux 6.1.0; x86_64) xterm fake-codex/0.169.0 (app; 1.0)",
+            "fake-codex",
+            "0.169.0",
+        ),
+        ("ws/1", "codex", None),
+        (None, None, None),
+    ],
+)
+def test_the_user_agent_tells_the_fake_from_codex_and_names_a_release(
+    user_agent: str | None, kind: str | None, release: str | None
+) -> None:
+    assert codex_window.kind(user_agent) == kind
+    assert codex_window.agent_release(user_agent) == release
+
+
+@pytest.mark.quick
+def test_an_app_server_known_only_by_its_user_agent_is_judged_by_the_release_it_names() -> None:
+    assessed = codex_window.assess(None, "app/0.150.0 (Linux; x86_64) xterm (app; 1)")
+    assert assessed["tested"] is False
+    assert assessed["warning"] is not None
+    assert "codex-cli 0.150.0" in assessed["warning"]
+
+
+async def compatibility(http, base: str) -> dict:
+    async with http.get(f"{base}/v1/compatibility") as response:
+        assert response.status == 200
+        body = await response.json()
+    return body["appServer"]
+
+
+@pytest.mark.asyncio
+async def test_compatibility_says_a_release_outside_the_window_and_that_it_is_the_fake(
+    serve, http, write_script
+) -> None:
+    command = fake_app_server_command(write_script({"versionOutput": OUTSIDE}))
+    base = await serve(trusted_bridge_app(command))
+    before = await compatibility(http, base)
+    assert before["version"] == OUTSIDE
+    assert before["tested"] is False
+    assert before["testedVersions"] == list(codex_window.TESTED)
+    assert before["warning"] == (
+        f"{OUTSIDE} is outside the tested window ({codex_window.window()}); it may still work"
+    )
+    assert before["kind"] is None  # no app-server has answered `initialize` yet
+
+    async with http.post(f"{base}/v1/sessions", json={}) as response:
+        assert response.status == 201, await response.text()
+    after = await compatibility(http, base)
+    assert after["kind"] == "fake-codex"
+    assert after["tested"] is False
+
+
+@pytest.fixture
+def banner(tmp_path: Path) -> Iterator:
+    """`rest-bridge serve` on a command; returns its start-up lines, up to the one after
+    the app-server's."""
+    started: list[subprocess.Popen[str]] = []
+
+    def start(command: list[str]) -> list[str]:
+        env = {k: v for k, v in os.environ.items() if not k.startswith("REST_ADAPTER_")}
+        process = subprocess.Popen(
+            [REST_BRIDGE, "serve", "--port", "0", "--app-server", shlex.join(command)],
+            env=env,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+            text=True,
+        )
+        started.append(process)
+        assert process.stdout is not None
+        lines: list[str] = []
+        for line in process.stdout:  # up to the line after the app-server's
+            lines.append(line.rstrip("\n"))
+            if len(lines) > 1 and lines[-2].startswith("  app-server: "):
+                break
+        return lines
+
+    yield start
+    for process in started:
+        process.send_signal(signal.SIGTERM)
+        assert process.communicate(timeout=60)[0] is not None
+        assert process.returncode == 0
+
+
+@pytest.mark.parametrize("version", [f"codex-cli {codex_window.PIN}", OUTSIDE])
+def test_serve_says_at_start_whether_the_app_server_is_a_tested_release(
+    banner, write_script, version: str
+) -> None:
+    lines = banner(fake_app_server_command(write_script({"versionOutput": version})))
+    window = [line for line in lines if line.startswith(("  tested: ", "  warning: "))]
+    if version == OUTSIDE:
+        assert window == [
+            f"  warning: {OUTSIDE} is outside the tested window ({codex_window.window()}); "
+            "it may still work"
+        ], lines
+    else:
+        assert window == [
+            f"  tested: {version} is a release this bridge is tested on ({codex_window.window()})"
+        ], lines
+
+
+@pytest.mark.asyncio
+async def test_a_scripted_initialize_result_is_sent_as_written_and_reported_as_codex(
+    serve, http, write_script
+) -> None:
+    """A recorded replay answers `initialize` with what the real codex said: the fake
+    sends it as written, so the bridge reports that codex (docs/API.md)."""
+    recorded = "codex_rest_bridge/0.150.0 (os; arch) terminal (codex_rest_bridge; 0.1.0)"
+    script = {"initialize": {"result": {"userAgent": recorded, "codexHome": "/home/codex"}}}
+    base = await serve(trusted_bridge_app(fake_app_server_command(write_script(script))))
+    async with http.post(f"{base}/v1/sessions", json={}) as response:
+        assert response.status == 201, await response.text()
+    app_server = await compatibility(http, base)
+    assert app_server["kind"] == "codex"
+    assert app_server["version"] == f"codex-cli {codex_window.PIN}"  # `--version`, unscripted
+    assert app_server["tested"] is True
