@@ -131,6 +131,8 @@ class Member:
     process: asyncio.subprocess.Process
     url: str = ""
     mark: str = ""
+    #: Its operations listener (``--ops-port``), or empty.
+    ops_url: str = ""
     ready: asyncio.Event = field(default_factory=asyncio.Event)
 
 
@@ -179,6 +181,8 @@ class Cluster:
         self.front_replicas: dict[str, Replica] = {}
         self.front_settings = FrontSettings()
         self._reloading = asyncio.Lock()
+        #: ``--ops-port``: replica N's operations listener on this + N (0: free ports).
+        self.ops_port: int | None = None
 
     async def _spawn(self, name: str, argv: Sequence[str], env: dict[str, str]) -> Member:
         with descendants.spawning() as own:
@@ -225,14 +229,19 @@ class Cluster:
                 *("--preset", self.preset, "--app-server", self.app_server),
                 *("--host", self.host, "--port", str(ports[name]), "--loop", self.loop_name),
             ]
+            ops_port = self._ops_port(ids.index(name))
+            if ops_port is not None:
+                argv += ["--ops-port", str(ops_port)]
             member = await self._spawn(name, argv, env)
             member.url = f"http://{self.host}:{ports[name]}"
+            member.ops_url = "" if ops_port is None else f"http://{self.host}:{ops_port}"
             member.mark = mark
             self._readers.append(asyncio.create_task(self._forward(member)))
         for name in ids:
             member = self.members[name]
             await self._ready(member)
-            say(f"replica {name} {member.url} pid {member.process.pid} mark {member.mark}")
+            ops = f" ops {member.ops_url}" if member.ops_url else ""
+            say(f"replica {name} {member.url} pid {member.process.pid} mark {member.mark}{ops}")
         self.front_replicas = {name: Replica(name, f"{self.host}:{ports[name]}") for name in ids}
         self.directory.mkdir(parents=True, exist_ok=True)
         self.front_settings = FrontSettings(
@@ -250,6 +259,11 @@ class Cluster:
         self._readers.append(asyncio.create_task(self._forward(front)))
         await self._front_ready(front)
         say(f"front {front.url} pid {front.process.pid} config {prefix}/nginx.conf")
+
+    def _ops_port(self, index: int) -> int | None:
+        if self.ops_port is None:
+            return None
+        return self.ops_port + index if self.ops_port else free_port(self.host)
 
     def _write_config(self) -> None:
         """nginx.conf for :attr:`front_replicas`, replaced in one rename (nginx never
@@ -582,6 +596,7 @@ def main(args: argparse.Namespace) -> int:
     cluster.probe_interval = int(getattr(args, "probe_interval_ms", PROBE_INTERVAL_MS)) / 1000
     cluster.probe_timeout = int(getattr(args, "probe_timeout_ms", PROBE_TIMEOUT_MS)) / 1000
     cluster.probe_misses = int(getattr(args, "probe_misses", PROBE_MISSES))
+    cluster.ops_port = getattr(args, "ops_port", None)
     try:
         with asyncio.Runner() as runner:
             return runner.run(run(cluster))

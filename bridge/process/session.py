@@ -14,6 +14,7 @@ from typing import Any
 
 from bridge import errors
 from bridge.events import Event, EventLog, LogReader, rfc3339
+from bridge.metrics import Metrics
 from bridge.process.channel import ExitInfo
 from bridge.process.peer import JsonRpcPeer, ProcessGone, RpcError, StdinFull
 
@@ -32,6 +33,7 @@ class ServerRequest:
     request_id: Any
     method: str
     params: Any
+    received: float = 0.0
 
 
 _INTEGER_TEXT = re.compile(r"-?[0-9]+")
@@ -93,6 +95,8 @@ class Session:
         #: Calls waiting for the app-server's answer; a session with one is not idle.
         self.calls = 0
         self._pending: dict[str, ServerRequest] = {}
+        #: Where gaps, cut-loose readers and answered requests are reported (bridge.metrics).
+        self.metrics: Metrics | None = None
         self._answered: OrderedDict[str, None] = OrderedDict()
         self._reader_stall = reader_stall
         self._stall_timer: asyncio.TimerHandle | None = None
@@ -110,6 +114,10 @@ class Session:
 
     def touch(self) -> None:
         self.last_activity_at = time.time()
+
+    @property
+    def pending_requests(self) -> int:
+        return len(self._pending)
 
     def busy(self) -> bool:
         """True while something waits on the session: a call, a reader, or the server."""
@@ -166,10 +174,12 @@ class Session:
                 )
         except (ProcessGone, StdinFull) as exc:
             raise rpc_failure(exc, "The reply") from None
-        self._settle(key)
+        self._settle(key, "replied")
 
-    def _settle(self, key: str) -> None:
-        self._pending.pop(key, None)
+    def _settle(self, key: str, outcome: str) -> None:
+        request = self._pending.pop(key, None)
+        if request is not None and self.metrics is not None:
+            self.metrics.answered(outcome, time.monotonic() - request.received)
         self._answered[key] = None
         if len(self._answered) > ANSWERED_MEMORY:
             self._answered.popitem(last=False)
@@ -193,6 +203,7 @@ class Session:
                 if batch:
                     if after is None:
                         log.cursor = batch[-1].seq
+                    self.count_gap(batch)
                     return batch
                 if log.closed:
                     raise self.exited_error()
@@ -204,6 +215,10 @@ class Session:
             self.readers -= 1
             self.touch()
 
+    def count_gap(self, batch: list[Event]) -> None:
+        if batch and batch[0].kind == "gap" and self.metrics is not None:
+            self.metrics.gaps.inc()
+
     def _on_notification(self, method: str, params: Any) -> None:
         if method == "serverRequest/resolved" and isinstance(params, dict):
             # The server settled one of its requests itself (e.g. the turn ended).
@@ -211,7 +226,7 @@ class Session:
             if resolved is not None:
                 key = request_key(resolved)
                 if key in self._pending:
-                    self._settle(key)
+                    self._settle(key, "resolved")
         self.events.append("notification", method, params, None, self.peer.received_at)
 
     def _on_request(self, request_id: Any, method: str, params: Any) -> None:
@@ -222,7 +237,7 @@ class Session:
                 "the app-server reused the id of a request still awaiting its reply"
             )
             return
-        self._pending[key] = ServerRequest(key, request_id, method, params)
+        self._pending[key] = ServerRequest(key, request_id, method, params, time.monotonic())
         self._answered.pop(key, None)
         self.events.append("request", method, params, key, self.peer.received_at)
 
@@ -256,6 +271,8 @@ class Session:
             return
         now = time.monotonic()
         cut = self.events.cut_loose(now - self._reader_stall)
+        if cut and self.metrics is not None:
+            self.metrics.cut_loose.inc(cut)
         if cut:
             log.info(
                 "session %s: %d event stream(s) stopped reading for %g s; reading on "
@@ -317,6 +334,11 @@ class SessionStream:
         unless the stream was open before it ended: a stream opened at a position past
         the last event still ends with the ``exit`` event (which is what ends it).
         """
+        batch = await self._next_batch(wait, limit)
+        self.session.count_gap(batch)
+        return batch
+
+    async def _next_batch(self, wait: float, limit: int) -> list[Event]:
         log = self.session.events
         position = self.position
         batch = log.read(position, limit)

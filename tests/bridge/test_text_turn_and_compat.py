@@ -231,6 +231,8 @@ async def test_compatibility_reports_the_app_server_version(serve, fake_codex, h
             "mode": "process",
             "shared": None,
         },
+        "replica": None,
+        "draining": False,
     }
 
 
