@@ -168,8 +168,6 @@ class Metrics:
             buckets=TURN_BUCKETS,
             registry=registry,
         )
-        for reason in EXIT_REASONS:  # present at 0 from the start, for rate() and alerts
-            self.exits.labels("process", reason)
         #: Called with (kind, message) when an app-server fails to start, and with
         #: (None, None) when one started (readiness listens).
         self.start_listeners: list[Callable[[str | None, str | None], None]] = []
@@ -186,8 +184,19 @@ class Metrics:
         self.registry.register(collector)
 
     def names(self) -> set[str]:
-        """Every series name this registry exposes (``_total``, ``_bucket``... included)."""
-        return {sample.name for family in self.registry.collect() for sample in family.samples}
+        """Every series name this registry exposes, children or not yet (``_total``,
+        ``_bucket``, ``_count``, ``_sum``: by each family's type)."""
+        suffixes = {"counter": ("_total",), "histogram": ("_bucket", "_count", "_sum")}
+        return {
+            family.name + suffix
+            for family in self.registry.collect()
+            for suffix in suffixes.get(family.type, ("",))
+        }
+
+    def start_mode(self, mode: str) -> None:
+        """The exit reasons of ``mode``, at 0 from the start (for ``rate()`` and alerts)."""
+        for reason in EXIT_REASONS:
+            self.exits.labels(mode, reason)
 
     # -- what the backend reports ---------------------------------------------------
 

@@ -123,6 +123,7 @@ def enable_metrics(app: web.Application) -> Metrics:
     backend = app.get(BACKEND_KEY)
     if isinstance(backend, ProcessBackend):
         backend.metrics = metrics
+        metrics.start_mode(backend.mode)
         metrics.add_collector(BackendCollector(backend))
     return metrics
 
@@ -205,6 +206,12 @@ class ReadinessCollector:
         )
 
 
+def start_problem(kind: str) -> str:
+    """A readiness reason: the error kind only (the message, which may quote the
+    app-server, stays in the API's answers and the log)."""
+    return f"the app-server cannot be started or initialized ({kind})"
+
+
 class Readiness:
     """Whether the replica should get new work, and why not."""
 
@@ -231,7 +238,7 @@ class Readiness:
         if kind is None:
             self.problem = None
             return
-        self.problem = f"{kind}: {message}"
+        self.problem = start_problem(kind)
         self._probe_soon()
 
     def _probe_soon(self) -> None:
@@ -247,9 +254,9 @@ class Readiness:
             try:
                 await self.backend.probe()
             except errors.RestError as exc:
-                self.problem = f"{exc.kind}: {exc.message}"
+                self.problem = start_problem(exc.kind)
             except Exception as exc:  # a probe reports, it never raises
-                self.problem = f"probe failed: {type(exc).__name__}"
+                self.problem = start_problem(type(exc).__name__)
             else:
                 self.problem = None
                 self.probed.set()

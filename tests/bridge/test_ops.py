@@ -6,8 +6,12 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
+import socket
+import subprocess
+import sys
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
+from pathlib import Path
 from typing import Any
 
 import aiohttp
@@ -23,8 +27,6 @@ from bridge.limits import AppServerSettings, ReplicaSettings, RestLimits
 from bridge.ops import OpsListener
 from bridge.policy import MethodPolicy
 from bridge.routes import BACKEND
-
-pytestmark = pytest.mark.asyncio
 
 APPROVAL_SCRIPT = {
     "turns": [{"steps": [{"commandApproval": {"command": "true"}}, {"agentMessage": "done"}]}]
@@ -119,6 +121,7 @@ async def polls(http: aiohttp.ClientSession, ops: str, count: int) -> bool:
     return value(await scrape(http, ops), "rest_bridge_long_polls") == count
 
 
+@pytest.mark.asyncio
 async def test_requests_are_counted_by_route_template_and_sessions_by_state(
     operated, fake_codex, http
 ):
@@ -144,6 +147,7 @@ async def test_requests_are_counted_by_route_template_and_sessions_by_state(
     assert value(samples, "http_server_active_requests") == 0
 
 
+@pytest.mark.asyncio
 async def test_no_caller_can_grow_the_label_sets(operated, fake_codex, http):
     """Many distinct paths, session ids and methods: the same few label values."""
     api, ops, _ = await operated(trusted_bridge_app(fake_codex))
@@ -177,6 +181,7 @@ async def test_no_caller_can_grow_the_label_sets(operated, fake_codex, http):
     assert len(samples) < 200
 
 
+@pytest.mark.asyncio
 async def test_refusals_are_counted_by_kind(operated, fake_codex, http, write_script):
     limits = RestLimits(max_sessions=1, max_body_bytes=1000)
     app = trusted_bridge_app(
@@ -212,6 +217,7 @@ async def test_refusals_are_counted_by_kind(operated, fake_codex, http, write_sc
     assert "s3cret-token" not in repr(samples)
 
 
+@pytest.mark.asyncio
 async def test_an_approval_wait_and_a_text_turn_are_observed(
     operated, fake_codex, http, write_script
 ):
@@ -243,6 +249,7 @@ async def test_an_approval_wait_and_a_text_turn_are_observed(
     assert value(samples, "rest_bridge_text_turn_first_event_seconds_count") == 1
 
 
+@pytest.mark.asyncio
 async def test_streams_and_long_polls_in_flight_are_gauges(operated, fake_codex, http):
     api, ops, _ = await operated(trusted_bridge_app(fake_codex))
     session = await create_session(http, api)
@@ -261,6 +268,7 @@ async def test_streams_and_long_polls_in_flight_are_gauges(operated, fake_codex,
         poll.cancel()
 
 
+@pytest.mark.asyncio
 async def test_compatibility_says_which_replica_answered_and_whether_it_drains(
     serve, fake_codex, http
 ):
@@ -277,6 +285,7 @@ async def test_compatibility_says_which_replica_answered_and_whether_it_drains(
     drain.cancel()
 
 
+@pytest.mark.asyncio
 async def test_readiness_while_the_app_server_cannot_start_and_while_draining(
     operated, http, tmp_path
 ):
@@ -293,7 +302,9 @@ async def test_readiness_while_the_app_server_cannot_start_and_while_draining(
     assert status == 503
     assert body["error"] == "replica_unavailable"
     assert body["data"]["ready"] is False
-    assert "app_server_exited" in body["data"]["reasons"][0] or "app_server" in body["message"]
+    assert body["data"]["reasons"] == [
+        "the app-server cannot be started or initialized (app_server_exited)"
+    ]
     async with http.get(f"{ops}/livez") as response:
         assert response.status == 200
     flag.unlink()
@@ -313,6 +324,7 @@ async def test_readiness_while_the_app_server_cannot_start_and_while_draining(
     drain.cancel()
 
 
+@pytest.mark.asyncio
 async def test_readiness_while_the_shared_app_server_is_down(operated, fake_codex, http):
     app = trusted_bridge_app(fake_codex, None, AppServerSettings(mode="shared"))
     api, ops, listener = await operated(app)
@@ -336,3 +348,83 @@ def fake_codex_command() -> list[str]:
     from scenarios.harness import fake_codex_command as command
 
     return [*command(), "app-server"]
+
+
+@pytest.mark.asyncio
+async def test_the_ops_listener_shows_no_token_id_path_or_content(operated, fake_codex, http):
+    """An attacker on the operations port, after callers sent secrets everywhere they
+    could: the metrics and probes hold none of it, and neither port serves the other's
+    routes."""
+    token = "tok-" + uuid.uuid4().hex
+    secret = "secret-" + uuid.uuid4().hex
+    api, ops, listener = await operated(trusted_bridge_app(fake_codex), token=token)
+    auth = {"Authorization": f"Bearer {token}"}
+    async with http.post(f"{api}/v1/sessions", json={}, headers=auth) as response:
+        session = (await response.json())["sessionId"]
+    for path in (
+        f"/v1/sessions/{session}/call/{secret}",
+        f"/v1/sessions/{secret}/events?waitMs=1&after={secret}",
+        f"/{secret}/x?{secret}={secret}",
+    ):
+        for headers in (auth, {"Authorization": f"Bearer {secret}"}, {}):
+            async with http.post(
+                f"{api}{path}", json={"params": {secret: secret}}, headers=headers
+            ):
+                pass
+    await listener.readiness.probed.wait()
+    seen = ""
+    for route in ("/metrics", "/livez", "/readyz"):
+        async with http.get(f"{ops}{route}") as response:
+            assert response.status == 200
+            seen += await response.text()
+    for leaked in (token, secret, session, session.split("-")[0], "Bearer"):
+        assert leaked not in seen
+    # Nothing new on the API's port (no auth exemption either), no API on the ops port.
+    for route in ("/metrics", "/livez", "/readyz"):
+        async with http.get(f"{api}{route}") as response:
+            assert response.status == 401
+        async with http.get(f"{api}{route}", headers=auth) as response:
+            assert response.status == 404
+    for route in ("/v1/sessions", "/health", f"/v1/sessions/{session}"):
+        async with http.get(f"{ops}{route}") as response:
+            assert response.status == 404
+            assert (await response.json())["error"] == "not_found"
+
+
+REST_BRIDGE = str(Path(sys.executable).with_name("rest-bridge"))
+
+
+@pytest.mark.parametrize("value", ["65536", "-1", " 80", "\uff18\uff10", "http"])
+def test_serve_refuses_an_ops_port_that_is_not_one(value: str) -> None:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("REST_ADAPTER_")}
+    env["REST_ADAPTER_OPS_PORT"] = value
+    done = subprocess.run(
+        [REST_BRIDGE, "serve", "--port", "0", "--app-server", "true"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 2
+    assert "REST_ADAPTER_OPS_PORT" in done.stderr
+    assert "Traceback" not in done.stderr
+
+
+def test_serve_stops_when_its_ops_port_is_taken() -> None:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("REST_ADAPTER_")}
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        done = subprocess.run(
+            [REST_BRIDGE, "serve", "--port", "0", "--ops-port", str(port), "--app-server", "true"],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+    assert done.returncode == 2
+    assert f"cannot listen on 127.0.0.1:{port} (--ops-port)" in done.stderr
+    assert "Traceback" not in done.stderr

@@ -25,6 +25,7 @@ import aiohttp
 import pytest
 from processes import prometheus_binary
 from test_cluster import ClusterProcess
+from test_dashboard import dashboard_queries
 
 from scenarios.format import dump_yaml
 
@@ -238,6 +239,17 @@ async def test_prometheus_sees_a_bridge_and_each_replica_of_a_cluster(
             'http_route="/v1/sessions",http_request_method="POST",http_response_status_class="2xx"})',
         )
         assert list(created.values()) == [len(front_sessions)]
+
+        # Every query of the Grafana dashboard runs on the real engine, with data.
+        answered = 0
+        for expression in dashboard_queries():
+            if expression.startswith("label_values("):
+                values = await prometheus.api(http, "label/replica/values")
+                assert set(values) == set(replicas)
+                continue
+            result = await prometheus.query(http, expression.replace("$replica", ".*"))
+            answered += bool(result)
+        assert answered >= len(dashboard_queries()) // 2
 
         # A replica drained (it holds a session, so it stays up): not ready, and Prometheus
         # sees it so, by its replica label.
