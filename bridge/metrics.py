@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Metric
+from prometheus_client import CollectorRegistry, Counter, Histogram, Metric
 from prometheus_client.registry import Collector
 
 #: The content type of :meth:`Metrics.exposition` (Prometheus's text format 0.0.4).
@@ -102,23 +102,11 @@ class Metrics:
             buckets=HTTP_BUCKETS,
             registry=registry,
         )
-        self.active_requests = Gauge(
-            "http_server_active_requests",
-            "HTTP requests being handled now",
-            ("http_route", "http_request_method"),
-            registry=registry,
-        )
         self.refusals = Counter(
             "rest_bridge_refusals",
             "Requests refused before any work: 401, 403 (policy), 413, 429, by error kind",
             ("kind",),
             registry=registry,
-        )
-        self.sse_streams = Gauge(
-            "rest_bridge_sse_streams", "Server-Sent Event streams attached now", registry=registry
-        )
-        self.long_polls = Gauge(
-            "rest_bridge_long_polls", "Event long-polls waiting now", registry=registry
         )
         self.spawns = Counter(
             "rest_bridge_app_server_spawns",

@@ -21,13 +21,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from collections.abc import Iterator
 from typing import Any
 
 import orjson
 from aiohttp import web
-from aiohttp.typedefs import Handler
-from prometheus_client import generate_latest
+from aiohttp.typedefs import Handler, Middleware
+from prometheus_client import Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 from bridge import errors
@@ -70,34 +71,88 @@ def refusal_kind(response: web.StreamResponse) -> str | None:
     return _ONLY_KIND.get(response.status)
 
 
-def metrics_middleware(metrics: Metrics) -> Any:
-    """Observe every request: its route template, method, status class and duration."""
-    requests, active, refusals = metrics.requests, metrics.active_requests, metrics.refusals
-    streams, polls = metrics.sse_streams, metrics.long_polls
+class RouteSeries:
+    """The series of one route and method, found once (label lookups take a lock), and
+    its requests in flight: a plain count, read at scrape time (:class:`InFlight`)."""
+
+    __slots__ = ("active", "by_class", "method", "requests", "route_name", "template")
+
+    def __init__(self, metrics: Metrics, route: web.AbstractRoute, method: str) -> None:
+        resource = route.resource
+        self.template = resource.canonical if resource is not None else "unmatched"
+        self.route_name = route.name
+        self.method = method
+        self.requests = metrics.requests
+        self.active = 0
+        #: The duration histogram's child by status class (status // 100).
+        self.by_class: dict[int, Histogram] = {}
+
+    def duration(self, status: int) -> Histogram:
+        child = self.by_class.get(status // 100)
+        if child is None:
+            child = self.requests.labels(self.template, self.method, status_class(status))
+            self.by_class[status // 100] = child
+        return child
+
+
+class InFlight:
+    """``http_server_active_requests`` by route and method, and the SSE streams and
+    long-polls among them, from the middleware's counts."""
+
+    def __init__(self, series: dict[tuple[web.AbstractRoute, str], RouteSeries]) -> None:
+        self.series = series
+
+    def collect(self) -> Iterator[Metric]:
+        active = GaugeMetricFamily(
+            "http_server_active_requests",
+            "HTTP requests being handled now",
+            labels=("http_route", "http_request_method"),
+        )
+        readers = {"events_stream": 0, "events": 0}
+        for found in list(self.series.values()):
+            active.add_metric((found.template, found.method), found.active)
+            if found.route_name in readers:
+                readers[found.route_name] += found.active
+        yield active
+        yield GaugeMetricFamily(
+            "rest_bridge_sse_streams",
+            "Server-Sent Event streams attached now",
+            value=readers["events_stream"],
+        )
+        yield GaugeMetricFamily(
+            "rest_bridge_long_polls", "Event long-polls waiting now", value=readers["events"]
+        )
+
+
+def metrics_middleware(metrics: Metrics) -> Middleware:
+    """Observe every request: its route template, method, status class and duration.
+
+    The series of a route and method are looked up once and kept (there are as many as
+    routes times known methods); a request then costs a dictionary lookup, a count up
+    and down, and one histogram observation.
+    """
+    refusals = metrics.refusals
+    series: dict[tuple[web.AbstractRoute, str], RouteSeries] = {}
+    metrics.add_collector(InFlight(series))
+    clock = time.perf_counter
 
     @web.middleware
     async def observe(request: web.Request, handler: Handler) -> web.StreamResponse:
         route = request.match_info.route
-        resource = route.resource
-        template = resource.canonical if resource is not None else "unmatched"
-        method = request.method if request.method in KNOWN_METHODS else "_OTHER"
-        in_flight = active.labels(template, method)
-        reader = (
-            streams if route.name == "events_stream" else polls if route.name == "events" else None
-        )
-        loop = asyncio.get_running_loop()
-        began = loop.time()
-        in_flight.inc()
-        if reader is not None:
-            reader.inc()
+        method = request.method
+        if method not in KNOWN_METHODS:
+            method = "_OTHER"
+        found = series.get((route, method))
+        if found is None:
+            found = series[route, method] = RouteSeries(metrics, route, method)
+        began = clock()
+        found.active += 1
         try:
             response = await handler(request)
         finally:
-            in_flight.dec()
-            if reader is not None:
-                reader.dec()
+            found.active -= 1
         status = response.status
-        requests.labels(template, method, status_class(status)).observe(loop.time() - began)
+        found.duration(status).observe(clock() - began)
         if status in REFUSAL_STATUSES:
             kind = refusal_kind(response)
             if kind is not None:
