@@ -128,7 +128,9 @@ def build_parser() -> argparse.ArgumentParser:
         "default: $REST_ADAPTER_OPS_PORT, else off)",
     )
     serve.add_argument(
-        "--ops-host", default=None, help="the operations listener's address (default: 127.0.0.1)"
+        "--ops-host",
+        default=None,
+        help="the operations listener's address (default: $REST_ADAPTER_OPS_HOST, else 127.0.0.1)",
     )
     serve.add_argument(
         "--loop",

@@ -290,6 +290,9 @@ class Session:
             )
 
     def _on_exit(self, info: ExitInfo) -> None:
+        if self.metrics is not None:
+            for key in list(self._pending):
+                self._settle(key, "abandoned")
         self._pending.clear()
         if self._stall_timer is not None:
             self._stall_timer.cancel()

@@ -428,3 +428,25 @@ def test_serve_stops_when_its_ops_port_is_taken() -> None:
     assert done.returncode == 2
     assert f"cannot listen on 127.0.0.1:{port} (--ops-port)" in done.stderr
     assert "Traceback" not in done.stderr
+
+
+@pytest.mark.asyncio
+async def test_a_request_its_session_ended_on_is_observed_as_abandoned(
+    operated, fake_codex, http, write_script
+):
+    api, ops, _ = await operated(trusted_bridge_app(fake_codex))
+    session = await create_session(http, api, write_script(APPROVAL_SCRIPT))
+    thread = (await call(http, api, session, "thread/start", {}))["thread"]["id"]
+    params = {"threadId": thread, "input": [{"type": "text", "text": "hi"}]}
+    await call(http, api, session, "turn/start", params)
+    while True:
+        async with http.get(f"{api}/v1/sessions/{session}/events?waitMs=30000") as response:
+            if (await response.json())["kind"] == "request":
+                break
+    async with http.delete(f"{api}/v1/sessions/{session}") as response:
+        assert response.status == 200
+    samples = await scrape(http, ops)
+    wait = "rest_bridge_server_request_wait_seconds_count"
+    assert value(samples, wait, outcome="abandoned") == 1
+    assert value(samples, wait) == 1
+    assert value(samples, "rest_bridge_server_requests_pending") == 0
