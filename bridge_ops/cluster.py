@@ -55,7 +55,7 @@ import psutil
 from bridge import TOKEN_VARIABLE, credentials, runtime
 from bridge.limits import PEERS_VARIABLE, REPLICA_ID_VARIABLE
 from bridge.process import descendants
-from bridge.settings import LimitVariables
+from bridge.settings import LimitVariables, variable_name
 from bridge_ops.front import FrontSettings, Replica, render, token_map_text
 
 #: Marks every process a replica starts, so that none outlives the replica.
@@ -75,6 +75,10 @@ RELOAD_SECONDS = 10.0
 #: The front's token map, beside nginx.conf in the cluster's directory (0600).
 TOKEN_MAP = "token-map.conf"
 _PR_SET_PDEATHSIG = 1
+
+
+#: Read by each replica; the launcher gives each its own port instead (--ops-port).
+OPS_PORT_VARIABLE = variable_name("ops_port")
 
 
 def _die_with_parent() -> None:  # pragma: no cover - runs in the child
@@ -212,8 +216,12 @@ class Cluster:
         ids = [f"{self.id_prefix}-{n}" for n in range(self.count)]
         ports = {name: free_port(self.host) for name in ids}
         peers = ",".join(f"{name}=http://{self.host}:{ports[name]}" for name in ids)
+        # One REST_ADAPTER_OPS_PORT for every replica could not be bound but once:
+        # --ops-port numbers them instead.
         base = {
-            k: v for k, v in credentials.child_environment().items() if k != CLUSTER_MARK_VARIABLE
+            k: v
+            for k, v in credentials.child_environment().items()
+            if k not in (CLUSTER_MARK_VARIABLE, OPS_PORT_VARIABLE)
         }
         for name in ids:
             mark = secrets.token_hex(16)
@@ -597,6 +605,13 @@ def main(args: argparse.Namespace) -> int:
     cluster.probe_timeout = int(getattr(args, "probe_timeout_ms", PROBE_TIMEOUT_MS)) / 1000
     cluster.probe_misses = int(getattr(args, "probe_misses", PROBE_MISSES))
     cluster.ops_port = getattr(args, "ops_port", None)
+    if cluster.ops_port and cluster.ops_port + replicas - 1 > 65535:
+        print(
+            f"rest-bridge cluster: --ops-port {cluster.ops_port} leaves no port for replica "
+            f"{replicas - 1} (it gets --ops-port + its number, at most 65535)",
+            file=sys.stderr,
+        )
+        return 2
     try:
         with asyncio.Runner() as runner:
             return runner.run(run(cluster))
