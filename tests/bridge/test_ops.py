@@ -117,6 +117,11 @@ async def answers(http: aiohttp.ClientSession, ops: str, status: int) -> bool:
     return (await readyz(http, ops))[0] == status
 
 
+async def in_flight(http: aiohttp.ClientSession, ops: str, name: str) -> bool:
+    """No request of ``name`` in flight."""
+    return value(await scrape(http, ops), name) == 0
+
+
 async def polls(http: aiohttp.ClientSession, ops: str, count: int) -> bool:
     return value(await scrape(http, ops), "rest_bridge_long_polls") == count
 
@@ -266,6 +271,12 @@ async def test_streams_and_long_polls_in_flight_are_gauges(operated, fake_codex,
         await until(lambda: polls(http, ops, 1), "the long-poll counted")
     finally:
         poll.cancel()
+    # Both clients vanished: nothing stays counted in flight.
+    await until(lambda: polls(http, ops, 0), "the vanished long-poll no longer counted")
+    await until(lambda: in_flight(http, ops, "rest_bridge_sse_streams"), "the stream gone")
+    samples = await scrape(http, ops)
+    route = "/v1/sessions/{sessionId}/events"
+    assert value(samples, "http_server_active_requests", http_route=route) == 0
 
 
 @pytest.mark.asyncio
