@@ -335,9 +335,9 @@ class JsonRpcPeer:
                 if hook is not None and "result" in message:
                     hook(message["result"])
         if future is None or future.done():
+            self.late_replies += 1
             # A late answer to a call that timed out, or a response to an id we never
             # used: nobody is waiting for it, and it carries nothing to forward.
-            self.late_replies += 1
             log.warning("app-server answered an unknown or finished request id")
             return
         error = message.get("error")

@@ -461,3 +461,25 @@ async def test_a_request_its_session_ended_on_is_observed_as_abandoned(
     assert value(samples, wait, outcome="abandoned") == 1
     assert value(samples, wait) == 1
     assert value(samples, "rest_bridge_server_requests_pending") == 0
+
+
+@pytest.mark.asyncio
+async def test_late_replies_of_the_app_server_are_counted(operated, fake_codex, http, write_script):
+    """A call past its deadline, answered afterwards: one late reply, counted."""
+    api, ops, _ = await operated(trusted_bridge_app(fake_codex))
+    script = write_script({"methods": {"x/slow": {"steps": [{"sleep": 300}], "result": {}}}})
+    session = await create_session(http, api, script)
+    async with http.post(
+        f"{api}/v1/sessions/{session}/call/x/slow", json={"params": {}, "timeoutMs": 20}
+    ) as response:
+        assert response.status == 504
+
+    async def counted() -> bool:
+        samples = await scrape(http, ops)
+        return value(samples, "rest_bridge_app_server_late_replies_total") == 1
+
+    await until(counted, "the late reply counted")
+    async with http.delete(f"{api}/v1/sessions/{session}") as response:
+        assert response.status == 200
+    # Its app-server gone, its late replies are still in the total.
+    assert await counted()
