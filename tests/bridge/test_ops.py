@@ -483,3 +483,23 @@ async def test_late_replies_of_the_app_server_are_counted(operated, fake_codex, 
         assert response.status == 200
     # Its app-server gone, its late replies are still in the total.
     assert await counted()
+
+
+@pytest.mark.asyncio
+async def test_gaps_and_events_are_counted(operated, fake_codex, http, write_script):
+    flood = [{"flood": {"count": 50, "method": "x/tick"}}, {"respond": {"result": {}}}]
+    script = write_script({"methods": {"x/flood": {"steps": flood}}})
+    api, ops, _ = await operated(trusted_bridge_app(fake_codex, RestLimits(event_buffer=10)))
+    session = await create_session(http, api, script)
+    await call(http, api, session, "x/flood", {})
+    async with http.get(f"{api}/v1/sessions/{session}/events?after=0") as response:
+        assert (await response.json())["kind"] == "gap"
+    async with http.get(
+        f"{api}/v1/sessions/{session}/events/stream?after=0",
+        headers={"Accept": "text/event-stream"},
+    ) as response:
+        assert b"gap" in await response.content.readuntil(b"\n\n")
+    samples = await scrape(http, ops)
+    assert value(samples, "rest_bridge_event_gaps_total") == 2
+    assert value(samples, "rest_bridge_events_appended_total") >= 50  # and what init sent
+    assert value(samples, "rest_bridge_event_log_events") == 10
