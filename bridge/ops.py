@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import logging
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -40,8 +39,6 @@ from bridge.routes import BACKEND as BACKEND_KEY
 from bridge.runtime import StartupError, address
 from bridge.server import SERVER_SETTINGS
 from bridge.wire import dumps
-
-log = logging.getLogger("bridge.ops")
 
 METRICS = web.AppKey("bridge.metrics", Metrics)
 #: The statuses whose error kind ``rest_bridge_refusals_total`` counts.
