@@ -21,7 +21,7 @@ APP_SERVER ?= $(abspath $(BIN))/fake-codex app-server
 # Empty: `rest-bridge cluster` starts one replica per core.
 REPLICAS ?=
 
-.PHONY: serve serve-codex test test-lowest check lint typecheck pytest codex dist nginx cluster bench reliability clean
+.PHONY: serve serve-codex test test-lowest check lint typecheck pytest codex dist nginx prometheus cluster bench reliability clean
 
 # openai-codex (the official SDK, an independent client for tests/fakes/test_sdk_dropin.py)
 # goes in with --no-deps: its only other dependency is openai-codex-cli-bin, a 142 MB
@@ -61,6 +61,17 @@ nginx:
 		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq nginx; \
 	else \
 		echo "nginx not found: make cluster needs it, and tests that need it will skip (they fail when CI=true)"; \
+	fi
+
+# Prometheus, which scrapes a bridge and a cluster in tests/reliability/test_prometheus.py:
+# Debian's package, installed like nginx (the test skips without it, and fails when CI=true).
+# The package's service is not started: the test runs its own Prometheus.
+prometheus:
+	@if command -v prometheus >/dev/null 2>&1; then :; \
+	elif [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq prometheus; \
+	else \
+		echo "prometheus not found: tests that need it will skip (they fail when CI=true)"; \
 	fi
 
 # N replicas (one per core unless REPLICAS=N) behind nginx on loopback; Ctrl-C stops all.
@@ -105,7 +116,7 @@ typecheck: $(STAMP)
 # that count the test process's own children, descriptors or memory run in one xdist
 # group per kind (tests/tiers.py).
 JOBS ?= auto
-pytest: $(STAMP) codex nginx
+pytest: $(STAMP) codex nginx prometheus
 	$(BIN)/pytest -n $(JOBS) --dist loadgroup
 
 test: lint typecheck pytest test-lowest

@@ -3,6 +3,7 @@
     .venv/bin/python -m bench.ab [--before HEAD] [--rounds 8] [--loop asyncio]
     .venv/bin/python -m bench.ab --before main --after i22-merge   # two revisions
     .venv/bin/python -m bench.ab --loops [--rounds 8]   # this tree, asyncio against uvloop
+    .venv/bin/python -m bench.ab --metrics [--rounds 8]   # this tree, metrics off against on
 
 Both bridges run side by side (an old one from ``git archive REV bridge`` on
 PYTHONPATH) and are measured in turns, the order reversed every other round, so that
@@ -78,6 +79,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--loops", action="store_true", help="compare the loops instead: asyncio, then uvloop"
     )
+    parser.add_argument(
+        "--metrics",
+        action="store_true",
+        help="compare this tree with its operations listener (and so its metrics) off and on",
+    )
     parser.add_argument("--app-server", choices=["lean", "fake"], default="lean")
     parser.add_argument(
         "--only",
@@ -95,6 +101,14 @@ def main(argv: list[str] | None = None) -> int:
             bridges = {
                 "before": stack.enter_context(Bridge(loop="asyncio", app_server=app_server)),
                 "after": stack.enter_context(Bridge(loop="uvloop", app_server=app_server)),
+            }
+        elif args.metrics:
+            loop = None if args.loop == "default" else args.loop
+            bridges = {
+                "before": stack.enter_context(Bridge(loop=loop, app_server=app_server)),
+                "after": stack.enter_context(
+                    Bridge(loop=loop, env={"REST_ADAPTER_OPS_PORT": "0"}, app_server=app_server)
+                ),
             }
         else:
             loop = None if args.loop == "default" else args.loop
@@ -138,6 +152,8 @@ def main(argv: list[str] | None = None) -> int:
     what = f"{args.rounds} rounds, {args.app_server} app-server"
     if args.loops:
         print(f"| this tree, {what} | asyncio | uvloop | change |")
+    elif args.metrics:
+        print(f"| this tree, {args.loop} loop, {what} | metrics off | metrics on | change |")
     else:
         after = args.after or "this tree"
         print(f"| {args.loop} loop, {what} | before ({args.before}) | after ({after}) | change |")

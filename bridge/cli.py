@@ -32,6 +32,7 @@ from bridge.limits import (
     RestLimitsEnvError,
 )
 from bridge.openapi import build_openapi
+from bridge.ops import OpsListener
 from bridge.policy import POLICY_VARIABLES, MethodPolicy
 from bridge.process import startup
 from bridge.process.startup import DEFAULT_COMMAND, parse_command
@@ -124,6 +125,18 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--host", default="127.0.0.1")
     serve.add_argument("--port", type=port_number, default=8787, help="0 picks a free port")
     serve.add_argument(
+        "--ops-port",
+        type=port_number,
+        default=None,
+        help="serve /metrics, /livez and /readyz on this port of their own (0: a free one; "
+        "default: $REST_ADAPTER_OPS_PORT, else off)",
+    )
+    serve.add_argument(
+        "--ops-host",
+        default=None,
+        help="the operations listener's address (default: $REST_ADAPTER_OPS_HOST, else 127.0.0.1)",
+    )
+    serve.add_argument(
         "--loop",
         choices=LOOPS,
         default=DEFAULT_LOOP,
@@ -184,6 +197,13 @@ def build_parser() -> argparse.ArgumentParser:
     cluster_parser.add_argument("--dir", help="nginx's prefix directory (default: a temporary one)")
     cluster_parser.add_argument("--workers", default="1", help="nginx worker processes (or auto)")
     cluster_parser.add_argument("--id-prefix", default="replica", help="replica ids are PREFIX-N")
+    cluster_parser.add_argument(
+        "--ops-port",
+        type=port_number,
+        default=None,
+        help="each replica's operations listener: replica N on this port + N (0: free ports; "
+        "default: off)",
+    )
     cluster_parser.add_argument(
         "--loop", choices=LOOPS, default=DEFAULT_LOOP, help="the replicas' event loop"
     )
@@ -333,8 +353,10 @@ async def serve(
     app_server: AppServerSettings | None = None,
     token: str | None = None,
     variables: BridgeSettings | None = None,
+    ops: tuple[str, int] | None = None,
 ) -> None:
-    """Serve until stopped; ``token`` (None: auth off) turns bearer auth on."""
+    """Serve until stopped; ``token`` (None: auth off) turns bearer auth on; ``ops``
+    (host, port) turns the operations listener on."""
     variables = variables or BridgeSettings.from_env()
     limits = variables.limits()
     app_server = app_server or variables.app_server()
@@ -345,6 +367,7 @@ async def serve(
     drain = replica.configure(app[BACKEND], settings)
     if token is not None:
         with_bearer_auth(app, token)
+    listener = OpsListener(app) if ops is not None else None
     if app_server.url is not None:
         described = f"app-server: shared, connecting to {app_server.url} (not started here)"
         window = (
@@ -360,6 +383,7 @@ async def serve(
             )
     async with ServeProcess(drain.start) as process:
         bound = await process.serve(app, host, port)
+        operations = "" if listener is None or ops is None else await listener.start(*ops)
         auth = (
             "on"
             if token is not None
@@ -379,6 +403,8 @@ async def serve(
         print(f"  {described}", flush=True)
         print(f"  {window}", flush=True)
         print(f"  {process.descriptors}", flush=True)
+        if operations:
+            print(f"  operations: http://{operations} (/metrics, /livez, /readyz)", flush=True)
         if settings.replica_id is not None:
             print(
                 f"  replica: {settings.replica_id}; peers: {', '.join(settings.peers) or 'none'}",
@@ -389,6 +415,8 @@ async def serve(
         finally:
             print("rest-bridge: stopping", flush=True)
             drain.cancel()
+            if listener is not None:
+                await listener.close()
 
 
 def read_secrets(
@@ -501,8 +529,19 @@ def main(argv: Sequence[str] | None = None) -> int:
             return 2
         try:
             with asyncio.Runner(loop_factory=loop_factory) as runner:
+                ops_port = args.ops_port if args.ops_port is not None else variables.ops_port
+                ops = None if ops_port is None else (args.ops_host or variables.ops_host, ops_port)
                 runner.run(
-                    serve(args.preset, command, args.host, args.port, app_server, token, variables)
+                    serve(
+                        args.preset,
+                        command,
+                        args.host,
+                        args.port,
+                        app_server,
+                        token,
+                        variables,
+                        ops,
+                    )
                 )
         except StartupError as exc:
             print(f"rest-bridge: {exc}", file=sys.stderr)

@@ -113,6 +113,10 @@ class Compatibility(_Wire):
     api_version: Literal["v1"] = "v1"
     openapi: Literal["3.1.0"] = "3.1.0"
     app_server: AppServerInfo
+    #: Which replica answered (REST_ADAPTER_REPLICA_ID; null on a bridge alone), and
+    #: whether it drains (no new sessions, sessionless calls or text turns).
+    replica: str | None = None
+    draining: bool = False
 
 
 class ClientInfo(_Request):

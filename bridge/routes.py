@@ -255,7 +255,10 @@ async def health(request: web.Request) -> web.Response:
 
 
 async def compatibility(request: web.Request) -> web.Response:
-    return json_response(dump(await backend(request).compatibility()))
+    source = backend(request)
+    info = await source.compatibility()
+    info = info.model_copy(update={"replica": source.replica_id, "draining": source.draining})
+    return json_response(dump(info))
 
 
 #: The methods a text turn calls.

@@ -300,6 +300,24 @@ class ReplicaVariables(Variables):
         )
 
 
+class OpsVariables(Variables):
+    """The operations listener (:mod:`bridge.ops`): off unless a port is given."""
+
+    ops_port: int | None = Field(
+        None, description="turns the operations listener on: its port (0: a free one)"
+    )
+    ops_host: str = Field("127.0.0.1", description="the operations listener's address")
+
+    @field_validator("ops_port", mode="before")
+    @classmethod
+    def _port(cls, raw: Any) -> Any:
+        if isinstance(raw, str):
+            if not (raw.isascii() and raw.isdigit() and len(raw) <= 5 and int(raw) <= 65535):
+                raise RestLimitsEnvError(variable_name("ops_port"), raw, "port (0 to 65535)")
+            return int(raw)
+        return raw
+
+
 class MarkVariables(Variables):
     """Set by rest-bridge on the processes it starts, so it can find them again; never
     set by hand (the bridge does not read them, but knows them)."""
@@ -311,10 +329,11 @@ class MarkVariables(Variables):
 
 
 # The fields of a class with several bases come in the reverse order of its bases: this
-# is limits, method policy, app-server, secrets, replicas, marks, the order `serve`
-# checks them in (the first bad one is the one reported).
+# is limits, method policy, app-server, secrets, replicas, operations, marks, the order
+# `serve` checks them in (the first bad one is the one reported).
 class BridgeSettings(
     MarkVariables,
+    OpsVariables,
     ReplicaVariables,
     AuthVariables,
     AppServerVariables,

@@ -55,7 +55,7 @@ import psutil
 from bridge import TOKEN_VARIABLE, credentials, runtime
 from bridge.limits import PEERS_VARIABLE, REPLICA_ID_VARIABLE
 from bridge.process import descendants
-from bridge.settings import LimitVariables
+from bridge.settings import LimitVariables, variable_name
 from bridge_ops.front import FrontSettings, Replica, render, token_map_text
 
 #: Marks every process a replica starts, so that none outlives the replica.
@@ -75,6 +75,10 @@ RELOAD_SECONDS = 10.0
 #: The front's token map, beside nginx.conf in the cluster's directory (0600).
 TOKEN_MAP = "token-map.conf"
 _PR_SET_PDEATHSIG = 1
+
+
+#: Read by each replica; the launcher gives each its own port instead (--ops-port).
+OPS_PORT_VARIABLE = variable_name("ops_port")
 
 
 def _die_with_parent() -> None:  # pragma: no cover - runs in the child
@@ -131,6 +135,8 @@ class Member:
     process: asyncio.subprocess.Process
     url: str = ""
     mark: str = ""
+    #: Its operations listener (``--ops-port``), or empty.
+    ops_url: str = ""
     ready: asyncio.Event = field(default_factory=asyncio.Event)
 
 
@@ -179,6 +185,8 @@ class Cluster:
         self.front_replicas: dict[str, Replica] = {}
         self.front_settings = FrontSettings()
         self._reloading = asyncio.Lock()
+        #: ``--ops-port``: replica N's operations listener on this + N (0: free ports).
+        self.ops_port: int | None = None
 
     async def _spawn(self, name: str, argv: Sequence[str], env: dict[str, str]) -> Member:
         with descendants.spawning() as own:
@@ -208,8 +216,12 @@ class Cluster:
         ids = [f"{self.id_prefix}-{n}" for n in range(self.count)]
         ports = {name: free_port(self.host) for name in ids}
         peers = ",".join(f"{name}=http://{self.host}:{ports[name]}" for name in ids)
+        # One REST_ADAPTER_OPS_PORT for every replica could not be bound but once:
+        # --ops-port numbers them instead.
         base = {
-            k: v for k, v in credentials.child_environment().items() if k != CLUSTER_MARK_VARIABLE
+            k: v
+            for k, v in credentials.child_environment().items()
+            if k not in (CLUSTER_MARK_VARIABLE, OPS_PORT_VARIABLE)
         }
         for name in ids:
             mark = secrets.token_hex(16)
@@ -225,14 +237,19 @@ class Cluster:
                 *("--preset", self.preset, "--app-server", self.app_server),
                 *("--host", self.host, "--port", str(ports[name]), "--loop", self.loop_name),
             ]
+            ops_port = self._ops_port(ids.index(name))
+            if ops_port is not None:
+                argv += ["--ops-port", str(ops_port)]
             member = await self._spawn(name, argv, env)
             member.url = f"http://{self.host}:{ports[name]}"
+            member.ops_url = "" if ops_port is None else f"http://{self.host}:{ops_port}"
             member.mark = mark
             self._readers.append(asyncio.create_task(self._forward(member)))
         for name in ids:
             member = self.members[name]
             await self._ready(member)
-            say(f"replica {name} {member.url} pid {member.process.pid} mark {member.mark}")
+            ops = f" ops {member.ops_url}" if member.ops_url else ""
+            say(f"replica {name} {member.url} pid {member.process.pid} mark {member.mark}{ops}")
         self.front_replicas = {name: Replica(name, f"{self.host}:{ports[name]}") for name in ids}
         self.directory.mkdir(parents=True, exist_ok=True)
         self.front_settings = FrontSettings(
@@ -250,6 +267,11 @@ class Cluster:
         self._readers.append(asyncio.create_task(self._forward(front)))
         await self._front_ready(front)
         say(f"front {front.url} pid {front.process.pid} config {prefix}/nginx.conf")
+
+    def _ops_port(self, index: int) -> int | None:
+        if self.ops_port is None:
+            return None
+        return self.ops_port + index if self.ops_port else free_port(self.host)
 
     def _write_config(self) -> None:
         """nginx.conf for :attr:`front_replicas`, replaced in one rename (nginx never
@@ -582,6 +604,14 @@ def main(args: argparse.Namespace) -> int:
     cluster.probe_interval = int(getattr(args, "probe_interval_ms", PROBE_INTERVAL_MS)) / 1000
     cluster.probe_timeout = int(getattr(args, "probe_timeout_ms", PROBE_TIMEOUT_MS)) / 1000
     cluster.probe_misses = int(getattr(args, "probe_misses", PROBE_MISSES))
+    cluster.ops_port = getattr(args, "ops_port", None)
+    if cluster.ops_port and cluster.ops_port + replicas - 1 > 65535:
+        print(
+            f"rest-bridge cluster: --ops-port {cluster.ops_port} leaves no port for replica "
+            f"{replicas - 1} (it gets --ops-port + its number, at most 65535)",
+            file=sys.stderr,
+        )
+        return 2
     try:
         with asyncio.Runner() as runner:
             return runner.run(run(cluster))

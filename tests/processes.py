@@ -194,6 +194,18 @@ def nginx_binary() -> str:
     return found
 
 
+def prometheus_binary() -> str:
+    """Prometheus (Debian's package, which `make prometheus` installs): skip without it,
+    but fail when `CI=true`, where the tests that need it must run."""
+    found = shutil.which("prometheus") or ""
+    if not found:
+        message = "prometheus is not installed (make prometheus installs Debian's package)"
+        if os.environ.get("CI", "").lower() == "true":
+            pytest.fail(message)
+        pytest.skip(message)
+    return found
+
+
 def start_nginx(prefix: Path, config: str) -> subprocess.Popen[str]:
     """nginx in the foreground on ``config`` (written to ``prefix``/nginx.conf), once it
     has bound its ports: the line of its first worker is the event waited on. Its

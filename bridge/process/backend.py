@@ -18,6 +18,7 @@ from bridge import __version__, errors
 from bridge.backend import Backend, EventStream, new_session_id
 from bridge.events import Event, rfc3339
 from bridge.limits import RestLimits
+from bridge.metrics import Metrics, exit_reason
 from bridge.models import (
     ClientOptions,
     Compatibility,
@@ -27,6 +28,7 @@ from bridge.models import (
     TextTurnResponse,
 )
 from bridge.process import startup
+from bridge.process.channel import ExitInfo
 from bridge.process.peer import JsonRpcPeer, ProcessGone, RpcError, StdinFull
 from bridge.process.session import Session, rpc_failure
 from bridge.process.startup import DEFAULT_COMMAND, AppServerLauncher, SpawnStdio, parse_command
@@ -77,6 +79,13 @@ class ProcessBackend(Backend):
         #: Every running conversation: sessions', sessionless calls' and text turns'.
         self._processes: set[JsonRpcPeer] = set()
         self._closing = False
+        #: Where events are reported (bridge.metrics), when metrics are on.
+        self.metrics: Metrics | None = None
+        self.mode = "process" if isinstance(self.launcher, SpawnStdio) else "shared"
+        #: Late replies (to finished calls) of the conversations already ended, and the
+        #: events appended to the logs of the sessions already removed (bridge.ops).
+        self.late_replies_ended = 0
+        self.events_ended = 0
 
     # -- lifecycle -------------------------------------------------------------
 
@@ -140,13 +149,35 @@ class ProcessBackend(Backend):
     async def _spawn(self, options: ClientOptions | None) -> JsonRpcPeer:
         if self._closing:
             raise errors.app_server_spawn_failed("The bridge is shutting down.")
-        process = await self.launcher.open(options)
+        metrics = self.metrics
+        try:
+            process = await self.launcher.open(options)
+        except errors.RestError as exc:
+            if metrics is not None and exc.status >= 500:
+                metrics.start_failed(self.mode, exc.kind, exc.message)
+            raise
         self._processes.add(process)
-        process.exit_callbacks.append(lambda _: self._processes.discard(process))
+        process.exit_callbacks.append(lambda info: self._ended(process, info))
+        if metrics is not None:
+            metrics.spawned(self.mode)
         if self._closing:
             await process.shutdown(self.limits.shutdown_grace_ms / 1000)
             raise errors.app_server_spawn_failed("The bridge is shutting down.")
         return process
+
+    def _ended(self, process: JsonRpcPeer, info: ExitInfo) -> None:
+        self._processes.discard(process)
+        self.late_replies_ended += process.late_replies
+        if self.metrics is not None:
+            reason = exit_reason(
+                info.exit_code, info.signal, bool(info.protocol_error), bool(info.connection)
+            )
+            self.metrics.exited(self.mode, reason)
+
+    def _start_failed(self, error: errors.RestError) -> errors.RestError:
+        if self.metrics is not None and not self._closing:
+            self.metrics.start_failed(self.mode, error.kind, error.message)
+        return error
 
     async def _initialize(self, process: JsonRpcPeer, options: ClientOptions | None) -> Any:
         """``initialize`` + ``initialized``; stops the process when it fails."""
@@ -160,14 +191,16 @@ class ProcessBackend(Backend):
             await self._stop_fully(process)
             if isinstance(exc, ProcessGone) and not self._closing:
                 info = process.exit_info or exc.exit_info
-                raise startup.exited_at_startup(self.command, info) from None
-            raise rpc_failure(exc, self.launcher.starting) from None
+                raise self._start_failed(startup.exited_at_startup(self.command, info)) from None
+            raise self._start_failed(rpc_failure(exc, self.launcher.starting)) from None
         except BaseException:
             await self._stop_fully(process)
             raise
         try:
             process.notify("initialized")
             self.launcher.initialized(result)
+            if self.metrics is not None:
+                self.metrics.started()
             return result
         except (ProcessGone, StdinFull) as exc:
             # It answered `initialize`, then stopped taking input: broken, not unstarted.
@@ -200,12 +233,17 @@ class ProcessBackend(Backend):
         """Forget ``session`` at once; its slot is free when its process is gone."""
         if self._sessions.pop(session.id, None) is None:
             return
+        self.events_ended += session.events.next_seq - 1
         self._stopping += 1
         try:
             await self._stop_fully(session.peer)
         finally:
             self._stopping -= 1
             self.check_drained()
+
+    def late_replies(self) -> int:
+        """Replies of the app-servers to unknown or finished request ids, so far."""
+        return self.late_replies_ended + sum(p.late_replies for p in self._processes)
 
     def held(self) -> int:
         """Sessions, sessionless calls and text turns held now (a drain waits for 0)."""
@@ -233,6 +271,15 @@ class ProcessBackend(Backend):
         finally:
             self._reserved -= 1
             self.check_drained()
+
+    async def probe(self) -> None:
+        """Open an app-server conversation, initialize it and stop it: raises the error
+        a new session would meet now (readiness, bridge.ops)."""
+        process = await self._spawn(None)
+        try:
+            await self._initialize(process, None)
+        finally:
+            await self._stop_fully(process)
 
     # -- compatibility ---------------------------------------------------------
 
@@ -269,6 +316,7 @@ class ProcessBackend(Backend):
                 event_buffer_bytes=self.limits.event_buffer_bytes,
                 reader_stall=self.limits.reader_stall_ms / 1000,
             )
+            session.metrics = self.metrics
             session.initialize_result = await self._initialize(process, options)
             self._sessions[session.id] = session
         return SessionCreated.model_construct(
@@ -329,6 +377,7 @@ class ProcessBackend(Backend):
         if self._turns_active >= limit:
             raise errors.busy(f"The bridge is already running {limit} text turns; retry later.")
         self._turns_active += 1
+        began, outcome = time.monotonic(), "failed"
         try:
             deadline = (request.timeout_ms or self.limits.text_turn_timeout_ms) / 1000
             process = await self._spawn(request.options)
@@ -338,8 +387,11 @@ class ProcessBackend(Backend):
                 )
                 async with asyncio.timeout(deadline):
                     await self._initialize(process, request.options)
-                    return await turn.run(self.limits.call_timeout_ms / 1000)
+                    response = await turn.run(self.limits.call_timeout_ms / 1000)
+                    outcome = "completed"
+                    return response
             except TimeoutError:
+                outcome = "timeout"
                 data: dict[str, Any] = {"reason": "deadline"}
                 if turn.last_error is not None:
                     data["lastError"] = turn.last_error  # e.g. codex retrying its model
@@ -347,6 +399,11 @@ class ProcessBackend(Backend):
                 raise errors.of_kind("timeout", message, data=data) from None
             finally:
                 await self._stop_fully(process)
+                if self.metrics is not None:
+                    first = turn.first_event_at
+                    self.metrics.text_turn(
+                        outcome, time.monotonic() - began, None if first is None else first - began
+                    )
         finally:
             self._turns_active -= 1
             self.check_drained()

@@ -95,6 +95,8 @@ class JsonRpcPeer:
         self.on_notification: NotificationHandler = _ignore_notification
         self.on_request: RequestHandler = _ignore_request
         self.exit_callbacks: list[Callable[[ExitInfo], None]] = []
+        #: Replies to unknown or finished request ids (counted: bridge.metrics).
+        self.late_replies = 0
         #: Flow control: asked before each message is taken (see :meth:`resume`).
         self.flow_gate: FlowGate | None = None
         self._loop = asyncio.get_running_loop()
@@ -333,6 +335,7 @@ class JsonRpcPeer:
                 if hook is not None and "result" in message:
                     hook(message["result"])
         if future is None or future.done():
+            self.late_replies += 1
             # A late answer to a call that timed out, or a response to an id we never
             # used: nobody is waiting for it, and it carries nothing to forward.
             log.warning("app-server answered an unknown or finished request id")

@@ -12,6 +12,7 @@ from typing import Any
 
 from bridge import errors
 from bridge.events import Event, EventLog, LogReader, rfc3339
+from bridge.metrics import Metrics
 from bridge.process.channel import ExitInfo
 from bridge.process.peer import JsonRpcPeer, ProcessGone, RpcError, StdinFull
 
@@ -80,8 +81,11 @@ class Session:
         self.readers = 0
         #: Calls waiting for the app-server's answer; a session with one is not idle.
         self.calls = 0
-        #: The app-server's requests awaiting a reply: request key → JSON-RPC id.
-        self._pending: dict[str, str | int] = {}
+        #: The app-server's requests awaiting a reply: request key → (JSON-RPC id, when
+        #: it arrived, for the wait the metrics observe).
+        self._pending: dict[str, tuple[str | int, float]] = {}
+        #: Where gaps, cut-loose readers and answered requests are reported (bridge.metrics).
+        self.metrics: Metrics | None = None
         self._answered: OrderedDict[str, None] = OrderedDict()
         self._reader_stall = reader_stall
         self._stall_timer: asyncio.TimerHandle | None = None
@@ -99,6 +103,10 @@ class Session:
 
     def touch(self) -> None:
         self.last_activity_at = time.time()
+
+    @property
+    def pending_requests(self) -> int:
+        return len(self._pending)
 
     def busy(self) -> bool:
         """True while something waits on the session: a call, a reader, or the server."""
@@ -141,11 +149,12 @@ class Session:
         self.touch()
         if not self.running:
             raise self.exited_error()
-        request_id = self._pending.get(key)
-        if request_id is None:
+        pending = self._pending.get(key)
+        if pending is None:
             if key in self._answered:
                 raise errors.request_already_answered(key)
             raise errors.request_not_found(key)
+        request_id = pending[0]
         try:
             if error is None:
                 self.peer.respond(request_id, result)
@@ -155,10 +164,12 @@ class Session:
                 )
         except (ProcessGone, StdinFull) as exc:
             raise rpc_failure(exc, "The reply") from None
-        self._settle(key)
+        self._settle(key, "replied")
 
-    def _settle(self, key: str) -> None:
-        self._pending.pop(key, None)
+    def _settle(self, key: str, outcome: str) -> None:
+        request = self._pending.pop(key, None)
+        if request is not None and self.metrics is not None:
+            self.metrics.answered(outcome, time.monotonic() - request[1])
         self._answered[key] = None
         if len(self._answered) > ANSWERED_MEMORY:
             self._answered.popitem(last=False)
@@ -182,6 +193,7 @@ class Session:
                 if batch:
                     if after is None:
                         log.cursor = batch[-1].seq
+                    self.count_gap(batch)
                     return batch
                 if log.closed:
                     raise self.exited_error()
@@ -193,6 +205,10 @@ class Session:
             self.readers -= 1
             self.touch()
 
+    def count_gap(self, batch: list[Event]) -> None:
+        if batch and batch[0].kind == "gap" and self.metrics is not None:
+            self.metrics.gaps.inc()
+
     def _on_notification(self, method: str, params: Any) -> None:
         if method == "serverRequest/resolved" and isinstance(params, dict):
             # The server settled one of its requests itself (e.g. the turn ended).
@@ -200,7 +216,7 @@ class Session:
             if resolved is not None:
                 key = request_key(resolved)
                 if key in self._pending:
-                    self._settle(key)
+                    self._settle(key, "resolved")
         self.events.append("notification", method, params, None, self.peer.received_at)
 
     def _on_request(self, request_id: Any, method: str, params: Any) -> None:
@@ -211,7 +227,7 @@ class Session:
                 "the app-server reused the id of a request still awaiting its reply"
             )
             return
-        self._pending[key] = request_id
+        self._pending[key] = (request_id, time.monotonic())
         self._answered.pop(key, None)
         self.events.append("request", method, params, key, self.peer.received_at)
 
@@ -245,6 +261,8 @@ class Session:
             return
         now = time.monotonic()
         cut = self.events.cut_loose(now - self._reader_stall)
+        if cut and self.metrics is not None:
+            self.metrics.cut_loose.inc(cut)
         if cut:
             log.info(
                 "session %s: %d event stream(s) stopped reading for %g s; reading on "
@@ -262,6 +280,9 @@ class Session:
             )
 
     def _on_exit(self, info: ExitInfo) -> None:
+        if self.metrics is not None:
+            for key in list(self._pending):
+                self._settle(key, "abandoned")
         self._pending.clear()
         if self._stall_timer is not None:
             self._stall_timer.cancel()
@@ -306,6 +327,11 @@ class SessionStream:
         unless the stream was open before it ended: a stream opened at a position past
         the last event still ends with the ``exit`` event (which is what ends it).
         """
+        batch = await self._next_batch(wait, limit)
+        self.session.count_gap(batch)
+        return batch
+
+    async def _next_batch(self, wait: float, limit: int) -> list[Event]:
         log = self.session.events
         position = self.position
         batch = log.read(position, limit)

@@ -8,6 +8,7 @@ JSON-RPC error at once.
 from __future__ import annotations
 
 import asyncio
+import time
 from typing import Any
 
 from bridge import errors
@@ -83,10 +84,14 @@ class TextTurn:
         #: The message of the last `error` notification (codex retrying its model, say):
         #: what a turn that never completes tells of why.
         self.last_error: str | None = None
+        #: When the app-server's first notification came (``time.monotonic()``).
+        self.first_event_at: float | None = None
         peer.on_notification = self._on_notification
         peer.on_request = self._on_request
 
     def _on_notification(self, method: str, params: Any) -> None:
+        if self.first_event_at is None:
+            self.first_event_at = time.monotonic()
         if self.events is not None:
             self.events.append("notification", method, params)
         if not isinstance(params, dict):

@@ -236,6 +236,8 @@ async def test_compatibility_reports_the_app_server_version(serve, fake_codex, h
             "testedVersions": list(codex_window.TESTED),
             "warning": None,
         },
+        "replica": None,
+        "draining": False,
     }
 
 

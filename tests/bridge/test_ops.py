@@ -1,0 +1,505 @@
+"""The operations listener: metrics of real requests on real app-servers, the probes,
+and what it never exposes."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import socket
+import subprocess
+import sys
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import pytest
+import pytest_asyncio
+from aiohttp import web
+from prometheus_client.parser import text_string_to_metric_families
+
+from bridge import replica
+from bridge.app import text_turn_app, trusted_bridge_app
+from bridge.auth import with_bearer_auth
+from bridge.limits import AppServerSettings, ReplicaSettings, RestLimits
+from bridge.ops import OpsListener
+from bridge.policy import MethodPolicy
+from bridge.routes import BACKEND
+
+APPROVAL_SCRIPT = {
+    "turns": [{"steps": [{"commandApproval": {"command": "true"}}, {"agentMessage": "done"}]}]
+}
+
+#: Methods aiohttp's parser knows and no route takes: each could be a label value.
+WEBDAV = ("PROPFIND", "MKCOL", "LOCK", "UNLOCK", "COPY", "MOVE", "SEARCH", "REPORT", "PURGE")
+
+Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]
+
+
+async def scrape(http: aiohttp.ClientSession, ops: str) -> Samples:
+    async with http.get(f"{ops}/metrics") as response:
+        assert response.status == 200
+        assert response.content_type == "text/plain"
+        text = await response.text()
+    return {
+        (sample.name, frozenset(sample.labels.items())): sample.value
+        for family in text_string_to_metric_families(text)
+        for sample in family.samples
+    }
+
+
+def value(samples: Samples, name: str, **labels: str) -> float:
+    """The sum of ``name``'s samples that carry ``labels``."""
+    wanted = set(labels.items())
+    return sum(v for (n, have), v in samples.items() if n == name and wanted <= have)
+
+
+def label_values(samples: Samples, name: str, label: str) -> set[str]:
+    return {
+        dict(have)[label] for (n, have), _ in samples.items() if n == name and label in dict(have)
+    }
+
+
+@pytest_asyncio.fixture
+async def operated(
+    serve: Callable[[web.Application], Awaitable[str]],
+) -> AsyncIterator[Callable[..., Awaitable[tuple[str, str, OpsListener]]]]:
+    """Serve an application with its operations listener on a free port: (api, ops, listener)."""
+    listeners: list[OpsListener] = []
+
+    async def start(app: web.Application, token: str | None = None) -> tuple[str, str, OpsListener]:
+        if token is not None:
+            with_bearer_auth(app, token)
+        listener = OpsListener(app)
+        listeners.append(listener)
+        api = await serve(app)
+        ops = await listener.start("127.0.0.1", 0)
+        return api, f"http://{ops}", listener
+
+    yield start
+    for listener in listeners:
+        await listener.close()
+
+
+async def create_session(http: aiohttp.ClientSession, api: str, script: str | None = None) -> str:
+    body = {"options": {"env": {"FAKE_CODEX_SCRIPT": script}}} if script else {}
+    async with http.post(f"{api}/v1/sessions", json=body) as response:
+        assert response.status == 201, await response.text()
+        return str((await response.json())["sessionId"])
+
+
+async def call(
+    http: aiohttp.ClientSession, api: str, session: str, method: str, params: Any
+) -> Any:
+    async with http.post(
+        f"{api}/v1/sessions/{session}/call/{method}", json={"params": params}
+    ) as response:
+        assert response.status == 200, await response.text()
+        return (await response.json())["result"]
+
+
+async def readyz(http: aiohttp.ClientSession, ops: str) -> tuple[int, dict[str, Any]]:
+    async with http.get(f"{ops}/readyz") as response:
+        return response.status, await response.json()
+
+
+async def until(predicate: Callable[[], Awaitable[bool]], what: str, timeout: float = 60) -> None:
+    """Wait until ``predicate()`` holds: for states a client has no event for."""
+    deadline = asyncio.get_running_loop().time() + timeout
+    while not await predicate():
+        assert asyncio.get_running_loop().time() < deadline, f"timed out: {what}"
+        await asyncio.sleep(0.02)  # sync-ok: a gauge, a restart: no event to wait on
+
+
+async def answers(http: aiohttp.ClientSession, ops: str, status: int) -> bool:
+    return (await readyz(http, ops))[0] == status
+
+
+async def in_flight(http: aiohttp.ClientSession, ops: str, name: str) -> bool:
+    """No request of ``name`` in flight."""
+    return value(await scrape(http, ops), name) == 0
+
+
+async def polls(http: aiohttp.ClientSession, ops: str, count: int) -> bool:
+    return value(await scrape(http, ops), "rest_bridge_long_polls") == count
+
+
+@pytest.mark.asyncio
+async def test_requests_are_counted_by_route_template_and_sessions_by_state(
+    operated, fake_codex, http
+):
+    api, ops, listener = await operated(trusted_bridge_app(fake_codex))
+    await listener.readiness.probed.wait()
+    sessions = [await create_session(http, api) for _ in range(3)]
+    for session in sessions:
+        await call(http, api, session, "thread/start", {})
+    async with http.delete(f"{api}/v1/sessions/{sessions[0]}") as response:
+        assert response.status == 200
+    samples = await scrape(http, ops)
+    count = "http_server_request_duration_seconds_count"
+    assert value(samples, count, http_route="/v1/sessions", http_request_method="POST") == 3
+    call_route = "/v1/sessions/{sessionId}/call/{method}"
+    assert value(samples, count, http_route=call_route, http_response_status_class="2xx") == 3
+    assert value(samples, "rest_bridge_sessions", state="running", mode="process") == 2
+    # 3 sessions and the readiness probe's app-server; the deleted one's exit counted.
+    assert value(samples, "rest_bridge_app_server_spawns_total", mode="process") == 4
+    assert value(samples, "rest_bridge_app_server_exits_total") == 2
+    assert value(samples, "rest_bridge_events_appended_total") >= 3
+    assert value(samples, "rest_bridge_event_log_bytes") > 0
+    assert value(samples, "rest_bridge_ready") == 1
+    assert value(samples, "http_server_active_requests") == 0
+
+
+@pytest.mark.asyncio
+async def test_no_caller_can_grow_the_label_sets(operated, fake_codex, http):
+    """Many distinct paths, session ids and methods: the same few label values."""
+    api, ops, _ = await operated(trusted_bridge_app(fake_codex))
+    session = await create_session(http, api)
+    for n in range(60):
+        async with http.get(f"{api}/v1/sessions/{uuid.uuid4()}/events?waitMs=1") as response:
+            assert response.status == 404
+        async with http.get(f"{api}/no/such/{n}/path-{uuid.uuid4()}") as response:
+            assert response.status == 404
+        verb = WEBDAV[n % len(WEBDAV)]  # aiohttp's parser refuses methods it does not know
+        async with http.request(verb, f"{api}/v1/sessions") as response:
+            assert response.status == 405
+        async with http.post(
+            f"{api}/v1/sessions/{session}/call/method-{n}", json={"params": {}}
+        ) as response:
+            assert response.status == 502  # the fake answers: method not found
+    samples = await scrape(http, ops)
+    name = "http_server_request_duration_seconds_count"
+    routes = label_values(samples, name, "http_route")
+    assert routes == {
+        "/v1/sessions",
+        "/v1/sessions/{sessionId}/events",
+        "/{path}",
+        "/v1/sessions/{sessionId}/call/{method}",
+    }
+    assert label_values(samples, name, "http_request_method") == {"GET", "POST", "_OTHER"}
+    text = repr(samples)
+    assert session not in text
+    assert "PROPFIND" not in text
+    assert "method-" not in text
+    assert len(samples) < 200
+
+
+@pytest.mark.asyncio
+async def test_refusals_are_counted_by_kind(operated, fake_codex, http, write_script):
+    limits = RestLimits(max_sessions=1, max_body_bytes=1000)
+    app = trusted_bridge_app(
+        fake_codex, limits, AppServerSettings(), MethodPolicy(refuse=frozenset({"thread/list"}))
+    )
+    api, ops, _ = await operated(app, token="s3cret-token")
+    auth = {"Authorization": "Bearer s3cret-token"}
+    async with http.get(f"{api}/v1/sessions") as response:
+        assert response.status == 401
+    async with http.post(f"{api}/v1/sessions", json={"x": "y" * 2000}, headers=auth) as response:
+        assert response.status == 413
+    async with http.post(f"{api}/v1/sessions", json={}, headers=auth) as response:
+        session = (await response.json())["sessionId"]
+    async with http.post(f"{api}/v1/sessions", json={}, headers=auth) as response:
+        assert response.status == 429
+    async with http.post(
+        f"{api}/v1/sessions/{session}/call/thread/list", json={}, headers=auth
+    ) as response:
+        assert response.status == 403
+    samples = await scrape(http, ops)
+    kinds = {
+        dict(labels)["kind"]: v
+        for (name, labels), v in samples.items()
+        if name == "rest_bridge_refusals_total"
+    }
+    assert kinds == {
+        "unauthorized": 1,
+        "payload_too_large": 1,
+        "session_limit_reached": 1,
+        "method_not_allowed": 1,
+    }
+    # The ops listener has no auth of its own and needs none: it is not the API.
+    assert "s3cret-token" not in repr(samples)
+
+
+@pytest.mark.asyncio
+async def test_an_approval_wait_and_a_text_turn_are_observed(
+    operated, fake_codex, http, write_script
+):
+    api, ops, _ = await operated(trusted_bridge_app(fake_codex))
+    session = await create_session(http, api, write_script(APPROVAL_SCRIPT))
+    thread = (await call(http, api, session, "thread/start", {}))["thread"]["id"]
+    params = {"threadId": thread, "input": [{"type": "text", "text": "hi"}]}
+    await call(http, api, session, "turn/start", params)
+    key = None
+    while key is None:
+        async with http.get(f"{api}/v1/sessions/{session}/events?waitMs=30000") as response:
+            event = await response.json()
+        if event["kind"] == "request":
+            key = event["requestKey"]
+    samples = await scrape(http, ops)
+    assert value(samples, "rest_bridge_server_requests_pending") == 1
+    assert value(samples, "rest_bridge_server_request_wait_seconds_count") == 0
+    url = f"{api}/v1/sessions/{session}/requests/{key}/result"
+    async with http.post(url, json={"result": {"decision": "accept"}}) as response:
+        assert response.status == 200
+    samples = await scrape(http, ops)
+    assert value(samples, "rest_bridge_server_requests_pending") == 0
+    assert value(samples, "rest_bridge_server_request_wait_seconds_count", outcome="replied") == 1
+    async with http.post(f"{api}/v1/text-turn", json={"text": "hello"}) as response:
+        assert response.status == 200
+    samples = await scrape(http, ops)
+    turns = "rest_bridge_text_turn_duration_seconds_count"
+    assert value(samples, turns, outcome="completed") == 1
+    assert value(samples, "rest_bridge_text_turn_first_event_seconds_count") == 1
+
+
+@pytest.mark.asyncio
+async def test_streams_and_long_polls_in_flight_are_gauges(operated, fake_codex, http):
+    api, ops, _ = await operated(trusted_bridge_app(fake_codex))
+    session = await create_session(http, api)
+    stream = await http.get(f"{api}/v1/sessions/{session}/events/stream?after=0")
+    assert stream.status == 200
+    await stream.content.readline()  # the first event is written: the stream is attached
+    samples = await scrape(http, ops)
+    assert value(samples, "rest_bridge_sse_streams") == 1
+    stream.close()
+    poll = asyncio.ensure_future(
+        http.get(f"{api}/v1/sessions/{session}/events?after=1000&waitMs=30000")
+    )
+    try:
+        await until(lambda: polls(http, ops, 1), "the long-poll counted")
+    finally:
+        poll.cancel()
+    # Both clients vanished: nothing stays counted in flight.
+    await until(lambda: polls(http, ops, 0), "the vanished long-poll no longer counted")
+    await until(lambda: in_flight(http, ops, "rest_bridge_sse_streams"), "the stream gone")
+    samples = await scrape(http, ops)
+    route = "/v1/sessions/{sessionId}/events"
+    assert value(samples, "http_server_active_requests", http_route=route) == 0
+
+
+@pytest.mark.asyncio
+async def test_compatibility_says_which_replica_answered_and_whether_it_drains(
+    serve, fake_codex, http
+):
+    app = text_turn_app(fake_codex)
+    drain = replica.configure(app[BACKEND], ReplicaSettings(replica_id="r-7"))
+    base = await serve(app)
+    async with http.get(f"{base}/v1/compatibility") as response:
+        body = await response.json()
+    assert (body["replica"], body["draining"]) == ("r-7", False)
+    drain.start(asyncio.Event())
+    async with http.get(f"{base}/v1/compatibility") as response:
+        body = await response.json()
+    assert (body["replica"], body["draining"]) == ("r-7", True)
+    drain.cancel()
+
+
+@pytest.mark.asyncio
+async def test_readiness_while_the_app_server_cannot_start_and_while_draining(
+    operated, http, tmp_path
+):
+    flag = tmp_path / "broken"
+    flag.write_text("")
+    # An app-server command that fails while the flag file exists.
+    command = ["sh", "-c", f'test -e {flag} && exit 3; exec "$0" "$@"', *fake_codex_command()]
+    app = trusted_bridge_app(command)
+    backend = app[BACKEND]
+    drain = replica.configure(backend, ReplicaSettings(replica_id="r-1"))
+    _, ops, listener = await operated(app)
+    await listener.readiness.probed.wait()
+    status, body = await readyz(http, ops)
+    assert status == 503
+    assert body["error"] == "replica_unavailable"
+    assert body["data"]["ready"] is False
+    assert body["data"]["reasons"] == [
+        "the app-server cannot be started or initialized (app_server_exited)"
+    ]
+    async with http.get(f"{ops}/livez") as response:
+        assert response.status == 200
+    flag.unlink()
+    await listener.readiness.probed.wait()  # the next probe, after its backoff
+    while listener.readiness.problem is not None:
+        listener.readiness.probed.clear()
+        await listener.readiness.probed.wait()
+    assert await readyz(http, ops) == (200, {"ready": True, "reasons": []})
+    drain.start(asyncio.Event())
+    status, body = await readyz(http, ops)
+    assert status == 503
+    assert body["data"]["reasons"] == ["draining: the replica takes no new work"]
+    samples = await scrape(http, ops)
+    assert value(samples, "rest_bridge_ready", replica="r-1") == 0
+    assert value(samples, "rest_bridge_draining", replica="r-1") == 1
+    assert value(samples, "rest_bridge_app_server_start_failures_total") >= 1
+    drain.cancel()
+
+
+@pytest.mark.asyncio
+async def test_readiness_while_the_shared_app_server_is_down(operated, fake_codex, http):
+    app = trusted_bridge_app(fake_codex, None, AppServerSettings(mode="shared"))
+    api, ops, listener = await operated(app)
+    await listener.readiness.probed.wait()
+    assert (await readyz(http, ops))[0] == 200
+    async with http.get(f"{api}/v1/compatibility") as response:
+        pid = (await response.json())["appServer"]["shared"]["pid"]
+    os.kill(pid, signal.SIGKILL)
+    await until(lambda: answers(http, ops, 503), "not ready once the app-server died")
+    status, body = await readyz(http, ops)
+    assert status == 503
+    assert any("shared app-server" in reason for reason in body["data"]["reasons"])
+    samples = await scrape(http, ops)
+    assert value(samples, "rest_bridge_shared_app_server_restarts_total") == 1
+    assert value(samples, "rest_bridge_sessions", mode="shared") == 0
+    await until(lambda: answers(http, ops, 200), "ready again once restarted")
+    assert value(await scrape(http, ops), "rest_bridge_shared_app_server_up") == 1
+
+
+def fake_codex_command() -> list[str]:
+    from scenarios.harness import fake_codex_command as command
+
+    return [*command(), "app-server"]
+
+
+@pytest.mark.asyncio
+async def test_the_ops_listener_shows_no_token_id_path_or_content(operated, fake_codex, http):
+    """An attacker on the operations port, after callers sent secrets everywhere they
+    could: the metrics and probes hold none of it, and neither port serves the other's
+    routes."""
+    token = "tok-" + uuid.uuid4().hex
+    secret = "secret-" + uuid.uuid4().hex
+    api, ops, listener = await operated(trusted_bridge_app(fake_codex), token=token)
+    auth = {"Authorization": f"Bearer {token}"}
+    async with http.post(f"{api}/v1/sessions", json={}, headers=auth) as response:
+        session = (await response.json())["sessionId"]
+    for path in (
+        f"/v1/sessions/{session}/call/{secret}",
+        f"/v1/sessions/{secret}/events?waitMs=1&after={secret}",
+        f"/{secret}/x?{secret}={secret}",
+    ):
+        for headers in (auth, {"Authorization": f"Bearer {secret}"}, {}):
+            async with http.post(
+                f"{api}{path}", json={"params": {secret: secret}}, headers=headers
+            ):
+                pass
+    await listener.readiness.probed.wait()
+    seen = ""
+    for route in ("/metrics", "/livez", "/readyz"):
+        async with http.get(f"{ops}{route}") as response:
+            assert response.status == 200
+            seen += await response.text()
+    for leaked in (token, secret, session, session.split("-")[0], "Bearer"):
+        assert leaked not in seen
+    # Nothing new on the API's port (no auth exemption either), no API on the ops port.
+    for route in ("/metrics", "/livez", "/readyz"):
+        async with http.get(f"{api}{route}") as response:
+            assert response.status == 401
+        async with http.get(f"{api}{route}", headers=auth) as response:
+            assert response.status == 404
+    for route in ("/v1/sessions", "/health", f"/v1/sessions/{session}"):
+        async with http.get(f"{ops}{route}") as response:
+            assert response.status == 404
+            assert (await response.json())["error"] == "not_found"
+
+
+REST_BRIDGE = str(Path(sys.executable).with_name("rest-bridge"))
+
+
+@pytest.mark.parametrize("value", ["65536", "-1", " 80", "\uff18\uff10", "http"])
+def test_serve_refuses_an_ops_port_that_is_not_one(value: str) -> None:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("REST_ADAPTER_")}
+    env["REST_ADAPTER_OPS_PORT"] = value
+    done = subprocess.run(
+        [REST_BRIDGE, "serve", "--port", "0", "--app-server", "true"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 2
+    assert "REST_ADAPTER_OPS_PORT" in done.stderr
+    assert "Traceback" not in done.stderr
+
+
+def test_serve_stops_when_its_ops_port_is_taken() -> None:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("REST_ADAPTER_")}
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        done = subprocess.run(
+            [REST_BRIDGE, "serve", "--port", "0", "--ops-port", str(port), "--app-server", "true"],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+    assert done.returncode == 2
+    assert f"cannot listen on 127.0.0.1:{port} (--ops-port)" in done.stderr
+    assert "Traceback" not in done.stderr
+
+
+@pytest.mark.asyncio
+async def test_a_request_its_session_ended_on_is_observed_as_abandoned(
+    operated, fake_codex, http, write_script
+):
+    api, ops, _ = await operated(trusted_bridge_app(fake_codex))
+    session = await create_session(http, api, write_script(APPROVAL_SCRIPT))
+    thread = (await call(http, api, session, "thread/start", {}))["thread"]["id"]
+    params = {"threadId": thread, "input": [{"type": "text", "text": "hi"}]}
+    await call(http, api, session, "turn/start", params)
+    while True:
+        async with http.get(f"{api}/v1/sessions/{session}/events?waitMs=30000") as response:
+            if (await response.json())["kind"] == "request":
+                break
+    async with http.delete(f"{api}/v1/sessions/{session}") as response:
+        assert response.status == 200
+    samples = await scrape(http, ops)
+    wait = "rest_bridge_server_request_wait_seconds_count"
+    assert value(samples, wait, outcome="abandoned") == 1
+    assert value(samples, wait) == 1
+    assert value(samples, "rest_bridge_server_requests_pending") == 0
+
+
+@pytest.mark.asyncio
+async def test_late_replies_of_the_app_server_are_counted(operated, fake_codex, http, write_script):
+    """A call past its deadline, answered afterwards: one late reply, counted."""
+    api, ops, _ = await operated(trusted_bridge_app(fake_codex))
+    script = write_script({"methods": {"x/slow": {"steps": [{"sleep": 300}], "result": {}}}})
+    session = await create_session(http, api, script)
+    async with http.post(
+        f"{api}/v1/sessions/{session}/call/x/slow", json={"params": {}, "timeoutMs": 20}
+    ) as response:
+        assert response.status == 504
+
+    async def counted() -> bool:
+        samples = await scrape(http, ops)
+        return value(samples, "rest_bridge_app_server_late_replies_total") == 1
+
+    await until(counted, "the late reply counted")
+    async with http.delete(f"{api}/v1/sessions/{session}") as response:
+        assert response.status == 200
+    # Its app-server gone, its late replies are still in the total.
+    assert await counted()
+
+
+@pytest.mark.asyncio
+async def test_gaps_and_events_are_counted(operated, fake_codex, http, write_script):
+    flood = [{"flood": {"count": 50, "method": "x/tick"}}, {"respond": {"result": {}}}]
+    script = write_script({"methods": {"x/flood": {"steps": flood}}})
+    api, ops, _ = await operated(trusted_bridge_app(fake_codex, RestLimits(event_buffer=10)))
+    session = await create_session(http, api, script)
+    await call(http, api, session, "x/flood", {})
+    async with http.get(f"{api}/v1/sessions/{session}/events?after=0") as response:
+        assert (await response.json())["kind"] == "gap"
+    async with http.get(
+        f"{api}/v1/sessions/{session}/events/stream?after=0",
+        headers={"Accept": "text/event-stream"},
+    ) as response:
+        assert b"gap" in await response.content.readuntil(b"\n\n")
+    samples = await scrape(http, ops)
+    assert value(samples, "rest_bridge_event_gaps_total") == 2
+    assert value(samples, "rest_bridge_events_appended_total") >= 50  # and what init sent
+    assert value(samples, "rest_bridge_event_log_events") == 10
