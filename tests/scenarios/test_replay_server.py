@@ -13,6 +13,7 @@ import asyncio
 import json
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 from collections.abc import AsyncIterator, Iterator
@@ -235,7 +236,31 @@ async def test_sigterm_during_an_open_stream_ends_it_and_the_replay(cassette: An
     assert "Traceback" not in err
 
 
-@pytest.mark.parametrize("case", ["stale", "not-a-cassette", "missing", "no-scenario"])
+@pytest.mark.asyncio
+async def test_a_stream_whose_next_part_waits_for_a_request_never_made_is_cut(
+    cassette: Any,
+) -> None:
+    path = cassette("turn-stream-and-resume")
+    with replay(path, "--release-timeout", "0.5") as server:
+        async with aiohttp.ClientSession(server.url) as http:
+            session = (await (await http.post("/v1/sessions", json={})).json())["sessionId"]
+            stream = await http.get(f"/v1/sessions/{session}/events/stream")
+            # The host never starts the turn: the stream ends where its events wait for it.
+            seen = [frame async for frame in frames(stream)]
+            assert all(frame["data"].get("method") != "turn/started" for frame in seen)
+            report = await (await http.get(REPORT_ROUTE)).json()
+            status, printed, _ = server.stop()
+    assert status == 1
+    assert printed == report
+    [cut] = printed["cut"]
+    assert cut["path"] == f"/v1/sessions/{session}/events/stream"
+    assert "call/turn/start" in cut["reason"]
+    assert "did not make it within 0.5 s" in cut["reason"]
+
+
+@pytest.mark.parametrize(
+    "case", ["stale", "not-a-cassette", "missing", "no-scenario", "port-taken"]
+)
 def test_what_cannot_be_replayed_stops_it_before_it_listens(
     cassette: Any, tmp_path: Path, case: str
 ) -> None:
@@ -250,13 +275,23 @@ def test_what_cannot_be_replayed_stops_it_before_it_listens(
     elif case == "missing":
         path = tmp_path / "cassettes" / "nothing.yaml"
         expected = "no such file"
-    else:
+    elif case == "no-scenario":
         path = shutil.copy(path, tmp_path / "loose.yaml")
         path = Path(path)
         expected = "its scenario"
-    done = subprocess.run(
-        [COMMAND, "replay", str(path), "--port", "0"], capture_output=True, text=True, timeout=60
-    )
+    taken = socket.socket()
+    taken.bind(("127.0.0.1", 0))
+    taken.listen()
+    port = taken.getsockname()[1] if case == "port-taken" else 0
+    if case == "port-taken":
+        expected = f"cannot listen on 127.0.0.1:{port}"
+    with taken:
+        done = subprocess.run(
+            [COMMAND, "replay", str(path), "--port", str(port)],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
     assert done.returncode == 2, done
     assert done.stdout == ""
     assert expected in done.stderr
