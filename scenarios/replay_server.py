@@ -358,7 +358,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         replay = load_replay(args.paths, release_timeout=args.release_timeout)
         report = asyncio.run(serve(replay, args.host, args.port, args.max_body_bytes))
-    except ReplayError as exc:
+    except (ReplayError, ModuleNotFoundError) as exc:  # the latter: no `respx` extra
         print(f"rest-bridge-scenarios replay: {exc}", file=sys.stderr)
         return USAGE_ERROR
     with contextlib.suppress(BrokenPipeError):  # the reader went away: the status says it

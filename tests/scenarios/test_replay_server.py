@@ -296,3 +296,29 @@ def test_what_cannot_be_replayed_stops_it_before_it_listens(
     assert done.stdout == ""
     assert expected in done.stderr
     assert "Traceback" not in done.stderr
+
+
+def test_replay_runs_no_scenarios_package_of_the_working_directory(
+    cassette: Any, tmp_path: Path
+) -> None:
+    """A host keeps its scenario files in a `scenarios/` folder: the replay server is
+    still this project's, never a module of that folder."""
+    path = cassette("auth-rejection")
+    planted = tmp_path / "work" / "scenarios"
+    planted.mkdir(parents=True)
+    marker = tmp_path / "imported"
+    (planted / "__init__.py").write_text(f"open({str(marker)!r}, 'w').close()\n")
+    (planted / "replay_server.py").write_text("raise SystemExit(99)\n")
+    process = subprocess.Popen(
+        [COMMAND, "replay", str(path), "--port", "0"],
+        cwd=planted.parent,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    assert process.stdout is not None
+    assert process.stdout.readline().startswith(LISTENING)
+    process.terminate()
+    process.communicate(timeout=30)
+    assert process.returncode == 1
+    assert not marker.exists()
