@@ -23,6 +23,7 @@ import signal
 import sys
 import tempfile
 from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -54,6 +55,8 @@ MAX_UNMATCHED = 100
 MAX_REASON_CHARS = 2000
 #: How long a recorded event waits for the request it came after (`--release-timeout`).
 DEFAULT_RELEASE_SECONDS = 30.0
+#: Streams and long-polls that may wait at once for the request they follow.
+WAITING_THREADS = 64
 #: A handler still running this long after the stop is cancelled.
 SHUTDOWN_SECONDS = 1.0
 #: Exit statuses: every recorded exchange made and nothing unmatched; else; bad usage.
@@ -249,6 +252,9 @@ async def serve(replay: Replay, host: str, port: int, max_body_bytes: int) -> di
     """Serve until SIGTERM or SIGINT; the report at that moment."""
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
+    # A stream or long-poll waiting for the request its answer follows holds a thread
+    # (the respx router waits on threading events) for at most --release-timeout.
+    loop.set_default_executor(ThreadPoolExecutor(WAITING_THREADS, "replay-wait"))
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     runner = web.AppRunner(

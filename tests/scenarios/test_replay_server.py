@@ -24,7 +24,7 @@ from typing import Any
 import aiohttp
 import pytest
 
-from scenarios.cassette import cassette_for, cassette_path
+from scenarios.cassette import Cassette, cassette_for, cassette_path
 from scenarios.format import load_scenario
 from scenarios.replay_server import MAX_UNMATCHED, REPORT_ROUTE
 
@@ -322,3 +322,26 @@ def test_replay_runs_no_scenarios_package_of_the_working_directory(
     process.communicate(timeout=30)
     assert process.returncode == 1
     assert not marker.exists()
+
+
+@pytest.mark.asyncio
+async def test_several_cassettes_answer_in_the_order_given(cassette: Any) -> None:
+    first, second = cassette("turn-stream-and-resume"), cassette("approval-long-poll")
+    recorded = [
+        json.loads(Cassette.load(path).interactions[0].response_body)["sessionId"]
+        for path in (first, second)
+    ]
+    with replay(first, second) as server:
+        async with aiohttp.ClientSession(server.url) as http:
+            made = [
+                (await (await http.post("/v1/sessions", json={})).json())["sessionId"]
+                for _ in range(2)
+            ]
+            third = await http.post("/v1/sessions", json={})
+            assert (await third.json())["error"] == "not_recorded"
+            status, printed, _ = server.stop()
+    assert made == recorded
+    assert status == 1
+    assert [item["path"] for item in printed["cassettes"]] == [str(first), str(second)]
+    assert {item["cassette"] for item in printed["unused"]} == {str(first), str(second)}
+    assert "answers this route 1 time(s)" in printed["unmatched"][0]["reason"]
