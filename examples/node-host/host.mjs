@@ -6,9 +6,15 @@ import { spawn } from "node:child_process";
 import { once } from "node:events";
 import { createInterface } from "node:readline";
 
-/** Start `command args`, resolve once it printed its URL: {child, url, lines, exited}. */
+const started = new Set();
+
+/** Start `command args`, resolve once it printed its URL: {child, url, lines, exited}.
+ * `killAll()` ends whatever is still running (a test's `after` hook calls it, so that a
+ * failed or timed-out test leaves no process behind). */
 export async function start(command, args, options = {}) {
   const child = spawn(command, args, { stdio: ["ignore", "pipe", "pipe"], ...options });
+  started.add(child);
+  child.on("exit", () => started.delete(child));
   const lines = [];
   let stderr = "";
   child.stderr.setEncoding("utf8");
@@ -81,4 +87,15 @@ export async function openEvents(base, path, headers = {}) {
     },
     close() { controller.abort(); },
   };
+}
+
+/** Stop every started command still running: SIGTERM (the bridge then ends its
+ * app-servers), SIGKILL after 10 s; resolves once each has exited. */
+export async function killAll() {
+  await Promise.all([...started].map((child) => {
+    const gone = once(child, "exit");
+    child.kill("SIGTERM");
+    const timer = setTimeout(() => child.kill("SIGKILL"), 10_000);
+    return gone.finally(() => clearTimeout(timer));
+  }));
 }

@@ -7,10 +7,10 @@ import assert from "node:assert/strict";
 import { existsSync, mkdtempSync, readdirSync, readFileSync, rmSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
-import { test } from "node:test";
+import { afterEach, test } from "node:test";
 import { fileURLToPath } from "node:url";
 
-import { call, openEvents, start, stop } from "./host.mjs";
+import { call, killAll, openEvents, start, stop } from "./host.mjs";
 
 const here = fileURLToPath(new URL(".", import.meta.url));
 const scenario = join(here, "host.scenario.yaml");
@@ -18,6 +18,11 @@ const cassette = join(here, "cassettes", "host.yaml");
 const restBridge = process.env.REST_BRIDGE ?? "rest-bridge";
 const fakeCodex = process.env.FAKE_CODEX ?? "fake-codex";
 const replayCommand = process.env.REST_BRIDGE_SCENARIOS ?? "rest-bridge-scenarios";
+
+// A host bug (an approval never answered) must fail the test, not hang the suite: each
+// test has a deadline, and whatever it started is killed after it, passed or not.
+const deadline = { timeout: 60_000 };
+afterEach(killAll);
 
 /** The host under test: a turn whose command it approves, read over SSE. */
 async function runHost(base) {
@@ -66,7 +71,7 @@ async function runHost(base) {
   assert.deepEqual(deleted, { status: 200, body: { status: "deleted", sessionId: session } });
 }
 
-test("the host against rest-bridge serve on fake-codex playing a scenario file", async () => {
+test("the host against rest-bridge serve on fake-codex playing a scenario file", deadline, async () => {
   const reports = mkdtempSync(join(tmpdir(), "node-host-"));
   try {
     const bridge = await start(restBridge, [
@@ -87,7 +92,7 @@ test("the host against rest-bridge serve on fake-codex playing a scenario file",
   }
 });
 
-test("the host against the replay server with the scenario's cassette", async () => {
+test("the host against the replay server with the scenario's cassette", deadline, async () => {
   assert.ok(existsSync(cassette), `no ${cassette}: record it with ` +
     `${replayCommand} record-cassettes ${scenario}`);
   const replay = await start(replayCommand, ["replay", cassette, "--port", "0"]);
