@@ -345,3 +345,40 @@ async def test_several_cassettes_answer_in_the_order_given(cassette: Any) -> Non
     assert [item["path"] for item in printed["cassettes"]] == [str(first), str(second)]
     assert {item["cassette"] for item in printed["unused"]} == {str(first), str(second)}
     assert "answers this route 1 time(s)" in printed["unmatched"][0]["reason"]
+
+
+@pytest.mark.asyncio
+async def test_a_client_that_vanishes_mid_stream_or_resumes_elsewhere(cassette: Any) -> None:
+    """A stream dropped half-read leaves the server serving; a resume from an id the
+    recording never resumed from matches nothing, saying why."""
+    path = cassette("turn-stream-and-resume")
+    with replay(path) as server:
+        async with aiohttp.ClientSession(server.url) as http:
+            session = (await (await http.post("/v1/sessions", json={})).json())["sessionId"]
+            stream = await http.get(f"/v1/sessions/{session}/events/stream")
+            started = await http.post(
+                f"/v1/sessions/{session}/call/thread/start", json={"params": {}}
+            )
+            thread = (await started.json())["result"]["thread"]["id"]
+            turn = {"threadId": thread, "input": [{"type": "text", "text": "hi"}]}
+            path = f"/v1/sessions/{session}/call/turn/start"
+            assert (await http.post(path, json={"params": turn})).status == 200
+            first = await anext(frames(stream))
+            assert first["id"] == "1"
+            stream.close()  # gone, with most of the stream unread
+            elsewhere = await http.get(
+                f"/v1/sessions/{session}/events/stream", headers={"Last-Event-ID": "2"}
+            )
+            assert elsewhere.status == 404
+            reason = (await elsewhere.json())["message"]
+            assert "Last-Event-ID: another value instead of '3'" in reason, reason
+            still = await http.get(REPORT_ROUTE)  # still serving
+            assert still.status == 200
+            status, printed, err = server.stop()
+    assert status == 1
+    # What was sent counts as read (the server cannot see what the client read); the
+    # recorded resume was never asked for.
+    [unused] = printed["unused"]
+    assert "never requested" in unused["exchange"]
+    assert "resume after" in unused["exchange"]
+    assert "Traceback" not in err
