@@ -19,7 +19,6 @@ import json
 import logging
 import os
 import re
-import signal
 import sys
 import tempfile
 from collections.abc import Sequence
@@ -32,7 +31,7 @@ from aiohttp import web
 from multidict import CIMultiDict
 
 from bridge.errors import make_error_middleware, not_found, of_kind
-from bridge.runtime import address
+from bridge.runtime import address, stop_on_first_signal
 from bridge.server import SERVER_SETTINGS
 from scenarios.cassette import ORIGIN, CassetteError, cassette_for, cassette_path
 from scenarios.format import LoadedScenario, ScenarioError, load_scenario
@@ -255,8 +254,9 @@ async def serve(replay: Replay, host: str, port: int, max_body_bytes: int) -> di
     # A stream or long-poll waiting for the request its answer follows holds a thread
     # (the respx router waits on threading events) for at most --release-timeout.
     loop.set_default_executor(ThreadPoolExecutor(WAITING_THREADS, "replay-wait"))
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
+    # The first SIGTERM or SIGINT stops it; later ones, a storm included, are ignored
+    # (also while the report is printed and the interpreter exits).
+    stop_on_first_signal(stop)
     runner = web.AppRunner(
         make_app(replay, max_body_bytes),
         access_log=None,

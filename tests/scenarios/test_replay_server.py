@@ -23,6 +23,7 @@ from typing import Any
 
 import aiohttp
 import pytest
+from processes import storm_of_sigterm_after_sigint
 
 from scenarios.cassette import Cassette, cassette_for, cassette_path
 from scenarios.format import load_scenario
@@ -382,3 +383,13 @@ async def test_a_client_that_vanishes_mid_stream_or_resumes_elsewhere(cassette: 
     assert "never requested" in unused["exchange"]
     assert "resume after" in unused["exchange"]
     assert "Traceback" not in err
+
+
+def test_a_storm_of_stop_signals_still_ends_with_the_whole_report(cassette: Any) -> None:
+    path = cassette("auth-rejection")
+    with replay(path) as server:  # the report is small: the pipe holds it all
+        status = storm_of_sigterm_after_sigint(server.process)  # type: ignore[arg-type]
+        assert server.process.stdout is not None
+        printed = json.loads(server.process.stdout.read())
+    assert status == 1
+    assert printed["cassettes"][0]["unused"] == 6
