@@ -27,7 +27,7 @@ from processes import storm_of_sigterm_after_sigint
 
 from scenarios.cassette import Cassette, cassette_for, cassette_path
 from scenarios.format import load_scenario
-from scenarios.replay_server import MAX_UNMATCHED, REPORT_ROUTE
+from scenarios.replay_server import MAX_REASON_CHARS, MAX_UNMATCHED, REPORT_ROUTE
 
 LIBRARY = Path(__file__).resolve().parents[2] / "scenarios" / "library"
 COMMAND = str(Path(sys.executable).with_name("rest-bridge-scenarios"))
@@ -207,6 +207,7 @@ async def test_an_attacker_cannot_grow_its_memory_or_reach_past_the_cassettes(
                 "/../../etc/passwd",
                 "/%2e%2e/%2e%2e/etc/passwd",
                 f"/cassettes/{path.name}",
+                "/long" + "x" * 5000,  # its reason is cut in the report
             ):
                 response = await http.get(path_tried)
                 assert response.status == 404
@@ -217,8 +218,9 @@ async def test_an_attacker_cannot_grow_its_memory_or_reach_past_the_cassettes(
             )
         status, printed, _ = server.stop()
     assert status == 1
-    assert printed["unmatchedTotal"] == MAX_UNMATCHED + 23
+    assert printed["unmatchedTotal"] == MAX_UNMATCHED + 24
     assert len(printed["unmatched"]) == MAX_UNMATCHED
+    assert max(len(item["reason"]) for item in printed["unmatched"]) == MAX_REASON_CHARS
 
 
 @pytest.mark.asyncio
