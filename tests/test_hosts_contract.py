@@ -94,6 +94,7 @@ def test_serve_on_port_0_states_its_url_is_ready_then_and_stops_on_sigterm(
         assert all(psutil.pid_exists(pid) for pid in pids)
         for report in running:  # the report is whole while the process runs
             jsonschema.validate(report, SCHEMA)
+            assert report["exit"] is None
         serve.terminate()
         assert serve.wait(timeout=60) == 0
     finally:
@@ -105,6 +106,7 @@ def test_serve_on_port_0_states_its_url_is_ready_then_and_stops_on_sigterm(
     for report in final:
         jsonschema.validate(report, SCHEMA)
         assert report["exit"] is not None
+        assert report["turns"] == [1]  # each process played the scripted turn once
     states = sorted(request["state"] for report in final for request in report["serverRequests"])
     assert states[0] == "answered"
     assert states[1] in ("pending", "dropped")
