@@ -87,6 +87,7 @@ def test_serve_on_port_0_states_its_url_is_ready_then_and_stops_on_sigterm(
         assert serve.stdout is not None
         found = LISTENING.match(serve.stdout.readline().rstrip("\n"))
         assert found, "the first line is not the listening line"
+        assert serve.stdout.readline().startswith("  preset: ")  # lines for people follow
         asyncio.run(drive(found[1]))
         running = read_reports(reports)
         pids = [report["pid"] for report in running]
