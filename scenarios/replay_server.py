@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Any
 from aiohttp import web
 from multidict import CIMultiDict
 
-from bridge.errors import make_error_middleware, not_found, of_kind
+from bridge.errors import make_error_middleware, not_found, of_kind, request_timeout
 from bridge.runtime import address, stop_on_first_signal
 from bridge.server import SERVER_SETTINGS
 from scenarios.cassette import ORIGIN, CassetteError, cassette_for, cassette_path
@@ -48,6 +48,8 @@ REPORT_ROUTE = f"{ADMIN_PREFIX}/report"
 NOT_RECORDED = "not_recorded"
 #: Request bodies above this are refused with 413 (`--max-body-bytes`).
 DEFAULT_MAX_BODY_BYTES = 1 << 20
+#: A request body must arrive within this, else 408 (`--body-timeout-ms`).
+DEFAULT_BODY_TIMEOUT_MS = 10_000
 #: Unmatched requests the report lists (it counts every one).
 MAX_UNMATCHED = 100
 #: How much of a reason the report keeps.
@@ -84,6 +86,7 @@ class Replay:
 
     cassettes: list[Replayed]
     max_unmatched: int = MAX_UNMATCHED
+    body_timeout_ms: int = DEFAULT_BODY_TIMEOUT_MS
     unmatched: list[dict[str, Any]] = field(default_factory=list)
     unmatched_total: int = 0
     cut: list[dict[str, Any]] = field(default_factory=list)  # streams that stopped early
@@ -124,7 +127,11 @@ class Replay:
 
         if request.path.startswith(ADMIN_PREFIX + "/") or request.path == ADMIN_PREFIX:
             raise not_found(f"the replay server has no route {request.method} {request.path}")
-        body = await request.read()  # at most client_max_size: else 413
+        try:  # at most client_max_size (else 413), within body_timeout_ms (else 408)
+            async with asyncio.timeout(self.body_timeout_ms / 1000):
+                body = await request.read()
+        except TimeoutError:
+            raise request_timeout(self.body_timeout_ms) from None
         outgoing = httpx.Request(
             request.method,
             ORIGIN + request.raw_path,
@@ -324,6 +331,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help=f"larger request bodies get 413 (default {DEFAULT_MAX_BODY_BYTES})",
     )
     parser.add_argument(
+        "--body-timeout-ms",
+        type=int,
+        default=DEFAULT_BODY_TIMEOUT_MS,
+        help=f"a body slower than this gets 408 (default {DEFAULT_BODY_TIMEOUT_MS})",
+    )
+    parser.add_argument(
         "--release-timeout",
         type=float,
         default=DEFAULT_RELEASE_SECONDS,
@@ -349,10 +362,11 @@ def main(argv: Sequence[str] | None = None) -> int:
 def run(args: argparse.Namespace) -> int:
     """`rest-bridge-scenarios replay`: serve until stopped; 0 when the host made every
     recorded exchange and nothing else, 1 otherwise, 2 when it cannot start."""
-    if args.max_body_bytes < 1 or args.release_timeout <= 0 or not 0 <= args.port <= 65535:
+    positive = (args.max_body_bytes, args.release_timeout, args.body_timeout_ms)
+    if min(positive) <= 0 or not 0 <= args.port <= 65535:
         print(
-            "rest-bridge-scenarios replay: --max-body-bytes and --release-timeout must be "
-            "positive, --port within 0-65535",
+            "rest-bridge-scenarios replay: --max-body-bytes, --body-timeout-ms and "
+            "--release-timeout must be positive, --port within 0-65535",
             file=sys.stderr,
         )
         return USAGE_ERROR
@@ -363,6 +377,7 @@ def run(args: argparse.Namespace) -> int:
         return USAGE_ERROR
     try:
         replay = load_replay(args.paths, release_timeout=args.release_timeout)
+        replay.body_timeout_ms = args.body_timeout_ms
         report = asyncio.run(serve(replay, args.host, args.port, args.max_body_bytes))
     except (ReplayError, ModuleNotFoundError) as exc:  # the latter: no `respx` extra
         print(f"rest-bridge-scenarios replay: {exc}", file=sys.stderr)

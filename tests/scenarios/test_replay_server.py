@@ -395,3 +395,22 @@ def test_a_storm_of_stop_signals_still_ends_with_the_whole_report(cassette: Any)
         printed = json.loads(server.process.stdout.read())
     assert status == 1
     assert printed["cassettes"][0]["unused"] == 6
+
+
+def test_a_body_that_never_arrives_is_408_and_its_connection_closed(cassette: Any) -> None:
+    path = cassette("auth-rejection")
+    with replay(path, "--body-timeout-ms", "300") as server:
+        host, port = server.url.removeprefix("http://").rsplit(":", 1)
+        with socket.create_connection((host, int(port)), timeout=30) as slow:
+            slow.sendall(b"POST /v1/sessions HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n{")
+            answer = b""
+            while chunk := slow.recv(65536):  # until the server closes the connection
+                answer += chunk
+        head, _, body = answer.partition(b"\r\n\r\n")
+        assert head.startswith(b"HTTP/1.1 408 ")
+        assert json.loads(body) == {
+            "error": "request_timeout",
+            "message": "The request body did not arrive within 300 ms.",
+            "data": {"limitMs": 300},
+        }
+        server.stop()
