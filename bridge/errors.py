@@ -127,6 +127,12 @@ ERROR_KINDS: tuple[ErrorKind, ...] = (
     ErrorKind(404, "not_found", "Unknown route", message="No such route.", for_http_exception=True),
     ErrorKind(404, "session_not_found", "unknown session"),
     ErrorKind(404, "request_not_found", "unknown server request"),
+    ErrorKind(
+        404,
+        "not_recorded",
+        "The replay server (`rest-bridge-scenarios replay`) has no recorded answer for it",
+        on_every_route=False,
+    ),
     ErrorKind(405, "method_not_allowed", "Method not allowed", for_http_exception=True),
     ErrorKind(
         408,

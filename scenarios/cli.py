@@ -241,16 +241,40 @@ def build_parser() -> argparse.ArgumentParser:
         cassettes.add_argument("--codex", help="the real codex, for scenarios with `model:`")
         if action == "record":
             cassettes.add_argument("--all", action="store_true", help="record the fresh ones too")
+    replay = commands.add_parser(
+        "replay",
+        help="serve cassettes over HTTP (SSE included) for host code in any language; "
+        "on SIGTERM or SIGINT print what was never requested and what matched nothing "
+        "(`replay --help` has its options)",
+        add_help=False,
+    )
+    replay.add_argument("rest", nargs="*", metavar="CASSETTE|OPTION")
     return parser
+
+
+#: `replay` is a program of its own (scenarios.replay_server), run from this package's
+#: directory (argv[1]), never from a `scenarios` folder of the working directory.
+_RUN_REPLAY = (
+    "import sys; sys.path.insert(0, sys.argv.pop(1)); "
+    "from scenarios.replay_server import main; sys.exit(main())"
+)
+
+
+def _replay(args: argparse.Namespace) -> int:
+    """Become the replay server (exec: its signals and exit status are its own)."""
+    root = str(Path(__file__).resolve().parents[1])
+    sys.stdout.flush()
+    os.execv(sys.executable, [sys.executable, "-c", _RUN_REPLAY, root, *args.rest])
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of `rest-bridge scenarios`; returns the exit status."""
     argv = list(sys.argv[1:] if argv is None else argv)
-    if argv[:1] == ["run"]:  # pytest's options are pytest's to parse
-        argv = ["run", "--", *argv[1:]]
+    if argv[:1] in (["run"], ["replay"]):  # pytest's (the replay's) options are its own
+        argv = [argv[0], "--", *argv[1:]]
     args = build_parser().parse_args(argv)
     actions = {"run": _run, "check": _check, "schema": _schema, "record": _record}
+    actions["replay"] = _replay
     try:
         return actions.get(args.action, _cassettes)(args)
     except BrokenPipeError:

@@ -287,6 +287,12 @@ class ScenarioRouter(respx.MockRouter):
                 missing.append(f"{self._what(index)}: {left} recorded SSE frame(s) never read")
         return missing
 
+    def release(self) -> None:
+        """Wake every wait on a request the host has not made: the replay is over (the
+        replay server's stop; `unserved` no longer tells what was made)."""
+        for made in self._made:
+            made.set()
+
     def assert_all_called(self) -> None:
         if missing := self.unserved():
             raise AssertionError(

@@ -67,6 +67,9 @@ ALLOWED_GAPS: dict[str, str] = {
     # Kinds `from_http_exception` gives to aiohttp's own exceptions, which aiohttp does
     # not raise for these routes (it does raise 400, 404, 405 and 413, all covered).
     "error 403 forbidden": "aiohttp never raises HTTPForbidden for the bridge's routes",
+    # Answered by the replay server (rest-bridge-scenarios replay), never by the bridge;
+    # tests/scenarios/test_replay_server.py covers it.
+    "error 404 not_recorded": "only the replay server answers it, never a bridge",
     # A step sends its whole body at once; tests/reliability/test_misbehaving_clients.py
     # sends one that never completes.
     "error 408 request_timeout": "a scenario cannot send a body slowly",
