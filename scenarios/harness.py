@@ -5,6 +5,7 @@ Used by the scenario runner and by the pytest plugin's fixtures alike.
 
 from __future__ import annotations
 
+import asyncio
 import contextvars
 import os
 import shutil
@@ -18,6 +19,7 @@ import aiohttp
 import orjson
 import yarl
 from aiohttp import web
+from aiohttp.typedefs import Handler, Middleware
 
 from bridge import TOKEN_VARIABLE
 from bridge.app import PRESET_ROUTES, PRESETS, SERVER_SETTINGS, route_path
@@ -218,6 +220,13 @@ class RunningBridge:
     #: Whether it asks for a token (a target says so in its OpenAPI document).
     auth: bool = False
     _clients: list[aiohttp.ClientSession] = field(default_factory=list)
+    #: The requests it is serving now (in-process only): method, path, loop time started.
+    _serving: dict[int, tuple[str, str, float]] = field(default_factory=dict)
+
+    def open(self) -> list[tuple[str, str, float]]:
+        """The requests this (in-process) bridge is still serving, streams included: each
+        one's method, path with query, and the event loop's time when it came."""
+        return list(self._serving.values())
 
     def reports(self) -> list[dict[str, Any]]:
         """What each fake-codex process behind this bridge reported so far."""
@@ -266,8 +275,27 @@ async def start_bridge(
     if token is not None:
         with_bearer_auth(app, token, exempt_health=exempt_health)
     checker = checker_for(app)
+    serving: dict[int, tuple[str, str, float]] = {}
+    app.middlewares.append(_serving_middleware(serving))
     runner, url = await serve_app(app)
-    return RunningBridge(url, app, runner, list(command), preset, token, checker, auth=bool(token))
+    return RunningBridge(
+        url, app, runner, list(command), preset, token, checker, auth=bool(token), _serving=serving
+    )
+
+
+def _serving_middleware(serving: dict[int, tuple[str, str, float]]) -> Middleware:
+    """Keeps `serving` up to date: what a test's deadline reports as still open."""
+
+    @web.middleware
+    async def note_serving(request: web.Request, handler: Handler) -> web.StreamResponse:
+        key = id(request)
+        serving[key] = (request.method, request.path_qs, asyncio.get_running_loop().time())
+        try:
+            return await handler(request)
+        finally:
+            serving.pop(key, None)
+
+    return note_serving
 
 
 class TargetError(Exception):
