@@ -31,6 +31,17 @@ $(STAMP): pyproject.toml
 	$(BIN)/pip install --quiet --no-deps openai-codex==0.163.0
 	touch $(STAMP)
 
+# What serving needs, and no more: the package and its runtime dependencies (no test or
+# lint tools). A venv that has the development install (above) has all of it already.
+SERVE_STAMP := $(VENV)/.installed-serve
+$(SERVE_STAMP): pyproject.toml
+	@if [ -f $(STAMP) ] && [ $(STAMP) -nt pyproject.toml ]; then :; else \
+		$(PYTHON) -m venv $(VENV) && \
+		$(BIN)/pip install --quiet --upgrade pip && \
+		$(BIN)/pip install --quiet -e .; \
+	fi
+	touch $@
+
 # The pinned real codex, installed into an ignored folder of the project.
 $(CODEX_BIN):
 	@if command -v npm >/dev/null 2>&1; then \
@@ -65,13 +76,13 @@ cluster: $(STAMP) nginx
 	$(BIN)/rest-bridge cluster $(if $(REPLICAS),--replicas $(REPLICAS)) --preset $(PRESET) --host $(HOST) \
 		--port $(PORT) --app-server "$(APP_SERVER)"
 
-serve: $(STAMP)
+serve: $(SERVE_STAMP)
 	@echo "$(SERVE_NOTE)"
 	$(BIN)/rest-bridge serve --preset $(PRESET) --host $(HOST) --port $(PORT) --app-server "$(APP_SERVER)"
 
 # `make serve` on the pinned real codex: its native binary, found once it is installed
 # (CODEX above is read before `make codex` has run on a fresh machine).
-serve-codex: $(STAMP) codex
+serve-codex: $(SERVE_STAMP) codex
 	@set -e; codex="$$($(BIN)/python -m scenarios.codex_install $(CODEX_DIR))"; \
 		echo "Serving on the real codex: $$codex app-server"; \
 		$(BIN)/rest-bridge serve --preset $(PRESET) --host $(HOST) --port $(PORT) \
