@@ -18,7 +18,7 @@ APP_SERVER ?= $(abspath $(BIN))/fake-codex app-server
 # Empty: `rest-bridge cluster` starts one replica per core.
 REPLICAS ?=
 
-.PHONY: serve serve-codex test test-lowest check lint typecheck pytest codex dist nginx cluster bench reliability clean
+.PHONY: serve serve-codex serve-codex-offline test test-lowest check lint typecheck pytest codex dist nginx cluster bench reliability clean
 
 # openai-codex (the official SDK, an independent client for tests/fakes/test_sdk_dropin.py)
 # goes in with --no-deps: its only other dependency is openai-codex-cli-bin, a 142 MB
@@ -87,6 +87,16 @@ serve-codex: $(SERVE_STAMP) codex
 		echo "Serving on the real codex: $$codex app-server"; \
 		$(BIN)/rest-bridge serve --preset $(PRESET) --host $(HOST) --port $(PORT) \
 			--app-server "$$codex app-server"
+
+# The pinned real codex offline: behind the scripted model endpoint (fakes/model_provider.py,
+# MODEL_SCRIPT=FILE for its replies, else it answers "Done."), with no credentials and no
+# network, in a CODEX_HOME of its own (a temporary folder, removed at exit).
+MODEL_SCRIPT ?=
+serve-codex-offline: $(SERVE_STAMP) codex
+	@set -e; codex="$$($(BIN)/python -m scenarios.codex_install $(CODEX_DIR))"; \
+		echo "Serving on the real codex, offline, on the scripted model: $$codex app-server"; \
+		$(BIN)/python -m fakes.model_provider $(if $(MODEL_SCRIPT),--script $(MODEL_SCRIPT)) \
+			--bridge "$$codex" -- --preset $(PRESET) --host $(HOST) --port $(PORT)
 
 # An sdist and a wheel in dist/, for `pip install` elsewhere (README.md, "Install").
 # PyPA's `build` runs in a small venv of its own, so this needs neither `make test`'s

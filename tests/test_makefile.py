@@ -55,7 +55,7 @@ def test_make_serve_installs_the_package_alone_not_the_development_tools() -> No
     """The first `make serve` installed the whole `dev` extra (mypy, ruff, schemathesis,
     py-spy ...): about 50 s spent on what serving never runs."""
     env = {k: v for k, v in os.environ.items() if k != "MAKEFLAGS"}
-    for target in ("serve", "serve-codex"):
+    for target in ("serve", "serve-codex", "serve-codex-offline"):
         done = subprocess.run(
             ["make", "-n", "-B", "-o", "codex", target],
             cwd=ROOT,
@@ -69,6 +69,15 @@ def test_make_serve_installs_the_package_alone_not_the_development_tools() -> No
         assert "pip install --quiet -e .;" in done.stdout, done.stdout
         assert "[dev]" not in done.stdout, done.stdout
         assert "openai-codex" not in done.stdout, done.stdout
+
+
+def test_the_real_codex_offline_is_one_target_on_the_scripted_model() -> None:
+    out = make_n("serve-codex-offline", "-o", "codex")
+    assert "-m scenarios.codex_install .codex-npm" in out
+    assert '--bridge "$codex" -- --preset trusted' in out
+    assert "--script" not in out
+    out = make_n("serve-codex-offline", "-o", "codex", "MODEL_SCRIPT=replies.yaml")
+    assert "-m fakes.model_provider --script replies.yaml" in out
 
 
 def test_make_cluster_leaves_the_replica_count_to_the_cluster_unless_given() -> None:
