@@ -28,7 +28,7 @@ from bridge.limits import RestLimits
 from bridge.routes import OPENAPI, SSE_CONTENT_TYPE
 from fakes.app_server.cli import SCRIPT_ENV
 from fakes.app_server.report import REPORT_ENV, read_reports
-from scenarios.codex_install import pinned_codex
+from scenarios.codex_install import native_beside, pinned_codex
 from scenarios.openapi_check import OpenApiChecker
 
 #: A client middleware every bridge client made in this context passes its exchanges
@@ -112,7 +112,8 @@ def find_codex(
     explicit: str | None = None, root: Path | None = None, *, option: str = "--codex"
 ) -> str | None:
     """The real codex, as an absolute path: the one named, `explicit` (given as `option`)
-    or else `$CODEX_BIN`, as given (`CodexNotFound` when it cannot run); else the pinned
+    or else `$CODEX_BIN`, as given (`CodexNotFound` when it cannot run; npm's launcher stands
+    for the native binary beside it, `codex_install.native_beside`); else the pinned
     copy `make codex` installs (`.codex-npm/` in `root`, then in the working directory),
     then `codex` on PATH; None when there is none."""
     for source, value in ((option, explicit), ("CODEX_BIN", os.environ.get("CODEX_BIN"))):
@@ -126,7 +127,16 @@ def find_codex(
                 print(f"note: {note}", file=sys.stderr)
             return path
     found = shutil.which("codex")
-    return os.path.abspath(found) if found else None
+    return _native(os.path.abspath(found)) if found else None
+
+
+def _native(codex: str) -> str:
+    """The native binary beside an npm launcher (`codex_install.native_beside`), saying so
+    on stderr when it has to be the launcher."""
+    path, note = native_beside(codex)
+    if note:
+        print(f"note: {note}", file=sys.stderr)
+    return path
 
 
 def required_codex(
@@ -143,7 +153,7 @@ def required_codex(
 def _named_codex(source: str, value: str) -> str:
     found = shutil.which(value)
     if found:
-        return os.path.abspath(found)
+        return _native(os.path.abspath(found))
     path = Path(value)
     if "/" not in value and not path.exists():
         why = "not found on PATH"
