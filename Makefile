@@ -21,7 +21,7 @@ APP_SERVER ?= $(abspath $(BIN))/fake-codex app-server
 # Empty: `rest-bridge cluster` starts one replica per core.
 REPLICAS ?=
 
-.PHONY: serve serve-codex test test-lowest check lint typecheck pytest codex dist nginx prometheus cluster bench reliability clean
+.PHONY: serve serve-codex serve-codex-offline test test-lowest check lint typecheck pytest codex dist nginx prometheus cluster bench reliability clean
 
 # openai-codex (the official SDK, an independent client for tests/fakes/test_sdk_dropin.py)
 # goes in with --no-deps: its only other dependency is openai-codex-cli-bin, a 142 MB
@@ -33,6 +33,17 @@ $(STAMP): pyproject.toml
 	$(BIN)/pip install --quiet -e '.[dev]'
 	$(BIN)/pip install --quiet --no-deps openai-codex==0.163.0
 	touch $(STAMP)
+
+# What serving needs, and no more: the package and its runtime dependencies (no test or
+# lint tools). A venv that has the development install (above) has all of it already.
+SERVE_STAMP := $(VENV)/.installed-serve
+$(SERVE_STAMP): pyproject.toml
+	@if [ -f $(STAMP) ] && [ $(STAMP) -nt pyproject.toml ]; then :; else \
+		$(PYTHON) -m venv $(VENV) && \
+		$(BIN)/pip install --quiet --upgrade pip && \
+		$(BIN)/pip install --quiet -e .; \
+	fi
+	touch $@
 
 # Every real codex of the window, each installed into an ignored folder of the project.
 $(CODEX_DIR)/%/node_modules/.bin/codex:
@@ -79,18 +90,28 @@ cluster: $(STAMP) nginx
 	$(BIN)/rest-bridge cluster $(if $(REPLICAS),--replicas $(REPLICAS)) --preset $(PRESET) --host $(HOST) \
 		--port $(PORT) --app-server "$(APP_SERVER)"
 
-serve: $(STAMP)
+serve: $(SERVE_STAMP)
 	@echo "$(SERVE_NOTE)"
 	$(BIN)/rest-bridge serve --preset $(PRESET) --host $(HOST) --port $(PORT) --app-server "$(APP_SERVER)"
 
 # `make serve` on the pinned real codex: its native binary, found once it is installed.
 # Another release: `make serve-codex CODEX_VERSION=0.171.0` (one outside the window is
 # installed too, and `rest-bridge serve` says it was not tested).
-serve-codex: $(STAMP) $(CODEX_DIR)/$(CODEX_VERSION)/node_modules/.bin/codex
+serve-codex: $(SERVE_STAMP) $(CODEX_DIR)/$(CODEX_VERSION)/node_modules/.bin/codex
 	@set -e; codex="$$($(BIN)/python -m scenarios.codex_install $(CODEX_DIR) $(CODEX_VERSION))"; \
 		echo "Serving on the real codex: $$codex app-server"; \
 		$(BIN)/rest-bridge serve --preset $(PRESET) --host $(HOST) --port $(PORT) \
 			--app-server "$$codex app-server"
+
+# The pinned real codex offline: behind the scripted model endpoint (fakes/model_provider.py,
+# MODEL_SCRIPT=FILE for its replies, else it answers "Done."), with no credentials and no
+# network, in a CODEX_HOME of its own (a temporary folder, removed at exit).
+MODEL_SCRIPT ?=
+serve-codex-offline: $(SERVE_STAMP) $(CODEX_DIR)/$(CODEX_VERSION)/node_modules/.bin/codex
+	@set -e; codex="$$($(BIN)/python -m scenarios.codex_install $(CODEX_DIR) $(CODEX_VERSION))"; \
+		echo "Serving on the real codex, offline, on the scripted model: $$codex app-server"; \
+		$(BIN)/python -m fakes.model_provider $(if $(MODEL_SCRIPT),--script $(MODEL_SCRIPT)) \
+			--bridge "$$codex" -- --preset $(PRESET) --host $(HOST) --port $(PORT)
 
 # An sdist and a wheel in dist/, for `pip install` elsewhere (README.md, "Install").
 # PyPA's `build` runs in a small venv of its own, so this needs neither `make test`'s

@@ -36,6 +36,7 @@ import re
 import shlex
 import signal
 import sys
+import tempfile
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -570,11 +571,48 @@ async def _serve(script: ModelScript, host: str, port: int) -> None:
         await stop.wait()
 
 
+async def _serve_bridge(
+    script: ModelScript, host: str, port: int, codex: str, bridge_args: Sequence[str]
+) -> int:
+    """The model, and `rest-bridge serve` (a child process, given `bridge_args`) on the real
+    `codex` behind it, in a CODEX_HOME of its own: a temporary folder, removed once the
+    bridge has exited. A SIGINT or SIGTERM stops the bridge (its own way: it drains)."""
+    async with ModelProviderServer(script, host=host, port=port) as server:
+        with tempfile.TemporaryDirectory(prefix="codex-home-") as home:
+            command = server.codex_command(codex, codex_home=Path(home), cwd=Path.cwd())
+            print(
+                f"model provider at {server.base_url}; codex runs in CODEX_HOME={home} "
+                "(removed at exit), with no credentials and no network",
+                flush=True,
+            )
+            serve = Path(sys.executable).with_name("rest-bridge")
+            start = [str(serve)] if serve.exists() else [sys.executable, "-m", "bridge.cli"]
+            bridge = await asyncio.create_subprocess_exec(
+                *start, "serve", "--app-server", shlex.join(command), *bridge_args
+            )
+            loop = asyncio.get_running_loop()
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                # The terminal's Ctrl-C reaches the bridge too; a second signal it ignores.
+                loop.add_signal_handler(sig, _stop, bridge)
+            try:
+                return await bridge.wait()
+            finally:
+                for sig in (signal.SIGINT, signal.SIGTERM):
+                    loop.remove_signal_handler(sig)
+
+
+def _stop(process: asyncio.subprocess.Process) -> None:
+    if process.returncode is None:
+        process.terminate()
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """`python -m fakes.model_provider --port N --script FILE`: serve until interrupted.
 
     With `--print-codex-args`, print the `-c` arguments that point codex at `--host` and
-    `--port` (one line, quoted for a shell) and exit, serving nothing.
+    `--port` (one line, quoted for a shell) and exit, serving nothing. With `--bridge
+    CODEX`, serve the bridge too, on that real codex behind the model, offline (the
+    arguments after `--` go to `rest-bridge serve`); its exit status is the bridge's.
     """
     parser = argparse.ArgumentParser(
         prog="python -m fakes.model_provider", description=__doc__.splitlines()[0]
@@ -587,7 +625,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         action="store_true",
         help="print the codex -c arguments for --host and --port, then exit",
     )
+    parser.add_argument(
+        "--bridge",
+        metavar="CODEX",
+        help="also serve the bridge on this real codex behind the model, in a temporary "
+        "CODEX_HOME of its own; arguments after -- go to rest-bridge serve",
+    )
+    parser.add_argument("bridge_args", nargs="*", metavar="-- SERVE_ARGS", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
+    if args.bridge_args and not args.bridge:
+        parser.error(f"unrecognized arguments: {' '.join(args.bridge_args)}")
     if args.print_codex_args:
         if not args.port:
             parser.error("--print-codex-args needs the --port the server listens on")
@@ -595,6 +642,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(shlex.join([arg for item in overrides for arg in ("-c", item)]))
         return 0
     script = ModelScript.load(args.script) if args.script else ModelScript()
+    if args.bridge:
+        return asyncio.run(
+            _serve_bridge(script, args.host, args.port, args.bridge, args.bridge_args)
+        )
     asyncio.run(_serve(script, args.host, args.port))
     return 0
 

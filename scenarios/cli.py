@@ -31,18 +31,38 @@ FRONT_OPTIONS = {
     "--jobs": "-n",
     "--junit": "--junitxml",
 }
+#: The plugin's options that take a value. pytest picks its rootdir and configuration file
+#: before it knows a plugin's options, so the value of one given as `--opt VALUE` is taken
+#: for a path there (another rootdir, test ids like `../../x::name`): the front joins them.
+PLUGIN_VALUES = ("--codex-bin", "--codex-target", "--codex-target-script", "--codex-timeout")
 #: Collect scenario files only (a file named on the command line is always collected).
-#: Skip reasons are shown too (`-r` given again replaces `-rfEs`).
-SCENARIOS_ONLY = ["-p", "scenarios.pytest_plugin", "-o", "python_files=", "-rfEs"]
+#: Skip reasons are shown too (`-r` given again replaces `-rfEs`). An option of the
+#: directory's pytest configuration that no installed plugin knows (`timeout` without
+#: pytest-timeout) is a warning, even where that configuration makes warnings errors: the
+#: run does not depend on the plugins the directory's own tests need.
+SCENARIOS_ONLY = [
+    *("-p", "scenarios.pytest_plugin", "-o", "python_files=", "-rfEs"),
+    *("-W", "default::pytest.PytestConfigWarning"),
+]
 
 
 def pytest_arguments(argv: Sequence[str]) -> list[str]:
-    """`argv` for pytest: the front's options renamed, a `-n` without `--dist` given
-    `--dist loadgroup` (so `parallel: false` scenarios share one worker)."""
+    """`argv` for pytest: the front's options renamed, the plugin's joined to their value
+    (`--codex-bin=PATH`), a `-n` without `--dist` given `--dist loadgroup` (so
+    `parallel: false` scenarios share one worker)."""
     args: list[str] = []
-    for arg in argv:
+    rest = iter(argv)
+    for arg in rest:
         name, equals, value = arg.partition("=")
-        args.append(FRONT_OPTIONS[name] + equals + value if name in FRONT_OPTIONS else arg)
+        if name not in FRONT_OPTIONS and name not in PLUGIN_VALUES:
+            args.append(arg)
+            continue
+        name = FRONT_OPTIONS.get(name, name)
+        if name in PLUGIN_VALUES and not equals:
+            given = next(rest, None)  # none: pytest says the option wants one
+            args.append(name if given is None else f"{name}={given}")
+        else:
+            args.append(name + equals + value)
     workers = any(arg == "-n" or arg.startswith(("-n", "--numprocesses")) for arg in args)
     if workers and not any(arg.startswith("--dist") for arg in args):
         args.append("--dist=loadgroup")

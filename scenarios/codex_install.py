@@ -80,6 +80,31 @@ def _installed(npm_dir: Path) -> tuple[str, str | None] | None:
     return None
 
 
+def native_beside(launcher: str | os.PathLike[str]) -> tuple[str, str | None]:
+    """What to run for a codex given by path, wherever npm installed it: when `launcher` is
+    the npm package's Node launcher (`bin/codex.js`, or a link to it such as a global
+    install's `bin/codex`), the native binary of this platform's package beside it (nested
+    in the package's `node_modules/`, or next to the package as npm hoists it), else the
+    launcher with a note saying why; anything else as given, without a note."""
+    given = Path(launcher)
+    script = given.resolve()
+    if script.suffix != ".js" or script.parent.name != "bin":
+        return str(given), None
+    package = script.parent.parent  # .../node_modules/@openai/codex
+    relative = native_relative_path()
+    if relative is not None:
+        for modules in (package / "node_modules", package.parent.parent):
+            native = modules / relative
+            if os.access(native, os.X_OK) and native.is_file():
+                return str(native.absolute()), None
+    note = (
+        f"using the Node launcher {given}: no native codex binary for this platform "
+        f"({sys.platform} {platform.machine()}) beside its package {package}; the launcher "
+        "costs about 44 MB more per app-server process"
+    )
+    return str(given), note
+
+
 def main() -> int:
     """Print the pinned codex in `./.codex-npm` (or the folder given), or the version
     given second, for the Makefile."""

@@ -5,6 +5,7 @@ Used by the scenario runner and by the pytest plugin's fixtures alike.
 
 from __future__ import annotations
 
+import asyncio
 import contextvars
 import os
 import shutil
@@ -18,6 +19,7 @@ import aiohttp
 import orjson
 import yarl
 from aiohttp import web
+from aiohttp.typedefs import Handler, Middleware
 
 from bridge import TOKEN_VARIABLE
 from bridge.app import PRESET_ROUTES, PRESETS, SERVER_SETTINGS, route_path
@@ -26,7 +28,7 @@ from bridge.limits import RestLimits
 from bridge.routes import OPENAPI, SSE_CONTENT_TYPE
 from fakes.app_server.cli import SCRIPT_ENV
 from fakes.app_server.report import REPORT_ENV, read_reports
-from scenarios.codex_install import pinned_codex
+from scenarios.codex_install import native_beside, pinned_codex
 from scenarios.openapi_check import OpenApiChecker
 
 #: A client middleware every bridge client made in this context passes its exchanges
@@ -110,7 +112,8 @@ def find_codex(
     explicit: str | None = None, root: Path | None = None, *, option: str = "--codex"
 ) -> str | None:
     """The real codex, as an absolute path: the one named, `explicit` (given as `option`)
-    or else `$CODEX_BIN`, as given (`CodexNotFound` when it cannot run); else the pinned
+    or else `$CODEX_BIN`, as given (`CodexNotFound` when it cannot run; npm's launcher stands
+    for the native binary beside it, `codex_install.native_beside`); else the pinned
     copy `make codex` installs (`.codex-npm/` in `root`, then in the working directory),
     then `codex` on PATH; None when there is none."""
     for source, value in ((option, explicit), ("CODEX_BIN", os.environ.get("CODEX_BIN"))):
@@ -124,7 +127,16 @@ def find_codex(
                 print(f"note: {note}", file=sys.stderr)
             return path
     found = shutil.which("codex")
-    return os.path.abspath(found) if found else None
+    return _native(os.path.abspath(found)) if found else None
+
+
+def _native(codex: str) -> str:
+    """The native binary beside an npm launcher (`codex_install.native_beside`), saying so
+    on stderr when it has to be the launcher."""
+    path, note = native_beside(codex)
+    if note:
+        print(f"note: {note}", file=sys.stderr)
+    return path
 
 
 def required_codex(
@@ -141,7 +153,7 @@ def required_codex(
 def _named_codex(source: str, value: str) -> str:
     found = shutil.which(value)
     if found:
-        return os.path.abspath(found)
+        return _native(os.path.abspath(found))
     path = Path(value)
     if "/" not in value and not path.exists():
         why = "not found on PATH"
@@ -218,6 +230,13 @@ class RunningBridge:
     #: Whether it asks for a token (a target says so in its OpenAPI document).
     auth: bool = False
     _clients: list[aiohttp.ClientSession] = field(default_factory=list)
+    #: The requests it is serving now (in-process only): method, path, loop time started.
+    _serving: dict[int, tuple[str, str, float]] = field(default_factory=dict)
+
+    def open(self) -> list[tuple[str, str, float]]:
+        """The requests this (in-process) bridge is still serving, streams included: each
+        one's method, path with query, and the event loop's time when it came."""
+        return list(self._serving.values())
 
     def reports(self) -> list[dict[str, Any]]:
         """What each fake-codex process behind this bridge reported so far."""
@@ -266,8 +285,27 @@ async def start_bridge(
     if token is not None:
         with_bearer_auth(app, token, exempt_health=exempt_health)
     checker = checker_for(app)
+    serving: dict[int, tuple[str, str, float]] = {}
+    app.middlewares.append(_serving_middleware(serving))
     runner, url = await serve_app(app)
-    return RunningBridge(url, app, runner, list(command), preset, token, checker, auth=bool(token))
+    return RunningBridge(
+        url, app, runner, list(command), preset, token, checker, auth=bool(token), _serving=serving
+    )
+
+
+def _serving_middleware(serving: dict[int, tuple[str, str, float]]) -> Middleware:
+    """Keeps `serving` up to date: what a test's deadline reports as still open."""
+
+    @web.middleware
+    async def note_serving(request: web.Request, handler: Handler) -> web.StreamResponse:
+        key = id(request)
+        serving[key] = (request.method, request.path_qs, asyncio.get_running_loop().time())
+        try:
+            return await handler(request)
+        finally:
+            serving.pop(key, None)
+
+    return note_serving
 
 
 class TargetError(Exception):

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import fnmatch
+import inspect
 import os
 import re
 import shutil
@@ -24,6 +25,7 @@ import pytest
 from packaging.version import Version
 
 from bridge import TOKEN_VARIABLE
+from scenarios.deadline import DEFAULT_SECONDS
 
 try:
     import pytest_asyncio
@@ -33,6 +35,7 @@ except ImportError:  # the harness extra brings it
 if TYPE_CHECKING:
     import aiohttp
 
+    from scenarios.deadline import Watch
     from scenarios.format import LoadedScenario
     from scenarios.harness import RunningBridge
     from scenarios.runner import RunOptions, ScenarioResult
@@ -42,6 +45,11 @@ DEFAULT_PATTERNS = ("*.scenario.yaml", "*.scenario.yml")
 PATTERNS_INI = "codex_scenario_patterns"
 MARKER = "codex_bridge"
 REAL_MARKER = "codex_real"
+TIMEOUT_MARKER = "codex_timeout"
+TIMEOUT_INI = "codex_timeout"
+TIMEOUT_ENV = "CODEX_TEST_TIMEOUT"
+_DEFAULT_DEADLINE = pytest.StashKey[tuple[float, str]]()
+_WATCH = pytest.StashKey["Watch"]()
 _TAGS = pytest.StashKey[set[str]]()
 _TARGET_TOKEN = pytest.StashKey[str | None]()
 T = TypeVar("T")
@@ -88,8 +96,22 @@ def pytest_addoption(parser: pytest.Parser, pluginmanager: pytest.PytestPluginMa
             "the scenario file whose appServer script the target's fake-codex runs "
             "(that scenario runs against the target too)",
         ),
+        (
+            "--codex-timeout",
+            "SECONDS",
+            "the deadline of each async test that uses the codex_ fixtures: past it the "
+            "test fails naming what was still pending (default: $CODEX_TEST_TIMEOUT, the "
+            f"ini option {TIMEOUT_INI}, else {DEFAULT_SECONDS:g}; 0: none)",
+        ),
     ):
         group.addoption(option, dest=option[2:].replace("-", "_"), metavar=metavar, help=text)
+    parser.addini(
+        TIMEOUT_INI,
+        type="string",
+        default="",
+        help=f"the deadline in seconds of async tests that use the codex_ fixtures "
+        f"(default {DEFAULT_SECONDS:g}; 0: none)",
+    )
     parser.addini(
         PATTERNS_INI,
         type="linelist",
@@ -106,6 +128,7 @@ def pytest_configure(config: pytest.Config) -> None:
         f"{MARKER}(script=None, preset='trusted', token=None, limits=None, model=None, "
         "check_script=True): how the codex_bridge fixture's bridge is built",
         f"{REAL_MARKER}: runs the real codex (skips without it; fails when CI=true)",
+        f"{TIMEOUT_MARKER}(seconds): this test's deadline (0: none), as --codex-timeout",
     ):
         config.addinivalue_line("markers", marker)
     config.stash[_TAGS] = set()
@@ -113,6 +136,71 @@ def pytest_configure(config: pytest.Config) -> None:
     config.stash[_TARGET_TOKEN] = _target_token() if config.getoption("codex_target") else None
     if _ci() and not hasattr(config, "workerinput"):
         config.pluginmanager.register(_EverySkipFails(config), "codex-every-skip-fails")
+    config.stash[_DEFAULT_DEADLINE] = _default_deadline(config)
+
+
+def _seconds(value: Any, where: str) -> float:
+    try:
+        seconds = float(value)
+    except (TypeError, ValueError):
+        seconds = -1.0
+    if not seconds >= 0 or seconds == float("inf"):
+        raise pytest.UsageError(f"{where}: {value!r} is not a number of seconds (0: no deadline)")
+    return seconds
+
+
+def _default_deadline(config: pytest.Config) -> tuple[float, str]:
+    """The deadline of tests without the marker, and what set it: the option, else the
+    variable, else the ini option, else DEFAULT_SECONDS."""
+    given = config.getoption("codex_timeout")
+    if given is not None:
+        return _seconds(given, "--codex-timeout"), "--codex-timeout"
+    if os.environ.get(TIMEOUT_ENV):
+        return _seconds(os.environ[TIMEOUT_ENV], f"${TIMEOUT_ENV}"), f"${TIMEOUT_ENV}"
+    if config.getini(TIMEOUT_INI):
+        return _seconds(config.getini(TIMEOUT_INI), TIMEOUT_INI), f"ini {TIMEOUT_INI}"
+    return DEFAULT_SECONDS, "the plugin's default"
+
+
+def _deadline(item: pytest.Item) -> tuple[float, str] | None:
+    """The deadline of an async test that uses a `codex_` fixture or has the marker."""
+    if not isinstance(item, pytest.Function) or not inspect.iscoroutinefunction(item.obj):
+        return None
+    marker = item.get_closest_marker(TIMEOUT_MARKER)
+    if marker is not None:
+        value = marker.args[0] if marker.args else marker.kwargs.get("seconds")
+        chosen = _seconds(value, f"@pytest.mark.{TIMEOUT_MARKER}"), f"@pytest.mark.{TIMEOUT_MARKER}"
+    elif any(name.startswith("codex_") for name in item.fixturenames):
+        chosen = item.config.stash[_DEFAULT_DEADLINE]
+    else:
+        return None
+    return chosen if chosen[0] > 0 else None
+
+
+def _watch(item: pytest.Item) -> Watch:
+    """What the test's deadline reports on: the fixtures add their bridges to it."""
+    from scenarios.deadline import Watch
+
+    return item.stash.setdefault(_WATCH, Watch(0.0, "", []))
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_call(item: pytest.Item) -> Any:
+    """An async test that uses the plugin runs under its deadline (scenarios.deadline)."""
+    from scenarios.deadline import bounded
+
+    deadline = _deadline(item)
+    if deadline is None:
+        return (yield)
+    assert isinstance(item, pytest.Function)
+    watch = _watch(item)
+    watch.seconds, watch.setting = deadline
+    original = item.obj
+    item.obj = bounded(original, watch)
+    try:
+        return (yield)
+    finally:
+        item.obj = original
 
 
 LOOP_SCOPE_OPTION = "asyncio_default_fixture_loop_scope"
@@ -392,6 +480,7 @@ async def codex_start_bridge(
         if model is None and app_server is None:
             bridge.report_dir = directory / "fake-reports"
         started.append((bridge, parsed, check_script, owned_model))
+        _watch(request.node).bridges.append(bridge)
         return bridge
 
     yield start
@@ -402,7 +491,7 @@ async def codex_start_bridge(
             await owned_model.close()
         if check_script and bridge.report_dir is not None:
             problems += [message for _, message in report_problems(parsed, bridge.reports())]
-    if problems:
+    if problems and not _watch(request.node).expired:  # the deadline's failure said it first
         lines = "\n".join(f"  {message}" for message in problems)
         pytest.fail(
             "after the test, the fake app-server reports (check_script=False to allow):\n" + lines,
@@ -556,7 +645,10 @@ def codex_run_scenario(
             )
         else:
             loaded = load_scenario(scenario)
+        watch = _watch(request.node)
+        watch.scenario = loaded.name
         result = await run(loaded, _run_options(request.config, tmp_path))
+        watch.scenario = None
         if result.outcome == "skipped":
             pytest.skip(result.skip_reason or "skipped")
         if check and result.outcome == "failed":

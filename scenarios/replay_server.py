@@ -21,7 +21,7 @@ import os
 import re
 import sys
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Any
 from aiohttp import web
 from multidict import CIMultiDict
 
-from bridge.errors import make_error_middleware, not_found, of_kind, request_timeout
+from bridge.errors import failure_response, not_found, of_kind, request_timeout
 from bridge.runtime import address, stop_on_first_signal
 from bridge.server import SERVER_SETTINGS
 from scenarios.cassette import ORIGIN, CassetteError, cassette_for, cassette_path
@@ -203,6 +203,23 @@ class Replay:
             item.router.release()
 
 
+def _error_payloads(max_body_bytes: int) -> Any:
+    """Every failure as the bridge's error payload (the bridge's own applications do this
+    in their head middleware, which a replay server does not need)."""
+
+    @web.middleware
+    async def middleware(
+        request: web.Request,
+        handler: Callable[[web.Request], Awaitable[web.StreamResponse]],
+    ) -> web.StreamResponse:
+        try:
+            return await handler(request)
+        except Exception as exc:
+            return await failure_response(request, exc, max_body_bytes)
+
+    return middleware
+
+
 def load_replay(
     paths: Sequence[Path],
     *,
@@ -247,7 +264,7 @@ def load_replay(
 
 def make_app(replay: Replay, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES) -> web.Application:
     app = web.Application(
-        client_max_size=max_body_bytes, middlewares=[make_error_middleware(max_body_bytes)]
+        client_max_size=max_body_bytes, middlewares=[_error_payloads(max_body_bytes)]
     )
     app.router.add_get(REPORT_ROUTE, replay.report_route, allow_head=False)
     app.router.add_route("*", "/{tail:.*}", replay.answer)

@@ -16,7 +16,7 @@ ROOT = Path(__file__).resolve().parents[1]
 def make_n(*args: str) -> str:
     env = {k: v for k, v in os.environ.items() if k not in ("APP_SERVER", "MAKEFLAGS")}
     done = subprocess.run(
-        ["make", "-n", "-o", ".venv/.installed", *args],
+        ["make", "-n", "-o", ".venv/.installed", "-o", ".venv/.installed-serve", *args],
         cwd=ROOT,
         env=env,
         capture_output=True,
@@ -49,6 +49,35 @@ def test_the_way_to_the_real_codex_is_a_target_that_finds_its_native_binary_when
     out = make_n("serve-codex", "-o", "codex")
     assert "-m scenarios.codex_install .codex-npm" in out
     assert '--app-server "$codex app-server"' in out
+
+
+def test_make_serve_installs_the_package_alone_not_the_development_tools() -> None:
+    """The first `make serve` installed the whole `dev` extra (mypy, ruff, schemathesis,
+    py-spy ...): about 50 s spent on what serving never runs."""
+    env = {k: v for k, v in os.environ.items() if k != "MAKEFLAGS"}
+    for target in ("serve", "serve-codex", "serve-codex-offline"):
+        done = subprocess.run(
+            ["make", "-n", "-B", "-o", "codex", target],
+            cwd=ROOT,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+        assert done.returncode == 0, done.stderr
+        assert "pip install --quiet -e .;" in done.stdout, done.stdout
+        assert "[dev]" not in done.stdout, done.stdout
+        assert "openai-codex" not in done.stdout, done.stdout
+
+
+def test_the_real_codex_offline_is_one_target_on_the_scripted_model() -> None:
+    out = make_n("serve-codex-offline", "-o", "codex")
+    assert "-m scenarios.codex_install .codex-npm" in out
+    assert '--bridge "$codex" -- --preset trusted' in out
+    assert "--script" not in out
+    out = make_n("serve-codex-offline", "-o", "codex", "MODEL_SCRIPT=replies.yaml")
+    assert "-m fakes.model_provider --script replies.yaml" in out
 
 
 def test_make_cluster_leaves_the_replica_count_to_the_cluster_unless_given() -> None:

@@ -34,6 +34,10 @@ _LEGACY_DECISIONS: dict[str, Any] = {
 IDLE_GRACE_SECONDS = 2.0
 #: How much of an `error` notification's message a timed-out text turn repeats.
 MAX_ERROR_CHARS = 1000
+#: What codex (0.169.0) says in an `error` notification, `willRetry: true`, when it cannot
+#: connect to its model at all (no network, a closed port): it then waits for the network
+#: without end, up to the turn's deadline (10 minutes by default). A text turn stops there.
+OFFLINE_MARK = "waiting for network"
 
 
 def approval_answer(method: str, params: Any, policy: ApprovalPolicy) -> Any | None:
@@ -86,6 +90,8 @@ class TextTurn:
         self.last_error: str | None = None
         #: When the app-server's first notification came (``time.monotonic()``).
         self.first_event_at: float | None = None
+        #: Set when codex says it waits for the network to reach its model (OFFLINE_MARK).
+        self.offline = asyncio.Event()
         peer.on_notification = self._on_notification
         peer.on_request = self._on_request
 
@@ -124,6 +130,8 @@ class TextTurn:
             message = error.get("message") if isinstance(error, dict) else None
             if isinstance(message, str) and message:
                 self.last_error = message[:MAX_ERROR_CHARS]
+                if params.get("willRetry") is True and OFFLINE_MARK in message.lower():
+                    self.offline.set()
         elif method == "thread/status/changed":
             status = params.get("status")
             turn_begun = self.started or self.turn_id is not None
@@ -180,8 +188,18 @@ class TextTurn:
         exited = asyncio.ensure_future(self.peer.wait())
         done = asyncio.ensure_future(self.done.wait())
         idle = asyncio.ensure_future(self.idle.wait())
+        offline = asyncio.ensure_future(self.offline.wait())
         try:
-            await asyncio.wait((exited, done, idle), return_when=asyncio.FIRST_COMPLETED)
+            await asyncio.wait((exited, done, idle, offline), return_when=asyncio.FIRST_COMPLETED)
+            if offline.done() and not done.done():
+                raise errors.RestError(
+                    504,
+                    "timeout",
+                    "The app-server cannot reach its model: it is waiting for the network "
+                    "(no network, or nothing listening at the model provider's address). "
+                    "The text turn was stopped rather than wait for its deadline.",
+                    data={"reason": "model_unreachable", "lastError": self.last_error},
+                )
             if not done.done() and idle.done() and not exited.done():
                 # The thread says it is idle: give turn/completed a moment, no more.
                 await asyncio.wait(
@@ -197,7 +215,7 @@ class TextTurn:
                 data={"reason": "idle_without_completion"},
             )
         finally:
-            for waiter in (exited, done, idle):
+            for waiter in (exited, done, idle, offline):
                 waiter.cancel()
 
     def _response(self) -> TextTurnResponse:

@@ -606,3 +606,49 @@ def test_script_refuses_aliases_that_stand_for_a_billion_replies():
     laughs = "a: &a [{text: lol}]\n" + levels + "replies: *i\n"
     with pytest.raises(ScriptError, match=r"^the model script:6:16: invalid YAML: its aliases"):
         ModelScript.from_yaml(laughs)
+
+
+@pytest.mark.asyncio
+async def test_the_real_codex_offline_in_one_command_keeps_its_files_to_itself(
+    codex_bin: str, tmp_path: Path
+) -> None:
+    """`--bridge CODEX` (what `make serve-codex-offline` runs): the bridge on the real codex
+    behind the scripted model answers a text turn with no credentials and no network; codex
+    keeps its files (rollouts, logs) in a CODEX_HOME of its own, not under $HOME/.codex,
+    removed once the bridge is stopped."""
+    home = tmp_path / "home"
+    home.mkdir()
+    script = tmp_path / "model.yaml"
+    script.write_text("replies:\n  - text: Hello from the scripted model.\n")
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("OPENAI_", "CODEX_"))}
+    process = await asyncio.create_subprocess_exec(
+        *(sys.executable, "-m", "fakes.model_provider", "--script", str(script)),
+        *("--bridge", codex_bin, "--", "--port", "0"),
+        stdout=asyncio.subprocess.PIPE,
+        cwd=tmp_path,
+        env={**env, "HOME": str(home)},
+    )
+    assert process.stdout is not None
+    try:
+        said = (await process.stdout.readline()).decode()
+        codex_home = Path(said.split("CODEX_HOME=")[1].split()[0])
+        assert await asyncio.to_thread(codex_home.is_dir), said
+        while not (line := (await process.stdout.readline()).decode()).startswith("rest-bridge"):
+            assert line, "the bridge ended before it listened"
+        url = line.split("listening on ")[1].strip()
+        async with (
+            aiohttp.ClientSession() as client,
+            client.post(f"{url}/v1/text-turn", json={"text": "hi"}) as response,
+        ):
+            body = await response.json()
+        assert response.status == 200, body
+        assert body["text"] == "Hello from the scripted model."
+        rollouts = await asyncio.to_thread(lambda: list(codex_home.rglob("rollout-*.jsonl")))
+        assert rollouts, "no rollout in its CODEX_HOME"
+    finally:
+        if process.returncode is None:
+            process.terminate()
+        code = await process.wait()
+    assert code == 0
+    assert not await asyncio.to_thread(codex_home.exists)
+    assert not await asyncio.to_thread((home / ".codex").exists)

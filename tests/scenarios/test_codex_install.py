@@ -113,3 +113,51 @@ def test_the_makefile_helper_prints_the_native_binary(tmp_path: Path) -> None:
         env={k: v for k, v in os.environ.items() if k != "PYTHONPATH"},
     )
     assert printed.stdout.strip() == str(native)
+
+
+def _npm_global(prefix: Path, native_at: str | None) -> Path:
+    """A global npm install of @openai/codex under `prefix` (bin/codex links to the
+    launcher), its platform package hoisted beside it, nested in it, or missing."""
+    package = prefix / "lib" / "node_modules" / "@openai" / "codex"
+    _executable(package / "bin" / "codex.js")
+    relative = native_relative_path()
+    assert relative is not None
+    if native_at == "hoisted":
+        _executable(package.parent.parent / relative)
+    elif native_at == "nested":
+        _executable(package / "node_modules" / relative)
+    link = prefix / "bin" / "codex"
+    link.parent.mkdir(parents=True)
+    link.symlink_to(package / "bin" / "codex.js")
+    return link
+
+
+@pytest.mark.quick
+@pytest.mark.parametrize("native_at", ["hoisted", "nested"])
+def test_a_codex_installed_elsewhere_runs_the_native_binary_beside_its_launcher(
+    tmp_path: Path, native_at: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    launcher = _npm_global(tmp_path / "npm", native_at)
+    found = find_codex(str(launcher), root=tmp_path)
+    assert found is not None
+    assert found.endswith(str(native_relative_path())), found
+    monkeypatch.setenv("PATH", str(launcher.parent))
+    monkeypatch.delenv("CODEX_BIN", raising=False)
+    monkeypatch.chdir(tmp_path)
+    assert find_codex(None, root=tmp_path) == found  # found on PATH
+
+
+@pytest.mark.quick
+def test_without_the_native_binary_the_launcher_is_used_and_said(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    launcher = _npm_global(tmp_path / "npm", None)
+    assert find_codex(str(launcher), root=tmp_path) == str(launcher)
+    note = capsys.readouterr().err
+    assert f"note: using the Node launcher {launcher}: no native codex binary" in note
+
+
+@pytest.mark.quick
+def test_a_codex_that_is_not_the_npm_launcher_is_run_as_given(tmp_path: Path) -> None:
+    codex = _executable(tmp_path / "bin" / "codex")
+    assert find_codex(str(codex), root=tmp_path) == str(codex)

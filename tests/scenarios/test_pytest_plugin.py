@@ -365,9 +365,10 @@ def test_everything_the_plugin_registers_is_prefixed_and_documented(
     readme = (Path(__file__).parents[2] / "scenarios" / "README.md").read_text()
     added = {kind: with_it[kind] - without[kind] for kind in with_it}
     assert added["fixture"] >= {"codex_bridge", "codex_client", "codex_sse", "codex_bin"}, added
-    assert added["option"] >= {"--codex-bin", "--codex-target", "--codex-target-script"}, added
-    assert added["marker"] == {"codex_bridge", "codex_real"}, added
-    assert added["ini"] == {"codex_scenario_patterns"}, added
+    options = {"--codex-bin", "--codex-target", "--codex-target-script", "--codex-timeout"}
+    assert added["option"] >= options, added
+    assert added["marker"] == {"codex_bridge", "codex_real", "codex_timeout"}, added
+    assert added["ini"] == {"codex_scenario_patterns", "codex_timeout"}, added
     for kind, names in added.items():
         for name in names:
             assert name.startswith(("codex_", "--codex-")), (kind, name)
@@ -409,3 +410,77 @@ def test_a_host_fixture_overriding_one_the_plugin_uses_fails_naming_the_clash(
         ]
     )
     assert "AttributeError" not in result.stdout.str()
+
+
+HANGING_HOST = """
+import httpx
+import pytest
+
+SCRIPT = {"turns": [{"steps": [{"commandApproval": {"command": "make deploy"}}]}]}
+
+
+@pytest.mark.asyncio
+@pytest.mark.codex_bridge(script=SCRIPT, limits={"sseKeepaliveMs": 100})
+async def test_a_host_that_ignores_the_approval(codex_bridge):
+    # A host service's way: httpx, a read timeout the stream's keep-alives keep resetting.
+    async with httpx.AsyncClient(base_url=codex_bridge.url, timeout=2) as http:
+        session = (await http.post("/v1/sessions", json={})).json()["sessionId"]
+        call = f"/v1/sessions/{session}/call"
+        thread = (await http.post(f"{call}/thread/start", json={"params": {}})).json()
+        params = {"threadId": thread["result"]["thread"]["id"], "input": []}
+        await http.post(f"{call}/turn/start", json={"params": params})
+        stream = f"/v1/sessions/{session}/events/stream"
+        async with http.stream("GET", stream) as events:
+            async for line in events.aiter_lines():
+                assert "turn/completed" not in line  # never: the approval is never answered
+"""
+
+
+@pytest.mark.parametrize("workers", [[], ["-n", "2"]], ids=["alone", "xdist"])
+def test_a_host_test_that_hangs_fails_at_its_deadline_naming_what_was_pending(
+    pytester: pytest.Pytester, workers: list[str]
+) -> None:
+    """A host test that leaves a server request unanswered while reading SSE (keep-alives
+    defeat httpx's read timeout) fails at the plugin's deadline, its first line naming the
+    request; the stream it read comes next."""
+    pytester.makepyfile(HANGING_HOST)
+    result = pytester.runpytest_subprocess(*QUIET, "--codex-timeout", "2", *workers, timeout=120)
+    result.assert_outcomes(failed=1)
+    first = (
+        "*the test ran past its 2 s deadline (--codex-timeout), still pending: the server "
+        "request item/commandExecution/requestApproval (requestKey 0) of session *, never "
+        "answered"
+    )
+    result.stdout.fnmatch_lines(
+        [first, "*also pending: GET /v1/sessions/*/events/stream, open for * s (an event stream*"]
+    )
+    failure = result.stdout.str()
+    assert "CancelledError" not in failure
+    assert "Traceback" not in failure
+
+
+def test_the_marker_wins_over_the_option_and_a_bad_value_is_a_usage_error(
+    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`codex_timeout` on a test beats `--codex-timeout 0` (off); a deadline that is not a
+    number of seconds stops the run naming where it came from."""
+    pytester.makepyfile(
+        """
+        import asyncio
+        import pytest
+
+        @pytest.mark.asyncio
+        @pytest.mark.codex_timeout(0.5)
+        async def test_waits_forever(codex_bridge):
+            await asyncio.Event().wait()
+        """
+    )
+    result = pytester.runpytest_subprocess(*QUIET, "--codex-timeout", "0", timeout=120)
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines(
+        ["*the test ran past its 0.5 s deadline (@pytest.mark.codex_timeout); nothing was pending*"]
+    )
+    monkeypatch.setenv("CODEX_TEST_TIMEOUT", "soon")
+    result = pytester.runpytest_subprocess(*QUIET, timeout=120)
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(["*$CODEX_TEST_TIMEOUT: 'soon' is not a number of seconds*"])

@@ -8,6 +8,7 @@ import os
 import pty
 import re
 import secrets
+import shutil
 import signal
 import socket
 import subprocess
@@ -52,6 +53,43 @@ def test_a_checkout_with_the_harness_extra_alone_runs_its_library() -> None:
     assert done.returncode == 0, done.stdout + done.stderr
     assert "1 passed" in done.stdout, done.stdout
     assert "INTERNALERROR" not in done.stdout + done.stderr
+
+
+def test_a_directory_whose_pytest_configuration_needs_a_missing_plugin_still_runs(
+    tmp_path: Path,
+) -> None:
+    """A host folder whose configuration sets pytest-timeout's `timeout` and makes pytest's
+    warnings errors, run without pytest-timeout: the unknown option is a warning, not an
+    INTERNALERROR (it was, before the run ever started)."""
+    (tmp_path / "pyproject.toml").write_text(
+        '[tool.pytest.ini_options]\ntimeout = 5\nfilterwarnings = ["error::pytest.PytestWarning"]\n'
+    )
+    shutil.copy(LIBRARY / "auth-rejection.scenario.yaml", tmp_path)
+    done = run_cli("run", "auth-rejection.scenario.yaml", "-p", "no:timeout", cwd=tmp_path)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "1 passed" in done.stdout, done.stdout
+    assert "Unknown config option: timeout" in done.stdout, done.stdout
+
+
+@pytest.mark.timeout(600)  # two runs through the CLI, each allowed 300 s
+def test_the_codex_path_with_a_space_or_an_equals_sign_gives_the_same_ids(tmp_path: Path) -> None:
+    """`--codex PATH`, as documented, once made pytest take PATH for a path to test, so
+    another rootdir (ids like `../../x::name`, JUnit `classname=""`)."""
+    shutil.copy(LIBRARY / "auth-rejection.scenario.yaml", tmp_path)
+    codex = sys.executable  # never run: the scenario does not need the real codex
+    seen = []
+    for spelling in (["--codex", codex], [f"--codex={codex}"]):
+        junit = tmp_path / "junit.xml"
+        args = ["auth-rejection.scenario.yaml", *spelling, "-v", "--junitxml", str(junit)]
+        done = run_cli("run", *args, cwd=tmp_path)
+        assert done.returncode == 0, done.stdout + done.stderr
+        case = ET.parse(junit).getroot().find("testsuite/testcase")
+        assert case is not None
+        seen.append(
+            (f"rootdir: {tmp_path}" in done.stdout, case.get("classname"), case.get("name"))
+        )
+        assert "auth-rejection.scenario.yaml::auth-rejection PASSED" in done.stdout, done.stdout
+    assert seen[0] == seen[1] == (True, "auth-rejection.scenario.yaml", "auth-rejection"), seen
 
 
 def test_a_passing_run_without_basetemp_leaves_no_directory_behind(tmp_path: Path) -> None:
@@ -473,7 +511,7 @@ def test_the_fronts_options_become_the_plugins_and_the_old_ones_still_work() -> 
     args = ["x.scenario.yaml", "--target", "http://h:1", "--codex=/c", "-j", "2", "--junit", "j"]
     assert pytest_arguments(args) == [
         *SCENARIOS_ONLY,
-        *("x.scenario.yaml", "--codex-target", "http://h:1", "--codex-bin=/c"),
+        *("x.scenario.yaml", "--codex-target=http://h:1", "--codex-bin=/c"),
         *("-n", "2", "--junitxml", "j", "--dist=loadgroup"),
     ]
     # A --dist of the user's own stays theirs; no -n, no --dist.
