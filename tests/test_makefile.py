@@ -99,3 +99,10 @@ def test_make_test_shares_the_tests_out_between_xdist_workers() -> None:
     prepared = ("-o", "codex", "-o", "nginx")
     assert "pytest -n auto --dist loadgroup" in make_n("pytest", *prepared)
     assert "pytest -n 3 --dist loadgroup" in make_n("pytest", *prepared, "JOBS=3")
+
+
+def test_make_test_runs_the_lint_the_types_and_both_test_runs_side_by_side() -> None:
+    # The test runs mostly wait on child processes: side by side they fill the cores, and
+    # each run's output is printed whole when it ends, not mixed line by line.
+    first = make_n("test").splitlines()[0]
+    assert "-j4 --output-sync=target lint typecheck pytest test-lowest" in first

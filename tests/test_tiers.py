@@ -146,3 +146,31 @@ def test_a_test_reading_nothing_of_its_process_is_in_no_group(
     request: pytest.FixtureRequest,
 ) -> None:
     assert request.node.get_closest_marker("xdist_group") is None
+
+
+def test_each_xdist_group_runs_on_one_worker(project: pytest.Pytester) -> None:
+    # `--dist loadgroup` sends a group to one worker. pytest-xdist marks a test's group in
+    # its node id, which pytest 9.2 no longer lets a plugin change: the groups were then
+    # shared out like any test, silently (pyproject.toml keeps pytest below 9.2).
+    log = project.path / "ran.log"
+    tests = "\n".join(
+        f"""
+        @pytest.mark.xdist_group("{group}")
+        def test_{group}_{index}():
+            with open({str(log)!r}, "a") as f:
+                f.write("{group} " + os.environ["PYTEST_XDIST_WORKER"] + "\\n")
+        """
+        for group in ("first", "second")
+        for index in range(6)
+    )
+    project.makepyfile(test_groups="import os\nimport pytest\n" + textwrap.dedent(tests))
+    result = project.runpytest_subprocess(
+        "-p", "no:cacheprovider", "-n", "2", "--dist", "loadgroup"
+    )
+    result.assert_outcomes(passed=12)
+    workers: dict[str, set[str]] = {}
+    for line in log.read_text().splitlines():
+        group, worker = line.split()
+        workers.setdefault(group, set()).add(worker)
+    assert set(workers) == {"first", "second"}
+    assert all(len(ran_on) == 1 for ran_on in workers.values()), workers

@@ -21,7 +21,9 @@ Each kind is one xdist group (``process-children``, ``process-descriptors``,
 ``process-memory``): its tests run one after another on one worker, scheduled first (they
 are the longest units), and before each the worker waits for the processes its earlier
 tests started to be gone. Tests that share a module's bridge (``shared_bridge_process``)
-stay on one worker too, so that bridge starts once.
+stay on one worker too, so that bridge starts once. A module with several shared bridges
+names one group per bridge with an explicit ``xdist_group`` mark (tests/reliability/
+test_fuzz.py), which this module keeps: the bridges' tests then run on several workers.
 """
 
 from __future__ import annotations

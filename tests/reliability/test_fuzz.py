@@ -108,12 +108,23 @@ def load(preset: str, auth: bool) -> Any:
     return schema
 
 
+def bridge_group(preset: str, auth: bool) -> pytest.MarkDecorator:
+    """The xdist group of the tests on one preset's bridge in one auth mode.
+
+    One worker runs them in order: each operation's fuzzing on the one bridge, then the
+    check that the same bridge serves the fuzzed document and ends clean. Six bridges, six
+    groups: the workers share the fuzzing out instead of one worker running all of it.
+    """
+    return pytest.mark.xdist_group(f"fuzz-{preset}-auth-{'on' if auth else 'off'}")
+
+
 def fuzz_test(preset: str, auth: bool) -> Callable[..., None]:
     schema = load(preset, auth)
 
     # The parametrization names each item: pytest 9 builds an unparametrized item's id
     # from its original name, which schemathesis sets to the bare function name, so the
     # operation label would otherwise be lost and every operation share one node id.
+    @bridge_group(preset, auth)
     @pytest.mark.parametrize("examples", [EXAMPLES], ids=[f"{EXAMPLES} examples"])
     @schema.parametrize()
     @hypothesis.settings(
@@ -153,8 +164,14 @@ test_text_turn_auth_off = fuzz_test("text-turn", False)
 test_text_turn_auth_on = fuzz_test("text-turn", True)
 
 
-@pytest.mark.parametrize("preset", list(PRESETS))
-@pytest.mark.parametrize("auth", [False, True], ids=["auth off", "auth on"])
+@pytest.mark.parametrize(
+    ("auth", "preset"),
+    [
+        pytest.param(auth, preset, marks=bridge_group(preset, auth), id=f"auth {mode}-{preset}")
+        for auth, mode in ((False, "off"), (True, "on"))
+        for preset in PRESETS
+    ],
+)
 def test_served_document_is_the_one_fuzzed_and_the_bridge_ends_clean(
     shared_bridge_process, report, preset, auth
 ):
@@ -179,7 +196,13 @@ def test_served_document_is_the_one_fuzzed_and_the_bridge_ends_clean(
 
 
 def test_every_generated_case_has_a_node_id_of_its_own(request, report):
-    """Each operation of each preset and auth mode is an item with a node id of its own"""
+    """Each operation of each preset and auth mode is an item with a node id of its own
+
+    One collection of the module (it builds every schema) serves a second check: each
+    bridge's tests are one xdist group of their own, and the check that the bridge ends
+    clean comes after its fuzzing there (else it would start a fresh bridge, on whatever
+    worker, and check that one).
+    """
 
     def items(node: pytest.Collector) -> list[pytest.Item]:
         found: list[pytest.Item] = []
@@ -188,7 +211,8 @@ def test_every_generated_case_has_a_node_id_of_its_own(request, report):
         return found
 
     # This module collected afresh, whatever `-k` or `--lf` selected this run.
-    ids = [item.nodeid for item in items(request.node.parent)]
+    collected = items(request.node.parent)
+    ids = [item.nodeid for item in collected]
     assert len(ids) == len(set(ids)), sorted({i for i in ids if ids.count(i) > 1})[:5]
     operations = 0
     for preset in PRESETS:
@@ -197,8 +221,30 @@ def test_every_generated_case_has_a_node_id_of_its_own(request, report):
             operations += sum(len(methods) for methods in paths)
     generated = [i for i in ids if "_auth_o" in i.split("::", 1)[1].split("[", 1)[0]]
     assert len(generated) == operations
+    assert_each_bridge_is_fuzzed_then_checked_in_its_group(collected)
     report.survived = report.nothing_lost = report.no_leak = True
     report.figures["items"] = len(ids)
     report.outcome = (
         "unique node ids, one per operation (so -k, --lf, xdist and the progress count see each)"
     )
+
+
+def assert_each_bridge_is_fuzzed_then_checked_in_its_group(items: list[pytest.Item]) -> None:
+    def group(item: pytest.Item) -> str | None:
+        marker = item.get_closest_marker("xdist_group")
+        return str(marker.args[0]) if marker is not None and marker.args else None
+
+    order = {item.nodeid: index for index, item in enumerate(items)}
+    checks = [i for i in items if i.name.startswith("test_served_document_is_the_one_fuzzed")]
+    assert len(checks) == len(PRESETS) * 2
+    groups = set()
+    for check in checks:
+        preset, auth = check.callspec.params["preset"], check.callspec.params["auth"]
+        fuzzed = [i for i in items if i.name.startswith(f"test_{preset.replace('-', '_')}_auth_")]
+        fuzzed = [i for i in fuzzed if ("_auth_on" in i.name) == auth]
+        assert fuzzed, check.nodeid
+        assert group(check) is not None, check.nodeid
+        assert {group(i) for i in fuzzed} == {group(check)}, check.nodeid
+        assert max(order[i.nodeid] for i in fuzzed) < order[check.nodeid], check.nodeid
+        groups.add(group(check))
+    assert len(groups) == len(checks)
