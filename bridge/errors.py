@@ -21,6 +21,9 @@ from bridge.wire import dumps
 
 log = logging.getLogger("bridge")
 
+#: The error kind of a response that is the error payload (read by the access log).
+ERROR_KIND = web.ResponseKey("error_kind", str)
+
 JSON_CONTENT_TYPE = "application/json"
 
 
@@ -64,6 +67,7 @@ class RestError(Exception):
             content_type=JSON_CONTENT_TYPE,
             headers=self.headers,
         )
+        response[ERROR_KIND] = self.kind
         if self.close_connection:
             response.force_close()
         return response

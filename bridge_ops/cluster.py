@@ -179,6 +179,8 @@ class Cluster:
         self.front_replicas: dict[str, Replica] = {}
         self.front_settings = FrontSettings()
         self._reloading = asyncio.Lock()
+        #: --log-format and --log-level, passed on to each replica.
+        self.log_options: list[str] = []
 
     async def _spawn(self, name: str, argv: Sequence[str], env: dict[str, str]) -> Member:
         with descendants.spawning() as own:
@@ -224,6 +226,7 @@ class Cluster:
                 *(sys.executable, "-m", "bridge.cli", "serve"),
                 *("--preset", self.preset, "--app-server", self.app_server),
                 *("--host", self.host, "--port", str(ports[name]), "--loop", self.loop_name),
+                *self.log_options,
             ]
             member = await self._spawn(name, argv, env)
             member.url = f"http://{self.host}:{ports[name]}"
@@ -582,6 +585,10 @@ def main(args: argparse.Namespace) -> int:
     cluster.probe_interval = int(getattr(args, "probe_interval_ms", PROBE_INTERVAL_MS)) / 1000
     cluster.probe_timeout = int(getattr(args, "probe_timeout_ms", PROBE_TIMEOUT_MS)) / 1000
     cluster.probe_misses = int(getattr(args, "probe_misses", PROBE_MISSES))
+    for option in ("log_format", "log_level"):
+        value = getattr(args, option, None)
+        if value is not None:
+            cluster.log_options += ["--" + option.replace("_", "-"), str(value)]
     try:
         with asyncio.Runner() as runner:
             return runner.run(run(cluster))

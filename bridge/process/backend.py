@@ -14,7 +14,7 @@ import uuid
 from collections.abc import Iterator, Sequence
 from typing import Any
 
-from bridge import __version__, errors
+from bridge import __version__, errors, logs
 from bridge.backend import Backend, EventStream, new_session_id
 from bridge.events import Event, rfc3339
 from bridge.limits import RestLimits
@@ -27,6 +27,7 @@ from bridge.models import (
     TextTurnResponse,
 )
 from bridge.process import startup
+from bridge.process.channel import ExitInfo
 from bridge.process.launch import AppServerLauncher, SpawnStdio
 from bridge.process.peer import JsonRpcPeer, ProcessGone, RpcError, StdinFull
 from bridge.process.session import Session, rpc_failure
@@ -77,6 +78,10 @@ class ProcessBackend(Backend):
         self._background: set[asyncio.Task[Any]] = set()
         #: Every running conversation: sessions', sessionless calls' and text turns'.
         self._processes: set[JsonRpcPeer] = set()
+        #: The conversations the bridge is stopping, and the sessions of those that have
+        #: one: what an exit's log lines say (bridge.logs).
+        self._asked_to_stop: set[JsonRpcPeer] = set()
+        self._session_of: dict[JsonRpcPeer, Session] = {}
         self._closing = False
 
     # -- lifecycle -------------------------------------------------------------
@@ -92,6 +97,8 @@ class ProcessBackend(Backend):
         readers get the ``exit`` event; nothing is spawned once closing has begun.
         """
         self._closing = True
+        for session in self._sessions.values():
+            session.end_reason = session.end_reason or ("drain" if self.draining else "shutdown")
         if self._reaper is not None:
             self._reaper.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -116,7 +123,7 @@ class ProcessBackend(Backend):
         now = time.time()
         for session in list(self._sessions.values()):
             if not session.busy() and now - session.last_activity_at > idle:
-                log.info("reaping idle session %s", session.id)
+                session.end_reason = "idle_timeout"
                 self._run_in_background(self._remove(session))
 
     def _run_in_background(self, coroutine: Any) -> None:
@@ -146,7 +153,7 @@ class ProcessBackend(Backend):
             raise errors.app_server_spawn_failed("The bridge is shutting down.")
         process = await self.launcher.open(options)
         self._processes.add(process)
-        process.exit_callbacks.append(lambda _: self._processes.discard(process))
+        process.exit_callbacks.append(lambda info: self._exited(process, info))
         if self._closing:
             await process.shutdown(self.limits.shutdown_grace_ms / 1000)
             raise errors.app_server_spawn_failed("The bridge is shutting down.")
@@ -182,6 +189,22 @@ class ProcessBackend(Backend):
                 "the app-server stopped taking input after answering `initialize`"
             ) from None
 
+    def _exited(self, process: JsonRpcPeer, info: ExitInfo) -> None:
+        """A conversation ended: its app-server's line, and its session's end."""
+        self._processes.discard(process)
+        asked = process in self._asked_to_stop
+        self._asked_to_stop.discard(process)
+        session = self._session_of.pop(process, None)
+        session_id = session.id if session is not None else None
+        logs.app_server_exited(
+            session_id, self.replica_id, info.exit_code, info.signal, info.describe(), asked=asked
+        )
+        if session is not None:
+            reason = session.end_reason or "app_server_exit"
+            logs.session_ended(
+                session.id, reason, self.replica_id, time.time() - session.created_at
+            )
+
     async def _stop_fully(self, process: JsonRpcPeer) -> None:
         """Stop ``process`` and wait until it is gone, even when the caller is cancelled.
 
@@ -189,6 +212,8 @@ class ProcessBackend(Backend):
         still be stopped, and its slot held until it is gone. The cancellation is
         re-raised once it is.
         """
+        if process.running:
+            self._asked_to_stop.add(process)
         stopping = asyncio.ensure_future(process.shutdown(self.limits.shutdown_grace_ms / 1000))
         cancelled = False
         while not stopping.done():
@@ -275,6 +300,11 @@ class ProcessBackend(Backend):
             )
             session.initialize_result = await self._initialize(process, options)
             self._sessions[session.id] = session
+            if process.running:
+                self._session_of[process] = session
+                logs.session_started(
+                    session.id, self.replica_id, "shared" if process.shared else "process"
+                )
         return SessionCreated.model_construct(
             session_id=session.id,
             created_at=rfc3339(session.created_at),
@@ -300,6 +330,7 @@ class ProcessBackend(Backend):
         session = self._sessions.get(session_id)
         if session is None:
             raise errors.session_not_found(session_id)
+        session.end_reason = session.end_reason or "deleted"
         await self._remove(session)
 
     async def session_call(
