@@ -17,6 +17,7 @@ sessions and app-servers.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import re
@@ -26,6 +27,7 @@ from typing import Any, ClassVar, TextIO
 
 from aiohttp import web
 from aiohttp.abc import AbstractAccessLogger
+from aiohttp.typedefs import Handler, Middleware
 
 from bridge.errors import ERROR_KIND
 
@@ -44,6 +46,9 @@ FIELDS = "fields"
 #: What a session id looks like when the bridge made it (a UUID, maybe a replica's
 #: prefix); anything else a caller put in a path is not repeated.
 _SESSION_ID = re.compile(r"[A-Za-z0-9._-]{1,128}")
+#: The status of a request whose handler was cancelled before it answered in full (the
+#: client went away, or the bridge stopped): nginx's "client closed request".
+CLIENT_GONE = 499
 #: A request that matched no route (404, 405, or refused before routing).
 NO_ROUTE = "-"
 
@@ -129,6 +134,17 @@ def safe_session_id(raw: str | None) -> str | None:
     return raw if _SESSION_ID.fullmatch(raw) else "?"
 
 
+def _match_info(request: web.BaseRequest) -> web.UrlMappingMatchInfo | None:
+    """The route ``request`` matched; None for one that never reached routing (aiohttp's
+    parser refused it), whose ``match_info`` asserts that it is set."""
+    if not isinstance(request, web.Request):
+        return None
+    try:
+        return request.match_info
+    except AssertionError:
+        return None
+
+
 class AccessLog(AbstractAccessLogger):
     """One INFO line per request, when it ends (aiohttp's public access-log hook).
 
@@ -147,19 +163,21 @@ class AccessLog(AbstractAccessLogger):
         return self.logger.isEnabledFor(logging.INFO)
 
     def log(self, request: web.BaseRequest, response: web.StreamResponse, time: float) -> None:
+        self.write(request, response.status, response.body_length, response.get(ERROR_KIND), time)
+
+    def write(
+        self, request: web.BaseRequest, status: int, size: int, kind: str | None, seconds: float
+    ) -> None:
+        """The line of ``request``, answered ``status`` in ``size`` bytes (head included)."""
         route = NO_ROUTE
         session_id = None
-        if isinstance(request, web.Request):
-            info = request.match_info
-            resource = info.route.resource
-            if resource is not None:
-                route = resource.canonical
-                session_id = safe_session_id(info.get("sessionId"))
-        status = response.status
-        size = response.body_length
-        kind = response.get(ERROR_KIND)
+        info = _match_info(request)
+        resource = info.route.resource if info is not None else None
+        if resource is not None:
+            route = resource.canonical
+            session_id = safe_session_id(info.get("sessionId"))  # type: ignore[union-attr]
         method = request.method if request.method.isalpha() else "?"
-        millis = round(time * 1000, 1)
+        millis = round(seconds * 1000, 1)
         text = f"{method} {route} {status} {millis}ms {size}B"
         fields: dict[str, Any] = {
             "method": method,
@@ -178,6 +196,29 @@ class AccessLog(AbstractAccessLogger):
             fields["errorKind"] = kind
             text += f" error={kind}"
         self.logger.info(text, extra={FIELDS: fields})
+
+    @classmethod
+    def middleware(cls) -> Middleware:
+        """The line of a request whose handler was cancelled (its client went away: an
+        SSE stream or a long-poll closed by its reader, a call abandoned), which
+        aiohttp's hook never sees: status :data:`CLIENT_GONE`, the bytes sent so far.
+        Outermost, so that it sees every request the application handles."""
+        access = cls(ACCESS, "")
+
+        @web.middleware
+        async def access_log_when_gone(
+            request: web.Request, handler: Handler
+        ) -> web.StreamResponse:
+            started = asyncio.get_running_loop().time()
+            try:
+                return await handler(request)
+            except asyncio.CancelledError:
+                if access.enabled:
+                    seconds = asyncio.get_running_loop().time() - started
+                    access.write(request, CLIENT_GONE, request.writer.output_size, None, seconds)
+                raise
+
+        return access_log_when_gone
 
 
 def access_log_class(replica_id: str | None = None) -> type[AccessLog]:

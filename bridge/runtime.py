@@ -190,6 +190,8 @@ class ServeProcess:
 
         Raises :class:`StartupError` when it cannot listen there.
         """
+        if access_log_class is not None:
+            app.middlewares.insert(0, access_log_class.middleware())
         runner = web.AppRunner(
             app,
             access_log=logs.ACCESS if access_log_class is not None else None,
