@@ -468,7 +468,10 @@ async def failure_response(
             raise exc
         return from_http_exception(exc, max_body_bytes).to_response()
     # The last line of defence: no traceback leaves the bridge.
-    log.error("internal error on %s %s: %s", request.method, request.path, type(exc).__name__)
+    # The route's template, not the path: a path holds what the caller wrote.
+    resource = request.match_info.route.resource
+    where = resource.canonical if resource is not None else "-"
+    log.error("internal error on %s %s: %s", request.method, where, type(exc).__name__)
     return internal_error().to_response()
 
 
