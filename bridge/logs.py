@@ -127,11 +127,12 @@ class AccessLines:
         millis = int(now % 1 * 1000)
         return f"{self._stamp}.{millis:03d}Z" if self.json else f"{self._stamp},{millis:03d}"
 
-    def add(self, text: str, fields: dict[str, Any]) -> None:
+    def add(self, text: str, fields: dict[str, Any] | None) -> None:
+        """One line: ``text`` is its message, ``fields`` its JSON keys (json only)."""
         stamp = self._time(time.time())
         if self.json:
             line = {"time": stamp, "level": "INFO", "logger": ACCESS.name, "message": text}
-            line.update(fields)
+            line.update(fields or {})
             self._pending.append(dumps(line).decode() + "\n")
         else:
             self._pending.append(f"{stamp} INFO {ACCESS.name} {text}\n")
@@ -231,7 +232,9 @@ class AccessLog(AbstractAccessLogger):
         return self.logger.isEnabledFor(logging.INFO)
 
     def log(self, request: web.BaseRequest, response: web.StreamResponse, time: float) -> None:
-        self.write(request, response.status, response.body_length, response.get(ERROR_KIND), time)
+        # Only an error payload has a kind: a success does not pay for the lookup.
+        kind = response.get(ERROR_KIND) if response.status >= 400 else None
+        self.write(request, response.status, response.body_length, kind, time)
 
     def write(
         self, request: web.BaseRequest, status: int, size: int, kind: str | None, seconds: float
@@ -247,6 +250,16 @@ class AccessLog(AbstractAccessLogger):
         method = request.method if request.method.isalpha() else "?"
         millis = round(seconds * 1000, 1)
         text = f"{method} {route} {status} {millis}ms {size}B"
+        if session_id is not None:
+            text += f" session={session_id}"
+        if self.replica_id is not None:
+            text += f" replica={self.replica_id}"
+        if kind is not None:
+            text += f" error={kind}"
+        lines = _access_lines
+        if lines is not None and not lines.json:
+            lines.add(text, None)
+            return
         fields: dict[str, Any] = {
             "method": method,
             "route": route,
@@ -256,15 +269,12 @@ class AccessLog(AbstractAccessLogger):
         }
         if session_id is not None:
             fields["sessionId"] = session_id
-            text += f" session={session_id}"
         if self.replica_id is not None:
             fields["replicaId"] = self.replica_id
-            text += f" replica={self.replica_id}"
         if kind is not None:
             fields["errorKind"] = kind
-            text += f" error={kind}"
-        if _access_lines is not None:
-            _access_lines.add(text, fields)
+        if lines is not None:
+            lines.add(text, fields)
         else:
             self.logger.info(text, extra={FIELDS: fields})
 

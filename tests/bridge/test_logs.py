@@ -24,6 +24,7 @@ from typing import Any
 
 import aiohttp
 import pytest
+from processes import nginx_binary
 
 #: The module's runs are shared by its tests: one worker starts each once.
 pytestmark = pytest.mark.xdist_group("logs")
@@ -529,3 +530,32 @@ def test_late_replies_are_still_seen_at_debug(tmp_path: Path):
     late = [line for line in served.stderr if "unknown or finished request id" in line]
     assert len(late) == 5
     assert all(" DEBUG " in line for line in late)
+
+
+def test_the_cluster_passes_the_log_options_to_its_replicas(tmp_path: Path):
+    process = subprocess.Popen(
+        [
+            *(REST_BRIDGE, "cluster", "--replicas", "1", "--port", "0"),
+            *("--dir", str(tmp_path / "front"), "--nginx", nginx_binary()),
+            *("--app-server", f"{FAKE_CODEX} app-server", "--log-format", "json"),
+        ],
+        env={k: v for k, v in os.environ.items() if not k.startswith("REST_ADAPTER_")},
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    assert process.stdout is not None
+    banner = None
+    try:
+        for line in process.stdout:  # the launcher's and its replicas' own words
+            if line.startswith("[replica-0] ") and " listening on " in line:
+                banner = json.loads(line.removeprefix("[replica-0] "))
+                break
+    finally:
+        process.send_signal(signal.SIGINT)
+        rest, _ = process.communicate(timeout=WAIT)
+    assert banner is not None, rest
+    assert banner["event"] == "listening"
+    assert banner["url"].startswith("http://127.0.0.1:")
+    assert process.returncode == 0, rest
