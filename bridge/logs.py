@@ -232,9 +232,10 @@ class AccessLog(AbstractAccessLogger):
         return self.logger.isEnabledFor(logging.INFO)
 
     def log(self, request: web.BaseRequest, response: web.StreamResponse, time: float) -> None:
+        status = response.status
         # Only an error payload has a kind: a success does not pay for the lookup.
-        kind = response.get(ERROR_KIND) if response.status >= 400 else None
-        self.write(request, response.status, response.body_length, kind, time)
+        kind = response.get(ERROR_KIND) if status >= 400 else None
+        self.write(request, status, response.body_length, kind, time)
 
     def write(
         self, request: web.BaseRequest, status: int, size: int, kind: str | None, seconds: float
@@ -246,10 +247,13 @@ class AccessLog(AbstractAccessLogger):
         resource = info.route.resource if info is not None else None
         if resource is not None:
             route = resource.canonical
-            session_id = safe_session_id(info.get("sessionId"))  # type: ignore[union-attr]
-        method = request.method if request.method.isalpha() else "?"
-        millis = round(seconds * 1000, 1)
-        text = f"{method} {route} {status} {millis}ms {size}B"
+            session_id = info.get("sessionId")  # type: ignore[union-attr]
+            if session_id is not None and not _SESSION_ID.fullmatch(session_id):
+                session_id = "?"
+        method = request.method
+        if not method.isalpha():
+            method = "?"
+        text = f"{method} {route} {status} {seconds * 1000:.1f}ms {size}B"
         if session_id is not None:
             text += f" session={session_id}"
         if self.replica_id is not None:
@@ -264,7 +268,7 @@ class AccessLog(AbstractAccessLogger):
             "method": method,
             "route": route,
             "status": status,
-            "durationMs": millis,
+            "durationMs": round(seconds * 1000, 1),
             "bytes": size,
         }
         if session_id is not None:
