@@ -25,6 +25,7 @@ import logging
 import re
 import sys
 import time
+from time import monotonic
 from typing import Any, ClassVar, TextIO
 
 from aiohttp import web
@@ -294,12 +295,12 @@ class AccessLog(AbstractAccessLogger):
         async def access_log_when_gone(
             request: web.Request, handler: Handler
         ) -> web.StreamResponse:
-            started = asyncio.get_running_loop().time()
+            started = monotonic()
             try:
                 return await handler(request)
             except asyncio.CancelledError:
                 if access.enabled:
-                    seconds = asyncio.get_running_loop().time() - started
+                    seconds = monotonic() - started
                     access.write(request, CLIENT_GONE, request.writer.output_size, None, seconds)
                 raise
 
