@@ -82,12 +82,14 @@ class Served:
             self.changed.notify_all()
 
     def wait_for(self, lines: list[str], found: Callable[[list[str]], bool]) -> None:
-        """Until ``found(lines)`` holds (or the process has ended and it does not)."""
+        """Until ``found(lines)`` holds; fails if the process ends (and its streams are
+        read to their end) without it."""
         with self.changed:
-            ok = self.changed.wait_for(
-                lambda: found(lines) or self.process.poll() is not None, WAIT
-            )
-        assert ok, f"not seen in:\n{chr(10).join(lines[-40:])}"
+            self.changed.wait_for(lambda: found(lines) or self.process.poll() is not None, WAIT)
+        if not found(lines):
+            for reader in self.readers:
+                reader.join(WAIT)
+        assert found(lines), f"not seen in:\n{chr(10).join(lines[-40:])}"
 
     def wait_for_log(self, pattern: str, count: int = 1) -> None:
         self.wait_for(self.stderr, lambda ls: sum(bool(re.search(pattern, x)) for x in ls) >= count)
