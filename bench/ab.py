@@ -4,6 +4,7 @@
     .venv/bin/python -m bench.ab --before main --after i22-merge   # two revisions
     .venv/bin/python -m bench.ab --loops [--rounds 8]   # this tree, asyncio against uvloop
     .venv/bin/python -m bench.ab --metrics [--rounds 8]   # this tree, metrics off against on
+    .venv/bin/python -m bench.ab --before-args="--log-level warning"   # access lines off/on
 
 Both bridges run side by side (an old one from ``git archive REV bridge`` on
 PYTHONPATH) and are measured in turns, the order reversed every other round, so that
@@ -21,6 +22,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
+import shlex
 import statistics
 import subprocess
 import sys
@@ -86,6 +88,12 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--app-server", choices=["lean", "fake"], default="lean")
     parser.add_argument(
+        "--before-args", default="", help="more arguments of the before bridge's `serve`"
+    )
+    parser.add_argument(
+        "--after-args", default="", help="more arguments of the after bridge's `serve`"
+    )
+    parser.add_argument(
         "--only",
         default="c1,c64,sse",
         help="comma-separated figures: c1 (one call at a time), c64 (64 in flight), sse",
@@ -120,7 +128,8 @@ def main(argv: list[str] | None = None) -> int:
                     old = stack.enter_context(tempfile.TemporaryDirectory(prefix="bench-ab-"))
                     checkout(revision, Path(old))
                     env["PYTHONPATH"] = old
-                bridge = Bridge(loop=loop, env=env, app_server=app_server)
+                extra = shlex.split(getattr(args, f"{name}_args"))
+                bridge = Bridge(loop=loop, env=env, app_server=app_server, args=extra)
                 bridges[name] = stack.enter_context(bridge)
         targets: dict[str, tuple[str, str]] = {}
         for name, bridge in bridges.items():
@@ -156,7 +165,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"| this tree, {args.loop} loop, {what} | metrics off | metrics on | change |")
     else:
         after = args.after or "this tree"
-        print(f"| {args.loop} loop, {what} | before ({args.before}) | after ({after}) | change |")
+        before_name = " ".join([args.before, args.before_args]).strip()
+        after_name = " ".join([after, args.after_args]).strip()
+        columns = f"before ({before_name}) | after ({after_name})"
+        print(f"| {args.loop} loop, {what} | {columns} | change |")
     print("|---|---|---|---|")
     for key in results["before"]:
         cells = []

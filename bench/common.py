@@ -233,8 +233,11 @@ class Bridge:
         script: bool = True,
         env: dict[str, str] | None = None,
         app_server: Sequence[str] | None = None,
+        args: Sequence[str] = (),
     ) -> None:
         self.app_server = list(app_server) if app_server is not None else fake_argv()
+        #: More arguments of `rest-bridge serve` (e.g. ``--log-level warning``).
+        self.args = list(args)
         self.limits = limits or {}
         self.extra_env = env or {}
         self.loop = loop
@@ -258,6 +261,7 @@ class Bridge:
         argv += ["--app-server", command]
         if self.loop:
             argv += ["--loop", self.loop]
+        argv += self.args
         limits = {f"REST_ADAPTER_{k.upper()}": str(v) for k, v in self.limits.items()}
         env = fake_env({**limits, **self.extra_env}, script=self.script)
         self.proc = subprocess.Popen(

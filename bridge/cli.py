@@ -16,7 +16,7 @@ import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from bridge import TOKEN_VARIABLE, __version__, codex_window, credentials, replica
+from bridge import TOKEN_VARIABLE, __version__, codex_window, credentials, logs, replica
 from bridge.app import PRESETS, mounted_routes, router_method_rules
 from bridge.auth import AuthSettings, token_problem, with_bearer_auth
 from bridge.limits import (
@@ -76,6 +76,23 @@ def bounded_int(low: int, high: int) -> Callable[[str], int]:
         return value
 
     return parse
+
+
+def add_log_options(parser: argparse.ArgumentParser, whose: str = "") -> None:
+    parser.add_argument(
+        "--log-format",
+        choices=logs.LOG_FORMATS,
+        default=None,
+        help=f"{whose}log lines (stderr) and banner (stdout) as text or one JSON object a "
+        "line (default: $REST_ADAPTER_LOG_FORMAT, else text)",
+    )
+    parser.add_argument(
+        "--log-level",
+        choices=logs.LOG_LEVELS,
+        default=None,
+        help=f"{whose}least level logged; access lines are info (default: "
+        "$REST_ADAPTER_LOG_LEVEL, else info)",
+    )
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -143,6 +160,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="event loop: uvloop spends less CPU per call, asyncio is the standard "
         f"library's; auto: uvloop when installed, else asyncio (default: {DEFAULT_LOOP})",
     )
+    add_log_options(serve)
     front_config = commands.add_parser(
         "front-config",
         help="print nginx's configuration for a front over several replicas",
@@ -225,6 +243,7 @@ def build_parser() -> argparse.ArgumentParser:
         default=2,
         help="probes missed in a row that mark a replica down at the front (default 2)",
     )
+    add_log_options(cluster_parser, "the replicas' ")
     openapi = commands.add_parser("openapi", help="print a preset's OpenAPI 3.1.0 document")
     openapi.add_argument("--preset", choices=sorted(PRESETS), default="trusted")
     openapi.add_argument(
@@ -382,38 +401,36 @@ async def serve(
                 "app-server: ", "app-server (shared, one process on a private socket): ", 1
             )
     async with ServeProcess(drain.start) as process:
-        bound = await process.serve(app, host, port)
+        bound = await process.serve(app, host, port, logs.access_log_class(settings.replica_id))
         operations = "" if listener is None or ops is None else await listener.start(*ops)
         auth = (
             "on"
             if token is not None
             else f"off (set {TOKEN_VARIABLE} or {TOKEN_VARIABLE}_FILE to require a token)"
         )
-        print(f"rest-bridge {__version__} listening on http://{address(*bound[:2])}", flush=True)
+        url = f"http://{address(*bound[:2])}"
+        logs.say(f"rest-bridge {__version__} listening on {url}", event="listening", url=url)
         loop = asyncio.get_running_loop()
         loop_name = "uvloop" if type(loop).__module__.startswith("uvloop") else "asyncio"
-        print(f"  preset: {preset}; auth: {auth}; loop: {loop_name}", flush=True)
+        logs.say(f"  preset: {preset}; auth: {auth}; loop: {loop_name}")
         changed = ", ".join(f"{name}={value}" for name, value in limits.changed().items())
-        print(f"  limits: {changed or 'the defaults'}", flush=True)
-        print(f"  methods: {describe_policy(preset, method_policy)}", flush=True)
+        logs.say(f"  limits: {changed or 'the defaults'}")
+        logs.say(f"  methods: {describe_policy(preset, method_policy)}")
         for variable in BridgeSettings.unknown_variables():
-            print(
-                f"  ignoring {variable}: not a variable rest-bridge reads (misspelt?)", flush=True
-            )
-        print(f"  {described}", flush=True)
-        print(f"  {window}", flush=True)
-        print(f"  {process.descriptors}", flush=True)
+            logs.say(f"  ignoring {variable}: not a variable rest-bridge reads (misspelt?)")
+        logs.say(f"  {described}", event="app_server")
+        logs.say(f"  {window}")
+        logs.say(f"  {process.descriptors}")
         if operations:
-            print(f"  operations: http://{operations} (/metrics, /livez, /readyz)", flush=True)
+            logs.say(f"  operations: http://{operations} (/metrics, /livez, /readyz)")
         if settings.replica_id is not None:
-            print(
-                f"  replica: {settings.replica_id}; peers: {', '.join(settings.peers) or 'none'}",
-                flush=True,
+            logs.say(
+                f"  replica: {settings.replica_id}; peers: {', '.join(settings.peers) or 'none'}"
             )
         try:
             await process.stop.wait()
         finally:
-            print("rest-bridge: stopping", flush=True)
+            logs.say("rest-bridge: stopping")
             drain.cancel()
             if listener is not None:
                 await listener.close()
@@ -519,6 +536,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             variables = BridgeSettings.from_env()
             app_server = variables.app_server(mode=args.app_server_mode, url=args.app_server_url)
             token, app_server = read_secrets(app_server, variables)
+            logs.configure(
+                args.log_format or variables.log_format, args.log_level or variables.log_level
+            )
         except (RestLimitsEnvError, ReplicaSettingsError, ValueError) as exc:
             print(f"rest-bridge: {exc}", file=sys.stderr)
             return 2

@@ -20,6 +20,9 @@ from bridge.wire import dumps
 
 log = logging.getLogger("bridge")
 
+#: The error kind of a response that is the error payload (read by the access log).
+ERROR_KIND = web.ResponseKey("error_kind", str)
+
 JSON_CONTENT_TYPE = "application/json"
 
 
@@ -63,6 +66,7 @@ class RestError(Exception):
             content_type=JSON_CONTENT_TYPE,
             headers=self.headers,
         )
+        response[ERROR_KIND] = self.kind
         if self.close_connection:
             response.force_close()
         return response
@@ -446,7 +450,10 @@ async def failure_response(
             raise exc
         return from_http_exception(exc, max_body_bytes).to_response()
     # The last line of defence: no traceback leaves the bridge.
-    log.error("internal error on %s %s: %s", request.method, request.path, type(exc).__name__)
+    # The route's template, not the path: a path holds what the caller wrote.
+    resource = request.match_info.route.resource
+    where = resource.canonical if resource is not None else "-"
+    log.error("internal error on %s %s: %s", request.method, where, type(exc).__name__)
     return internal_error().to_response()
 
 

@@ -33,6 +33,7 @@ from typing import Any
 import aiohttp
 import orjson
 
+from bridge import logs
 from bridge.backend import PEER_QUERY_HEADER, SEPARATOR, Backend, PeerSessions
 from bridge.limits import REPLICA_ID, ReplicaSettings
 
@@ -175,10 +176,9 @@ class Drain:
         self.backend.start_drain()
         held = self.backend.held()
         log.info("draining: no new work; %d sessions and calls held", held)
-        print(
+        logs.say(
             f"rest-bridge: draining ({held} held; exiting when the last ends, "
-            f"at most {self.timeout:g} s)",
-            flush=True,
+            f"at most {self.timeout:g} s)"
         )
         self._task = asyncio.create_task(self._wait(done))
 
@@ -187,9 +187,9 @@ class Drain:
             await asyncio.wait_for(self.backend.wait_drained(), self.timeout)
         left = self.backend.held()
         if left:
-            print(f"rest-bridge: drain deadline reached with {left} still held", flush=True)
+            logs.say(f"rest-bridge: drain deadline reached with {left} still held")
         else:
-            print("rest-bridge: drained", flush=True)
+            logs.say("rest-bridge: drained")
         done.set()
 
     def cancel(self) -> None:

@@ -23,6 +23,7 @@ from typing import Any
 
 from aiohttp import web
 
+from bridge import logs
 from bridge.descriptors import (
     Acceptor,
     ShortageReporter,
@@ -274,14 +275,24 @@ class ServeProcess:
             self._orphans = asyncio.create_task(reap_every())
         return self
 
-    async def serve(self, app: web.Application, host: str, port: int) -> tuple[Any, ...]:
+    async def serve(
+        self,
+        app: web.Application,
+        host: str,
+        port: int,
+        access_log_class: type[logs.AccessLog] | None = None,
+    ) -> tuple[Any, ...]:
         """Serve ``app`` on every address of ``host:port``; the first bound address.
+        With ``access_log_class``, a line for each request (:mod:`bridge.logs`).
 
         Raises :class:`StartupError` when it cannot listen there.
         """
+        if access_log_class is not None:
+            app.middlewares.insert(0, access_log_class.middleware())
         runner = web.AppRunner(
             app,
-            access_log=None,
+            access_log=logs.ACCESS if access_log_class is not None else None,
+            access_log_class=access_log_class or logs.AccessLog,
             # Shutdown closes the backend first, which ends every stream, long-poll and
             # call; a handler still running this long after that is cancelled.
             shutdown_timeout=SHUTDOWN_HANDLER_SECONDS,
@@ -315,7 +326,7 @@ class ServeProcess:
         # Every app-server is stopped: whatever still runs below the bridge is a leftover.
         killed = await end_all(DESCENDANTS_EXIT_SECONDS)
         if killed:
-            print(f"rest-bridge: killed {killed} leftover processes", flush=True)
+            logs.say(f"rest-bridge: killed {killed} leftover processes")
         self._shortage.close()
         # Stopped otherwise (drained): a signal now must not kill the exit either.
         ignore_stop_signals()

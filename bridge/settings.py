@@ -49,6 +49,7 @@ from bridge.limits import (
     url_problem,
     validate_replica_id,
 )
+from bridge.logs import DEFAULT_FORMAT, DEFAULT_LEVEL, LOG_FORMATS, LOG_LEVELS
 from bridge.policy import MethodPolicy, parse_rules
 
 #: The most characters of a bad value an error message repeats.
@@ -318,6 +319,24 @@ class OpsVariables(Variables):
         return raw
 
 
+class LogVariables(Variables):
+    """How the bridge writes its log lines (:mod:`bridge.logs`); `--log-format` and
+    `--log-level` win."""
+
+    log_format: str = Field(DEFAULT_FORMAT, description="log lines as text or json")
+    log_level: str = Field(DEFAULT_LEVEL, description="the least level logged")
+
+    @field_validator("log_format", "log_level", mode="before")
+    @classmethod
+    def _choice(cls, raw: Any, info: ValidationInfo) -> Any:
+        choices = LOG_FORMATS if info.field_name == "log_format" else LOG_LEVELS
+        if isinstance(raw, str) and raw not in choices:
+            raise RestLimitsEnvError(
+                variable_name(str(info.field_name)), raw, f"choice ({', '.join(choices)})"
+            )
+        return raw
+
+
 class MarkVariables(Variables):
     """Set by rest-bridge on the processes it starts, so it can find them again; never
     set by hand (the bridge does not read them, but knows them)."""
@@ -329,10 +348,11 @@ class MarkVariables(Variables):
 
 
 # The fields of a class with several bases come in the reverse order of its bases: this
-# is limits, method policy, app-server, secrets, replicas, operations, marks, the order
-# `serve` checks them in (the first bad one is the one reported).
+# is limits, method policy, app-server, secrets, replicas, operations, logs, marks, the
+# order `serve` checks them in (the first bad one is the one reported).
 class BridgeSettings(
     MarkVariables,
+    LogVariables,
     OpsVariables,
     ReplicaVariables,
     AuthVariables,

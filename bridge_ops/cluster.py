@@ -187,6 +187,8 @@ class Cluster:
         self._reloading = asyncio.Lock()
         #: ``--ops-port``: replica N's operations listener on this + N (0: free ports).
         self.ops_port: int | None = None
+        #: --log-format and --log-level, passed on to each replica.
+        self.log_options: list[str] = []
 
     async def _spawn(self, name: str, argv: Sequence[str], env: dict[str, str]) -> Member:
         with descendants.spawning() as own:
@@ -236,6 +238,7 @@ class Cluster:
                 *(sys.executable, "-m", "bridge.cli", "serve"),
                 *("--preset", self.preset, "--app-server", self.app_server),
                 *("--host", self.host, "--port", str(ports[name]), "--loop", self.loop_name),
+                *self.log_options,
             ]
             ops_port = self._ops_port(ids.index(name))
             if ops_port is not None:
@@ -612,6 +615,10 @@ def main(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return 2
+    for option in ("log_format", "log_level"):
+        value = getattr(args, option, None)
+        if value is not None:
+            cluster.log_options += ["--" + option.replace("_", "-"), str(value)]
     try:
         with asyncio.Runner() as runner:
             return runner.run(run(cluster))

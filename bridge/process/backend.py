@@ -14,7 +14,7 @@ import uuid
 from collections.abc import Coroutine, Iterator, Sequence
 from typing import Any
 
-from bridge import __version__, errors
+from bridge import __version__, errors, logs
 from bridge.backend import Backend, EventStream, new_session_id
 from bridge.events import Event, rfc3339
 from bridge.limits import RestLimits
@@ -78,6 +78,10 @@ class ProcessBackend(Backend):
         self._background: set[asyncio.Task[Any]] = set()
         #: Every running conversation: sessions', sessionless calls' and text turns'.
         self._processes: set[JsonRpcPeer] = set()
+        #: The conversations the bridge is stopping, and the sessions of those that have
+        #: one: what an exit's log lines say (bridge.logs).
+        self._asked_to_stop: set[JsonRpcPeer] = set()
+        self._session_of: dict[JsonRpcPeer, Session] = {}
         self._closing = False
         #: Where events are reported (bridge.metrics), when metrics are on.
         self.metrics: Metrics | None = None
@@ -100,6 +104,8 @@ class ProcessBackend(Backend):
         readers get the ``exit`` event; nothing is spawned once closing has begun.
         """
         self._closing = True
+        for session in self._sessions.values():
+            session.end_reason = session.end_reason or ("drain" if self.draining else "shutdown")
         if self._reaper is not None:
             self._reaper.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -124,10 +130,13 @@ class ProcessBackend(Backend):
         now = time.time()
         for session in list(self._sessions.values()):
             if not session.busy() and now - session.last_activity_at > idle:
-                log.info("reaping idle session %s", session.id)
-                task = asyncio.create_task(self._remove(session))
-                self._background.add(task)
-                task.add_done_callback(self._background.discard)
+                session.end_reason = "idle_timeout"
+                self._run_in_background(self._remove(session))
+
+    def _run_in_background(self, coroutine: Any) -> None:
+        task = asyncio.create_task(coroutine)
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
 
     # -- processes -------------------------------------------------------------
 
@@ -166,6 +175,7 @@ class ProcessBackend(Backend):
         return process
 
     def _ended(self, process: JsonRpcPeer, info: ExitInfo) -> None:
+        """A conversation ended: counted, its app-server's line, and its session's end."""
         self._processes.discard(process)
         self.late_replies_ended += process.late_replies
         if self.metrics is not None:
@@ -173,6 +183,18 @@ class ProcessBackend(Backend):
                 info.exit_code, info.signal, bool(info.protocol_error), bool(info.connection)
             )
             self.metrics.exited(self.mode, reason)
+        asked = process in self._asked_to_stop
+        self._asked_to_stop.discard(process)
+        session = self._session_of.pop(process, None)
+        session_id = session.id if session is not None else None
+        logs.app_server_exited(
+            session_id, self.replica_id, info.exit_code, info.signal, info.describe(), asked=asked
+        )
+        if session is not None:
+            reason = session.end_reason or "app_server_exit"
+            logs.session_ended(
+                session.id, reason, self.replica_id, time.time() - session.created_at
+            )
 
     def _start_failed(self, error: errors.RestError) -> errors.RestError:
         if self.metrics is not None and not self._closing:
@@ -218,6 +240,8 @@ class ProcessBackend(Backend):
         still be stopped, and its slot held until it is gone. The cancellation is
         re-raised once it is.
         """
+        if process.running:
+            self._asked_to_stop.add(process)
         stopping = asyncio.ensure_future(process.shutdown(self.limits.shutdown_grace_ms / 1000))
         cancelled = False
         while not stopping.done():
@@ -319,6 +343,11 @@ class ProcessBackend(Backend):
             session.metrics = self.metrics
             session.initialize_result = await self._initialize(process, options)
             self._sessions[session.id] = session
+            if process.running:
+                self._session_of[process] = session
+                logs.session_started(
+                    session.id, self.replica_id, "shared" if process.shared else "process"
+                )
         return SessionCreated.model_construct(
             session_id=session.id,
             created_at=rfc3339(session.created_at),
@@ -341,7 +370,9 @@ class ProcessBackend(Backend):
     async def delete_session(self, session_id: str) -> None:
         """Gone at once: every new request on the id is a 404; open streams read on to
         the ``exit`` event. Answers once the process is gone."""
-        await self._remove(self.session(session_id))
+        session = self.session(session_id)
+        session.end_reason = session.end_reason or "deleted"
+        await self._remove(session)
 
     def session_call(
         self, session_id: str, method: str, params: Any, *, timeout_ms: int | None

@@ -77,6 +77,9 @@ class Session:
         self.created_at = time.time()
         self.last_activity_at = self.created_at
         self.initialize_result: Any = None
+        #: Why the bridge ended it (bridge.logs.END_REASONS); None while it lives, or
+        #: when its app-server ended by itself.
+        self.end_reason: str | None = None
         #: Readers (SSE streams, long-polls) currently attached; a read session is not idle.
         self.readers = 0
         #: Calls waiting for the app-server's answer; a session with one is not idle.

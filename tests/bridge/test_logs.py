@@ -1,0 +1,563 @@
+"""The bridge's log lines (bridge/logs.py), read from a real `rest-bridge serve`.
+
+Each test starts the program with fake-codex behind it, drives it over real sockets and
+reads what it wrote: the banner on stdout, the log lines on stderr. A module's run of
+the whole API (success, 401, 4xx, 5xx, an SSE stream, an app-server crash, a text turn,
+a request aiohttp's parser refuses) in each format is shared by the tests that read it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import pytest
+from processes import nginx_binary
+
+#: The module's runs are shared by its tests: one worker starts each once.
+pytestmark = pytest.mark.xdist_group("logs")
+
+REST_BRIDGE = str(Path(sys.executable).with_name("rest-bridge"))
+FAKE_CODEX = str(Path(sys.executable).with_name("fake-codex"))
+WAIT = 60.0
+
+#: What must never reach a log line.
+TOKEN = "tok-LOGS-4f1e-NEVER-LOGGED"
+APP_SERVER_TOKEN = "ws-tok-LOGS-9a0c-NEVER-LOGGED"
+ENV_SECRET = "env-secret-LOGS-33d1-NEVER-LOGGED"
+TURN_TEXT = "turn-text-LOGS-7b2e-NEVER-LOGGED"
+REPLY_TEXT = "agent-reply-LOGS-c4a9-NEVER-LOGGED"
+SECRETS = (TOKEN, APP_SERVER_TOKEN, ENV_SECRET, TURN_TEXT, REPLY_TEXT)
+AUTH = {"Authorization": f"Bearer {TOKEN}"}
+REPLICA = "logs-r1"
+
+SCRIPT = {
+    "version": 1,
+    "methods": {
+        # The crash writes a secret on stderr: the exit event carries it, no log line does.
+        "test/crash": {"steps": [{"stderr": f"dying with {ENV_SECRET}\n"}, {"exit": 3}]},
+        # Held until the client answers the server request; then answered, then said.
+        "test/held": {
+            "steps": [
+                {"request": {"method": "item/tool/requestUserInput", "wait": True}},
+                {"respond": {"result": {}}},
+                {"notify": {"method": "test/replied"}},
+            ]
+        },
+    },
+    "turns": [{"repeat": True, "steps": [{"agentMessage": REPLY_TEXT}]}],
+}
+
+
+@dataclass
+class Served:
+    """A running `rest-bridge serve`: its URL and every line it has written so far."""
+
+    process: subprocess.Popen[bytes]
+    stdout: list[str] = field(default_factory=list)
+    stderr: list[str] = field(default_factory=list)
+    url: str = ""
+    changed: threading.Condition = field(default_factory=threading.Condition)
+    readers: list[threading.Thread] = field(default_factory=list)
+    format: str = "text"
+
+    def read(self, stream: Any, lines: list[str]) -> None:
+        for raw in stream:
+            with self.changed:
+                lines.append(raw.decode("utf-8", "replace").rstrip("\n"))
+                self.changed.notify_all()
+        with self.changed:
+            self.changed.notify_all()
+
+    def wait_for(self, lines: list[str], found: Callable[[list[str]], bool]) -> None:
+        """Until ``found(lines)`` holds; fails if the process ends (and its streams are
+        read to their end) without it."""
+        with self.changed:
+            self.changed.wait_for(lambda: found(lines) or self.process.poll() is not None, WAIT)
+        if not found(lines):
+            for reader in self.readers:
+                reader.join(WAIT)
+        assert found(lines), f"not seen in:\n{chr(10).join(lines[-40:])}"
+
+    def wait_for_log(self, pattern: str, count: int = 1) -> None:
+        self.wait_for(self.stderr, lambda ls: sum(bool(re.search(pattern, x)) for x in ls) >= count)
+
+    def stop(self, sig: int = signal.SIGTERM) -> None:
+        if self.process.poll() is None:
+            self.process.send_signal(sig)
+        self.process.wait(WAIT)
+        for reader in self.readers:
+            reader.join(WAIT)
+
+    @property
+    def lines(self) -> list[str]:
+        return self.stdout + self.stderr
+
+
+def start(
+    tmp: Path, *args: str, env: dict[str, str] | None = None, script: dict[str, Any] = SCRIPT
+) -> Served:
+    script_path = tmp / "script.json"
+    script_path.write_text(json.dumps(script))
+    environment = {k: v for k, v in os.environ.items() if not k.startswith("REST_ADAPTER_")}
+    environment.update(env or {})
+    process = subprocess.Popen(
+        [
+            *(REST_BRIDGE, "serve", "--port", "0"),
+            *("--app-server", f"{FAKE_CODEX} app-server --script {script_path}"),
+            *args,
+        ],
+        env=environment,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    served = Served(process)
+    for stream, lines in ((process.stdout, served.stdout), (process.stderr, served.stderr)):
+        reader = threading.Thread(target=served.read, args=(stream, lines), daemon=True)
+        reader.start()
+        served.readers.append(reader)
+    served.wait_for(served.stdout, lambda ls: any(" listening on " in x for x in ls))
+    line = next(x for x in served.stdout if " listening on " in x)
+    found = re.search(r"listening on (http://[0-9.]+:\d+)", line)
+    assert found is not None, line
+    served.url = found.group(1)
+    return served
+
+
+async def status_of(method: str, url: str) -> int:
+    async with aiohttp.ClientSession() as http, http.request(method, url) as response:
+        return response.status
+
+
+async def new_session(base: str) -> str:
+    async with (
+        aiohttp.ClientSession() as http,
+        http.post(f"{base}/v1/sessions", json={}) as response,
+    ):
+        return str((await response.json())["sessionId"])
+
+
+def json_lines(lines: list[str]) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in lines if line]
+
+
+# -- one run of the whole API, in each format --------------------------------------------
+
+
+async def read_stream(http: aiohttp.ClientSession, url: str) -> bytes:
+    async with http.get(url, headers=AUTH) as response:
+        assert response.status == 200
+        return await response.read()
+
+
+async def exercise(served: Served) -> None:
+    base = served.url
+    async with aiohttp.ClientSession() as http:
+        async with http.get(f"{base}/health") as response:
+            assert response.status == 200
+        # 401: a wrong token; the token in a query and in a body, but not in the header.
+        async with http.post(
+            f"{base}/v1/sessions", headers={"Authorization": "Bearer wrong-" + TOKEN}
+        ) as response:
+            assert response.status == 401
+        async with http.post(
+            f"{base}/v1/sessions?token={TOKEN}&access_token={TOKEN}",
+            data=json.dumps({"token": TOKEN}),
+        ) as response:
+            assert response.status == 401
+        async with http.post(f"{base}/v1/sessions", headers=AUTH, json={}) as response:
+            assert response.status == 201
+            session = (await response.json())["sessionId"]
+        async with http.post(f"{base}/v1/sessions", headers=AUTH, json={}) as response:
+            assert response.status == 201
+            survivor = (await response.json())["sessionId"]
+        calls = f"{base}/v1/sessions/{session}/call"
+        # 400: a body that is not JSON, with the token in it and in the query.
+        async with http.post(
+            f"{calls}/thread/start?token={TOKEN}", headers=AUTH, data=f'{{"params": "{TOKEN}'
+        ) as response:
+            assert response.status == 400
+        async with http.post(
+            f"{calls}/thread/start", headers=AUTH, json={"params": {}}
+        ) as response:
+            assert response.status == 200
+            thread = (await response.json())["result"]["thread"]["id"]
+        stream = asyncio.create_task(
+            read_stream(http, f"{base}/v1/sessions/{session}/events/stream")
+        )
+        turn = {"threadId": thread, "input": [{"type": "text", "text": TURN_TEXT}]}
+        async with http.post(f"{calls}/turn/start", headers=AUTH, json={"params": turn}) as r:
+            assert r.status == 200
+        # A reader that goes away with its stream open.
+        async with http.get(
+            f"{base}/v1/sessions/{survivor}/events/stream", headers=AUTH
+        ) as response:
+            assert response.status == 200
+            await response.content.readany()
+        # 5xx: the app-server crashes under a call; the stream ends with its exit event.
+        async with http.post(f"{calls}/test/crash", headers=AUTH, json={"params": {}}) as response:
+            assert response.status == 502
+            assert (await response.json())["error"] == "app_server_exited"
+        events = await asyncio.wait_for(stream, WAIT)
+        assert REPLY_TEXT.encode() in events
+        assert b"event: exit" in events
+        async with http.post(
+            f"{base}/v1/text-turn", headers=AUTH, json={"text": TURN_TEXT}
+        ) as response:
+            assert response.status == 200
+        async with http.get(f"{base}/v1/sessions/x%0Ay/events", headers=AUTH) as response:
+            assert response.status == 404
+    # A request aiohttp's parser refuses (a header line without a colon), carrying the
+    # token: its own 400, before any of the bridge's code runs.
+    host, port = base.removeprefix("http://").split(":")
+    with socket.create_connection((host, int(port)), timeout=WAIT) as sock:
+        sock.sendall(
+            f"GET /health HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {TOKEN}\r\n"
+            f"no colon {TOKEN}\r\n\r\n".encode()
+        )
+        assert sock.recv(65536).split(b"\r\n", 1)[0].endswith(b" 400 Bad Request")
+
+
+def run_through_the_api(tmp: Path, log_format: str) -> Served:
+    """A bridge run in ``log_format`` through the whole API, stopped."""
+    token_file = tmp / "token"
+    token_file.write_text(TOKEN + "\n")
+    app_server_token_file = tmp / "app-server-token"
+    app_server_token_file.write_text(APP_SERVER_TOKEN + "\n")
+    served = start(
+        tmp,
+        "--log-format",
+        log_format,
+        env={
+            "REST_ADAPTER_TOKEN_FILE": str(token_file),
+            "REST_ADAPTER_APP_SERVER_TOKEN_FILE": str(app_server_token_file),
+            "REST_ADAPTER_REPLICA_ID": REPLICA,
+            # What an app-server needs from the bridge's environment, and inherits.
+            "OPENAI_API_KEY": ENV_SECRET,
+        },
+    )
+    served.format = log_format
+    try:
+        asyncio.run(exercise(served))
+    finally:
+        served.stop()
+    assert served.process.returncode == 0
+    return served
+
+
+@pytest.fixture(scope="module")
+def text_run(tmp_path_factory: pytest.TempPathFactory) -> Served:
+    return run_through_the_api(tmp_path_factory.mktemp("logs-text"), "text")
+
+
+@pytest.fixture(scope="module")
+def json_run(tmp_path_factory: pytest.TempPathFactory) -> Served:
+    return run_through_the_api(tmp_path_factory.mktemp("logs-json"), "json")
+
+
+@pytest.fixture(params=["text", "json"])
+def run(request: pytest.FixtureRequest) -> Served:
+    """The run in each format."""
+    served: Served = request.getfixturevalue(f"{request.param}_run")
+    return served
+
+
+def access_lines(served: Served) -> list[dict[str, Any]]:
+    """The access lines as their fields, whatever the format."""
+    if served.format == "json":
+        return [x for x in json_lines(served.stderr) if x["logger"] == "bridge.access"]
+    found = []
+    shape = re.compile(
+        r"INFO bridge\.access (?P<method>\S+) (?P<route>\S+) (?P<status>\d+) "
+        r"(?P<durationMs>[\d.]+)ms (?P<bytes>\d+)B(?P<rest>.*)"
+    )
+    for line in served.stderr:
+        match = shape.search(line)
+        if match:
+            fields: dict[str, Any] = match.groupdict()
+            fields["status"] = int(fields["status"])
+            rest = dict(pair.split("=", 1) for pair in fields.pop("rest").split())
+            names = {"session": "sessionId", "replica": "replicaId", "error": "errorKind"}
+            fields.update({names[k]: v for k, v in rest.items()})
+            found.append(fields)
+    return found
+
+
+def test_no_secret_reaches_a_log_line(run: Served):
+    assert run.stderr, "the run wrote no log line"
+    for line in run.lines:
+        for secret in SECRETS:
+            assert secret not in line, f"{secret} in {line!r}"
+        assert "Traceback" not in line
+
+
+def test_every_line_of_the_json_format_is_one_object_with_the_stable_keys(json_run: Served):
+    run = json_run
+    for line in run.lines:
+        record = json.loads(line)
+        assert isinstance(record, dict), line
+        assert {"time", "level", "logger", "message"} <= set(record), line
+        assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z", record["time"]), line
+    listening = [x for x in json_lines(run.stdout) if x.get("event") == "listening"]
+    assert listening == [listening[0]]
+    assert listening[0]["url"] == run.url
+    assert " listening on http://" in listening[0]["message"]
+
+
+def test_the_text_format_keeps_the_banner_hosts_read(text_run: Served):
+    run = text_run
+    assert run.stdout[0].startswith("rest-bridge ")
+    assert run.stdout[0].endswith(f" listening on {run.url}")
+    assert any(line.startswith("  app-server: ") for line in run.stdout)
+
+
+def test_each_request_has_one_access_line_with_its_route_template_and_fields(run: Served):
+    lines = access_lines(run)
+    by_status: dict[int, list[dict[str, Any]]] = {}
+    for line in lines:
+        by_status.setdefault(line["status"], []).append(line)
+        assert line["replicaId"] == REPLICA
+        assert float(line["durationMs"]) >= 0
+        assert int(line["bytes"]) > 0
+    assert {200, 201, 400, 401, 404, 499, 502} <= set(by_status)
+    assert [x["route"] for x in by_status[401]] == ["/v1/sessions", "/v1/sessions"]
+    assert all(x["errorKind"] == "unauthorized" for x in by_status[401])
+    routes = {x["route"] for x in lines}
+    assert "/v1/sessions/{sessionId}/call/{method}" in routes
+    assert not any("thread/start" in r or "?" in r for r in routes), routes
+    crash = next(x for x in by_status[502])
+    assert crash["errorKind"] == "app_server_exited"
+    assert crash["sessionId"].startswith(REPLICA)
+    # The stream that ended with its exit event: one line, when it ended, status 200.
+    streams = [x for x in lines if x["route"].endswith("/events/stream")]
+    assert sorted(x["status"] for x in streams) == [200, 499]
+    # A session id that is not one is not repeated.
+    assert any(x["status"] == 404 and x.get("sessionId") == "?" for x in lines)
+    # aiohttp's parser refused one request before any route: no template, no session.
+    refused = [x for x in by_status[400] if x["route"] == "-"]
+    assert len(refused) == 1
+    assert "sessionId" not in refused[0]
+    assert "errorKind" not in refused[0]
+
+
+def session_events(served: Served) -> list[str]:
+    return [line for line in served.stderr if "bridge.sessions" in line]
+
+
+def test_session_starts_and_ends_and_app_server_exits_are_logged(run: Served):
+    said = "\n".join(session_events(run))
+    assert len(re.findall(r"session \S+ started \(process\)", said)) == 2
+    assert re.search(
+        r"app-server of session \S+ ended: the app-server process exited "
+        r"with code 3 \(not stopped by the bridge\)",
+        said,
+    )
+    assert re.search(r"session \S+ ended: app_server_exit", said)
+    assert re.search(r"session \S+ ended: shutdown", said)
+    if run.format == "json":
+        ended = [x for x in json_lines(run.stderr) if x.get("event") == "session_ended"]
+        assert sorted(x["reason"] for x in ended) == ["app_server_exit", "shutdown"]
+        assert all(x["replicaId"] == REPLICA for x in ended)
+        exited = [x for x in json_lines(run.stderr) if x.get("event") == "app_server_exited"]
+        crashed = [x for x in exited if x["exitCode"] == 3]
+        assert len(crashed) == 1
+        assert crashed[0]["stoppedByBridge"] is False
+
+
+# -- levels, reasons, noise ----------------------------------------------------------------
+
+
+def test_warning_level_writes_no_access_or_session_line(tmp_path: Path):
+    served = start(tmp_path, "--log-level", "warning")
+
+    async def drive() -> None:
+        async with aiohttp.ClientSession() as http:
+            async with http.post(f"{served.url}/v1/sessions", json={}) as response:
+                assert response.status == 201
+            async with http.get(f"{served.url}/nowhere") as response:
+                assert response.status == 404
+
+    try:
+        asyncio.run(drive())
+    finally:
+        served.stop()
+    assert served.stderr == []
+    assert any(" listening on " in line for line in served.stdout)
+
+
+def test_the_command_line_level_wins_over_the_variable(tmp_path: Path):
+    served = start(tmp_path, "--log-level", "info", env={"REST_ADAPTER_LOG_LEVEL": "error"})
+
+    try:
+        assert asyncio.run(status_of("GET", f"{served.url}/health")) == 200
+        served.wait_for_log(r"bridge\.access GET /health 200 ")
+    finally:
+        served.stop()
+
+
+def test_a_bad_log_variable_stops_serve_naming_it(tmp_path: Path):
+    done = subprocess.run(
+        [REST_BRIDGE, "serve", "--port", "0"],
+        env={**os.environ, "REST_ADAPTER_LOG_FORMAT": "xml"},
+        capture_output=True,
+        text=True,
+        timeout=WAIT,
+    )
+    assert done.returncode == 2
+    assert "REST_ADAPTER_LOG_FORMAT='xml' is not a valid choice (text, json)" in done.stderr
+
+
+def test_an_idle_session_ends_with_its_reason(tmp_path: Path):
+    served = start(tmp_path, env={"REST_ADAPTER_SESSION_IDLE_TIMEOUT_MS": "200"})
+
+    try:
+        session = asyncio.run(new_session(served.url))
+        served.wait_for_log(rf"session {session} ended: idle_timeout")
+    finally:
+        served.stop()
+
+
+def test_a_deleted_session_ends_with_its_reason(tmp_path: Path):
+    served = start(tmp_path)
+
+    async def drive() -> str:
+        async with aiohttp.ClientSession() as http:
+            async with http.post(f"{served.url}/v1/sessions", json={}) as response:
+                session = str((await response.json())["sessionId"])
+            async with http.delete(f"{served.url}/v1/sessions/{session}") as response:
+                assert response.status == 200
+            return session
+
+    try:
+        session = asyncio.run(drive())
+        served.wait_for_log(rf"session {session} ended: deleted")
+        served.wait_for_log(rf"app-server of session {session} ended: .* code 0$")
+    finally:
+        served.stop()
+
+
+def test_a_session_a_drain_outlives_ends_with_the_drain(tmp_path: Path):
+    served = start(
+        tmp_path,
+        env={"REST_ADAPTER_REPLICA_ID": REPLICA, "REST_ADAPTER_DRAIN_TIMEOUT_MS": "100"},
+    )
+
+    try:
+        session = asyncio.run(new_session(served.url))
+        served.process.send_signal(signal.SIGUSR1)
+        served.wait_for_log(rf"session {session} ended: drain")
+    finally:
+        served.stop()
+
+
+def abandon_calls(served: Served, count: int) -> None:
+    """``count`` calls held by the app-server, their clients gone; then the app-server
+    answers each (a reply nobody waits for) and says so with a notification."""
+    base = served.url
+
+    async def drive() -> None:
+        async with aiohttp.ClientSession() as http:
+            async with http.post(f"{base}/v1/sessions", json={}) as response:
+                session = (await response.json())["sessionId"]
+            events = f"{base}/v1/sessions/{session}/events"
+
+            async def wait_for(kind: str, method: str | None) -> list[dict[str, Any]]:
+                seen: list[dict[str, Any]] = []
+                after = 0
+                while len(seen) < count:
+                    async with http.get(events, params={"after": after, "waitMs": 5000}) as r:
+                        if r.status == 204:
+                            continue
+                        event = await r.json()
+                    after = event["seq"]
+                    if event["kind"] == kind and method in (None, event["method"]):
+                        seen.append(event)
+                return seen
+
+            async with aiohttp.ClientSession() as callers:
+                calls = [
+                    asyncio.create_task(
+                        callers.post(
+                            f"{base}/v1/sessions/{session}/call/test/held", json={"params": {}}
+                        )
+                    )
+                    for _ in range(count)
+                ]
+                requests = await wait_for("request", None)
+            # The callers' connections are closed: their handlers are cancelled.
+            for call in calls:
+                call.cancel()
+            await asyncio.gather(*calls, return_exceptions=True)
+            for request in requests:
+                key = request["requestKey"]
+                async with http.post(
+                    f"{base}/v1/sessions/{session}/requests/{key}/result", json={"result": {}}
+                ) as response:
+                    assert response.status == 200
+            await wait_for("notification", "test/replied")
+
+    asyncio.run(drive())
+
+
+def test_late_replies_to_abandoned_calls_write_no_line_at_info(tmp_path: Path):
+    served = start(tmp_path)
+    try:
+        abandon_calls(served, 20)
+    finally:
+        served.stop()
+    assert not [line for line in served.stderr if "unknown or finished request id" in line]
+    gone = [line for line in served.stderr if "/call/{method} 499 " in line]
+    assert len(gone) == 20
+
+
+def test_late_replies_are_still_seen_at_debug(tmp_path: Path):
+    served = start(tmp_path, "--log-level", "debug")
+    try:
+        abandon_calls(served, 5)
+    finally:
+        served.stop()
+    late = [line for line in served.stderr if "unknown or finished request id" in line]
+    assert len(late) == 5
+    assert all(" DEBUG " in line for line in late)
+
+
+def test_the_cluster_passes_the_log_options_to_its_replicas(tmp_path: Path):
+    process = subprocess.Popen(
+        [
+            *(REST_BRIDGE, "cluster", "--replicas", "1", "--port", "0"),
+            *("--dir", str(tmp_path / "front"), "--nginx", nginx_binary()),
+            *("--app-server", f"{FAKE_CODEX} app-server", "--log-format", "json"),
+        ],
+        env={k: v for k, v in os.environ.items() if not k.startswith("REST_ADAPTER_")},
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    assert process.stdout is not None
+    banner = None
+    try:
+        for line in process.stdout:  # the launcher's and its replicas' own words
+            if line.startswith("[replica-0] ") and " listening on " in line:
+                banner = json.loads(line.removeprefix("[replica-0] "))
+                break
+    finally:
+        process.send_signal(signal.SIGINT)
+        rest, _ = process.communicate(timeout=WAIT)
+    assert banner is not None, rest
+    assert banner["event"] == "listening"
+    assert banner["url"].startswith("http://127.0.0.1:")
+    assert process.returncode == 0, rest
