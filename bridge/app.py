@@ -7,11 +7,12 @@ handlers and it is what the OpenAPI document is built from.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
 from aiohttp import web
+from aiohttp.typedefs import Handler
 from pydantic import BaseModel
 
 from bridge import errors, models, routes
@@ -26,8 +27,6 @@ from bridge.process.startup import DEFAULT_COMMAND
 from bridge.server import SERVER_SETTINGS as SERVER_SETTINGS
 from bridge.server import ParserRefusals, head_middleware, head_problem
 from bridge.settings import AppServerVariables, MethodPolicyVariables
-
-Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
 @dataclass(frozen=True, slots=True)

@@ -10,10 +10,11 @@ from __future__ import annotations
 
 import hashlib
 import hmac
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from aiohttp import web
+from aiohttp.typedefs import Handler
 
 from bridge import errors
 
@@ -30,8 +31,6 @@ class AuthSettings:
 
 
 AUTH = web.AppKey("bridge.auth", AuthSettings)
-
-Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
 def token_problem(token: object) -> str | None:
