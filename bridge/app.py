@@ -7,12 +7,12 @@ handlers and it is what the OpenAPI document is built from.
 
 from __future__ import annotations
 
-import re
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
 from aiohttp import web
+from aiohttp.typedefs import Handler
 from pydantic import BaseModel
 
 from bridge import errors, models, routes
@@ -27,8 +27,6 @@ from bridge.process.startup import DEFAULT_COMMAND
 from bridge.server import SERVER_SETTINGS as SERVER_SETTINGS
 from bridge.server import ParserRefusals, head_middleware, head_problem
 from bridge.settings import AppServerVariables, MethodPolicyVariables
-
-Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,10 +65,6 @@ class Route:
         stream or wait on a poll."""
         return self.method == "GET" and self.path in HEALTH_PATHS
 
-
-#: Path parameters whose values may hold a `/` (`thread/start`, a request key `a/b`):
-#: in the route table they are `{name:(?s:.+)}` (any character, a decoded line feed too).
-SLASHED_PARAMS = frozenset({"method", "requestKey"})
 
 _SESSION = (404, 409)
 #: What any route that reads a body can answer about it.
@@ -206,33 +200,6 @@ ROUTES: tuple[Route, ...] = (
 
 #: The routes by name (their OpenAPI operationId).
 ROUTE_BY_NAME: dict[str, Route] = {r.name: r for r in ROUTES}
-_PARAM = re.compile(r"\{(\w+)(?::[^}]*)?\}")
-
-
-def path_pattern(template: str) -> re.Pattern[str]:
-    """A pattern for the paths of a route template, one named group per parameter.
-
-    ``template`` is a route's aiohttp path (``/v1/call/{method:(?s:.+)}``) or its OpenAPI
-    path (``/v1/call/{method}``); the parameters in :data:`SLASHED_PARAMS` may hold a
-    ``/``, the others may not. The harness matches requests with these, so that it never
-    restates the route table.
-    """
-    regex, end = "", 0
-    for found in _PARAM.finditer(template):
-        name = found.group(1)
-        regex += re.escape(template[end : found.start()])
-        regex += f"(?P<{name}>{'(?s:.+)' if name in SLASHED_PARAMS else '[^/]+'})"
-        end = found.end()
-    return re.compile(f"^{regex}{re.escape(template[end:])}\\Z")
-
-
-def route_path(name: str, **params: str) -> str:
-    """The path of route ``name`` with its parameters filled in, as given (not quoted)."""
-
-    def fill(found: re.Match[str]) -> str:
-        return params[found.group(1)]
-
-    return _PARAM.sub(fill, ROUTE_BY_NAME[name].path)
 
 
 ALL_ROUTES = frozenset(r.name for r in ROUTES)
@@ -394,35 +361,49 @@ def add_no_route(app: web.Application, expect: errors.ExpectHandler) -> None:
     own.append(route.resource)  # type: ignore[arg-type]
 
 
-def _process_backend(
-    app_server_command: str | Sequence[str],
-    limits: RestLimits | None,
-    app_server: AppServerSettings | None,
-) -> tuple[ProcessBackend, RestLimits]:
-    """The bundled backend in the mode ``app_server`` says (None: the environment's,
-    ``REST_ADAPTER_APP_SERVER_MODE``, so harnesses and tests switch modes from outside)."""
-    limits = limits or RestLimits()
-    settings = app_server or AppServerVariables.from_env().app_server()
-    if settings.shared:
-        shared = ConnectShared(app_server_command, limits, settings)
-        return ProcessBackend(limits=limits, launcher=shared), limits
-    return ProcessBackend(app_server_command, limits), limits
-
-
-def _host_policy(method_policy: MethodPolicy | None) -> MethodPolicy:
-    """The host's method rules: as given, else the environment's
-    (``REST_ADAPTER_ALLOW_METHODS``, ``REST_ADAPTER_REFUSE_METHODS``)."""
-    return (
-        method_policy
-        if method_policy is not None
-        else MethodPolicyVariables.from_env().method_policy()
-    )
-
-
 #: The rules of the ``default`` preset: it refuses the methods that reach the host.
 DEFAULT_REFUSED_METHODS = frozenset(HOST_METHODS)
 #: ... and the params of thread methods that reach it all the same.
 DEFAULT_REFUSED_PARAMS = {method: frozenset(params) for method, params in HOST_PARAMS.items()}
+
+#: What each preset mounts and refuses; its limits and the host's method rules are
+#: given to its factory.
+PRESET_OPTIONS = {
+    "trusted": RouterOptions(),
+    "default": RouterOptions(
+        routes=DEFAULT_ROUTES,
+        allowed_client_options=DEFAULT_CLIENT_OPTIONS,
+        refused_methods=DEFAULT_REFUSED_METHODS,
+        refused_params=DEFAULT_REFUSED_PARAMS,
+    ),
+    "text-turn": RouterOptions(routes=TEXT_TURN_ROUTES),
+}
+
+
+def _build_preset(
+    preset: str,
+    app_server_command: str | Sequence[str],
+    limits: RestLimits | None,
+    app_server: AppServerSettings | None,
+    method_policy: MethodPolicy | None,
+) -> web.Application:
+    """The preset's application over the bundled backend, in the mode ``app_server`` says.
+
+    What is not given comes from the environment (``REST_ADAPTER_APP_SERVER_MODE``,
+    ``REST_ADAPTER_ALLOW_METHODS``, ``REST_ADAPTER_REFUSE_METHODS``), so that harnesses
+    and tests switch them from outside.
+    """
+    limits = limits or RestLimits()
+    settings = app_server or AppServerVariables.from_env().app_server()
+    if settings.shared:
+        shared = ConnectShared(app_server_command, limits, settings)
+        backend = ProcessBackend(limits=limits, launcher=shared)
+    else:
+        backend = ProcessBackend(app_server_command, limits)
+    if method_policy is None:
+        method_policy = MethodPolicyVariables.from_env().method_policy()
+    options = replace(PRESET_OPTIONS[preset], limits=limits, method_policy=method_policy)
+    return create_app(backend, options)
 
 
 def trusted_bridge_app(
@@ -433,10 +414,7 @@ def trusted_bridge_app(
 ) -> web.Application:
     """Every route of spec section 4, every ClientOptions field, every method unless the
     host's ``method_policy`` refuses it, real processes."""
-    backend, limits = _process_backend(app_server_command, limits, app_server)
-    return create_app(
-        backend, RouterOptions(limits=limits, method_policy=_host_policy(method_policy))
-    )
+    return _build_preset("trusted", app_server_command, limits, app_server, method_policy)
 
 
 def text_turn_app(
@@ -447,13 +425,7 @@ def text_turn_app(
 ) -> web.Application:
     """Health, compatibility and the one-shot text turn only (refused if the host's
     ``method_policy`` refuses ``thread/start`` or ``turn/start``)."""
-    backend, limits = _process_backend(app_server_command, limits, app_server)
-    return create_app(
-        backend,
-        RouterOptions(
-            routes=TEXT_TURN_ROUTES, limits=limits, method_policy=_host_policy(method_policy)
-        ),
-    )
+    return _build_preset("text-turn", app_server_command, limits, app_server, method_policy)
 
 
 def default_app(
@@ -465,18 +437,7 @@ def default_app(
     """The conservative router: no sessionless calls, no process-shaping options, none of
     the methods that reach the host (:data:`bridge.policy.HOST_METHODS`) unless the
     host's ``method_policy`` allows them."""
-    backend, limits = _process_backend(app_server_command, limits, app_server)
-    return create_app(
-        backend,
-        RouterOptions(
-            routes=DEFAULT_ROUTES,
-            allowed_client_options=DEFAULT_CLIENT_OPTIONS,
-            limits=limits,
-            refused_methods=DEFAULT_REFUSED_METHODS,
-            refused_params=DEFAULT_REFUSED_PARAMS,
-            method_policy=_host_policy(method_policy),
-        ),
-    )
+    return _build_preset("default", app_server_command, limits, app_server, method_policy)
 
 
 def backend_app(backend: Backend, options: RouterOptions | None = None) -> web.Application:
@@ -506,4 +467,4 @@ PRESETS: dict[str, Preset] = {
     "text-turn": text_turn_app,
 }
 #: The routes each preset mounts (their names, the OpenAPI operationIds).
-PRESET_ROUTES = {"trusted": ALL_ROUTES, "default": DEFAULT_ROUTES, "text-turn": TEXT_TURN_ROUTES}
+PRESET_ROUTES = {name: options.routes for name, options in PRESET_OPTIONS.items()}

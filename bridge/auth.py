@@ -10,11 +10,11 @@ from __future__ import annotations
 
 import hashlib
 import hmac
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from aiohttp import web
-from aiohttp.typedefs import Middleware
+from aiohttp.typedefs import Handler
 
 from bridge import errors
 
@@ -31,8 +31,6 @@ class AuthSettings:
 
 
 AUTH = web.AppKey("bridge.auth", AuthSettings)
-
-Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
 def token_problem(token: object) -> str | None:
@@ -80,23 +78,9 @@ def presented_token(header: str | None) -> str:
     return rest.strip()
 
 
-def bearer_check(token: str, *, exempt_health: bool = True) -> Callable[[web.Request], bool]:
-    """Whether a request carries ``Authorization: Bearer <token>`` (or needs none)."""
-    secret = BearerToken(token)
-
-    def admits(request: web.Request) -> bool:
-        if exempt_health and request.method in HEALTH_METHODS and request.path in HEALTH_PATHS:
-            return True
-        presented = request.headers.getall("Authorization", [])
-        # Two headers are two answers: which one counts would be the proxy's guess.
-        return len(presented) == 1 and secret.matches(presented_token(presented[0]))
-
-    return admits
-
-
-#: The application's admission check (:func:`bearer_check`), set by :func:`with_bearer_auth`:
-#: its middleware asks it, and so does the ``Expect`` handler of :mod:`bridge.app`'s
-#: routes, which aiohttp runs before any middleware.
+#: The application's admission check, set by :func:`with_bearer_auth`: its middleware
+#: asks it, and so does the ``Expect`` handler of :mod:`bridge.app`'s routes, which
+#: aiohttp runs before any middleware.
 CHECK = web.AppKey[Callable[[web.Request], bool]]("bridge.auth.check")
 
 
@@ -106,8 +90,23 @@ def admitted(request: web.Request) -> bool:
     return check is None or check(request)
 
 
-def admission_middleware(admits: Callable[[web.Request], bool]) -> Middleware:
-    """A middleware that answers the 401 to every request ``admits`` refuses."""
+def with_bearer_auth(
+    app: web.Application, token: str, *, exempt_health: bool = True
+) -> web.Application:
+    """Require ``Authorization: Bearer <token>`` on every route of ``app``; returns ``app``.
+
+    Raises ``ValueError`` at once for an empty or blank token. Apply it before the
+    application starts. The check is one middleware, outermost (a request that lacks the
+    token meets nothing else of the application), and the application's :data:`CHECK`.
+    """
+    secret = BearerToken(token)
+
+    def admits(request: web.Request) -> bool:
+        if exempt_health and request.method in HEALTH_METHODS and request.path in HEALTH_PATHS:
+            return True
+        presented = request.headers.getall("Authorization", [])
+        # Two headers are two answers: which one counts would be the proxy's guess.
+        return len(presented) == 1 and secret.matches(presented_token(presented[0]))
 
     @web.middleware
     async def bearer_auth(request: web.Request, handler: Handler) -> web.StreamResponse:
@@ -118,25 +117,7 @@ def admission_middleware(admits: Callable[[web.Request], bool]) -> Middleware:
             return await errors.answer_and_close(request, errors.unauthorized())
         return errors.unauthorized().to_response()
 
-    return bearer_auth
-
-
-def bearer_auth_middleware(token: str, *, exempt_health: bool = True) -> Middleware:
-    """A middleware that admits only requests carrying ``Authorization: Bearer <token>``."""
-    return admission_middleware(bearer_check(token, exempt_health=exempt_health))
-
-
-def with_bearer_auth(
-    app: web.Application, token: str, *, exempt_health: bool = True
-) -> web.Application:
-    """Require the bearer token on every route of ``app``; returns ``app``.
-
-    Raises ``ValueError`` at once for an empty or blank token. Apply it before the
-    application starts. The check is one middleware, outermost (a request that lacks the
-    token meets nothing else of the application), and the application's :data:`CHECK`.
-    """
-    admits = bearer_check(token, exempt_health=exempt_health)
     app[CHECK] = admits
-    app.middlewares.insert(0, admission_middleware(admits))
+    app.middlewares.insert(0, bearer_auth)
     app[AUTH] = AuthSettings(exempt_health=exempt_health)
     return app

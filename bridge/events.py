@@ -126,21 +126,8 @@ class Event:
 
     def freeze(self) -> int:
         """Encode now and drop the parsed params; returns the encoding's size."""
-        if self._json is None:
-            encoded = dumps(
-                {
-                    "seq": self.seq,
-                    "kind": self.kind,
-                    "method": self.method,
-                    "params": self._params,
-                    "requestKey": self.request_key,
-                    "receivedAt": rfc3339(self.received_at),
-                }
-            )
-            # A copy: see json().
-            self._json = bytes(memoryview(encoded))
+        self.size = size = len(self.json())
         self._params = _FROZEN
-        self.size = size = len(self._json)
         return size
 
     def __repr__(self) -> str:

@@ -37,9 +37,7 @@ class _Wire(BaseModel):
 class _Request(_Wire):
     # Strict: `"includeEvents": 0` or `"timeoutMs": "5"` is a wrong type (400), as the
     # OpenAPI schema says, not something to coerce.
-    model_config = ConfigDict(
-        alias_generator=to_camel, populate_by_name=True, extra="forbid", strict=True
-    )
+    model_config = ConfigDict(extra="forbid", strict=True)
 
 
 class ErrorPayload(_Wire):

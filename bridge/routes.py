@@ -180,11 +180,6 @@ def validate_body(model: type[M], raw: bytes) -> M:
         raise errors.bad_request(message, data={"errors": details}) from None
 
 
-def check_options(config: RouterConfig, options: ClientOptions | None) -> None:
-    """Refuse ClientOptions fields that this router's preset does not allow."""
-    refuse_options(options, config.allowed_client_options)
-
-
 def refuse_options(options: ClientOptions | None, allowed: frozenset[str] | None) -> None:
     """Raise the bridge's 403 for ClientOptions fields outside ``allowed`` (None: all)."""
     if options is None:
@@ -271,7 +266,7 @@ async def text_turn(request: web.Request) -> web.Response:
     for method in TEXT_TURN_METHODS:
         check_method(config, method)
     body = await read_body(request, config.limits, TextTurnRequest)
-    check_options(config, body.options)
+    refuse_options(body.options, config.allowed_client_options)
     check_params(config, "thread/start", body.thread_params)
     check_params(config, "turn/start", body.turn_params)
     result = await app[BACKEND].text_turn(body)
@@ -284,7 +279,7 @@ async def call(request: web.Request) -> web.Response:
     method = request.match_info["method"]
     check_method(config, method)
     body = await read_body(request, config.limits, SessionlessCallBody)
-    check_options(config, body.options)
+    refuse_options(body.options, config.allowed_client_options)
     check_params(config, method, body.params)
     result = await app[BACKEND].call(
         method, body.params, options=body.options, timeout_ms=body.timeout_ms
@@ -309,7 +304,7 @@ async def create_session(request: web.Request) -> web.Response:
     app = request.app
     config = app[CONFIG]
     body = await read_body(request, config.limits, SessionCreateRequest)
-    check_options(config, body.options)
+    refuse_options(body.options, config.allowed_client_options)
     created = await app[BACKEND].create_session(body.options)
     return json_response(dump(created), status=201)
 

@@ -16,7 +16,7 @@ from typing import Any
 import orjson
 from multidict import CIMultiDictProxy
 
-from bridge.app import route_path
+from bridge.route_paths import route_path
 from scenarios import format as f
 from scenarios.harness import bearer
 from scenarios.matching import MISSING, Mismatch, diff, match, match_jsonpath, render

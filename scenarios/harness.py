@@ -22,9 +22,10 @@ from aiohttp import web
 from aiohttp.typedefs import Handler, Middleware
 
 from bridge import TOKEN_VARIABLE
-from bridge.app import PRESET_ROUTES, PRESETS, SERVER_SETTINGS, route_path
+from bridge.app import PRESET_ROUTES, PRESETS, SERVER_SETTINGS
 from bridge.auth import with_bearer_auth
 from bridge.limits import RestLimits
+from bridge.route_paths import route_path
 from bridge.routes import OPENAPI, SSE_CONTENT_TYPE
 from fakes.app_server.cli import SCRIPT_ENV
 from fakes.app_server.report import REPORT_ENV, read_reports

@@ -11,7 +11,7 @@ import orjson
 from referencing import Registry, Resource
 from referencing.jsonschema import DRAFT202012
 
-from bridge.app import path_pattern
+from bridge.route_paths import path_pattern
 
 _ERROR_SCHEMA = {"$ref": "#/components/schemas/ErrorPayload"}
 

@@ -29,7 +29,8 @@ import yarl
 from multidict import CIMultiDict, CIMultiDictProxy
 
 from bridge import TOKEN_VARIABLE
-from bridge.app import PRESET_ROUTES, route_path
+from bridge.app import PRESET_ROUTES
+from bridge.route_paths import route_path
 from fakes.app_server.report import read_reports, report_problems
 from scenarios import format as f
 from scenarios.expectations import (

@@ -13,6 +13,7 @@ the size it was given.
 
 from __future__ import annotations
 
+import asyncio
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -118,3 +119,29 @@ class Channel(Protocol):
 
     async def close(self, grace: float) -> None:
         """End it in order, within ``grace`` seconds; returns once it has ended."""
+
+
+class ChannelState:
+    """What both channels keep: their receiver, whether reading is held back, whether the
+    bridge is stopping or aborted them, and how they ended."""
+
+    def __init__(self, max_frame_bytes: int) -> None:
+        self.max_frame_bytes = max_frame_bytes
+        self._receiver: Receiver | None = None
+        self._loop = asyncio.get_running_loop()
+        self._paused = False
+        #: Set once the bridge itself is stopping the channel, or aborted it.
+        self._stopping = False
+        self._aborted = False
+        self._exit_info: ExitInfo | None = None
+
+    def attach(self, receiver: Receiver) -> None:
+        self._receiver = receiver
+
+    @property
+    def running(self) -> bool:
+        return self._exit_info is None
+
+    @property
+    def paused(self) -> bool:
+        return self._paused

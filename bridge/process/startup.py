@@ -20,7 +20,7 @@ import errno
 import logging
 import os
 import shlex
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from typing import Any, Protocol
 
 from bridge import __version__, codex_window, credentials, errors
@@ -207,23 +207,6 @@ class AppServerLauncher(Protocol):
         """Release what the launcher holds (its conversations are closed already)."""
 
 
-async def spawn_peer(
-    command: Sequence[str],
-    *,
-    max_line_bytes: int,
-    env: Mapping[str, str] | None = None,
-    cwd: str | None = None,
-) -> JsonRpcPeer:
-    """A peer speaking to a new child process ``command`` over its stdio.
-
-    Raises ``OSError`` when it cannot be started.
-    """
-    channel = StdioChannel(max_line_bytes=max_line_bytes)
-    peer = JsonRpcPeer(channel)
-    await channel.spawn(command, env=env, cwd=cwd)
-    return peer
-
-
 class VersionProbe:
     """What ``<command> --version`` says, asked once (again a while after a failure)."""
 
@@ -278,18 +261,17 @@ class SpawnStdio:
         if reserved:
             raise errors.reserved_variables(reserved)
         cwd = options.cwd if options else None
+        channel = StdioChannel(max_line_bytes=self.limits.max_line_bytes)
+        peer = JsonRpcPeer(channel)  # attached before the child can write
         try:
-            return await spawn_peer(
-                argv,
-                max_line_bytes=self.limits.max_line_bytes,
-                env=credentials.child_environment(options.env if options else None),
-                cwd=cwd,
-            )
+            env = credentials.child_environment(options.env if options else None)
+            await channel.spawn(argv, env=env, cwd=cwd)
         except OSError as exc:
             raise spawn_failed(self.command, exc, cwd) from None
         except ValueError:
             # A NUL byte, or `=` in a variable name: the request's options cannot be used.
             raise errors.bad_request("The client options cannot be given to a process.") from None
+        return peer
 
     def initialized(self, result: Any) -> None:
         if isinstance(result, dict) and isinstance(result.get("userAgent"), str):

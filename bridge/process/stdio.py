@@ -23,7 +23,7 @@ from typing import cast
 
 from bridge.limits import MAX_STDIN_BUFFER
 from bridge.process import descendants
-from bridge.process.channel import ChannelClosed, ChannelFull, ExitInfo, Receiver
+from bridge.process.channel import ChannelClosed, ChannelFull, ChannelState, ExitInfo
 
 log = logging.getLogger("bridge.process")
 
@@ -70,7 +70,7 @@ class _StdioProtocol(asyncio.SubprocessProtocol):
             self.owner._finish()
 
 
-class StdioChannel:
+class StdioChannel(ChannelState):
     """One app-server child process; messages are lines on its stdin and stdout.
 
     With ``stdout_is_log`` (an app-server that speaks on a socket) stdout is kept with
@@ -88,21 +88,15 @@ class StdioChannel:
         stdout_is_log: bool = False,
         on_end: Callable[[ExitInfo], None] | None = None,
     ) -> None:
+        super().__init__(max_line_bytes)
         self.stdout_is_log = stdout_is_log
         self._on_end = on_end
-        self.max_frame_bytes = max_line_bytes
-        self._receiver: Receiver | None = None
-        self._loop = asyncio.get_running_loop()
         self._transport: asyncio.SubprocessTransport | None = None
         self._protocol: _StdioProtocol | None = None
         self._stdin: asyncio.WriteTransport | None = None
         #: Output read but not taken by the receiver, and whether reading is paused.
         self._held = b""
-        self._paused = False
         self._finish_deferred = False
-        #: Set once the bridge itself is stopping the process, or aborted it.
-        self._stopping = False
-        self._aborted = False
         #: Lines written while other calls are in flight, sent in one write at the
         #: next turn of the loop (one syscall for many calls under load).
         self._outgoing: list[bytes] = []
@@ -110,7 +104,6 @@ class StdioChannel:
         self._buffer = bytearray()
         self._stderr_tail = bytearray()
         self._exited = False
-        self._exit_info: ExitInfo | None = None
         self._finished: asyncio.Future[ExitInfo] = self._loop.create_future()
         #: Set as soon as the process has exited (its exit info follows once the pipes
         #: are closed).
@@ -118,9 +111,6 @@ class StdioChannel:
         self.pid: int | None = None
         #: Everything this process starts, killed when it ends (descendants.py).
         self.lineage = descendants.Lineage()
-
-    def attach(self, receiver: Receiver) -> None:
-        self._receiver = receiver
 
     async def spawn(
         self,
@@ -165,16 +155,8 @@ class StdioChannel:
     # -- state -----------------------------------------------------------------
 
     @property
-    def running(self) -> bool:
-        return self._exit_info is None
-
-    @property
     def exit_info(self) -> ExitInfo | None:
         return self._exit_info
-
-    @property
-    def paused(self) -> bool:
-        return self._paused
 
     def stderr_tail(self) -> str:
         text = bytes(self._stderr_tail).decode("utf-8", "replace")

@@ -18,7 +18,7 @@ from collections.abc import Awaitable, Callable
 import aiohttp
 
 from bridge.limits import MAX_STDIN_BUFFER
-from bridge.process.channel import ChannelClosed, ChannelFull, ExitInfo, Receiver
+from bridge.process.channel import ChannelClosed, ChannelFull, ChannelState, ExitInfo, Receiver
 
 log = logging.getLogger("bridge")
 
@@ -43,7 +43,7 @@ def _close_soon(ws: aiohttp.ClientWebSocketResponse) -> None:
     task.add_done_callback(_closing_tasks.discard)
 
 
-class WebSocketChannel:
+class WebSocketChannel(ChannelState):
     """One conversation with the shared app-server over its own WebSocket connection.
 
     ``dropped`` is awaited when the app-server drops the connection without a close
@@ -63,41 +63,26 @@ class WebSocketChannel:
         dropped: Callable[[], Awaitable[None]] | None = None,
         on_end: Callable[[WebSocketChannel], None] | None = None,
     ) -> None:
+        super().__init__(max_frame_bytes)
         self._ws = ws
-        self.max_frame_bytes = max_frame_bytes
         self._dropped = dropped
         self._on_end = on_end
-        self._receiver: Receiver | None = None
-        self._loop = asyncio.get_running_loop()
         #: Frames waiting for the writer (bounded by the peer, like a child's stdin).
         self._frames: deque[bytes] = deque()
         self._frames_bytes = 0
         self._writer: asyncio.Task[None] | None = None
         #: The frame the receiver held back, and what wakes the reader once it is taken.
         self._held_frame: bytes | None = None
-        self._paused = False
         self._readable = asyncio.Event()
         self._readable.set()
-        self._stopping = False
-        self._aborted = False
-        self._exit_info: ExitInfo | None = None
-        self._finished: asyncio.Future[ExitInfo] = self._loop.create_future()
         self._reader: asyncio.Task[None] | None = None
 
     def attach(self, receiver: Receiver) -> None:
-        self._receiver = receiver
+        super().attach(receiver)
         if self._reader is None:
             self._reader = self._loop.create_task(self._read())
 
     # -- state -------------------------------------------------------------------
-
-    @property
-    def running(self) -> bool:
-        return self._exit_info is None
-
-    @property
-    def paused(self) -> bool:
-        return self._paused
 
     def end_info(self) -> ExitInfo:
         how = CLOSED_BY_BRIDGE if self._stopping else CLOSED_BY_SERVER
@@ -227,7 +212,6 @@ class WebSocketChannel:
         self._readable.set()
         if not self._ws.closed:
             _close_soon(self._ws)
-        self._finished.set_result(info)
         if self._on_end is not None:
             self._on_end(self)
         receiver, self._receiver = self._receiver, None

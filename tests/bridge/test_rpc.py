@@ -8,15 +8,16 @@ import textwrap
 import pytest
 
 from bridge.process.peer import JsonRpcPeer, ProcessGone, RpcError
-from bridge.process.startup import spawn_peer
+from bridge.process.stdio import StdioChannel
 
 pytestmark = pytest.mark.asyncio
 
 
 async def spawn(code: str, max_line_bytes: int = 1 << 20) -> JsonRpcPeer:
-    return await spawn_peer(
-        [sys.executable, "-c", textwrap.dedent(code)], max_line_bytes=max_line_bytes
-    )
+    channel = StdioChannel(max_line_bytes=max_line_bytes)
+    peer = JsonRpcPeer(channel)
+    await channel.spawn([sys.executable, "-c", textwrap.dedent(code)])
+    return peer
 
 
 ECHO = """

@@ -36,13 +36,14 @@ from pydantic.alias_generators import to_camel
 import bridge
 import bridge.app
 from bridge import errors as bridge_errors
-from bridge.app import PRESETS, ROUTES, Route, mounted_routes, path_pattern, route_path
+from bridge.app import PRESETS, ROUTES, Route, mounted_routes
 from bridge.auth import HEALTH_PATHS, presented_token
 from bridge.events import EventKind
 from bridge.limits import RestLimits
 from bridge.models import ApprovalPolicy, TextTurnRequest
 from bridge.openapi import openapi_path
 from bridge.process.text_turn import LEGACY_APPROVALS, PERMISSIONS_APPROVAL, V2_APPROVALS
+from bridge.route_paths import path_pattern, route_path
 from scenarios import format as f
 from scenarios.expectations import step_request
 
