@@ -21,7 +21,11 @@ from bridge.wire import dumps
 log = logging.getLogger("bridge")
 
 #: The error kind of a response that is the error payload (read by the access log).
-ERROR_KIND = web.ResponseKey("error_kind", str)
+#: aiohttp 3.14 types a response's keys (and warns about plain strings); 3.13, the
+#: lowest this package allows, has no ResponseKey and takes a plain string.
+ERROR_KIND: Any = (
+    web.ResponseKey("error_kind", str) if hasattr(web, "ResponseKey") else "error_kind"
+)
 
 JSON_CONTENT_TYPE = "application/json"
 
