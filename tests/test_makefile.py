@@ -14,7 +14,11 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def make_n(*args: str) -> str:
-    env = {k: v for k, v in os.environ.items() if k not in ("APP_SERVER", "MAKEFLAGS")}
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in ("APP_SERVER", "MAKEFLAGS", "MFLAGS", "MAKELEVEL")
+    }
     done = subprocess.run(
         ["make", "-n", "-o", ".venv/.installed", "-o", ".venv/.installed-serve", *args],
         cwd=ROOT,
