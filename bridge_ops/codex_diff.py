@@ -173,21 +173,29 @@ def _generate(binary: str, out: Path, experimental: bool) -> None:
     with tempfile.TemporaryDirectory(prefix="codex-diff-home-") as home:
         # A codex home of its own: the user's configuration shapes nothing here.
         env = {**os.environ, "CODEX_HOME": home}
-        try:
-            done = subprocess.run(
-                command,
-                env=env,
-                stdin=subprocess.DEVNULL,
-                capture_output=True,
-                text=True,
-                timeout=_SCHEMA_TIMEOUT_S,
-                check=False,
-            )
-        except (OSError, subprocess.TimeoutExpired) as exc:
-            raise SchemaUnavailable(f"{binary}: {exc}") from None
-    if done.returncode != 0:
-        last = (done.stderr.strip().splitlines() or ["no output"])[-1][:300]
-        raise SchemaUnavailable(f"{binary} exited {done.returncode}: {last}")
+        status, last = _run(command, _SCHEMA_TIMEOUT_S, binary, env)
+    if status != 0:
+        raise SchemaUnavailable(f"{binary} exited {status}: {last}")
+
+
+def _run(
+    command: list[str], timeout: float, what: str, env: dict[str, str] | None = None
+) -> tuple[int, str]:
+    """Run ``command`` (input closed); its exit status and the last line of its stderr.
+    Raises SchemaUnavailable, naming ``what``, when it cannot run or overruns."""
+    try:
+        done = subprocess.run(
+            command,
+            env=env,
+            stdin=subprocess.DEVNULL,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            check=False,
+        )
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        raise SchemaUnavailable(f"{what}: {exc}") from None
+    return done.returncode, (done.stderr.strip().splitlines() or ["no output"])[-1][:300]
 
 
 def install(version: str, cache: Path) -> str:
@@ -203,19 +211,9 @@ def install(version: str, cache: Path) -> str:
         raise SchemaUnavailable(f"installing codex {version} needs npm, which is not on PATH")
     prefix.mkdir(parents=True, exist_ok=True)
     command = [npm, "install", "--prefix", str(prefix), "--no-audit", "--no-fund"]
-    try:
-        done = subprocess.run(
-            [*command, "--loglevel=error", f"@openai/codex@{version}"],
-            stdin=subprocess.DEVNULL,
-            capture_output=True,
-            text=True,
-            timeout=_INSTALL_TIMEOUT_S,
-            check=False,
-        )
-    except (OSError, subprocess.TimeoutExpired) as exc:
-        raise SchemaUnavailable(f"npm install of codex {version}: {exc}") from None
-    if done.returncode != 0 or not launcher.exists():
-        last = (done.stderr.strip().splitlines() or ["no output"])[-1][:300]
+    command += ["--loglevel=error", f"@openai/codex@{version}"]
+    status, last = _run(command, _INSTALL_TIMEOUT_S, f"npm install of codex {version}")
+    if status != 0 or not launcher.exists():
         raise SchemaUnavailable(f"npm could not install codex {version}: {last}")
     return str(launcher)
 

@@ -218,7 +218,7 @@ async def main():
     resource.setrlimit(resource.RLIMIT_NOFILE, (lowest, hard))
     acceptor = Acceptor(asyncio.Protocol, [sock])
     await failed.wait()  # the first accept() failed; the next is a second away
-    await asyncio.sleep(0)
+    await asyncio.sleep(0)  # sync-ok: one loop turn, so a second failure would count
     print(len(failures), flush=True)
     await acceptor.close()
     for client in clients:
