@@ -19,6 +19,7 @@ from pathlib import Path
 from bridge import TOKEN_VARIABLE, __version__, codex_window, credentials, logs, replica
 from bridge.app import PRESETS, mounted_routes, router_method_rules
 from bridge.auth import AuthSettings, token_problem, with_bearer_auth
+from bridge.codex_binary import native_command
 from bridge.limits import (
     APP_SERVER_MODES,
     APP_SERVER_TOKEN_VARIABLE,
@@ -379,6 +380,8 @@ async def serve(
     variables = variables or BridgeSettings.from_env()
     limits = variables.limits()
     app_server = app_server or variables.app_server()
+    # codex's npm launcher given: its native binary runs instead, said in the banner.
+    command, native_note = native_command(command)
     # Read once: the policy the banner describes is the one the preset enforces.
     method_policy = variables.method_policy()
     app = PRESETS[preset](command, limits, app_server, method_policy)
@@ -419,6 +422,8 @@ async def serve(
         for variable in BridgeSettings.unknown_variables():
             logs.say(f"  ignoring {variable}: not a variable rest-bridge reads (misspelt?)")
         logs.say(f"  {described}", event="app_server")
+        if native_note is not None:
+            logs.say(f"  {native_note}")
         logs.say(f"  {window}")
         logs.say(f"  {process.descriptors}")
         if operations:

@@ -24,12 +24,13 @@ from aiohttp.typedefs import Handler, Middleware
 from bridge import TOKEN_VARIABLE
 from bridge.app import PRESET_ROUTES, PRESETS, SERVER_SETTINGS
 from bridge.auth import with_bearer_auth
+from bridge.codex_binary import native_beside
 from bridge.limits import RestLimits
 from bridge.route_paths import route_path
 from bridge.routes import OPENAPI, SSE_CONTENT_TYPE
 from fakes.app_server.cli import SCRIPT_ENV
 from fakes.app_server.report import REPORT_ENV, read_reports
-from scenarios.codex_install import native_beside, pinned_codex
+from scenarios.codex_install import pinned_codex
 from scenarios.openapi_check import OpenApiChecker
 
 #: A client middleware every bridge client made in this context passes its exchanges
@@ -114,7 +115,7 @@ def find_codex(
 ) -> str | None:
     """The real codex, as an absolute path: the one named, `explicit` (given as `option`)
     or else `$CODEX_BIN`, as given (`CodexNotFound` when it cannot run; npm's launcher stands
-    for the native binary beside it, `codex_install.native_beside`); else the pinned
+    for the native binary beside it, `codex_binary.native_beside`); else the pinned
     copy `make codex` installs (`.codex-npm/` in `root`, then in the working directory),
     then `codex` on PATH; None when there is none."""
     for source, value in ((option, explicit), ("CODEX_BIN", os.environ.get("CODEX_BIN"))):
@@ -132,7 +133,7 @@ def find_codex(
 
 
 def _native(codex: str) -> str:
-    """The native binary beside an npm launcher (`codex_install.native_beside`), saying so
+    """The native binary beside an npm launcher (`codex_binary.native_beside`), saying so
     on stderr when it has to be the launcher."""
     path, note = native_beside(codex)
     if note:

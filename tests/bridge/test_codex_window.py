@@ -178,3 +178,56 @@ async def test_a_scripted_initialize_result_is_sent_as_written_and_reported_as_c
     assert app_server["kind"] == "codex"
     assert app_server["version"] == f"codex-cli {codex_window.PIN}"  # `--version`, unscripted
     assert app_server["tested"] is True
+
+
+def _npm_install(prefix: Path, native_script: str | None) -> Path:
+    """A global npm install of codex under `prefix`: `bin/codex` linked to the package's
+    Node launcher (which here only fails, so running it shows), and, unless None, this
+    platform's native binary (a script) hoisted beside the package."""
+    from bridge.codex_binary import native_relative_path
+
+    package = prefix / "lib" / "node_modules" / "@openai" / "codex"
+    launcher = package / "bin" / "codex.js"
+    launcher.parent.mkdir(parents=True)
+    launcher.write_text("#!/bin/sh\necho 'the launcher ran' >&2\nexit 3\n")
+    launcher.chmod(0o755)
+    relative = native_relative_path()
+    assert relative is not None
+    if native_script is not None:
+        native = package.parent.parent / relative
+        native.parent.mkdir(parents=True)
+        native.write_text(native_script)
+        native.chmod(0o755)
+    link = prefix / "bin" / "codex"
+    link.parent.mkdir(parents=True)
+    link.symlink_to(launcher)
+    return link
+
+
+def test_serve_given_codex_npm_launcher_runs_the_native_binary_beside_it_and_says_so(
+    banner, tmp_path: Path
+) -> None:
+    """`--app-server '.../bin/codex app-server'` of an npm install: the bridge runs the
+    platform's native binary (here a script that runs fake-codex), not the Node launcher."""
+    fake = shlex.join(fake_app_server_command()[:-1])  # `env ... fake-codex`
+    link = _npm_install(tmp_path / "npm", f'#!/bin/sh\nexec {fake} "$@"\n')
+    lines = banner([str(link), "app-server"])
+    from bridge.codex_binary import native_relative_path
+
+    native = str(native_relative_path())
+    notes = [line for line in lines if "npm launcher" in line]
+    assert len(notes) == 1, lines
+    assert notes[0].startswith("  running the native codex binary "), notes
+    assert native in notes[0] and str(link) in notes[0], notes
+    app_server = next(line for line in lines if line.startswith("  app-server: "))
+    assert native in app_server and "version unknown" not in app_server, app_server
+
+
+def test_serve_given_codex_npm_launcher_without_a_native_binary_says_it_runs_the_launcher(
+    banner, tmp_path: Path
+) -> None:
+    link = _npm_install(tmp_path / "npm", None)
+    lines = banner([str(link), "app-server"])
+    notes = [line for line in lines if "Node launcher" in line]
+    assert len(notes) == 1, lines
+    assert notes[0].startswith(f"  using the Node launcher {link}: no native codex binary"), notes
