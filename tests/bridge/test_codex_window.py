@@ -218,9 +218,11 @@ def test_serve_given_codex_npm_launcher_runs_the_native_binary_beside_it_and_say
     notes = [line for line in lines if "npm launcher" in line]
     assert len(notes) == 1, lines
     assert notes[0].startswith("  running the native codex binary "), notes
-    assert native in notes[0] and str(link) in notes[0], notes
+    assert native in notes[0], notes
+    assert str(link) in notes[0], notes
     app_server = next(line for line in lines if line.startswith("  app-server: "))
-    assert native in app_server and "version unknown" not in app_server, app_server
+    assert native in app_server, app_server
+    assert "version unknown" not in app_server, app_server
 
 
 def test_serve_given_codex_npm_launcher_without_a_native_binary_says_it_runs_the_launcher(
