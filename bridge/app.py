@@ -7,10 +7,12 @@ handlers and it is what the OpenAPI document is built from.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
+import orjson
 from aiohttp import web
 from aiohttp.typedefs import Handler
 from pydantic import BaseModel
@@ -272,9 +274,10 @@ def create_app(
     )
     mounted = tuple(r for r in ROUTES if r.name in options.routes)
     app[MOUNTED] = mounted
-    app[routes.OPENAPI] = routes.OpenApiSource(
-        lambda: build_openapi(mounted, auth=app.get(AUTH), method_rules=method_rules)
+    openapi: Callable[[], bytes] = functools.cache(
+        lambda: orjson.dumps(build_openapi(mounted, auth=app.get(AUTH), method_rules=method_rules))
     )
+    app[routes.OPENAPI] = openapi
     # aiohttp tries the routes under a common prefix in the order they were added, and
     # no two routes match the same path: the busiest goes first (the order of
     # ROUTES, and of the OpenAPI document, stays).
@@ -355,7 +358,7 @@ def add_no_route(app: web.Application, expect: errors.ExpectHandler) -> None:
                 allowed |= (await resource.resolve(request))[1]
         if allowed:
             raise errors.method_not_allowed(request.method, allowed)
-        raise errors.not_found()
+        raise errors.of_kind("not_found")
 
     route = app.router.add_route("*", NO_ROUTE_PATH, no_route, expect_handler=expect)
     own.append(route.resource)  # type: ignore[arg-type]

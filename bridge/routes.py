@@ -420,25 +420,13 @@ async def events_stream(request: web.Request) -> web.StreamResponse:
         stream.close(completed)
 
 
-class OpenApiSource:
-    """Builds the application's OpenAPI document on first use, then serves the bytes."""
-
-    def __init__(self, build: Callable[[], dict[str, Any]]) -> None:
-        self._build = build
-        self._encoded: bytes | None = None
-
-    def encoded(self) -> bytes:
-        if self._encoded is None:
-            self._encoded = orjson.dumps(self._build())
-        return self._encoded
-
-
-OPENAPI = web.AppKey("bridge.openapi", OpenApiSource)
+#: The application's OpenAPI document as bytes, built on first use (functools.cache).
+OPENAPI = web.AppKey[Callable[[], bytes]]("bridge.openapi")
 
 
 async def openapi_document(request: web.Request) -> web.Response:
     """The OpenAPI document of the routes this application mounts."""
-    body = request.app[OPENAPI].encoded()
+    body = request.app[OPENAPI]()
     return web.Response(body=body, content_type="application/json")
 
 

@@ -86,6 +86,8 @@ class ProcessBackend(Backend):
         #: Where events are reported (bridge.metrics), when metrics are on.
         self.metrics: Metrics | None = None
         self.mode = "process" if isinstance(self.launcher, SpawnStdio) else "shared"
+        #: The userAgent of the last `initialize` answered (fake-codex or codex).
+        self.user_agent: str | None = None
         #: Late replies (to finished calls) of the conversations already ended, and the
         #: events appended to the logs of the sessions already removed (bridge.ops).
         self.late_replies_ended = 0
@@ -157,7 +159,7 @@ class ProcessBackend(Backend):
 
     async def _spawn(self, options: ClientOptions | None) -> JsonRpcPeer:
         if self._closing:
-            raise errors.app_server_spawn_failed("The bridge is shutting down.")
+            raise errors.of_kind("app_server_spawn_failed", "The bridge is shutting down.")
         metrics = self.metrics
         try:
             process = await self.launcher.open(options)
@@ -171,7 +173,7 @@ class ProcessBackend(Backend):
             metrics.spawned(self.mode)
         if self._closing:
             await process.shutdown(self.limits.shutdown_grace_ms / 1000)
-            raise errors.app_server_spawn_failed("The bridge is shutting down.")
+            raise errors.of_kind("app_server_spawn_failed", "The bridge is shutting down.")
         return process
 
     def _ended(self, process: JsonRpcPeer, info: ExitInfo) -> None:
@@ -220,7 +222,7 @@ class ProcessBackend(Backend):
             raise
         try:
             process.notify("initialized")
-            self.launcher.initialized(result)
+            self.user_agent = startup.user_agent(result) or self.user_agent
             if self.metrics is not None:
                 self.metrics.started()
             return result
@@ -229,8 +231,8 @@ class ProcessBackend(Backend):
             await self._stop_fully(process)
             if isinstance(exc, StdinFull):
                 raise rpc_failure(exc, self.launcher.starting) from None
-            raise errors.protocol_error(
-                "the app-server stopped taking input after answering `initialize`"
+            raise errors.of_kind(
+                "protocol_error", "the app-server stopped taking input after answering `initialize`"
             ) from None
 
     async def _stop_fully(self, process: JsonRpcPeer) -> None:
@@ -308,7 +310,7 @@ class ProcessBackend(Backend):
     # -- compatibility ---------------------------------------------------------
 
     async def compatibility(self) -> Compatibility:
-        return await self.launcher.compatibility()
+        return await self.launcher.compatibility(self.user_agent)
 
     # -- sessionless calls -----------------------------------------------------
 
@@ -406,7 +408,9 @@ class ProcessBackend(Backend):
             raise errors.replica_draining()
         limit = self.limits.max_concurrent_text_turns
         if self._turns_active >= limit:
-            raise errors.busy(f"The bridge is already running {limit} text turns; retry later.")
+            raise errors.of_kind(
+                "busy", f"The bridge is already running {limit} text turns; retry later."
+            )
         self._turns_active += 1
         began, outcome = time.monotonic(), "failed"
         try:

@@ -48,14 +48,16 @@ def rpc_failure(exc: Exception, what: str) -> errors.RestError:
     if isinstance(exc, ProcessGone):
         info = exc.exit_info
         if info.protocol_error:
-            return errors.protocol_error(info.describe())
-        return errors.app_server_exited(
-            info.describe(), data={"exitCode": info.exit_code, "signal": info.signal}
+            return errors.of_kind("protocol_error", info.describe())
+        return errors.of_kind(
+            "app_server_exited",
+            info.describe(),
+            data={"exitCode": info.exit_code, "signal": info.signal},
         )
     if isinstance(exc, StdinFull):
-        return errors.busy("The app-server is not reading its input; retry later.")
+        return errors.of_kind("busy", "The app-server is not reading its input; retry later.")
     if isinstance(exc, TimeoutError):
-        return errors.timeout(f"{what} did not complete before its deadline.")
+        return errors.of_kind("timeout", f"{what} did not complete before its deadline.")
     raise exc
 
 

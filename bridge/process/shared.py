@@ -136,7 +136,6 @@ class ConnectShared:
         #: Not started again before this (loop time), after it died or failed to start.
         self._next_start = 0.0
         self._restart_task: asyncio.Task[None] | None = None
-        self.last_user_agent: str | None = None
         self._closing = False
         #: The liveness probe of the supervised process (:meth:`_watch`), one per start.
         self._liveness_interval = limits.liveness_interval_ms / 1000
@@ -170,10 +169,6 @@ class ConnectShared:
             )
         return JsonRpcPeer(await self.connect(), message_filter=Tenant())
 
-    def initialized(self, result: Any) -> None:
-        if isinstance(result, dict) and isinstance(result.get("userAgent"), str):
-            self.last_user_agent = str(result["userAgent"])[:200]
-
     async def connect(self) -> WebSocketChannel:
         """A new connection (starting the app-server first if it is not running).
 
@@ -181,13 +176,13 @@ class ConnectShared:
         when there is no app-server to connect to.
         """
         if self._closing:
-            raise errors.app_server_spawn_failed("The bridge is shutting down.")
+            raise errors.of_kind("app_server_spawn_failed", "The bridge is shutting down.")
         ws = await self._handshake()
         connection = self._channel(ws)
         self._connections.add(connection)
         if self._closing:
             await connection.close(self._shutdown_grace)
-            raise errors.app_server_spawn_failed("The bridge is shutting down.")
+            raise errors.of_kind("app_server_spawn_failed", "The bridge is shutting down.")
         return connection
 
     async def _handshake(self) -> aiohttp.ClientWebSocketResponse:
@@ -204,8 +199,9 @@ class ConnectShared:
                     return await self._ws_connect()
             except TimeoutError:
                 log.error("the shared app-server did not accept a connection in time")
-                raise errors.timeout(
-                    "Connecting to the shared app-server did not complete before its deadline."
+                raise errors.of_kind(
+                    "timeout",
+                    "Connecting to the shared app-server did not complete before its deadline.",
                 ) from None
             except (aiohttp.ClientError, OSError) as exc:
                 if attempt < _CONNECT_ATTEMPTS and await self._died(process):
@@ -218,9 +214,10 @@ class ConnectShared:
                     self.url or f"unix://{self._socket}",
                     reason,
                 )
-                raise errors.app_server_spawn_failed(
+                raise errors.of_kind(
+                    "app_server_spawn_failed",
                     f"Could not connect to the shared app-server: {reason}; check the "
-                    "bridge's app-server settings."
+                    "bridge's app-server settings.",
                 ) from None
         raise AssertionError("unreachable")  # the last attempt returns or raises
 
@@ -283,7 +280,7 @@ class ConnectShared:
             if self.process is not None and self.process.running and self.state == "running":
                 return
             if self._closing:
-                raise errors.app_server_spawn_failed("The bridge is shutting down.")
+                raise errors.of_kind("app_server_spawn_failed", "The bridge is shutting down.")
             loop = asyncio.get_running_loop()
             wait = self._next_start - loop.time()
             if wait > self._spawn_timeout:
@@ -324,7 +321,7 @@ class ConnectShared:
         if self._closing:
             # close() ran while this was starting: it must not outlive the bridge.
             await process.close(self._shutdown_grace)
-            raise errors.app_server_spawn_failed("The bridge is shutting down.")
+            raise errors.of_kind("app_server_spawn_failed", "The bridge is shutting down.")
         deadline = loop.time() + self._spawn_timeout
         delay = 0.005
         while True:
@@ -338,8 +335,8 @@ class ConnectShared:
                 await process.close(self._shutdown_grace)
                 self._failed(loop)
                 log.error("the shared app-server `%s` did not listen in time", shlex.join(argv))
-                raise errors.timeout(
-                    "Starting the app-server did not complete before its deadline."
+                raise errors.of_kind(
+                    "timeout", "Starting the app-server did not complete before its deadline."
                 )
             await asyncio.sleep(delay)
             delay = min(delay * 2, 0.1)
@@ -514,7 +511,7 @@ class ConnectShared:
 
     # -- state and shutdown ------------------------------------------------------
 
-    def describe(self) -> dict[str, Any]:
+    def describe(self, user_agent: str | None) -> dict[str, Any]:
         """What ``/v1/compatibility`` says about the shared app-server."""
         retry_in: float | None = None
         if self.state in ("restarting", "failed"):
@@ -528,10 +525,10 @@ class ConnectShared:
             "restarts": self.restarts,
             "lastExit": self.last_exit,
             "restartInMs": None if retry_in is None else int(retry_in * 1000),
-            "userAgent": self.last_user_agent,
+            "userAgent": user_agent,
         }
 
-    async def compatibility(self) -> Compatibility:
+    async def compatibility(self, user_agent: str | None) -> Compatibility:
         if self.supervised:
             version, version_error = await self.version.get()
             command = self.command
@@ -546,8 +543,8 @@ class ConnectShared:
             version=version,
             version_error=version_error,
             mode="shared",
-            shared=SharedAppServerState.model_validate(self.describe()),
-            **codex_window.assess(version, self.last_user_agent),
+            shared=SharedAppServerState.model_validate(self.describe(user_agent)),
+            **codex_window.assess(version, user_agent),
         )
         return Compatibility(bridge_version=__version__, app_server=info)
 

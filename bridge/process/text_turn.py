@@ -248,4 +248,4 @@ def _nested_id(result: Any, key: str) -> str:
         inner = result.get(key)
         if isinstance(inner, dict) and isinstance(inner.get("id"), str):
             return str(inner["id"])
-    raise errors.protocol_error(f"The app-server's answer has no {key}.id.")
+    raise errors.of_kind("protocol_error", f"The app-server's answer has no {key}.id.")
