@@ -332,27 +332,20 @@ class SessionStream:
         unless the stream was open before it ended: a stream opened at a position past
         the last event still ends with the ``exit`` event (which is what ends it).
         """
-        batch = await self._next_batch(wait, limit)
-        self.session.count_gap(batch)
-        return batch
-
-    async def _next_batch(self, wait: float, limit: int) -> list[Event]:
         log = self.session.events
         position = self.position
         batch = log.read(position, limit)
-        if batch:
+        if not batch and not log.closed:
             self._open = True
-            return batch
-        if log.closed:
-            if self._open:
-                # The exit event is the newest, always kept; its seq is next_seq - 1.
-                return log.read(log.next_seq - 2, 1)
-            raise self.session.exited_error()
-        self._open = True
-        await log.wait(position, wait)
-        batch = log.read(position, limit)
+            await log.wait(position, wait)
+            batch = log.read(position, limit)
         if not batch and log.closed:
+            if not self._open:
+                raise self.session.exited_error()
+            # The exit event is the newest, always kept; its seq is next_seq - 1.
             return log.read(log.next_seq - 2, 1)
+        self._open = True
+        self.session.count_gap(batch)
         return batch
 
     def delivered(self, seq: int) -> None:

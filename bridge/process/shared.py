@@ -122,7 +122,8 @@ class ConnectShared:
         self.version = startup.VersionProbe(self.command)
         self.process: StdioChannel | None = None
         self._client: aiohttp.ClientSession | None = None
-        self._dir: str | None = None
+        #: The private (0700) directory of the supervised app-server's socket.
+        self.socket_dir: str | None = None
         self._socket: str | None = None
         #: The socket codex really listens on (PATH is a symlink to it), removed at exit.
         self._socket_target: str | None = None
@@ -147,11 +148,6 @@ class ConnectShared:
     @property
     def supervised(self) -> bool:
         return self.url is None
-
-    @property
-    def socket_dir(self) -> str | None:
-        """The private (0700) directory of the supervised app-server's socket."""
-        return self._dir
 
     # -- connections -----------------------------------------------------------
 
@@ -296,10 +292,10 @@ class ConnectShared:
     async def _start(self) -> None:
         loop = asyncio.get_running_loop()
         self.state = "starting"
-        if self._dir is None:
-            self._dir = tempfile.mkdtemp(prefix="rest-bridge-app-server-")
+        if self.socket_dir is None:
+            self.socket_dir = tempfile.mkdtemp(prefix="rest-bridge-app-server-")
         self._remove_socket()
-        self._socket = os.path.join(self._dir, _SOCKET_NAME)
+        self._socket = os.path.join(self.socket_dir, _SOCKET_NAME)
         if self._client is not None:
             await self._client.close()
             self._client = None
@@ -453,8 +449,9 @@ class ConnectShared:
         for connection in list(self._connections):
             connection.server_exited(info, SERVER_WEDGED)
 
-    def _failed(self, loop: asyncio.AbstractEventLoop) -> None:
-        self.state = "failed"
+    def _failed(self, loop: asyncio.AbstractEventLoop, state: str = "failed") -> None:
+        """Not started again for the backoff, which doubles for the next failure."""
+        self.state = state
         self._next_start = loop.time() + self._backoff
         self._backoff = min(self._backoff * 2, BACKOFF_MAX)
 
@@ -481,9 +478,7 @@ class ConnectShared:
         if loop.time() - self._started_at > BACKOFF_RESET_AFTER:
             self._backoff = BACKOFF_FIRST
         delay = self._backoff
-        self._next_start = loop.time() + delay
-        self._backoff = min(self._backoff * 2, BACKOFF_MAX)
-        self.state = "restarting"
+        self._failed(loop, "restarting")
         log.error(
             "shared app-server (pid %s) %s; its sessions ended; restarting it in %g s for "
             "new sessions; stderr: %s",
@@ -569,6 +564,6 @@ class ConnectShared:
             await self._client.close()
             self._client = None
         self._remove_socket()
-        if self._dir is not None:
-            shutil.rmtree(self._dir, ignore_errors=True)
-            self._dir = None
+        if self.socket_dir is not None:
+            shutil.rmtree(self.socket_dir, ignore_errors=True)
+            self.socket_dir = None
