@@ -320,7 +320,10 @@ class ProcessBackend(Backend):
         with self._slot():
             process = await self._spawn(options)
             try:
-                process.on_request = _refuse_server_request(process)
+                # Outside a session nobody can answer the server's requests: say so at once.
+                process.on_request = lambda request_id, method, params: process.refuse(
+                    request_id, f"{method} cannot be answered: the bridge call has no session"
+                )
                 await self._initialize(process, options)
                 timeout = (timeout_ms or self.limits.call_timeout_ms) / 1000
                 try:
@@ -442,15 +445,3 @@ class ProcessBackend(Backend):
         finally:
             self._turns_active -= 1
             self.check_drained()
-
-
-def _refuse_server_request(process: JsonRpcPeer) -> Any:
-    """Outside a session nobody can answer the server's requests: say so at once."""
-
-    def refuse(request_id: Any, method: str, params: Any) -> None:
-        with contextlib.suppress(ProcessGone, StdinFull):
-            process.respond_error(
-                request_id, -32601, f"{method} cannot be answered: the bridge call has no session"
-            )
-
-    return refuse

@@ -146,14 +146,12 @@ class TextTurn:
         if self.events is not None:
             self.events.append("request", method, params, key)
         answer = approval_answer(method, params, self.policy)
+        if answer is None:
+            self.peer.refuse(
+                request_id, f"{method} is not answered by a one-shot text turn; use a session"
+            )
+            return
         try:
-            if answer is None:
-                self.peer.respond_error(
-                    request_id,
-                    -32601,
-                    f"{method} is not answered by a one-shot text turn; use a session",
-                )
-                return
             self.peer.respond(request_id, answer)
         except (ProcessGone, StdinFull):
             return
