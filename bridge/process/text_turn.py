@@ -14,8 +14,8 @@ from typing import Any
 from bridge import errors
 from bridge.events import EventLog
 from bridge.models import ApprovalPolicy, TextTurnRequest, TextTurnResponse
+from bridge.process.outcomes import request_key, rpc_failure
 from bridge.process.peer import JsonRpcPeer, ProcessGone, RpcError, StdinFull
-from bridge.process.session import request_key, rpc_failure
 
 #: v2 approvals take the policy's name as their decision.
 V2_APPROVALS = frozenset(
