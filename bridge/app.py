@@ -7,16 +7,16 @@ handlers and it is what the OpenAPI document is built from.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any, Protocol
+from typing import Protocol
 
+import orjson
 from aiohttp import web
-from aiohttp.typedefs import Handler
-from pydantic import BaseModel
 
 from bridge import errors, models, routes
-from bridge.auth import AUTH, HEALTH_PATHS, admitted, with_bearer_auth
+from bridge.auth import AUTH, admitted, with_bearer_auth
 from bridge.backend import Backend
 from bridge.limits import AppServerSettings, RestLimits
 from bridge.openapi import build_openapi
@@ -24,47 +24,11 @@ from bridge.policy import HOST_METHODS, HOST_PARAMS, MethodPolicy, MethodRules
 from bridge.process.backend import ProcessBackend
 from bridge.process.shared import ConnectShared
 from bridge.process.startup import DEFAULT_COMMAND
+from bridge.routes import QueryParam as QueryParam
+from bridge.routes import Route as Route
 from bridge.server import SERVER_SETTINGS as SERVER_SETTINGS
 from bridge.server import ParserRefusals, head_middleware, head_problem
 from bridge.settings import AppServerVariables, MethodPolicyVariables
-
-
-@dataclass(frozen=True, slots=True)
-class QueryParam:
-    name: str
-    description: str
-    kind: str = "integer"
-    header: bool = False
-
-
-@dataclass(frozen=True, slots=True)
-class Route:
-    """One route of the API: how to mount it and how to document it."""
-
-    name: str
-    method: str
-    path: str
-    handler: Handler
-    summary: str
-    body: type[BaseModel] | None = None
-    status: int = 200
-    response: type[BaseModel] | None = None
-    errors: tuple[int, ...] = ()
-    query: tuple[QueryParam, ...] = ()
-    tags: tuple[str, ...] = ()
-    extra_statuses: tuple[int, ...] = ()
-    event_stream: bool = False
-    description: str = ""
-    #: A plain JSON Schema for a response that has no wire model.
-    response_schema: dict[str, Any] | None = None
-
-    @property
-    def answers_head(self) -> bool:
-        """A health check, which load balancers make with HEAD too (GET's status and
-        headers, no body). Other GET routes answer HEAD with 405: it would open a
-        stream or wait on a poll."""
-        return self.method == "GET" and self.path in HEALTH_PATHS
-
 
 _SESSION = (404, 409)
 #: What any route that reads a body can answer about it.
@@ -272,9 +236,10 @@ def create_app(
     )
     mounted = tuple(r for r in ROUTES if r.name in options.routes)
     app[MOUNTED] = mounted
-    app[routes.OPENAPI] = routes.OpenApiSource(
-        lambda: build_openapi(mounted, auth=app.get(AUTH), method_rules=method_rules)
+    openapi: Callable[[], bytes] = functools.cache(
+        lambda: orjson.dumps(build_openapi(mounted, auth=app.get(AUTH), method_rules=method_rules))
     )
+    app[routes.OPENAPI] = openapi
     # aiohttp tries the routes under a common prefix in the order they were added, and
     # no two routes match the same path: the busiest goes first (the order of
     # ROUTES, and of the OpenAPI document, stays).
@@ -355,7 +320,7 @@ def add_no_route(app: web.Application, expect: errors.ExpectHandler) -> None:
                 allowed |= (await resource.resolve(request))[1]
         if allowed:
             raise errors.method_not_allowed(request.method, allowed)
-        raise errors.not_found()
+        raise errors.of_kind("not_found")
 
     route = app.router.add_route("*", NO_ROUTE_PATH, no_route, expect_handler=expect)
     own.append(route.resource)  # type: ignore[arg-type]

@@ -101,7 +101,7 @@ class PeerListing(Protocol):
 
 
 def _unsupported(what: str) -> errors.RestError:
-    return errors.not_found(f"This bridge's backend does not support {what}.")
+    return errors.of_kind("not_found", f"This bridge's backend does not support {what}.")
 
 
 class Backend:

@@ -289,16 +289,19 @@ def reserved_variables(names: list[str]) -> RestError:
     )
 
 
-def not_found(message: str | None = None) -> RestError:
-    return of_kind("not_found", message)
-
-
 def session_not_found(session_id: str) -> RestError:
     return of_kind("session_not_found", f"No session with id {session_id!r}.")
 
 
 def request_not_found(request_key: str) -> RestError:
     return of_kind("request_not_found", f"No pending server request with key {request_key!r}.")
+
+
+def replica_draining() -> RestError:
+    """This replica is draining: a front passes the request to another."""
+    return of_kind(
+        "replica_unavailable", "This replica is draining: it takes no new work; retry elsewhere."
+    )
 
 
 def method_not_allowed(method: str, allowed: set[str]) -> RestError:
@@ -379,35 +382,11 @@ def session_limit_reached(limit: int) -> RestError:
     )
 
 
-def busy(message: str) -> RestError:
-    return of_kind("busy", message)
-
-
 def app_server_error(code: int, message: str, data: Any = None) -> RestError:
     """A JSON-RPC error reply from the app-server; ``-32001`` means overloaded."""
     if code == -32001:
         return of_kind("app_server_overloaded", message, code=code, data=data)
     return of_kind("app_server_error", message, code=code, data=data)
-
-
-def app_server_exited(message: str, data: Any = None) -> RestError:
-    return of_kind("app_server_exited", message, data=data)
-
-
-def app_server_spawn_failed(message: str) -> RestError:
-    return of_kind("app_server_spawn_failed", message)
-
-
-def protocol_error(message: str) -> RestError:
-    return of_kind("protocol_error", message)
-
-
-def timeout(message: str) -> RestError:
-    return of_kind("timeout", message)
-
-
-def internal_error() -> RestError:
-    return of_kind("internal_error")
 
 
 def from_http_exception(exc: web.HTTPException, max_body_bytes: int | None) -> RestError:
@@ -417,7 +396,7 @@ def from_http_exception(exc: web.HTTPException, max_body_bytes: int | None) -> R
     if isinstance(exc, web.HTTPRequestEntityTooLarge):
         return payload_too_large(max_body_bytes or 0)
     if isinstance(exc, web.HTTPNotFound):
-        return not_found()
+        return of_kind("not_found")
     fallback = "internal_error" if exc.status >= 500 else "bad_request"
     kind = HTTP_EXCEPTION_KINDS.get(exc.status, fallback)
     return RestError(exc.status, kind, exc.reason)
@@ -458,24 +437,7 @@ async def failure_response(
     resource = request.match_info.route.resource
     where = resource.canonical if resource is not None else "-"
     log.error("internal error on %s %s: %s", request.method, where, type(exc).__name__)
-    return internal_error().to_response()
-
-
-def replica_unavailable(message: str) -> RestError:
-    """This replica cannot take the request: a front passes it to another."""
-    return of_kind("replica_unavailable", message)
-
-
-def replica_draining() -> RestError:
-    return replica_unavailable("This replica is draining: it takes no new work; retry elsewhere.")
-
-
-def expectation_failed() -> RestError:
-    """An ``Expect`` header the bridge cannot meet (only ``100-continue`` is known).
-
-    The header's value is never repeated: it is whatever the caller chose to send.
-    """
-    return of_kind("expectation_failed")
+    return of_kind("internal_error").to_response()
 
 
 ExpectHandler = Callable[[web.Request], Awaitable[web.StreamResponse | None]]
@@ -500,7 +462,7 @@ def expect_handler(refusal: Callable[[web.Request], RestError | None]) -> Expect
         if request.version < (1, 1):
             return None
         if request.headers.get("Expect", "").strip().lower() != "100-continue":
-            return await answer_and_close(request, expectation_failed())
+            return await answer_and_close(request, of_kind("expectation_failed"))
         await request.writer.write(b"HTTP/1.1 100 Continue\r\n\r\n")
         # The interim response is not part of the response that follows.
         request.writer.output_size = 0

@@ -19,10 +19,9 @@ from bridge import __version__
 from bridge.auth import HEALTH_METHODS, HEALTH_PATHS, AuthSettings
 from bridge.errors import ERROR_KINDS
 from bridge.models import ErrorPayload, EventResponse
-from bridge.routes import MAX_QUERY_INT
+from bridge.routes import MAX_QUERY_INT, Route
 
 if TYPE_CHECKING:
-    from bridge.app import Route
     from bridge.policy import MethodRules
 
 REF = "#/components/schemas/{model}"

@@ -1,7 +1,9 @@
 """HTTP handlers: parse and check the request, call the backend, render the record.
 
 Handlers hold no state of their own; the backend and the router's configuration
-come from the application (:data:`BACKEND`, :data:`CONFIG`).
+come from the application (:data:`BACKEND`, :data:`CONFIG`). :class:`Route` is the record
+of one route (the table of them is :data:`bridge.app.ROUTES`), which the OpenAPI document
+reads too.
 """
 
 from __future__ import annotations
@@ -16,10 +18,12 @@ from typing import Any, TypeVar
 
 import orjson
 from aiohttp import web
+from aiohttp.typedefs import Handler
 from multidict import CIMultiDict
 from pydantic import BaseModel, ValidationError
 
 from bridge import __version__, credentials, errors
+from bridge.auth import HEALTH_PATHS
 from bridge.backend import PEER_QUERY_HEADER, Backend
 from bridge.events import Event
 from bridge.limits import RestLimits
@@ -50,6 +54,43 @@ class RouterConfig:
     allowed_client_options: frozenset[str] | None = None
     #: Which app-server methods the raw call routes (and the text turn) may call.
     method_rules: MethodRules = field(default_factory=lambda: MethodRules((), MethodPolicy()))
+
+
+@dataclass(frozen=True, slots=True)
+class QueryParam:
+    name: str
+    description: str
+    kind: str = "integer"
+    header: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class Route:
+    """One route of the API: how to mount it and how to document it."""
+
+    name: str
+    method: str
+    path: str
+    handler: Handler
+    summary: str
+    body: type[BaseModel] | None = None
+    status: int = 200
+    response: type[BaseModel] | None = None
+    errors: tuple[int, ...] = ()
+    query: tuple[QueryParam, ...] = ()
+    tags: tuple[str, ...] = ()
+    extra_statuses: tuple[int, ...] = ()
+    event_stream: bool = False
+    description: str = ""
+    #: A plain JSON Schema for a response that has no wire model.
+    response_schema: dict[str, Any] | None = None
+
+    @property
+    def answers_head(self) -> bool:
+        """A health check, which load balancers make with HEAD too (GET's status and
+        headers, no body). Other GET routes answer HEAD with 405: it would open a
+        stream or wait on a poll."""
+        return self.method == "GET" and self.path in HEALTH_PATHS
 
 
 BACKEND = web.AppKey("bridge.backend", Backend)
@@ -420,25 +461,13 @@ async def events_stream(request: web.Request) -> web.StreamResponse:
         stream.close(completed)
 
 
-class OpenApiSource:
-    """Builds the application's OpenAPI document on first use, then serves the bytes."""
-
-    def __init__(self, build: Callable[[], dict[str, Any]]) -> None:
-        self._build = build
-        self._encoded: bytes | None = None
-
-    def encoded(self) -> bytes:
-        if self._encoded is None:
-            self._encoded = orjson.dumps(self._build())
-        return self._encoded
-
-
-OPENAPI = web.AppKey("bridge.openapi", OpenApiSource)
+#: The application's OpenAPI document as bytes, built on first use (functools.cache).
+OPENAPI = web.AppKey[Callable[[], bytes]]("bridge.openapi")
 
 
 async def openapi_document(request: web.Request) -> web.Response:
     """The OpenAPI document of the routes this application mounts."""
-    body = request.app[OPENAPI].encoded()
+    body = request.app[OPENAPI]()
     return web.Response(body=body, content_type="application/json")
 
 

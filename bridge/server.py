@@ -132,7 +132,9 @@ def head_middleware(max_header_bytes: int, max_body_bytes: int | None) -> Middle
         elif not request.path.startswith("/"):
             # CONNECT host:port, OPTIONS *: no route takes them. Closed: after a
             # CONNECT, what follows the head would be a tunnel's bytes.
-            problem = errors.not_found("No such route: the request target is not a path.")
+            problem = errors.of_kind(
+                "not_found", "No such route: the request target is not a path."
+            )
             problem.close_connection = True
         if problem is not None:
             return await errors.answer_and_close(request, problem)

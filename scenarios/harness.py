@@ -195,7 +195,7 @@ def contract_middleware(checkers: Mapping[str, OpenApiChecker]) -> aiohttp.Clien
 def checker_for(app: web.Application) -> OpenApiChecker | None:
     """An OpenAPI checker for an application built by `bridge.app`, if it has a document."""
     source = app.get(OPENAPI)
-    return None if source is None else OpenApiChecker(orjson.loads(source.encoded()))
+    return None if source is None else OpenApiChecker(orjson.loads(source()))
 
 
 async def serve_app(app: web.Application, host: str = "127.0.0.1") -> tuple[web.AppRunner, str]:

@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Any
 from aiohttp import web
 from multidict import CIMultiDict
 
-from bridge.errors import failure_response, not_found, of_kind, request_timeout
+from bridge.errors import failure_response, of_kind, request_timeout
 from bridge.runtime import address, stop_on_first_signal
 from bridge.server import SERVER_SETTINGS
 from scenarios.cassette import ORIGIN, CassetteError, cassette_for, cassette_path
@@ -126,7 +126,9 @@ class Replay:
         from scenarios.respx_mock import ScenarioMockError, UnmatchedRequest
 
         if request.path.startswith(ADMIN_PREFIX + "/") or request.path == ADMIN_PREFIX:
-            raise not_found(f"the replay server has no route {request.method} {request.path}")
+            raise of_kind(
+                "not_found", f"the replay server has no route {request.method} {request.path}"
+            )
         try:  # at most client_max_size (else 413), within body_timeout_ms (else 408)
             async with asyncio.timeout(self.body_timeout_ms / 1000):
                 body = await request.read()

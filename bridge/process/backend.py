@@ -29,8 +29,9 @@ from bridge.models import (
 )
 from bridge.process import startup
 from bridge.process.channel import ExitInfo
+from bridge.process.outcomes import rpc_failure
 from bridge.process.peer import JsonRpcPeer, ProcessGone, RpcError, StdinFull
-from bridge.process.session import Session, rpc_failure
+from bridge.process.session import Session
 from bridge.process.startup import DEFAULT_COMMAND, AppServerLauncher, SpawnStdio, parse_command
 from bridge.process.text_turn import TextTurn
 
@@ -86,6 +87,8 @@ class ProcessBackend(Backend):
         #: Where events are reported (bridge.metrics), when metrics are on.
         self.metrics: Metrics | None = None
         self.mode = "process" if isinstance(self.launcher, SpawnStdio) else "shared"
+        #: The userAgent of the last `initialize` answered (fake-codex or codex).
+        self.user_agent: str | None = None
         #: Late replies (to finished calls) of the conversations already ended, and the
         #: events appended to the logs of the sessions already removed (bridge.ops).
         self.late_replies_ended = 0
@@ -157,7 +160,7 @@ class ProcessBackend(Backend):
 
     async def _spawn(self, options: ClientOptions | None) -> JsonRpcPeer:
         if self._closing:
-            raise errors.app_server_spawn_failed("The bridge is shutting down.")
+            raise errors.of_kind("app_server_spawn_failed", "The bridge is shutting down.")
         metrics = self.metrics
         try:
             process = await self.launcher.open(options)
@@ -171,7 +174,7 @@ class ProcessBackend(Backend):
             metrics.spawned(self.mode)
         if self._closing:
             await process.shutdown(self.limits.shutdown_grace_ms / 1000)
-            raise errors.app_server_spawn_failed("The bridge is shutting down.")
+            raise errors.of_kind("app_server_spawn_failed", "The bridge is shutting down.")
         return process
 
     def _ended(self, process: JsonRpcPeer, info: ExitInfo) -> None:
@@ -220,7 +223,7 @@ class ProcessBackend(Backend):
             raise
         try:
             process.notify("initialized")
-            self.launcher.initialized(result)
+            self.user_agent = startup.user_agent(result) or self.user_agent
             if self.metrics is not None:
                 self.metrics.started()
             return result
@@ -229,8 +232,8 @@ class ProcessBackend(Backend):
             await self._stop_fully(process)
             if isinstance(exc, StdinFull):
                 raise rpc_failure(exc, self.launcher.starting) from None
-            raise errors.protocol_error(
-                "the app-server stopped taking input after answering `initialize`"
+            raise errors.of_kind(
+                "protocol_error", "the app-server stopped taking input after answering `initialize`"
             ) from None
 
     async def _stop_fully(self, process: JsonRpcPeer) -> None:
@@ -308,7 +311,7 @@ class ProcessBackend(Backend):
     # -- compatibility ---------------------------------------------------------
 
     async def compatibility(self) -> Compatibility:
-        return await self.launcher.compatibility()
+        return await self.launcher.compatibility(self.user_agent)
 
     # -- sessionless calls -----------------------------------------------------
 
@@ -318,7 +321,10 @@ class ProcessBackend(Backend):
         with self._slot():
             process = await self._spawn(options)
             try:
-                process.on_request = _refuse_server_request(process)
+                # Outside a session nobody can answer the server's requests: say so at once.
+                process.on_request = lambda request_id, method, params: process.refuse(
+                    request_id, f"{method} cannot be answered: the bridge call has no session"
+                )
                 await self._initialize(process, options)
                 timeout = (timeout_ms or self.limits.call_timeout_ms) / 1000
                 try:
@@ -406,7 +412,9 @@ class ProcessBackend(Backend):
             raise errors.replica_draining()
         limit = self.limits.max_concurrent_text_turns
         if self._turns_active >= limit:
-            raise errors.busy(f"The bridge is already running {limit} text turns; retry later.")
+            raise errors.of_kind(
+                "busy", f"The bridge is already running {limit} text turns; retry later."
+            )
         self._turns_active += 1
         began, outcome = time.monotonic(), "failed"
         try:
@@ -438,15 +446,3 @@ class ProcessBackend(Backend):
         finally:
             self._turns_active -= 1
             self.check_drained()
-
-
-def _refuse_server_request(process: JsonRpcPeer) -> Any:
-    """Outside a session nobody can answer the server's requests: say so at once."""
-
-    def refuse(request_id: Any, method: str, params: Any) -> None:
-        with contextlib.suppress(ProcessGone, StdinFull):
-            process.respond_error(
-                request_id, -32601, f"{method} cannot be answered: the bridge call has no session"
-            )
-
-    return refuse

@@ -16,6 +16,7 @@ response, even when its ``id`` equals one of our pending calls.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import heapq
 import itertools
@@ -244,6 +245,12 @@ class JsonRpcPeer:
         if data is not None:
             error["data"] = data
         self._write({"id": request_id, "error": error})
+
+    def refuse(self, request_id: Any, message: str) -> None:
+        """Answer a server request nobody here can answer (JSON-RPC -32601), unless the
+        app-server has stopped reading."""
+        with contextlib.suppress(ProcessGone, StdinFull):
+            self.respond_error(request_id, -32601, message)
 
     def _write(self, message: dict[str, Any]) -> None:
         if self._exit_info is not None:

@@ -3,9 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
-import re
 import time
 from collections import OrderedDict
 from typing import Any
@@ -14,6 +12,7 @@ from bridge import errors
 from bridge.events import Event, EventLog, LogReader, rfc3339
 from bridge.metrics import Metrics
 from bridge.process.channel import ExitInfo
+from bridge.process.outcomes import request_key, rpc_failure
 from bridge.process.peer import JsonRpcPeer, ProcessGone, RpcError, StdinFull
 
 log = logging.getLogger("bridge")
@@ -21,42 +20,6 @@ log = logging.getLogger("bridge")
 #: How many answered request keys a session remembers, to tell "already answered"
 #: from "never existed".
 ANSWERED_MEMORY = 1024
-
-
-_INTEGER_TEXT = re.compile(r"-?[0-9]+")
-
-
-def request_key(request_id: str | int) -> str:
-    """The HTTP-facing key of a JSON-RPC id, one key per id.
-
-    An integer's key is its decimal digits, whatever its size. A string's key is the
-    string itself, unless that could be taken for another id's key or cannot be a path
-    segment (empty, integer digits, or a leading double quote): then it is the string's
-    JSON text, quotes included. So ``1`` and ``"1"`` are two keys, ``"abc"`` is ``abc``.
-    """
-    if isinstance(request_id, str):
-        if request_id and request_id[0] != '"' and not _INTEGER_TEXT.fullmatch(request_id):
-            return request_id
-        return json.dumps(request_id, ensure_ascii=False)
-    return str(request_id)
-
-
-def rpc_failure(exc: Exception, what: str) -> errors.RestError:
-    """Map a failed JSON-RPC exchange to the contract's error kinds."""
-    if isinstance(exc, RpcError):
-        return errors.app_server_error(exc.code, exc.message, exc.data)
-    if isinstance(exc, ProcessGone):
-        info = exc.exit_info
-        if info.protocol_error:
-            return errors.protocol_error(info.describe())
-        return errors.app_server_exited(
-            info.describe(), data={"exitCode": info.exit_code, "signal": info.signal}
-        )
-    if isinstance(exc, StdinFull):
-        return errors.busy("The app-server is not reading its input; retry later.")
-    if isinstance(exc, TimeoutError):
-        return errors.timeout(f"{what} did not complete before its deadline.")
-    raise exc
 
 
 class Session:
@@ -330,27 +293,20 @@ class SessionStream:
         unless the stream was open before it ended: a stream opened at a position past
         the last event still ends with the ``exit`` event (which is what ends it).
         """
-        batch = await self._next_batch(wait, limit)
-        self.session.count_gap(batch)
-        return batch
-
-    async def _next_batch(self, wait: float, limit: int) -> list[Event]:
         log = self.session.events
         position = self.position
         batch = log.read(position, limit)
-        if batch:
+        if not batch and not log.closed:
             self._open = True
-            return batch
-        if log.closed:
-            if self._open:
-                # The exit event is the newest, always kept; its seq is next_seq - 1.
-                return log.read(log.next_seq - 2, 1)
-            raise self.session.exited_error()
-        self._open = True
-        await log.wait(position, wait)
-        batch = log.read(position, limit)
+            await log.wait(position, wait)
+            batch = log.read(position, limit)
         if not batch and log.closed:
+            if not self._open:
+                raise self.session.exited_error()
+            # The exit event is the newest, always kept; its seq is next_seq - 1.
             return log.read(log.next_seq - 2, 1)
+        self._open = True
+        self.session.count_gap(batch)
         return batch
 
     def delivered(self, seq: int) -> None:

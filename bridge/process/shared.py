@@ -122,7 +122,8 @@ class ConnectShared:
         self.version = startup.VersionProbe(self.command)
         self.process: StdioChannel | None = None
         self._client: aiohttp.ClientSession | None = None
-        self._dir: str | None = None
+        #: The private (0700) directory of the supervised app-server's socket.
+        self.socket_dir: str | None = None
         self._socket: str | None = None
         #: The socket codex really listens on (PATH is a symlink to it), removed at exit.
         self._socket_target: str | None = None
@@ -136,7 +137,6 @@ class ConnectShared:
         #: Not started again before this (loop time), after it died or failed to start.
         self._next_start = 0.0
         self._restart_task: asyncio.Task[None] | None = None
-        self.last_user_agent: str | None = None
         self._closing = False
         #: The liveness probe of the supervised process (:meth:`_watch`), one per start.
         self._liveness_interval = limits.liveness_interval_ms / 1000
@@ -148,11 +148,6 @@ class ConnectShared:
     @property
     def supervised(self) -> bool:
         return self.url is None
-
-    @property
-    def socket_dir(self) -> str | None:
-        """The private (0700) directory of the supervised app-server's socket."""
-        return self._dir
 
     # -- connections -----------------------------------------------------------
 
@@ -170,10 +165,6 @@ class ConnectShared:
             )
         return JsonRpcPeer(await self.connect(), message_filter=Tenant())
 
-    def initialized(self, result: Any) -> None:
-        if isinstance(result, dict) and isinstance(result.get("userAgent"), str):
-            self.last_user_agent = str(result["userAgent"])[:200]
-
     async def connect(self) -> WebSocketChannel:
         """A new connection (starting the app-server first if it is not running).
 
@@ -181,13 +172,13 @@ class ConnectShared:
         when there is no app-server to connect to.
         """
         if self._closing:
-            raise errors.app_server_spawn_failed("The bridge is shutting down.")
+            raise errors.of_kind("app_server_spawn_failed", "The bridge is shutting down.")
         ws = await self._handshake()
         connection = self._channel(ws)
         self._connections.add(connection)
         if self._closing:
             await connection.close(self._shutdown_grace)
-            raise errors.app_server_spawn_failed("The bridge is shutting down.")
+            raise errors.of_kind("app_server_spawn_failed", "The bridge is shutting down.")
         return connection
 
     async def _handshake(self) -> aiohttp.ClientWebSocketResponse:
@@ -204,8 +195,9 @@ class ConnectShared:
                     return await self._ws_connect()
             except TimeoutError:
                 log.error("the shared app-server did not accept a connection in time")
-                raise errors.timeout(
-                    "Connecting to the shared app-server did not complete before its deadline."
+                raise errors.of_kind(
+                    "timeout",
+                    "Connecting to the shared app-server did not complete before its deadline.",
                 ) from None
             except (aiohttp.ClientError, OSError) as exc:
                 if attempt < _CONNECT_ATTEMPTS and await self._died(process):
@@ -218,9 +210,10 @@ class ConnectShared:
                     self.url or f"unix://{self._socket}",
                     reason,
                 )
-                raise errors.app_server_spawn_failed(
+                raise errors.of_kind(
+                    "app_server_spawn_failed",
                     f"Could not connect to the shared app-server: {reason}; check the "
-                    "bridge's app-server settings."
+                    "bridge's app-server settings.",
                 ) from None
         raise AssertionError("unreachable")  # the last attempt returns or raises
 
@@ -283,7 +276,7 @@ class ConnectShared:
             if self.process is not None and self.process.running and self.state == "running":
                 return
             if self._closing:
-                raise errors.app_server_spawn_failed("The bridge is shutting down.")
+                raise errors.of_kind("app_server_spawn_failed", "The bridge is shutting down.")
             loop = asyncio.get_running_loop()
             wait = self._next_start - loop.time()
             if wait > self._spawn_timeout:
@@ -299,10 +292,10 @@ class ConnectShared:
     async def _start(self) -> None:
         loop = asyncio.get_running_loop()
         self.state = "starting"
-        if self._dir is None:
-            self._dir = tempfile.mkdtemp(prefix="rest-bridge-app-server-")
+        if self.socket_dir is None:
+            self.socket_dir = tempfile.mkdtemp(prefix="rest-bridge-app-server-")
         self._remove_socket()
-        self._socket = os.path.join(self._dir, _SOCKET_NAME)
+        self._socket = os.path.join(self.socket_dir, _SOCKET_NAME)
         if self._client is not None:
             await self._client.close()
             self._client = None
@@ -324,7 +317,7 @@ class ConnectShared:
         if self._closing:
             # close() ran while this was starting: it must not outlive the bridge.
             await process.close(self._shutdown_grace)
-            raise errors.app_server_spawn_failed("The bridge is shutting down.")
+            raise errors.of_kind("app_server_spawn_failed", "The bridge is shutting down.")
         deadline = loop.time() + self._spawn_timeout
         delay = 0.005
         while True:
@@ -338,8 +331,8 @@ class ConnectShared:
                 await process.close(self._shutdown_grace)
                 self._failed(loop)
                 log.error("the shared app-server `%s` did not listen in time", shlex.join(argv))
-                raise errors.timeout(
-                    "Starting the app-server did not complete before its deadline."
+                raise errors.of_kind(
+                    "timeout", "Starting the app-server did not complete before its deadline."
                 )
             await asyncio.sleep(delay)
             delay = min(delay * 2, 0.1)
@@ -456,8 +449,9 @@ class ConnectShared:
         for connection in list(self._connections):
             connection.server_exited(info, SERVER_WEDGED)
 
-    def _failed(self, loop: asyncio.AbstractEventLoop) -> None:
-        self.state = "failed"
+    def _failed(self, loop: asyncio.AbstractEventLoop, state: str = "failed") -> None:
+        """Not started again for the backoff, which doubles for the next failure."""
+        self.state = state
         self._next_start = loop.time() + self._backoff
         self._backoff = min(self._backoff * 2, BACKOFF_MAX)
 
@@ -484,9 +478,7 @@ class ConnectShared:
         if loop.time() - self._started_at > BACKOFF_RESET_AFTER:
             self._backoff = BACKOFF_FIRST
         delay = self._backoff
-        self._next_start = loop.time() + delay
-        self._backoff = min(self._backoff * 2, BACKOFF_MAX)
-        self.state = "restarting"
+        self._failed(loop, "restarting")
         log.error(
             "shared app-server (pid %s) %s; its sessions ended; restarting it in %g s for "
             "new sessions; stderr: %s",
@@ -514,7 +506,7 @@ class ConnectShared:
 
     # -- state and shutdown ------------------------------------------------------
 
-    def describe(self) -> dict[str, Any]:
+    def describe(self, user_agent: str | None) -> dict[str, Any]:
         """What ``/v1/compatibility`` says about the shared app-server."""
         retry_in: float | None = None
         if self.state in ("restarting", "failed"):
@@ -528,10 +520,10 @@ class ConnectShared:
             "restarts": self.restarts,
             "lastExit": self.last_exit,
             "restartInMs": None if retry_in is None else int(retry_in * 1000),
-            "userAgent": self.last_user_agent,
+            "userAgent": user_agent,
         }
 
-    async def compatibility(self) -> Compatibility:
+    async def compatibility(self, user_agent: str | None) -> Compatibility:
         if self.supervised:
             version, version_error = await self.version.get()
             command = self.command
@@ -546,8 +538,8 @@ class ConnectShared:
             version=version,
             version_error=version_error,
             mode="shared",
-            shared=SharedAppServerState.model_validate(self.describe()),
-            **codex_window.assess(version, self.last_user_agent),
+            shared=SharedAppServerState.model_validate(self.describe(user_agent)),
+            **codex_window.assess(version, user_agent),
         )
         return Compatibility(bridge_version=__version__, app_server=info)
 
@@ -572,6 +564,6 @@ class ConnectShared:
             await self._client.close()
             self._client = None
         self._remove_socket()
-        if self._dir is not None:
-            shutil.rmtree(self._dir, ignore_errors=True)
-            self._dir = None
+        if self.socket_dir is not None:
+            shutil.rmtree(self.socket_dir, ignore_errors=True)
+            self.socket_dir = None

@@ -76,20 +76,22 @@ def spawn_failed(command: Sequence[str], exc: OSError, cwd: str | None) -> error
     reason = exc.strerror or type(exc).__name__
     if cwd is not None and exc.filename == cwd:
         log.warning("could not start the app-server in the requested cwd %r: %s", cwd, reason)
-        return errors.app_server_spawn_failed(
+        return errors.of_kind(
+            "app_server_spawn_failed",
             f"Could not start the app-server in the requested working directory ({reason}); "
-            "check options.cwd."
+            "check options.cwd.",
         )
     if exc.errno in OUT_OF_RESOURCES:
         # Nothing to check in the command: the bridge (or the machine) is out of room.
         log.error("could not start the app-server: %s", reason)
-        return errors.app_server_spawn_failed(
+        return errors.of_kind(
+            "app_server_spawn_failed",
             f"Could not start the app-server ({reason}); the bridge is out of resources, "
-            "retry later."
+            "retry later.",
         )
     log.error("could not start the app-server `%s`: %s", shlex.join(command), reason)
-    return errors.app_server_spawn_failed(
-        f"Could not start the app-server ({reason}); {CHECK_COMMAND}."
+    return errors.of_kind(
+        "app_server_spawn_failed", f"Could not start the app-server ({reason}); {CHECK_COMMAND}."
     )
 
 
@@ -100,8 +102,9 @@ def exited_at_startup(command: Sequence[str], info: ExitInfo) -> errors.RestErro
         # Shared mode: a connection, not a process, ended before `initialize`.
         log.error("a connection to the shared app-server ended at start-up: %s", info.connection)
         if info.protocol_error:
-            return errors.protocol_error(info.describe())
-        return errors.app_server_exited(
+            return errors.of_kind("protocol_error", info.describe())
+        return errors.of_kind(
+            "app_server_exited",
             "The connection to the shared app-server ended before `initialize` was "
             f"answered ({info.connection}).",
             data={"exitCode": info.exit_code, "signal": info.signal},
@@ -113,9 +116,10 @@ def exited_at_startup(command: Sequence[str], info: ExitInfo) -> errors.RestErro
         stderr_summary(info.stderr_tail),
     )
     if info.protocol_error:
-        return errors.protocol_error(info.describe())
+        return errors.of_kind("protocol_error", info.describe())
     how = f"was killed by {info.signal}" if info.signal else f"exited with code {info.exit_code}"
-    return errors.app_server_exited(
+    return errors.of_kind(
+        "app_server_exited",
         f"The app-server {how} during start-up, before answering `initialize`; "
         f"{CHECK_COMMAND}. The bridge's log has the process's stderr.",
         data={"exitCode": info.exit_code, "signal": info.signal},
@@ -131,6 +135,12 @@ def stderr_summary(tail: str) -> str:
     if len(text) > LOG_STDERR_CHARS:
         text = "…" + text[-LOG_STDERR_CHARS:]
     return text
+
+
+def user_agent(result: Any) -> str | None:
+    """The ``userAgent`` an ``initialize`` answer names, cut to 200 characters."""
+    agent = result.get("userAgent") if isinstance(result, dict) else None
+    return agent[:200] if isinstance(agent, str) else None
 
 
 def parse_command(command: str | Sequence[str]) -> list[str]:
@@ -197,11 +207,9 @@ class AppServerLauncher(Protocol):
         """A new conversation shaped by ``options``; raises the bridge's RestError
         (``app_server_spawn_failed``, ``bad_request``, ``options_not_allowed``...)."""
 
-    def initialized(self, result: Any) -> None:
-        """A conversation's ``initialize`` was answered with ``result``."""
-
-    async def compatibility(self) -> Compatibility:
-        """What ``/v1/compatibility`` says of the app-server."""
+    async def compatibility(self, user_agent: str | None) -> Compatibility:
+        """What ``/v1/compatibility`` says of the app-server; ``user_agent``: the one the
+        last ``initialize`` answer named (fake-codex or codex)."""
 
     async def close(self) -> None:
         """Release what the launcher holds (its conversations are closed already)."""
@@ -239,8 +247,6 @@ class SpawnStdio:
         self.command = list(command)
         self.limits = limits
         self.version = VersionProbe(self.command)
-        #: The userAgent of the last `initialize` answered (fake-codex or codex).
-        self.user_agent: str | None = None
 
     def _argv(self, options: ClientOptions | None) -> list[str]:
         argv = list(self.command)
@@ -273,11 +279,7 @@ class SpawnStdio:
             raise errors.bad_request("The client options cannot be given to a process.") from None
         return peer
 
-    def initialized(self, result: Any) -> None:
-        if isinstance(result, dict) and isinstance(result.get("userAgent"), str):
-            self.user_agent = str(result["userAgent"])[:200]
-
-    async def compatibility(self) -> Compatibility:
+    async def compatibility(self, user_agent: str | None) -> Compatibility:
         version, version_error = await self.version.get()
         return Compatibility(
             bridge_version=__version__,
@@ -285,7 +287,7 @@ class SpawnStdio:
                 command=self.command,
                 version=version,
                 version_error=version_error,
-                **codex_window.assess(version, self.user_agent),
+                **codex_window.assess(version, user_agent),
             ),
         )
 

@@ -35,43 +35,9 @@ _EOF_GRACE_SECONDS = 1.0
 _ANSI = re.compile(r"\x1b\[[0-9;?]*[ -/]*[@-~]")
 
 
-class _StdioProtocol(asyncio.SubprocessProtocol):
-    """Hands the child's output to its channel; lets go of it once the process is finished."""
-
-    def __init__(self, owner: StdioChannel) -> None:
-        self.owner: StdioChannel | None = owner
-
-    def pipe_data_received(self, fd: int, data: bytes | str) -> None:
-        owner = self.owner
-        if owner is None:
-            return
-        if isinstance(data, str):
-            data = data.encode()
-        if fd == 1 and not owner.stdout_is_log:
-            owner._feed_stdout(data)
-        else:
-            owner._feed_stderr(data)
-
-    def pipe_connection_lost(self, fd: int, exc: Exception | None) -> None:
-        owner = self.owner
-        if owner is None or owner.stdout_is_log:
-            return
-        if fd == 1:
-            owner._stdout_eof()
-        elif fd == 0:
-            owner._pipe_gone("stdin")
-
-    def process_exited(self) -> None:
-        if self.owner is not None:
-            self.owner._process_exited()
-
-    def connection_lost(self, exc: Exception | None) -> None:
-        if self.owner is not None:
-            self.owner._finish()
-
-
-class StdioChannel(ChannelState):
-    """One app-server child process; messages are lines on its stdin and stdout.
+class StdioChannel(ChannelState, asyncio.SubprocessProtocol):
+    """One app-server child process; messages are lines on its stdin and stdout. It is
+    also the process's protocol: the pipes' data and ends come to it as they happen.
 
     With ``stdout_is_log`` (an app-server that speaks on a socket) stdout is kept with
     stderr's tail, and only the process's end is reported (to ``on_end``, as to a
@@ -92,7 +58,6 @@ class StdioChannel(ChannelState):
         self.stdout_is_log = stdout_is_log
         self._on_end = on_end
         self._transport: asyncio.SubprocessTransport | None = None
-        self._protocol: _StdioProtocol | None = None
         self._stdin: asyncio.WriteTransport | None = None
         #: Output read but not taken by the receiver, and whether reading is paused.
         self._held = b""
@@ -125,8 +90,8 @@ class StdioChannel(ChannelState):
         environment or argument).
         """
         with descendants.spawning() as own:
-            transport, protocol = await self._loop.subprocess_exec(
-                lambda: _StdioProtocol(self),
+            transport, _ = await self._loop.subprocess_exec(
+                lambda: self,
                 *command,
                 stdin=asyncio.subprocess.PIPE,
                 stdout=asyncio.subprocess.PIPE,
@@ -137,7 +102,6 @@ class StdioChannel(ChannelState):
             )
             own(transport.get_pid())
         self._transport = transport
-        self._protocol = protocol
         self.pid = transport.get_pid()
         self.lineage.spawned(self.pid)
         if self._exited:
@@ -195,7 +159,23 @@ class StdioChannel(ChannelState):
         if self._stdin is not None and not self._stdin.is_closing():
             self._stdin.write(data)
 
-    # -- incoming --------------------------------------------------------------
+    # -- incoming (asyncio's SubprocessProtocol) ----------------------------------
+
+    def pipe_data_received(self, fd: int, data: bytes | str) -> None:
+        if isinstance(data, str):
+            data = data.encode()
+        if fd == 1 and not self.stdout_is_log:
+            self._feed_stdout(data)
+        else:
+            self._feed_stderr(data)
+
+    def pipe_connection_lost(self, fd: int, exc: Exception | None) -> None:
+        if self.stdout_is_log:
+            return
+        if fd == 1:
+            self._stdout_eof()
+        elif fd == 0:
+            self._pipe_gone("stdin")
 
     def _feed_stdout(self, data: bytes) -> None:
         if self._aborted:
@@ -302,7 +282,7 @@ class StdioChannel(ChannelState):
 
     # -- lifecycle -------------------------------------------------------------
 
-    def _process_exited(self) -> None:
+    def process_exited(self) -> None:
         self._exited = True
         self.dead.set()
         # The app-server's own children must not outlive it, and one of them
@@ -312,6 +292,9 @@ class StdioChannel(ChannelState):
         if self.pid is not None:
             self.lineage.end()
         self._loop.call_later(_PIPE_DRAIN_SECONDS, self._finish)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._finish()
 
     def _finish(self) -> None:
         if self._exit_info is not None or self._transport is None:
@@ -339,9 +322,6 @@ class StdioChannel(ChannelState):
             self._on_end(info)
         self._receiver = self._on_end = None
         self._held = b""
-        if self._protocol is not None:
-            self._protocol.owner = None
-        self._protocol = None
         self._transport = None
         self._stdin = None
 

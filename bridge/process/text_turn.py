@@ -14,8 +14,8 @@ from typing import Any
 from bridge import errors
 from bridge.events import EventLog
 from bridge.models import ApprovalPolicy, TextTurnRequest, TextTurnResponse
+from bridge.process.outcomes import request_key, rpc_failure
 from bridge.process.peer import JsonRpcPeer, ProcessGone, RpcError, StdinFull
-from bridge.process.session import request_key, rpc_failure
 
 #: v2 approvals take the policy's name as their decision.
 V2_APPROVALS = frozenset(
@@ -146,14 +146,12 @@ class TextTurn:
         if self.events is not None:
             self.events.append("request", method, params, key)
         answer = approval_answer(method, params, self.policy)
+        if answer is None:
+            self.peer.refuse(
+                request_id, f"{method} is not answered by a one-shot text turn; use a session"
+            )
+            return
         try:
-            if answer is None:
-                self.peer.respond_error(
-                    request_id,
-                    -32601,
-                    f"{method} is not answered by a one-shot text turn; use a session",
-                )
-                return
             self.peer.respond(request_id, answer)
         except (ProcessGone, StdinFull):
             return
@@ -248,4 +246,4 @@ def _nested_id(result: Any, key: str) -> str:
         inner = result.get(key)
         if isinstance(inner, dict) and isinstance(inner.get("id"), str):
             return str(inner["id"])
-    raise errors.protocol_error(f"The app-server's answer has no {key}.id.")
+    raise errors.of_kind("protocol_error", f"The app-server's answer has no {key}.id.")

@@ -136,7 +136,9 @@ class WebSocketChannel(ChannelState):
                 ):
                     # A frame over max_msg_size (MAX_LINE_BYTES), or one that is not
                     # WebSocket: the conversation cannot go on.
-                    self._broken(f"the app-server sent an unreadable frame ({message.data.code})")
+                    if self._receiver is not None:
+                        reason = f"the app-server sent an unreadable frame ({message.data.code})"
+                        self._receiver.channel_broken(reason)
                     break
                 else:
                     ended_by_server = not self._stopping
@@ -163,10 +165,6 @@ class WebSocketChannel(ChannelState):
             # A normal closure is what a clean exit of a process of its own would be.
             clean = self._ws.close_code == aiohttp.WSCloseCode.OK
             self._end(ExitInfo(0 if clean else None, None, "", None, CLOSED_BY_SERVER))
-
-    def _broken(self, reason: str) -> None:
-        if self._receiver is not None:
-            self._receiver.channel_broken(reason)
 
     def _take(self, data: bytes) -> bool:
         """One frame from the app-server: deliver it, or hold it back; False to stop."""

@@ -508,7 +508,7 @@ def test_openapi_describes_the_403_and_the_policy_of_the_preset(
     factory, refused, refused_params, fake_codex
 ):
     app = factory(fake_codex, method_policy=MethodPolicy(allow=frozenset({"fs/readFile"})))
-    document = json.loads(app[OPENAPI].encoded())
+    document = json.loads(app[OPENAPI]())
     validate(document)
     calling = {
         operation["operationId"]: operation

@@ -434,6 +434,20 @@ async def test_sessionless_call_takes_client_options(bridge, http, write_script)
         assert await response.json() == {"result": {"hi": True}}
 
 
+async def test_a_sessionless_call_answers_the_servers_requests_with_an_error(
+    bridge, http, write_script
+):
+    """Nobody can answer a server request outside a session: it gets an error at once,
+    and the call goes on (here the app-server answers the call with what it was told)."""
+    on_reply = {"error": [{"respond": {"result": "refused"}}], "default": [{"respond": {}}]}
+    ask = {"steps": [{"request": {"method": "item/tool/requestUserInput"}, "onReply": on_reply}]}
+    script = write_script({"methods": {"x/ask": ask}})
+    base = await bridge()
+    body = {"params": {}, "options": {"env": {"FAKE_CODEX_SCRIPT": script}}}
+    async with http.post(f"{base}/v1/call/x/ask", json=body) as response:
+        assert (response.status, await response.json()) == (200, {"result": "refused"})
+
+
 # -- events ------------------------------------------------------------------------
 
 
