@@ -5,10 +5,10 @@ sessions and app-servers.
   line the process writes to stderr. In ``json`` each line is one object with the keys
   ``time``, ``level``, ``logger``, ``message`` and, for the lines below, their fields.
   No line carries a traceback: an exception is named by its type only.
-- :class:`AccessLog` is aiohttp's public access-log hook (``access_log_class`` of
-  ``web.AppRunner``): one INFO line on the ``bridge.access`` logger when a request ends
-  (an SSE stream or a long-poll when it closes), with the route's template, never the
-  raw path, a query, a header or a body.
+- :class:`AccessLog` writes the access lines: one INFO line on the ``bridge.access``
+  logger when a request ends (an SSE stream or a long-poll when it closes), with the
+  route's template, never the raw path, a query, a header or a body. The observing
+  middleware (:mod:`bridge.observe`) feeds it.
 - :func:`session_started`, :func:`session_ended` and :func:`app_server_exited` write the
   INFO lines of the ``bridge.sessions`` logger.
 - :func:`say` writes the start-up banner to stdout in the chosen format, whatever the
@@ -25,14 +25,11 @@ import logging
 import re
 import sys
 import time
-from time import monotonic
 from typing import Any, ClassVar, TextIO
 
 from aiohttp import web
 from aiohttp.abc import AbstractAccessLogger
-from aiohttp.typedefs import Handler, Middleware
 
-from bridge.errors import ERROR_KIND
 from bridge.wire import dumps
 
 LOG_FORMATS = ("text", "json")
@@ -215,14 +212,24 @@ def _match_info(request: web.BaseRequest) -> web.UrlMappingMatchInfo | None:
         return None
 
 
+def safe_method(method: str) -> str:
+    """``method`` when it is a token of letters (as every known method is), else ``"?"``."""
+    return method if method.isalpha() else "?"
+
+
 class AccessLog(AbstractAccessLogger):
-    """One INFO line per request, when it ends (aiohttp's public access-log hook).
+    """One INFO line per request, when it ends.
 
     Text: ``GET /v1/sessions/{sessionId} 404 0.4ms 118B session=... error=...``. JSON
     fields: ``method``, ``route``, ``status``, ``durationMs``, ``bytes``, and, when they
     apply, ``sessionId``, ``replicaId``, ``errorKind``. ``route`` is the template of the
     route that matched (``-`` for none); the method is one aiohttp parsed (a token of
     letters), never a header's or a query's value.
+
+    The lines of the requests an application handles come from its observing middleware
+    (:mod:`bridge.observe`), which calls :meth:`write`. This is also aiohttp's public
+    access-log hook, for the one kind of request no application code sees: one its
+    parser refused (aiohttp's own 400), whose line has no route.
     """
 
     #: REST_ADAPTER_REPLICA_ID; set on a subclass by :func:`access_log_class`.
@@ -233,27 +240,23 @@ class AccessLog(AbstractAccessLogger):
         return self.logger.isEnabledFor(logging.INFO)
 
     def log(self, request: web.BaseRequest, response: web.StreamResponse, time: float) -> None:
-        status = response.status
-        # Only an error payload has a kind: a success does not pay for the lookup.
-        kind = response.get(ERROR_KIND) if status >= 400 else None
-        self.write(request, status, response.body_length, kind, time)
+        # Every request that reached routing has its line from the middleware already.
+        if response.status >= 400 and _match_info(request) is None:
+            method = safe_method(request.method)
+            self.write(method, NO_ROUTE, None, response.status, response.body_length, None, time)
 
     def write(
-        self, request: web.BaseRequest, status: int, size: int, kind: str | None, seconds: float
+        self,
+        method: str,
+        route: str,
+        session_id: str | None,
+        status: int,
+        size: int,
+        kind: str | None,
+        seconds: float,
     ) -> None:
-        """The line of ``request``, answered ``status`` in ``size`` bytes (head included)."""
-        route = NO_ROUTE
-        session_id = None
-        info = _match_info(request)
-        resource = info.route.resource if info is not None else None
-        if resource is not None:
-            route = resource.canonical
-            session_id = info.get("sessionId")  # type: ignore[union-attr]
-            if session_id is not None and not _SESSION_ID.fullmatch(session_id):
-                session_id = "?"
-        method = request.method
-        if not method.isalpha():
-            method = "?"
+        """The line of a request to ``route`` (a template), answered ``status`` in
+        ``size`` bytes (head included) after ``seconds``."""
         text = f"{method} {route} {status} {seconds * 1000:.1f}ms {size}B"
         if session_id is not None:
             text += f" session={session_id}"
@@ -283,33 +286,11 @@ class AccessLog(AbstractAccessLogger):
         else:
             self.logger.info(text, extra={FIELDS: fields})
 
-    @classmethod
-    def middleware(cls) -> Middleware:
-        """The line of a request whose handler was cancelled (its client went away: an
-        SSE stream or a long-poll closed by its reader, a call abandoned), which
-        aiohttp's hook never sees: status :data:`CLIENT_GONE`, the bytes sent so far.
-        Outermost, so that it sees every request the application handles."""
-        access = cls(ACCESS, "")
-
-        @web.middleware
-        async def access_log_when_gone(
-            request: web.Request, handler: Handler
-        ) -> web.StreamResponse:
-            started = monotonic()
-            try:
-                return await handler(request)
-            except asyncio.CancelledError:
-                if access.enabled:
-                    seconds = monotonic() - started
-                    access.write(request, CLIENT_GONE, request.writer.output_size, None, seconds)
-                raise
-
-        return access_log_when_gone
-
 
 def access_log_class(replica_id: str | None = None) -> type[AccessLog]:
-    """:class:`AccessLog` for a runner (``web.AppRunner(app, access_log=ACCESS,
-    access_log_class=...)``), naming ``replica_id`` in each line when set."""
+    """:class:`AccessLog` naming ``replica_id`` in each line when set, for an observer
+    (:meth:`bridge.observe.Observer.log_access`) and a runner (``web.AppRunner(app,
+    access_log=ACCESS, access_log_class=...)``)."""
     return type("AccessLog", (AccessLog,), {"replica_id": replica_id})
 
 
