@@ -30,13 +30,12 @@ from collections.abc import Iterator
 import orjson
 from aiohttp import web
 from aiohttp.typedefs import Handler, Middleware
-from prometheus_client import Histogram
 from prometheus_client.core import GaugeMetricFamily, Metric
 
 from bridge import errors
 from bridge.errors import ERROR_KIND
 from bridge.logs import CLIENT_GONE, NO_ROUTE, AccessLog, safe_method, safe_session_id
-from bridge.metrics import KNOWN_METHODS, Metrics, status_class
+from bridge.metrics import KNOWN_METHODS, Durations, DurationSeries, Metrics, status_class
 
 #: The statuses whose error kind ``rest_bridge_refusals_total`` counts.
 REFUSAL_STATUSES = frozenset({401, 403, 413, 429})
@@ -83,7 +82,7 @@ class RouteFacts:
         "shown",
     )
 
-    def __init__(self, route: web.AbstractRoute, method: str, requests: Histogram | None) -> None:
+    def __init__(self, route: web.AbstractRoute, method: str, requests: Durations | None) -> None:
         resource = route.resource
         #: The template in an access line (``-``: none) and in the metrics' labels.
         self.route = resource.canonical if resource is not None else NO_ROUTE
@@ -99,9 +98,9 @@ class RouteFacts:
         #: Requests of the route and method being handled now.
         self.active = 0
         #: The duration histogram's child by status class (status // 100).
-        self.by_class: dict[int, Histogram] = {}
+        self.by_class: dict[int, DurationSeries] = {}
 
-    def duration(self, status: int) -> Histogram:
+    def duration(self, status: int) -> DurationSeries:
         child = self.by_class.get(status // 100)
         if child is None:
             assert self.requests is not None
