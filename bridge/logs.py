@@ -95,6 +95,11 @@ class JsonFormatter(logging.Formatter):
         return json.dumps(line, ensure_ascii=False, default=str)
 
 
+#: "000" to "999": the milliseconds of a line's time, looked up (formatting each took
+#: as long as the rest of the stamp).
+_MILLIS = tuple(f"{i:03d}" for i in range(1000))
+
+
 class AccessLines:
     """The access lines of `rest-bridge serve`, formatted here and written to ``stream``
     in batches: one write per :data:`BATCH_LINES` lines or :data:`FLUSH_SECONDS`,
@@ -115,15 +120,16 @@ class AccessLines:
         self._stamp = ""
 
     def _time(self, now: float) -> str:
-        second = int(now)
+        second, millis = divmod(int(now * 1000), 1000)
         if second != self._second:
             self._second = second
             if self.json:
                 self._stamp = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(second))
             else:
                 self._stamp = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(second))
-        millis = int(now % 1 * 1000)
-        return f"{self._stamp}.{millis:03d}Z" if self.json else f"{self._stamp},{millis:03d}"
+        if self.json:
+            return f"{self._stamp}.{_MILLIS[millis]}Z"
+        return f"{self._stamp},{_MILLIS[millis]}"
 
     def add(self, text: str, fields: dict[str, Any] | None) -> None:
         """One line: ``text`` is its message, ``fields`` its JSON keys (json only)."""
@@ -133,7 +139,7 @@ class AccessLines:
             line.update(fields or {})
             self._pending.append(dumps(line).decode() + "\n")
         else:
-            self._pending.append(f"{stamp} INFO {ACCESS.name} {text}\n")
+            self._pending.append(f"{stamp} INFO bridge.access {text}\n")
         if len(self._pending) >= BATCH_LINES:
             self.flush()
         elif self._timer is None:
@@ -198,7 +204,20 @@ def safe_session_id(raw: str | None) -> str | None:
     wrote (a newline, a megabyte), which a log line does not repeat."""
     if raw is None:
         return None
-    return raw if _SESSION_ID.fullmatch(raw) else "?"
+    if raw in _safe_ids:
+        return raw
+    if _SESSION_ID.fullmatch(raw) is None:
+        return "?"
+    if len(_safe_ids) >= SAFE_IDS_KEPT:
+        _safe_ids.clear()
+    _safe_ids.add(raw)
+    return raw
+
+
+#: The ids :func:`safe_session_id` has found safe lately (each at most 128 characters),
+#: so that the requests of a session do not match the pattern again each time.
+SAFE_IDS_KEPT = 4096
+_safe_ids: set[str] = set()
 
 
 def _match_info(request: web.BaseRequest) -> web.UrlMappingMatchInfo | None:
@@ -257,13 +276,11 @@ class AccessLog(AbstractAccessLogger):
     ) -> None:
         """The line of a request to ``route`` (a template), answered ``status`` in
         ``size`` bytes (head included) after ``seconds``."""
-        text = f"{method} {route} {status} {seconds * 1000:.1f}ms {size}B"
-        if session_id is not None:
-            text += f" session={session_id}"
-        if self.replica_id is not None:
-            text += f" replica={self.replica_id}"
-        if kind is not None:
-            text += f" error={kind}"
+        session = "" if session_id is None else f" session={session_id}"
+        error = "" if kind is None else f" error={kind}"
+        replica = self.replica_id
+        shown = "" if replica is None else f" replica={replica}"
+        text = f"{method} {route} {status} {seconds * 1000:.1f}ms {size}B{session}{shown}{error}"
         lines = _access_lines
         if lines is not None and not lines.json:
             lines.add(text, None)
@@ -277,8 +294,8 @@ class AccessLog(AbstractAccessLogger):
         }
         if session_id is not None:
             fields["sessionId"] = session_id
-        if self.replica_id is not None:
-            fields["replicaId"] = self.replica_id
+        if replica is not None:
+            fields["replicaId"] = replica
         if kind is not None:
             fields["errorKind"] = kind
         if lines is not None:
