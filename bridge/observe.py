@@ -147,6 +147,8 @@ class Observer:
         self.metrics: Metrics | None = None
         #: The facts by route and method label: as many as routes times known methods.
         self.facts: dict[tuple[web.AbstractRoute, str], RouteFacts] = {}
+        #: The first route without a resource seen, by method label.
+        self.unrouted: dict[str, web.AbstractRoute] = {}
 
     def log_access(self, access: AccessLog) -> None:
         """An access line for each request, written by ``access``."""
@@ -158,6 +160,8 @@ class Observer:
         if self.metrics is None:
             self.metrics = metrics
             metrics.add_collector(InFlight(self.facts))
+            for found in self.facts.values():
+                found.requests = metrics.requests
 
     def facts_of(self, request: web.Request) -> RouteFacts:
         route = request.match_info.route
@@ -166,6 +170,11 @@ class Observer:
         if found is None:
             if method not in KNOWN_METHODS:
                 method = OTHER_METHOD
+            if route.resource is None:
+                # aiohttp's answer to a request no route takes (a target that is not a
+                # path: CONNECT host:port, OPTIONS *) is a new route object each time:
+                # they all share the first one's facts.
+                route = self.unrouted.setdefault(method, route)
             found = self.facts.get((route, method))
             if found is None:
                 requests = self.metrics.requests if self.metrics is not None else None

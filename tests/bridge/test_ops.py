@@ -24,6 +24,7 @@ from bridge import replica
 from bridge.app import text_turn_app, trusted_bridge_app
 from bridge.auth import with_bearer_auth
 from bridge.limits import AppServerSettings, ReplicaSettings, RestLimits
+from bridge.observe import observer
 from bridge.ops import OpsListener
 from bridge.policy import MethodPolicy
 from bridge.routes import BACKEND
@@ -580,3 +581,35 @@ async def test_text_turns_that_fail_or_time_out_are_observed_by_outcome(
     assert value(samples, turns, outcome="timeout") == 1
     assert value(samples, turns, outcome="completed") == 0
     assert value(samples, turns) == 2
+
+
+@pytest.mark.asyncio
+async def test_requests_no_route_takes_share_their_series(operated, fake_codex, http):
+    """aiohttp answers a target that is not a path with a new route object each time:
+    their series (and what the bridge keeps for them) do not grow with their number."""
+    app = trusted_bridge_app(fake_codex)
+    api, ops, _ = await operated(app)
+    host, port = api.removeprefix("http://").rsplit(":", 1)
+    for n in range(20):
+        target = f"CONNECT host-{n}:443" if n % 2 else "OPTIONS *"
+        reader, writer = await asyncio.open_connection(host, int(port))
+        try:
+            writer.write(f"{target} HTTP/1.1\r\nHost: x\r\n\r\n".encode())
+            head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 30)
+            assert head.startswith(b"HTTP/1.1 404 "), head
+        finally:
+            writer.close()
+    samples = await scrape(http, ops)
+    active = [
+        dict(labels)
+        for (name, labels), _ in samples.items()
+        if name == "http_server_active_requests" and dict(labels)["http_route"] == "unmatched"
+    ]
+    assert sorted(x["http_request_method"] for x in active) == ["CONNECT", "OPTIONS"]
+    count = "http_server_request_duration_seconds_count"
+    assert value(samples, count, http_route="unmatched") == 20
+    assert len(observer(app).facts) <= 4
+    async with http.get(f"{ops}/metrics") as response:
+        exposed = await response.text()
+    unmatched = [x for x in exposed.splitlines() if 'http_route="unmatched"' in x]
+    assert len(unmatched) == len(set(unmatched)), "a series exposed twice"
