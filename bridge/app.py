@@ -19,6 +19,7 @@ from bridge import errors, models, routes
 from bridge.auth import AUTH, admitted, with_bearer_auth
 from bridge.backend import Backend
 from bridge.limits import AppServerSettings, RestLimits
+from bridge.observe import observed_expect
 from bridge.openapi import build_openapi
 from bridge.policy import HOST_METHODS, HOST_PARAMS, MethodPolicy, MethodRules
 from bridge.process.backend import ProcessBackend
@@ -243,7 +244,7 @@ def create_app(
     # aiohttp tries the routes under a common prefix in the order they were added, and
     # no two routes match the same path: the busiest goes first (the order of
     # ROUTES, and of the OpenAPI document, stays).
-    expect = errors.expect_handler(expect_refusal(limits.max_header_bytes))
+    expect = observed_expect(errors.expect_handler(expect_refusal(limits.max_header_bytes)))
     for route in sorted(mounted, key=lambda r: r.name not in HOT_ROUTES):
         handler = route.handler
         app.router.add_route(

@@ -5,10 +5,10 @@ sessions and app-servers.
   line the process writes to stderr. In ``json`` each line is one object with the keys
   ``time``, ``level``, ``logger``, ``message`` and, for the lines below, their fields.
   No line carries a traceback: an exception is named by its type only.
-- :class:`AccessLog` is aiohttp's public access-log hook (``access_log_class`` of
-  ``web.AppRunner``): one INFO line on the ``bridge.access`` logger when a request ends
-  (an SSE stream or a long-poll when it closes), with the route's template, never the
-  raw path, a query, a header or a body.
+- :class:`AccessLog` writes the access lines: one INFO line on the ``bridge.access``
+  logger when a request ends (an SSE stream or a long-poll when it closes), with the
+  route's template, never the raw path, a query, a header or a body. The observing
+  middleware (:mod:`bridge.observe`) feeds it.
 - :func:`session_started`, :func:`session_ended` and :func:`app_server_exited` write the
   INFO lines of the ``bridge.sessions`` logger.
 - :func:`say` writes the start-up banner to stdout in the chosen format, whatever the
@@ -25,14 +25,11 @@ import logging
 import re
 import sys
 import time
-from time import monotonic
 from typing import Any, ClassVar, TextIO
 
 from aiohttp import web
 from aiohttp.abc import AbstractAccessLogger
-from aiohttp.typedefs import Handler, Middleware
 
-from bridge.errors import ERROR_KIND
 from bridge.wire import dumps
 
 LOG_FORMATS = ("text", "json")
@@ -98,6 +95,11 @@ class JsonFormatter(logging.Formatter):
         return json.dumps(line, ensure_ascii=False, default=str)
 
 
+#: "000" to "999": the milliseconds of a line's time, looked up (formatting each took
+#: as long as the rest of the stamp).
+_MILLIS = tuple(f"{i:03d}" for i in range(1000))
+
+
 class AccessLines:
     """The access lines of `rest-bridge serve`, formatted here and written to ``stream``
     in batches: one write per :data:`BATCH_LINES` lines or :data:`FLUSH_SECONDS`,
@@ -118,15 +120,16 @@ class AccessLines:
         self._stamp = ""
 
     def _time(self, now: float) -> str:
-        second = int(now)
+        second, millis = divmod(int(now * 1000), 1000)
         if second != self._second:
             self._second = second
             if self.json:
                 self._stamp = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(second))
             else:
                 self._stamp = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(second))
-        millis = int(now % 1 * 1000)
-        return f"{self._stamp}.{millis:03d}Z" if self.json else f"{self._stamp},{millis:03d}"
+        if self.json:
+            return f"{self._stamp}.{_MILLIS[millis]}Z"
+        return f"{self._stamp},{_MILLIS[millis]}"
 
     def add(self, text: str, fields: dict[str, Any] | None) -> None:
         """One line: ``text`` is its message, ``fields`` its JSON keys (json only)."""
@@ -136,7 +139,7 @@ class AccessLines:
             line.update(fields or {})
             self._pending.append(dumps(line).decode() + "\n")
         else:
-            self._pending.append(f"{stamp} INFO {ACCESS.name} {text}\n")
+            self._pending.append(f"{stamp} INFO bridge.access {text}\n")
         if len(self._pending) >= BATCH_LINES:
             self.flush()
         elif self._timer is None:
@@ -201,7 +204,20 @@ def safe_session_id(raw: str | None) -> str | None:
     wrote (a newline, a megabyte), which a log line does not repeat."""
     if raw is None:
         return None
-    return raw if _SESSION_ID.fullmatch(raw) else "?"
+    if raw in _safe_ids:
+        return raw
+    if _SESSION_ID.fullmatch(raw) is None:
+        return "?"
+    if len(_safe_ids) >= SAFE_IDS_KEPT:
+        _safe_ids.clear()
+    _safe_ids.add(raw)
+    return raw
+
+
+#: The ids :func:`safe_session_id` has found safe lately (each at most 128 characters),
+#: so that the requests of a session do not match the pattern again each time.
+SAFE_IDS_KEPT = 4096
+_safe_ids: set[str] = set()
 
 
 def _match_info(request: web.BaseRequest) -> web.UrlMappingMatchInfo | None:
@@ -215,14 +231,24 @@ def _match_info(request: web.BaseRequest) -> web.UrlMappingMatchInfo | None:
         return None
 
 
+def safe_method(method: str) -> str:
+    """``method`` when it is a token of letters (as every known method is), else ``"?"``."""
+    return method if method.isalpha() else "?"
+
+
 class AccessLog(AbstractAccessLogger):
-    """One INFO line per request, when it ends (aiohttp's public access-log hook).
+    """One INFO line per request, when it ends.
 
     Text: ``GET /v1/sessions/{sessionId} 404 0.4ms 118B session=... error=...``. JSON
     fields: ``method``, ``route``, ``status``, ``durationMs``, ``bytes``, and, when they
     apply, ``sessionId``, ``replicaId``, ``errorKind``. ``route`` is the template of the
     route that matched (``-`` for none); the method is one aiohttp parsed (a token of
     letters), never a header's or a query's value.
+
+    The lines of the requests an application handles come from its observing middleware
+    (:mod:`bridge.observe`), which calls :meth:`write`. This is also aiohttp's public
+    access-log hook, for the one kind of request no application code sees: one its
+    parser refused (aiohttp's own 400), whose line has no route.
     """
 
     #: REST_ADAPTER_REPLICA_ID; set on a subclass by :func:`access_log_class`.
@@ -233,34 +259,28 @@ class AccessLog(AbstractAccessLogger):
         return self.logger.isEnabledFor(logging.INFO)
 
     def log(self, request: web.BaseRequest, response: web.StreamResponse, time: float) -> None:
-        status = response.status
-        # Only an error payload has a kind: a success does not pay for the lookup.
-        kind = response.get(ERROR_KIND) if status >= 400 else None
-        self.write(request, status, response.body_length, kind, time)
+        # Every request that reached routing has its line from the middleware already.
+        if response.status >= 400 and _match_info(request) is None:
+            method = safe_method(request.method)
+            self.write(method, NO_ROUTE, None, response.status, response.body_length, None, time)
 
     def write(
-        self, request: web.BaseRequest, status: int, size: int, kind: str | None, seconds: float
+        self,
+        method: str,
+        route: str,
+        session_id: str | None,
+        status: int,
+        size: int,
+        kind: str | None,
+        seconds: float,
     ) -> None:
-        """The line of ``request``, answered ``status`` in ``size`` bytes (head included)."""
-        route = NO_ROUTE
-        session_id = None
-        info = _match_info(request)
-        resource = info.route.resource if info is not None else None
-        if resource is not None:
-            route = resource.canonical
-            session_id = info.get("sessionId")  # type: ignore[union-attr]
-            if session_id is not None and not _SESSION_ID.fullmatch(session_id):
-                session_id = "?"
-        method = request.method
-        if not method.isalpha():
-            method = "?"
-        text = f"{method} {route} {status} {seconds * 1000:.1f}ms {size}B"
-        if session_id is not None:
-            text += f" session={session_id}"
-        if self.replica_id is not None:
-            text += f" replica={self.replica_id}"
-        if kind is not None:
-            text += f" error={kind}"
+        """The line of a request to ``route`` (a template), answered ``status`` in
+        ``size`` bytes (head included) after ``seconds``."""
+        session = "" if session_id is None else f" session={session_id}"
+        error = "" if kind is None else f" error={kind}"
+        replica = self.replica_id
+        shown = "" if replica is None else f" replica={replica}"
+        text = f"{method} {route} {status} {seconds * 1000:.1f}ms {size}B{session}{shown}{error}"
         lines = _access_lines
         if lines is not None and not lines.json:
             lines.add(text, None)
@@ -274,8 +294,8 @@ class AccessLog(AbstractAccessLogger):
         }
         if session_id is not None:
             fields["sessionId"] = session_id
-        if self.replica_id is not None:
-            fields["replicaId"] = self.replica_id
+        if replica is not None:
+            fields["replicaId"] = replica
         if kind is not None:
             fields["errorKind"] = kind
         if lines is not None:
@@ -283,33 +303,11 @@ class AccessLog(AbstractAccessLogger):
         else:
             self.logger.info(text, extra={FIELDS: fields})
 
-    @classmethod
-    def middleware(cls) -> Middleware:
-        """The line of a request whose handler was cancelled (its client went away: an
-        SSE stream or a long-poll closed by its reader, a call abandoned), which
-        aiohttp's hook never sees: status :data:`CLIENT_GONE`, the bytes sent so far.
-        Outermost, so that it sees every request the application handles."""
-        access = cls(ACCESS, "")
-
-        @web.middleware
-        async def access_log_when_gone(
-            request: web.Request, handler: Handler
-        ) -> web.StreamResponse:
-            started = monotonic()
-            try:
-                return await handler(request)
-            except asyncio.CancelledError:
-                if access.enabled:
-                    seconds = monotonic() - started
-                    access.write(request, CLIENT_GONE, request.writer.output_size, None, seconds)
-                raise
-
-        return access_log_when_gone
-
 
 def access_log_class(replica_id: str | None = None) -> type[AccessLog]:
-    """:class:`AccessLog` for a runner (``web.AppRunner(app, access_log=ACCESS,
-    access_log_class=...)``), naming ``replica_id`` in each line when set."""
+    """:class:`AccessLog` naming ``replica_id`` in each line when set, for an observer
+    (:meth:`bridge.observe.Observer.log_access`) and a runner (``web.AppRunner(app,
+    access_log=ACCESS, access_log_class=...)``)."""
     return type("AccessLog", (AccessLog,), {"replica_id": replica_id})
 
 

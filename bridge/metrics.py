@@ -20,10 +20,19 @@ This module imports nothing else of the bridge, so every layer may report to it.
 
 from __future__ import annotations
 
+import time
+from bisect import bisect_left
 from collections.abc import Callable, Iterator
+from typing import cast
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, Metric
+from prometheus_client.core import HistogramMetricFamily
 from prometheus_client.registry import Collector
+from prometheus_client.samples import Sample
+from prometheus_client.utils import floatToGoString
+
+#: How prometheus-client writes a bucket's bound (its ``le`` label); untyped there.
+_bound_label = cast(Callable[[float], str], floatToGoString)
 
 #: The content type of :meth:`Metrics.exposition` (Prometheus's text format 0.0.4).
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
@@ -74,6 +83,60 @@ class ReplicaRegistry(CollectorRegistry):
             yield labelled
 
 
+class DurationSeries:
+    """One label set of a :class:`Durations`: a count per bucket, and the sum."""
+
+    __slots__ = ("bounds", "counts", "created", "sum")
+
+    def __init__(self, bounds: tuple[float, ...]) -> None:
+        self.bounds = bounds
+        #: Observations by the first bucket they fit (the last: above every bound).
+        self.counts = [0] * (len(bounds) + 1)
+        self.sum = 0.0
+        self.created = time.time()
+
+    def observe(self, seconds: float) -> None:
+        self.counts[bisect_left(self.bounds, seconds)] += 1
+        self.sum += seconds
+
+
+class Durations:
+    """A histogram kept as plain counts, exposed when Prometheus scrapes: the same series
+    as prometheus-client's ``Histogram`` (``_bucket``, ``_count``, ``_sum``,
+    ``_created``), at a tenth of its cost an observation (no lock: the bridge observes
+    and is scraped on its event loop's thread). For the HTTP requests, observed once each.
+    """
+
+    def __init__(
+        self, name: str, documentation: str, labelnames: tuple[str, ...], buckets: tuple[float, ...]
+    ) -> None:
+        self.name = name
+        self.documentation = documentation
+        self.labelnames = labelnames
+        self.buckets = buckets
+        self.series: dict[tuple[str, ...], DurationSeries] = {}
+
+    def labels(self, *values: str) -> DurationSeries:
+        """The series of ``values`` (one per label name), made the first time."""
+        found = self.series.get(values)
+        if found is None:
+            found = self.series[values] = DurationSeries(self.buckets)
+        return found
+
+    def collect(self) -> Iterator[Metric]:
+        family = HistogramMetricFamily(self.name, self.documentation, labels=self.labelnames)
+        bounds = [_bound_label(b) for b in self.buckets] + ["+Inf"]
+        for values, series in list(self.series.items()):
+            cumulative, total = [], 0
+            for bound, count in zip(bounds, series.counts, strict=True):
+                total += count
+                cumulative.append((bound, total))
+            family.add_metric(list(values), cumulative, series.sum)
+            labels = dict(zip(self.labelnames, values, strict=True))
+            family.samples.append(Sample(f"{self.name}_created", labels, series.created))
+        yield family
+
+
 def status_class(status: int) -> str:
     return STATUS_CLASSES[status // 100 - 1] if 100 <= status < 600 else "5xx"
 
@@ -95,13 +158,13 @@ class Metrics:
     def __init__(self) -> None:
         self.registry = ReplicaRegistry()
         registry = self.registry
-        self.requests = Histogram(
+        self.requests = Durations(
             "http_server_request_duration_seconds",
             "Duration of HTTP requests, by route template, method and status class",
             ("http_route", "http_request_method", "http_response_status_class"),
-            buckets=HTTP_BUCKETS,
-            registry=registry,
+            HTTP_BUCKETS,
         )
+        registry.register(self.requests)
         self.refusals = Counter(
             "rest_bridge_refusals",
             "Requests refused before any work: 401, 403 (policy), 413, 429, by error kind",

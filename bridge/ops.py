@@ -4,10 +4,11 @@ Off unless asked (``rest-bridge serve --ops-port``, ``REST_ADAPTER_OPS_PORT``), 
 loopback by default (``--ops-host``), and apart from the API: the API's routes and
 auth rules do not change, and nothing here is reachable on the API's port.
 
-- :func:`enable_metrics` turns an application's metrics on: one middleware, outermost,
-  observes every request (by route template), and the backend reports what only it
-  knows (:class:`bridge.metrics.Metrics`); a collector reads the bundled backend's state
-  (sessions, pending requests, event logs, the shared app-server) when Prometheus scrapes.
+- :func:`enable_metrics` turns an application's metrics on: the observing middleware
+  (:mod:`bridge.observe`), outermost, counts every request (by route template), and
+  the backend reports what only it knows (:class:`bridge.metrics.Metrics`); a collector
+  reads the bundled backend's state (sessions, pending requests, event logs, the shared
+  app-server) when Prometheus scrapes.
 - :class:`Readiness` says whether the replica should get new work: not while the
   app-server cannot be started or initialized (probed at start, and again after a
   failure until one succeeds), not while the shared app-server is down (restarting
@@ -20,19 +21,18 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import time
 from collections.abc import Iterator
 from typing import Any
 
-import orjson
 from aiohttp import web
-from aiohttp.typedefs import Handler, Middleware
-from prometheus_client import Histogram, generate_latest
+from aiohttp.typedefs import Handler
+from prometheus_client import generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 from bridge import errors
 from bridge.backend import Backend
-from bridge.metrics import CONTENT_TYPE, KNOWN_METHODS, Metrics, status_class
+from bridge.metrics import CONTENT_TYPE, Metrics
+from bridge.observe import observer
 from bridge.process.backend import ProcessBackend
 from bridge.process.shared import ConnectShared
 from bridge.routes import BACKEND as BACKEND_KEY
@@ -41,15 +41,6 @@ from bridge.server import SERVER_SETTINGS
 from bridge.wire import dumps
 
 METRICS = web.AppKey("bridge.metrics", Metrics)
-#: The statuses whose error kind ``rest_bridge_refusals_total`` counts.
-REFUSAL_STATUSES = frozenset({401, 403, 413, 429})
-REFUSAL_KINDS = frozenset(e.kind for e in errors.ERROR_KINDS if e.status in REFUSAL_STATUSES)
-#: The only kind at a status, where there is one (a response whose body is gone).
-_ONLY_KIND = {
-    status: kinds[0]
-    for status in REFUSAL_STATUSES
-    if len(kinds := [e.kind for e in errors.ERROR_KINDS if e.status == status]) == 1
-}
 #: Readiness probes after a failure: the first after this, then twice as long each time.
 PROBE_FIRST_SECONDS = 1.0
 PROBE_MAX_SECONDS = 30.0
@@ -57,121 +48,20 @@ PROBE_MAX_SECONDS = 30.0
 SHARED_DOWN = frozenset({"restarting", "failed", "stopped"})
 
 
-def refusal_kind(response: web.StreamResponse) -> str | None:
-    """The error kind of a refusal, read from its body (the bridge's error payload)."""
-    body = response.body if isinstance(response, web.Response) else None
-    if isinstance(body, bytes):
-        with contextlib.suppress(orjson.JSONDecodeError, TypeError, AttributeError):
-            kind = orjson.loads(body).get("error")
-            if kind in REFUSAL_KINDS:
-                return str(kind)
-    return _ONLY_KIND.get(response.status)
-
-
-class RouteSeries:
-    """The series of one route and method, found once (label lookups take a lock), and
-    its requests in flight: a plain count, read at scrape time (:class:`InFlight`)."""
-
-    __slots__ = ("active", "by_class", "method", "requests", "route_name", "template")
-
-    def __init__(self, metrics: Metrics, route: web.AbstractRoute, method: str) -> None:
-        resource = route.resource
-        self.template = resource.canonical if resource is not None else "unmatched"
-        self.route_name = route.name
-        self.method = method
-        self.requests = metrics.requests
-        self.active = 0
-        #: The duration histogram's child by status class (status // 100).
-        self.by_class: dict[int, Histogram] = {}
-
-    def duration(self, status: int) -> Histogram:
-        child = self.by_class.get(status // 100)
-        if child is None:
-            child = self.requests.labels(self.template, self.method, status_class(status))
-            self.by_class[status // 100] = child
-        return child
-
-
-class InFlight:
-    """``http_server_active_requests`` by route and method, and the SSE streams and
-    long-polls among them, from the middleware's counts."""
-
-    def __init__(self, series: dict[tuple[web.AbstractRoute, str], RouteSeries]) -> None:
-        self.series = series
-
-    def collect(self) -> Iterator[Metric]:
-        active = GaugeMetricFamily(
-            "http_server_active_requests",
-            "HTTP requests being handled now",
-            labels=("http_route", "http_request_method"),
-        )
-        readers = {"events_stream": 0, "events": 0}
-        for found in list(self.series.values()):
-            active.add_metric((found.template, found.method), found.active)
-            if found.route_name in readers:
-                readers[found.route_name] += found.active
-        yield active
-        yield GaugeMetricFamily(
-            "rest_bridge_sse_streams",
-            "Server-Sent Event streams attached now",
-            value=readers["events_stream"],
-        )
-        yield GaugeMetricFamily(
-            "rest_bridge_long_polls", "Event long-polls waiting now", value=readers["events"]
-        )
-
-
-def metrics_middleware(metrics: Metrics) -> Middleware:
-    """Observe every request: its route template, method, status class and duration.
-
-    The series of a route and method are looked up once and kept (there are as many as
-    routes times known methods); a request then costs a dictionary lookup, a count up
-    and down, and one histogram observation.
-    """
-    refusals = metrics.refusals
-    series: dict[tuple[web.AbstractRoute, str], RouteSeries] = {}
-    metrics.add_collector(InFlight(series))
-    clock = time.perf_counter
-
-    @web.middleware
-    async def observe(request: web.Request, handler: Handler) -> web.StreamResponse:
-        route = request.match_info.route
-        method = request.method
-        if method not in KNOWN_METHODS:
-            method = "_OTHER"
-        found = series.get((route, method))
-        if found is None:
-            found = series[route, method] = RouteSeries(metrics, route, method)
-        began = clock()
-        found.active += 1
-        try:
-            response = await handler(request)
-        finally:
-            found.active -= 1
-        status = response.status
-        found.duration(status).observe(clock() - began)
-        if status in REFUSAL_STATUSES:
-            kind = refusal_kind(response)
-            if kind is not None:
-                refusals.labels(kind).inc()
-        return response
-
-    return observe
-
-
 def enable_metrics(app: web.Application) -> Metrics:
     """Turn ``app``'s metrics on (before it starts); the :class:`Metrics` it reports to.
 
-    The middleware goes first, outside the bearer check, so refused requests are
-    counted too. A backend of :mod:`bridge.process` reports its events and state; a
-    host's backend gets the HTTP metrics only.
+    The application's observing middleware (:mod:`bridge.observe`) counts each
+    request; it goes first, outside the bearer check, so refused requests count too. A
+    backend of :mod:`bridge.process` reports its events and state; a host's backend
+    gets the HTTP metrics only.
     """
     metrics = app.get(METRICS)
     if metrics is not None:
         return metrics
     metrics = Metrics()
     app[METRICS] = metrics
-    app.middlewares.insert(0, metrics_middleware(metrics))
+    observer(app).count(metrics)
     backend = app.get(BACKEND_KEY)
     if isinstance(backend, ProcessBackend):
         backend.metrics = metrics

@@ -31,6 +31,7 @@ from bridge.descriptors import (
     listening_sockets,
     raise_soft_limit,
 )
+from bridge.observe import observer
 from bridge.process import descendants
 from bridge.server import SERVER_SETTINGS
 
@@ -287,11 +288,15 @@ class ServeProcess:
 
         Raises :class:`StartupError` when it cannot listen there.
         """
-        if access_log_class is not None:
-            app.middlewares.insert(0, access_log_class.middleware())
+        # The lines come from the application's observing middleware; aiohttp's hook
+        # adds the one of a request its parser refused (bridge.observe). The level is
+        # read here, once: --log-level warning installs neither.
+        access = access_log_class is not None and logs.ACCESS.isEnabledFor(logging.INFO)
+        if access_log_class is not None and access:
+            observer(app).log_access(access_log_class(logs.ACCESS, ""))
         runner = web.AppRunner(
             app,
-            access_log=logs.ACCESS if access_log_class is not None else None,
+            access_log=logs.ACCESS if access else None,
             access_log_class=access_log_class or logs.AccessLog,
             # Shutdown closes the backend first, which ends every stream, long-poll and
             # call; a handler still running this long after that is cancelled.

@@ -408,6 +408,37 @@ def test_the_command_line_level_wins_over_the_variable(tmp_path: Path):
         served.stop()
 
 
+def test_a_refusal_sent_before_100_continue_has_the_line_of_any_401(tmp_path: Path):
+    """aiohttp runs a route's Expect handler before any middleware: its 401 is logged."""
+    token_file = tmp_path / "token"
+    token_file.write_text(TOKEN + "\n")
+    served = start(
+        tmp_path, "--log-format", "json", env={"REST_ADAPTER_TOKEN_FILE": str(token_file)}
+    )
+    try:
+        host, port = served.url.removeprefix("http://").split(":")
+        with socket.create_connection((host, int(port)), timeout=WAIT) as sock:
+            sock.sendall(
+                b"POST /v1/sessions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                b"Content-Length: 2\r\nExpect: 100-continue\r\n\r\n"
+            )
+            assert sock.recv(65536).startswith(b"HTTP/1.1 401 ")
+        served.wait_for_log(r'"logger":"bridge\.access"')
+    finally:
+        served.stop()
+    lines = [x for x in json_lines(served.stderr) if x["logger"] == "bridge.access"]
+    assert len(lines) == 1, lines
+    line = lines[0]
+    assert {k: line[k] for k in ("method", "route", "status", "errorKind")} == {
+        "method": "POST",
+        "route": "/v1/sessions",
+        "status": 401,
+        "errorKind": "unauthorized",
+    }
+    assert line["bytes"] > 0
+    assert "sessionId" not in line
+
+
 def test_a_bad_log_variable_stops_serve_naming_it(tmp_path: Path):
     done = subprocess.run(
         [REST_BRIDGE, "serve", "--port", "0"],

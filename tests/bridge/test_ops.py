@@ -24,6 +24,7 @@ from bridge import replica
 from bridge.app import text_turn_app, trusted_bridge_app
 from bridge.auth import with_bearer_auth
 from bridge.limits import AppServerSettings, ReplicaSettings, RestLimits
+from bridge.observe import observer
 from bridge.ops import OpsListener
 from bridge.policy import MethodPolicy
 from bridge.routes import BACKEND
@@ -503,3 +504,112 @@ async def test_gaps_and_events_are_counted(operated, fake_codex, http, write_scr
     assert value(samples, "rest_bridge_event_gaps_total") == 2
     assert value(samples, "rest_bridge_events_appended_total") >= 50  # and what init sent
     assert value(samples, "rest_bridge_event_log_events") == 10
+
+
+@pytest.mark.asyncio
+async def test_a_refusal_sent_before_100_continue_is_counted_like_any(operated, fake_codex, http):
+    """aiohttp runs a route's Expect handler before any middleware: its 401 is observed."""
+    api, ops, _ = await operated(trusted_bridge_app(fake_codex), token="s3cret-token")
+    host, port = api.removeprefix("http://").rsplit(":", 1)
+    reader, writer = await asyncio.open_connection(host, int(port))
+    try:
+        writer.write(
+            b"POST /v1/sessions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            b"Content-Length: 2\r\nExpect: 100-continue\r\n\r\n"
+        )
+        head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 30)
+        assert head.startswith(b"HTTP/1.1 401 "), head
+        # No 100 Continue first, and the connection is closed: the body never comes.
+        await asyncio.wait_for(reader.read(), 30)
+    finally:
+        writer.close()
+    samples = await scrape(http, ops)
+    assert value(samples, "rest_bridge_refusals_total", kind="unauthorized") == 1
+    durations = "http_server_request_duration_seconds_count"
+    labels = {"http_route": "/v1/sessions", "http_request_method": "POST"}
+    assert value(samples, durations, http_response_status_class="4xx", **labels) == 1
+
+
+@pytest.mark.asyncio
+async def test_a_stream_that_stops_reading_is_counted_when_cut_loose(
+    operated, fake_codex, http, write_script
+):
+    flood = [{"flood": {"count": 30_000, "method": "x/tick"}}, {"respond": {"result": {}}}]
+    script = write_script({"methods": {"x/flood": {"steps": flood}}})
+    limits = RestLimits(event_buffer=10, reader_stall_ms=200)
+    api, ops, _ = await operated(trusted_bridge_app(fake_codex, limits))
+    session = await create_session(http, api, script)
+    samples = await scrape(http, ops)
+    assert value(samples, "rest_bridge_readers_cut_loose_total") == 0
+    host, port = api.removeprefix("http://").rsplit(":", 1)
+    # A reader with a small window, which reads the head of its stream and nothing more.
+    sock = socket.socket()
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    sock.setblocking(False)
+    await asyncio.get_running_loop().sock_connect(sock, (host, int(port)))
+    reader, writer = await asyncio.open_connection(sock=sock)
+    try:
+        writer.write(
+            f"GET /v1/sessions/{session}/events/stream HTTP/1.1\r\nHost: x\r\n\r\n".encode()
+        )
+        head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 30)
+        assert head.startswith(b"HTTP/1.1 200 "), head
+        # The flood is answered only once the stalled stream is cut loose.
+        await call(http, api, session, "x/flood", {})
+        samples = await scrape(http, ops)
+        assert value(samples, "rest_bridge_readers_cut_loose_total") == 1
+    finally:
+        writer.close()
+
+
+@pytest.mark.asyncio
+async def test_text_turns_that_fail_or_time_out_are_observed_by_outcome(
+    operated, fake_codex, http, write_script
+):
+    api, ops, _ = await operated(trusted_bridge_app(fake_codex))
+    crash = write_script({"turns": [{"steps": [{"exit": 3}]}]})
+    slow = write_script({"turns": [{"steps": [{"sleep": 30_000}]}]})
+    # The deadline counts from the spawned app-server: the slow turn always outlives it.
+    for script, timeout_ms, status in ((crash, None, 502), (slow, 500, 504)):
+        env = {"FAKE_CODEX_SCRIPT": script}
+        body = {"text": "hi", "timeoutMs": timeout_ms, "options": {"env": env}}
+        async with http.post(f"{api}/v1/text-turn", json=body) as response:
+            assert response.status == status, await response.text()
+    samples = await scrape(http, ops)
+    turns = "rest_bridge_text_turn_duration_seconds_count"
+    assert value(samples, turns, outcome="failed") == 1
+    assert value(samples, turns, outcome="timeout") == 1
+    assert value(samples, turns, outcome="completed") == 0
+    assert value(samples, turns) == 2
+
+
+@pytest.mark.asyncio
+async def test_requests_no_route_takes_share_their_series(operated, fake_codex, http):
+    """aiohttp answers a target that is not a path with a new route object each time:
+    their series (and what the bridge keeps for them) do not grow with their number."""
+    app = trusted_bridge_app(fake_codex)
+    api, ops, _ = await operated(app)
+    host, port = api.removeprefix("http://").rsplit(":", 1)
+    for n in range(20):
+        target = f"CONNECT host-{n}:443" if n % 2 else "OPTIONS *"
+        reader, writer = await asyncio.open_connection(host, int(port))
+        try:
+            writer.write(f"{target} HTTP/1.1\r\nHost: x\r\n\r\n".encode())
+            head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 30)
+            assert head.startswith(b"HTTP/1.1 404 "), head
+        finally:
+            writer.close()
+    samples = await scrape(http, ops)
+    active = [
+        dict(labels)
+        for (name, labels), _ in samples.items()
+        if name == "http_server_active_requests" and dict(labels)["http_route"] == "unmatched"
+    ]
+    assert sorted(x["http_request_method"] for x in active) == ["CONNECT", "OPTIONS"]
+    count = "http_server_request_duration_seconds_count"
+    assert value(samples, count, http_route="unmatched") == 20
+    assert len(observer(app).facts) <= 4
+    async with http.get(f"{ops}/metrics") as response:
+        exposed = await response.text()
+    unmatched = [x for x in exposed.splitlines() if 'http_route="unmatched"' in x]
+    assert len(unmatched) == len(set(unmatched)), "a series exposed twice"
