@@ -71,22 +71,37 @@ def has_placeholder(text: str) -> bool:
 
 def pattern(text: str) -> re.Pattern[str]:
     """A recorded string as a regex that any value matches in place of each placeholder
-    (the same value where a placeholder comes back), named groups capturing them."""
-    parts, seen = [], set()
+    (the same value where a placeholder comes back), named groups capturing them.
+
+    Each placeholder takes the shortest text up to the literal after it, without going
+    back (an atomic group), except one that ends the string, which takes the rest: so a
+    match costs a pass over the value, whatever a host sends (a pattern free to go back
+    would cost a power of the value's length, one per placeholder).
+    """
+    names: list[str] = []
+    literals = [""]  # the text before the first placeholder, after each one
     position = 0
     for found in TOKEN.finditer(text):
         run, name = found.group(1), found.group(2)
-        parts.append(re.escape(text[position : found.start()]))
+        literals[-1] += text[position : found.start()]
         position = found.end()
         if len(run) > 1:
-            parts.append(re.escape(run[1:] + "{" + name + "}"))
-        elif name in seen:
-            parts.append(f"(?P={name})")
+            literals[-1] += run[1:] + "{" + name + "}"
         else:
-            seen.add(name)
-            parts.append(f"(?P<{name}>.+?)")
-    parts.append(re.escape(text[position:]))
-    return re.compile(r"(?s)\A" + "".join(parts) + r"\Z")
+            names.append(name)
+            literals.append("")
+    literals[-1] += text[position:]
+    out, seen = [re.escape(literals[0])], set()
+    for index, name in enumerate(names):
+        after = re.escape(literals[index + 1])
+        if name in seen:
+            out.append(f"(?P={name}){after}")
+        elif index == len(names) - 1:  # the string's last placeholder: the rest is it
+            out.append(f"(?P<{name}>.+){after}")
+        else:
+            out.append(f"(?>(?P<{name}>.+?){after})")
+        seen.add(name)
+    return re.compile(r"(?s)\A" + "".join(out) + r"\Z")
 
 
 class Scrubber:

@@ -149,6 +149,18 @@ def test_placeholders_are_written_matched_and_filled_exactly() -> None:
     assert found.group("tmp") == "/a b"
     assert pattern("${tmp}/work:${tmp}/log").fullmatch("/a/work:/b/log") is None
     assert set(PLACEHOLDERS) == {"tmp", "home", "scenarioDir", "prefix", "host"}
+    # The last placeholder takes the rest, so a folder may hold what follows it.
+    assert pattern("${tmp}/work").fullmatch("/a/work/b/work").group("tmp") == "/a/work/b"
+
+
+@pytest.mark.quick
+@pytest.mark.timeout(10)
+def test_a_host_cannot_make_placeholder_matching_take_forever() -> None:
+    # A pattern free to go back tries every split of the value among the placeholders:
+    # on half a megabyte, longer than the timeout by far. This one passes over it once.
+    hostile = "a:" * 250_000
+    assert pattern("${tmp}:${home}:${prefix}:${host}!").fullmatch(hostile) is None
+    assert pattern("${tmp}:${home}:${tmp}!").fullmatch(hostile) is None
 
 
 @pytest.mark.quick
