@@ -145,6 +145,11 @@ class Cassette:
             data = parse_yaml(path.read_text(encoding="utf-8"), str(path))
             codex = data["codex"]
             items = [Interaction.from_vcr(item) for item in data["interactions"]]
+            for item in items:
+                if not all(
+                    isinstance(b, str | bytes | None) for b in (item.body, item.response_body)
+                ):
+                    raise TypeError(f"a body of {item.method} {item.path} is not text")
             if codex.get("format", 1) > FORMAT:
                 raise CassetteError(
                     f"{path}: cassette format {codex['format']} is newer than this tool "

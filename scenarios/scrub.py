@@ -35,7 +35,9 @@ PLACEHOLDERS = {
 _NAMES = "|".join(PLACEHOLDERS)
 #: A run of `$` then `{name}`: one `$` is the placeholder, more are an escaped literal.
 TOKEN = re.compile(r"(\$+)\{(" + _NAMES + r")\}")
-#: What may follow a path in text (so `/tmp/ab` is not taken out of `/tmp/abc`).
+#: What may come before and after a path in text (so `/tmp/ab` is taken neither out of
+#: `/tmp/abc` nor out of `/x.tmp/ab`; `file:///tmp/ab` is).
+_PATH_START = r"(?<![\w.~-])"
 _PATH_END = r"(?=$|[/\s'\"`:;,)\]}\\])"
 #: codex's userAgent in a JSON text: `<originator>/<version> (<os> <release>; <arch>)
 #: <terminal> ...`; the parenthesis and the terminal name the recording machine.
@@ -123,7 +125,7 @@ class Scrubber:
         self._names = forms
         longest_first = sorted(forms, key=len, reverse=True)
         either = "|".join(re.escape(form) for form in longest_first)
-        self._paths = re.compile(f"(?:{either}){_PATH_END}") if either else None
+        self._paths = re.compile(f"{_PATH_START}(?:{either}){_PATH_END}") if either else None
         host = socket.gethostname() if hostname is None else hostname
         self._host = host if host not in ("", "localhost") else None
         self._pids: dict[str, int] = {}
@@ -152,8 +154,8 @@ def rewrite(
 ) -> tuple[str | bytes | None, list[list[int | None]]]:
     """`body` with `change` applied to each part `marks` splits it into (the whole body
     when it has none), the marks' offsets moved to where the parts now start."""
-    if body is None:
-        return None, marks
+    if not isinstance(body, str | bytes):
+        return body, marks
     raw = body.encode() if isinstance(body, str) else body
     try:
         raw.decode("utf-8")

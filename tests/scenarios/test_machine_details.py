@@ -21,7 +21,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from scenarios.cassette import FORMAT, Cassette, record_cassette
+from scenarios.cassette import FORMAT, Cassette, CassetteError, record_cassette
 from scenarios.format import load_scenario
 from scenarios.record import record_scenario
 from scenarios.respx_mock import ScenarioRouter
@@ -127,14 +127,16 @@ def test_placeholders_are_written_matched_and_filled_exactly() -> None:
         '{"cwd":"/run/x/work","codexHome":"/run/x/home/.codex","other":"/run/xy",'
         '"script":"/src/a.scenario.yaml","serverName":"box","boxed":"box2",'
         '"literal":"${tmp} $${home} $ref $5","processId":"4242","pid":4242,'
-        '"userAgent":"c/1 (Linux 6.1; x86_64) xterm fake-codex/1 (c; 1)"}'
+        '"userAgent":"c/1 (Linux 6.1; x86_64) xterm fake-codex/1 (c; 1)",'
+        '"url":"file:///run/x/a","inside":"/y.d/run/x/a"}'
     )
     written = scrubber.text(said)
     assert written == (
         '{"cwd":"${tmp}/work","codexHome":"${home}/.codex","other":"/run/xy",'
         '"script":"${scenarioDir}/a.scenario.yaml","serverName":"${host}","boxed":"box2",'
         '"literal":"$${tmp} $$${home} $ref $5","processId":"1001","pid":1001,'
-        '"userAgent":"c/1 (os; arch) terminal fake-codex/1 (c; 1)"}'
+        '"userAgent":"c/1 (os; arch) terminal fake-codex/1 (c; 1)",'
+        '"url":"file://${tmp}/a","inside":"/y.d/run/x/a"}'
     )
     values = {"tmp": '/my "work"', "home": "/h", "scenarioDir": "/s", "prefix": "/p"}
     served = fill(written, {**values, "host": "localhost"})
@@ -257,13 +259,25 @@ async def test_a_cassette_written_before_placeholders_still_replays(tmp_path: Pa
 
 
 @pytest.mark.quick
-def test_a_cassette_of_a_newer_format_is_refused(tmp_path: Path) -> None:
-    newer = tmp_path / "newer.yaml"
-    newer.write_text(
-        FORMAT_1_CASSETTE.read_text(encoding="utf-8").replace("format: 1", "format: 99")
-    )
-    with pytest.raises(Exception, match="cassette format 99 is newer than this tool reads"):
-        Cassette.load(newer)
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        (("format: 1", "format: 99"), "cassette format 99 is newer than this tool reads"),
+        (("format: 1", "format: '2'"), r"not a cassette of this tool \(TypeError"),
+        (("string: '{", "string: 5\n      was: '{"), "a body of POST /v1/sessions is not text"),
+        (("tmp: /home", "tmp: [/home"), "not a cassette of this tool"),
+    ],
+)
+def test_a_cassette_that_cannot_be_read_is_one_error_naming_it(
+    tmp_path: Path, change: tuple[str, str], message: str
+) -> None:
+    odd = tmp_path / "odd.yaml"
+    text = FORMAT_1_CASSETTE.read_text(encoding="utf-8")
+    assert change[0] in text
+    odd.write_text(text.replace(change[0], change[1], 1))
+    with pytest.raises(CassetteError, match=message) as raised:
+        Cassette.load(odd)
+    assert "regenerate it: python -m scenarios.cassette record" in str(raised.value)
 
 
 @pytest.mark.real_codex
