@@ -229,6 +229,8 @@ async def replay_where(cassette: Cassette, scenario: Path) -> None:
                 f"/v1/sessions/{session}/call/x/where", json={"params": params}
             )
             assert answer.status_code == 200, answer.text
+            assert bridge.placeholders["tmp"] == '/elsewhere/my "project"'
+            assert bridge.placeholders["home"] == str(Path.home())
             assert answer.json()["result"] == {
                 "cwd": '/elsewhere/my "project"/work',
                 "rollout": '/elsewhere/my "project"/work/sessions/rollout.jsonl',
