@@ -57,6 +57,8 @@ class UnmatchedRequest(AllMockedAssertionError, ScenarioMockError):
 
 
 #: Set while respx resolves a request for an async client: waits may then await.
+#: The longest value of a host's taken for a placeholder (a path is at most 4096 bytes).
+MAX_PLACEHOLDER_CHARS = 4096
 _ASYNC: contextvars.ContextVar[bool] = contextvars.ContextVar("bridge_mock_async", default=False)
 _UUID = re.compile(r"[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}")
 _TIME = re.compile(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(\.\d+)?(Z|[+-]\d\d:?\d\d)?")
@@ -268,7 +270,8 @@ class ScenarioRouter(respx.MockRouter):
 
     def _learn(self, item: Interaction, request: httpx.Request) -> None:
         """The host's values of the placeholders in the recorded body it matched (the
-        first value each one got stays)."""
+        first value each one got stays; one over `MAX_PLACEHOLDER_CHARS` is not taken, so
+        that a host cannot make every answer that holds it as long as its request)."""
         try:
             recorded, sent = orjson.loads(_raw(item.body)), orjson.loads(request.read())
         except orjson.JSONDecodeError:
@@ -276,7 +279,7 @@ class ScenarioRouter(respx.MockRouter):
         for text, value in _strings(recorded, sent):
             if (found := placeholder_pattern(text).fullmatch(value)) is not None:
                 for name, bound in found.groupdict().items():
-                    if name not in self._bound:
+                    if name not in self._bound and len(bound) <= MAX_PLACEHOLDER_CHARS:
                         self._bound.add(name)
                         self.placeholders[name] = bound
 

@@ -24,7 +24,7 @@ import pytest
 from scenarios.cassette import FORMAT, Cassette, CassetteError, record_cassette
 from scenarios.format import load_scenario
 from scenarios.record import record_scenario
-from scenarios.respx_mock import ScenarioRouter
+from scenarios.respx_mock import MAX_PLACEHOLDER_CHARS, ScenarioRouter
 from scenarios.runner import RunOptions
 from scenarios.scrub import PLACEHOLDERS, Scrubber, escape, fill, pattern, rewrite
 
@@ -248,6 +248,25 @@ async def test_a_replay_matches_any_folder_and_serves_back_the_hosts_own(
     assert '"cwd":"${tmp}/work"' in text
     assert "$${tmp} and $5" in text
     await replay_where(cassette, scenario)
+
+
+@pytest.mark.asyncio
+async def test_a_host_value_too_long_for_a_path_matches_but_is_not_served_back(
+    tmp_path: Path,
+) -> None:
+    scenario = copy_scenario(FORMAT_1 / "where.yaml", tmp_path / "project")
+    cassette, _ = await record_cassette(load_scenario(scenario), RunOptions(tmp_root=tmp_path))
+    long = "/" + "x" * MAX_PLACEHOLDER_CHARS
+    with ScenarioRouter(load_scenario(scenario), cassette) as bridge:
+        async with httpx.AsyncClient(base_url=bridge.base_url) as client:
+            session = (await client.post("/v1/sessions", json={})).json()["sessionId"]
+            params = {"cwd": f"{long}/work", "note": "costs $5"}
+            answer = await client.post(
+                f"/v1/sessions/{session}/call/x/where", json={"params": params}
+            )
+            assert answer.status_code == 200, answer.text
+            assert answer.json()["result"]["cwd"] == f"{tempfile.gettempdir()}/work"
+            assert bridge.placeholders["tmp"] == tempfile.gettempdir()
 
 
 @pytest.mark.asyncio
