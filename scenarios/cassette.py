@@ -34,13 +34,14 @@ from scenarios.harness import RECORDER
 from scenarios.matching import is_matcher, match
 from scenarios.reporting import format_result
 from scenarios.runner import RunOptions, ScenarioResult, run_scenario
+from scenarios.scrub import Scrubber
 
 #: The command that (re)records cassettes, named by every message about a stale one.
 COMMAND = "python -m scenarios.cassette record"
 ORIGIN = "http://bridge.test"  # of recorded URIs: the bridge's port varies
 T = TypeVar("T")
 _DROPPED = {"host", "user-agent", "accept", "accept-encoding", "content-length", "date"}
-_DROPPED |= {"transfer-encoding"}
+_DROPPED |= {"transfer-encoding", "server"}  # server: the recording machine's versions
 _EVENTS = re.compile(r"/v1/sessions/[^/]+/events(/stream)?")
 
 
@@ -111,9 +112,15 @@ class Interaction:
         return item
 
 
+#: The cassette format written: 2 has the machine's paths and host name as placeholders
+#: (`scenarios.scrub`); 1 (older) named the recording run's `${tmp}` under `codex.tmp`.
+FORMAT = 2
+
+
 @dataclass
 class Cassette:
-    """A scenario's recorded exchanges; `tmp` is the recording run's `${tmp}`."""
+    """A scenario's recorded exchanges, the recording machine's details as placeholders
+    (`scenarios.scrub`). `tmp` is set only on a cassette being upgraded from format 1."""
 
     scenario: str
     hash: str
@@ -121,7 +128,7 @@ class Cassette:
     tmp: str | None = None
 
     def dump(self) -> str:
-        codex = {"format": 1, "scenario": self.scenario, "hash": self.hash, "tmp": self.tmp}
+        codex = {"format": FORMAT, "scenario": self.scenario, "hash": self.hash}
         items = [item.to_vcr() for item in self.interactions]
         return yaml_text({"version": 1, "codex": codex, "interactions": items}, width=10**6)
 
@@ -138,7 +145,23 @@ class Cassette:
             data = parse_yaml(path.read_text(encoding="utf-8"), str(path))
             codex = data["codex"]
             items = [Interaction.from_vcr(item) for item in data["interactions"]]
-            return cls(codex["scenario"], codex["hash"], items, codex.get("tmp"))
+            for item in items:
+                if not all(
+                    isinstance(b, str | bytes | None) for b in (item.body, item.response_body)
+                ):
+                    raise TypeError(f"a body of {item.method} {item.path} is not text")
+            if codex.get("format", 1) > FORMAT:
+                raise CassetteError(
+                    f"{path}: cassette format {codex['format']} is newer than this tool "
+                    f"reads ({FORMAT}); upgrade codex-rest-bridge or regenerate it: "
+                    f"{COMMAND} {scenario}"
+                )
+            if codex.get("format", 1) < 2:  # the run's folder was kept as it was: scrub it
+                tmp = codex.get("tmp")
+                scrub(items, Scrubber({tmp: "tmp"} if tmp else {}, hostname=""))
+            return cls(codex["scenario"], codex["hash"], items)
+        except CassetteError:
+            raise
         except ScriptError as exc:  # names the file, line and column itself
             raise CassetteError(
                 f"not a cassette of this tool ({exc}); regenerate it: {COMMAND} {scenario}"
@@ -264,10 +287,18 @@ async def record_cassette(
     (with the run's report) when it does not pass."""
     recorder, options = _Recorder(), options or RunOptions()
     root = Path(tempfile.mkdtemp(prefix="cassette-", dir=options.tmp_root))
+    home = root / "home"
+    prefix = options.app_server_prefix
+    if loaded.scenario.real_codex and prefix is None:
+        # codex runs commands in a login shell: the machine's dotfiles must not speak in
+        # the cassette, so its HOME is an empty folder (as `scenarios.record` does).
+        home.mkdir()
+        prefix = ["env", f"HOME={home}"]
     token = RECORDER.set(recorder)
     try:
         result = await run_scenario(
-            loaded, dataclasses.replace(options, tmp_root=root, keep_tmp=True)
+            loaded,
+            dataclasses.replace(options, tmp_root=root, keep_tmp=True, app_server_prefix=prefix),
         )
     finally:
         RECORDER.reset(token)
@@ -278,10 +309,31 @@ async def record_cassette(
         )
     if not options.keep_tmp:
         shutil.rmtree(root, ignore_errors=True)
-    # The run's `${tmp}` varies from run to run: replay takes any path in its place.
-    tmp = str(result.tmp) if result.tmp is not None else None
+    # The machine's folders and name become placeholders (replay takes any value there).
     items = _kept(loaded, result, recorder.items)
-    return Cassette(loaded.name, scenario_hash(loaded), items, tmp), result
+    scrub(items, Scrubber(_machine_paths(loaded, result, root)))
+    return Cassette(loaded.name, scenario_hash(loaded), items), result
+
+
+def _machine_paths(loaded: LoadedScenario, result: ScenarioResult, root: Path) -> dict[str, str]:
+    """The recording machine's folders a cassette may name, and their placeholders."""
+    paths = {str(root / "home"): "home", str(Path.home()): "home"}
+    if result.tmp is not None:
+        paths[str(result.tmp)] = "tmp"
+    if loaded.path is not None:
+        paths[str(loaded.path.resolve().parent)] = "scenarioDir"
+    if sys.prefix != sys.base_prefix:  # a virtual environment: a folder of this machine
+        paths[sys.prefix] = "prefix"
+    return paths
+
+
+def scrub(items: list[Interaction], scrubber: Scrubber) -> None:
+    """Each interaction's request and response bodies with the machine taken out."""
+    for item in items:
+        if isinstance(item.body, str):
+            item.body = scrubber.text(item.body)
+        body, item.marks = scrubber.body(item.response_body, item.marks)
+        item.response_body = body if body is not None else ""
 
 
 def _kept(

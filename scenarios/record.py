@@ -27,6 +27,7 @@ from scenarios.format import LoadedScenario, ScenarioError, load_scenario, parse
 from scenarios.harness import NO_CODEX, CodexNotFound, find_codex
 from scenarios.reporting import format_result
 from scenarios.runner import RunOptions, ScenarioResult, run_scenario
+from scenarios.scrub import USER_AGENT_MACHINE
 
 #: Every timestamp of a recording is frozen where a seeded fake-codex starts its clock.
 FROZEN_MS = SEEDED_EPOCH_MS
@@ -46,10 +47,9 @@ _PROCESS_ID_KEYS = frozenset({"processId", "pid"})
 #: Ids the scripted model makes up (`fakes.model_provider` counts them across processes).
 _MODEL_ID = re.compile(r"^(msg|call|fc|resp)_(\d+)$")
 #: codex's `initialize` userAgent: `<originator>/<version> (<os>; <arch>) <terminal>
-#: (<client>; <version>)`; the middle two name the recording machine.
+#: (<client>; <version>)`; the middle two name the recording machine (`USER_AGENT_MACHINE`
+#: stands for them).
 _USER_AGENT = re.compile(r"^(\S+) \([^()]*\) .*? (\([^()]*\))$")
-#: What stands for them in a recording.
-USER_AGENT_MACHINE = "(os; arch) terminal"
 _FAKE_SENDS_ITSELF = "remoteControl/status/changed"
 #: Sent at start-up, after the `initialize` reply, at a moment that varies from run to
 #: run (before or after `initialized`, or during the first call): recorded as

@@ -41,6 +41,8 @@ from scenarios.cassette import (
     json_difference,
 )
 from scenarios.format import LoadedScenario, load_scenario, parse_scenario
+from scenarios.scrub import fill, has_placeholder, replay_values
+from scenarios.scrub import pattern as placeholder_pattern
 
 __all__ = ["CassetteError", "ScenarioMockError", "ScenarioRouter", "StaleCassette"]
 __all__ += ["UnmatchedRequest", "scenario_router"]
@@ -55,6 +57,8 @@ class UnmatchedRequest(AllMockedAssertionError, ScenarioMockError):
 
 
 #: Set while respx resolves a request for an async client: waits may then await.
+#: The longest value of a host's taken for a placeholder (a path is at most 4096 bytes).
+MAX_PLACEHOLDER_CHARS = 4096
 _ASYNC: contextvars.ContextVar[bool] = contextvars.ContextVar("bridge_mock_async", default=False)
 _UUID = re.compile(r"[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}")
 _TIME = re.compile(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(\.\d+)?(Z|[+-]\d\d:?\d\d)?")
@@ -108,6 +112,9 @@ class ScenarioRouter(respx.MockRouter):
         self._read = [0] * len(items)  # SSE bytes the host read
         self._idle: dict[str, int] = {}  # empty long-polls in a row, per path
         self._cursor: dict[str, int] = {}  # per events path: the replay's cursor
+        #: What the placeholders are served as (the host's own values, once it sent them).
+        self.placeholders = replay_values(loaded.path)
+        self._bound: set[str] = set()
         self._seqs = [_seq(item) if item.events and item.status == 200 else 0 for item in items]
         routes: dict[tuple[str, str], list[int]] = {}
         for index, item in enumerate(items):
@@ -164,6 +171,7 @@ class ScenarioRouter(respx.MockRouter):
             differences = [(i, self._differences(items[i], request)) for i in unused]
             chosen = next((i for i, why in differences if not why), None)
             if chosen is not None:
+                self._learn(items[chosen], request)
                 return self._serve(chosen)
         if not differences:
             raise ScenarioMockError(
@@ -226,7 +234,7 @@ class ScenarioRouter(respx.MockRouter):
         headers = [(key, value) for key, vs in item.response_headers.items() for value in vs]
         body = _raw(item.response_body)
         if not item.marks:
-            return httpx.Response(item.status, headers=headers, content=body)
+            return httpx.Response(item.status, headers=headers, content=self._filled(body))
         return httpx.Response(item.status, headers=headers, stream=_Replay(self, index, body))
 
     def _nothing(self, request: httpx.Request, waiting: int | None, hint: str = "") -> Any:
@@ -251,6 +259,30 @@ class ScenarioRouter(respx.MockRouter):
             f"event: {why} (scenario {self.cassette.scenario})"
         )
 
+    def _filled(self, recorded: bytes) -> bytes:
+        """A recorded answer with its placeholders filled in (bytes that are not UTF-8 as
+        they are)."""
+        try:
+            text = recorded.decode("utf-8")
+        except UnicodeDecodeError:
+            return recorded
+        return fill(text, self.placeholders).encode()
+
+    def _learn(self, item: Interaction, request: httpx.Request) -> None:
+        """The host's values of the placeholders in the recorded body it matched (the
+        first value each one got stays; one over `MAX_PLACEHOLDER_CHARS` is not taken, so
+        that a host cannot make every answer that holds it as long as its request)."""
+        try:
+            recorded, sent = orjson.loads(_raw(item.body)), orjson.loads(request.read())
+        except orjson.JSONDecodeError:
+            return
+        for text, value in _strings(recorded, sent):
+            if (found := placeholder_pattern(text).fullmatch(value)) is not None:
+                for name, bound in found.groupdict().items():
+                    if name not in self._bound and len(bound) <= MAX_PLACEHOLDER_CHARS:
+                        self._bound.add(name)
+                        self.placeholders[name] = bound
+
     def _released(self, index: int) -> bool:
         after = self.cassette.interactions[index].after
         return after is None or self._made[after].is_set()
@@ -270,7 +302,7 @@ class ScenarioRouter(respx.MockRouter):
                     f"{name}: {'(none)' if value is None else 'another value'} instead of "
                     f"{'none' if expected is None else shown}"
                 )
-        difference = _body_difference(item.body, request.read(), self.cassette.tmp)
+        difference = _body_difference(item.body, request.read())
         if difference and self.check_bodies:
             why.append(f"the body {difference}")
         return why
@@ -331,7 +363,7 @@ class _Replay(httpx.SyncByteStream, httpx.AsyncByteStream):
                 last = int(re.findall(rb"^id: (\d+)$", self.body, re.M)[-1])
                 path = item.route[1].removesuffix("/stream")
                 router._cursor[path] = max(router._cursor.get(path, 0), last)
-        return self.body[start:end]
+            return router._filled(self.body[start:end])
 
     def __iter__(self) -> Iterator[bytes]:
         for start, end, after in self.parts:
@@ -367,26 +399,40 @@ def _seq(item: Interaction) -> int:
     return seq if isinstance(seq, int) else 0
 
 
-def _body_difference(recorded: str | bytes | None, sent: bytes, tmp: str | None) -> str | None:
+def _body_difference(recorded: str | bytes | None, sent: bytes) -> str | None:
     """How `sent` differs from the recorded body (None: alike), in a few words."""
     raw = _raw(recorded)
     if raw == sent:
         return None
     try:  # the bridge takes an empty body for `{}`
         recorded_json, sent_json = orjson.loads(raw or b"{}"), orjson.loads(sent or b"{}")
-        return json_difference(recorded_json, sent_json, lambda text: _volatile(text, tmp))
+        return json_difference(recorded_json, sent_json, _volatile)
     except orjson.JSONDecodeError:
         return f"is {sent[:200]!r} instead of {raw[:200]!r}"
 
 
-def _volatile(text: str, tmp: str | None) -> Any:
-    """A recorded string as what it matches: UUIDs and date-times any of their kind, a path
-    in the recording's `${tmp}` any path in its place, anything else itself."""
+def _volatile(text: str) -> Any:
+    """A recorded string as what it matches: UUIDs and date-times any of their kind, a
+    placeholder (`${tmp}/work`) any value in its place, anything else itself."""
     if kind := next((k for k in (_UUID, _TIME) if k.fullmatch(text)), None):
         return {"$regex": rf"\A(?:{kind.pattern})\Z"}
-    if tmp and tmp in text:
-        return {"$regex": r"(?s)\A" + ".+".join(map(re.escape, text.split(tmp))) + r"\Z"}
-    return text
+    if has_placeholder(text):
+        return {"$regex": placeholder_pattern(text).pattern}
+    return fill(text, {}, json=False)  # escaped literals (`$${tmp}`) as the bridge said them
+
+
+def _strings(recorded: Any, sent: Any) -> Iterator[tuple[str, str]]:
+    """(recorded string with a placeholder, the host's string in its place), everywhere
+    the two bodies have strings at the same spot."""
+    if isinstance(recorded, str) and isinstance(sent, str) and has_placeholder(recorded):
+        yield recorded, sent
+    elif isinstance(recorded, dict) and isinstance(sent, dict):
+        for key, value in recorded.items():
+            if key in sent:
+                yield from _strings(value, sent[key])
+    elif isinstance(recorded, list) and isinstance(sent, list):
+        for one, other in zip(recorded, sent, strict=False):
+            yield from _strings(one, other)
 
 
 def scenario_router(
