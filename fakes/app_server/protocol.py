@@ -25,14 +25,13 @@ from typing import Any
 
 from bridge import codex_window
 
-# subprocess and tempfile are imported where a profile is generated: fake-codex's fast
-# start reads a profile and should not pay for them.
+# subprocess, tempfile and bridge.codex_schema are imported where a profile is generated:
+# fake-codex's fast start reads a profile and should not pay for them.
 
 #: The release fake-codex emulates unless told otherwise: the project's pinned codex.
 DEFAULT_VERSION = codex_window.PIN
 _FOLDER = "protocols"
 _UNKNOWN_VARIANT = re.compile(r"unknown variant `[^`]*`, expected one of (.*)$")
-_SCHEMA_BUNDLE = "codex_app_server_protocol.schemas.json"
 _MESSAGES = {
     "ClientRequest": "clientRequests",
     "ServerRequest": "serverRequests",
@@ -131,25 +130,11 @@ def _version_key(version: str) -> tuple[int, ...]:
 # Generating a profile from a real binary --------------------------------------------------
 
 
-def _schema_messages(binary: str, home: str, experimental: bool) -> dict[str, list[str]]:
-    import subprocess
-    import tempfile
-
-    with tempfile.TemporaryDirectory(prefix="fake-protocol-") as out:
-        command = [binary, "app-server", "generate-json-schema", "--out", out]
-        subprocess.run(
-            [*command, *(["--experimental"] if experimental else [])],
-            env={**os.environ, "CODEX_HOME": home},
-            stdin=subprocess.DEVNULL,
-            capture_output=True,
-            check=True,
-            timeout=60,
-        )
-        with open(os.path.join(out, _SCHEMA_BUNDLE), encoding="utf-8") as file:
-            bundle = json.load(file)
+def _messages(definitions: dict[str, Any]) -> dict[str, list[str]]:
+    """The message names of each union (``ClientRequest``, ...), in the schema's order."""
     found: dict[str, list[str]] = {}
     for union, key in _MESSAGES.items():
-        variants = bundle["definitions"].get(union, {}).get("oneOf", [])
+        variants = definitions.get(union, {}).get("oneOf", [])
         found[key] = [name for v in variants for name in v["properties"]["method"].get("enum", [])]
     return found
 
@@ -197,14 +182,16 @@ def generate(binary: str) -> Profile:
     import subprocess
     import tempfile
 
+    from bridge import codex_schema
+
     with tempfile.TemporaryDirectory(prefix="fake-protocol-home-") as home:
         done = subprocess.run(
             [binary, "--version"], capture_output=True, text=True, check=True, timeout=60
         )
         version = done.stdout.split()[-1]
-        full = _schema_messages(binary, home, experimental=True)
-        stable = _schema_messages(binary, home, experimental=False)
         order = _listed_order(binary, home)
+    full_schema, stable_schema = codex_schema.bundles(binary)
+    full, stable = _messages(full_schema), _messages(stable_schema)
     return Profile(
         codex_version=version,
         client_requests=tuple(order),
