@@ -19,7 +19,8 @@ import os
 import sys
 from typing import TYPE_CHECKING
 
-from fakes.app_server.shapes import DEFAULT_VERSION_OUTPUT
+from bridge import codex_window
+from fakes.app_server.shapes import DEFAULT_VERSION_OUTPUT, cli_version
 
 if TYPE_CHECKING:
     from fakes.app_server.script import AppServerScript
@@ -239,7 +240,11 @@ def main(argv: list[str] | None = None) -> int:
         args = parser.parse_args(argv)
         if args.version:
             path = os.environ.get(SCRIPT_ENV)
-            print(_version_output(_load(path) if path else None))
+            said = _version_output(_load(path) if path else None)
+            print(said)
+            if os.environ.get(codex_window.IDENTIFY_VARIABLE):
+                # Asked by a bridge's start-up probe: say what it is, on a line of its own.
+                print(f"{codex_window.FAKE_TOKEN}{cli_version(said)}")
             return 0
         if args.command == "app-server":
             return _app_server(args)
