@@ -148,15 +148,26 @@ def _env_seed() -> int | None:
         raise UsageError(f"{SEED_ENV} must be an integer, got {raw!r}") from None
 
 
+#: The release to emulate when neither `--codex-version` nor the script names one.
+VERSION_ENV = "FAKE_CODEX_VERSION"
+
+
 def _version_output(script: AppServerScript | None, codex_version: str | None = None) -> str:
     """What `--version` prints and `initialize` quotes; the fake speaks that release's
-    protocol (fakes/app_server/protocol.py). `--codex-version` wins over the script."""
+    protocol (fakes/app_server/protocol.py). `--codex-version` wins over the script, and
+    the script over `$FAKE_CODEX_VERSION`."""
     if codex_version is not None:
         return f"codex-cli {codex_version}"
     if script is not None and script.version_output:
         return script.version_output
     if script is not None and script.codex_version:
         return f"codex-cli {script.codex_version}"
+    from_env = os.environ.get(VERSION_ENV, "").strip()
+    if from_env:
+        try:
+            return f"codex-cli {_codex_version(from_env)}"
+        except argparse.ArgumentTypeError as exc:
+            raise UsageError(f"{VERSION_ENV}: {exc}") from None
     return DEFAULT_VERSION_OUTPUT
 
 

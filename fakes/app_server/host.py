@@ -14,6 +14,7 @@ from collections.abc import Coroutine
 from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
+    from fakes.app_server.conform import Shapes
     from fakes.app_server.ids import IdFactory
     from fakes.app_server.replies import Call, Reply
     from fakes.app_server.script import ReplySpec
@@ -35,6 +36,10 @@ class Host(Protocol):
     def threads(self) -> dict[str, ThreadState]: ...
     @property
     def out(self) -> Sink: ...
+    @property
+    def fit(self) -> Shapes:
+        """Fits what the fake builds to the release it emulates (conform.py)."""
+        ...
 
 
 class StepHost(Host, Protocol):

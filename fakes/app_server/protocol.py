@@ -21,16 +21,25 @@ import os
 import re
 import sys
 from functools import cache
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from bridge import codex_window
+
+if TYPE_CHECKING:
+    from fakes.app_server.conform import Shapes
 
 # subprocess, tempfile and bridge.codex_schema are imported where a profile is generated:
 # fake-codex's fast start reads a profile and should not pay for them.
 
 #: The release fake-codex emulates unless told otherwise: the project's pinned codex.
 DEFAULT_VERSION = codex_window.PIN
+#: The release whose payloads the fake's builders (shapes.py, server_requests.py) write,
+#: field for field; what it sends as any other release passes through that release's
+#: shapes (`fitting`). The schema check over the scenario library holds the builders to it.
+BUILT_FOR = "0.169.0"
 _FOLDER = "protocols"
+#: The file beside ``<version>.json`` that holds the release's message shapes.
+SHAPES_SUFFIX = ".shapes.json"
 _UNKNOWN_VARIANT = re.compile(r"unknown variant `[^`]*`, expected one of (.*)$")
 _MESSAGES = {
     "ClientRequest": "clientRequests",
@@ -101,7 +110,11 @@ class Profile:
 
 def versions() -> tuple[str, ...]:
     """The releases a profile ships for, oldest first."""
-    names = [name.removesuffix(".json") for name in os.listdir(_folder())]
+    names = [
+        name.removesuffix(".json")
+        for name in os.listdir(_folder())
+        if not name.endswith(SHAPES_SUFFIX)
+    ]
     return tuple(sorted((n for n in names if _is_version(n)), key=_version_key))
 
 
@@ -112,6 +125,30 @@ def profile(version: str) -> Profile:
         version = DEFAULT_VERSION
     with open(os.path.join(_folder(), f"{version}.json"), encoding="utf-8") as file:
         return Profile.from_json(json.load(file))
+
+
+@cache
+def shapes(version: str) -> Shapes:
+    """What ``version``'s messages may and must carry (``protocols/<version>.shapes.json``,
+    generated with the profile); the default release's when none ships for it."""
+    from fakes.app_server.conform import Shapes
+
+    if version not in versions():
+        version = DEFAULT_VERSION
+    with open(os.path.join(_folder(), f"{version}{SHAPES_SUFFIX}"), encoding="utf-8") as file:
+        return Shapes(json.load(file))
+
+
+@cache
+def fitting(version: str) -> Shapes:
+    """What fits the fake's payloads to ``version`` (the default release when no profile
+    ships for it): nothing to do for the release its builders write (`BUILT_FOR`), so
+    the usual fake pays nothing per message; that release's shapes otherwise."""
+    from fakes.app_server.conform import Shapes
+
+    if version not in versions():
+        version = DEFAULT_VERSION
+    return Shapes({}) if version == BUILT_FOR else shapes(version)
 
 
 def _folder() -> str:
@@ -177,12 +214,14 @@ def _listed_order(binary: str, home: str) -> list[str]:
     raise ValueError(f"{binary} app-server ended without answering")
 
 
-def generate(binary: str) -> Profile:
-    """The profile of the codex at ``binary`` (its native binary or npm launcher)."""
+def generate(binary: str) -> tuple[Profile, dict[str, Any]]:
+    """The profile of the codex at ``binary`` (its native binary or npm launcher), and its
+    messages' shapes (`conform.compile_shapes`)."""
     import subprocess
     import tempfile
 
     from bridge import codex_schema
+    from fakes.app_server.conform import compile_shapes
 
     with tempfile.TemporaryDirectory(prefix="fake-protocol-home-") as home:
         done = subprocess.run(
@@ -192,7 +231,7 @@ def generate(binary: str) -> Profile:
         order = _listed_order(binary, home)
     full_schema, stable_schema = codex_schema.bundles(binary)
     full, stable = _messages(full_schema), _messages(stable_schema)
-    return Profile(
+    made = Profile(
         codex_version=version,
         client_requests=tuple(order),
         experimental_client_requests=frozenset(
@@ -202,11 +241,28 @@ def generate(binary: str) -> Profile:
         server_notifications=tuple(full["serverNotifications"]),
         client_notifications=tuple(full["clientNotifications"]),
     )
+    return made, compile_shapes(full_schema)
 
 
 def render(profile: Profile) -> str:
     """A profile as the file it ships in."""
     return json.dumps(profile.to_json(), indent=1) + "\n"
+
+
+def render_shapes(shapes: dict[str, Any]) -> str:
+    """A release's compiled shapes as the file they ship in (one line a type or message,
+    so that a new release's diff reads type by type)."""
+    lines = []
+    for section, entries in shapes.items():
+        rows = [f"  {json.dumps(k)}: {json.dumps(v, sort_keys=True)}" for k, v in entries.items()]
+        lines.append(f" {json.dumps(section)}: {{\n" + ",\n".join(rows) + ("\n }" if rows else "}"))
+    return "{\n" + ",\n".join(lines) + "\n}\n"
+
+
+def shipped_shapes(version: str) -> str:
+    """The text of the shapes file shipped for ``version``."""
+    with open(os.path.join(_folder(), f"{version}{SHAPES_SUFFIX}"), encoding="utf-8") as file:
+        return file.read()
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -216,10 +272,13 @@ def main(argv: list[str] | None = None) -> int:
         print("usage: python -m fakes.app_server.protocol CODEX_BINARY...", file=sys.stderr)
         return 2
     for binary in binaries:
-        made = generate(binary)
+        made, shaped = generate(binary)
         name = f"{made.codex_version}.json"
         with open(os.path.join(_folder(), name), "w", encoding="utf-8") as file:
             file.write(render(made))
+        shapes_name = f"{made.codex_version}{SHAPES_SUFFIX}"
+        with open(os.path.join(_folder(), shapes_name), "w", encoding="utf-8") as file:
+            file.write(render_shapes(shaped))
         print(f"{name}: {len(made.client_requests)} client requests")
     return 0
 
