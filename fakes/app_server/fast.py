@@ -37,7 +37,7 @@ from fakes.app_server.wire import (
 )
 
 if TYPE_CHECKING:
-    from fakes.app_server.conform import Shapes
+    from fakes.app_server.protocol import Fit
 
 
 class FastStart:
@@ -137,7 +137,7 @@ def _answer(line: bytes, state: FastStart, version: str) -> bytes | None:
     return encode(response(request_id, result)) + remote_control_line(state.ids, fit)
 
 
-def remote_control_line(ids: IdFactory, fit: Shapes) -> bytes:
+def remote_control_line(ids: IdFactory, fit: Fit) -> bytes:
     """What follows a successful `initialize` reply at once, as from the real server:
     its remote control status (off)."""
     status = shapes.remote_control_status(ids.uuid4())

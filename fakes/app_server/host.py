@@ -14,8 +14,8 @@ from collections.abc import Coroutine
 from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
-    from fakes.app_server.conform import Shapes
     from fakes.app_server.ids import IdFactory
+    from fakes.app_server.protocol import Fit
     from fakes.app_server.replies import Call, Reply
     from fakes.app_server.script import ReplySpec
     from fakes.app_server.turns import ThreadState, TurnRun
@@ -37,7 +37,7 @@ class Host(Protocol):
     @property
     def out(self) -> Sink: ...
     @property
-    def fit(self) -> Shapes:
+    def fit(self) -> Fit:
         """Fits what the fake builds to the release it emulates (conform.py)."""
         ...
 

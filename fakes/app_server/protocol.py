@@ -21,7 +21,7 @@ import os
 import re
 import sys
 from functools import cache
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from bridge import codex_window
 
@@ -131,24 +131,48 @@ def profile(version: str) -> Profile:
 def shapes(version: str) -> Shapes:
     """What ``version``'s messages may and must carry (``protocols/<version>.shapes.json``,
     generated with the profile); the default release's when none ships for it."""
+    import orjson
+
     from fakes.app_server.conform import Shapes
 
     if version not in versions():
         version = DEFAULT_VERSION
-    with open(os.path.join(_folder(), f"{version}{SHAPES_SUFFIX}"), encoding="utf-8") as file:
-        return Shapes(json.load(file))
+    with open(os.path.join(_folder(), f"{version}{SHAPES_SUFFIX}"), "rb") as file:
+        return Shapes(orjson.loads(file.read()))
+
+
+class Fit(Protocol):
+    """What fits a payload the fake built to the release it emulates (`conform.Shapes`)."""
+
+    def notification(self, method: str, params: Any) -> Any: ...
+    def request(self, method: str, params: Any) -> Any: ...
+    def result(self, method: str, result: Any) -> Any: ...
+
+
+class AsBuilt:
+    """The payloads as the builders write them: the fit of `BUILT_FOR` itself."""
+
+    __slots__ = ()
+
+    def notification(self, method: str, params: Any) -> Any:
+        return params
+
+    def request(self, method: str, params: Any) -> Any:
+        return params
+
+    def result(self, method: str, result: Any) -> Any:
+        return result
 
 
 @cache
-def fitting(version: str) -> Shapes:
+def fitting(version: str) -> Fit:
     """What fits the fake's payloads to ``version`` (the default release when no profile
     ships for it): nothing to do for the release its builders write (`BUILT_FOR`), so
-    the usual fake pays nothing per message; that release's shapes otherwise."""
-    from fakes.app_server.conform import Shapes
-
+    the usual fake pays nothing, not even the import of conform.py; that release's
+    shapes otherwise."""
     if version not in versions():
         version = DEFAULT_VERSION
-    return Shapes({}) if version == BUILT_FOR else shapes(version)
+    return AsBuilt() if version == BUILT_FOR else shapes(version)
 
 
 def _folder() -> str:

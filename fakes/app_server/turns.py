@@ -16,7 +16,7 @@ from fakes.app_server.ids import IdFactory
 from fakes.app_server.wire import RequestId, notification, now_ms
 
 if TYPE_CHECKING:
-    from fakes.app_server.conform import Shapes
+    from fakes.app_server.protocol import Fit
     from fakes.app_server.wire import Sink
 
 ITEM_EVENTS: tuple[str, ...] = ("started", "deltas", "completed")
@@ -104,7 +104,7 @@ class TurnRun:
         ids: IdFactory,
         thread: ThreadState,
         usage: Usage,
-        fit: Shapes | None = None,
+        fit: Fit | None = None,
     ) -> None:
         self.out = out
         self.fit = fit

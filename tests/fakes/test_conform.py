@@ -201,12 +201,20 @@ def test_a_payload_already_fitting_is_sent_as_it_is_and_never_modified() -> None
     assert extra["item"]["notAField"] == 1  # the builder's own object is left alone
 
 
-@pytest.mark.quick
 def test_the_fake_pays_nothing_for_the_release_its_builders_write() -> None:
     fit = protocol.fitting(protocol.BUILT_FOR)
     params = {"anything": object()}
     assert fit.notification("item/completed", params) is params
     assert fit.result("thread/start", params) is params
+    # Not even the module that fits is imported (each fake-codex start would pay for it).
+    probe = (
+        "import sys; from fakes.app_server import protocol; "
+        "protocol.fitting(protocol.BUILT_FOR); print('fakes.app_server.conform' in sys.modules)"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", probe], capture_output=True, text=True, timeout=60, check=True
+    )
+    assert done.stdout == "False\n"
 
 
 def test_the_fake_speaks_the_release_named_in_its_environment() -> None:
