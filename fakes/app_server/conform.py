@@ -282,9 +282,9 @@ class _Union:
     def apply(self, value: Any) -> Any:
         if type(value) is not dict:
             return value
-        tag = value.get(self.tag)
-        if tag is None:
+        if self.tag not in value:
             return self.first.apply(value)
+        tag = value[self.tag]
         arm = self.arms.get(tag) if isinstance(tag, str) else None
         return value if arm is None else arm.apply(value)
 

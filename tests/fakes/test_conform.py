@@ -247,3 +247,47 @@ def test_the_fake_speaks_the_release_named_in_its_environment() -> None:
     assert refused.returncode == 2
     assert refused.stderr.startswith("FAKE_CODEX_VERSION: fake-codex emulates codex ")
     assert "Traceback" not in refused.stderr
+
+
+@pytest.mark.quick
+@pytest.mark.parametrize(
+    "payload",
+    [
+        None,
+        "a string",
+        42,
+        [],
+        {"item": "not an object"},
+        {"item": ["a", "list"]},
+        {"item": {"type": 7}},
+        {"item": {"type": None}},
+        {"item": {"type": "noSuchItemType", "extra": 1}},
+        {"item": {"type": ["agentMessage"]}},
+    ],
+    ids=repr,
+)
+def test_a_payload_of_the_wrong_shape_is_sent_as_it_is(payload: Any) -> None:
+    """Fitting only ever removes what the release does not declare and adds what it
+    requires; a value of another type than the schema's, or a union arm the release does
+    not know, is left exactly as the builder wrote it (no exception, nothing guessed)."""
+    shapes = protocol.shapes(codex_window.TESTED[-1])
+    before = copy.deepcopy(payload)
+    fitted = shapes.notification("item/completed", payload)
+    assert payload == before
+    if isinstance(payload, dict):
+        assert fitted["item"] == payload["item"]
+    else:
+        assert fitted is payload
+
+
+@pytest.mark.quick
+def test_a_deep_payload_is_fitted_without_recursing_past_the_schema() -> None:
+    """A value nested far deeper than any type of the schema (a client's `config`, a
+    tool's arguments) is walked only as deep as the plan goes."""
+    shapes = protocol.shapes(codex_window.TESTED[-1])
+    deep: Any = "bottom"
+    for _ in range(5000):
+        deep = {"nested": deep}
+    params = {"threadId": "t", "turnId": "u", "callId": "c", "tool": "x", "arguments": deep}
+    fitted = shapes.request("item/tool/call", params)
+    assert fitted["arguments"] is deep
