@@ -352,8 +352,10 @@ async def describe_command(command: Sequence[str]) -> tuple[str, str | None]:
             )
         return line, None
     found = _absolute(shutil.which(command[0]) or command[0])
-    version, error = await startup.probe_version(startup.version_command(command))
+    version, error, kind = await startup.probe_app_server(startup.version_command(command))
     details = [version or f"version unknown: {error}"]
+    if kind is not None:
+        details.append(f"kind: {kind}")
     if found != command[0]:
         details.insert(0, found)
     if "app-server" not in command:

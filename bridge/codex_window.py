@@ -66,6 +66,22 @@ def status(version_output: str | None) -> str:
 FAKE_TOKEN = "fake-codex/"
 
 
+#: Set (to 1) in the environment of the `--version` probe `rest-bridge serve` runs at start:
+#: fake-codex then prints a second line, `fake-codex/<the release it emulates>`, after the
+#: version line it shares with the release (a real codex ignores it). Without it, the
+#: fake's `--version` is the release's, byte for byte.
+IDENTIFY_VARIABLE = "FAKE_CODEX_IDENTIFY"
+
+
+def version_kind(version_text: str | None) -> Literal["codex", "fake-codex"] | None:
+    """``fake-codex`` or ``codex``, from the whole output of a `--version` probe run with
+    ``IDENTIFY_VARIABLE`` set; None when it names no codex release and is not the fake."""
+    lines = (version_text or "").strip().splitlines()
+    if any(line.strip().startswith(FAKE_TOKEN) for line in lines[1:]):
+        return "fake-codex"
+    return "codex" if lines and release(lines[0]) else None
+
+
 class Assessment(TypedDict):
     """The fields ``/v1/compatibility`` adds to ``appServer`` (snake_case)."""
 

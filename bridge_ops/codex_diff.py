@@ -20,15 +20,14 @@ import json
 import os
 import re
 import shutil
-import subprocess
 import sys
-import tempfile
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-BUNDLE = "codex_app_server_protocol.schemas.json"
+from bridge.codex_schema import BUNDLE, SchemaUnavailable, bundles, read_bundle, run
+
 #: The unions that list the protocol's messages, by what they carry.
 KINDS = {
     "ClientRequest": "client request",
@@ -37,14 +36,9 @@ KINDS = {
     "ClientNotification": "client notification",
 }
 _VERSION = re.compile(r"\d+\.\d+\.\d+(?:-[0-9A-Za-z.]+)?")
-_SCHEMA_TIMEOUT_S = 60
 _INSTALL_TIMEOUT_S = 600
 
 Json = dict[str, Any]
-
-
-class SchemaUnavailable(Exception):
-    """A schema could not be generated, installed or read; the message says why."""
 
 
 @dataclass(frozen=True)
@@ -119,16 +113,6 @@ class Report:
 # Reading a bundle -------------------------------------------------------------------
 
 
-def _flatten(bundle: Json) -> dict[str, Json]:
-    found: dict[str, Json] = {}
-    for key, value in bundle.get("definitions", {}).items():
-        if key == "v2" and isinstance(value, dict) and "type" not in value:
-            found.update({f"v2/{name}": schema for name, schema in value.items()})
-        elif isinstance(value, dict):
-            found[key] = value
-    return found
-
-
 def _ref(schema: Json | None) -> str | None:
     ref = (schema or {}).get("$ref")
     return ref.removeprefix("#/definitions/") if isinstance(ref, str) else None
@@ -146,14 +130,6 @@ def _messages(definitions: Mapping[str, Json]) -> dict[str, tuple[str, str | Non
     return found
 
 
-def read_bundle(folder: Path) -> dict[str, Json]:
-    path = folder / BUNDLE
-    try:
-        return _flatten(json.loads(path.read_text(encoding="utf-8")))
-    except (OSError, ValueError) as exc:
-        raise SchemaUnavailable(f"cannot read {path}: {exc}") from None
-
-
 def schema_from(label: str, full: dict[str, Json], stable: dict[str, Json]) -> Schema:
     stable_names = _messages(stable)
     methods = {
@@ -164,38 +140,6 @@ def schema_from(label: str, full: dict[str, Json], stable: dict[str, Json]) -> S
 
 
 # Getting a bundle from a binary or a version --------------------------------------------
-
-
-def _generate(binary: str, out: Path, experimental: bool) -> None:
-    command = [binary, "app-server", "generate-json-schema", "--out", str(out)]
-    if experimental:
-        command.append("--experimental")
-    with tempfile.TemporaryDirectory(prefix="codex-diff-home-") as home:
-        # A codex home of its own: the user's configuration shapes nothing here.
-        env = {**os.environ, "CODEX_HOME": home}
-        status, last = _run(command, _SCHEMA_TIMEOUT_S, binary, env)
-    if status != 0:
-        raise SchemaUnavailable(f"{binary} exited {status}: {last}")
-
-
-def _run(
-    command: list[str], timeout: float, what: str, env: dict[str, str] | None = None
-) -> tuple[int, str]:
-    """Run ``command`` (input closed); its exit status and the last line of its stderr.
-    Raises SchemaUnavailable, naming ``what``, when it cannot run or overruns."""
-    try:
-        done = subprocess.run(
-            command,
-            env=env,
-            stdin=subprocess.DEVNULL,
-            capture_output=True,
-            text=True,
-            timeout=timeout,
-            check=False,
-        )
-    except (OSError, subprocess.TimeoutExpired) as exc:
-        raise SchemaUnavailable(f"{what}: {exc}") from None
-    return done.returncode, (done.stderr.strip().splitlines() or ["no output"])[-1][:300]
 
 
 def install(version: str, cache: Path) -> str:
@@ -212,7 +156,7 @@ def install(version: str, cache: Path) -> str:
     prefix.mkdir(parents=True, exist_ok=True)
     command = [npm, "install", "--prefix", str(prefix), "--no-audit", "--no-fund"]
     command += ["--loglevel=error", f"@openai/codex@{version}"]
-    status, last = _run(command, _INSTALL_TIMEOUT_S, f"npm install of codex {version}")
+    status, last = run(command, _INSTALL_TIMEOUT_S, f"npm install of codex {version}")
     if status != 0 or not launcher.exists():
         raise SchemaUnavailable(f"npm could not install codex {version}: {last}")
     return str(launcher)
@@ -233,11 +177,8 @@ def load(spec: str, cache: Path) -> Schema:
         binary = shutil.which(spec)
     if binary is None:
         raise SchemaUnavailable(f"{spec!r} is neither a codex binary, a version nor a folder")
-    with tempfile.TemporaryDirectory(prefix="codex-diff-") as scratch:
-        full_dir, stable_dir = Path(scratch, "full"), Path(scratch, "stable")
-        _generate(binary, full_dir, experimental=True)
-        _generate(binary, stable_dir, experimental=False)
-        return schema_from(spec, read_bundle(full_dir), read_bundle(stable_dir))
+    full, stable = bundles(binary)
+    return schema_from(spec, full, stable)
 
 
 # Comparing ------------------------------------------------------------------------------

@@ -161,11 +161,18 @@ def version_command(command: Sequence[str]) -> list[str]:
 
 async def probe_version(argv: list[str]) -> tuple[str | None, str | None]:
     """Run ``<server> --version`` without blocking the loop: (version, error)."""
+    version, error, _ = await probe_app_server(argv)
+    return version, error
+
+
+async def probe_app_server(argv: list[str]) -> tuple[str | None, str | None, str | None]:
+    """Run ``<server> --version`` without blocking the loop: (version, error, kind), where
+    kind is ``codex``, ``fake-codex`` or None (``codex_window.version_kind``)."""
     try:
         with descendants.spawning() as own:
             proc = await asyncio.create_subprocess_exec(
                 *argv,
-                env=credentials.child_environment(),
+                env={**credentials.child_environment(), codex_window.IDENTIFY_VARIABLE: "1"},
                 stdin=asyncio.subprocess.DEVNULL,
                 stdout=asyncio.subprocess.PIPE,
                 stderr=asyncio.subprocess.DEVNULL,
@@ -173,7 +180,7 @@ async def probe_version(argv: list[str]) -> tuple[str | None, str | None]:
             )
             own(proc.pid)
     except OSError as exc:
-        return None, f"could not run the app-server: {exc.strerror or type(exc).__name__}"
+        return None, f"could not run the app-server: {exc.strerror or type(exc).__name__}", None
     try:
         async with asyncio.timeout(_VERSION_TIMEOUT):
             out, _ = await proc.communicate()
@@ -181,14 +188,14 @@ async def probe_version(argv: list[str]) -> tuple[str | None, str | None]:
         with contextlib.suppress(ProcessLookupError):
             proc.kill()
         await proc.wait()
-        return None, "the app-server did not report its version in time"
+        return None, "the app-server did not report its version in time", None
     finally:
         if proc.returncode is not None:
             descendants.released(proc.pid)
     text = out.decode("utf-8", "replace").strip()
     if proc.returncode != 0 or not text:
-        return None, f"`--version` exited with code {proc.returncode}"
-    return text.splitlines()[0][:200], None
+        return None, f"`--version` exited with code {proc.returncode}", None
+    return text.splitlines()[0][:200], None, codex_window.version_kind(text[:1000])
 
 
 #: How long a failed ``--version`` is remembered before it is asked again.

@@ -19,7 +19,8 @@ import os
 import sys
 from typing import TYPE_CHECKING
 
-from fakes.app_server.shapes import DEFAULT_VERSION_OUTPUT
+from bridge import codex_window
+from fakes.app_server.shapes import DEFAULT_VERSION_OUTPUT, cli_version
 
 if TYPE_CHECKING:
     from fakes.app_server.script import AppServerScript
@@ -147,15 +148,26 @@ def _env_seed() -> int | None:
         raise UsageError(f"{SEED_ENV} must be an integer, got {raw!r}") from None
 
 
+#: The release to emulate when neither `--codex-version` nor the script names one.
+VERSION_ENV = "FAKE_CODEX_VERSION"
+
+
 def _version_output(script: AppServerScript | None, codex_version: str | None = None) -> str:
     """What `--version` prints and `initialize` quotes; the fake speaks that release's
-    protocol (fakes/app_server/protocol.py). `--codex-version` wins over the script."""
+    protocol (fakes/app_server/protocol.py). `--codex-version` wins over the script, and
+    the script over `$FAKE_CODEX_VERSION`."""
     if codex_version is not None:
         return f"codex-cli {codex_version}"
     if script is not None and script.version_output:
         return script.version_output
     if script is not None and script.codex_version:
         return f"codex-cli {script.codex_version}"
+    from_env = os.environ.get(VERSION_ENV, "").strip()
+    if from_env:
+        try:
+            return f"codex-cli {_codex_version(from_env)}"
+        except argparse.ArgumentTypeError as exc:
+            raise UsageError(f"{VERSION_ENV}: {exc}") from None
     return DEFAULT_VERSION_OUTPUT
 
 
@@ -239,7 +251,11 @@ def main(argv: list[str] | None = None) -> int:
         args = parser.parse_args(argv)
         if args.version:
             path = os.environ.get(SCRIPT_ENV)
-            print(_version_output(_load(path) if path else None))
+            said = _version_output(_load(path) if path else None)
+            print(said)
+            if os.environ.get(codex_window.IDENTIFY_VARIABLE):
+                # Asked by a bridge's start-up probe: say what it is, on a line of its own.
+                print(f"{codex_window.FAKE_TOKEN}{cli_version(said)}")
             return 0
         if args.command == "app-server":
             return _app_server(args)

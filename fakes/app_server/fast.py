@@ -18,11 +18,11 @@ from __future__ import annotations
 
 import os
 import signal
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import orjson
 
-from fakes.app_server import shapes
+from fakes.app_server import protocol, shapes
 from fakes.app_server.ids import IdFactory
 from fakes.app_server.wire import (
     READ_CHUNK,
@@ -35,6 +35,9 @@ from fakes.app_server.wire import (
     use_virtual_clock,
     write_all,
 )
+
+if TYPE_CHECKING:
+    from fakes.app_server.protocol import Fit
 
 
 class FastStart:
@@ -66,6 +69,7 @@ def serve_fast(*, seed: int | None, version_output: str) -> int | FastStart:
     version = shapes.cli_version(version_output)
     buffer = bytearray()
     tee = open_wire_log()
+    tee_in = open_wire_log(".in")
     try:
         while True:
             newline = buffer.find(b"\n")
@@ -80,6 +84,8 @@ def serve_fast(*, seed: int | None, version_output: str) -> int | FastStart:
             out = _answer(bytes(buffer[:newline]), state, version)
             if out is None:
                 break
+            if tee_in is not None:
+                tee_in.write(bytes(buffer[: newline + 1]))
             if out:
                 if tee is not None:
                     tee.write(out)
@@ -88,8 +94,9 @@ def serve_fast(*, seed: int | None, version_output: str) -> int | FastStart:
     except (BrokenPipeError, _StdoutGone):
         return 0
     finally:
-        if tee is not None:
-            tee.close()
+        for file in (tee, tee_in):
+            if file is not None:
+                file.close()
     state.unread = bytes(buffer)
     return state
 
@@ -125,12 +132,14 @@ def _answer(line: bytes, state: FastStart, version: str) -> bytes | None:
     state.initialized = True
     state.client_info = info
     # As AppServer.answer writes it: the reply and the remote control status, one write.
-    reply = encode(response(request_id, shapes.initialize_result(info, version)))
-    return reply + remote_control_line(state.ids)
+    fit = protocol.fitting(version)
+    result = fit.result("initialize", shapes.initialize_result(info, version))
+    return encode(response(request_id, result)) + remote_control_line(state.ids, fit)
 
 
-def remote_control_line(ids: IdFactory) -> bytes:
+def remote_control_line(ids: IdFactory, fit: Fit) -> bytes:
     """What follows a successful `initialize` reply at once, as from the real server:
     its remote control status (off)."""
     status = shapes.remote_control_status(ids.uuid4())
-    return encode(notification("remoteControl/status/changed", status))
+    method = "remoteControl/status/changed"
+    return encode(notification(method, fit.notification(method, status)))

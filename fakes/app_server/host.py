@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
     from fakes.app_server.ids import IdFactory
+    from fakes.app_server.protocol import Fit
     from fakes.app_server.replies import Call, Reply
     from fakes.app_server.script import ReplySpec
     from fakes.app_server.turns import ThreadState, TurnRun
@@ -35,6 +36,10 @@ class Host(Protocol):
     def threads(self) -> dict[str, ThreadState]: ...
     @property
     def out(self) -> Sink: ...
+    @property
+    def fit(self) -> Fit:
+        """Fits what the fake builds to the release it emulates (conform.py)."""
+        ...
 
 
 class StepHost(Host, Protocol):

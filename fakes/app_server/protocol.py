@@ -21,18 +21,26 @@ import os
 import re
 import sys
 from functools import cache
-from typing import Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from bridge import codex_window
 
-# subprocess and tempfile are imported where a profile is generated: fake-codex's fast
-# start reads a profile and should not pay for them.
+if TYPE_CHECKING:
+    from fakes.app_server.conform import Shapes
+
+# subprocess, tempfile and bridge.codex_schema are imported where a profile is generated:
+# fake-codex's fast start reads a profile and should not pay for them.
 
 #: The release fake-codex emulates unless told otherwise: the project's pinned codex.
 DEFAULT_VERSION = codex_window.PIN
+#: The release whose payloads the fake's builders (shapes.py, server_requests.py) write,
+#: field for field; what it sends as any other release passes through that release's
+#: shapes (`fitting`). The schema check over the scenario library holds the builders to it.
+BUILT_FOR = "0.169.0"
 _FOLDER = "protocols"
+#: The file beside ``<version>.json`` that holds the release's message shapes.
+SHAPES_SUFFIX = ".shapes.json"
 _UNKNOWN_VARIANT = re.compile(r"unknown variant `[^`]*`, expected one of (.*)$")
-_SCHEMA_BUNDLE = "codex_app_server_protocol.schemas.json"
 _MESSAGES = {
     "ClientRequest": "clientRequests",
     "ServerRequest": "serverRequests",
@@ -102,7 +110,11 @@ class Profile:
 
 def versions() -> tuple[str, ...]:
     """The releases a profile ships for, oldest first."""
-    names = [name.removesuffix(".json") for name in os.listdir(_folder())]
+    names = [
+        name.removesuffix(".json")
+        for name in os.listdir(_folder())
+        if not name.endswith(SHAPES_SUFFIX)
+    ]
     return tuple(sorted((n for n in names if _is_version(n)), key=_version_key))
 
 
@@ -113,6 +125,54 @@ def profile(version: str) -> Profile:
         version = DEFAULT_VERSION
     with open(os.path.join(_folder(), f"{version}.json"), encoding="utf-8") as file:
         return Profile.from_json(json.load(file))
+
+
+@cache
+def shapes(version: str) -> Shapes:
+    """What ``version``'s messages may and must carry (``protocols/<version>.shapes.json``,
+    generated with the profile); the default release's when none ships for it."""
+    import orjson
+
+    from fakes.app_server.conform import Shapes
+
+    if version not in versions():
+        version = DEFAULT_VERSION
+    with open(os.path.join(_folder(), f"{version}{SHAPES_SUFFIX}"), "rb") as file:
+        return Shapes(orjson.loads(file.read()))
+
+
+class Fit(Protocol):
+    """What fits a payload the fake built to the release it emulates (`conform.Shapes`)."""
+
+    def notification(self, method: str, params: Any) -> Any: ...
+    def request(self, method: str, params: Any) -> Any: ...
+    def result(self, method: str, result: Any) -> Any: ...
+
+
+class AsBuilt:
+    """The payloads as the builders write them: the fit of `BUILT_FOR` itself."""
+
+    __slots__ = ()
+
+    def notification(self, method: str, params: Any) -> Any:
+        return params
+
+    def request(self, method: str, params: Any) -> Any:
+        return params
+
+    def result(self, method: str, result: Any) -> Any:
+        return result
+
+
+@cache
+def fitting(version: str) -> Fit:
+    """What fits the fake's payloads to ``version`` (the default release when no profile
+    ships for it): nothing to do for the release its builders write (`BUILT_FOR`), so
+    the usual fake pays nothing, not even the import of conform.py; that release's
+    shapes otherwise."""
+    if version not in versions():
+        version = DEFAULT_VERSION
+    return AsBuilt() if version == BUILT_FOR else shapes(version)
 
 
 def _folder() -> str:
@@ -131,25 +191,11 @@ def _version_key(version: str) -> tuple[int, ...]:
 # Generating a profile from a real binary --------------------------------------------------
 
 
-def _schema_messages(binary: str, home: str, experimental: bool) -> dict[str, list[str]]:
-    import subprocess
-    import tempfile
-
-    with tempfile.TemporaryDirectory(prefix="fake-protocol-") as out:
-        command = [binary, "app-server", "generate-json-schema", "--out", out]
-        subprocess.run(
-            [*command, *(["--experimental"] if experimental else [])],
-            env={**os.environ, "CODEX_HOME": home},
-            stdin=subprocess.DEVNULL,
-            capture_output=True,
-            check=True,
-            timeout=60,
-        )
-        with open(os.path.join(out, _SCHEMA_BUNDLE), encoding="utf-8") as file:
-            bundle = json.load(file)
+def _messages(definitions: dict[str, Any]) -> dict[str, list[str]]:
+    """The message names of each union (``ClientRequest``, ...), in the schema's order."""
     found: dict[str, list[str]] = {}
     for union, key in _MESSAGES.items():
-        variants = bundle["definitions"].get(union, {}).get("oneOf", [])
+        variants = definitions.get(union, {}).get("oneOf", [])
         found[key] = [name for v in variants for name in v["properties"]["method"].get("enum", [])]
     return found
 
@@ -192,20 +238,24 @@ def _listed_order(binary: str, home: str) -> list[str]:
     raise ValueError(f"{binary} app-server ended without answering")
 
 
-def generate(binary: str) -> Profile:
-    """The profile of the codex at ``binary`` (its native binary or npm launcher)."""
+def generate(binary: str) -> tuple[Profile, dict[str, Any]]:
+    """The profile of the codex at ``binary`` (its native binary or npm launcher), and its
+    messages' shapes (`conform.compile_shapes`)."""
     import subprocess
     import tempfile
+
+    from bridge import codex_schema
+    from fakes.app_server.conform import compile_shapes
 
     with tempfile.TemporaryDirectory(prefix="fake-protocol-home-") as home:
         done = subprocess.run(
             [binary, "--version"], capture_output=True, text=True, check=True, timeout=60
         )
         version = done.stdout.split()[-1]
-        full = _schema_messages(binary, home, experimental=True)
-        stable = _schema_messages(binary, home, experimental=False)
         order = _listed_order(binary, home)
-    return Profile(
+    full_schema, stable_schema = codex_schema.bundles(binary)
+    full, stable = _messages(full_schema), _messages(stable_schema)
+    made = Profile(
         codex_version=version,
         client_requests=tuple(order),
         experimental_client_requests=frozenset(
@@ -215,11 +265,28 @@ def generate(binary: str) -> Profile:
         server_notifications=tuple(full["serverNotifications"]),
         client_notifications=tuple(full["clientNotifications"]),
     )
+    return made, compile_shapes(full_schema)
 
 
 def render(profile: Profile) -> str:
     """A profile as the file it ships in."""
     return json.dumps(profile.to_json(), indent=1) + "\n"
+
+
+def render_shapes(shapes: dict[str, Any]) -> str:
+    """A release's compiled shapes as the file they ship in (one line a type or message,
+    so that a new release's diff reads type by type)."""
+    lines = []
+    for section, entries in shapes.items():
+        rows = [f"  {json.dumps(k)}: {json.dumps(v, sort_keys=True)}" for k, v in entries.items()]
+        lines.append(f" {json.dumps(section)}: {{\n" + ",\n".join(rows) + ("\n }" if rows else "}"))
+    return "{\n" + ",\n".join(lines) + "\n}\n"
+
+
+def shipped_shapes(version: str) -> str:
+    """The text of the shapes file shipped for ``version``."""
+    with open(os.path.join(_folder(), f"{version}{SHAPES_SUFFIX}"), encoding="utf-8") as file:
+        return file.read()
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -229,10 +296,13 @@ def main(argv: list[str] | None = None) -> int:
         print("usage: python -m fakes.app_server.protocol CODEX_BINARY...", file=sys.stderr)
         return 2
     for binary in binaries:
-        made = generate(binary)
+        made, shaped = generate(binary)
         name = f"{made.codex_version}.json"
         with open(os.path.join(_folder(), name), "w", encoding="utf-8") as file:
             file.write(render(made))
+        shapes_name = f"{made.codex_version}{SHAPES_SUFFIX}"
+        with open(os.path.join(_folder(), shapes_name), "w", encoding="utf-8") as file:
+            file.write(render_shapes(shaped))
         print(f"{name}: {len(made.client_requests)} client requests")
     return 0
 

@@ -40,6 +40,7 @@ from fakes.app_server.wire import (
     encode,
     log,
     notification,
+    open_wire_log,
     request_id_of,
     rpc_error,
     server_request,
@@ -48,6 +49,8 @@ from fakes.app_server.wire import (
 )
 
 if TYPE_CHECKING:
+    from typing import BinaryIO
+
     from fakes.app_server.script import AppServerScript, MethodBehavior, ReplySpec, TurnScript
     from fakes.app_server.steps import StepRunner
 
@@ -96,6 +99,8 @@ class AppServer:
         self.version = shapes.cli_version(version_output)
         # The protocol of the release it reports (protocol.py: the default's otherwise).
         self.protocol = protocol.profile(self.version)
+        # Fits what the fake builds to that release's schema (conform.py).
+        self.fit = protocol.fitting(self.version)
         self._known = frozenset(self.protocol.client_requests)
         self.out: Sink
         self.report: report.Report | None = None
@@ -220,7 +225,17 @@ class AppServer:
         await asyncio.get_running_loop().create_future()
 
     async def _read_loop(self, messages: AsyncIterator[bytes]) -> None:
+        tee = open_wire_log(".in")
+        try:
+            await self._read_all(messages, tee)
+        finally:
+            if tee is not None:
+                tee.close()
+
+    async def _read_all(self, messages: AsyncIterator[bytes], tee: BinaryIO | None) -> None:
         async for line in messages:
+            if tee is not None:
+                tee.write(line + b"\n")
             if not self._stalled:
                 if self.report is not None:
                     self.report.received(line)
@@ -341,7 +356,7 @@ class AppServer:
             self.client_info = client_info if isinstance(client_info, dict) else {}
             # Written with the reply, in one write: a client that reads whole chunks sees
             # both before it acts on the reply, rather than racing the second line.
-            data += remote_control_line(self.ids)
+            data += remote_control_line(self.ids, self.fit)
         self.out.write(data)
         if reply.after is not None:
             reply.after()
@@ -366,7 +381,10 @@ class AppServer:
                     f"fake-codex does not implement `{call.method}`; script it under `methods:`",
                 )
             )
-        return handler(call)
+        reply = handler(call)
+        if reply.error is None:
+            reply.result = self.fit.result(call.method, reply.result)
+        return reply
 
     def send_request(
         self,
@@ -392,9 +410,11 @@ class AppServer:
     def resolved(self, thread_id: str | None, request_id: RequestId) -> None:
         """Announce that a server request is settled (only thread-scoped ones carry this)."""
         if thread_id is not None:
+            params = {"threadId": thread_id, "requestId": request_id}
             self.out.send(
                 notification(
-                    "serverRequest/resolved", {"threadId": thread_id, "requestId": request_id}
+                    "serverRequest/resolved",
+                    self.fit.notification("serverRequest/resolved", params),
                 )
             )
 
@@ -426,7 +446,7 @@ class AppServer:
         usage = Usage()
         if script is not None and script.usage is not None:
             usage = Usage(**script.usage.model_dump())
-        turn = TurnRun(self.out, self.ids, thread, usage)
+        turn = TurnRun(self.out, self.ids, thread, usage, self.fit)
         thread.active_turn = turn
 
         def start() -> None:

@@ -350,6 +350,7 @@ class StepRunner:
         branch, `cancel` ends the turn as interrupted, as it does for real.
         """
         ctx.item_id = request_ctx.item_id
+        params = self.server.fit.request(method, params)
         turn.set_status("waitingOnApproval")
         turn.item_started(item, request_ctx.started_ms)
         pending = self._send(ctx, method, params, request_id)
@@ -373,6 +374,9 @@ class StepRunner:
     async def _request(self, step: s.RequestStep, ctx: StepContext) -> None:
         spec = step.request
         defaults = default_params(spec.method, self._request_context(ctx))
+        if defaults is not None:
+            # What the fake makes up fits the release; what the script says is sent as said.
+            defaults = self.server.fit.request(spec.method, defaults)
         params = {**(defaults or {}), **ctx.substitute(spec.params or {})}
         pending = self._send(ctx, spec.method, params, spec.id)
         if spec.wait:
@@ -427,12 +431,14 @@ class StepRunner:
         self.server.out.write(line * rest)
 
     def _delta_params(self, ctx: StepContext, delta: str) -> dict[str, Any]:
-        return {
+        params = {
             "threadId": ctx.thread.id if ctx.thread else "",
             "turnId": ctx.turn.id if ctx.turn else "",
             "itemId": ctx.item_id or self.server.ids.message_id(),
             "delta": delta,
         }
+        fitted: dict[str, Any] = self.server.fit.notification("item/agentMessage/delta", params)
+        return fitted
 
     async def _respond(self, step: s.RespondStep, ctx: StepContext) -> None:
         self._reply(ctx, step.respond, copies=1)

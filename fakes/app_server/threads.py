@@ -79,6 +79,7 @@ class ThreadMethods:
         }
 
     def _notify(self, method: str, params: Any) -> None:
+        params = self.server.fit.notification(method, params)
         self.server.out.send(notification(method, params))
 
     def _find(self, call: Call, *required: str) -> tuple[ThreadState | None, Reply | None]:

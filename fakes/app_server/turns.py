@@ -16,6 +16,7 @@ from fakes.app_server.ids import IdFactory
 from fakes.app_server.wire import RequestId, notification, now_ms
 
 if TYPE_CHECKING:
+    from fakes.app_server.protocol import Fit
     from fakes.app_server.wire import Sink
 
 ITEM_EVENTS: tuple[str, ...] = ("started", "deltas", "completed")
@@ -103,8 +104,10 @@ class TurnRun:
         ids: IdFactory,
         thread: ThreadState,
         usage: Usage,
+        fit: Fit | None = None,
     ) -> None:
         self.out = out
+        self.fit = fit
         self.ids = ids
         self.thread = thread
         self.id = ids.uuid7()
@@ -122,7 +125,9 @@ class TurnRun:
         return shapes.turn_object(self.id)
 
     def notify(self, method: str, params: Any) -> None:
-        """Send a notification."""
+        """Send a notification (fitted to the release the fake emulates)."""
+        if self.fit is not None:
+            params = self.fit.notification(method, params)
         self.out.send(notification(method, params))
 
     def set_status(self, *flags: str) -> None:

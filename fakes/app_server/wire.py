@@ -175,12 +175,13 @@ def log(text: str) -> None:
 WIRE_LOG_ENV = "FAKE_CODEX_WIRE_LOG"
 
 
-def open_wire_log() -> BinaryIO | None:
+def open_wire_log(suffix: str = ".out") -> BinaryIO | None:
     """With ``$FAKE_CODEX_WIRE_LOG=DIR``, every byte written to stdout is also appended
-    to ``DIR/fake-codex-<pid>.out``, whole: tests check each line against the real
-    JSON Schema.
+    to ``DIR/fake-codex-<pid>.out``, whole, and every line read from stdin to
+    ``DIR/fake-codex-<pid>.in`` (``suffix``): tests check each line against the real
+    JSON Schema, each answer against the result type of the request it answers.
     """
     directory = os.environ.get(WIRE_LOG_ENV)
     if not directory:
         return None
-    return open(os.path.join(directory, f"fake-codex-{os.getpid()}.out"), "ab", buffering=0)
+    return open(os.path.join(directory, f"fake-codex-{os.getpid()}{suffix}"), "ab", buffering=0)

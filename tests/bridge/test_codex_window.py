@@ -85,6 +85,63 @@ def test_an_app_server_known_only_by_its_user_agent_is_judged_by_the_release_it_
     assert "codex-cli 0.150.0" in assessed["warning"]
 
 
+@pytest.mark.quick
+@pytest.mark.parametrize(
+    ("output", "kind"),
+    [
+        (f"codex-cli {codex_window.PIN}", "codex"),
+        (f"codex-cli {codex_window.PIN}\nfake-codex/{codex_window.PIN}\n", "fake-codex"),
+        (f"{OUTSIDE}\nfake-codex/0.150.0", "fake-codex"),
+        ("something else 1.0\nfake-codex/1.0", "fake-codex"),
+        ("something else 1.0", None),
+        ("", None),
+        (None, None),
+    ],
+)
+def test_a_version_probe_tells_the_fake_from_codex(output: str | None, kind: str | None) -> None:
+    assert codex_window.version_kind(output) == kind
+
+
+@pytest.mark.parametrize("version", [f"codex-cli {codex_window.PIN}", OUTSIDE])
+def test_serve_says_at_start_that_the_app_server_is_fake_codex(
+    banner, write_script, version: str
+) -> None:
+    """Before any `initialize` (which `/v1/compatibility` reads the kind from), the
+    banner's app-server line already tells fake-codex from a real codex."""
+    lines = banner(fake_app_server_command(write_script({"versionOutput": version})))
+    described = [line for line in lines if line.startswith("  app-server: ")]
+    assert len(described) == 1, lines
+    assert f"{version}; kind: fake-codex" in described[0], lines
+
+
+@pytest.mark.real_codex
+def test_serve_says_at_start_that_a_real_codex_is_codex(
+    banner, codex_bin: str, codex_version: str
+) -> None:
+    lines = banner([codex_bin, "app-server"])
+    described = [line for line in lines if line.startswith("  app-server: ")]
+    assert len(described) == 1, lines
+    assert f"{codex_version}; kind: codex)" in described[0], lines
+
+
+def test_the_fakes_version_line_is_the_releases_unless_a_bridge_asks_what_it_is() -> None:
+    fake = str(Path(sys.executable).with_name("fake-codex"))
+    env = {k: v for k, v in os.environ.items() if not k.startswith("FAKE_CODEX")}
+    plain = subprocess.run(
+        [fake, "--version"], env=env, capture_output=True, text=True, timeout=60, check=True
+    )
+    assert plain.stdout == f"codex-cli {codex_window.PIN}\n"
+    asked = subprocess.run(
+        [fake, "--version"],
+        env={**env, codex_window.IDENTIFY_VARIABLE: "1"},
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    )
+    assert asked.stdout == f"codex-cli {codex_window.PIN}\nfake-codex/{codex_window.PIN}\n"
+
+
 async def compatibility(http, base: str) -> dict:
     async with http.get(f"{base}/v1/compatibility") as response:
         assert response.status == 200

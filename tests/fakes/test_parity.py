@@ -2,8 +2,9 @@
 
 The conversation: `initialize`, `initialized`, `thread/start`, a text turn, a turn whose
 command approval is answered `accept`, one answered `decline`, and an unknown method.
-The real codex 0.169.0 runs it with the scripted model (fakes/model_provider.py)
-playing the model; fake-codex runs it with a script that says the same things. Every
+The real codex (each release of the support window) runs it with the scripted model
+(fakes/model_provider.py) playing the model; fake-codex, emulating that release, runs
+it with a script that says the same things. Every
 message each server sends is reduced to a token (its method, the kind of item or
 status it carries, or which request a response answers), and the two token sequences
 must be equal once the differences listed in TOLERATED_* are applied. The payloads'
@@ -25,6 +26,7 @@ from typing import Any
 import aiohttp
 import pytest
 
+from bridge import codex_window
 from fakes.model_provider import ModelProviderServer
 
 pytestmark = [pytest.mark.asyncio, pytest.mark.real_codex]
@@ -263,11 +265,20 @@ def normalized(talk: Conversation) -> list[tuple[str, list[str]]]:
     return pairs
 
 
+def emulating(codex_version: str) -> list[str]:
+    """The fake's option to emulate the release of the real codex it is compared with
+    (each test runs once per release of the window)."""
+    release = codex_window.release(codex_version)
+    return [] if release is None else ["--codex-version", release]
+
+
 #: What the real codex sends as a turn starts, in any order against `turn/start`'s result.
 TURN_START_NOTIFICATIONS = frozenset({"thread/status/changed active", "turn/started"})
 
 
-async def test_the_fake_says_what_the_real_codex_says(codex_bin: str, tmp_path: Path) -> None:
+async def test_the_fake_says_what_the_real_codex_says(
+    codex_bin: str, codex_version: str, tmp_path: Path
+) -> None:
     real_dir, fake_dir = tmp_path / "real", tmp_path / "fake"
     runs: dict[str, list[tuple[str, list[str]]]] = {}
     for workspace in (real_dir, fake_dir):
@@ -288,7 +299,9 @@ async def test_the_fake_says_what_the_real_codex_says(codex_bin: str, tmp_path: 
     script.write_text(FAKE_SCRIPT % {"workspace": fake_dir / "work"})
     env = {**base_env, "CODEX_HOME": str(fake_dir / "home")}
     fake = await converse(
-        [FAKE_CODEX, "app-server", "--script", str(script)], fake_dir / "work", env
+        [FAKE_CODEX, "app-server", "--script", str(script), *emulating(codex_version)],
+        fake_dir / "work",
+        env,
     )
     assert (fake_dir / "work" / "accepted.txt").exists()
     assert not (fake_dir / "work" / "declined.txt").exists()
@@ -377,7 +390,7 @@ async def converse_over_socket(
 
 
 async def test_the_fake_says_what_the_real_codex_says_over_a_unix_socket(
-    codex_bin: str, tmp_path: Path
+    codex_bin: str, codex_version: str, tmp_path: Path
 ) -> None:
     real_dir, fake_dir = tmp_path / "real", tmp_path / "fake"
     for workspace in (real_dir, fake_dir):
@@ -393,7 +406,9 @@ async def test_the_fake_says_what_the_real_codex_says_over_a_unix_socket(
     script.write_text(FAKE_SCRIPT % {"workspace": fake_dir / "work"})
     env = {**base_env, "CODEX_HOME": str(fake_dir / "home")}
     fake = await converse_over_socket(
-        [FAKE_CODEX, "app-server", "--script", str(script)], fake_dir / "work", env
+        [FAKE_CODEX, "app-server", "--script", str(script), *emulating(codex_version)],
+        fake_dir / "work",
+        env,
     )
     assert (fake_dir / "work" / "accepted.txt").exists()
     tokens = {

@@ -1,8 +1,9 @@
 """fake-codex's protocol profiles: generated from real codex binaries, never by hand.
 
 The drift test regenerates the profile of the installed real codex and compares it with
-the one the fake ships; it fails on the day a profile no longer says what that release
-says (run `python -m fakes.app_server.protocol CODEX_BINARY` to regenerate)."""
+the one the fake ships (its method lists and its messages' shapes); it fails on the day
+a profile no longer says what that release says (run
+`python -m fakes.app_server.protocol CODEX_BINARY` to regenerate)."""
 
 from __future__ import annotations
 
@@ -29,12 +30,14 @@ def test_a_release_without_a_profile_speaks_the_default_releases_protocol() -> N
 
 
 def test_the_shipped_profile_is_what_the_real_codex_generates(codex_bin: str) -> None:
-    made = protocol.generate(codex_bin)
+    made, shaped = protocol.generate(codex_bin)
     assert made.codex_version in protocol.versions(), (
         f"no profile ships for codex {made.codex_version}: "
         "run python -m fakes.app_server.protocol on its binary"
     )
     assert protocol.render(made) == protocol.render(protocol.profile(made.codex_version))
+    # The shapes of its messages, generated with it, have not drifted either.
+    assert protocol.render_shapes(shaped) == protocol.shipped_shapes(made.codex_version)
 
 
 @pytest.mark.quick
