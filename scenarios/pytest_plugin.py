@@ -300,7 +300,11 @@ class ScenarioFailed(AssertionError):
 class ScenarioItem(pytest.Item):
     """Runs one scenario in a fresh event loop, bridge and temporary directory. Its tags are
     keywords (`-k TAG`) and, when names, marks (`-m TAG`); one scripting the model is marked
-    `codex_real`; `parallel: false` puts it in the xdist group `codex-serial`."""
+    `codex_real`; `parallel: false` puts it in the xdist group `codex-serial` and runs it
+    holding the run's serial lock, from its setup to its teardown, so that no two such
+    scenarios run at once on any of the run's xdist workers, whatever `--dist` mode spread
+    them (plain `-n`; or `--dist loadgroup` on a pytest where pytest-xdist's groups no
+    longer hold)."""
 
     def __init__(self, *, loaded: LoadedScenario, **kwargs: Any) -> None:
         super().__init__(**kwargs)
@@ -316,6 +320,17 @@ class ScenarioItem(pytest.Item):
             self.add_marker(REAL_MARKER)
         if not loaded.scenario.parallel and self.config.pluginmanager.has_plugin("xdist"):
             self.add_marker(pytest.mark.xdist_group("codex-serial"))
+        self._serial: contextlib.ExitStack | None = None
+
+    def setup(self) -> None:
+        if not self.loaded.scenario.parallel:
+            self._serial = contextlib.ExitStack()
+            self._serial.enter_context(_serial_lock(self.config))
+
+    def teardown(self) -> None:
+        if self._serial is not None:
+            self._serial.close()
+            self._serial = None
 
     def runtest(self) -> None:
         from scenarios.runner import run_scenario_sync
@@ -336,6 +351,29 @@ class ScenarioItem(pytest.Item):
 
     def reportinfo(self) -> tuple[Path, int | None, str]:
         return self.path, 0, f"scenario: {self.name}"
+
+
+@contextlib.contextmanager
+def _serial_lock(config: pytest.Config) -> Iterator[None]:
+    """An exclusive lock on a file that every xdist worker of this run shares: beside the
+    workers' own `--basetemp` folders (`.../popen-gwN`). Outside a worker (no `-n`), or
+    where there are no `flock` locks (Windows), there is nothing to wait for."""
+    basetemp = config.getoption("basetemp")
+    if not os.environ.get("PYTEST_XDIST_WORKER") or not basetemp:
+        yield
+        return
+    try:
+        import fcntl
+    except ImportError:  # Windows: xdist's own grouping is all there is
+        yield
+        return
+    path = Path(basetemp).resolve().parent / "codex-serial.lock"
+    with open(path, "a+b") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
 
 
 @pytest.hookimpl(wrapper=True)

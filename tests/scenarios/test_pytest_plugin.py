@@ -484,3 +484,45 @@ def test_the_marker_wins_over_the_option_and_a_bad_value_is_a_usage_error(
     result = pytester.runpytest_subprocess(*QUIET, timeout=120)
     assert result.ret == pytest.ExitCode.USAGE_ERROR
     result.stderr.fnmatch_lines(["*$CODEX_TEST_TIMEOUT: 'soon' is not a number of seconds*"])
+
+
+SERIAL_CONFTEST = """
+import fcntl
+from pathlib import Path
+
+import pytest
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_call(item):
+    # The lock file every worker of the run shares, beside their own --basetemp folders.
+    lock = Path(item.config.getoption("basetemp")).resolve().parent / "codex-serial.lock"
+    with open(lock, "a+b") as other:  # another open file: flock excludes it too
+        try:
+            fcntl.flock(other, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            held = True
+        else:
+            held = False
+            fcntl.flock(other, fcntl.LOCK_UN)
+    serial = "serial" in item.name
+    assert held == serial, f"{item.name}: the serial lock is {'held' if held else 'free'}"
+    return (yield)
+"""
+
+
+@pytest.mark.parametrize("dist", ["load", "loadgroup"])
+def test_serial_scenarios_hold_one_lock_whatever_spreads_them(
+    pytester: pytest.Pytester, dist: str
+) -> None:
+    """`parallel: false` scenarios never run at once, even where xdist's groups do not hold
+    (plain `-n`; `--dist loadgroup` on pytest 9.2): each runs holding a lock the run's
+    workers share, and a `parallel: true` one does not take it."""
+    pytester.makeconftest(SERIAL_CONFTEST)
+    for name, parallel in [("serial-1", "false"), ("serial-2", "false"), ("free", "true")]:
+        scenario = GOOD_SCENARIO.replace("health-is-ok", name)
+        (pytester.path / f"{name}.scenario.yaml").write_text(
+            textwrap.dedent(scenario).lstrip() + f"parallel: {parallel}\n"
+        )
+    result = pytester.runpytest_subprocess(*QUIET, "-n", "2", "--dist", dist)
+    assert result.parseoutcomes().get("passed") == 3, result.stdout.str()
