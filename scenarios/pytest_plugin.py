@@ -184,6 +184,38 @@ def _watch(item: pytest.Item) -> Watch:
     return item.stash.setdefault(_WATCH, Watch(0.0, "", []))
 
 
+#: The fixtures whose bridge or server runs on the test's event loop.
+ON_THE_LOOP = (
+    "codex_bridge",
+    "codex_client",
+    "codex_sse",
+    "codex_start_bridge",
+    "codex_scripted_model",
+)
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    """A synchronous test cannot use a bridge that runs on the event loop: nothing runs
+    the loop while it does, so the bridge never answers and the test would wait on it
+    until its client's timeout, or forever. Said at once instead, with what to write."""
+    if not isinstance(item, pytest.Function) or inspect.iscoroutinefunction(item.obj):
+        return
+    if pytest_asyncio is None:  # the fixtures say which extra they need first
+        return
+    used = [name for name in ON_THE_LOOP if name in item.fixturenames]
+    if used:
+        pytest.fail(
+            f"{item.name} is a synchronous test, but it uses {', '.join(used)}, whose bridge "
+            "runs on the test's event loop, which only an `async def` test runs: make the test "
+            "`async def` "
+            "(with @pytest.mark.asyncio unless asyncio_mode = auto) and call a synchronous "
+            "client or service with `await asyncio.to_thread(...)`; or start a bridge in a "
+            "process of its own (`rest-bridge serve --port 0`, docs/HOSTS.md)",
+            pytrace=False,
+        )
+
+
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_call(item: pytest.Item) -> Any:
     """An async test that uses the plugin runs under its deadline (scenarios.deadline)."""

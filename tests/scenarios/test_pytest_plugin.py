@@ -526,3 +526,24 @@ def test_serial_scenarios_hold_one_lock_whatever_spreads_them(
         )
     result = pytester.runpytest_subprocess(*QUIET, "-n", "2", "--dist", dist)
     assert result.parseoutcomes().get("passed") == 3, result.stdout.str()
+
+
+def test_a_synchronous_test_using_a_loop_fixture_fails_at_once_saying_what_to_write(
+    pytester: pytest.Pytester,
+) -> None:
+    """The fixture's bridge runs on the event loop, which a plain `def` test never runs:
+    it used to wait on its client's timeout, or forever without one."""
+    pytester.makepyfile(
+        test_sync="""
+        import urllib.request
+
+        def test_health(codex_bridge):
+            urllib.request.urlopen(codex_bridge.url + "/health")  # no timeout: would hang
+        """
+    )
+    result = pytester.runpytest_subprocess(*QUIET, "--codex-timeout", "0")
+    assert result.parseoutcomes().get("errors") == 1, result.stdout.str()
+    result.stdout.fnmatch_lines(
+        ["*test_health is a synchronous test, but it uses codex_bridge*, whose bridge runs on*"]
+    )
+    assert "asyncio.to_thread" in result.stdout.str()
