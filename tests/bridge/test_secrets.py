@@ -278,11 +278,16 @@ def start_failure(env: dict[str, str]) -> tuple[int, str]:
     return process.wait(WAIT), "".join(output)
 
 
-def secret_file_cases(tmp: Path) -> list[tuple[dict[str, str], str]]:
+def write_secret_files(tmp: Path) -> None:
+    """The files `secret_file_cases(tmp)` names."""
     (tmp / "blank").write_text(" \n\n")
     (tmp / "token").write_text(TOKEN + "\n")
     (tmp / "unreadable").mkdir()
     (tmp / "leading-space").write_text(" " + TOKEN + "\n")
+    (tmp / "latin-1").write_bytes(b"caf\xe9\n")
+
+
+def secret_file_cases(tmp: Path) -> list[tuple[dict[str, str], str]]:
     cases = []
     for variable in ("REST_ADAPTER_TOKEN", "REST_ADAPTER_APP_SERVER_TOKEN"):
         file_variable = variable + "_FILE"
@@ -302,7 +307,6 @@ def secret_file_cases(tmp: Path) -> list[tuple[dict[str, str], str]]:
             "the token in REST_ADAPTER_TOKEN_FILE has leading or trailing whitespace",
         )
     )
-    (tmp / "latin-1").write_bytes(b"caf\xe9\n")
     cases.append(({"REST_ADAPTER_TOKEN_FILE": str(tmp / "latin-1")}, "is not UTF-8 text"))
     # Bigger than any token: refused before it is read whole.
     cases.append(({"REST_ADAPTER_TOKEN_FILE": "/dev/zero"}, "is larger than 65536 bytes"))
@@ -324,16 +328,25 @@ def secret_file_cases(tmp: Path) -> list[tuple[dict[str, str], str]]:
     return cases
 
 
-def test_a_secret_file_that_cannot_be_used_stops_serve(tmp_path: Path) -> None:
-    for env, expected in secret_file_cases(tmp_path):
-        status, output = start_failure(env)
-        assert status == 2, (env, output)
-        assert expected in output, (env, output)
-        assert output.startswith("rest-bridge: "), output
-        assert output.count("\n") == 1, output  # one line
-        assert TOKEN not in output
-        assert APP_SERVER_TOKEN not in output
-        assert "Traceback" not in output
+#: One test per case: each starts `serve` once, so that a loaded machine slows each case
+#: alone instead of eighteen starts under one test's timeout.
+SECRET_CASES = secret_file_cases(Path("tmp"))
+
+
+@pytest.mark.parametrize(
+    "index", range(len(SECRET_CASES)), ids=[",".join(env) for env, _ in SECRET_CASES]
+)
+def test_a_secret_file_that_cannot_be_used_stops_serve(tmp_path: Path, index: int) -> None:
+    write_secret_files(tmp_path)
+    env, expected = secret_file_cases(tmp_path)[index]
+    status, output = start_failure(env)
+    assert status == 2, (env, output)
+    assert expected in output, (env, output)
+    assert output.startswith("rest-bridge: "), output
+    assert output.count("\n") == 1, output  # one line
+    assert TOKEN not in output
+    assert APP_SERVER_TOKEN not in output
+    assert "Traceback" not in output
 
 
 def test_a_secret_file_that_is_a_fifo_stops_serve_instead_of_waiting_for_a_writer(
