@@ -90,9 +90,11 @@ cluster: $(STAMP) nginx
 	$(BIN)/rest-bridge cluster $(if $(REPLICAS),--replicas $(REPLICAS)) --preset $(PRESET) --host $(HOST) \
 		--port $(PORT) --app-server "$(APP_SERVER)"
 
+# The venv's bin/ first on PATH: an APP_SERVER given as `fake-codex app-server --script F`
+# finds the bundled fake as the default command does.
 serve: $(SERVE_STAMP)
 	@echo "$(SERVE_NOTE)"
-	$(BIN)/rest-bridge serve --preset $(PRESET) --host $(HOST) --port $(PORT) --app-server "$(APP_SERVER)"
+	PATH="$(abspath $(BIN)):$$PATH" $(BIN)/rest-bridge serve --preset $(PRESET) --host $(HOST) --port $(PORT) --app-server "$(APP_SERVER)"
 
 # `make serve` on the pinned real codex: its native binary, found once it is installed.
 # Another release: `make serve-codex CODEX_VERSION=0.171.0` (one outside the window is
