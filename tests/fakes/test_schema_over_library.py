@@ -18,6 +18,7 @@ from typing import Any
 
 import jsonschema
 import pytest
+import pytest_asyncio
 
 from fakes.app_server.wire import WIRE_LOG_ENV
 from scenarios.format import load_scenario
@@ -25,19 +26,45 @@ from scenarios.runner import RunOptions, run_scenario
 
 LIBRARY = Path(__file__).resolve().parents[2] / "scenarios" / "library"
 
-pytestmark = pytest.mark.real_codex
+# One worker runs both releases' tests, so that the library (`library_wire`) runs once.
+pytestmark = [pytest.mark.real_codex, pytest.mark.xdist_group("schema-over-library")]
 
 
 def _validator(schema_dir: Path, name: str) -> jsonschema.Draft7Validator:
     return jsonschema.Draft7Validator(json.loads((schema_dir / name).read_text()))
 
 
+@pytest_asyncio.fixture(scope="module", loop_scope="module")
+async def library_wire(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The folder of what fake-codex wrote in every fake-backed scenario of the library.
+
+    The library runs once per module: what the fake writes does not depend on the real
+    codex whose schema it is then checked against, so each release of the window checks
+    the same lines (its tests share one xdist group, so one worker runs the library).
+    """
+    tmp_root = tmp_path_factory.mktemp("library")
+    wire_dir = tmp_root / "wire"
+    wire_dir.mkdir()
+    fake_backed = [
+        loaded
+        for path in sorted(LIBRARY.glob("*.scenario.yaml"))
+        if not (loaded := load_scenario(path)).scenario.real_codex
+    ]
+    assert fake_backed
+    with pytest.MonkeyPatch.context() as monkeypatch:
+        monkeypatch.setenv(WIRE_LOG_ENV, str(wire_dir))
+        for loaded in fake_backed:
+            result = await run_scenario(loaded, RunOptions(tmp_root=tmp_root))
+            assert result.passed, loaded.name
+    return wire_dir
+
+
 @pytest.mark.asyncio
-# The whole library, one scenario after another: a minute on a busy machine, more on a
-# very busy one; the default guard of 120 s is for a single case.
+# The whole library, one scenario after another (in the fixture): a minute on a busy
+# machine, more on a very busy one; the default guard of 120 s is for a single case.
 @pytest.mark.timeout(600)
 async def test_every_library_message_matches_the_real_schema(
-    codex_bin: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    codex_bin: str, tmp_path: Path, library_wire: Path
 ) -> None:
     schema_dir = tmp_path / "schema"
     proc = await asyncio.create_subprocess_exec(
@@ -51,19 +78,7 @@ async def test_every_library_message_matches_the_real_schema(
         branch["properties"]["method"]["enum"][0]
         for branch in json.loads((schema_dir / "ServerNotification.json").read_text())["oneOf"]
     }
-
-    wire_dir = tmp_path / "wire"
-    wire_dir.mkdir()
-    monkeypatch.setenv(WIRE_LOG_ENV, str(wire_dir))
-    fake_backed = [
-        loaded
-        for path in sorted(LIBRARY.glob("*.scenario.yaml"))
-        if not (loaded := load_scenario(path)).scenario.real_codex
-    ]
-    assert fake_backed
-    for loaded in fake_backed:
-        result = await run_scenario(loaded, RunOptions(tmp_root=tmp_path))
-        assert result.passed, loaded.name
+    wire_dir = library_wire
 
     checked = 0
     problems: list[str] = []
