@@ -136,9 +136,11 @@ typecheck: $(STAMP)
 # All of it, shared out between pytest-xdist's workers: one per core, or JOBS=N. The tests
 # that count the test process's own children, descriptors or memory run in one xdist
 # group per kind (tests/tiers.py).
+# The full-size install runs (marked `full_run`: fresh venvs installed from the index) are
+# left to `make reliability`; a cheaper check that the wheel installs stays here.
 JOBS ?= auto
 pytest: $(STAMP) codex nginx prometheus
-	$(BIN)/pytest -n $(JOBS) --dist loadgroup
+	$(BIN)/pytest -n $(JOBS) --dist loadgroup -m "not full_run"
 
 # `make test`: the lint, the types, the tests and the bridge's tests on the lowest versions
 # (test-lowest), all at once. The test runs wait on child processes much of the time: side
@@ -179,11 +181,13 @@ bench: $(STAMP)
 # The reliability suite at full size (10,000 session cycles, 1,000 text turns, 100 fuzz
 # examples per operation; about 45 minutes on 2 cores), then docs/RELIABILITY.md from its
 # results. `make test` runs the same tests, smaller. The report is written even when a
-# row fails (it shows which); the target then fails too.
+# row fails (it shows which); the target then fails too. Then the full-size install runs
+# (`full_run`: each install form of README.md in a fresh venv), which `make test` leaves out.
 RELIABILITY_RESULTS := $(VENV)/reliability-results.json
 reliability: $(STAMP)
 	RELIABILITY_SOAK=full RELIABILITY_RESULTS=$(RELIABILITY_RESULTS) \
 		$(BIN)/pytest tests/reliability -p no:cacheprovider; status=$$?; \
+	$(BIN)/pytest -m full_run tests -p no:cacheprovider || status=1; \
 	PYTHONPATH=. $(BIN)/python tests/reliability/report.py $(RELIABILITY_RESULTS) docs/RELIABILITY.md \
 		&& exit $$status
 
