@@ -10,11 +10,25 @@ import shutil
 import signal
 import subprocess
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 
 import psutil
 import pytest
+
+#: pytest plugins of the development venv that no scenario run and no host suite here uses
+#: (hypothesis's, faker's and schemathesis's, installed for the fuzzing and the fakes):
+#: about 2 s of CPU in imports per pytest process. A host's `harness` install has none of
+#: them; the tests that start `rest-bridge scenarios run` (a pytest, and its xdist
+#: workers) turn them off with `quiet_pytest()`, as tests/scenarios/test_pytest_plugin.py
+#: does for its pytester runs.
+QUIET_PLUGINS = ("-p", "no:hypothesispytest", "-p", "no:faker", "-p", "no:schemathesis")
+
+
+def quiet_pytest(env: Mapping[str, str]) -> dict[str, str]:
+    """``env`` with `QUIET_PLUGINS` added to `PYTEST_ADDOPTS` (what it held stays)."""
+    addopts = " ".join(filter(None, (*QUIET_PLUGINS, env.get("PYTEST_ADDOPTS", ""))))
+    return {**env, "PYTEST_ADDOPTS": addopts}
 
 
 def _live(process: psutil.Process) -> bool:

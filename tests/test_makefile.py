@@ -110,3 +110,22 @@ def test_make_test_runs_the_lint_the_types_and_both_test_runs_side_by_side() -> 
     # each run's output is printed whole when it ends, not mixed line by line.
     first = make_n("test").splitlines()[0]
     assert "-j4 --output-sync=target lint typecheck pytest test-lowest" in first
+
+
+def test_the_full_size_install_runs_are_left_to_make_reliability() -> None:
+    # Fresh venvs installed from the index (marked `full_run`): minutes of CPU that
+    # `make test` leaves out; `make reliability` runs them after its own suite.
+    assert '--dist loadgroup -m "not full_run"' in make_n("pytest", "-o", "codex", "-o", "nginx")
+    assert "pytest -m full_run tests" in make_n("reliability")
+
+
+def test_test_lowest_leaves_out_only_tests_that_call_no_aiohttp() -> None:
+    out = make_n("test-lowest", "-o", ".venv-lowest/.installed", "-o", "codex", "-o", "nginx")
+    ignored = {word.split("=", 1)[1] for word in out.split() if word.startswith("--ignore=")}
+    assert ignored == {
+        "tests/bridge/test_codex_diff.py",
+        "tests/bridge/test_codex_window.py",
+        "tests/bridge/test_cli.py",
+    }
+    for path in ignored:  # none of them reaches aiohttp
+        assert "aiohttp" not in (ROOT / path).read_text(), path

@@ -32,6 +32,7 @@ import pytest
 from processes import (
     marked_processes,
     nginx_binary,
+    quiet_pytest,
     storm_of_sigterm_after_sigint,
     zombie_children,
 )
@@ -577,7 +578,7 @@ async def test_the_scenario_library_runs_against_the_front(tmp_path, report, aut
         done = await asyncio.to_thread(
             subprocess.run,
             [REST_BRIDGE, "scenarios", "run", str(LIBRARY), "--target", front.front, "-v"],
-            env={**{k: v for k, v in os.environ.items() if k != "CI"}, **env},
+            env=quiet_pytest({**{k: v for k, v in os.environ.items() if k != "CI"}, **env}),
             capture_output=True,
             text=True,
             timeout=600,

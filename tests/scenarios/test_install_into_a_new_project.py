@@ -6,8 +6,11 @@ bash, `BRIDGE` set to a clone of this checkout, `pip` the one of a fresh venv), 
 test per command; the example files are read from scenarios/README.md. So the docs
 cannot drift from what works: change either, and this test runs the new text.
 
-Slow (each form: venv 5 s, install 20 s, the runs 15 s; the wheel builds first). pip
-runs as the machine has it set up (its index and find-links configuration).
+Those runs are marked `full_run` (each form: venv 5 s, install 20 s, the runs 15 s; the
+wheel builds first; about 110 s of CPU in all): `make reliability` runs them, `make test`
+leaves them out and runs the cheaper check at the end of this module instead (the wheel
+builds, installs into a fresh venv and its console scripts start). pip runs as the machine
+has it set up (its index and find-links configuration).
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ import re
 import shutil
 import subprocess
 import sys
+import sysconfig
 import time
 import zipfile
 from pathlib import Path
@@ -33,6 +37,8 @@ INSTALL_MARKER = "tests/scenarios/test_install_into_a_new_project.py runs each l
 
 # One xdist worker: the tests share the module's clone and its wheel.
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900), pytest.mark.xdist_group("install")]
+#: A fresh venv and an install from the index: `make reliability` runs it, not `make test`.
+full_run = pytest.mark.full_run
 
 VERSIONS = """
 import subprocess, sys
@@ -123,6 +129,7 @@ def clone(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return target
 
 
+@full_run
 @pytest.mark.parametrize("form", ["checkout", "git", "wheel"])
 def test_the_documented_install_then_a_scenario_and_a_test_run_green(
     tmp_path: Path, clone: Path, form: str
@@ -212,6 +219,7 @@ def test_asks_for_a_harness_fixture(codex_bridge):
 """
 
 
+@full_run
 def test_a_base_install_leaves_a_host_pytest_alone(tmp_path: Path, clone: Path) -> None:
     """Without the `harness` extra (pytest installed by the host itself), the plugin is
     there, collides with nothing, and a harness fixture says which extra it needs."""
@@ -235,3 +243,64 @@ def test_a_base_install_leaves_a_host_pytest_alone(tmp_path: Path, clone: Path) 
     assert "needs pytest-asyncio: install codex-rest-bridge with its `harness` extra" in output
     plugins = run(["pytest", "--co", "-q", "-p", "no:cacheprovider"], project, env).stdout
     assert "2 tests collected" in plugins, plugins
+
+
+def test_the_wheel_installs_into_a_fresh_venv_and_its_console_scripts_start(
+    tmp_path: Path,
+) -> None:
+    """What `make test` keeps of the runs above, at a tenth of their cost: the wheel of
+    this checkout builds, installs into a fresh venv, and what it installed runs there.
+
+    The venv has no pip of its own and installs no dependency: this venv's pip installs
+    the wheel alone into it (`--python`), and a path line (a `.pth` file) lends it this
+    venv's site-packages for the dependencies. That path line processes none of the
+    `.pth` files there, so this checkout's editable install stays out of it: what is
+    imported is what the wheel installed (asserted below).
+    """
+    source = tmp_path / "codex-rest-bridge"
+    for name in tracked_files():
+        (source / name).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(ROOT / name, source / name)
+    env = host_environment()
+    env["PIP_DISABLE_PIP_VERSION_CHECK"] = "1"
+    wheels = tmp_path / "wheels"
+    run([sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps", "-w", str(wheels),
+         str(source)], tmp_path, env)  # fmt: skip
+    (wheel,) = wheels.glob("*.whl")
+    with zipfile.ZipFile(wheel) as archive:
+        names = set(archive.namelist())
+    assert {"bridge/py.typed", "fakes/py.typed", "scenarios/py.typed"} <= names
+    assert "bridge_ops/nginx.conf.template" in names
+
+    venv = tmp_path / "host" / ".venv"
+    run([sys.executable, "-m", "venv", "--without-pip", str(venv)], tmp_path, env)
+    python = str(venv / "bin" / "python")
+    purelib = run([python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                  tmp_path, env).stdout.strip()  # fmt: skip
+    Path(purelib, "lent-dependencies.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
+    run([sys.executable, "-m", "pip", "--python", python, "install", "--quiet", "--no-deps",
+         str(wheel)], tmp_path, env)  # fmt: skip
+    env["PATH"] = f"{venv / 'bin'}{os.pathsep}{env.get('PATH', '')}"
+    env["VIRTUAL_ENV"] = str(venv)
+
+    where = run(
+        [python, "-c", "import bridge, scenarios.pytest_plugin as p; print(bridge.__file__, "
+         "p.__file__)"], tmp_path, env,
+    ).stdout.split()  # fmt: skip
+    assert all(path.startswith(purelib) for path in where), where  # the wheel's, no other
+    plugin = run(
+        [python, "-c", "from importlib.metadata import distribution as d; "
+         "print(*(e.value for e in d('codex-rest-bridge').entry_points if e.group == 'pytest11'))"],
+        tmp_path, env,
+    ).stdout.split()  # fmt: skip
+    assert plugin == ["scenarios.pytest_plugin"], plugin
+    # One version: the package's metadata, `rest-bridge --version`, bridge.__version__.
+    version = run([python, "-c", VERSIONS], tmp_path, env).stdout.split()
+    assert version == [__version__] * 3, version
+    for script in ("rest-bridge", "rest-bridge-scenarios", "fake-codex"):
+        assert (venv / "bin" / script).exists(), script
+        said = run([script, "--help"], tmp_path, env).stdout
+        assert "usage:" in said, (script, said)
+    # The front's configuration, from the template the wheel ships.
+    front = run(["rest-bridge", "front-config", "--replica", "a=127.0.0.1:1"], tmp_path, env)
+    assert "upstream replica_a {" in front.stdout, front.stdout + front.stderr

@@ -16,6 +16,7 @@ from pathlib import Path
 from xml.etree import ElementTree
 
 import pytest
+from processes import quiet_pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 LIBRARY = ROOT / "scenarios" / "library"
@@ -45,7 +46,7 @@ def run_library(files: list[Path], tmp_path: Path) -> dict[str, str]:
         capture_output=True,
         text=True,
         cwd=ROOT,
-        env={**os.environ, "REST_ADAPTER_APP_SERVER_MODE": "shared"},
+        env=quiet_pytest({**os.environ, "REST_ADAPTER_APP_SERVER_MODE": "shared"}),
         timeout=300,
         check=False,
     )

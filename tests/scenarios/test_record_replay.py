@@ -25,6 +25,7 @@ import jsonschema
 import orjson
 import pytest
 import yaml
+from processes import quiet_pytest
 
 from bridge import codex_window
 from fakes.app_server.wire import WIRE_LOG_ENV
@@ -655,7 +656,7 @@ def test_record_the_library_scenario_then_run_it_where_there_is_no_codex(
         capture_output=True,
         text=True,
         cwd=elsewhere,
-        env=env,
+        env=quiet_pytest(env),
         timeout=300,
         check=False,
     )

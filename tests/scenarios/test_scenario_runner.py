@@ -20,7 +20,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
-from processes import live_children, marked_processes
+from processes import live_children, marked_processes, quiet_pytest
 
 from scenarios import harness
 from scenarios.cli import SCENARIOS_ONLY, pytest_arguments
@@ -38,7 +38,7 @@ def run_cli(*args: str, cwd: Path = ROOT, **env: str) -> subprocess.CompletedPro
         capture_output=True,
         text=True,
         cwd=cwd,
-        env={**os.environ, **env},
+        env=quiet_pytest({**os.environ, **env}),
         timeout=300,
         check=False,
     )
@@ -608,7 +608,7 @@ def test_a_run_stopped_by_a_signal_leaves_nothing_behind(tmp_path: Path, sig: in
         mark = secrets.token_hex(8)
         runner = subprocess.Popen(
             [REST_BRIDGE, "scenarios", "run", "-p", "no:cacheprovider", str(scenario)],
-            env={**os.environ, MARK: mark},
+            env=quiet_pytest({**os.environ, MARK: mark}),
             stdin=subprocess.DEVNULL,
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
@@ -699,7 +699,7 @@ def test_ctrl_c_in_a_terminal_stops_the_run_once_and_leaves_nothing_behind(tmp_p
         # setsid --ctty: a session of its own, the pseudo-terminal as its controlling one.
         runner = subprocess.Popen(
             ["setsid", "--ctty", *command],
-            env={**os.environ, MARK: mark},
+            env=quiet_pytest({**os.environ, MARK: mark}),
             stdin=terminal,
             stdout=terminal,
             stderr=terminal,

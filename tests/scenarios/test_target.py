@@ -23,6 +23,7 @@ from pathlib import Path
 
 import orjson
 import pytest
+from processes import quiet_pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 LIBRARY = ROOT / "scenarios" / "library"
@@ -119,7 +120,7 @@ def run(
         capture_output=True,
         text=True,
         cwd=ROOT,
-        env=env,
+        env=quiet_pytest(env),
         timeout=500,
         check=False,
     )
