@@ -29,6 +29,7 @@ from fakes.app_server import protocol
 from fakes.app_server.conform import RESPONSES, SERVER_REQUESTS, Shapes, compile_shapes
 from scenarios.codex_install import pinned_codex
 from scenarios.harness import NO_CODEX
+from tests.fakes.test_schema_over_library import strict
 
 ROOT = Path(__file__).resolve().parents[2]
 PAIRS = list(permutations(codex_window.TESTED, 2))
@@ -49,24 +50,6 @@ def bundles(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str, Any
         codex_schema.generate(pinned[0], out, experimental=True)
         found[version] = json.loads((out / codex_schema.BUNDLE).read_text(encoding="utf-8"))
     return found
-
-
-def strict(node: Any, flattened: bool = False) -> Any:
-    """As in test_schema_over_library: every listed object allows nothing else."""
-    if isinstance(node, dict):
-        union = "properties" in node and any(k in node for k in ("oneOf", "anyOf"))
-        for key, value in node.items():
-            if key in ("oneOf", "anyOf"):
-                for arm in value:
-                    strict(arm, flattened=union)
-            else:
-                strict(value)
-        if "properties" in node and not ("additionalProperties" in node or union or flattened):
-            node["additionalProperties"] = False
-    elif isinstance(node, list):
-        for value in node:
-            strict(value)
-    return node
 
 
 def messages(bundle: dict[str, Any]) -> dict[tuple[str, str], str]:
