@@ -343,7 +343,12 @@ class Lineage:
                 log.error("gave up looking for what app-server pid %s left running", self.pid)
             return
         if killed:
-            log.info("app-server pid %s left %d processes running: killed", self.pid, killed)
+            log.info(
+                "app-server pid %s exited and left %d of its processes running; the bridge "
+                "stopped them, so none is left over",
+                self.pid,
+                killed,
+            )
         _wait_then_reap(fds)
 
     def _targets(self, table: Mapping[int, Stat]) -> set[int]:
