@@ -187,7 +187,8 @@ async def test_an_app_server_that_exits_at_start_is_logged_with_its_stderr(bridg
     served = bridge_process(app_server=[FAKE_CODEX])
     started = served.wait_for_output("  app-server: ")
     assert (
-        f"  app-server: {FAKE_CODEX} (codex-cli {codex_window.PIN}; note: no `app-server` in the "
+        f"  app-server: {FAKE_CODEX} (codex-cli {codex_window.PIN}; kind: fake-codex; note: no "
+        "`app-server` in the "
         "command, which codex needs to serve)"
     ) in started.splitlines(), started
     for path, body in (
