@@ -184,8 +184,11 @@ def _codex_version(text: str) -> str:
 def _generate_json_schema(args: argparse.Namespace) -> int:
     from fakes.app_server.schema import write_schema
 
+    path = args.script or os.environ.get(SCRIPT_ENV)
+    script = _load(path) if path else None
+    version = cli_version(_version_output(script, args.codex_version))
     try:
-        write_schema(args.out, experimental=args.experimental)
+        write_schema(args.out, experimental=args.experimental, version=version)
     except OSError as exc:
         raise UsageError(f"error: cannot write the schema to {args.out}: {exc}") from None
     return 0

@@ -40,6 +40,29 @@ BUILT_FOR = "0.169.0"
 _FOLDER = "protocols"
 #: The file beside ``<version>.json`` that holds the release's message shapes.
 SHAPES_SUFFIX = ".shapes.json"
+#: The request params `fake-codex app-server generate-json-schema` writes, as files of the
+#: real command's layout, and their keys in the schema: the ones clients read (the
+#: official SDK reads turn/start's, thread/resume's and thread/fork's).
+PARAM_FILES = {
+    "v1/InitializeParams": "InitializeParams",
+    **{
+        f"v2/{name}Params": f"v2/{name}Params"
+        for name in (
+            "ThreadStart",
+            "ThreadResume",
+            "ThreadFork",
+            "ThreadRead",
+            "ThreadList",
+            "ThreadArchive",
+            "ThreadUnarchive",
+            "ThreadSetName",
+            "TurnStart",
+            "TurnSteer",
+            "TurnInterrupt",
+            "ModelList",
+        )
+    },
+}
 _UNKNOWN_VARIANT = re.compile(r"unknown variant `[^`]*`, expected one of (.*)$")
 _MESSAGES = {
     "ClientRequest": "clientRequests",
@@ -60,6 +83,7 @@ class Profile:
         "client_requests",
         "codex_version",
         "experimental_client_requests",
+        "params",
         "server_notifications",
         "server_requests",
     )
@@ -73,6 +97,7 @@ class Profile:
         server_requests: tuple[str, ...],
         server_notifications: tuple[str, ...],
         client_notifications: tuple[str, ...],
+        params: dict[str, dict[str, list[str]]] | None = None,
     ) -> None:
         self.codex_version = codex_version
         self.client_requests = client_requests
@@ -80,6 +105,8 @@ class Profile:
         self.server_requests = server_requests
         self.server_notifications = server_notifications
         self.client_notifications = client_notifications
+        #: Each of PARAM_FILES: its `required`, `stable` and `experimental` fields.
+        self.params = params or {}
 
     def __eq__(self, other: object) -> bool:
         return isinstance(other, Profile) and self.to_json() == other.to_json()
@@ -94,6 +121,7 @@ class Profile:
             "serverRequests": list(self.server_requests),
             "serverNotifications": list(self.server_notifications),
             "clientNotifications": list(self.client_notifications),
+            "params": self.params,
         }
 
     @classmethod
@@ -105,6 +133,7 @@ class Profile:
             server_requests=tuple(data["serverRequests"]),
             server_notifications=tuple(data["serverNotifications"]),
             client_notifications=tuple(data["clientNotifications"]),
+            params=data.get("params", {}),
         )
 
 
@@ -264,8 +293,21 @@ def generate(binary: str) -> tuple[Profile, dict[str, Any]]:
         server_requests=tuple(full["serverRequests"]),
         server_notifications=tuple(full["serverNotifications"]),
         client_notifications=tuple(full["clientNotifications"]),
+        params={n: _fields(full_schema, stable_schema, k) for n, k in PARAM_FILES.items()},
     )
     return made, compile_shapes(full_schema)
+
+
+def _fields(full: dict[str, Any], stable: dict[str, Any], key: str) -> dict[str, list[str]]:
+    """The fields of the params type ``key``: required, stable (in the schema without
+    ``--experimental``) and experimental (only in the one with it)."""
+    everything = set(full.get(key, {}).get("properties", {}))
+    listed = set(stable.get(key, {}).get("properties", {}))
+    return {
+        "required": sorted(full.get(key, {}).get("required", [])),
+        "stable": sorted(listed),
+        "experimental": sorted(everything - listed),
+    }
 
 
 def render(profile: Profile) -> str:

@@ -4,8 +4,10 @@ The real command writes the whole protocol as JSON Schema. Clients read parts of
 learn what a runtime supports: the official Python SDK, facing an unversioned CLI,
 reads the `properties` of `v2/TurnStartParams.json`, `v2/ThreadResumeParams.json` and
 `v2/ThreadForkParams.json`. The fake writes a minimal bundle built here, at run time,
-from its own list of the params of the methods it serves (0.169.0's field names;
-types are loose). Fields marked experimental appear only with `--experimental`.
+from the protocol profile of the release it emulates (protocols/<version>.json: each
+params type's required, stable and experimental fields, generated from that release's
+own schema); types are loose, by field name. Experimental fields appear only with
+`--experimental`.
 """
 
 from __future__ import annotations
@@ -91,146 +93,16 @@ _TYPES: dict[str, dict[str, Any]] = {
     },
 }
 
-_THREAD_SETTINGS = (
-    "approvalPolicy",
-    "approvalsReviewer",
-    "baseInstructions",
-    "config",
-    "cwd",
-    "developerInstructions",
-    "model",
-    "modelProvider",
-    "sandbox",
-    "serviceTier",
-)
 
-# File → (required fields, stable fields, experimental fields).
-_PARAMS: dict[str, tuple[tuple[str, ...], tuple[str, ...], tuple[str, ...]]] = {
-    "v1/InitializeParams": (("clientInfo",), ("capabilities", "clientInfo"), ()),
-    "v2/ThreadStartParams": (
-        (),
-        (
-            *_THREAD_SETTINGS,
-            "ephemeral",
-            "personality",
-            "serviceName",
-            "sessionStartSource",
-            "threadSource",
-        ),
-        (
-            "allowProviderModelFallback",
-            "daybreakEnabled",
-            "dynamicTools",
-            "environments",
-            "experimentalRawEvents",
-            "historyMode",
-            "mockExperimentalField",
-            "multiAgentMode",
-            "permissions",
-            "projectId",
-            "runtimeWorkspaceRoots",
-            "selectedCapabilityRoots",
-        ),
-    ),
-    "v2/ThreadResumeParams": (
-        ("threadId",),
-        (*_THREAD_SETTINGS, "excludeTurns", "personality", "threadId"),
-        ("history", "initialTurnsPage", "path", "permissions", "runtimeWorkspaceRoots"),
-    ),
-    "v2/ThreadForkParams": (
-        ("threadId",),
-        (*_THREAD_SETTINGS, "ephemeral", "excludeTurns", "lastTurnId", "threadId", "threadSource"),
-        (
-            "attachToSource",
-            "beforeTurnId",
-            "deferGoalContinuation",
-            "experimentalDisablePredictionMcp",
-            "experimentalPredictionMode",
-            "path",
-            "permissions",
-            "runtimeWorkspaceRoots",
-        ),
-    ),
-    "v2/ThreadReadParams": (("threadId",), ("includeTurns", "threadId"), ()),
-    "v2/ThreadListParams": (
-        (),
-        (
-            "archived",
-            "currentAccountOnly",
-            "cursor",
-            "cwd",
-            "excludedThreadIds",
-            "limit",
-            "modelProviders",
-            "originators",
-            "searchTerm",
-            "sectionId",
-            "sortDirection",
-            "sortKey",
-            "sourceKinds",
-            "useStateDbOnly",
-        ),
-        (
-            "ancestorThreadId",
-            "attachedToThreadId",
-            "includeAttachedThreads",
-            "parentThreadId",
-            "projectId",
-        ),
-    ),
-    "v2/ThreadArchiveParams": (("threadId",), ("threadId",), ()),
-    "v2/ThreadUnarchiveParams": (("threadId",), ("threadId",), ()),
-    "v2/ThreadSetNameParams": (("name", "threadId"), ("name", "threadId"), ()),
-    "v2/TurnStartParams": (
-        ("input", "threadId"),
-        (
-            "approvalPolicy",
-            "approvalsReviewer",
-            "clientUserMessageId",
-            "cwd",
-            "disabledPluginIds",
-            "effort",
-            "input",
-            "model",
-            "outputSchema",
-            "parentTurnId",
-            "personality",
-            "rootTurnId",
-            "sandboxPolicy",
-            "serviceTier",
-            "serviceTierForTurn",
-            "summary",
-            "threadId",
-            "toolOutput",
-            "turnTrigger",
-        ),
-        (
-            "additionalContext",
-            "collaborationMode",
-            "cyberAccessProgram",
-            "environments",
-            "multiAgentMode",
-            "permissions",
-            "responsesapiClientMetadata",
-            "responsesapiClientMetadataPatch",
-            "runtimeWorkspaceRoots",
-        ),
-    ),
-    "v2/TurnSteerParams": (
-        ("expectedTurnId", "input", "threadId"),
-        ("clientUserMessageId", "expectedTurnId", "input", "threadId"),
-        ("additionalContext", "responsesapiClientMetadata", "responsesapiClientMetadataPatch"),
-    ),
-    "v2/TurnInterruptParams": (("threadId", "turnId"), ("threadId", "turnId"), ()),
-    "v2/ModelListParams": ((), ("cursor", "includeHidden", "limit", "modelProvider"), ()),
-}
+def schema_bundle(*, experimental: bool, version: str) -> dict[str, dict[str, Any]]:
+    """Relative file path → JSON Schema document, for the release ``version``."""
+    from fakes.app_server import protocol
 
-
-def schema_bundle(*, experimental: bool) -> dict[str, dict[str, Any]]:
-    """Relative file path → JSON Schema document."""
     bundle = {}
-    for name, (required, stable, extra) in _PARAMS.items():
-        fields = sorted({*stable, *(extra if experimental else ())})
+    for name, fields_of in protocol.profile(version).params.items():
+        required = fields_of["required"]
+        extra = fields_of["experimental"] if experimental else []
+        fields = sorted({*fields_of["stable"], *extra})
         document: dict[str, Any] = {
             "$schema": _DRAFT,
             "properties": {field: _TYPES.get(field, _ANY) for field in fields},
@@ -243,10 +115,11 @@ def schema_bundle(*, experimental: bool) -> dict[str, dict[str, Any]]:
     return bundle
 
 
-def write_schema(out: str | Path, *, experimental: bool) -> None:
-    """Write the bundle under `out` (created if need be), like the real command."""
+def write_schema(out: str | Path, *, experimental: bool, version: str) -> None:
+    """Write the bundle of ``version`` under `out` (created if need be), like the real
+    command."""
     root = Path(out)
-    for relative, document in schema_bundle(experimental=experimental).items():
+    for relative, document in schema_bundle(experimental=experimental, version=version).items():
         path = root / relative
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(json.dumps(document, indent=2, sort_keys=True) + "\n", encoding="utf-8")

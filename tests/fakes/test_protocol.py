@@ -7,10 +7,17 @@ a profile no longer says what that release says (run
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
 
-from bridge import codex_window
+from bridge import codex_schema, codex_window
 from fakes.app_server import protocol
+
+FAKE_CODEX = str(Path(sys.executable).with_name("fake-codex"))
 
 
 @pytest.mark.quick
@@ -46,3 +53,36 @@ def test_the_fake_can_emulate_every_release_of_the_support_window() -> None:
     profile; the fake's default is the window's pin."""
     assert set(codex_window.TESTED) <= set(protocol.versions())
     assert protocol.DEFAULT_VERSION == codex_window.PIN
+
+
+def test_the_fakes_json_schema_has_the_params_fields_of_the_release_it_emulates(
+    codex_bin: str, tmp_path: Path
+) -> None:
+    """`fake-codex app-server generate-json-schema` (which clients such as the official
+    SDK read to learn what a runtime takes) writes, for the release it emulates, the
+    fields that release's own command writes, with and without `--experimental`."""
+    version = subprocess.run(
+        [codex_bin, "--version"], capture_output=True, text=True, check=True, timeout=60
+    ).stdout.split()[-1]
+    for flags in ([], ["--experimental"]):
+        real, fake = tmp_path / f"real{len(flags)}", tmp_path / f"fake{len(flags)}"
+        codex_schema.generate(codex_bin, real, experimental=bool(flags))
+        subprocess.run(
+            [
+                FAKE_CODEX,
+                "app-server",
+                "--codex-version",
+                version,
+                "generate-json-schema",
+                *flags,
+                "--out",
+                str(fake),
+            ],
+            check=True,
+            timeout=60,
+        )
+        definitions = codex_schema.read_bundle(real)
+        for name, key in protocol.PARAM_FILES.items():
+            written = json.loads((fake / f"{name}.json").read_text(encoding="utf-8"))
+            assert set(written["properties"]) == set(definitions[key]["properties"]), name
+            assert written.get("required", []) == sorted(definitions[key].get("required", []))
