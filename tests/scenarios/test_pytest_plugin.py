@@ -505,8 +505,10 @@ def pytest_runtest_call(item):
         else:
             held = False
             fcntl.flock(other, fcntl.LOCK_UN)
-    serial = "serial" in item.name
-    assert held == serial, f"{item.name}: the serial lock is {'held' if held else 'free'}"
+    # A serial scenario holds the lock while it runs. (A parallel one may find it held
+    # or free: a serial one on another worker may hold it meanwhile.)
+    if "serial" in item.name:
+        assert held, f"{item.name}: the serial lock is free"
     return (yield)
 """
 
@@ -517,7 +519,7 @@ def test_serial_scenarios_hold_one_lock_whatever_spreads_them(
 ) -> None:
     """`parallel: false` scenarios never run at once, even where xdist's groups do not hold
     (plain `-n`; `--dist loadgroup` on pytest 9.2): each runs holding a lock the run's
-    workers share, and a `parallel: true` one does not take it."""
+    workers share (a `parallel: true` one beside them runs too)."""
     pytester.makeconftest(SERIAL_CONFTEST)
     for name, parallel in [("serial-1", "false"), ("serial-2", "false"), ("free", "true")]:
         scenario = GOOD_SCENARIO.replace("health-is-ok", name)
