@@ -232,10 +232,17 @@ class Resources:
         # Processes that should be gone are waited on through their pidfds (an event);
         # descriptor and zombie counts have none, so what remains is polled.
         await exited(self.processes() - baseline.processes, timeout)
-        await eventually(
-            lambda: self.snapshot().comparable() == baseline.comparable(), timeout, raises=False
-        )
-        current = self.snapshot()
+        # The snapshot that matched is the one judged: a fresh one taken after it could
+        # catch a descriptor the process holds for an instant (its orphan reaper reads
+        # /proc/PID/stat files once a second), which is no leak.
+        seen: list[Snapshot] = []
+
+        def matches() -> bool:
+            seen[:] = [self.snapshot()]
+            return seen[0].comparable() == baseline.comparable()
+
+        await eventually(matches, timeout, raises=False)
+        current = seen[0] if seen else self.snapshot()
         assert current.processes == baseline.processes, (
             f"processes left: {sorted(current.processes - baseline.processes)}, "
             f"gone: {sorted(baseline.processes - current.processes)}"
