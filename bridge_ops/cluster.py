@@ -191,7 +191,7 @@ class Cluster:
         self.log_options: list[str] = []
 
     async def _spawn(self, name: str, argv: Sequence[str], env: dict[str, str]) -> Member:
-        with descendants.spawning() as own:
+        with descendants.children.spawning() as own:
             process = await asyncio.create_subprocess_exec(
                 *argv,
                 env=env,
@@ -458,7 +458,7 @@ class Cluster:
                     if not self.stopping:
                         self.failed = f"{member.name} exited"
                         await self.stop(self.failed)
-                descendants.released(member.process.pid)
+                descendants.children.released(member.process.pid)
 
     def reset(self) -> None:
         """Forget the members of a failed start, and choose new ports."""

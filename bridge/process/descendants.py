@@ -11,13 +11,11 @@ nothing new (a process forking while the bridge kills stays a step behind).
 Processes are signalled through pidfds, after checking that the pid still names the
 process that was found (same start time), so a recycled pid is never hit.
 
-``rest-bridge serve`` also makes the bridge a *child subreaper* (that policy of the
-whole process is :mod:`bridge.runtime`'s): an orphaned descendant is re-parented to the
-bridge rather than to init, and the bridge reaps what it adopted (:func:`reap_orphans`).
-It reaps only zombies that are not its own children in the usual sense (those it spawned
-itself, which asyncio waits for by pid: they are registered through :func:`spawning`),
-so no exit status is ever taken from under asyncio's child watcher. An embedding host
-keeps the mark-based kill but not the subreaper.
+The process layer spawns its own children (which asyncio waits for by pid) through
+:data:`children`, which remembers them so that a sweep spares them. ``rest-bridge serve``
+also makes the bridge a child subreaper and puts its reaper of the orphans it adopts in
+that hook's place (both are the whole process's policy, :mod:`bridge.runtime`'s); an
+embedding host keeps the mark-based kill but not the subreaper.
 
 Elsewhere than Linux (no ``/proc``, pidfds or subreapers) this module does nothing.
 """
@@ -64,7 +62,7 @@ class Stat:
 Selector = Callable[[Mapping[int, Stat]], set[int]]
 
 
-def _stat(pid: int) -> Stat | None:
+def read_stat(pid: int) -> Stat | None:
     """A process's parent, whether it is alive (not a zombie) and its start time; None
     if the pid is gone, or hidden from this process (``/proc`` mounted ``hidepid``).
 
@@ -78,12 +76,12 @@ def _stat(pid: int) -> Stat | None:
         return None
 
 
-def _table() -> dict[int, Stat]:
+def read_table() -> dict[int, Stat]:
     # psutil.Process objects made afresh, not process_iter's cache: a cached object
     # keeps the start time of a pid the system has since given to another process.
     table: dict[int, Stat] = {}
     for pid in psutil.pids():
-        stat = _stat(pid)
+        stat = read_stat(pid)
         if stat is not None:
             table[pid] = stat
     return table
@@ -120,13 +118,13 @@ def _kill(pid: int, start: float) -> int | None:
         return None
     except OSError:
         # No descriptor to spare: check and signal by pid (a far narrower window).
-        stat = _stat(pid)
+        stat = read_stat(pid)
         if stat is not None and stat.start == start and stat.alive:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
         return None
     try:
-        stat = _stat(pid)
+        stat = read_stat(pid)
         if stat is None or stat.start != start:
             os.close(fd)
             return None
@@ -140,108 +138,51 @@ def _kill(pid: int, start: float) -> int | None:
     return fd
 
 
-# -- the bridge's own children, and the orphans it adopted ---------------------------------
+# -- the bridge's own children ----------------------------------------------------------------
 
 
-class _Registry:
-    def __init__(self) -> None:
-        self.subreaper = False
-        #: Children this process spawned itself: asyncio waits for them by pid.
+class OwnChildren:
+    """The children this process spawns itself: asyncio waits for them by pid.
+
+    A spawn runs inside :meth:`spawning`; once the child has been waited for,
+    :meth:`released`. This class only remembers them (a lineage's sweep spares them);
+    a child subreaper puts a subclass in its place that also reaps the orphans it
+    adopts (:class:`bridge.runtime.OrphanReaper`).
+    """
+
+    def __init__(self, own: dict[int, float] | None = None) -> None:
         #: By pid, with its start time: a pid the system gives again later (one left here
         #: by mistake, or reused while the entry lives) is then never taken for ours.
-        self.own: dict[int, float] = {}
-        #: Spawns under way, whose pid is not known yet: no reaping meanwhile.
-        self.spawning = 0
-        self.deferred = False
-        #: The last reaping failed (and said so).
-        self.failing = False
+        self.own: dict[int, float] = {} if own is None else own
+
+    @contextlib.contextmanager
+    def spawning(self) -> Iterator[Callable[[int], None]]:
+        """Around a spawn of this process's own child: hands out ``register(pid)``."""
+        yield self.register
 
     def register(self, pid: int) -> None:
         try:
-            stat = _stat(pid)
+            stat = read_stat(pid)
         except OSError:
             stat = None
         self.own[pid] = stat.start if stat is not None else -1
+
+    def released(self, pid: int | None) -> None:
+        """``pid``, a child registered by :meth:`spawning`, has been waited for."""
+        self.own.pop(pid or -1, None)
 
     def is_own(self, pid: int, stat: Stat) -> bool:
         start = self.own.get(pid)
         return start is not None and start in (stat.start, -1)
 
-
-_registry = _Registry()
-
-
-@contextlib.contextmanager
-def spawning() -> Iterator[Callable[[int], None]]:
-    """Around a spawn of this process's own child: hands out ``register(pid)``.
-
-    Until the spawn is over, no orphan is reaped, since a new child that died at once
-    could not yet be told apart from one; call :func:`released` once the child has
-    been waited for.
-    """
-    _registry.spawning += 1
-    try:
-        yield _registry.register
-    finally:
-        _registry.spawning -= 1
-        if _registry.spawning == 0 and _registry.deferred:
-            _registry.deferred = False
-            reap_orphans()
-
-
-def adopt_orphans() -> None:
-    """This process has become a child subreaper (:func:`bridge.runtime.become_subreaper`):
-    from now on it reaps the orphans it adopts."""
-    _registry.subreaper = True
-
-
-def released(pid: int | None) -> None:
-    """``pid``, a child registered by :func:`spawning`, has been waited for."""
-    _registry.own.pop(pid or -1, None)
-
-
-def reap_orphans() -> None:
-    """Reap the adopted orphans that have exited (only as a subreaper)."""
-    if not _registry.subreaper:
-        return
-    if _registry.spawning:
-        _registry.deferred = True
-        return
-    me = os.getpid()
-    try:
-        for pid, stat in _table().items():
-            if stat.ppid == me and not stat.alive and not _registry.is_own(pid, stat):
-                with contextlib.suppress(ChildProcessError):
-                    os.waitpid(pid, os.WNOHANG)
-    except OSError as exc:
-        # Out of descriptors, most likely: said once, tried again at the next occasion.
-        if not _registry.failing:
-            log.warning("could not reap orphaned processes: %s", exc.strerror or exc)
-        _registry.failing = True
-    else:
-        _registry.failing = False
-
-
-def _wait_then_reap(fds: list[int]) -> None:
-    """Close the pidfds once their processes have exited, then reap what was adopted."""
-    if not fds:
-        return
-    if not _registry.subreaper:
+    def killed(self, fds: list[int]) -> None:
+        """Processes were SIGKILLed; ``fds`` are their pidfds, this method's to close."""
         for fd in fds:
             os.close(fd)
-        return
-    loop = asyncio.get_running_loop()
-    waiting = set(fds)
 
-    def exited(fd: int) -> None:
-        loop.remove_reader(fd)
-        os.close(fd)
-        waiting.discard(fd)
-        if not waiting:
-            reap_orphans()
 
-    for fd in fds:
-        loop.add_reader(fd, exited, fd)
+#: This process's own children (a child subreaper replaces it with its reaper).
+children = OwnChildren()
 
 
 def kill_rounds(
@@ -255,7 +196,7 @@ def kill_rounds(
     time), the pidfds to wait on to ``fds``: they stand when reading the table fails
     (OSError, no descriptor left, say)."""
     for _ in range(_MAX_ROUNDS):
-        table = _table()
+        table = read_table()
         found = {(pid, table[pid].start) for pid in select(table)} - killed
         if not found:
             return True
@@ -290,7 +231,7 @@ class Lineage:
         self.pid = pid
         if LINUX:
             with contextlib.suppress(OSError):
-                stat = _stat(pid)
+                stat = read_stat(pid)
                 self._start = stat.start if stat is not None else 0.0
 
     def remember_tree(self) -> None:
@@ -302,7 +243,7 @@ class Lineage:
         if not LINUX or self.pid is None:
             return
         try:
-            table = _table()
+            table = read_table()
         except OSError:
             return
         mine = table.get(self.pid)
@@ -319,7 +260,7 @@ class Lineage:
         app-server's exit) can be in no entry it reads. Later sweeps, at
         :data:`_SWEEP_AGAIN` seconds, find it: it still carries the mark.
         """
-        released(self.pid)
+        children.released(self.pid)
         if LINUX:
             self._attempt(_RETRIES)
             with contextlib.suppress(RuntimeError):  # no running loop: nothing to schedule
@@ -349,13 +290,13 @@ class Lineage:
                 self.pid,
                 killed,
             )
-        _wait_then_reap(fds)
+        children.killed(fds)
 
     def _targets(self, table: Mapping[int, Stat]) -> set[int]:
         me = os.getpid()
         roots: set[int] = set()
         for pid, stat in table.items():
-            if pid == me or _registry.is_own(pid, stat) or not stat.alive:
+            if pid == me or children.is_own(pid, stat) or not stat.alive:
                 continue
             if stat.start < self._start:
                 continue
@@ -363,7 +304,7 @@ class Lineage:
                 roots.add(pid)
         found = roots | descendants_of(table, roots)
         found.discard(me)
-        return {pid for pid in found if not _registry.is_own(pid, table[pid])}
+        return {pid for pid in found if not children.is_own(pid, table[pid])}
 
     def _sweep(self) -> tuple[int, list[int]]:
         killed: set[tuple[int, float]] = set()

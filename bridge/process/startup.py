@@ -169,7 +169,7 @@ async def probe_app_server(argv: list[str]) -> tuple[str | None, str | None, str
     """Run ``<server> --version`` without blocking the loop: (version, error, kind), where
     kind is ``codex``, ``fake-codex`` or None (``codex_window.version_kind``)."""
     try:
-        with descendants.spawning() as own:
+        with descendants.children.spawning() as own:
             proc = await asyncio.create_subprocess_exec(
                 *argv,
                 env={**credentials.child_environment(), codex_window.IDENTIFY_VARIABLE: "1"},
@@ -191,7 +191,7 @@ async def probe_app_server(argv: list[str]) -> tuple[str | None, str | None, str
         return None, "the app-server did not report its version in time", None
     finally:
         if proc.returncode is not None:
-            descendants.released(proc.pid)
+            descendants.children.released(proc.pid)
     text = out.decode("utf-8", "replace").strip()
     if proc.returncode != 0 or not text:
         return None, f"`--version` exited with code {proc.returncode}", None

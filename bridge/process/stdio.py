@@ -89,7 +89,7 @@ class StdioChannel(ChannelState, asyncio.SubprocessProtocol):
         Raises ``OSError`` when it cannot be started (``ValueError`` for an unusable
         environment or argument).
         """
-        with descendants.spawning() as own:
+        with descendants.children.spawning() as own:
             transport, _ = await self._loop.subprocess_exec(
                 lambda: self,
                 *command,

@@ -1,0 +1,107 @@
+"""`rest-bridge serve`'s reaper of adopted orphans (bridge.runtime.OrphanReaper), in a
+process of its own made a child subreaper: it reaps an orphan that came to it, leaves
+the exit status of a child the process spawned itself to whoever waits for it, and opens
+the ``/proc`` entries of its own children only, not of every process on the machine.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from typing import Any
+
+import pytest
+
+pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="Linux only")
+
+#: Prints, as JSON, what one reaping did (and, apart, what the two child listings say).
+SCRIPT = r"""
+import json, os, re, select, sys
+from bridge import runtime
+from bridge.process import descendants
+
+assert runtime.become_subreaper()
+
+def exited(pid):
+    fd = os.pidfd_open(pid)
+    select.select([fd], [], [])
+    os.close(fd)
+
+# A child of its own, registered as the process layer registers its spawns: it exits.
+with descendants.children.spawning() as register:
+    own = os.fork()
+    if own == 0:
+        os._exit(7)
+    register(own)
+# An orphan: a child forks a grandchild and exits; the grandchild comes to this process.
+report_r, report_w = os.pipe()
+hold_r, hold_w = os.pipe()
+middle = os.fork()
+if middle == 0:
+    os.close(hold_w)
+    if os.fork() == 0:
+        os.write(report_w, str(os.getpid()).encode())
+        os.read(hold_r, 1)
+        os._exit(0)
+    os._exit(0)
+orphan = int(os.read(report_r, 32))
+os.waitpid(middle, 0)
+adopted = descendants.read_stat(orphan).ppid == os.getpid()
+os.close(hold_w)
+exited(orphan)
+exited(own)
+listings = sorted(runtime.own_children()), sorted(runtime.children_in_table())
+
+opened = []
+recording = True
+def audit(event, args):
+    if recording and event == "open" and isinstance(args[0], str):
+        opened.append(args[0])
+sys.addaudithook(audit)
+runtime.reap_orphans()
+recording = False
+
+try:
+    os.waitpid(orphan, os.WNOHANG)
+    orphan_reaped = False
+except ChildProcessError:
+    orphan_reaped = True
+_, status = os.waitpid(own, 0)
+entries = sorted({int(m.group(1)) for m in map(re.compile(r"/proc/(\d+)/").match, opened) if m})
+print(json.dumps({
+    "adopted": adopted, "orphan": orphan, "own": own, "orphanReaped": orphan_reaped,
+    "ownExitCode": os.waitstatus_to_exitcode(status), "procEntries": entries,
+    "ownChildren": listings[0], "childrenInTable": listings[1],
+}))
+"""
+
+
+@pytest.fixture(scope="module")
+def reaping() -> dict[str, Any]:
+    done = subprocess.run(
+        [sys.executable, "-c", SCRIPT], capture_output=True, text=True, timeout=60, check=False
+    )
+    assert done.returncode == 0, done.stderr
+    result: dict[str, Any] = json.loads(done.stdout)
+    return result
+
+
+def test_the_reaper_takes_the_exit_of_an_orphan_not_of_its_own_child(reaping):
+    assert reaping["adopted"], "the orphan did not come to the subreaper"
+    assert reaping["orphanReaped"], "the adopted orphan was left a zombie"
+    assert reaping["ownExitCode"] == 7, "the exit status of a registered child was taken"
+
+
+def test_the_reaper_reads_the_entries_of_its_own_children_only(reaping):
+    """Not the stat of every process on the machine at each reaping: its children's."""
+    children = {reaping["orphan"], reaping["own"]}
+    assert set(reaping["procEntries"]) <= children, reaping["procEntries"]
+
+
+def test_the_childrens_listing_and_the_tables_agree(reaping):
+    """The kernel's list of each thread's children, and the fallback for a kernel that
+    has none (the whole process table): the same children, zombies included."""
+    expected = sorted([reaping["orphan"], reaping["own"]])
+    assert reaping["ownChildren"] == expected
+    assert reaping["childrenInTable"] == expected
