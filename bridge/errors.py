@@ -153,11 +153,7 @@ ERROR_KINDS: tuple[ErrorKind, ...] = (
     ErrorKind(409, "request_already_answered", "request already answered"),
     ErrorKind(413, "payload_too_large", "Body over MAX_BODY_BYTES", for_http_exception=True),
     ErrorKind(414, "uri_too_long", "Request line too long", closes_connection=True),
-    ErrorKind(
-        415,
-        "unsupported_media_type",
-        "A `Content-Encoding` the bridge does not decode",
-    ),
+    ErrorKind(415, "unsupported_media_type", "A `Content-Encoding` the bridge does not decode"),
     ErrorKind(
         417,
         "expectation_failed",
@@ -179,27 +175,14 @@ ERROR_KINDS: tuple[ErrorKind, ...] = (
         for_http_exception=True,
     ),
     ErrorKind(
-        431,
-        "headers_too_large",
-        "Request head over MAX_HEADER_BYTES",
-        closes_connection=True,
+        431, "headers_too_large", "Request head over MAX_HEADER_BYTES", closes_connection=True
     ),
-    ErrorKind(
-        500,
-        "internal_error",
-        "Internal error",
-        message="The bridge hit an internal error.",
-    ),
+    ErrorKind(500, "internal_error", "Internal error", message="The bridge hit an internal error."),
     ErrorKind(502, "app_server_error", "The app-server answered with a JSON-RPC error"),
     ErrorKind(502, "app_server_exited", "it exited"),
     ErrorKind(502, "app_server_spawn_failed", "it could not be started"),
     ErrorKind(502, "protocol_error", "it wrote something that is not JSON-RPC"),
-    ErrorKind(
-        503,
-        "app_server_overloaded",
-        "The app-server is overloaded",
-        retry_after=True,
-    ),
+    ErrorKind(503, "app_server_overloaded", "The app-server is overloaded", retry_after=True),
     ErrorKind(
         503,
         "replica_unavailable",
@@ -214,10 +197,7 @@ ERROR_KINDS: tuple[ErrorKind, ...] = (
     ),
     ErrorKind(411, "length_required", "A request body without a length", front_only=True),
     ErrorKind(
-        501,
-        "not_implemented",
-        "A `Transfer-Encoding` other than `chunked`",
-        front_only=True,
+        501, "not_implemented", "A `Transfer-Encoding` other than `chunked`", front_only=True
     ),
     ErrorKind(
         505, "http_version_not_supported", "An HTTP version but 1.0 and 1.1", front_only=True

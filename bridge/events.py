@@ -293,12 +293,9 @@ class EventLog:
             out.extend(events[start : start + wanted])
         return out
 
-    def has_after(self, after: int) -> bool:
-        return after + 1 < self._next_seq
-
     async def wait(self, after: int, timeout: float) -> None:
         """Return when an event with ``seq > after`` exists, the log closes, or on timeout."""
-        if self.has_after(after) or self._closed or timeout <= 0:
+        if after + 1 < self._next_seq or self._closed or timeout <= 0:
             return
         if self._changed is None:
             self._changed = asyncio.get_running_loop().create_future()

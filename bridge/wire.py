@@ -1,18 +1,11 @@
 """JSON in and out of the bridge: orjson, and the standard library where orjson falls short.
 
-Two gaps of orjson's are closed here, so that numbers and depth pass through unchanged:
-
-- **Integers beyond 64 bits.** orjson reads them as floats (precision lost) and refuses
-  to write them. :func:`loads` reads a text that holds a long run of digits with the
-  standard library, which keeps every integer exact; :func:`dumps` writes such values
-  with the standard library too.
-- **Depth.** orjson refuses to write values nested deeper than 254 levels but reads up
-  to 1024, so an app-server message could be read and then not written back. Such
-  values go through the standard library, with the interpreter's recursion limit raised
-  for the call so that anything orjson could read can be written.
-
-Numbers JSON cannot carry (``NaN``, ``Infinity``, ``1e400``, which overflows a double)
-are refused on the way in: orjson reads every text first, on both paths.
+orjson reads integers beyond 64 bits as floats and refuses to write them, and writes no
+value nested deeper than 254 levels though it reads up to 1024. So :func:`loads` reads a
+text that holds a long run of digits with the standard library (every integer exact),
+and :func:`dumps` writes what orjson refuses with it, the recursion limit raised for the
+call: numbers and depth pass through unchanged. Numbers JSON cannot carry (``NaN``,
+``Infinity``, ``1e400``) are refused on the way in: orjson reads every text first.
 """
 
 from __future__ import annotations
@@ -55,11 +48,8 @@ def dumps_line(value: Any) -> bytes:
 
 
 def loads(data: bytes) -> Any:
-    """Parse one JSON text; integers of any size stay exact.
-
-    Raises :class:`JSONDecodeError` (a ``ValueError``) for anything that is not JSON,
-    including numbers that overflow a double.
-    """
+    """Parse one JSON text; integers of any size stay exact. Raises
+    :class:`JSONDecodeError` (a ``ValueError``) for anything that is not JSON."""
     if _LONG_DIGITS.search(data) is None:
         return orjson.loads(data)
     # Checked by orjson first: it refuses what JSON refuses, and knows the depth limit.

@@ -20,7 +20,7 @@ from typing import Any
 
 import orjson
 
-from bridge.process.startup import probe_version
+from bridge.process.startup import probe_app_server
 from fakes.app_server.wire import SEEDED_EPOCH_MS
 from scenarios.cassette import yaml_text
 from scenarios.format import LoadedScenario, ScenarioError, load_scenario, parse_scenario_text
@@ -620,7 +620,7 @@ async def record_scenario(
             f"cannot record {loaded.source}: {NO_CODEX}. In a checkout of codex-rest-bridge "
             "`make codex` installs the pinned one; elsewhere `npm install -g @openai/codex`."
         )
-    codex_version, _ = await probe_version([found, "--version"])  # the bridge's way
+    codex_version, _, _ = await probe_app_server([found, "--version"])  # the bridge's way
     workspace = Path(tempfile.mkdtemp(prefix="scenario-record-", dir=tmp_root))
     wire, home, runs = workspace / "wire", workspace / "home", workspace / "runs"
     for directory in (wire, home, runs):

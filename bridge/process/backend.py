@@ -273,7 +273,6 @@ class ProcessBackend(Backend):
         return self.late_replies_ended + sum(p.late_replies for p in self._processes)
 
     def held(self) -> int:
-        """Sessions, sessionless calls and text turns held now (a drain waits for 0)."""
         return len(self._sessions) + self._reserved + self._stopping + self._turns_active
 
     def check_drained(self) -> None:

@@ -1,14 +1,11 @@
 """What carries JSON-RPC messages to and from an app-server: a channel.
 
-A channel moves whole messages (frames) and knows nothing of JSON-RPC: a
-:class:`~bridge.process.peer.JsonRpcPeer` speaks over it. Two channels exist: a child
-process's stdio, one message per line (:mod:`bridge.process.stdio`), and a WebSocket
-connection to a shared app-server, one message per text frame
-(:mod:`bridge.process.websocket`).
-
-The channel pushes what it reads to its :class:`Receiver` as it arrives, a batch of
-frames at a time, with no task or await per frame; it never buffers more of a frame than
-the size it was given.
+A channel moves whole messages (frames) and knows nothing of JSON-RPC: a child process's
+stdio, one message per line (:mod:`bridge.process.stdio`), or a WebSocket connection to a
+shared app-server, one per text frame (:mod:`bridge.process.websocket`). It pushes what it
+reads to its :class:`Receiver` (a :class:`~bridge.process.peer.JsonRpcPeer`) as it
+arrives, a batch of frames at a time, with no task or await per frame, and never buffers
+more of a frame than the size it was given.
 """
 
 from __future__ import annotations
@@ -63,16 +60,15 @@ class ExitInfo:
 
 
 class Receiver(Protocol):
-    """What a channel delivers to (a :class:`~bridge.process.peer.JsonRpcPeer`)."""
+    """What a channel delivers to."""
 
     #: When the frames being delivered were read (``time.time()``); the channel sets it
     #: as it reads (once per read, not per frame).
     received_at: float
 
     def frames_received(self, frames: list[bytes]) -> int:
-        """Whole messages, in order; returns how many were taken. The channel keeps
-        those not taken (and what follows) and stops reading until
-        :meth:`Channel.resume_reading`."""
+        """Whole messages, in order; returns how many were taken. The channel holds the
+        rest and stops reading until :meth:`Channel.resume_reading`."""
 
     def channel_broken(self, reason: str) -> None:
         """The stream can no longer be read as messages (a frame over the size limit,

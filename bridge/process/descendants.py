@@ -185,11 +185,7 @@ class OwnChildren:
 children = OwnChildren()
 
 
-def kill_rounds(
-    select: Selector,
-    killed: set[tuple[int, float]],
-    fds: list[int],
-) -> bool:
+def kill_rounds(select: Selector, killed: set[tuple[int, float]], fds: list[int]) -> bool:
     """SIGKILL every process ``select`` picks from the process table, and search again
     until a search finds nothing new (one may fork meanwhile); False if it still finds
     some after :data:`_MAX_ROUNDS`. What was killed goes to ``killed`` (pid, start

@@ -1,12 +1,10 @@
-"""JSON-RPC with an app-server over a channel: the wire of PROTOCOL.md.
+"""JSON-RPC with an app-server over a channel: one JSON object per message, no ``"jsonrpc"``.
 
-One JSON object per message, no ``"jsonrpc"`` field. The peer numbers its calls,
-keeps their futures and deadlines, dispatches what the app-server sends (responses,
-notifications, server requests), writes replies, holds the app-server's output back
-while its owner's flow gate says so, and stops the channel when the app-server breaks
-the protocol (a message that is not JSON-RPC, or longer than MAX_LINE_BYTES). How
-messages travel (a child's stdio, a WebSocket) is the
-:class:`~bridge.process.channel.Channel`'s; the peer knows no process, socket, session
+The peer numbers its calls, keeps their futures and deadlines, dispatches what the
+app-server sends, holds its output back while its owner's flow gate says so, and stops
+the channel when the app-server breaks the protocol (a message that is not JSON-RPC, or
+longer than MAX_LINE_BYTES). How messages travel is the
+:class:`~bridge.process.channel.Channel`'s: the peer knows no process, socket, session
 or HTTP.
 
 A message with a ``method`` is a notification or a request from the server, never a
@@ -259,14 +257,10 @@ class JsonRpcPeer:
             # With calls in flight, others are likely to follow: one write for them all.
             self.channel.send(self._encode(message), bool(self._pending))
         except ChannelClosed:
-            raise ProcessGone(self._gone_info()) from None
+            info = dataclasses.replace(self.channel.end_info(), protocol_error=self._protocol_error)
+            raise ProcessGone(info) from None
         except ChannelFull:
             raise StdinFull("the app-server is not reading its input") from None
-
-    def _gone_info(self) -> ExitInfo:
-        if self._exit_info is not None:
-            return self._exit_info
-        return dataclasses.replace(self.channel.end_info(), protocol_error=self._protocol_error)
 
     # -- incoming (the channel's Receiver) ---------------------------------------
 
@@ -364,12 +358,8 @@ class JsonRpcPeer:
             )
         )
 
-    def channel_broken(self, reason: str) -> None:
-        self.break_protocol(reason)
-
     def channel_ended(self, info: ExitInfo) -> None:
-        """The conversation is over: fail what waits, tell the owners, and let go of
-        them, so that nothing but plain references keeps them."""
+        """The conversation is over: fail what waits, tell the owners, and let go of them."""
         if self._exit_info is not None:
             return
         if self._protocol_error is not None and info.protocol_error is None:
@@ -408,6 +398,9 @@ class JsonRpcPeer:
         if self._protocol_error is None:
             self._protocol_error = reason
             self.channel.abort(reason)
+
+    #: What the channel calls when it can no longer read messages.
+    channel_broken = break_protocol
 
     async def shutdown(self, grace: float) -> ExitInfo:
         """End the conversation within ``grace`` seconds (plus what the kernel takes):

@@ -1,16 +1,10 @@
 """Shared mode: one app-server for every session, each session a connection to it.
 
 ``codex app-server --listen unix://PATH`` (or ``ws://IP:PORT``) serves many clients from
-one process: each connection speaks WebSocket, one JSON-RPC message per text frame, and
-does its own ``initialize``. Here:
-
-:class:`ConnectShared`, the backend's launcher in shared mode, makes each conversation a
-:class:`~bridge.process.peer.JsonRpcPeer` over a
-:class:`~bridge.process.websocket.WebSocketChannel`, filtered by a
-:class:`~bridge.process.tenancy.Tenant` (a session sees and touches its own threads
-only); its "exit" is the end of the connection. It starts and supervises the one process
-(on a unix socket in a private 0700 directory) and restarts it with a backoff when it
-dies; or, given a URL, only connects to an app-server that runs already.
+one process, each connection a WebSocket that does its own ``initialize``. Each
+conversation of :class:`ConnectShared` is a :class:`~bridge.process.peer.JsonRpcPeer` over
+a :class:`~bridge.process.websocket.WebSocketChannel`, filtered by a
+:class:`~bridge.process.tenancy.Tenant`; its "exit" is the end of the connection.
 """
 
 from __future__ import annotations
@@ -105,8 +99,9 @@ PROCESS_OPTIONS = {
 
 class ConnectShared:
     """The launcher of shared mode: every session, sessionless call and text turn is a
-    connection to one app-server, seeing its own threads only (tenancy.py). That
-    app-server is started, supervised and connected to here."""
+    connection to one app-server, seeing its own threads only (tenancy.py). It starts and
+    supervises that process (on a unix socket in a private 0700 directory), restarting it
+    with a backoff when it dies; or, given a URL, connects to one that runs already."""
 
     starting = "Opening a connection to the shared app-server"
 
@@ -242,7 +237,9 @@ class ConnectShared:
         return WebSocketChannel(
             ws,
             max_frame_bytes=self._max_line_bytes,
-            dropped=self.closed_by_server,
+            # A dropped connection may be the process's death: wait for it, so that a
+            # crash ends the session as a crash (WebSocketChannel.server_exited).
+            dropped=lambda: self._died(self.process),
             on_end=self._connections.discard,
         )
 
@@ -261,11 +258,6 @@ class ConnectShared:
             async with asyncio.timeout(_EXIT_TO_FINISH_SECONDS):
                 await process.wait()
         return True
-
-    async def closed_by_server(self) -> None:
-        """A connection the app-server dropped: wait a moment for the process's exit, so
-        that a crash ends the session as a crash (:meth:`WebSocketChannel.server_exited`)."""
-        await self._died(self.process)
 
     # -- the supervised process ------------------------------------------------
 
@@ -495,13 +487,11 @@ class ConnectShared:
 
     def _remove_socket(self) -> None:
         """What a dead app-server left: its socket (and codex's lock beside it)."""
-        for path in (self._socket, self._socket_target):
+        target = self._socket_target
+        for path in (self._socket, target, target and target + ".lock"):
             if path:
                 with contextlib.suppress(OSError):
                     os.unlink(path)
-        if self._socket_target:
-            with contextlib.suppress(OSError):
-                os.unlink(self._socket_target + ".lock")
         self._socket_target = None
 
     # -- state and shutdown ------------------------------------------------------

@@ -159,12 +159,6 @@ def version_command(command: Sequence[str]) -> list[str]:
     return [*argv, "--version"]
 
 
-async def probe_version(argv: list[str]) -> tuple[str | None, str | None]:
-    """Run ``<server> --version`` without blocking the loop: (version, error)."""
-    version, error, _ = await probe_app_server(argv)
-    return version, error
-
-
 async def probe_app_server(argv: list[str]) -> tuple[str | None, str | None, str | None]:
     """Run ``<server> --version`` without blocking the loop: (version, error, kind), where
     kind is ``codex``, ``fake-codex`` or None (``codex_window.version_kind``)."""
@@ -239,7 +233,8 @@ class VersionProbe:
                 self._version[0] is None and loop.time() - self._checked_at > _VERSION_RETRY_AFTER
             )
             if stale:
-                self._version = await probe_version(self._argv)
+                version, error, _ = await probe_app_server(self._argv)
+                self._version = version, error
                 self._checked_at = loop.time()
             assert self._version is not None
             return self._version

@@ -36,12 +36,9 @@ _ANSI = re.compile(r"\x1b\[[0-9;?]*[ -/]*[@-~]")
 
 
 class StdioChannel(ChannelState, asyncio.SubprocessProtocol):
-    """One app-server child process; messages are lines on its stdin and stdout. It is
-    also the process's protocol: the pipes' data and ends come to it as they happen.
-
-    With ``stdout_is_log`` (an app-server that speaks on a socket) stdout is kept with
-    stderr's tail, and only the process's end is reported (to ``on_end``, as to a
-    receiver's ``channel_ended``).
+    """One app-server child process, and its asyncio protocol; messages are lines on its
+    stdin and stdout. With ``stdout_is_log`` (an app-server that speaks on a socket)
+    stdout goes with stderr's tail, and only the process's end is reported (``on_end``).
     """
 
     newline_delimited = True
@@ -84,11 +81,8 @@ class StdioChannel(ChannelState, asyncio.SubprocessProtocol):
         env: Mapping[str, str] | None = None,
         cwd: str | None = None,
     ) -> None:
-        """Start ``command`` in its own process group with piped stdio.
-
-        Raises ``OSError`` when it cannot be started (``ValueError`` for an unusable
-        environment or argument).
-        """
+        """Start ``command`` in its own process group with piped stdio. Raises ``OSError``
+        (``ValueError`` for an unusable environment or argument)."""
         with descendants.children.spawning() as own:
             transport, _ = await self._loop.subprocess_exec(
                 lambda: self,
@@ -220,11 +214,8 @@ class StdioChannel(ChannelState, asyncio.SubprocessProtocol):
         self._pipe_gone("stdout")
 
     def _pipe_gone(self, name: str) -> None:
-        """The child closed one of its pipes: unless it is on its way out, it is broken.
-
-        Without its stdout nothing more can be answered, without its stdin nothing more
-        can be asked: such a child is as broken as one that writes garbage.
-        """
+        """The child closed its stdout (nothing more can be answered) or its stdin
+        (nothing more asked): unless it is on its way out, it is broken."""
         if not self._exited and not self._stopping:
             self._loop.call_later(_EOF_GRACE_SECONDS, self._check_alive_after, name)
 
@@ -338,10 +329,8 @@ class StdioChannel(ChannelState, asyncio.SubprocessProtocol):
         self._kill_group(signal.SIGKILL)
 
     async def close(self, grace: float) -> None:
-        """Stop the process: close stdin, then SIGTERM, then SIGKILL the whole group.
-
-        Everything is over within ``grace`` seconds (plus the time the kernel takes).
-        """
+        """Stop the process: close stdin, then SIGTERM, then SIGKILL the whole group,
+        all within ``grace`` seconds (plus the time the kernel takes)."""
         if self._exit_info is not None:
             return
         self._stopping = True

@@ -120,7 +120,7 @@ class TextTurn:
             self.usage = usage if isinstance(usage, dict) else None
         elif method == "turn/completed":
             turn = params.get("turn")
-            if isinstance(turn, dict) and self._is_ours(turn.get("id")):
+            if isinstance(turn, dict) and self.turn_id in (None, turn.get("id")):
                 self.completed = turn
                 self.done.set()
         elif method == "turn/started":
@@ -137,9 +137,6 @@ class TextTurn:
             turn_begun = self.started or self.turn_id is not None
             if isinstance(status, dict) and status.get("type") == "idle" and turn_begun:
                 self.idle.set()
-
-    def _is_ours(self, turn_id: Any) -> bool:
-        return self.turn_id is None or turn_id == self.turn_id
 
     def _on_request(self, request_id: Any, method: str, params: Any) -> None:
         key = request_key(request_id)

@@ -1,9 +1,8 @@
-"""A channel over a WebSocket connection to a shared app-server: one message per frame.
+"""A channel over a WebSocket connection to a shared app-server: one message per text frame.
 
-``codex app-server --listen unix://PATH`` (or ``ws://IP:PORT``) speaks WebSocket, one
-JSON-RPC message per text frame. The connection (aiohttp's client) is opened by
-:class:`~bridge.process.shared.ConnectShared`; this channel reads and writes it, holds
-a frame back while its receiver does not take it, and says how the connection ended.
+The connection (aiohttp's client) is opened by :class:`~bridge.process.shared.ConnectShared`;
+this channel reads and writes it, holds a frame back while its receiver does not take it,
+and says how the connection ended.
 """
 
 from __future__ import annotations
@@ -60,7 +59,7 @@ class WebSocketChannel(ChannelState):
         ws: aiohttp.ClientWebSocketResponse,
         *,
         max_frame_bytes: int,
-        dropped: Callable[[], Awaitable[None]] | None = None,
+        dropped: Callable[[], Awaitable[object]] | None = None,
         on_end: Callable[[WebSocketChannel], None] | None = None,
     ) -> None:
         super().__init__(max_frame_bytes)
