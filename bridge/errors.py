@@ -252,14 +252,6 @@ def unauthorized() -> RestError:
     return of_kind("unauthorized", headers={"WWW-Authenticate": "Bearer"})
 
 
-def options_not_allowed(fields: list[str]) -> RestError:
-    return of_kind(
-        "options_not_allowed",
-        "This router does not allow these client options: " + ", ".join(fields),
-        data={"fields": fields},
-    )
-
-
 def reserved_variables(names: list[str]) -> RestError:
     """403 ``options_not_allowed``: ``options.env`` names ``REST_ADAPTER_*`` variables."""
     return of_kind(
@@ -322,13 +314,6 @@ def session_exited(session_id: str, *, shared: bool = False) -> RestError:
     return of_kind("session_exited", message)
 
 
-def request_already_answered(request_key: str) -> RestError:
-    return of_kind(
-        "request_already_answered",
-        f"The server request {request_key!r} has already been answered.",
-    )
-
-
 def request_timeout(limit_ms: int) -> RestError:
     """The request body did not arrive in time; the connection cannot be used again."""
     return of_kind(
@@ -338,35 +323,12 @@ def request_timeout(limit_ms: int) -> RestError:
     )
 
 
-def unsupported_media_type(encoding: str) -> RestError:
-    return of_kind(
-        "unsupported_media_type",
-        "The request body's Content-Encoding is not one the bridge decodes "
-        "(identity, gzip, deflate).",
-        data={"contentEncoding": encoding[:100]},
-    )
-
-
 def payload_too_large(limit: int) -> RestError:
     return of_kind(
         "payload_too_large",
         f"The request body exceeds the limit of {limit} bytes.",
         data={"limitBytes": limit},
     )
-
-
-def session_limit_reached(limit: int) -> RestError:
-    return of_kind(
-        "session_limit_reached",
-        f"The bridge already holds its maximum of {limit} sessions.",
-    )
-
-
-def app_server_error(code: int, message: str, data: Any = None) -> RestError:
-    """A JSON-RPC error reply from the app-server; ``-32001`` means overloaded."""
-    if code == -32001:
-        return of_kind("app_server_overloaded", message, code=code, data=data)
-    return of_kind("app_server_error", message, code=code, data=data)
 
 
 def from_http_exception(exc: web.HTTPException, max_body_bytes: int | None) -> RestError:

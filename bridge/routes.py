@@ -133,7 +133,12 @@ async def read_raw_body(request: web.Request, limits: RestLimits) -> bytes:
     if encoding:
         encoding = encoding.strip().lower()
         if encoding not in DECODED_ENCODINGS:
-            raise errors.unsupported_media_type(encoding)
+            raise errors.of_kind(
+                "unsupported_media_type",
+                "The request body's Content-Encoding is not one the bridge decodes "
+                "(identity, gzip, deflate).",
+                data={"contentEncoding": encoding[:100]},
+            )
     length = request.content_length
     if length is not None and length > limit:
         raise errors.payload_too_large(limit)
@@ -227,7 +232,8 @@ def refuse_options(options: ClientOptions | None, allowed: frozenset[str] | None
         return
     refused = sorted(f for f in options.set_fields() if allowed is not None and f not in allowed)
     if refused:
-        raise errors.options_not_allowed(refused)
+        message = "This router does not allow these client options: " + ", ".join(refused)
+        raise errors.of_kind("options_not_allowed", message, data={"fields": refused})
     reserved = credentials.reserved_variables(options.env)
     if reserved:
         # The bridge's own variables (its secrets, its processes' marks), whatever backend.

@@ -1,21 +1,14 @@
 """Every ``REST_ADAPTER_*`` variable of the bridge, read and parsed in one place.
 
-One pydantic-settings model per concern (limits, method policy, app-server, secrets,
-replicas, and the marks rest-bridge itself sets on the processes it starts);
-:class:`BridgeSettings` is all of them. Each field is one variable: its name is the
-prefix and the field's name in capitals, and the field holds its default, its bounds
-and a one-line description. So the model is also the list of the variables the bridge
-knows (:meth:`BridgeSettings.unknown_variables` finds the misspelt ones) and of the rows
-of docs/API.md's tables of variables (a test compares them).
+One pydantic-settings model per concern; :class:`BridgeSettings` is all of them. Each
+field is one variable (the prefix and the field's name in capitals) with its default,
+bounds and description: the model is also the list of the variables the bridge knows
+(:meth:`BridgeSettings.unknown_variables`) and of docs/API.md's rows (a test compares).
 
 One rule for integers: plain ASCII digits, a positive value (not ``" 5"``, ``"+5"``,
-``"1_0"`` or digits of other scripts, which ``int()`` would take), so that what the
-environment says is what the docs show. A bad value raises the error its concern has
-always raised (:class:`bridge.limits.RestLimitsEnvError`, or
-:class:`bridge.limits.ReplicaSettingsError`), naming the variable and the value; the
-objects the code uses (:class:`~bridge.limits.RestLimits`,
-:class:`~bridge.policy.MethodPolicy`, :class:`~bridge.limits.AppServerSettings`,
-:class:`~bridge.limits.ReplicaSettings`) are built from the model.
+``"1_0"`` or digits of other scripts, which ``int()`` would take). A bad value raises its
+concern's error (:class:`bridge.limits.RestLimitsEnvError` or
+:class:`~bridge.limits.ReplicaSettingsError`), naming the variable and the value.
 """
 
 from __future__ import annotations

@@ -288,9 +288,10 @@ class ProcessBackend(Backend):
         """One of MAX_SESSIONS held for a session being created or a sessionless call."""
         if self.draining:
             raise errors.replica_draining()
-        held = len(self._sessions) + self._reserved + self._stopping
-        if held >= self.limits.max_sessions:
-            raise errors.session_limit_reached(self.limits.max_sessions)
+        limit = self.limits.max_sessions
+        if len(self._sessions) + self._reserved + self._stopping >= limit:
+            message = f"The bridge already holds its maximum of {limit} sessions."
+            raise errors.of_kind("session_limit_reached", message)
         self._reserved += 1
         try:
             yield

@@ -33,7 +33,9 @@ def request_key(request_id: str | int) -> str:
 def rpc_failure(exc: Exception, what: str) -> errors.RestError:
     """Map a failed JSON-RPC exchange to the contract's error kinds."""
     if isinstance(exc, RpcError):
-        return errors.app_server_error(exc.code, exc.message, exc.data)
+        # -32001 is codex's "overloaded"
+        kind = "app_server_overloaded" if exc.code == -32001 else "app_server_error"
+        return errors.of_kind(kind, exc.message, code=exc.code, data=exc.data)
     if isinstance(exc, ProcessGone):
         info = exc.exit_info
         if info.protocol_error:

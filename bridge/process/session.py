@@ -118,7 +118,8 @@ class Session:
         pending = self._pending.get(key)
         if pending is None:
             if key in self._answered:
-                raise errors.request_already_answered(key)
+                message = f"The server request {key!r} has already been answered."
+                raise errors.of_kind("request_already_answered", message)
             raise errors.request_not_found(key)
         request_id = pending[0]
         try:

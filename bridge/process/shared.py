@@ -23,10 +23,10 @@ from typing import Any
 
 import aiohttp
 
-from bridge import __version__, codex_window, credentials, errors
+from bridge import __version__, credentials, errors
 from bridge.events import rfc3339
 from bridge.limits import AppServerSettings, RestLimits
-from bridge.models import AppServerInfo, ClientOptions, Compatibility, SharedAppServerState
+from bridge.models import ClientOptions, Compatibility, SharedAppServerState
 from bridge.process import startup
 from bridge.process.channel import ExitInfo
 from bridge.process.peer import JsonRpcPeer, ProcessGone, RpcError, StdinFull
@@ -62,6 +62,12 @@ PROBE_CLIENT_INFO = {
     "version": __version__,
 }
 _SOCKET_NAME = "app-server.sock"
+#: The version (and why none) ``/v1/compatibility`` gives of an app-server it did not start.
+NOT_STARTED = (
+    None,
+    "the bridge connects to an app-server it did not start; "
+    "appServer.shared.userAgent names the one that answered",
+)
 
 
 def _real_path(path: str) -> str | None:
@@ -514,24 +520,11 @@ class ConnectShared:
         }
 
     async def compatibility(self, user_agent: str | None) -> Compatibility:
-        if self.supervised:
-            version, version_error = await self.version.get()
-            command = self.command
-        else:
-            version, command = None, []
-            version_error = (
-                "the bridge connects to an app-server it did not start; "
-                "appServer.shared.userAgent names the one that answered"
-            )
-        info = AppServerInfo(
-            command=command,
-            version=version,
-            version_error=version_error,
-            mode="shared",
-            shared=SharedAppServerState.model_validate(self.describe(user_agent)),
-            **codex_window.assess(version, user_agent),
-        )
-        return Compatibility(bridge_version=__version__, app_server=info)
+        state = SharedAppServerState.model_validate(self.describe(user_agent))
+        if not self.supervised:
+            return startup.compatibility([], NOT_STARTED, user_agent, mode="shared", shared=state)
+        version = await self.version.get()
+        return startup.compatibility(self.command, version, user_agent, mode="shared", shared=state)
 
     async def close(self) -> None:
         self._closing = True

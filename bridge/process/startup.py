@@ -192,6 +192,21 @@ async def probe_app_server(argv: list[str]) -> tuple[str | None, str | None, str
     return text.splitlines()[0][:200], None, codex_window.version_kind(text[:1000])
 
 
+def compatibility(
+    command: list[str], version: tuple[str | None, str | None], user_agent: str | None, **more: Any
+) -> Compatibility:
+    """What ``/v1/compatibility`` says: ``version`` is (version, why not), ``user_agent``
+    the one the last ``initialize`` answer named, ``more`` the mode's own fields."""
+    app_server = AppServerInfo(
+        command=command,
+        version=version[0],
+        version_error=version[1],
+        **more,
+        **codex_window.assess(version[0], user_agent),
+    )
+    return Compatibility(bridge_version=__version__, app_server=app_server)
+
+
 #: How long a failed ``--version`` is remembered before it is asked again.
 _VERSION_RETRY_AFTER = 30.0
 
@@ -282,16 +297,7 @@ class SpawnStdio:
         return peer
 
     async def compatibility(self, user_agent: str | None) -> Compatibility:
-        version, version_error = await self.version.get()
-        return Compatibility(
-            bridge_version=__version__,
-            app_server=AppServerInfo(
-                command=self.command,
-                version=version,
-                version_error=version_error,
-                **codex_window.assess(version, user_agent),
-            ),
-        )
+        return compatibility(self.command, await self.version.get(), user_agent)
 
     async def close(self) -> None:
         pass

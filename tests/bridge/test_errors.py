@@ -10,6 +10,8 @@ from bridge import errors
 from bridge.app import mounted_routes, trusted_bridge_app
 from bridge.errors import ERROR_KINDS, error_kind
 from bridge.openapi import build_openapi, status_description
+from bridge.process.outcomes import rpc_failure
+from bridge.process.peer import RpcError
 
 ROOT = Path(__file__).resolve().parents[2]
 API = ROOT / "docs" / "API.md"
@@ -18,7 +20,7 @@ API = ROOT / "docs" / "API.md"
 CONSTRUCTED = [
     errors.bad_request("x"),
     errors.unauthorized(),
-    errors.options_not_allowed(["cwd"]),
+    errors.of_kind("options_not_allowed", "x", data={"fields": ["cwd"]}),
     errors.reserved_variables(["REST_ADAPTER_TOKEN"]),
     errors.of_kind("not_found"),
     errors.session_not_found("s"),
@@ -27,14 +29,14 @@ CONSTRUCTED = [
     errors.method_refused("fs/readFile"),
     errors.method_refused("thread/start", ["config"]),
     errors.session_exited("s"),
-    errors.request_already_answered("1"),
+    errors.of_kind("request_already_answered", "x"),
     errors.request_timeout(5),
-    errors.unsupported_media_type("br"),
+    errors.of_kind("unsupported_media_type", "x"),
     errors.payload_too_large(5),
-    errors.session_limit_reached(5),
+    errors.of_kind("session_limit_reached", "x"),
     errors.of_kind("busy", "x"),
-    errors.app_server_error(-32000, "x"),
-    errors.app_server_error(-32001, "x"),
+    rpc_failure(RpcError(-32000, "x"), "x"),
+    rpc_failure(RpcError(-32001, "x"), "x"),
     errors.of_kind("app_server_exited", "x"),
     errors.of_kind("app_server_spawn_failed", "x"),
     errors.of_kind("protocol_error", "x"),
