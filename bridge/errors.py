@@ -287,12 +287,9 @@ def method_not_allowed(method: str, allowed: set[str]) -> RestError:
 
 
 def method_refused(method: str, params: list[str] | None = None) -> RestError:
-    """403 for an app-server method the router's method policy refuses (bridge.policy).
-
-    The same kind as the 405 above, told apart by the status: here the HTTP method is
-    right and the app-server method named in the path is not allowed; ``data.method``
-    names it as the caller spelt it, ``data.params`` the params refused, when the method
-    is allowed but not with them.
+    """403 for an app-server method the router's method policy refuses (bridge.policy):
+    the 405's kind, for the method named in the path (``data.method``, as the caller spelt
+    it), or for its params (``data.params``) when the method is allowed but not with them.
     """
     message = f"This router does not allow the app-server method {method!r}"
     data: dict[str, Any] = {"method": method}
@@ -345,11 +342,8 @@ def from_http_exception(exc: web.HTTPException, max_body_bytes: int | None) -> R
 
 
 async def answer_and_close(request: web.BaseRequest, error: RestError) -> web.StreamResponse:
-    """Send ``error`` and close the connection at once, unread body or not.
-
-    aiohttp would otherwise linger up to ten seconds reading the rest of a body nobody
-    wants (one that never arrives, or cannot be decoded).
-    """
+    """Send ``error`` and close the connection at once, unread body or not (aiohttp would
+    otherwise linger up to ten seconds reading the rest of a body nobody wants)."""
     response = error.to_response()
     await response.prepare(request)
     await response.write_eof()
@@ -362,10 +356,8 @@ async def answer_and_close(request: web.BaseRequest, error: RestError) -> web.St
 async def failure_response(
     request: web.Request, exc: Exception, max_body_bytes: int | None
 ) -> web.StreamResponse:
-    """The response for a failure raised while handling ``request``: the error payload.
-
-    An :class:`aiohttp.web.HTTPException` below 400 (a redirect) is raised again.
-    """
+    """The error payload for a failure raised while handling ``request``; an
+    :class:`aiohttp.web.HTTPException` below 400 (a redirect) is raised again."""
     if isinstance(exc, RestError):
         if exc.close_connection:
             return await answer_and_close(request, exc)
@@ -388,12 +380,10 @@ ExpectHandler = Callable[[web.Request], Awaitable[web.StreamResponse | None]]
 def expect_handler(refusal: Callable[[web.Request], RestError | None]) -> ExpectHandler:
     """What a route does with an ``Expect`` header, before its handler runs.
 
-    ``refusal`` first: a request it refuses (the 401 of a request without the token, a
-    head over its bound) gets that error, and no ``100 Continue``, so a client that
-    waits for it never sends the body. Then
-    ``100-continue`` is met on HTTP/1.1, and any other expectation is a 417 error
-    payload that does not repeat the header. HTTP/1.0 requests ignore the header
-    (HTTP/1.0 has no interim responses).
+    A request ``refusal`` refuses (no token, a head over its bound) gets that error and
+    no ``100 Continue``, so a client that waits for it never sends the body. Then, on
+    HTTP/1.1 (HTTP/1.0 has no interim responses: it ignores the header), ``100-continue``
+    is met and any other expectation is a 417 that does not repeat the header.
     """
 
     async def handle_expect(request: web.Request) -> web.StreamResponse | None:

@@ -1,12 +1,9 @@
 """A session's event log: ordered, bounded, and honest about what it dropped.
 
-Every event gets a ``seq`` from 1 that never repeats or skips. The log keeps the
-newest ``capacity`` events; a reader that asks for something older receives one
-synthesized ``gap`` event that names the dropped range, then carries on. The
-``exit`` event closes the log.
-
-Each event is encoded to JSON once, when first read, and the bytes are shared by
-every reader, so a thousand SSE readers cost one encoding per event.
+Every event gets a ``seq`` from 1 that never repeats or skips. The log keeps the newest
+``capacity`` events; a reader that asks for older ones gets one ``gap`` event naming the
+dropped range, then carries on. The ``exit`` event closes the log. Each event is encoded
+to JSON once, its bytes shared by every reader (a thousand SSE readers, one encoding).
 """
 
 from __future__ import annotations
@@ -16,11 +13,10 @@ import math
 import time
 from collections.abc import Callable
 from datetime import UTC, datetime
-from typing import Any, Literal
+from typing import Any
 
+from bridge.models import EventKind
 from bridge.wire import dumps, loads
-
-EventKind = Literal["notification", "request", "exit", "gap"]
 
 
 class _SecondText:
@@ -139,11 +135,8 @@ _FROZEN: Any = object()
 
 class LogReader:
     """An attached reader of a log (an SSE stream): where it is, and when it last moved.
-
-    While an attached reader is behind, :meth:`EventLog.must_wait` asks the producer to
-    wait rather than drop what the reader has not read; a reader that stops moving is
-    cut *loose* (:meth:`EventLog.cut_loose`) and is then owed a ``gap`` like any other.
-    """
+    While it is behind, the producer waits (:meth:`EventLog.must_wait`) unless it is cut
+    *loose* (:meth:`EventLog.cut_loose`), and then owed a ``gap`` like any other."""
 
     __slots__ = ("_log", "loose", "position", "progress_at")
 
@@ -340,11 +333,8 @@ class EventLog:
         self._lowest = min(positions) if positions else -1
 
     def must_wait(self, incoming: int) -> bool:
-        """Would one more event of about ``incoming`` bytes drop one an attached reader lacks?
-
-        Readers cut loose do not count. The producer should hold the event back (and stop
-        reading its source) until a reader moves on or is cut loose.
-        """
+        """Would one more event of about ``incoming`` bytes drop one an attached reader
+        (not cut loose) lacks? Then the producer holds it back until a reader moves on."""
         lowest = self._lowest
         if lowest < 0:
             return False
@@ -359,10 +349,8 @@ class EventLog:
         return self._total - self._end_through(lowest) + incoming > self._max_bytes
 
     def cut_loose(self, stalled_since: float) -> int:
-        """Stop waiting for readers that are behind and have not moved since ``stalled_since``.
-
-        Returns how many were cut loose; each is owed a ``gap`` if events it lacks are dropped.
-        """
+        """Stop waiting for readers that are behind and have not moved since ``stalled_since``;
+        how many."""
         last = self._next_seq - 1
         count = 0
         for reader in self._readers:

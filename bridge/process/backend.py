@@ -101,11 +101,8 @@ class ProcessBackend(Backend):
             self._reaper = asyncio.create_task(self._reap_idle_sessions())
 
     async def close(self) -> None:
-        """Stop every process, those of calls and text turns in flight included.
-
-        Sessions stay listed until their processes are stopped, so that their
-        readers get the ``exit`` event; nothing is spawned once closing has begun.
-        """
+        """Stop every process, those of calls and text turns in flight included; spawn no
+        more. Sessions stay listed until then, so that their readers get the ``exit``."""
         self._closing = True
         for session in self._sessions.values():
             session.end_reason = session.end_reason or ("drain" if self.draining else "shutdown")
@@ -237,12 +234,9 @@ class ProcessBackend(Backend):
             ) from None
 
     async def _stop_fully(self, process: JsonRpcPeer) -> None:
-        """Stop ``process`` and wait until it is gone, even when the caller is cancelled.
-
-        A client that disconnects cancels its handler; the process it was using must
-        still be stopped, and its slot held until it is gone. The cancellation is
-        re-raised once it is.
-        """
+        """Stop ``process`` and wait until it is gone, even when the caller is cancelled
+        (a client that disconnects cancels its handler): the cancellation is re-raised
+        then, so the slot is held until the process is gone."""
         if process.running:
             self._asked_to_stop.add(process)
         stopping = asyncio.ensure_future(process.shutdown(self.limits.shutdown_grace_ms / 1000))

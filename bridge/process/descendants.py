@@ -11,11 +11,9 @@ nothing new (a process forking while the bridge kills stays a step behind).
 Processes are signalled through pidfds, after checking that the pid still names the
 process that was found (same start time), so a recycled pid is never hit.
 
-The process layer spawns its own children (which asyncio waits for by pid) through
-:data:`children`, which remembers them so that a sweep spares them. ``rest-bridge serve``
-also makes the bridge a child subreaper and puts its reaper of the orphans it adopts in
-that hook's place (both are the whole process's policy, :mod:`bridge.runtime`'s); an
-embedding host keeps the mark-based kill but not the subreaper.
+The process layer registers the children it spawns itself with :data:`children`; a
+sweep spares them. ``rest-bridge serve``, a child subreaper, puts its reaper of adopted
+orphans in that hook's place (:mod:`bridge.runtime`); an embedding host does without.
 
 Elsewhere than Linux (no ``/proc``, pidfds or subreapers) this module does nothing.
 """
@@ -64,10 +62,7 @@ Selector = Callable[[Mapping[int, Stat]], set[int]]
 
 def read_stat(pid: int) -> Stat | None:
     """A process's parent, whether it is alive (not a zombie) and its start time; None
-    if the pid is gone, or hidden from this process (``/proc`` mounted ``hidepid``).
-
-    Raises OSError for anything else (no descriptor left, say).
-    """
+    if the pid is gone or hidden (``/proc`` mounted ``hidepid``); OSError for the rest."""
     try:
         process = psutil.Process(pid)
         with process.oneshot():
@@ -142,13 +137,8 @@ def _kill(pid: int, start: float) -> int | None:
 
 
 class OwnChildren:
-    """The children this process spawns itself: asyncio waits for them by pid.
-
-    A spawn runs inside :meth:`spawning`; once the child has been waited for,
-    :meth:`released`. This class only remembers them (a lineage's sweep spares them);
-    a child subreaper puts a subclass in its place that also reaps the orphans it
-    adopts (:class:`bridge.runtime.OrphanReaper`).
-    """
+    """The children this process spawns itself (asyncio waits for them by pid): a spawn
+    runs inside :meth:`spawning`, and :meth:`released` follows once it is waited for."""
 
     def __init__(self, own: dict[int, float] | None = None) -> None:
         #: By pid, with its start time: a pid the system gives again later (one left here
@@ -231,11 +221,8 @@ class Lineage:
                 self._start = stat.start if stat is not None else 0.0
 
     def remember_tree(self) -> None:
-        """Note what lives under the app-server now, before it is asked to stop.
-
-        What it started with a cleared environment is then killed with it too,
-        provided it was still under the app-server at this moment.
-        """
+        """Note what lives under the app-server now, before it is asked to stop: what it
+        started with a cleared environment is then killed with it too."""
         if not LINUX or self.pid is None:
             return
         try:

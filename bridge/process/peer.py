@@ -145,11 +145,8 @@ class JsonRpcPeer:
     # -- outgoing --------------------------------------------------------------
 
     async def call(self, method: str, params: Any, timeout: float) -> Any:
-        """Send a request and wait for its result.
-
-        Raises :class:`RpcError`, :class:`ProcessGone`, :class:`StdinFull` or
-        ``TimeoutError``.
-        """
+        """Send a request and wait for its result. Raises :class:`RpcError`,
+        :class:`ProcessGone`, :class:`StdinFull` or ``TimeoutError``."""
         if self.filter is not None:
             return await self.filter.call(self, method, params, timeout)
         # request()'s body, not a call to it: no second coroutine per call.

@@ -144,11 +144,8 @@ class Session:
     # -- events ----------------------------------------------------------------
 
     async def read_events(self, after: int | None, wait: float, limit: int) -> list[Event]:
-        """Events after ``after``, or from the session's cursor (advancing it) when None.
-
-        Waits up to ``wait`` seconds for one to arrive. Raises ``session_exited``
-        when the log is closed and the reader is past its end.
-        """
+        """Events after ``after``, or from the session's cursor (advancing it) when None,
+        waiting up to ``wait`` seconds; ``session_exited`` once the reader is past the end."""
         log = self.events
         loop = asyncio.get_running_loop()
         deadline = loop.time() + wait
@@ -261,14 +258,11 @@ class Session:
 class SessionStream:
     """One SSE stream's hold on a session: it reads on after a delete, to the ``exit`` event.
 
-    It is attached to the session's log, so that while it keeps reading nothing it lacks
-    is dropped (the app-server is held back instead); see :meth:`EventLog.must_wait`.
-
-    A stream without a position starts at the session's cursor and moves it as it
-    delivers. Delivered means written to the connection, not received: if the stream
+    Attached to the session's log, it loses nothing while it keeps reading (the
+    app-server is held back instead: :meth:`EventLog.must_wait`). Without a position it
+    starts at the session's cursor and moves it as it writes to the connection; if it
     ends before its ``exit`` event (the client went away), the cursor goes back to where
-    the stream started, unless another reader has moved it since. Events that were in
-    flight are then read again rather than lost.
+    it started, unless another reader moved it since, so events in flight are read again.
     """
 
     def __init__(self, session: Session, after: int | None) -> None:
@@ -291,8 +285,7 @@ class SessionStream:
         """Events after the position (a ``gap`` first if some were dropped), waiting up to ``wait``.
 
         Raises ``session_exited`` once the log has ended and the stream is past its end,
-        unless the stream was open before it ended: a stream opened at a position past
-        the last event still ends with the ``exit`` event (which is what ends it).
+        unless the stream was open before: that one still ends with the ``exit`` event.
         """
         log = self.session.events
         position = self.position

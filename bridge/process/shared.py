@@ -167,11 +167,8 @@ class ConnectShared:
         return JsonRpcPeer(await self.connect(), message_filter=Tenant())
 
     async def connect(self) -> WebSocketChannel:
-        """A new connection (starting the app-server first if it is not running).
-
-        Raises the bridge's 502 ``app_server_spawn_failed`` (or ``app_server_exited``)
-        when there is no app-server to connect to.
-        """
+        """A new connection (starting the app-server first if it is not running); 502
+        ``app_server_spawn_failed`` (or ``app_server_exited``) when there is none."""
         if self._closing:
             raise errors.of_kind("app_server_spawn_failed", "The bridge is shutting down.")
         ws = await self._handshake()
@@ -370,12 +367,9 @@ class ConnectShared:
 
     async def _watch(self, process: StdioChannel) -> None:
         """The liveness probe of ``process``: every LIVENESS_INTERVAL_MS one
-        :data:`LIVENESS_METHOD` over a connection of the bridge's own (not a session's).
-
-        A stopped or deadlocked process still has its socket: connections are accepted
-        into its backlog and calls are written, and nothing ever comes back. Once no
-        answer has come for LIVENESS_TIMEOUT_MS (one probe that times out, or probes that
-        fail at once for that long), it is wedged (:meth:`_wedged`).
+        :data:`LIVENESS_METHOD` over a connection of the bridge's own. A stopped or
+        deadlocked process still accepts connections into its backlog, and never
+        answers: once none has come for LIVENESS_TIMEOUT_MS, it is wedged (:meth:`_wedged`).
         """
         loop = asyncio.get_running_loop()
         probe: JsonRpcPeer | None = None

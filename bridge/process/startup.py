@@ -5,11 +5,9 @@ not yet initialized (the backend puts its handlers in place first, then does
 ``initialize``). :class:`SpawnStdio` spawns a child process for each; the shared mode's
 :class:`~bridge.process.shared.ConnectShared` opens a connection to one app-server.
 
-The operator chose the app-server's command, so the bridge's log names it when it cannot
-start, with the reason (the ``OSError``, or the exit and the tail of what the process
-wrote on stderr). The client gets the error payload with what to check, never the
-command, a path or the stderr: those are the operator's to show (the threat model is
-docs/SECURITY.md).
+When one cannot start, the bridge's log names the command and why (the ``OSError``, or
+the exit and the tail of its stderr); the client hears what to check, never the command,
+a path or the stderr: those are the operator's (docs/SECURITY.md).
 """
 
 from __future__ import annotations

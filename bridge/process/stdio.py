@@ -1,12 +1,10 @@
 """A channel over a child process's stdio: one message per line.
 
 The reader is an :class:`asyncio.SubprocessProtocol` that splits lines as bytes arrive
-and hands each to the receiver, without a task or an await per line. Memory is bounded
-whatever the child writes: a line longer than ``max_line_bytes`` is reported as broken,
-and of stderr only a short tail is kept.
-
-The child runs in its own process group; when it ends, or the bridge stops it, the group
-and whatever left it (descendants.py) are killed, so none of its children outlive it.
+and hands them to the receiver, with no task or await per line. Memory is bounded: a line
+over ``max_line_bytes`` is reported as broken, and of stderr only a short tail is kept.
+When the child ends, or the bridge stops it, its process group and whatever left the
+group (descendants.py) are killed, so none of its children outlive it.
 """
 
 from __future__ import annotations

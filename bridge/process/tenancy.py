@@ -1,31 +1,22 @@
 """Shared mode: a session is a tenant of the shared app-server, and its threads are its own.
 
-codex serves every connection from one store of threads: any connection can read, list,
-resume, answer for or delete any thread, and it broadcasts every thread's news to every
-connection. A :class:`Tenant` knows what one connection (one session) owns and applies
-the rules with it, in one place (the filter of the connection's
-:class:`~bridge.process.peer.JsonRpcPeer`):
+codex serves every connection from one store of threads (any connection can read, list,
+resume, answer for or delete any thread) and tells every connection of every thread. A
+:class:`Tenant`, the filter of one connection's :class:`~bridge.process.peer.JsonRpcPeer`,
+knows what that connection owns and applies the rules, in one place:
 
-- A thread is owned by the connection whose ``thread/start`` or ``thread/fork`` answered
-  it (or ``review/start``'s detached review thread), and so is a thread codex announces
-  as coming from an owned one (a fork), and a sub-agent an owned thread spawned (codex
-  0.169.0 announces no ``thread/started`` for those: the ``spawnAgent`` tool call item
-  of the parent names it in ``receiverThreadIds``).
-- Thread ids are UUIDs (codex's are, and it refuses anything else as an invalid id): a
-  value that is none names no thread and is left alone.
-- A call that names a thread the connection does not own (``threadId``,
-  ``beforeThreadId``, ``conversationId``) goes to codex with a fresh random id in its
-  place, and codex's answer is passed on with the caller's id put back: the caller gets
-  exactly what codex says of a thread that does not exist, whatever the method, so
-  nothing tells "not yours" from "no such thread". The experimental ``path`` of
-  ``thread/resume`` and ``thread/fork`` (a rollout file, any thread's) is replaced the
-  same way by a file that does not exist.
-- A listing (``thread/list``, ``thread/loaded/list``, ``thread/attachmentOwner/list``)
-  shows owned threads only, reading on through codex's pages to fill one; its cursors,
-  which name a thread of codex's page, are replaced by tokens of the connection's own,
-  each good for the listing that gave it.
-- A notification or server request about a thread the connection does not own is not
-  passed on (a server request is left to the owner, who answers it).
+- It owns the threads its ``thread/start``, ``thread/fork`` or ``review/start`` answered,
+  those codex announces as coming from them (a fork), and the sub-agents they spawn
+  (codex 0.169.0 announces none: the parent's ``spawnAgent`` item names them).
+- A call that names a thread it does not own (a UUID: anything else names no thread)
+  goes to codex with a fresh random id in its place, and codex's answer comes back with
+  the caller's id: what codex says of a thread that does not exist, so nothing tells "not
+  yours" from "no such thread". The experimental ``path`` of ``thread/resume`` and
+  ``thread/fork`` (any thread's rollout file) is replaced by a file that does not exist.
+- A listing shows owned threads only, reading on through codex's pages to fill one; its
+  cursors, which name a thread, become tokens of the connection's own.
+- A notification or server request about another thread is not passed on (a server
+  request is left to its owner, who answers it).
 """
 
 from __future__ import annotations
