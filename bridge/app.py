@@ -305,12 +305,10 @@ def expect_refusal(max_header_bytes: int) -> Callable[[web.Request], errors.Rest
 def add_no_route(app: web.Application, expect: errors.ExpectHandler) -> None:
     """Answer a request no route takes with the error payload: 404, or 405 with ``Allow``.
 
-    aiohttp's router would answer those with an exception of its own. This route
-    is added last and its path is the shortest prefix, so it is tried after every other
-    route; it asks the other routes which methods they take on the path, as aiohttp's
-    router does. A route a host adds to the application afterwards whose path begins
-    with a parameter (``/{name}``) comes after it and is never reached: add such a route
-    before, or mount the bridge as a sub-application.
+    Added last, with the shortest prefix, this route is tried after every other and asks
+    them which methods they take on the path, as aiohttp's router does. A route a host
+    adds afterwards whose path begins with a parameter (``/{name}``) is never reached:
+    add it before, or mount the bridge as a sub-application.
     """
     own: list[web.AbstractResource] = []
 
@@ -353,12 +351,9 @@ def _build_preset(
     app_server: AppServerSettings | None,
     method_policy: MethodPolicy | None,
 ) -> web.Application:
-    """The preset's application over the bundled backend, in the mode ``app_server`` says.
-
-    What is not given comes from the environment (``REST_ADAPTER_APP_SERVER_MODE``,
-    ``REST_ADAPTER_ALLOW_METHODS``, ``REST_ADAPTER_REFUSE_METHODS``), so that harnesses
-    and tests switch them from outside.
-    """
+    """The preset's application over the bundled backend, in the mode ``app_server`` says;
+    what is not given comes from the environment (``REST_ADAPTER_APP_SERVER_MODE``,
+    ``REST_ADAPTER_ALLOW_METHODS``, ``REST_ADAPTER_REFUSE_METHODS``)."""
     limits = limits or RestLimits()
     settings = app_server or AppServerVariables.from_env().app_server()
     if settings.shared:

@@ -34,12 +34,8 @@ AUTH = web.AppKey("bridge.auth", AuthSettings)
 
 
 def token_problem(token: object) -> str | None:
-    """Why ``token`` can never be presented in an ``Authorization`` header, or None.
-
-    A presented token is trimmed (spec section 5), and a header cannot carry control
-    characters: a secret that is blank, has spaces around it, or holds such characters
-    would refuse every request.
-    """
+    """Why ``token`` can never be presented in an ``Authorization`` header (a presented
+    token is trimmed, a header carries no control characters), or None."""
     if not isinstance(token, str) or not token.strip():
         return "is empty or blank"
     if token != token.strip():

@@ -53,11 +53,9 @@ def rfc3339(epoch_seconds: float) -> str:
 
 
 class Event:
-    """One entry of a session's log (the Event response record).
-
-    An event kept in a bounded log is *frozen*: encoded to JSON at once and its parsed
-    ``params`` dropped, so that what the log holds is exactly the bytes it counts.
-    """
+    """One entry of a session's log (the Event response record). Kept in a bounded log,
+    it is *frozen*: encoded at once, its parsed ``params`` dropped (the log holds exactly
+    the bytes it counts)."""
 
     __slots__ = (
         "_json",
@@ -164,11 +162,8 @@ class LogReader:
 
 
 class EventLog:
-    """Ordered, bounded log of one session's events, with waiting readers.
-
-    Bounded by ``capacity`` events and, when ``max_bytes`` is set, by the bytes of the
-    events' JSON encodings (the newest event is always kept, whatever its size).
-    """
+    """Ordered log of one session's events, with waiting readers, bounded by ``capacity``
+    events and, if set, ``max_bytes`` of their JSON (the newest is kept, whatever its size)."""
 
     def __init__(self, capacity: int, max_bytes: int | None = None) -> None:
         if capacity < 1:

@@ -122,12 +122,8 @@ async def read_body(request: web.Request, limits: RestLimits, model: type[M]) ->
 
 
 async def read_raw_body(request: web.Request, limits: RestLimits) -> bytes:
-    """The request body's bytes, decoded.
-
-    It must arrive within BODY_TIMEOUT_MS (else 408, and the connection is closed) and
-    use a content coding the bridge decodes (else 415); decoded, it must fit
-    MAX_BODY_BYTES like any other body (413).
-    """
+    """The request body's bytes, decoded: within BODY_TIMEOUT_MS (else 408, the connection
+    closed), in a coding the bridge decodes (else 415), and within MAX_BODY_BYTES (413)."""
     limit = limits.max_body_bytes
     encoding = request.headers.get("Content-Encoding")
     if encoding:

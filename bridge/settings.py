@@ -71,12 +71,8 @@ def positive_integer(variable: str, raw: str, error: type[ValueError] = RestLimi
 
 
 class Variables(BaseSettings):
-    """A group of ``REST_ADAPTER_*`` variables: one field each.
-
-    Built by :meth:`from_env` from a mapping (the process's environment by default),
-    never by reading the environment behind the caller's back, so a host and a test can
-    hand it any mapping.
-    """
+    """A group of ``REST_ADAPTER_*`` variables, one field each, built by :meth:`from_env`
+    from any mapping (the process's environment by default), never behind its back."""
 
     model_config = SettingsConfigDict(env_prefix=ENV_PREFIX, case_sensitive=True, frozen=True)
 
@@ -99,11 +95,8 @@ class Variables(BaseSettings):
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> Self:
-        """The group's variables in ``environ`` (default: this process's environment).
-
-        Raises the error of the first variable (in the model's order) that is set to
-        something it cannot be, as its concern documents it.
-        """
+        """The group's variables in ``environ`` (default: this process's environment);
+        raises the error of the first one (in the model's order) set to what it cannot be."""
         env = os.environ if environ is None else environ
         given = {
             name: env[variable] for name, variable in cls.variables().items() if variable in env
@@ -188,20 +181,14 @@ class AuthVariables(Variables):
     token_file: str | None = Field(None, description="a file holding the bearer token")
 
     def bearer_token(self) -> str | None:
-        """The token, from the variable or the file its ``_FILE`` names (None: auth off).
-
-        Raises :class:`bridge.credentials.SecretError` naming the variable when both are
-        set, or when the file cannot be used.
-        """
+        """The token, from the variable or the file its ``_FILE`` names (None: auth off);
+        :class:`bridge.credentials.SecretError` when both are set or the file is no use."""
         return self._secret("token")
 
 
 class AppServerVariables(Variables):
-    """How app-servers are reached (:class:`~bridge.limits.AppServerSettings`).
-
-    Mode and URL are checked when :meth:`app_server` builds the settings, since a
-    command-line option may stand in for either.
-    """
+    """How app-servers are reached (:class:`~bridge.limits.AppServerSettings`); mode and
+    URL are checked by :meth:`app_server`, as a command-line option may stand in for either."""
 
     app_server_mode: str | None = Field(
         None, description="process (one app-server per session) or shared"
@@ -218,11 +205,9 @@ class AppServerVariables(Variables):
 
     def app_server(self, *, mode: str | None = None, url: str | None = None) -> AppServerSettings:
         """How to reach app-servers; ``mode`` and ``url`` (command-line options) win over
-        the variables, which are then not checked.
-
-        Raises :class:`~bridge.limits.RestLimitsEnvError` for a variable that is set to
-        something else than what it can be (a token's value is never repeated), and
-        :class:`bridge.credentials.SecretError` for a token file that cannot be used.
+        the variables, which are then not checked. Raises
+        :class:`~bridge.limits.RestLimitsEnvError` for a variable set to what it cannot be
+        (never repeating a token), :class:`bridge.credentials.SecretError` for a bad token file.
         """
         raw_mode = self.app_server_mode
         if mode is None and raw_mode is not None:

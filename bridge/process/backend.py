@@ -45,12 +45,9 @@ DEFAULT_CLIENT_INFO = {
 
 
 class ProcessBackend(Backend):
-    """One app-server conversation per session, sessionless call and text turn.
-
-    ``launcher`` says how an app-server is reached (default: :class:`SpawnStdio`, a
-    child process of ``command`` each); ``replica_id`` prefixes session ids
-    (REST_ADAPTER_REPLICA_ID).
-    """
+    """One app-server conversation per session, sessionless call and text turn, reached
+    as ``launcher`` says (default: :class:`SpawnStdio`, a child process of ``command``
+    each); ``replica_id`` (REST_ADAPTER_REPLICA_ID) prefixes session ids."""
 
     def __init__(
         self,

@@ -93,11 +93,8 @@ class Channel(Protocol):
         """Deliver what is read to ``receiver`` from now on."""
 
     def send(self, frame: bytes, coalesce: bool) -> None:
-        """Send one message; ``coalesce``: more are likely this turn of the loop, so it
-        may wait for them and go out in one write.
-
-        Raises :class:`ChannelClosed`, or :class:`ChannelFull` when more than
-        :data:`~bridge.limits.MAX_STDIN_BUFFER` bytes already wait for the other end."""
+        """Send one message (``coalesce``: more are likely this turn of the loop, so it may
+        wait for them, one write for all); raises :class:`ChannelClosed` or :class:`ChannelFull`."""
 
     @property
     def paused(self) -> bool:

@@ -176,11 +176,10 @@ children = OwnChildren()
 
 
 def kill_rounds(select: Selector, killed: set[tuple[int, float]], fds: list[int]) -> bool:
-    """SIGKILL every process ``select`` picks from the process table, and search again
-    until a search finds nothing new (one may fork meanwhile); False if it still finds
-    some after :data:`_MAX_ROUNDS`. What was killed goes to ``killed`` (pid, start
-    time), the pidfds to wait on to ``fds``: they stand when reading the table fails
-    (OSError, no descriptor left, say)."""
+    """SIGKILL every process ``select`` picks from the process table, again until a
+    search finds nothing new (one may fork meanwhile); False if some are still found after
+    :data:`_MAX_ROUNDS`. ``killed`` gets (pid, start time) and ``fds`` the pidfds, which
+    stand when reading the table raises OSError."""
     for _ in range(_MAX_ROUNDS):
         table = read_table()
         found = {(pid, table[pid].start) for pid in select(table)} - killed
@@ -238,10 +237,9 @@ class Lineage:
     def end(self) -> None:
         """The app-server has exited and been waited for: kill everything it left.
 
-        A sweep reads the process table one entry at a time, so a descendant caught
-        between its parent's exit and its own fork (a daemon's double fork, woken by the
-        app-server's exit) can be in no entry it reads. Later sweeps, at
-        :data:`_SWEEP_AGAIN` seconds, find it: it still carries the mark.
+        A sweep reads the table an entry at a time, so a descendant between its parent's
+        exit and its own fork (a double fork woken by the app-server's exit) can be in no
+        entry it reads: later sweeps (:data:`_SWEEP_AGAIN`) find it by its mark.
         """
         children.released(self.pid)
         if LINUX:

@@ -16,12 +16,10 @@ _INTEGER_TEXT = re.compile(r"-?[0-9]+")
 
 
 def request_key(request_id: str | int) -> str:
-    """The HTTP-facing key of a JSON-RPC id, one key per id.
-
-    An integer's key is its decimal digits, whatever its size. A string's key is the
-    string itself, unless that could be taken for another id's key or cannot be a path
-    segment (empty, integer digits, or a leading double quote): then it is the string's
-    JSON text, quotes included. So ``1`` and ``"1"`` are two keys, ``"abc"`` is ``abc``.
+    """The HTTP-facing key of a JSON-RPC id, one key per id: an integer's decimal digits;
+    a string itself, unless it could be taken for another id's key or cannot be a path
+    segment (empty, integer digits, a leading double quote): then its JSON text, quotes
+    included. So ``1`` and ``"1"`` are two keys, ``"abc"`` is ``abc``.
     """
     if isinstance(request_id, str):
         if request_id and request_id[0] != '"' and not _INTEGER_TEXT.fullmatch(request_id):

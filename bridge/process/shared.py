@@ -247,9 +247,8 @@ class ConnectShared:
         )
 
     async def _died(self, process: StdioChannel | None) -> bool:
-        """Whether the supervised ``process`` has died: waited for a moment (a refused or
-        dropped connection can come before the bridge learns of the exit), and then until
-        the bridge has taken note of it (its sessions ended, its restart scheduled)."""
+        """Whether the supervised ``process`` has died, waiting a moment for it (a refused or
+        dropped connection can come first), then until its sessions end, its restart scheduled."""
         if process is None:
             return False
         with contextlib.suppress(TimeoutError):
@@ -404,9 +403,8 @@ class ConnectShared:
                 await probe.shutdown(0)
 
     async def _ask(self, probe: JsonRpcPeer | None) -> JsonRpcPeer | None:
-        """One question over the probe connection, opened (and initialized) first if there
-        is none; returns it (None if it cannot be asked again). Any answer, an error too,
-        returns; raises what a call or a connection raises."""
+        """One question over the probe connection, opened (and initialized) if there is
+        none; returns it (None if it is no use), on any answer, an error too."""
         if probe is None or not probe.running:
             ws = await self._ws_connect()
             probe = JsonRpcPeer(self._channel(ws))

@@ -66,10 +66,7 @@ def shortage_behind(exc: OSError) -> OSError:
 
 def spawn_failed(command: Sequence[str], exc: OSError, cwd: str | None) -> errors.RestError:
     """The process could not be created: 502 ``app_server_spawn_failed``, and a log line.
-
-    A ``cwd`` that does not exist fails the same way as a missing executable; the
-    exception names which (``filename``), and the client hears which of the two to check.
-    """
+    A missing ``cwd`` fails as a missing executable does: the client hears which it was."""
     exc = shortage_behind(exc)
     reason = exc.strerror or type(exc).__name__
     if cwd is not None and exc.filename == cwd:

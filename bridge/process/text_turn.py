@@ -1,8 +1,7 @@
 """The one-shot text turn: spawn, start a thread and a turn, collect it, stop.
 
-Server requests are answered by the approval policy preset as they arrive, so a
-turn never hangs waiting for a human; requests that are not approvals get a
-JSON-RPC error at once.
+Server requests are answered as they arrive, approvals by the approval policy, others
+with a JSON-RPC error: a turn never hangs waiting for a human.
 """
 
 from __future__ import annotations

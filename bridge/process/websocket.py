@@ -45,10 +45,9 @@ def _close_soon(ws: aiohttp.ClientWebSocketResponse) -> None:
 class WebSocketChannel(ChannelState):
     """One conversation with the shared app-server over its own WebSocket connection.
 
-    ``dropped`` is awaited when the app-server drops the connection without a close
-    frame (perhaps its whole process died), before the end is reported, so that the
-    caller can end it as the process's exit instead (:meth:`server_exited`); ``on_end``
-    is called with the channel as it ends.
+    ``dropped`` is awaited when the app-server drops the connection without a close frame
+    (perhaps its process died), so the caller may end it as an exit (:meth:`server_exited`)
+    before the end is reported; ``on_end`` is called with the channel as it ends.
     """
 
     newline_delimited = False
