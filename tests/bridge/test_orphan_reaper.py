@@ -17,7 +17,7 @@ pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="Li
 
 #: Prints, as JSON, what one reaping did (and, apart, what the two child listings say).
 SCRIPT = r"""
-import json, os, re, select, sys
+import json, os, re, select, sys, threading
 from bridge import runtime
 from bridge.process import descendants
 
@@ -47,10 +47,22 @@ if middle == 0:
     os._exit(0)
 orphan = int(os.read(report_r, 32))
 os.waitpid(middle, 0)
+# A child forked by a thread that has ended since: the kernel lists it under another one.
+forked = []
+def fork_a_child():
+    pid = os.fork()
+    if pid == 0:
+        os._exit(0)
+    forked.append(pid)
+thread = threading.Thread(target=fork_a_child)
+thread.start()
+thread.join()
+by_thread = forked[0]
 adopted = descendants.read_stat(orphan).ppid == os.getpid()
 os.close(hold_w)
 exited(orphan)
 exited(own)
+exited(by_thread)
 listings = sorted(runtime.own_children()), sorted(runtime.children_in_table())
 
 opened = []
@@ -62,15 +74,17 @@ sys.addaudithook(audit)
 runtime.reap_orphans()
 recording = False
 
-try:
-    os.waitpid(orphan, os.WNOHANG)
-    orphan_reaped = False
-except ChildProcessError:
-    orphan_reaped = True
+def reaped(pid):
+    try:
+        os.waitpid(pid, os.WNOHANG)
+        return False
+    except ChildProcessError:
+        return True
 _, status = os.waitpid(own, 0)
 entries = sorted({int(m.group(1)) for m in map(re.compile(r"/proc/(\d+)/").match, opened) if m})
 print(json.dumps({
-    "adopted": adopted, "orphan": orphan, "own": own, "orphanReaped": orphan_reaped,
+    "adopted": adopted, "orphan": orphan, "own": own, "byThread": by_thread,
+    "orphanReaped": reaped(orphan), "byThreadReaped": reaped(by_thread),
     "ownExitCode": os.waitstatus_to_exitcode(status), "procEntries": entries,
     "ownChildren": listings[0], "childrenInTable": listings[1],
 }))
@@ -90,18 +104,20 @@ def reaping() -> dict[str, Any]:
 def test_the_reaper_takes_the_exit_of_an_orphan_not_of_its_own_child(reaping):
     assert reaping["adopted"], "the orphan did not come to the subreaper"
     assert reaping["orphanReaped"], "the adopted orphan was left a zombie"
+    assert reaping["byThreadReaped"], "an unregistered child of an ended thread was left"
     assert reaping["ownExitCode"] == 7, "the exit status of a registered child was taken"
 
 
 def test_the_reaper_reads_the_entries_of_its_own_children_only(reaping):
     """Not the stat of every process on the machine at each reaping: its children's."""
-    children = {reaping["orphan"], reaping["own"]}
+    children = {reaping["orphan"], reaping["own"], reaping["byThread"]}
     assert set(reaping["procEntries"]) <= children, reaping["procEntries"]
 
 
 def test_the_childrens_listing_and_the_tables_agree(reaping):
     """The kernel's list of each thread's children, and the fallback for a kernel that
-    has none (the whole process table): the same children, zombies included."""
-    expected = sorted([reaping["orphan"], reaping["own"]])
+    has none (the whole process table): the same children, zombies included, a child of
+    a thread that has ended too."""
+    expected = sorted([reaping["orphan"], reaping["own"], reaping["byThread"]])
     assert reaping["ownChildren"] == expected
     assert reaping["childrenInTable"] == expected
