@@ -402,9 +402,8 @@ def default_app(
 
 
 def backend_app(backend: Backend, options: RouterOptions | None = None) -> web.Application:
-    """The routes of ``options`` (all by default) served by a host-provided backend; its
-    methods as ``options.refused_methods`` and ``options.method_policy`` say (all by
-    default; the environment is not read)."""
+    """The routes of ``options`` (all by default) served by a host-provided backend, its
+    methods refused as ``options`` says (none by default; the environment is not read)."""
     return create_app(backend, options)
 
 

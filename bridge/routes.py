@@ -87,9 +87,8 @@ class Route:
 
     @property
     def answers_head(self) -> bool:
-        """A health check, which load balancers make with HEAD too (GET's status and
-        headers, no body). Other GET routes answer HEAD with 405: it would open a
-        stream or wait on a poll."""
+        """A health check, which load balancers make with HEAD too. Other GET routes answer
+        HEAD with 405: it would open a stream or wait on a poll."""
         return self.method == "GET" and self.path in HEALTH_PATHS
 
 

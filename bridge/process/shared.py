@@ -80,9 +80,8 @@ def _real_path(path: str) -> str | None:
 
 
 def connect_failure(exc: BaseException) -> str:
-    """Why a connection to the app-server failed, in words: the system's reason ("No such
-    file or directory", "Connection refused") or the handshake's status; never a class
-    name, an address or a header."""
+    """Why a connection to the app-server failed: the system's words ("Connection refused")
+    or the handshake's status; never a class name, an address or a header."""
     if isinstance(exc, aiohttp.WSServerHandshakeError):
         return f"the WebSocket handshake was answered {exc.status}"
     if isinstance(exc, aiohttp.ServerDisconnectedError):
@@ -180,9 +179,8 @@ class ConnectShared:
         return connection
 
     async def _handshake(self) -> aiohttp.ClientWebSocketResponse:
-        """A WebSocket to the app-server; a supervised one found dead on the way (killed,
-        crashed, before the bridge saw it go) is waited for in its restart, as a request
-        arriving in the restart's backoff waits for it."""
+        """A WebSocket to the app-server; a supervised one found dead on the way (before the
+        bridge saw it go) is waited for in its restart, as in the restart's backoff."""
         for attempt in range(1, _CONNECT_ATTEMPTS + 1):
             process = None
             if self.supervised:
