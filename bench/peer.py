@@ -255,18 +255,27 @@ class GoPeer:
             stderr=subprocess.STDOUT,
             start_new_session=True,
         )
+        try:
+            self._wait_until_up()
+        except BaseException:
+            self.__exit__(None, None, None)  # not called by `with` when entering fails
+            raise
+        return self
+
+    def _wait_until_up(self) -> None:
+        assert self.proc is not None
         deadline = time.monotonic() + 20
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
                 raise RuntimeError(f"the Go peer exited at start:\n{self.output()}")
             with contextlib.suppress(OSError):
                 if http_json(self.port, "GET", "/healthz", timeout=2)[0] == 200:
-                    return self
+                    return
             time.sleep(0.05)
-        self.__exit__(None, None, None)
         raise RuntimeError(f"the Go peer did not answer /healthz within 20 s:\n{self.output()}")
 
     def output(self) -> str:
+        """The end of what the Go peer has written (it logs to stdout)."""
         self.log.flush()
         return (Path(self._dir.name) / "peer.log").read_text(errors="replace")[-4000:]
 
@@ -318,7 +327,6 @@ class GoPeer:
         if self.events is not None:
             self.events.close()
         if self.proc is not None:
-            children = child_pids(self.proc.pid)
             if self.proc.poll() is None:
                 self.proc.send_signal(signal.SIGTERM)
                 try:
@@ -327,10 +335,8 @@ class GoPeer:
                     self.proc.kill()
                     self.proc.wait(timeout=10)
             with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(self.proc.pid, signal.SIGKILL)  # its app-servers are in its group
-            for pid in children:
-                with contextlib.suppress(ProcessLookupError, PermissionError):
-                    os.kill(pid, signal.SIGKILL)
+                # Its app-servers are in its process group: none outlives a run.
+                os.killpg(self.proc.pid, signal.SIGKILL)
             self.proc = None
             self.log.close()
         self._dir.cleanup()
