@@ -260,8 +260,8 @@ def settle_heap() -> None:
     collections skip it, and the youngest generation is collected every
     :data:`GC_YOUNG_THRESHOLD` objects, which 64 calls in flight did not reach in 12,000
     calls: a call's share of collections is then next to nothing. Cyclic garbage (an
-    exception's traceback, a cancelled task) is still collected, after at most that many
-    objects (a few MB).
+    exception's traceback, a cancelled task) is still collected, once that many objects
+    more have been allocated than freed.
     """
     gc.collect()
     gc.freeze()
