@@ -103,8 +103,8 @@ class Driver:
     For the bridge a call is answered by its HTTP response. For the Go peer it is answered
     by the JSON-RPC answer carrying the connection's id on the session's event stream
     (``events``, an open SSE response); the connection's own 202 is read and checked
-    beside it. One thread, non-blocking sockets, a selector: at 64 in flight this client
-    costs a few µs per call, and it drives both proxies alike.
+    beside it. One thread, non-blocking sockets, a selector: it drives both proxies alike,
+    and its own CPU per call (about 20 µs) is printed beside theirs.
     """
 
     def __init__(
@@ -120,6 +120,12 @@ class Driver:
     def close(self) -> None:
         for conn in self.conns:
             conn.close()
+
+    def _send(self, index: int) -> None:
+        request = self.requests[index]
+        # A few hundred bytes into an idle connection's empty buffer: all or nothing.
+        if self.conns[index].send(request) != len(request):
+            raise RuntimeError("a request did not fit its connection's send buffer")
 
     def run(self, seconds: float) -> tuple[int, int]:
         """(calls answered within ``seconds``, calls answered in all): once the time is
@@ -141,12 +147,12 @@ class Driver:
             answered += 1
             if now < deadline:
                 within += 1
-                self.conns[index].send(self.requests[index])
+                self._send(index)
             else:
                 in_flight -= 1
 
-        for conn, request in zip(self.conns, self.requests, strict=True):
-            conn.send(request)
+        for index in range(len(self.conns)):
+            self._send(index)
         try:
             while in_flight:
                 ready = selector.select(timeout=10)
