@@ -199,13 +199,19 @@ def log(text: str) -> None:
 
 
 def http_json(
-    port: int, method: str, path: str, body: Any = None, timeout: float = 60.0
+    port: int,
+    method: str,
+    path: str,
+    body: Any = None,
+    timeout: float = 60.0,
+    headers: dict[str, str] | None = None,
 ) -> tuple[int, Any]:
     """One request on a fresh connection; (status, decoded JSON body or None)."""
     conn = http.client.HTTPConnection(HOST, port, timeout=timeout)
     try:
         payload = None if body is None else json.dumps(body).encode()
-        conn.request(method, path, body=payload, headers={"Content-Type": "application/json"})
+        sent = {"Content-Type": "application/json", **(headers or {})}
+        conn.request(method, path, body=payload, headers=sent)
         response = conn.getresponse()
         raw = response.read()
         return response.status, (json.loads(raw) if raw else None)

@@ -51,12 +51,16 @@ def version() -> str:
     return (done.stdout + done.stderr).splitlines()[0].split(" Copyright")[0]
 
 
-def lua_post(body: Any) -> str:
+def lua_post(body: Any, headers: dict[str, str] | None = None) -> str:
     encoded = json.dumps(json.dumps(body, separators=(",", ":")))
+    more = "".join(
+        f"wrk.headers[{json.dumps(name)}] = {json.dumps(value)}\n"
+        for name, value in (headers or {}).items()
+    )
     return (
         'wrk.method = "POST"\n'
         f"wrk.body = {encoded}\n"
-        'wrk.headers["Content-Type"] = "application/json"\n' + _REPORT
+        'wrk.headers["Content-Type"] = "application/json"\n' + more + _REPORT
     )
 
 

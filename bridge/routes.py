@@ -134,18 +134,19 @@ async def read_raw_body(request: web.Request, limits: RestLimits) -> bytes:
                 "(identity, gzip, deflate).",
                 data={"contentEncoding": encoding[:100]},
             )
-    length = request.content_length
-    if length is not None and length > limit:
-        raise errors.payload_too_large(limit)
     try:
         content = request.content
         if content.is_eof():
             # The whole body has arrived (a small body comes with its headers): it is
-            # taken as it is buffered, with no deadline (no timer per request) and no wait.
+            # taken as it is buffered, with no deadline (no timer per request) and no wait,
+            # and its size is its own (Content-Length need not be read).
             raw = content.read_nowait()
             if len(raw) > limit:
                 raise errors.payload_too_large(limit)
         else:
+            length = request.content_length
+            if length is not None and length > limit:
+                raise errors.payload_too_large(limit)
             async with asyncio.timeout(limits.body_timeout_ms / 1000):
                 raw = await request.read()
     except TimeoutError:

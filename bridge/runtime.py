@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import ctypes
+import gc
 import logging
 import os
 import signal
@@ -47,6 +48,10 @@ DESCENDANTS_EXIT_SECONDS = 5.0
 #: How often `rest-bridge serve` reaps adopted orphans that exited on their own.
 ORPHAN_REAP_SECONDS = 5.0
 _PR_SET_CHILD_SUBREAPER = 36
+#: Objects allocated beyond those freed before Python collects its youngest
+#: generation, once `rest-bridge serve` has started (:func:`settle_heap`); Python's
+#: default is 700.
+GC_YOUNG_THRESHOLD = 10_000
 
 log = logging.getLogger("bridge.process")
 
@@ -343,6 +348,28 @@ def carrying(variable: str, value: str) -> descendants.Selector:
     return select
 
 
+def settle_heap() -> None:
+    """Tune Python's garbage collector for serving, once start-up is done.
+
+    A call allocates a few dozen container objects and frees them by reference count;
+    a bridge makes no cyclic garbage while it serves. Python's default still collected
+    the youngest generation every 700 objects allocated beyond those freed, which calls
+    in flight reach every hundred calls or so, and each such collection promoted the
+    calls in flight to an older generation, so that a full collection of every object
+    start-up built (about 60,000) followed every few thousand calls: together 3-5 µs of
+    CPU per call, measured with ``gc.callbacks`` at 64 calls in flight. Now what start-up
+    built is frozen (after one collection that frees its own garbage), so that later
+    collections skip it, and the youngest generation is collected every
+    :data:`GC_YOUNG_THRESHOLD` objects, which 64 calls in flight did not reach in 12,000
+    calls: a call's share of collections is then next to nothing. Cyclic garbage (an
+    exception's traceback, a cancelled task) is still collected, once that many objects
+    more have been allocated than freed.
+    """
+    gc.collect()
+    gc.freeze()
+    gc.set_threshold(GC_YOUNG_THRESHOLD, *gc.get_threshold()[1:])
+
+
 class ServeProcess:
     """The process policy of `rest-bridge serve`, for as long as it serves.
 
@@ -416,6 +443,7 @@ class ServeProcess:
         # The bridge accepts its connections itself, on either loop, so that running out
         # of descriptors is reported and survived alike (bridge.descriptors).
         self._acceptor = Acceptor(runner.server, sockets)
+        settle_heap()
         return tuple(sockets[0].getsockname())
 
     async def __aexit__(

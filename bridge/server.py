@@ -129,7 +129,7 @@ def head_middleware(max_header_bytes: int, max_body_bytes: int | None) -> Middle
         problem = None
         if head_sizes(request)[1] > max_header_bytes:  # the line is part of the head
             problem = head_problem(request, max_header_bytes)
-        elif not request.path.startswith("/"):
+        elif not request.raw_path.startswith("/") and not request.path.startswith("/"):
             # CONNECT host:port, OPTIONS *: no route takes them. Closed: after a
             # CONNECT, what follows the head would be a tunnel's bytes.
             problem = errors.of_kind(
