@@ -156,8 +156,13 @@ def _quiet_logging() -> None:
     logging.getLogger("bridge").setLevel(logging.INFO)
 
 
+def check_arguments(paths: Sequence[str]) -> list[str]:
+    """`check PATH...` for pytest: the scenario files collected, none run."""
+    return [*SCENARIOS_ONLY, "--collect-only", "-q", "-p", "no:cacheprovider", *paths]
+
+
 def _check(args: argparse.Namespace) -> int:
-    return _pytest([*SCENARIOS_ONLY, "--collect-only", "-q", "-p", "no:cacheprovider", *args.paths])
+    return _pytest(check_arguments(args.paths))
 
 
 def _schema(args: argparse.Namespace) -> int:
