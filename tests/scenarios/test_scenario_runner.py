@@ -17,14 +17,14 @@ import textwrap
 import threading
 import xml.etree.ElementTree as ET
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from front_here import run_here
 from processes import live_children, marked_processes, quiet_pytest
 
 from scenarios import harness
-from scenarios.cli import SCENARIOS_ONLY, check_arguments, pytest_arguments
+from scenarios.cli import SCENARIOS_ONLY, pytest_arguments
 from scenarios.format import load_scenario, parse_scenario
 from scenarios.runner import RunOptions, run_scenario_sync
 
@@ -45,30 +45,6 @@ def run_cli(*args: str, cwd: Path = ROOT, **env: str) -> subprocess.CompletedPro
         timeout=300,
         check=False,
     )
-
-
-@dataclass
-class Ran:
-    """How a run ended and what it printed, as `subprocess.CompletedProcess` has them."""
-
-    returncode: int
-    stdout: str
-    stderr: str
-
-
-def run_here(pytester: pytest.Pytester, *args: str) -> Ran:
-    """`rest-bridge scenarios run|check ARGS` without the front's two Python processes:
-    the pytest the front starts, given the very arguments it gives it (`pytest_arguments`,
-    `check_arguments`), run in this process, in `pytester`'s folder. For what a run
-    reports and how it ends; what the front's own processes do (signals, what a run
-    leaves behind, `--basetemp` left unset) goes through `run_cli`."""
-    action, *rest = args
-    argv = check_arguments(rest) if action == "check" else pytest_arguments(rest)
-    # The modules it would assert-rewrite are imported here already: no news for the run.
-    quiet = ("-W", "ignore::pytest.PytestAssertRewriteWarning")
-    # pytest-timeout's alarm, set and cleared in here, would clear this test's own.
-    result = pytester.runpytest_inprocess(*argv, "-p", "no:timeout", *quiet)
-    return Ran(int(result.ret), "\n".join(result.outlines), "\n".join(result.errlines))
 
 
 def test_a_checkout_with_the_harness_extra_alone_runs_its_library() -> None:

@@ -1,0 +1,40 @@
+"""`rest-bridge scenarios run|check ARGS` without the front's two Python processes.
+
+The front (scenarios/cli.py) starts pytest with the arguments `pytest_arguments` (or
+`check_arguments`) makes of its own; here that same pytest runs in this process, in
+`pytester`'s folder. For what a run reports and how it ends; what the front's own
+processes do (signals, what a run leaves behind, xdist's workers) is started for real.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import pytest
+
+from scenarios.cli import check_arguments, pytest_arguments
+
+#: pytest-timeout's alarm, set and cleared by the run in here, would clear the test's own;
+#: the modules it would assert-rewrite are imported here already (no news for the run).
+IN_PROCESS = ("-p", "no:timeout", "-W", "ignore::pytest.PytestAssertRewriteWarning")
+
+
+@dataclass
+class Ran:
+    """How a run ended and what it printed, as `subprocess.CompletedProcess` has them."""
+
+    returncode: int
+    stdout: str
+    stderr: str
+
+
+def run_here(pytester: pytest.Pytester, *args: str, front: bool = True) -> Ran:
+    """`rest-bridge scenarios ARGS` (`run` or `check` first), or with `front=False` pytest
+    given ARGS as they are (the plugin's own options), run in this process."""
+    if front:
+        action, *rest = args
+        argv = check_arguments(rest) if action == "check" else pytest_arguments(rest)
+    else:
+        argv = list(args)
+    result = pytester.runpytest_inprocess(*argv, *IN_PROCESS)
+    return Ran(int(result.ret), "\n".join(result.outlines), "\n".join(result.errlines))
