@@ -8,6 +8,7 @@ processes do (signals, what a run leaves behind, xdist's workers) is started for
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass
 
 import pytest
@@ -17,6 +18,16 @@ from scenarios.cli import check_arguments, pytest_arguments
 #: pytest-timeout's alarm, set and cleared by the run in here, would clear the test's own;
 #: the modules it would assert-rewrite are imported here already (no news for the run).
 IN_PROCESS = ("-p", "no:timeout", "-W", "ignore::pytest.PytestAssertRewriteWarning")
+
+
+def in_process(pytester: pytest.Pytester, *args: str) -> pytest.RunResult:
+    """pytest ARGS on `pytester`'s folder, in this process, as a pytest of its own would
+    run: a warning that one only prints on its stderr (a plugin's, at configuration
+    time) is neither made an error by this test's filters (the project makes pytest's
+    warnings errors) nor counted as this test's; what the run reports is its own."""
+    with warnings.catch_warnings(record=True):
+        warnings.simplefilter("default", pytest.PytestWarning)
+        return pytester.runpytest_inprocess(*args, *IN_PROCESS)
 
 
 @dataclass
@@ -36,5 +47,5 @@ def run_here(pytester: pytest.Pytester, *args: str, front: bool = True) -> Ran:
         argv = check_arguments(rest) if action == "check" else pytest_arguments(rest)
     else:
         argv = list(args)
-    result = pytester.runpytest_inprocess(*argv, *IN_PROCESS)
+    result = in_process(pytester, *argv)
     return Ran(int(result.ret), "\n".join(result.outlines), "\n".join(result.errlines))
