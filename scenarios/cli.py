@@ -17,8 +17,6 @@ from collections.abc import Sequence
 from pathlib import Path
 from types import FrameType
 
-from scenarios.reporting import format_result
-
 USAGE_ERROR = 2
 NOTHING_TO_DO = 5  # pytest's number for it
 #: The front's own options, and the plugin's options they stand for.
@@ -175,6 +173,7 @@ def _schema(args: argparse.Namespace) -> int:
 def _record(args: argparse.Namespace) -> int:
     """Record a `model:` scenario on the real codex; write and replay its fake-codex twin."""
     from scenarios.record import RecordError, record_scenario
+    from scenarios.reporting import format_result
 
     _quiet_logging()
     options = {"codex": args.codex, "name": args.name, "keep_tmp": args.keep_tmp}
