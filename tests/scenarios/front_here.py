@@ -8,12 +8,14 @@ processes do (signals, what a run leaves behind, xdist's workers) is started for
 
 from __future__ import annotations
 
+import logging
 import warnings
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import pytest
 
-from scenarios.cli import check_arguments, pytest_arguments
+from scenarios.cli import check_arguments, main, pytest_arguments
 
 #: pytest-timeout's alarm, set and cleared by the run in here, would clear the test's own;
 #: the modules it would assert-rewrite are imported here already (no news for the run).
@@ -49,3 +51,16 @@ def run_here(pytester: pytest.Pytester, *args: str, front: bool = True) -> Ran:
         argv = list(args)
     result = in_process(pytester, *argv)
     return Ran(int(result.ret), "\n".join(result.outlines), "\n".join(result.errlines))
+
+
+def main_here(argv: Sequence[str]) -> int:
+    """`rest-bridge scenarios ARGV` by its main, in this process, leaving the logging set
+    up as it found it (the record commands quiet the bridge's logs for the process
+    they run in, which here is a worker that runs other tests next)."""
+    root, bridge = logging.getLogger(), logging.getLogger("bridge")
+    handlers, level = list(root.handlers), bridge.level
+    try:
+        return main(list(argv))
+    finally:
+        root.handlers[:] = handlers
+        bridge.setLevel(level)

@@ -25,7 +25,7 @@ import jsonschema
 import orjson
 import pytest
 import yaml
-from front_here import run_here
+from front_here import main_here, run_here
 
 from bridge import codex_window
 from fakes.app_server.wire import WIRE_LOG_ENV
@@ -634,7 +634,7 @@ def test_record_the_library_scenario_then_run_it_where_there_is_no_codex(
     # are the subject here, not their processes; test_scenario_runner starts the front).
     out = tmp_path / "recorded.scenario.yaml"
     monkeypatch.setenv("CODEX_BIN", codex_bin)
-    status = scenarios_main(["record", str(SCRIPTED_MODEL), "-o", str(out)])
+    status = main_here(["record", str(SCRIPTED_MODEL), "-o", str(out)])
     printed = capsys.readouterr()
     assert status == 0, printed.out + printed.err
     assert "replayed" in printed.out

@@ -21,11 +21,10 @@ from typing import Any
 import httpx
 import pytest
 import yaml
-from front_here import Ran
+from front_here import Ran, main_here
 from respx.models import AllMockedAssertionError
 
 from scenarios.cassette import COMMAND, Cassette, StaleCassette, cassette_for, cassette_path
-from scenarios.cli import main as scenarios_main
 from scenarios.format import load_scenario
 from scenarios.respx_mock import ScenarioMockError, UnmatchedRequest, scenario_router
 
@@ -481,7 +480,7 @@ def test_the_command_records_checks_and_refuses_a_failing_scenario(
         if spelling == "cli":
             with monkeypatch.context() as here:
                 here.chdir(good.parent)
-                code = scenarios_main([f"{action}-cassettes", *args])
+                code = main_here([f"{action}-cassettes", *args])
             printed = capsys.readouterr()
             return Ran(code, printed.out, printed.err)
         done = subprocess.run(
