@@ -17,8 +17,6 @@ from collections.abc import Sequence
 from pathlib import Path
 from types import FrameType
 
-from scenarios.reporting import format_result
-
 USAGE_ERROR = 2
 NOTHING_TO_DO = 5  # pytest's number for it
 #: The front's own options, and the plugin's options they stand for.
@@ -156,8 +154,13 @@ def _quiet_logging() -> None:
     logging.getLogger("bridge").setLevel(logging.INFO)
 
 
+def check_arguments(paths: Sequence[str]) -> list[str]:
+    """`check PATH...` for pytest: the scenario files collected, none run."""
+    return [*SCENARIOS_ONLY, "--collect-only", "-q", "-p", "no:cacheprovider", *paths]
+
+
 def _check(args: argparse.Namespace) -> int:
-    return _pytest([*SCENARIOS_ONLY, "--collect-only", "-q", "-p", "no:cacheprovider", *args.paths])
+    return _pytest(check_arguments(args.paths))
 
 
 def _schema(args: argparse.Namespace) -> int:
@@ -170,6 +173,7 @@ def _schema(args: argparse.Namespace) -> int:
 def _record(args: argparse.Namespace) -> int:
     """Record a `model:` scenario on the real codex; write and replay its fake-codex twin."""
     from scenarios.record import RecordError, record_scenario
+    from scenarios.reporting import format_result
 
     _quiet_logging()
     options = {"codex": args.codex, "name": args.name, "keep_tmp": args.keep_tmp}

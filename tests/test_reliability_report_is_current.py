@@ -9,52 +9,41 @@ figures are a run's, and a run at full size takes about 45 minutes.
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 
-#: Collects tests/reliability and prints, for each test that asks for its `report` row
-#: and has a docstring, that docstring's first line.
-COLLECT = """
-import json, sys
-import pytest
+pytest_plugins = ["pytester"]
+
 
 class Names:
-    names = set()
+    """For each test that asks for its `report` row and has a docstring, that
+    docstring's first line."""
 
-    def pytest_collection_modifyitems(self, items):
+    def __init__(self) -> None:
+        self.names: set[str] = set()
+
+    def pytest_collection_modifyitems(self, items: list[pytest.Item]) -> None:
         for item in items:
             doc = getattr(getattr(item, "function", None), "__doc__", None)
             if "report" in getattr(item, "fixturenames", ()) and doc and doc.strip():
                 self.names.add(doc.strip().splitlines()[0])
 
-names = Names()
-code = pytest.main(
-    ["--collect-only", "-q", "-p", "no:cacheprovider", "tests/reliability"], plugins=[names]
-)
-print("NAMES " + json.dumps(sorted(names.names)))
-sys.exit(code)
-"""
 
-
-@pytest.mark.timeout(600)  # collecting the fuzzing module loads schemathesis
-def test_every_reliability_test_has_its_row_in_the_report() -> None:
-    done = subprocess.run(
-        [sys.executable, "-c", COLLECT],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=False,
-    )
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    line = next(x for x in done.stdout.splitlines() if x.startswith("NAMES "))
-    names = json.loads(line.removeprefix("NAMES "))
+# Collecting the fuzzing module loads schemathesis, unless this process has already.
+@pytest.mark.timeout(600)
+def test_every_reliability_test_has_its_row_in_the_report(pytester: pytest.Pytester) -> None:
+    # In this process: the collection is the same pytest's with the same plugins, and a
+    # run of the whole suite has imported the modules it reads already.
+    found = Names()
+    args = ("--collect-only", "-q", "-p", "no:cacheprovider", str(ROOT / "tests" / "reliability"))
+    # What it would assert-rewrite is imported here already (the project's packages).
+    args += ("-W", "ignore::pytest.PytestAssertRewriteWarning")
+    collected = pytester.inline_run(*args, plugins=[found])
+    assert collected.ret == pytest.ExitCode.OK, collected.getreports()[-3:]
+    names = sorted(found.names)
     assert len(names) > 50, names  # the collection did find the suite
     report = (ROOT / "docs" / "RELIABILITY.md").read_text()
     cases = {

@@ -7,7 +7,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
-from processes import live_children, open_descriptors
+from processes import QUIET_PLUGINS, live_children, open_descriptors
 
 pytest_plugins = ["pytester"]
 
@@ -102,7 +102,7 @@ def test_a_quick_test_that_starts_a_process_fails_naming_it_and_the_phase(
         )
     )
     # In a process of its own: multiprocessing leaves its resource tracker running there.
-    result = project.runpytest_subprocess("-p", "no:cacheprovider", "-rfE")
+    result = project.runpytest_subprocess("-p", "no:cacheprovider", *QUIET_PLUGINS, "-rfE")
     result.assert_outcomes(passed=3, failed=4, errors=1)
     fails = "a quick test started 1 process(es) in its"
     result.stdout.fnmatch_lines(
@@ -165,7 +165,7 @@ def test_each_xdist_group_runs_on_one_worker(project: pytest.Pytester) -> None:
     )
     project.makepyfile(test_groups="import os\nimport pytest\n" + textwrap.dedent(tests))
     result = project.runpytest_subprocess(
-        "-p", "no:cacheprovider", "-n", "2", "--dist", "loadgroup"
+        "-p", "no:cacheprovider", *QUIET_PLUGINS, "-n", "2", "--dist", "loadgroup"
     )
     result.assert_outcomes(passed=12)
     workers: dict[str, set[str]] = {}

@@ -1,8 +1,9 @@
 """Every message fake-codex writes in every scenario of the library matches the JSON
 Schema that the real codex of the same release generates.
 
-Per release of the support window, the whole library runs with fake-codex emulating that
-release (``$FAKE_CODEX_VERSION``), and the fake tees what it writes and reads to files
+Per release of the support window, the whole library runs (in this process, a few
+scenarios at a time) with fake-codex emulating that release (``$FAKE_CODEX_VERSION``),
+and the fake tees what it writes and reads to files
 (``$FAKE_CODEX_WIRE_LOG``). Each line it wrote is then checked against that release's
 schema, made strict (a field the schema does not declare is an error, as no real codex
 sends one): notifications against ``ServerNotification.json``, server requests against
@@ -22,12 +23,13 @@ from typing import Any
 
 import jsonschema
 import pytest
+from scenario_runs import run_all
 
 from bridge import codex_window
 from fakes.app_server.cli import VERSION_ENV
 from fakes.app_server.wire import WIRE_LOG_ENV
 from scenarios.format import load_scenario
-from scenarios.runner import RunOptions, run_scenario
+from scenarios.runner import RunOptions
 
 LIBRARY = Path(__file__).resolve().parents[2] / "scenarios" / "library"
 
@@ -99,8 +101,8 @@ NOT_JSON = "<not JSON>"
 
 
 @pytest.mark.asyncio
-# The whole library, one scenario after another: a minute on a busy machine, more on a
-# very busy one; the default guard of 120 s is for a single case.
+# The whole library, a few scenarios at a time: half a minute on a busy machine, more on
+# a very busy one; the default guard of 120 s is for a single case.
 @pytest.mark.timeout(600)
 @pytest.mark.codex_timeout(600)
 async def test_every_library_message_matches_the_real_schema(
@@ -132,9 +134,9 @@ async def test_every_library_message_matches_the_real_schema(
         if not (loaded := load_scenario(path)).scenario.real_codex
     ]
     assert fake_backed
-    for loaded in fake_backed:
-        result = await run_scenario(loaded, RunOptions(tmp_root=tmp_path))
-        assert result.passed, loaded.name
+    runs = await run_all(fake_backed, RunOptions(tmp_root=tmp_path))
+    failed = [run for run in runs if not run.passed]
+    assert [run.loaded.name for run in failed] == [], [run.failures for run in failed]
 
     checked: Counter[str] = Counter()
     problems: list[str] = []

@@ -1,26 +1,28 @@
 """The scenario library in shared mode: one app-server, each session a connection to it.
 
-The same files, run by `rest-bridge scenarios run` with `REST_ADAPTER_APP_SERVER_MODE=shared`
-in its environment: the harness then builds every bridge in shared mode, on fake-codex
-`--listen` (and on the real codex for the real-codex scenarios). The scenarios that cannot
-apply there are named in `NOT_IN_SHARED_MODE` with the reason; each of them must still
-fail in shared mode, so the list cannot go stale.
+The same files, run with `REST_ADAPTER_APP_SERVER_MODE=shared` in the environment (as
+`rest-bridge scenarios run` takes it from its own): the harness then builds every bridge
+in shared mode, on fake-codex `--listen` (and on the real codex for the real-codex
+scenarios). They run in this process, a few at a time, once for both tests below. The
+scenarios that cannot apply there are named in `NOT_IN_SHARED_MODE` with the reason; each
+of them must still fail in shared mode, so the list cannot go stale.
 """
 
 from __future__ import annotations
 
+import asyncio
 import os
-import subprocess
-import sys
 from pathlib import Path
-from xml.etree import ElementTree
 
 import pytest
-from processes import quiet_pytest
+from scenario_runs import run_all
+
+from scenarios.format import load_scenario
+from scenarios.harness import find_codex
+from scenarios.runner import RunOptions
 
 ROOT = Path(__file__).resolve().parents[2]
 LIBRARY = ROOT / "scenarios" / "library"
-REST_BRIDGE = str(Path(sys.executable).with_name("rest-bridge"))
 
 #: Scenarios about what only a process of one's own has, by file name, and why.
 NOT_IN_SHARED_MODE: dict[str, str] = {
@@ -36,26 +38,21 @@ NOT_IN_SHARED_MODE: dict[str, str] = {
 }
 
 
-def run_library(files: list[Path], tmp_path: Path) -> dict[str, str]:
-    """Each scenario's outcome (`passed`, `failure`, `error` or `skipped`), by name."""
-    # From the project's root, as test_scenario_runner.py runs it: the real codex of
-    # .codex-npm/ is found there (and must be, under CI=true).
-    junit = tmp_path / "junit.xml"
-    done = subprocess.run(
-        [REST_BRIDGE, "scenarios", "run", *map(str, files), "-n", "2", f"--junitxml={junit}"],
-        capture_output=True,
-        text=True,
-        cwd=ROOT,
-        env=quiet_pytest({**os.environ, "REST_ADAPTER_APP_SERVER_MODE": "shared"}),
-        timeout=300,
-        check=False,
-    )
-    assert junit.exists(), done.stdout[-5000:] + done.stderr
-    outcomes = {}
-    for case in ElementTree.parse(junit).iter("testcase"):
-        tags = [child.tag for child in case if child.tag in ("failure", "error", "skipped")]
-        outcomes[case.attrib["name"]] = tags[0] if tags else "passed"
-    return outcomes
+#: A run's outcome as JUnit names it.
+JUNIT = {"passed": "passed", "failed": "failure", "skipped": "skipped"}
+
+
+@pytest.fixture(scope="module")
+def shared_mode(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
+    """Each library scenario's outcome in shared mode (`passed`, `failure` or `skipped`),
+    by name: every file run once, in this process, a few at a time (`scenario_runs`),
+    with the real codex of .codex-npm/ for those that script the model."""
+    files = sorted(LIBRARY.glob("*.scenario.yaml"))
+    options = RunOptions(codex=find_codex(root=ROOT), tmp_root=tmp_path_factory.mktemp("shared"))
+    with pytest.MonkeyPatch.context() as env:
+        env.setenv("REST_ADAPTER_APP_SERVER_MODE", "shared")
+        results = asyncio.run(run_all([load_scenario(path) for path in files], options))
+    return {name(path): JUNIT[result.outcome] for path, result in zip(files, results, strict=True)}
 
 
 def name(path: Path) -> str:
@@ -69,18 +66,20 @@ def test_every_scenario_left_out_exists_and_says_why() -> None:
     assert all(len(reason) > 20 for reason in NOT_IN_SHARED_MODE.values())
 
 
+# Both read one run of the library (the module's fixture): on one worker.
+@pytest.mark.xdist_group("library-shared-mode")
 @pytest.mark.timeout(600)
-def test_the_library_passes_in_shared_mode(tmp_path: Path) -> None:
+def test_the_library_passes_in_shared_mode(shared_mode: dict[str, str]) -> None:
     files = sorted(p for p in LIBRARY.glob("*.scenario.yaml") if name(p) not in NOT_IN_SHARED_MODE)
-    outcomes = run_library(files, tmp_path)
+    outcomes = {n: o for n, o in shared_mode.items() if n not in NOT_IN_SHARED_MODE}
     assert set(outcomes) == {name(p) for p in files}
     # A real-codex scenario may skip on a laptop without codex; never under CI=true.
     allowed = {"passed"} if os.environ.get("CI") == "true" else {"passed", "skipped"}
     assert {n: o for n, o in outcomes.items() if o not in allowed} == {}
 
 
+@pytest.mark.xdist_group("library-shared-mode")
 @pytest.mark.timeout(600)
-def test_the_scenarios_left_out_do_fail_in_shared_mode(tmp_path: Path) -> None:
-    files = sorted(LIBRARY / f"{n}.scenario.yaml" for n in NOT_IN_SHARED_MODE)
-    outcomes = run_library(files, tmp_path)
+def test_the_scenarios_left_out_do_fail_in_shared_mode(shared_mode: dict[str, str]) -> None:
+    outcomes = {n: o for n, o in shared_mode.items() if n in NOT_IN_SHARED_MODE}
     assert outcomes == dict.fromkeys(NOT_IN_SHARED_MODE, "failure")

@@ -1,5 +1,6 @@
-"""The pytest plugin as a host suite meets it: in its own pytest process, found by its
-entry point, with pytest-asyncio in strict and auto modes, xdist and rerunfailures."""
+"""The pytest plugin as a host suite meets it: found by its entry point, with pytest-asyncio
+in strict and auto modes, xdist and rerunfailures; in a pytest process of its own where
+processes are the point (xdist, deadlines, imports), else in this one (`here`)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
+from front_here import in_process
 
 pytest_plugins = ["pytester"]
 
@@ -87,6 +89,13 @@ steps:
 """
 
 
+def here(pytester: pytest.Pytester, *args: str) -> pytest.RunResult:
+    """pytest on `pytester`'s folder in this process: for what the plugin does in a host's
+    run; the runs about processes (xdist's workers, a deadline stopping a hung test, what
+    an environment without httpx imports) are started as processes."""
+    return in_process(pytester, *args)
+
+
 def host_project(pytester: pytest.Pytester, **files: str) -> None:
     pytester.makepyfile(test_host=HOST_TESTS)
     for name, text in files.items():
@@ -96,7 +105,7 @@ def host_project(pytester: pytest.Pytester, **files: str) -> None:
 @pytest.mark.parametrize("mode", ["strict", "auto"])
 def test_the_fixtures_work_in_both_asyncio_modes(pytester: pytest.Pytester, mode: str) -> None:
     host_project(pytester, **{"health.scenario.yaml": GOOD_SCENARIO})
-    result = pytester.runpytest_subprocess(*QUIET, f"--asyncio-mode={mode}")
+    result = here(pytester, *QUIET, f"--asyncio-mode={mode}")
     result.assert_outcomes(passed=5)
 
 
@@ -105,7 +114,7 @@ def test_scenario_files_are_tests_and_their_failures_read_well(pytester: pytest.
         pytester,
         **{"health.scenario.yaml": GOOD_SCENARIO, "wrong.scenario.yaml": BROKEN_SCENARIO},
     )
-    result = pytester.runpytest_subprocess(*QUIET)
+    result = here(pytester, *QUIET)
     result.assert_outcomes(passed=5, failed=1)
     result.stdout.fnmatch_lines(
         [
@@ -123,7 +132,7 @@ def test_a_malformed_scenario_is_a_collection_error_with_its_line(
     (pytester.path / "bad.scenario.yaml").write_text(
         "scenario: 1\nsteps:\n  - http: {path: /health}\n    expect: {stauts: 200}\n"
     )
-    result = pytester.runpytest_subprocess(*QUIET)
+    result = here(pytester, *QUIET)
     result.assert_outcomes(errors=1)
     result.stdout.fnmatch_lines(["*bad.scenario.yaml:4:14: steps?0?.expect.stauts: Extra*"])
 
@@ -164,7 +173,7 @@ def test_the_fixture_bridges_check_their_script_like_scenarios(pytester: pytest.
                 assert response.status == 200
         """
     )
-    result = pytester.runpytest_subprocess(*QUIET)
+    result = here(pytester, *QUIET)
     result.assert_outcomes(passed=1, errors=1)
     result.stdout.fnmatch_lines(["*scripted turn 0 was never started*"])
 
@@ -189,7 +198,7 @@ def test_a_conftest_registering_it_too_is_harmless(
     if not autoload:
         monkeypatch.setenv("PYTEST_DISABLE_PLUGIN_AUTOLOAD", "1")
         args += ["-p", "pytest_asyncio.plugin"]
-    result = pytester.runpytest_subprocess(*args)
+    result = here(pytester, *args)
     result.assert_outcomes(passed=1)
 
 
@@ -246,9 +255,9 @@ def test_with_pytest_asyncio_turned_off_the_loop_scope_is_not_declared(
     """Under `-p no:asyncio` the plugin leaves pytest-asyncio's option alone: a host's
     configuration that sets it is then an unknown option, as without the plugin."""
     pytester.makepyfile("def test_sync():\n    assert True\n")
-    result = pytester.runpytest_subprocess(*QUIET, "-p", "no:asyncio", "--help")
+    result = here(pytester, *QUIET, "-p", "no:asyncio", "--help")
     assert "asyncio_default_fixture_loop_scope" not in result.stdout.str()
-    result = pytester.runpytest_subprocess(*QUIET, "-p", "no:asyncio")
+    result = here(pytester, *QUIET, "-p", "no:asyncio")
     result.assert_outcomes(passed=1)
 
 
@@ -286,7 +295,7 @@ def test_a_codex_path_given_that_does_not_work_fails_naming_it(
         args += ["--codex-bin", codex]
     else:
         monkeypatch.setenv("CODEX_BIN", codex)
-    result = pytester.runpytest_subprocess(*args, "-rA")
+    result = here(pytester, *args, "-rA")
     # The fixture's test errors in setup, the scenario fails; nothing is skipped.
     result.assert_outcomes(failed=1, errors=1)
     setting = f"--codex-bin {codex}" if given == "--codex-bin" else f"CODEX_BIN={codex}"
@@ -309,7 +318,7 @@ def test_without_any_codex_both_skip_with_the_clis_words(
     from scenarios.harness import NO_CODEX
 
     no_codex_anywhere(pytester, monkeypatch)
-    result = pytester.runpytest_subprocess(*QUIET, "-rs")
+    result = here(pytester, *QUIET, "-rs")
     result.assert_outcomes(skipped=2)
     reasons = [line for line in result.outlines if line.startswith("SKIPPED")]
     assert len(reasons) == 2, result.outlines
@@ -345,9 +354,9 @@ def test_the_respx_fixtures_name_the_extra_to_install(pytester: pytest.Pytester)
 
 def registered(pytester: pytest.Pytester, *args: str) -> dict[str, set[str]]:
     """What pytest lists: fixtures, markers, command-line options and ini keys."""
-    fixtures = pytester.runpytest_subprocess(*args, "--fixtures").outlines
-    markers = pytester.runpytest_subprocess(*args, "--markers").outlines
-    helped = pytester.runpytest_subprocess(*args, "--help").outlines
+    fixtures = here(pytester, *args, "--fixtures").outlines
+    markers = here(pytester, *args, "--markers").outlines
+    helped = here(pytester, *args, "--help").outlines
     return {
         "fixture": {m[1] for line in fixtures if (m := re.match(r"(\w+)(?: \[.*?\])? -- ", line))},
         "marker": {m[1] for line in markers if (m := re.match(r"@pytest\.mark\.([\w-]+)", line))},
@@ -399,7 +408,7 @@ def test_a_host_fixture_overriding_one_the_plugin_uses_fails_naming_the_clash(
             await codex_sse("/v1/sessions/x/events/stream")
         """
     )
-    result = pytester.runpytest_subprocess(*QUIET)
+    result = here(pytester, *QUIET)
     result.assert_outcomes(**({"failed": 1} if name == "codex_client" else {"errors": 1}))
     user = "codex_sse" if name == "codex_client" else "codex_client"
     result.stdout.fnmatch_lines(

@@ -25,7 +25,7 @@ import jsonschema
 import orjson
 import pytest
 import yaml
-from processes import quiet_pytest
+from front_here import main_here, run_here
 
 from bridge import codex_window
 from fakes.app_server.wire import WIRE_LOG_ENV
@@ -47,7 +47,8 @@ ROOT = Path(__file__).resolve().parents[2]
 LIBRARY = ROOT / "scenarios" / "library"
 SCRIPTED_MODEL = LIBRARY / "real-codex-scripted-model.scenario.yaml"
 SCRIPTED_MODEL_REPLAY = LIBRARY / "real-codex-scripted-model-replay.scenario.yaml"
-REST_BRIDGE = str(Path(sys.executable).with_name("rest-bridge"))
+
+pytest_plugins = ["pytester"]
 
 #: Two turns on one thread: a command accepted, then one declined, then the history.
 APPROVALS = """
@@ -623,20 +624,21 @@ def as_replayed(value: Any, cwd: str) -> Any:
 
 @pytest.mark.real_codex
 def test_record_the_library_scenario_then_run_it_where_there_is_no_codex(
-    codex_bin: str, tmp_path: Path
+    codex_bin: str,
+    tmp_path: Path,
+    pytester: pytest.Pytester,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
 ) -> None:
+    # `rest-bridge scenarios record` and `run` in this process (their output and status
+    # are the subject here, not their processes; test_scenario_runner starts the front).
     out = tmp_path / "recorded.scenario.yaml"
-    done = subprocess.run(
-        [REST_BRIDGE, "scenarios", "record", str(SCRIPTED_MODEL), "-o", str(out)],
-        capture_output=True,
-        text=True,
-        env={**os.environ, "CODEX_BIN": codex_bin},
-        timeout=300,
-        check=False,
-    )
-    assert done.returncode == 0, done.stdout + done.stderr
-    assert "replayed" in done.stdout
-    assert "passed" in done.stdout
+    monkeypatch.setenv("CODEX_BIN", codex_bin)
+    status = main_here(["record", str(SCRIPTED_MODEL), "-o", str(out)])
+    printed = capsys.readouterr()
+    assert status == 0, printed.out + printed.err
+    assert "replayed" in printed.out
+    assert "passed" in printed.out
     text = out.read_text()
     for path in machine_paths(tmp_path):
         assert path not in text
@@ -647,19 +649,10 @@ def test_record_the_library_scenario_then_run_it_where_there_is_no_codex(
     source = yaml.safe_load(SCRIPTED_MODEL.read_text())
     assert loaded.data["steps"] == source["steps"]
 
-    elsewhere = tmp_path / "elsewhere"
-    elsewhere.mkdir()
-    env = {k: v for k, v in os.environ.items() if k != "CODEX_BIN"}
-    env["PATH"] = f"{Path(sys.executable).parent}:/usr/bin:/bin"
-    replay = subprocess.run(
-        [REST_BRIDGE, "scenarios", "run", str(out)],
-        capture_output=True,
-        text=True,
-        cwd=elsewhere,
-        env=quiet_pytest(env),
-        timeout=300,
-        check=False,
-    )
+    # Elsewhere (pytester's folder, the working directory now), without any codex.
+    monkeypatch.delenv("CODEX_BIN")
+    monkeypatch.setenv("PATH", f"{Path(sys.executable).parent}:/usr/bin:/bin")
+    replay = run_here(pytester, "run", str(out))
     assert replay.returncode == 0, replay.stdout + replay.stderr
     assert "1 passed in" in replay.stdout, replay.stdout
     assert "skipped" not in replay.stdout

@@ -2,9 +2,10 @@
 not the harness (here plain aiohttp reading SSE bytes; examples/node-host does it in
 Node), matched as the respx mock matches, with the report on its route and at the stop.
 
-Each test records its cassette from a copy of a library scenario in its own temporary
-folder (the real bridge and fake-codex run once, for the recording), then starts the
-replay server as a user would, on port 0, and learns its URL from its first line.
+Each test gets a copy of a library scenario and its cassette in its own temporary folder
+(recorded from that scenario once per session: the real bridge and fake-codex run for
+the recording only), then starts the replay server as a user would, on port 0, and
+learns its URL from its first line.
 """
 
 from __future__ import annotations
@@ -34,14 +35,35 @@ COMMAND = str(Path(sys.executable).with_name("rest-bridge-scenarios"))
 LISTENING = "rest-bridge-scenarios replay listening on http://"
 
 
-@pytest.fixture
-def cassette(tmp_path: Path) -> Any:
-    """A library scenario copied into this test's folder, its cassette recorded there."""
+@pytest.fixture(scope="session")
+def recordings(tmp_path_factory: pytest.TempPathFactory) -> Any:
+    """A library scenario copied into a folder of this session, its cassette recorded
+    there: once per scenario, however many tests replay it."""
+    folder = tmp_path_factory.mktemp("recordings")
+    done: dict[str, Path] = {}
 
     def record(name: str) -> Path:
-        target = tmp_path / f"{name}.scenario.yaml"
-        shutil.copy(LIBRARY / f"{name}.scenario.yaml", target)
-        cassette_for(load_scenario(target), record="once")
+        if name not in done:
+            target = folder / f"{name}.scenario.yaml"
+            shutil.copy(LIBRARY / f"{name}.scenario.yaml", target)
+            cassette_for(load_scenario(target), record="once")
+            done[name] = target
+        return done[name]
+
+    return record
+
+
+@pytest.fixture
+def cassette(tmp_path: Path, recordings: Any) -> Any:
+    """A library scenario copied into this test's folder, with its cassette (recorded
+    from it, as `record="once"` does, in `recordings`): a test may change its copies."""
+
+    def record(name: str) -> Path:
+        recorded = recordings(name)
+        target = tmp_path / recorded.name
+        shutil.copy(recorded, target)
+        cassette_path(target).parent.mkdir(exist_ok=True)
+        shutil.copy(cassette_path(recorded), cassette_path(target))
         return cassette_path(target)
 
     return record

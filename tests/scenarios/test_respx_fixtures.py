@@ -7,6 +7,7 @@ from __future__ import annotations
 import textwrap
 
 import pytest
+from front_here import in_process
 
 pytest_plugins = ["pytester"]
 
@@ -96,7 +97,7 @@ def test_a_host_suite_uses_the_respx_fixture(
     scenario = pytester.path / "host.scenario.yaml"
     scenario.write_text(textwrap.dedent(SCENARIO).lstrip())
     pytester.makepyfile(host_code=HOST_CODE, test_host=HOST_TESTS)
-    first = pytester.runpytest_subprocess(*QUIET, "-p", "no:xdist", "-rA", "test_host.py")
+    first = in_process(pytester, *QUIET, "-p", "no:xdist", "-rA", "test_host.py")
     first.assert_outcomes(passed=2, failed=1, errors=1)
     first.stdout.fnmatch_lines(
         [
@@ -114,12 +115,12 @@ def test_a_host_suite_uses_the_respx_fixture(
 
     # CI=true replays what is there, and never records.
     monkeypatch.setenv("CI", "true")
-    again = pytester.runpytest_subprocess(*QUIET, "-p", "no:xdist", "test_host.py::test_a_turn")
+    again = in_process(pytester, *QUIET, "-p", "no:xdist", "test_host.py::test_a_turn")
     again.assert_outcomes(passed=1)
     assert cassette.read_text() == recorded
 
     scenario.write_text(scenario.read_text().replace("Hello, host.", "Hello again, host."))
-    stale = pytester.runpytest_subprocess(*QUIET, "-p", "no:xdist", "test_host.py::test_a_turn")
+    stale = in_process(pytester, *QUIET, "-p", "no:xdist", "test_host.py::test_a_turn")
     stale.assert_outcomes(failed=1)
     stale.stdout.fnmatch_lines(
         [
@@ -128,8 +129,8 @@ def test_a_host_suite_uses_the_respx_fixture(
         ]
     )
     monkeypatch.setenv("CI", "")
-    refreshed = pytester.runpytest_subprocess(
-        *QUIET, "-p", "no:xdist", "--codex-record-cassettes", "test_host.py::test_a_turn"
+    refreshed = in_process(
+        pytester, *QUIET, "-p", "no:xdist", "--codex-record-cassettes", "test_host.py::test_a_turn"
     )
     refreshed.assert_outcomes(failed=1)  # the host code still expects the old text
     assert "Hello again, host." in cassette.read_text()

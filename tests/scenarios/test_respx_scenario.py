@@ -21,6 +21,7 @@ from typing import Any
 import httpx
 import pytest
 import yaml
+from front_here import Ran, main_here
 from respx.models import AllMockedAssertionError
 
 from scenarios.cassette import COMMAND, Cassette, StaleCassette, cassette_for, cassette_path
@@ -462,7 +463,9 @@ def test_a_scenario_given_as_a_mapping_behind_a_base_url_with_a_path() -> None:
             httpx.get("https://example.test/v1/sessions")
 
 
-def test_the_command_records_checks_and_refuses_a_failing_scenario(library: Any) -> None:
+def test_the_command_records_checks_and_refuses_a_failing_scenario(
+    library: Any, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
     good = library("auth-rejection", record=False)
     broken = good.parent / "sub" / "broken.scenario.yaml"
     broken.parent.mkdir()
@@ -470,19 +473,25 @@ def test_the_command_records_checks_and_refuses_a_failing_scenario(library: Any)
         "scenario: 1\nsteps:\n  - http: {method: GET, path: /health}\n    expect: {status: 418}\n"
     )
 
-    def command(action: str, *args: str, spelling: str = "cli") -> subprocess.CompletedProcess[str]:
-        rest_bridge = [str(Path(sys.executable).with_name("rest-bridge")), "scenarios"]
-        command = [*rest_bridge, f"{action}-cassettes"]
-        if spelling == "module":  # the older spelling works too
-            command = [sys.executable, "-m", "scenarios.cassette", action]
-        return subprocess.run(
-            [*command, *args],
+    def command(action: str, *args: str, spelling: str = "cli") -> Ran:
+        """`rest-bridge scenarios ACTION-cassettes ARGS` run by its main in this process
+        (what it prints and returns is the subject); the older spelling, `python -m
+        scenarios.cassette ACTION ARGS`, as the process it is."""
+        if spelling == "cli":
+            with monkeypatch.context() as here:
+                here.chdir(good.parent)
+                code = main_here([f"{action}-cassettes", *args])
+            printed = capsys.readouterr()
+            return Ran(code, printed.out, printed.err)
+        done = subprocess.run(
+            [sys.executable, "-m", "scenarios.cassette", action, *args],
             cwd=good.parent,
             capture_output=True,
             text=True,
             timeout=300,
             check=False,
         )
+        return Ran(done.returncode, done.stdout, done.stderr)
 
     checked = command("check", ".")
     assert checked.returncode == 1

@@ -18,11 +18,12 @@ import textwrap
 import threading
 import urllib.parse
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import orjson
 import pytest
+from front_here import Ran, run_here
 from processes import quiet_pytest
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -32,6 +33,7 @@ BIN = Path(sys.executable).parent
 TOKEN = 'staging t0k3n: #1 "q"'
 
 pytestmark = pytest.mark.timeout(600)
+pytest_plugins = ["pytester"]
 
 
 class Served:
@@ -126,6 +128,38 @@ def run(
     )
 
 
+Run = Callable[..., Ran]
+
+
+@pytest.fixture
+def here(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> Run:
+    """`run` in this process (`front_here`): the same arguments and environment, for the
+    runs that are about what a run against a target does, not about its processes."""
+
+    def run_in_process(
+        *args: str,
+        token: str | None = None,
+        ci: bool = False,
+        pytest_itself: bool = False,
+        token_file: Path | None = None,
+    ) -> Ran:
+        with monkeypatch.context() as env:
+            for name in [name for name in os.environ if name.startswith("REST_ADAPTER_")]:
+                env.delenv(name)
+            env.delenv("CI", raising=False)
+            if ci:
+                env.setenv("CI", "true")
+            if token is not None:
+                env.setenv("REST_ADAPTER_TOKEN", token)
+            if token_file is not None:
+                env.setenv("REST_ADAPTER_TOKEN_FILE", str(token_file))
+            front = () if pytest_itself else ("run",)
+            argv = (*front, "-p", "no:cacheprovider", "-v", *args)
+            return run_here(pytester, *argv, front=not pytest_itself)
+
+    return run_in_process
+
+
 def outcomes(stdout: str) -> dict[str, str]:
     """`name: PASSED|FAILED|SKIPPED` from pytest's -v lines."""
     found = {}
@@ -138,12 +172,12 @@ def outcomes(stdout: str) -> dict[str, str]:
 
 
 def test_the_library_runs_against_a_running_bridge_and_the_rest_skips_saying_why(
-    served: list[Served],
+    served: list[Served], here: Run
 ) -> None:
     target = Served(*fake(), token=TOKEN)
     served.append(target)
     # Under CI=true too: skips beside scenarios that ran are no failure.
-    done = run(str(LIBRARY), "--target", target.url, token=TOKEN, ci=True)
+    done = here(str(LIBRARY), "--target", target.url, token=TOKEN, ci=True)
     assert done.returncode == 0, done.stdout + done.stderr
     seen = outcomes(done.stdout)
     assert len(seen) == len(list(LIBRARY.glob("*.scenario.yaml"))), done.stdout
@@ -166,7 +200,7 @@ def test_the_library_runs_against_a_running_bridge_and_the_rest_skips_saying_why
     # A target with auth off runs the scenarios without a token, and skips the others.
     open_target = Served(*fake())
     served.append(open_target)
-    done = run(str(LIBRARY), "--target", open_target.url, token=TOKEN)
+    done = here(str(LIBRARY), "--target", open_target.url, token=TOKEN)
     assert done.returncode == 0, done.stdout + done.stderr
     seen = outcomes(done.stdout)
     assert seen["errors-client-mistakes"] == "PASSED", done.stdout
@@ -182,7 +216,7 @@ def test_the_library_runs_against_a_running_bridge_and_the_rest_skips_saying_why
 
 
 def test_a_scenario_without_a_token_skips_on_a_target_with_auth_on(
-    served: list[Served],
+    served: list[Served], here: Run
 ) -> None:
     """It is written for a bridge without auth (routes-trusted checks that the OpenAPI
     document has no security scheme): skipped, with or without the target's token."""
@@ -190,7 +224,7 @@ def test_a_scenario_without_a_token_skips_on_a_target_with_auth_on(
     target = Served(*fake(str(scenario)), token=TOKEN)
     served.append(target)
     for token in (TOKEN, None):
-        done = run(
+        done = here(
             str(scenario), "--target", target.url, "--target-script", str(scenario), token=token
         )
         assert outcomes(done.stdout) == {"routes-trusted": "SKIPPED"}, done.stdout
@@ -199,11 +233,13 @@ def test_a_scenario_without_a_token_skips_on_a_target_with_auth_on(
         )
 
 
-def test_without_the_token_a_scenario_that_turns_auth_on_skips(served: list[Served]) -> None:
+def test_without_the_token_a_scenario_that_turns_auth_on_skips(
+    served: list[Served], here: Run
+) -> None:
     target = Served(*fake(), token=TOKEN)
     served.append(target)
     scenario = str(LIBRARY / "auth-rejection.scenario.yaml")
-    done = run(scenario, "--target", target.url)
+    done = here(scenario, "--target", target.url)
     assert done.returncode == 0, done.stdout
     assert (
         "turns auth on: set REST_ADAPTER_TOKEN (or REST_ADAPTER_TOKEN_FILE) to the target's token"
@@ -211,9 +247,11 @@ def test_without_the_token_a_scenario_that_turns_auth_on_skips(served: list[Serv
     )
     # Under CI=true a run in which every scenario skipped checked nothing: it fails, from
     # the front, from pytest itself and under xdist (whose workers report to the main one).
+    # Under xdist the workers are processes: that run starts pytest for real.
     for extra, pytest_itself in (((), False), ((), True), (("-n", "2"), True)):
         args = (scenario, "--codex-target" if pytest_itself else "--target", target.url)
-        done = run(*args, *extra, ci=True, pytest_itself=pytest_itself)
+        start = run if extra else here
+        done = start(*args, *extra, ci=True, pytest_itself=pytest_itself)
         assert done.returncode == 1, done.stdout
         assert "turns auth on: set REST_ADAPTER_TOKEN" in done.stdout, done.stdout
         assert "CI=true: all 1 scenarios were skipped and none ran, which fails" in done.stdout, (
@@ -223,7 +261,7 @@ def test_without_the_token_a_scenario_that_turns_auth_on_skips(served: list[Serv
 
 
 def test_the_targets_token_can_come_from_a_file_as_serve_reads_it(
-    served: list[Served], tmp_path: Path
+    served: list[Served], tmp_path: Path, here: Run
 ) -> None:
     """REST_ADAPTER_TOKEN_FILE, as a mounted secret gives it (a trailing newline); a file
     that cannot be used stops the run naming the variable's file, never a token."""
@@ -234,11 +272,11 @@ def test_the_targets_token_can_come_from_a_file_as_serve_reads_it(
     scenario = str(LIBRARY / "auth-variants.scenario.yaml")
     for pytest_itself in (False, True):
         args = (scenario, "--codex-target" if pytest_itself else "--target", target.url)
-        done = run(*args, token_file=secret, pytest_itself=pytest_itself)
+        done = here(*args, token_file=secret, pytest_itself=pytest_itself)
         assert done.returncode == 0, done.stdout + done.stderr
         assert outcomes(done.stdout) == {"auth-variants": "PASSED"}, done.stdout
         assert TOKEN not in done.stdout + done.stderr
-    done = run(scenario, "--target", target.url, token_file=tmp_path / "missing")
+    done = here(scenario, "--target", target.url, token_file=tmp_path / "missing")
     assert done.returncode not in (0, 1), done.stdout + done.stderr
     assert "REST_ADAPTER_TOKEN_FILE" in done.stdout + done.stderr or "missing" in (
         done.stdout + done.stderr
@@ -247,12 +285,12 @@ def test_the_targets_token_can_come_from_a_file_as_serve_reads_it(
 
 
 def test_a_wrong_token_is_said_to_be_refused_by_the_target_and_never_printed(
-    served: list[Served],
+    served: list[Served], here: Run
 ) -> None:
     target = Served(*fake(), token=TOKEN)
     served.append(target)
     wrong = "wr0ng-s3cret-t0ken"
-    done = run(str(LIBRARY / "auth-variants.scenario.yaml"), "--target", target.url, token=wrong)
+    done = here(str(LIBRARY / "auth-variants.scenario.yaml"), "--target", target.url, token=wrong)
     assert done.returncode == 1, done.stdout
     assert f"{target.url}: the target refused the token in $REST_ADAPTER_TOKEN (401 to GET " in (
         done.stdout
@@ -263,7 +301,7 @@ def test_a_wrong_token_is_said_to_be_refused_by_the_target_and_never_printed(
 
 
 def test_a_scenario_whose_script_the_target_runs_runs_there(
-    served: list[Served], tmp_path: Path
+    served: list[Served], tmp_path: Path, here: Run
 ) -> None:
     scenario = tmp_path / "hello.scenario.yaml"
     scenario.write_text(
@@ -283,36 +321,36 @@ def test_a_scenario_whose_script_the_target_runs_runs_there(
     )
     target = Served("--preset", "trusted", *fake(str(scenario)))
     served.append(target)
-    done = run(str(scenario), "--target", target.url, "--target-script", str(scenario))
+    done = here(str(scenario), "--target", target.url, "--target-script", str(scenario))
     assert outcomes(done.stdout) == {"hello-from-the-target": "PASSED"}, done.stdout
     # Without saying what the target runs, it skips.
-    done = run(str(scenario), "--target", target.url)
+    done = here(str(scenario), "--target", target.url)
     assert outcomes(done.stdout) == {"hello-from-the-target": "SKIPPED"}, done.stdout
     # And a target running another script fails it: it really ran there.
     other = Served(*fake())
     served.append(other)
-    done = run(str(scenario), "--target", other.url, "--target-script", str(scenario))
+    done = here(str(scenario), "--target", other.url, "--target-script", str(scenario))
     assert done.returncode == 1, done.stdout
     assert "hello.scenario.yaml:8: step 2 of 2" in done.stdout, done.stdout
 
 
-def test_a_target_that_does_not_answer_fails_naming_it(tmp_path: Path) -> None:
+def test_a_target_that_does_not_answer_fails_naming_it(here: Run) -> None:
     scenario = LIBRARY / "errors-client-mistakes.scenario.yaml"
-    done = run(str(scenario), "--target", "http://127.0.0.1:9")
+    done = here(str(scenario), "--target", "http://127.0.0.1:9")
     assert done.returncode == 1, done.stdout
     assert "http://127.0.0.1:9: cannot reach the bridge" in done.stdout, done.stdout
-    done = run(str(scenario), "--target", "http://127.0.0.1:9/some/path")
+    done = here(str(scenario), "--target", "http://127.0.0.1:9/some/path")
     assert "a target is an http(s)://host:port URL without a path" in done.stdout, done.stdout
 
 
 def test_auth_variants_holds_beside_other_sessions_and_leaves_none_behind(
-    served: list[Served],
+    served: list[Served], here: Run
 ) -> None:
     target = Served(*fake(), token=TOKEN)
     served.append(target)
     other = target.get("/v1/sessions", TOKEN, method="POST")
     assert isinstance(other, dict), other
-    done = run(str(LIBRARY / "auth-variants.scenario.yaml"), "--target", target.url, token=TOKEN)
+    done = here(str(LIBRARY / "auth-variants.scenario.yaml"), "--target", target.url, token=TOKEN)
     assert outcomes(done.stdout) == {"auth-variants": "PASSED"}, done.stdout
     listed = target.get("/v1/sessions", TOKEN)
     assert isinstance(listed, dict), listed
@@ -398,7 +436,7 @@ def forms(secret: str) -> list[str]:
 
 
 def test_the_token_goes_only_into_the_targets_authorization_header(
-    served: list[Served], recorders: list[Recorder], tmp_path: Path
+    served: list[Served], recorders: list[Recorder], tmp_path: Path, here: Run
 ) -> None:
     """A scenario file is the attacker: it writes `bridge.token` and `${token}` into
     every place a step carries a value. Against a target, the target's token goes only
@@ -453,7 +491,7 @@ def test_the_token_goes_only_into_the_targets_authorization_header(
         ).lstrip()
     )
     junit = tmp_path / "junit.xml"
-    done = run(str(scenario), "--target", front.url, f"--junitxml={junit}", token=REAL)
+    done = here(str(scenario), "--target", front.url, f"--junitxml={junit}", token=REAL)
     output = done.stdout + done.stderr
     assert done.returncode == 1, output
     # Everything before the last step passed: the target's token was sent where it goes.
@@ -488,7 +526,7 @@ def test_the_token_goes_only_into_the_targets_authorization_header(
     ],
 )
 def test_a_step_whose_path_leaves_the_target_fails_naming_the_step_and_sends_nothing(
-    served: list[Served], recorders: list[Recorder], tmp_path: Path, path: str
+    served: list[Served], recorders: list[Recorder], tmp_path: Path, path: str, here: Run
 ) -> None:
     target = Served(*fake(), token=REAL)
     served.append(target)
@@ -514,7 +552,7 @@ def test_a_step_whose_path_leaves_the_target_fails_naming_the_step_and_sends_not
             """
         ).lstrip()
     )
-    done = run(str(scenario), "--target", target.url, token=REAL)
+    done = here(str(scenario), "--target", target.url, token=REAL)
     output = done.stdout + done.stderr
     assert done.returncode == 1, output
     assert "escape.scenario.yaml:6: step 2 of 3: off to another origin" in output, output
