@@ -100,9 +100,14 @@ def test_make_check_runs_the_quick_tier() -> None:
 
 
 def test_make_test_shares_the_tests_out_between_xdist_workers() -> None:
+    # Two per core: the tests wait on their processes much of the time.
     prepared = ("-o", "codex", "-o", "nginx")
-    assert "pytest -n auto --dist loadgroup" in make_n("pytest", *prepared)
+    workers = 2 * (os.cpu_count() or 1)
+    assert f"pytest -n {workers} --dist loadgroup" in make_n("pytest", *prepared)
     assert "pytest -n 3 --dist loadgroup" in make_n("pytest", *prepared, "JOBS=3")
+    # The lowest versions' run beside it: one per core.
+    lowest = ("-o", ".venv-lowest/.installed", *prepared)
+    assert "pytest tests/bridge -q -p no:cacheprovider -n auto " in make_n("test-lowest", *lowest)
 
 
 def test_make_test_runs_the_lint_the_types_and_both_test_runs_side_by_side() -> None:
