@@ -25,8 +25,9 @@ REPLICAS ?=
 # where the environment says not to write it (PYTHONDONTWRITEBYTECODE): `make test` starts
 # hundreds of Python processes (bridges, fakes, pytest runs and their workers), and each
 # would compile the project's modules again, about 1.6 CPU-s per pytest start and 0.1 s
-# per bridge.
-export PYTHONPYCACHEPREFIX := $(abspath $(VENV))/pycache
+# per bridge. A PYTHONPYCACHEPREFIX of your own is kept.
+PYTHONPYCACHEPREFIX ?= $(abspath $(VENV))/pycache
+export PYTHONPYCACHEPREFIX
 unexport PYTHONDONTWRITEBYTECODE
 
 .PHONY: serve serve-codex serve-codex-offline test test-lowest check lint typecheck pytest codex dist nginx prometheus cluster bench reliability clean

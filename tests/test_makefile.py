@@ -136,21 +136,29 @@ def test_test_lowest_leaves_out_only_tests_that_call_no_aiohttp() -> None:
         assert "aiohttp" not in (ROOT / path).read_text(), path
 
 
-def test_the_bytecode_is_kept_in_the_venv_even_where_the_environment_says_not_to() -> None:
-    # Each Python process `make test` starts compiled the project again when the
-    # environment set PYTHONDONTWRITEBYTECODE: about 1.6 CPU-s per pytest start.
-    env = {k: v for k, v in os.environ.items() if k not in ("MAKEFLAGS", "MFLAGS", "MAKELEVEL")}
-    env["PYTHONDONTWRITEBYTECODE"] = "1"
+def recipe_environment(**given: str) -> dict[str, str]:
+    """The environment make gives its recipes, run with ``given`` added to ours."""
+    ours = ("MAKEFLAGS", "MFLAGS", "MAKELEVEL", "PYTHONPYCACHEPREFIX", "PYTHONDONTWRITEBYTECODE")
+    env = {k: v for k, v in os.environ.items() if k not in ours}
     done = subprocess.run(
         ["make", "--no-print-directory", "--eval", "shown-env: ; @env", "shown-env"],
         cwd=ROOT,
-        env=env,
+        env={**env, **given},
         capture_output=True,
         text=True,
         timeout=60,
         check=False,
     )
     assert done.returncode == 0, done.stderr
-    variables = dict(line.split("=", 1) for line in done.stdout.splitlines() if "=" in line)
+    return dict(line.split("=", 1) for line in done.stdout.splitlines() if "=" in line)
+
+
+def test_the_bytecode_is_kept_in_the_venv_even_where_the_environment_says_not_to() -> None:
+    # Each Python process `make test` starts compiled the project again when the
+    # environment set PYTHONDONTWRITEBYTECODE: about 1.6 CPU-s per pytest start.
+    variables = recipe_environment(PYTHONDONTWRITEBYTECODE="1")
     assert "PYTHONDONTWRITEBYTECODE" not in variables
     assert variables["PYTHONPYCACHEPREFIX"] == str(ROOT / ".venv" / "pycache")
+    # A prefix of the caller's own is kept.
+    own = recipe_environment(PYTHONDONTWRITEBYTECODE="1", PYTHONPYCACHEPREFIX="/elsewhere")
+    assert own["PYTHONPYCACHEPREFIX"] == "/elsewhere"
