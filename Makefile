@@ -21,6 +21,15 @@ APP_SERVER ?= $(abspath $(BIN))/fake-codex app-server
 # Empty: `rest-bridge cluster` starts one replica per core.
 REPLICAS ?=
 
+# Python's compiled bytecode is kept, in the venv rather than beside the sources, even
+# where the environment says not to write it (PYTHONDONTWRITEBYTECODE): `make test` starts
+# hundreds of Python processes (bridges, fakes, pytest runs and their workers), and each
+# would compile the project's modules again, about 1.6 CPU-s per pytest start and 0.1 s
+# per bridge. A PYTHONPYCACHEPREFIX of your own is kept.
+PYTHONPYCACHEPREFIX ?= $(abspath $(VENV))/pycache
+export PYTHONPYCACHEPREFIX
+unexport PYTHONDONTWRITEBYTECODE
+
 .PHONY: serve serve-codex serve-codex-offline test test-lowest check lint typecheck pytest codex dist nginx prometheus cluster bench reliability clean
 
 # openai-codex (the official SDK, an independent client for tests/fakes/test_sdk_dropin.py)
@@ -135,12 +144,14 @@ lint: $(STAMP)
 typecheck: $(STAMP)
 	$(BIN)/mypy
 
-# All of it, shared out between pytest-xdist's workers: one per core, or JOBS=N. The tests
-# that count the test process's own children, descriptors or memory run in one xdist
-# group per kind (tests/tiers.py).
+# All of it, shared out between pytest-xdist's workers: two per core, or JOBS=N. The tests
+# wait on the processes they start much of the time (a worker was busy 61% of the run
+# with one per core): two per core keep the cores busy. The tests that count the test
+# process's own children, descriptors or memory run in one xdist group per kind
+# (tests/tiers.py).
 # The full-size install runs (marked `full_run`: fresh venvs installed from the index) are
 # left to `make reliability`; a cheaper check that the wheel installs stays here.
-JOBS ?= auto
+JOBS ?= $(shell $(PYTHON) -c 'import os; print(2 * (os.cpu_count() or 1))')
 pytest: $(STAMP) codex nginx prometheus
 	$(BIN)/pytest -n $(JOBS) --dist loadgroup -m "not full_run"
 
@@ -165,12 +176,17 @@ $(LOWEST_VENV)/.installed: pyproject.toml
 
 # Left out there: the tests of the codex tooling (the release window, the schema diff:
 # npm and the real codex, no aiohttp) and of the CLI's import graph, which no range moves;
-# the main run has them. Every test that serves or calls through aiohttp stays.
+# the main run has them. Every test that serves or calls through aiohttp stays. One
+# worker per core (LOWEST_JOBS=N), beside the main run's; and without the pytest plugins
+# of hypothesis, faker and schemathesis, which no test of tests/bridge uses (0.6 CPU-s
+# of imports per pytest process).
+LOWEST_JOBS ?= auto
 LOWEST_LEAVES_OUT := tests/bridge/test_codex_diff.py tests/bridge/test_codex_window.py \
 	tests/bridge/test_cli.py
 test-lowest: $(LOWEST_VENV)/.installed codex nginx
 	$(LOWEST_VENV)/bin/python -c 'import aiohttp, pydantic; print("lowest: aiohttp", aiohttp.__version__, "pydantic", pydantic.VERSION)'
-	$(LOWEST_VENV)/bin/pytest tests/bridge -q -p no:cacheprovider -n $(JOBS) --dist loadgroup \
+	$(LOWEST_VENV)/bin/pytest tests/bridge -q -p no:cacheprovider -n $(LOWEST_JOBS) --dist loadgroup \
+		-p no:hypothesispytest -p no:faker -p no:schemathesis \
 		$(LOWEST_LEAVES_OUT:%=--ignore=%)
 
 # The quick tier, after every change: lint, types, and the tests marked `quick`, which

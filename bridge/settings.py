@@ -74,7 +74,12 @@ class Variables(BaseSettings):
     """A group of ``REST_ADAPTER_*`` variables, one field each, built by :meth:`from_env`
     from any mapping (the process's environment by default), never behind its back."""
 
-    model_config = SettingsConfigDict(env_prefix=ENV_PREFIX, case_sensitive=True, frozen=True)
+    # defer_build: a group's validator is built when the group is first used, not at
+    # import; `serve` uses BridgeSettings alone, and the eight groups it is made of were
+    # built for nothing in every process that imports the bridge.
+    model_config = SettingsConfigDict(
+        env_prefix=ENV_PREFIX, case_sensitive=True, frozen=True, defer_build=True
+    )
 
     @classmethod
     def settings_customise_sources(

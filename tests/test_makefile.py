@@ -100,9 +100,14 @@ def test_make_check_runs_the_quick_tier() -> None:
 
 
 def test_make_test_shares_the_tests_out_between_xdist_workers() -> None:
+    # Two per core: the tests wait on their processes much of the time.
     prepared = ("-o", "codex", "-o", "nginx")
-    assert "pytest -n auto --dist loadgroup" in make_n("pytest", *prepared)
+    workers = 2 * (os.cpu_count() or 1)
+    assert f"pytest -n {workers} --dist loadgroup" in make_n("pytest", *prepared)
     assert "pytest -n 3 --dist loadgroup" in make_n("pytest", *prepared, "JOBS=3")
+    # The lowest versions' run beside it: one per core.
+    lowest = ("-o", ".venv-lowest/.installed", *prepared)
+    assert "pytest tests/bridge -q -p no:cacheprovider -n auto " in make_n("test-lowest", *lowest)
 
 
 def test_make_test_runs_the_lint_the_types_and_both_test_runs_side_by_side() -> None:
@@ -129,3 +134,31 @@ def test_test_lowest_leaves_out_only_tests_that_call_no_aiohttp() -> None:
     }
     for path in ignored:  # none of them reaches aiohttp
         assert "aiohttp" not in (ROOT / path).read_text(), path
+
+
+def recipe_environment(**given: str) -> dict[str, str]:
+    """The environment make gives its recipes, run with ``given`` added to ours."""
+    ours = ("MAKEFLAGS", "MFLAGS", "MAKELEVEL", "PYTHONPYCACHEPREFIX", "PYTHONDONTWRITEBYTECODE")
+    env = {k: v for k, v in os.environ.items() if k not in ours}
+    done = subprocess.run(
+        ["make", "--no-print-directory", "--eval", "shown-env: ; @env", "shown-env"],
+        cwd=ROOT,
+        env={**env, **given},
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    return dict(line.split("=", 1) for line in done.stdout.splitlines() if "=" in line)
+
+
+def test_the_bytecode_is_kept_in_the_venv_even_where_the_environment_says_not_to() -> None:
+    # Each Python process `make test` starts compiled the project again when the
+    # environment set PYTHONDONTWRITEBYTECODE: about 1.6 CPU-s per pytest start.
+    variables = recipe_environment(PYTHONDONTWRITEBYTECODE="1")
+    assert "PYTHONDONTWRITEBYTECODE" not in variables
+    assert variables["PYTHONPYCACHEPREFIX"] == str(ROOT / ".venv" / "pycache")
+    # A prefix of the caller's own is kept.
+    own = recipe_environment(PYTHONDONTWRITEBYTECODE="1", PYTHONPYCACHEPREFIX="/elsewhere")
+    assert own["PYTHONPYCACHEPREFIX"] == "/elsewhere"

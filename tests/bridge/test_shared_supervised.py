@@ -205,27 +205,42 @@ async def test_concurrent_first_requests_start_one_process(serve, http):
     assert {os.getpgid(pid) for pid in live_children() - before} == {state["pid"]}
 
 
+#: Trials of the race below, and how many run at once (each on a bridge of its own, so
+#: they wait out their backoffs side by side rather than one after the other).
+RACE_TRIALS = 20
+RACES_AT_ONCE = 4
+
+
 async def test_a_create_racing_a_sigkill_restart_waits_for_the_new_process(http, contract_checkers):
     """Creates sent right after the shared process is SIGKILLed, before the bridge has
     seen it die, wait for the restart (docs/API.md) instead of a 502 "Connection
     refused". A fresh bridge per trial: each starts from the first backoff (0.5 s)."""
     from scenarios.harness import checker_for, serve_app
 
-    for trial in range(20):
-        app = trusted_bridge_app(fake_app_server_command(), RestLimits(), SHARED)
-        runner, base = await serve_app(app)
-        contract_checkers[base] = checker_for(app)
-        try:
-            await new_session(http, base)
-            pid = (await shared_state(http, base))["pid"]
-            os.kill(pid, signal.SIGKILL)
-            results = await asyncio.gather(*(post(http, f"{base}/v1/sessions") for _ in range(3)))
-            assert [status for status, _ in results] == [201] * 3, (trial, results)
-            state = await shared_state(http, base)
-            assert (state["restarts"], state["connections"]) == (1, 3), (trial, state)
-            assert state["pid"] not in (None, pid)
-        finally:
-            await runner.cleanup()
+    at_once = asyncio.Semaphore(RACES_AT_ONCE)
+
+    async def race(trial: int) -> None:
+        async with at_once:
+            app = trusted_bridge_app(fake_app_server_command(), RestLimits(), SHARED)
+            runner, base = await serve_app(app)
+            contract_checkers[base] = checker_for(app)
+            try:
+                await new_session(http, base)
+                pid = (await shared_state(http, base))["pid"]
+                os.kill(pid, signal.SIGKILL)
+                creates = (post(http, f"{base}/v1/sessions") for _ in range(3))
+                results = await asyncio.gather(*creates)
+                assert [status for status, _ in results] == [201] * 3, (trial, results)
+                state = await shared_state(http, base)
+                assert (state["restarts"], state["connections"]) == (1, 3), (trial, state)
+                assert state["pid"] not in (None, pid)
+            finally:
+                await runner.cleanup()
+
+    # A failing trial cancels the others (each cleans its bridge up) and is reported.
+    async with asyncio.TaskGroup() as trials:
+        for trial in range(RACE_TRIALS):
+            trials.create_task(race(trial))
 
 
 #: A probe every 0.2 s that must be answered within 3 s (the fake answers in ms).

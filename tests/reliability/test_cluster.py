@@ -23,12 +23,13 @@ import sys
 import threading
 import uuid
 from collections import Counter
-from collections.abc import Iterable, Iterator
+from collections.abc import AsyncIterator, Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
 import aiohttp
 import pytest
+import pytest_asyncio
 from processes import (
     marked_processes,
     nginx_binary,
@@ -185,6 +186,34 @@ def cluster(tmp_path: Path) -> Iterator[ClusterProcess]:
     started.stop()
 
 
+@pytest.fixture(scope="module")
+def steady_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ClusterProcess]:
+    """One cluster for the tests that leave it as they found it (every replica up, no
+    session of theirs left): started once for them, not once per test."""
+    started = ClusterProcess(tmp_path_factory.mktemp("steady") / "front")
+    yield started
+    started.stop()
+
+
+#: The tests on `steady_cluster` run on one xdist worker, so that it starts once.
+STEADY = pytest.mark.xdist_group("cluster-steady")
+
+
+@pytest_asyncio.fixture
+async def steady(
+    steady_cluster: ClusterProcess, http: aiohttp.ClientSession
+) -> AsyncIterator[ClusterProcess]:
+    """The module's steady cluster, holding no session when the test starts; whatever
+    session the test leaves (one that failed midway, say) is deleted after it."""
+    front = steady_cluster.front
+    status, listed, _ = await request(http, "GET", f"{front}/v1/sessions")
+    assert (status, listed["sessions"], listed["unavailableReplicas"]) == (200, [], [])
+    yield steady_cluster
+    status, listed, _ = await request(http, "GET", f"{front}/v1/sessions")
+    for summary in listed["sessions"]:
+        await request(http, "DELETE", f"{front}/v1/sessions/{summary['sessionId']}")
+
+
 @pytest.fixture
 def lingering_cluster(tmp_path: Path) -> Iterator[ClusterProcess]:
     """App-servers that leave a process behind which outlives them unless killed."""
@@ -276,9 +305,10 @@ async def start_turn(http, session: str) -> None:
 # -- every route -------------------------------------------------------------------------
 
 
-async def test_every_route_through_the_front(cluster, http, front_checker, report, write_script):
+@STEADY
+async def test_every_route_through_the_front(steady, http, front_checker, report, write_script):
     """Every route of the trusted preset through nginx, checked against the OpenAPI document"""
-    front = cluster.front
+    front = steady.front
     front_checker(front)
     for path in ("/health", "/v1/health", "/v1/compatibility", "/v1/openapi.json"):
         status, body, _ = await request(http, "GET", f"{front}{path}")
@@ -295,7 +325,7 @@ async def test_every_route_through_the_front(cluster, http, front_checker, repor
     assert status == 201, created
     session_id = created["sessionId"]
     replica = session_id.split(".", 1)[0]
-    assert replica in cluster.replicas
+    assert replica in steady.replicas
     session = f"{front}/v1/sessions/{session_id}"
     await start_turn(http, session)
 
@@ -345,14 +375,15 @@ async def test_every_route_through_the_front(cluster, http, front_checker, repor
         "reply (twice: 409), SSE resumed with Last-Event-ID, listing, delete: all through "
         "nginx, every answer as the OpenAPI document says"
     )
-    report.survived = cluster.process.poll() is None
+    report.survived = steady.process.poll() is None
     report.nothing_lost = True
     report.figures.update({"replicas": REPLICAS, "events": last})
 
 
-async def test_creation_is_spread_over_the_replicas(cluster, http, report):
+@STEADY
+async def test_creation_is_spread_over_the_replicas(steady, http, report):
     """Twelve sessions created through the front, six of them at once"""
-    front = cluster.front
+    front = steady.front
     ids = []
     for _ in range(6):
         status, created, _ = await request(http, "POST", f"{front}/v1/sessions")
@@ -365,13 +396,13 @@ async def test_creation_is_spread_over_the_replicas(cluster, http, report):
         assert status == 201, created
         ids.append(created["sessionId"])
     spread = Counter(i.split(".", 1)[0] for i in ids)
-    assert set(spread) == set(cluster.replicas), spread
+    assert set(spread) == set(steady.replicas), spread
     status, listed, _ = await request(http, "GET", f"{front}/v1/sessions")
     assert status == 200
     assert sorted(s["sessionId"] for s in listed["sessions"]) == sorted(ids)
     assert listed["unavailableReplicas"] == []
     # Each replica alone knows only its own; asked as a peer, it answers for itself.
-    for name, replica in cluster.replicas.items():
+    for name, replica in steady.replicas.items():
         status, own, _ = await request(
             http,
             "GET",
@@ -388,10 +419,11 @@ async def test_creation_is_spread_over_the_replicas(cluster, http, report):
     report.figures.update(dict(sorted(spread.items())))
 
 
-async def test_bodies_and_answers_of_any_allowed_size_pass_the_front(cluster, http):
+@STEADY
+async def test_bodies_and_answers_of_any_allowed_size_pass_the_front(steady, http):
     """nginx keeps neither in a temporary file: its workers (nobody, under a root master)
     could not write one in the cluster's private directory, and a 100 KB body was a 500."""
-    front = cluster.front
+    front = steady.front
     status, created, _ = await request(http, "POST", f"{front}/v1/sessions")
     assert status == 201, created
     session = created["sessionId"]
