@@ -228,6 +228,17 @@ def free_port() -> int:
 # -- the bridge as its own process --------------------------------------------------------
 
 
+def stop_process(proc: subprocess.Popen[Any]) -> None:
+    """SIGTERM ``proc`` if it still runs, and SIGKILL it if it has not ended 20 s later."""
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(timeout=10)
+
+
 class Bridge:
     """``rest-bridge serve`` on a free loopback port, fronting fake-codex (or the
     app-server ``app_server`` starts)."""
@@ -297,13 +308,7 @@ class Bridge:
         if self.proc is None:
             return
         children = child_pids(self.proc.pid)
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(timeout=10)
+        stop_process(self.proc)
         for pid in children:  # nothing the bridge spawned may outlive a benchmark
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(pid, signal.SIGKILL)

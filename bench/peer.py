@@ -70,7 +70,17 @@ from typing import Any
 
 from bench import lean, wrk
 from bench.ab import calls, load_average
-from bench.common import HOST, Bridge, child_pids, cpu_ns, free_port, http_json, log, raise_fd_limit
+from bench.common import (
+    HOST,
+    Bridge,
+    child_pids,
+    cpu_ns,
+    free_port,
+    http_json,
+    log,
+    raise_fd_limit,
+    stop_process,
+)
 
 ANSWER = re.compile(rb'\ndata: \{"id":(\d+),')  # a JSON-RPC answer on the Go peer's stream
 END = b"\r\n0\r\n\r\n"  # the last chunk of a chunked response: the stream is over
@@ -333,13 +343,7 @@ class GoPeer:
         if self.events is not None:
             self.events.close()
         if self.proc is not None:
-            if self.proc.poll() is None:
-                self.proc.send_signal(signal.SIGTERM)
-                try:
-                    self.proc.wait(timeout=20)
-                except subprocess.TimeoutExpired:
-                    self.proc.kill()
-                    self.proc.wait(timeout=10)
+            stop_process(self.proc)
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 # Its app-servers are in its process group: none outlives a run.
                 os.killpg(self.proc.pid, signal.SIGKILL)
