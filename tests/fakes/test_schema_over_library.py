@@ -1,8 +1,8 @@
 """Every message fake-codex writes in every scenario of the library matches the JSON
 Schema that the real codex of the same release generates.
 
-Per release of the support window, the whole library runs (in this process, a few
-scenarios at a time) with fake-codex emulating that release (``$FAKE_CODEX_VERSION``),
+Per release of the support window, the whole library runs (in this process, one
+scenario at a time) with fake-codex emulating that release (``$FAKE_CODEX_VERSION``),
 and the fake tees what it writes and reads to files
 (``$FAKE_CODEX_WIRE_LOG``). Each line it wrote is then checked against that release's
 schema, made strict (a field the schema does not declare is an error, as no real codex
@@ -101,7 +101,7 @@ NOT_JSON = "<not JSON>"
 
 
 @pytest.mark.asyncio
-# The whole library, a few scenarios at a time: half a minute on a busy machine, more on
+# The whole library, one scenario at a time: a minute on a busy machine, more on
 # a very busy one; the default guard of 120 s is for a single case.
 @pytest.mark.timeout(600)
 @pytest.mark.codex_timeout(600)

@@ -3,7 +3,7 @@
 The same files, run with `REST_ADAPTER_APP_SERVER_MODE=shared` in the environment (as
 `rest-bridge scenarios run` takes it from its own): the harness then builds every bridge
 in shared mode, on fake-codex `--listen` (and on the real codex for the real-codex
-scenarios). They run in this process, a few at a time, once for both tests below. The
+scenarios). They run in this process, one at a time, once for both tests below. The
 scenarios that cannot apply there are named in `NOT_IN_SHARED_MODE` with the reason; each
 of them must still fail in shared mode, so the list cannot go stale.
 """
@@ -45,7 +45,7 @@ JUNIT = {"passed": "passed", "failed": "failure", "skipped": "skipped"}
 @pytest.fixture(scope="module")
 def shared_mode(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
     """Each library scenario's outcome in shared mode (`passed`, `failure` or `skipped`),
-    by name: every file run once, in this process, a few at a time (`scenario_runs`),
+    by name: every file run once, in this process, one at a time (`scenario_runs`),
     with the real codex of .codex-npm/ for those that script the model."""
     files = sorted(LIBRARY.glob("*.scenario.yaml"))
     options = RunOptions(codex=find_codex(root=ROOT), tmp_root=tmp_path_factory.mktemp("shared"))
