@@ -15,7 +15,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -228,6 +228,22 @@ def free_port() -> int:
 # -- the bridge as its own process --------------------------------------------------------
 
 
+def wait_until_healthy(
+    proc: subprocess.Popen[Any], port: int, path: str, name: str, output: Callable[[], str]
+) -> None:
+    """Poll ``GET path`` on ``port`` until it answers 200, for at most 20 s; RuntimeError,
+    with the end of ``output()``, if ``proc`` (``name``) exits first or never answers."""
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"the {name} exited at start:\n{output()}")
+        with contextlib.suppress(OSError):
+            if http_json(port, "GET", path, timeout=2)[0] == 200:
+                return
+        time.sleep(0.05)
+    raise RuntimeError(f"the {name} did not answer {path} within 20 s:\n{output()}")
+
+
 def stop_process(proc: subprocess.Popen[Any]) -> None:
     """SIGTERM ``proc`` if it still runs, and SIGKILL it if it has not ended 20 s later."""
     if proc.poll() is None:
@@ -289,16 +305,12 @@ class Bridge:
             stderr=subprocess.STDOUT,
             start_new_session=True,
         )
-        deadline = time.monotonic() + 20
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"the bridge exited at start:\n{self.output()}")
-            with contextlib.suppress(OSError):
-                if http_json(self.port, "GET", "/health", timeout=2)[0] == 200:
-                    return self
-            time.sleep(0.05)
-        self.__exit__(None, None, None)
-        raise RuntimeError("the bridge did not answer /health within 20 s")
+        try:
+            wait_until_healthy(self.proc, self.port, "/health", "bridge", self.output)
+        except RuntimeError:
+            self.__exit__(None, None, None)
+            raise
+        return self
 
     def output(self) -> str:
         self._log.flush()

@@ -80,6 +80,7 @@ from bench.common import (
     log,
     raise_fd_limit,
     stop_process,
+    wait_until_healthy,
 )
 
 ANSWER = re.compile(rb'\ndata: \{"id":(\d+),')  # a JSON-RPC answer on the Go peer's stream
@@ -280,15 +281,7 @@ class GoPeer:
 
     def _wait_until_up(self) -> None:
         assert self.proc is not None
-        deadline = time.monotonic() + 20
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"the Go peer exited at start:\n{self.output()}")
-            with contextlib.suppress(OSError):
-                if http_json(self.port, "GET", "/healthz", timeout=2)[0] == 200:
-                    return
-            time.sleep(0.05)
-        raise RuntimeError(f"the Go peer did not answer /healthz within 20 s:\n{self.output()}")
+        wait_until_healthy(self.proc, self.port, "/healthz", "Go peer", self.output)
 
     def output(self) -> str:
         """The end of what the Go peer has written (it logs to stdout)."""
