@@ -28,3 +28,26 @@ def test_a_number_json_cannot_carry_is_refused(number, with_big_integer):
 def test_a_double_at_the_edge_of_its_range_is_read_alike_on_both_paths():
     edge = b"1.7976931348623157e308"
     assert loads(b"[%s]" % edge) == loads(b"[%d, %s]" % (BIG, edge))[1:]
+
+
+@pytest.mark.parametrize(
+    "number",
+    [18446744073709551616, -9223372036854775809, 10**19, BIG],
+    ids=["2**64", "below -2**63", "10**19", "30 digits"],
+)
+@pytest.mark.parametrize("where", ["alone", "first", "last"])
+def test_an_integer_beyond_64_bits_is_exact_wherever_it_stands(number, where):
+    text = {
+        "alone": b"%d" % number,
+        "first": b'[%d,"x",1.5]' % number,
+        "last": b'{"a":"b12345678","n":%d}' % number,
+    }[where]
+    found = loads(text)
+    value = found if where == "alone" else found[0] if where == "first" else found["n"]
+    assert value == number
+    assert isinstance(value, int)
+
+
+def test_digits_in_strings_and_short_runs_read_as_orjson_reads_them():
+    text = b'{"id":"123456789012345678","n":123456789012345678,"x":0.5}'
+    assert loads(text) == {"id": "123456789012345678", "n": 123456789012345678, "x": 0.5}
