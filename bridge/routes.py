@@ -185,8 +185,15 @@ def decompress_body(raw: bytes, encoding: str, limit: int) -> bytes:
 
 
 #: What makes pydantic's parser take a number JSON does not have: NaN, Infinity, and
-#: values that overflow a double (an exponent, or a run of digits) end up infinite.
-_SUSPECT_NUMBERS = re.compile(rb"NaN|Infinity|[0-9][eE]|[0-9]{300}")
+#: values that overflow a double (an exponent, or a run of 300 digits) end up infinite.
+#: Written to start with one class of bytes, so that the search skips every other byte
+#: in one test (``NaN|Infinity|[0-9][eE]|[0-9]{300}`` tried each alternative at every
+#: byte: 3 times the instructions on ``{"params":{}}``, 10 times on a long text).
+_SUSPECT_NUMBERS = re.compile(
+    rb"""[NI0-9]
+    (?: (?<=N) aN | (?<=I) nfinity | (?<=[0-9]) (?: [eE] | [0-9]{299} ) )""",
+    re.VERBOSE,
+)
 
 
 def validate_body(model: type[M], raw: bytes) -> M:
