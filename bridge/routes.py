@@ -371,7 +371,8 @@ async def session_call(request: web.Request) -> web.Response:
     match_info = request.match_info
     method = match_info["method"]
     check_method(config, method)
-    body = await read_body(request, config.limits, CallBody)
+    # read_body's two steps, without its coroutine: the busiest route, one frame fewer.
+    body = validate_body(CallBody, await read_raw_body(request, config.limits))
     check_params(config, method, body.params)
     result = await app[BACKEND].session_call(
         match_info["sessionId"], method, body.params, timeout_ms=body.timeout_ms
