@@ -22,6 +22,7 @@ NOT_JSON = "The request body is not valid JSON."
         b"-2.5e999",
         b"9" * 310,
         b"9" * 320 + b".5",
+        b"[%s,%s]" % (b"9" * 299, b"9" * 310),
     ],
     ids=[
         "NaN",
@@ -32,6 +33,7 @@ NOT_JSON = "The request body is not valid JSON."
         "-2.5e999",
         "310 digits",
         "320 digits.5",
+        "310 digits after 299",
     ],
 )
 @pytest.mark.parametrize("where", ["alone", "after text", "nested"])
@@ -49,8 +51,14 @@ def test_a_number_json_cannot_carry_is_invalid_json(number, where):
 
 @pytest.mark.parametrize(
     "params",
-    [b'{"x":1e5}', b'{"x":2E-3}', b'{"x":"NaN Infinity 1e400"}', b'{"x":%s}' % (b"9" * 299)],
-    ids=["exponent", "capital exponent", "words in a string", "299 digits"],
+    [
+        b'{"x":1e5}',
+        b'{"x":2E-3}',
+        b'{"x":"NaN Infinity 1e400"}',
+        b'{"x":%s}' % (b"9" * 299),
+        b'{"x":[%s,%s]}' % (b"9" * 299, b"9" * 299),
+    ],
+    ids=["exponent", "capital exponent", "words in a string", "299 digits", "two 299-digit runs"],
 )
 def test_numbers_json_carries_and_text_pass(params):
     assert validate_body(CallBody, b'{"params":%s}' % params).params is not None
