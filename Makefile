@@ -201,11 +201,28 @@ $(LOWEST_VENV)/.installed: pyproject.toml $(UV)
 LOWEST_JOBS ?= auto
 LOWEST_LEAVES_OUT := tests/bridge/test_codex_diff.py tests/bridge/test_codex_window.py \
 	tests/bridge/test_cli.py
+# Left out there too, test by test: the start-up refusals, a command of the bridge run
+# with a bad setting, option or secret file that exits 2 naming it before it serves
+# anything (`rest-bridge serve` before it listens, `rest-bridge front-config`, which
+# serves nothing). What they run is the bridge's own parsing (and pydantic's, the same
+# version in both venvs); aiohttp is imported there, never used. About 33 of the run's
+# 146 CPU-s (0.6-0.9 CPU-s each, a Python start and its imports), a fifth of it.
+# tests/test_makefile.py holds each to that: no aiohttp, orjson or faker, no fixture,
+# an exit status of 2 asserted.
+LOWEST_REFUSALS := \
+	tests/bridge/test_secrets.py::test_a_secret_file_that_cannot_be_used_stops_serve \
+	tests/bridge/test_secrets.py::test_a_secret_file_that_is_a_fifo_stops_serve_instead_of_waiting_for_a_writer \
+	tests/bridge/test_ops.py::test_serve_refuses_an_ops_port_that_is_not_one \
+	tests/bridge/test_method_policy.py::test_a_method_rule_that_is_not_one_stops_the_start_naming_the_variable \
+	tests/bridge/test_replica.py::test_serve_refuses_a_bad_replica_id \
+	tests/bridge/test_logs.py::test_a_bad_log_variable_stops_serve_naming_it \
+	tests/bridge/test_front.py::test_front_config_refuses_bad_replicas \
+	tests/bridge/test_front.py::test_front_config_refuses_what_nginx_would_read_as_more_than_one_word
 test-lowest: $(LOWEST_VENV)/.installed codex nginx
 	$(LOWEST_VENV)/bin/python -c 'import aiohttp, pydantic; print("lowest: aiohttp", aiohttp.__version__, "pydantic", pydantic.VERSION)'
 	$(LOWEST_VENV)/bin/pytest tests/bridge -q -p no:cacheprovider -n $(LOWEST_JOBS) --dist loadgroup \
 		-p no:hypothesispytest -p no:faker -p no:schemathesis \
-		$(LOWEST_LEAVES_OUT:%=--ignore=%)
+		$(LOWEST_LEAVES_OUT:%=--ignore=%) $(LOWEST_REFUSALS:%=--deselect=%)
 
 # The quick tier, after every change: lint, types, and the tests marked `quick`, which
 # start no process (nginx -t aside); tests/tiers.py fails one that does.
