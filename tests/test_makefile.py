@@ -6,6 +6,7 @@ venv's stamp out of it, so nothing is installed either.
 
 from __future__ import annotations
 
+import ast
 import os
 import subprocess
 from pathlib import Path
@@ -75,6 +76,37 @@ def test_make_serve_installs_the_package_alone_not_the_development_tools() -> No
         assert "openai-codex" not in done.stdout, done.stdout
 
 
+def test_the_venvs_are_installed_by_uv_which_pip_brings_in_through_the_interpreter() -> None:
+    """pip spent about 24 CPU-s on .venv and 20 on .venv-lowest of a clean clone, its
+    cache warm or cold; uv about 11 and 7, byte-compiling included. uv itself comes from
+    PyPI through pip, run by the interpreter (not a launcher such as pyenv's shim, which
+    after `-m pip` waited a minute on a lock of its own and failed)."""
+    env = {k: v for k, v in os.environ.items() if k != "MAKEFLAGS"}
+    done = subprocess.run(
+        ["make", "-n", "-B", ".venv/.installed", ".venv-lowest/.installed"],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    out = done.stdout
+    interpreter = subprocess.run(
+        ["python3", "-c", "import sys; print(sys.executable)"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    ).stdout.strip()
+    assert f"{interpreter} -m pip install --quiet --target .uv uv==" in out, out
+    assert "VIRTUAL_ENV=.venv .uv/bin/uv pip install --quiet --compile-bytecode -e '.[dev]'" in out
+    assert "VIRTUAL_ENV=.venv-lowest .uv/bin/uv pip install --quiet --compile-bytecode" in out
+    assert ".uv/bin/uv venv --quiet --seed" in out  # the tests run the venv's own pip
+    assert "bin/pip install" not in out, out
+
+
 def test_the_real_codex_offline_is_one_target_on_the_scripted_model() -> None:
     out = make_n("serve-codex-offline", "-o", "codex")
     assert "-m scenarios.codex_install .codex-npm" in out
@@ -134,6 +166,71 @@ def test_test_lowest_leaves_out_only_tests_that_call_no_aiohttp() -> None:
     }
     for path in ignored:  # none of them reaches aiohttp
         assert "aiohttp" not in (ROOT / path).read_text(), path
+
+
+#: What a test may not reach to be left out of the lowest run: the libraries whose
+#: versions that run changes (LOWEST_PINS in the Makefile), and sockets (a test that
+#: takes a port to make `serve` fail has it reach its listening, aiohttp's part).
+RANGED = {"aiohttp", "orjson", "faker", "Faker", "socket"}
+
+
+def reached_from(test: ast.FunctionDef, functions: dict[str, ast.AST]) -> list[ast.AST]:
+    """The test and every function of its module it calls, however indirectly."""
+    seen: dict[str, ast.AST] = {test.name: test}
+    todo: list[ast.AST] = [test]
+    while todo:
+        for node in ast.walk(todo.pop()):
+            if isinstance(node, ast.Name) and node.id in functions and node.id not in seen:
+                seen[node.id] = functions[node.id]
+                todo.append(functions[node.id])
+    return list(seen.values())
+
+
+def test_test_lowest_leaves_out_test_by_test_only_refusals_at_start_that_reach_no_ranged_library():
+    """Each test the lowest run deselects runs a command of the bridge that exits 2 at
+    start (a bad setting, option or secret file): no fixture, nothing of aiohttp, orjson,
+    faker or sockets in it or in any function of its module it calls, an exit status of 2
+    asserted. A test that serves, or calls through aiohttp, fails this check."""
+    out = make_n("test-lowest", "-o", ".venv-lowest/.installed", "-o", "codex", "-o", "nginx")
+    deselected = [word.split("=", 1)[1] for word in out.split() if word.startswith("--deselect=")]
+    assert deselected
+    for nodeid in deselected:
+        path, name = nodeid.split("::")
+        tree = ast.parse((ROOT / path).read_text())
+        functions: dict[str, ast.AST] = {
+            node.name: node
+            for node in tree.body
+            if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef)
+        }
+        # --deselect takes a prefix of node ids: it must name this test alone.
+        assert [f for f in functions if f.startswith(name)] == [name], nodeid
+        test = functions[name]
+        assert isinstance(test, ast.FunctionDef), f"{nodeid}: a coroutine needs an event loop"
+        parametrized = {
+            argument.strip()
+            for decorator in test.decorator_list
+            if isinstance(decorator, ast.Call)
+            and ast.unparse(decorator.func).endswith("parametrize")
+            for names in [ast.literal_eval(decorator.args[0])]
+            for argument in ([names] if isinstance(names, str) else names)
+            for argument in argument.split(",")
+        }
+        fixtures = {a.arg for a in test.args.args} - parametrized - {"tmp_path"}
+        assert not fixtures, (nodeid, fixtures)
+        used = {
+            node.id if isinstance(node, ast.Name) else node.attr
+            for function in reached_from(test, functions)
+            for node in ast.walk(function)
+            if isinstance(node, ast.Name | ast.Attribute)
+        }
+        assert not used & RANGED, (nodeid, used & RANGED)
+        assert any(
+            isinstance(node, ast.Assert)
+            and isinstance(node.test, ast.Compare)
+            and isinstance(node.test.ops[0], ast.Eq)
+            and ast.unparse(node.test.comparators[0]) == "2"
+            for node in ast.walk(test)
+        ), f"{nodeid}: no exit status of 2 asserted"
 
 
 def recipe_environment(**given: str) -> dict[str, str]:
