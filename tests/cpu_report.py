@@ -32,13 +32,20 @@ CHILDREN = "cpu_children_s"
 _START = pytest.StashKey[tuple[float, float]]()
 
 
+def positive_int(text: str) -> int:
+    count = int(text)
+    if count < 1:
+        raise ValueError(text)
+    return count
+
+
 def add_options(parser: pytest.Parser) -> None:
     """The options (tests/conftest.py's pytest_addoption calls this)."""
     group = parser.getgroup("cpu-report", "CPU time per test")
     group.addoption(
         "--cpu-report",
         action="store",
-        type=int,
+        type=positive_int,
         nargs="?",
         const=40,
         default=None,

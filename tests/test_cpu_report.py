@@ -75,3 +75,9 @@ def test_without_the_option_nothing_is_measured_or_printed(project: pytest.Pytes
     result = project.runpytest("-p", "no:cacheprovider")
     result.assert_outcomes(passed=2)
     assert "CPU per test" not in result.stdout.str()
+
+
+def test_a_count_below_one_is_a_usage_error(project: pytest.Pytester) -> None:
+    result = project.runpytest("-p", "no:cacheprovider", "--cpu-report=0")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(["*--cpu-report: invalid positive_int value: '0'*"])
