@@ -94,8 +94,8 @@ def front_config_here(*args: str) -> subprocess.CompletedProcess[str]:
         with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
             try:
                 code = main(["front-config", *args])
-            except SystemExit as exit_:  # argparse's refusals
-                code = exit_.code if isinstance(exit_.code, int) else 1
+            except SystemExit as exit_:  # argparse's refusals: a process's exit status
+                code = 0 if exit_.code is None else exit_.code if isinstance(exit_.code, int) else 1
     finally:
         root.handlers[:] = handlers
     return subprocess.CompletedProcess(
