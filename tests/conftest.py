@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
+import cpu_report
 import pytest
 import pytest_asyncio
 import tiers
@@ -158,3 +159,9 @@ def codex_version(codex_bin: str) -> str:
 def pytest_configure(config: pytest.Config) -> None:
     # The tiers (`make check`, `make test`): tests/tiers.py.
     config.pluginmanager.register(tiers, "tiers")
+    # `--cpu-report`, opt-in: tests/cpu_report.py.
+    config.pluginmanager.register(cpu_report, "cpu_report")
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    cpu_report.add_options(parser)

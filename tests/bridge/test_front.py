@@ -5,7 +5,9 @@ from __future__ import annotations
 import contextlib
 import http.client
 import http.server
+import io
 import json
+import logging
 import os
 import re
 import shutil
@@ -25,6 +27,7 @@ from processes import nginx_binary, start_nginx
 
 from bridge.app import ROUTES
 from bridge.auth import BearerToken, presented_token
+from bridge.cli import main
 from bridge.limits import RestLimits
 from bridge.settings import LimitVariables
 from bridge_ops.cluster import free_port
@@ -81,6 +84,25 @@ def front_config(*args: str, env: dict[str, str] | None = None) -> subprocess.Co
     )
 
 
+def front_config_here(*args: str) -> subprocess.CompletedProcess[str]:
+    """`rest-bridge front-config ARGS` by the CLI's own main, in this process: what the
+    command prints and returns, for the checks of its arguments, without a Python
+    process each (the tests above and below run the console script itself)."""
+    out, err = io.StringIO(), io.StringIO()
+    root, handlers = logging.getLogger(), list(logging.getLogger().handlers)
+    try:
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            try:
+                code = main(["front-config", *args])
+            except SystemExit as exit_:  # argparse's refusals: a process's exit status
+                code = 0 if exit_.code is None else exit_.code if isinstance(exit_.code, int) else 1
+    finally:
+        root.handlers[:] = handlers
+    return subprocess.CompletedProcess(
+        ["front-config", *args], code, out.getvalue(), err.getvalue()
+    )
+
+
 def test_front_config_is_accepted_by_nginx(tmp_path):
     done = front_config(
         *("--replica", "bridge-0=127.0.0.1:8001", "--replica", "bridge-1=[::1]:8002"),
@@ -97,15 +119,17 @@ def test_front_config_is_accepted_by_nginx(tmp_path):
     nginx_accepts(printed, tmp_path / "front")
 
 
+@pytest.mark.quick
 @pytest.mark.parametrize(
     "bad", ["bridge-0", "Bridge=127.0.0.1:1", "a=127.0.0.1", "a=127.0.0.1:0", "a=host:99999"]
 )
 def test_front_config_refuses_bad_replicas(bad):
-    done = front_config("--replica", bad)
+    done = front_config_here("--replica", bad)
     assert done.returncode == 2
     assert "rest-bridge front-config:" in done.stderr
 
 
+@pytest.mark.quick
 @pytest.mark.parametrize(
     ("option", "value"),
     [
@@ -124,19 +148,20 @@ def test_front_config_refuses_bad_replicas(bad):
 )
 def test_front_config_refuses_what_nginx_would_read_as_more_than_one_word(option, value):
     """No option can end its directive and add one of its own: exit 2, nothing printed."""
-    done = front_config("--replica", "a=h:1", option, value)
+    done = front_config_here("--replica", "a=h:1", option, value)
     assert done.returncode == 2, done.stdout
     assert done.stdout == ""
     assert done.stderr.startswith("rest-bridge front-config: "), done.stderr
     assert "Traceback" not in done.stderr
 
 
+@pytest.mark.quick
 @pytest.mark.parametrize(
     ("option", "value"),
     [("--listen", "[::1]:8787"), ("--listen", "8787"), ("--listen", "unix:/run/f.sock")],
 )
 def test_front_config_takes_every_form_of_listen_address(tmp_path, option, value):
-    done = front_config("--replica", "a=127.0.0.1:1", option, value)
+    done = front_config_here("--replica", "a=127.0.0.1:1", option, value)
     assert done.returncode == 0, done.stderr
     assert f"listen {value};" in done.stdout
 

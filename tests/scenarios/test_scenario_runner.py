@@ -558,6 +558,12 @@ REPORT = "import os, signal, socket, sys; " + TELL
 ESCAPE = "import os, signal, socket, sys; os.setsid(); os.fork() and os._exit(0); " + TELL
 
 
+#: A last step that waits until the run is stopped: `x/hang` never answers. With its
+#: `params` (the fake, as codex, answers a request without them with -32600 at once,
+#: and the run then ended by itself, racing the signal the test sends it).
+HANG = '{call: {session: "${s}", method: x/hang, params: {}}}'
+
+
 def spawning_scenario(tmp_path: Path, port: int, last_step: str) -> Path:
     python = sys.executable
     return write(
@@ -627,9 +633,7 @@ def test_a_run_stopped_by_a_signal_leaves_nothing_behind(tmp_path: Path, sig: in
     and the runner ends by the signal it received."""
     with socket.create_server(("127.0.0.1", 0)) as listener:
         listener.settimeout(120)
-        scenario = spawning_scenario(
-            tmp_path, listener.getsockname()[1], '{call: {session: "${s}", method: x/hang}}'
-        )
+        scenario = spawning_scenario(tmp_path, listener.getsockname()[1], HANG)
         mark = secrets.token_hex(8)
         runner = subprocess.Popen(
             [REST_BRIDGE, "scenarios", "run", "-p", "no:cacheprovider", str(scenario)],
@@ -715,9 +719,7 @@ def test_ctrl_c_in_a_terminal_stops_the_run_once_and_leaves_nothing_behind(tmp_p
     "kill it now"), waits for it to stop, sweeps what is left and ends by SIGINT."""
     with socket.create_server(("127.0.0.1", 0)) as listener:
         listener.settimeout(120)
-        scenario = spawning_scenario(
-            tmp_path, listener.getsockname()[1], '{call: {session: "${s}", method: x/hang}}'
-        )
+        scenario = spawning_scenario(tmp_path, listener.getsockname()[1], HANG)
         mark = secrets.token_hex(8)
         controller, terminal = pty.openpty()
         command = [REST_BRIDGE, "scenarios", "run", "-p", "no:cacheprovider", str(scenario)]
