@@ -1,0 +1,90 @@
+"""What a process imports before it does its job: nothing its job does not need.
+
+The test suite starts hundreds of bridges, fakes and scenario runs, and most of their
+start-up CPU is importing. Each test runs the real entry point (`main` of the console
+script, in a fresh interpreter, with the arguments a user gives) and reads the modules
+that process had imported when it ended: a feature that is off must not be paid for.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+BIN = Path(sys.executable).parent
+SCENARIO = ROOT / "scenarios" / "library" / "approvals-session-decisions.scenario.yaml"
+INITIALIZE = (
+    b'{"jsonrpc":"2.0","id":1,"method":"initialize",'
+    b'"params":{"clientInfo":{"name":"t","version":"1"}}}\n'
+)
+
+#: Runs ``ENTRY(argv)`` and, as the interpreter exits, writes the top-level packages it
+#: imported to the file named by argv[1].
+PROGRAM = """
+import atexit, importlib, json, sys
+out, entry = sys.argv[1], sys.argv[2]
+def record():
+    with open(out, "w") as f:
+        json.dump(sorted({name.split(".")[0] for name in sys.modules}), f)
+atexit.register(record)
+module, _, name = entry.partition(":")
+sys.exit(getattr(importlib.import_module(module), name)(sys.argv[3:]))
+"""
+
+
+def start(tmp_path: Path, entry: str, argv: Sequence[str], **popen: object) -> subprocess.Popen:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("REST_ADAPTER_")}
+    env["PATH"] = f"{BIN}{os.pathsep}{env.get('PATH', '')}"
+    return subprocess.Popen(
+        [sys.executable, "-c", PROGRAM, str(tmp_path / "modules.json"), entry, *argv],
+        env=env,
+        cwd=tmp_path,
+        **popen,  # type: ignore[call-overload]
+    )
+
+
+def imported(tmp_path: Path) -> set[str]:
+    return set(json.loads((tmp_path / "modules.json").read_text()))
+
+
+def test_the_scenario_runners_front_imports_no_aiohttp(tmp_path: Path) -> None:
+    # The front only supervises the pytest it starts (which imports what a run needs).
+    done = start(
+        tmp_path,
+        "scenarios.cli:main",
+        ["check", str(SCENARIO)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    out, err = done.communicate(timeout=120)
+    assert done.returncode == 0, (out, err)
+    assert b"1 test collected" in out
+    assert {"aiohttp", "prometheus_client", "pydantic"}.isdisjoint(imported(tmp_path))
+
+
+@pytest.mark.parametrize("script", [False, True], ids=["bare", "scripted"])
+def test_fake_codex_app_server_imports_pydantic_and_yaml_only_for_a_script(
+    tmp_path: Path, script: bool
+) -> None:
+    argv = ["app-server", *(["--script", str(SCENARIO)] if script else [])]
+    fake = start(
+        tmp_path,
+        "fakes.app_server.cli:main",
+        argv,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    out, err = fake.communicate(INITIALIZE, timeout=60)
+    assert fake.returncode == 0, err
+    assert b'"id":1' in out
+    packages = imported(tmp_path)
+    assert {"pydantic", "yaml"} <= packages if script else packages.isdisjoint({"pydantic", "yaml"})
+    assert "aiohttp" not in packages
