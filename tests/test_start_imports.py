@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 from collections.abc import Sequence
@@ -52,6 +53,47 @@ def start(tmp_path: Path, entry: str, argv: Sequence[str], **popen: object) -> s
 
 def imported(tmp_path: Path) -> set[str]:
     return set(json.loads((tmp_path / "modules.json").read_text()))
+
+
+def serve_until_listening(tmp_path: Path, *options: str) -> set[str]:
+    """The packages `rest-bridge serve` imported by the time it listened (and stopped)."""
+    argv = ["serve", "--port", "0", "--app-server", f"{BIN / 'fake-codex'} app-server"]
+    process = start(
+        tmp_path,
+        "bridge.cli:main",
+        [*argv, *options],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        assert process.stdout is not None
+        lines = []
+        for line in process.stdout:
+            lines.append(line)
+            if b"  file descriptors:" in line:  # the banner's last line before operations
+                break
+        assert any(b"listening on" in line for line in lines), lines
+        if "--ops-port" in options:
+            assert b"operations: http://" in process.stdout.readline()
+        process.send_signal(signal.SIGTERM)
+        assert process.wait(timeout=60) == 0
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+    return imported(tmp_path)
+
+
+def test_serve_without_the_operations_listener_imports_no_prometheus_client(
+    tmp_path: Path,
+) -> None:
+    assert "prometheus_client" not in serve_until_listening(tmp_path)
+
+
+def test_serve_with_the_operations_listener_imports_prometheus_client_at_start(
+    tmp_path: Path,
+) -> None:
+    assert "prometheus_client" in serve_until_listening(tmp_path, "--ops-port", "0")
 
 
 def test_the_scenario_runners_front_imports_no_aiohttp(tmp_path: Path) -> None:
