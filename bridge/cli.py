@@ -33,7 +33,6 @@ from bridge.limits import (
     RestLimitsEnvError,
 )
 from bridge.openapi import build_openapi
-from bridge.ops import OpsListener
 from bridge.policy import POLICY_VARIABLES, MethodPolicy
 from bridge.process import startup
 from bridge.process.startup import DEFAULT_COMMAND, parse_command
@@ -391,7 +390,13 @@ async def serve(
     drain = replica.configure(app[BACKEND], settings)
     if token is not None:
         with_bearer_auth(app, token)
-    listener = OpsListener(app) if ops is not None else None
+    listener = None
+    if ops is not None:
+        # The operations listener (and prometheus-client with it) is loaded when asked
+        # for, here at start; a bridge without it does not pay for it.
+        from bridge.ops import OpsListener
+
+        listener = OpsListener(app)
     if app_server.url is not None:
         described = f"app-server: shared, connecting to {app_server.url} (not started here)"
         window = (

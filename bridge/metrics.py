@@ -15,7 +15,8 @@ route templates, not paths; methods outside the known few become ``_OTHER``; err
 kinds come from the bridge's error table. With a replica id, every series carries a
 ``replica`` label (:attr:`Metrics.replica`), set when the metrics are exposed.
 
-This module imports nothing else of the bridge, so every layer may report to it.
+It imports nothing else of the bridge but the label values (:mod:`bridge.labels`), so
+every layer may report to it; it is imported only where metrics are on.
 """
 
 from __future__ import annotations
@@ -30,6 +31,12 @@ from prometheus_client.core import HistogramMetricFamily
 from prometheus_client.registry import Collector
 from prometheus_client.samples import Sample
 from prometheus_client.utils import floatToGoString
+
+from bridge.labels import EXIT_REASONS as EXIT_REASONS
+from bridge.labels import KNOWN_METHODS as KNOWN_METHODS
+from bridge.labels import STATUS_CLASSES as STATUS_CLASSES
+from bridge.labels import exit_reason as exit_reason
+from bridge.labels import status_class as status_class
 
 #: How prometheus-client writes a bucket's bound (its ``le`` label); untyped there.
 _bound_label = cast(Callable[[float], str], floatToGoString)
@@ -46,15 +53,6 @@ HTTP_BUCKETS = (
 #: A server request (an approval) waits for a person: seconds to an hour.
 WAIT_BUCKETS = (0.01, 0.1, 0.5, 1.0, 5.0, 10.0, 30.0, 60.0, 300.0, 900.0, 3600.0)
 TURN_BUCKETS = (0.1, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0)
-
-#: The HTTP methods that are their own label value (OpenTelemetry's known methods);
-#: any other is ``_OTHER``, so a caller cannot grow the label set.
-KNOWN_METHODS = frozenset(
-    {"GET", "HEAD", "POST", "PUT", "DELETE", "CONNECT", "OPTIONS", "TRACE", "PATCH"}
-)
-STATUS_CLASSES = ("1xx", "2xx", "3xx", "4xx", "5xx")
-#: How an app-server conversation ended (``rest_bridge_app_server_exits_total``).
-EXIT_REASONS = ("exited", "failed", "signal", "protocol_error", "connection_closed")
 
 
 class ReplicaRegistry(CollectorRegistry):
@@ -135,21 +133,6 @@ class Durations:
             labels = dict(zip(self.labelnames, values, strict=True))
             family.samples.append(Sample(f"{self.name}_created", labels, series.created))
         yield family
-
-
-def status_class(status: int) -> str:
-    return STATUS_CLASSES[status // 100 - 1] if 100 <= status < 600 else "5xx"
-
-
-def exit_reason(exit_code: int | None, signal: str | None, protocol: bool, connection: bool) -> str:
-    """One of :data:`EXIT_REASONS` for an ended conversation."""
-    if protocol:
-        return "protocol_error"
-    if connection:
-        return "connection_closed"
-    if signal is not None:
-        return "signal"
-    return "exited" if exit_code == 0 else "failed"
 
 
 class Metrics:

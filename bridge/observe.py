@@ -26,16 +26,22 @@ import asyncio
 import contextlib
 import time
 from collections.abc import Iterator
+from typing import TYPE_CHECKING
 
 import orjson
 from aiohttp import web
 from aiohttp.typedefs import Handler, Middleware
-from prometheus_client.core import GaugeMetricFamily, Metric
 
 from bridge import errors
 from bridge.errors import ERROR_KIND
 from bridge.logs import CLIENT_GONE, NO_ROUTE, AccessLog, safe_method, safe_session_id
-from bridge.metrics import KNOWN_METHODS, Durations, DurationSeries, Metrics, status_class
+
+if TYPE_CHECKING:
+    # prometheus-client is loaded where metrics are on (bridge.metrics), not here.
+    from prometheus_client.core import Metric
+
+    from bridge.metrics import Durations, DurationSeries, Metrics
+from bridge.labels import KNOWN_METHODS, status_class
 
 #: The statuses whose error kind ``rest_bridge_refusals_total`` counts.
 REFUSAL_STATUSES = frozenset({401, 403, 413, 429})
@@ -46,7 +52,7 @@ _ONLY_KIND = {
     for status in REFUSAL_STATUSES
     if len(kinds := [e.kind for e in errors.ERROR_KINDS if e.status == status]) == 1
 }
-#: The method label of any method outside :data:`bridge.metrics.KNOWN_METHODS`.
+#: The method label of any method outside :data:`bridge.labels.KNOWN_METHODS`.
 OTHER_METHOD = "_OTHER"
 
 _clock = time.perf_counter
@@ -117,6 +123,8 @@ class InFlight:
         self.facts = facts
 
     def collect(self) -> Iterator[Metric]:
+        from prometheus_client.core import GaugeMetricFamily  # at scrape time: metrics are on
+
         active = GaugeMetricFamily(
             "http_server_active_requests",
             "HTTP requests being handled now",

@@ -4,14 +4,13 @@ An application of :mod:`bridge.app` is the whole HTTP product; serving it as a
 program is more: the event loop chosen, glibc told to return big buffers, the
 descriptor budget raised and its shortage reported (:mod:`bridge.descriptors`), the
 stop and drain signals, the bridge made the subreaper of its app-servers' orphans and
-their reaper (:class:`OrphanReaper`), and at exit every leftover descendant killed.
+their reaper (:mod:`bridge.process.subreaper`), and at exit every leftover descendant killed.
 :class:`ServeProcess` holds that policy; ``bridge.cli`` parses arguments and prints.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import ctypes
 import gc
 import logging
@@ -19,7 +18,7 @@ import os
 import signal
 import socket
 import sys
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable
 from types import TracebackType
 from typing import Any
 
@@ -34,7 +33,16 @@ from bridge.descriptors import (
     raise_soft_limit,
 )
 from bridge.observe import observer
-from bridge.process import descendants
+from bridge.process.subreaper import ORPHAN_REAP_SECONDS as ORPHAN_REAP_SECONDS
+from bridge.process.subreaper import OrphanReaper as OrphanReaper
+from bridge.process.subreaper import become_subreaper as become_subreaper
+from bridge.process.subreaper import carrying as carrying
+from bridge.process.subreaper import children_in_table as children_in_table
+from bridge.process.subreaper import end_all as end_all
+from bridge.process.subreaper import kill_all as kill_all
+from bridge.process.subreaper import own_children as own_children
+from bridge.process.subreaper import reap_every as reap_every
+from bridge.process.subreaper import reap_orphans as reap_orphans
 from bridge.server import SERVER_SETTINGS
 
 #: Allocations at least this big are mapped from the OS and returned to it when freed.
@@ -45,9 +53,6 @@ DEFAULT_LOOP = "uvloop"
 SHUTDOWN_HANDLER_SECONDS = 2.0
 #: At exit, how long to wait for the last descendants to die once killed.
 DESCENDANTS_EXIT_SECONDS = 5.0
-#: How often `rest-bridge serve` reaps adopted orphans that exited on their own.
-ORPHAN_REAP_SECONDS = 5.0
-_PR_SET_CHILD_SUBREAPER = 36
 #: Objects allocated beyond those freed before Python collects its youngest
 #: generation, once `rest-bridge serve` has started (:func:`settle_heap`); Python's
 #: default is 700.
@@ -161,191 +166,6 @@ def _quiet_about_ignored_signals(unraisable: sys.UnraisableHookArgs) -> None:
     if isinstance(error, OSError) and str(error).endswith("ignored due to race condition"):
         return
     sys.__unraisablehook__(unraisable)
-
-
-# -- the descendants of the whole process (bridge.process.descendants has one app-server's)
-
-
-def own_children() -> list[int]:
-    """The pids of this process's children, exited ones not yet reaped included.
-
-    The kernel lists each thread's children in ``/proc/self/task/<tid>/children`` (an
-    orphan a subreaper adopts goes to one of its threads), so no other process's entry
-    is read. That file needs CONFIG_PROC_CHILDREN, which Linux leaves off by default
-    (distributions turn it on): without it, they are found in the whole process table.
-    """
-    if not os.path.exists(f"/proc/self/task/{os.getpid()}/children"):
-        return children_in_table()
-    pids: list[int] = []
-    for tid in os.listdir("/proc/self/task"):
-        # A thread may end meanwhile: its children have gone to another one by then.
-        with (
-            contextlib.suppress(FileNotFoundError, ProcessLookupError),
-            open(f"/proc/self/task/{tid}/children", "rb") as listing,
-        ):
-            pids += map(int, listing.read().split())
-    return pids
-
-
-def children_in_table() -> list[int]:
-    """:func:`own_children` read from the whole process table."""
-    me = os.getpid()
-    return [pid for pid, stat in descendants.read_table().items() if stat.ppid == me]
-
-
-class OrphanReaper(descendants.OwnChildren):
-    """A child subreaper's own children, and the reaping of the orphans it adopts.
-
-    An orphaned descendant is re-parented to this process rather than to init, and its
-    exit status comes here. :meth:`reap` waits only for children that are not this
-    process's own (those the process layer spawned and registered, which asyncio waits
-    for by pid), so no exit status is ever taken from under asyncio's child watcher.
-    While a spawn is under way nothing is reaped: a new child that died at once could
-    not yet be told apart from an orphan.
-    """
-
-    def __init__(self, own: dict[int, float]) -> None:
-        super().__init__(own)
-        self._spawns = 0
-        self._deferred = False
-        #: The last reaping failed (and said so).
-        self._failing = False
-
-    @contextlib.contextmanager
-    def spawning(self) -> Iterator[Callable[[int], None]]:
-        self._spawns += 1
-        try:
-            yield self.register
-        finally:
-            self._spawns -= 1
-            if self._spawns == 0 and self._deferred:
-                self._deferred = False
-                self.reap()
-
-    def reap(self) -> None:
-        """Reap the adopted orphans that have exited."""
-        if self._spawns:
-            self._deferred = True
-            return
-        try:
-            for pid in own_children():
-                # A child's pid stays its own until it is reaped: never a recycled one.
-                stat = descendants.read_stat(pid)
-                if stat is not None and not stat.alive and not self.is_own(pid, stat):
-                    with contextlib.suppress(ChildProcessError):
-                        os.waitpid(pid, os.WNOHANG)
-        except OSError as exc:
-            # Out of descriptors, most likely: said once, tried again at the next occasion.
-            if not self._failing:
-                log.warning("could not reap orphaned processes: %s", exc.strerror or exc)
-            self._failing = True
-        else:
-            self._failing = False
-
-    def killed(self, fds: list[int]) -> None:
-        """Close the pidfds once their processes have exited, then reap them."""
-        if not fds:
-            return
-        loop = asyncio.get_running_loop()
-        waiting = set(fds)
-
-        def exited(fd: int) -> None:
-            loop.remove_reader(fd)
-            os.close(fd)
-            waiting.discard(fd)
-            if not waiting:
-                self.reap()
-
-        for fd in fds:
-            loop.add_reader(fd, exited, fd)
-
-
-def become_subreaper() -> bool:
-    """Make this process the reaper of its orphaned descendants (Linux; True if so)."""
-    if not descendants.LINUX:
-        return False
-    libc = ctypes.CDLL(None, use_errno=True)
-    if libc.prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) != 0:
-        log.warning("could not become a child subreaper: %s", os.strerror(ctypes.get_errno()))
-        return False
-    if not isinstance(descendants.children, OrphanReaper):
-        descendants.children = OrphanReaper(descendants.children.own)
-    return True
-
-
-def reap_orphans() -> None:
-    """Reap the adopted orphans that have exited (only as a subreaper)."""
-    if isinstance(descendants.children, OrphanReaper):
-        descendants.children.reap()
-
-
-async def reap_every(seconds: float = ORPHAN_REAP_SECONDS) -> None:
-    """Reap adopted orphans that exited on their own, every ``seconds``, until cancelled."""
-    while True:
-        await asyncio.sleep(seconds)
-        reap_orphans()
-
-
-def _settle(future: asyncio.Future[None]) -> None:
-    if not future.done():
-        future.set_result(None)
-
-
-async def kill_all(select: descendants.Selector, timeout: float) -> int:
-    """SIGKILL every process ``select`` picks (:func:`~bridge.process.descendants.kill_rounds`),
-    wait up to ``timeout`` for them to exit and reap what this process adopted. Returns
-    how many were found and killed.
-
-    A failure to read the process table (no descriptor left) is logged, not raised: the
-    kills made so far stand.
-    """
-    if not descendants.LINUX:
-        return 0
-    loop = asyncio.get_running_loop()
-    killed: set[tuple[int, float]] = set()
-    fds: list[int] = []
-    try:
-        descendants.kill_rounds(select, killed, fds)
-        if fds:
-            pending = []
-            for fd in fds:
-                done: asyncio.Future[None] = loop.create_future()
-                loop.add_reader(fd, _settle, done)
-                pending.append(done)
-            await asyncio.wait(pending, timeout=timeout)
-        reap_orphans()
-    except OSError as exc:
-        log.warning("could not stop every process: %s", exc.strerror or exc)
-    finally:
-        for fd in fds:
-            loop.remove_reader(fd)
-            os.close(fd)
-    return len(killed)
-
-
-async def end_all(timeout: float) -> int:
-    """Kill every descendant of this process and reap them: `rest-bridge serve`'s last act.
-
-    Returns how many were killed. Only for a process that is the bridge alone: it
-    spares nothing below it.
-    """
-    me = os.getpid()
-    return await kill_all(lambda table: descendants.descendants_of(table, {me}), timeout)
-
-
-def carrying(variable: str, value: str) -> descendants.Selector:
-    """For :func:`kill_all`: the live processes whose environment has ``variable=value``
-    (whoever their parent is now)."""
-    me = os.getpid()
-
-    def select(table: Mapping[int, descendants.Stat]) -> set[int]:
-        return {
-            pid
-            for pid, stat in table.items()
-            if pid != me and stat.alive and descendants.environ_has(pid, variable, value)
-        }
-
-    return select
 
 
 def settle_heap() -> None:

@@ -121,16 +121,18 @@ def _pytest(argv: Sequence[str]) -> int:
     (a second one kills it); once pytest has exited, every process left below this one
     is killed. A run stopped by a signal then ends by that signal (SIGTERM: status 143).
     """
-    from bridge import runtime
+    # The process tree's supervision alone: serving's runtime would bring aiohttp into a
+    # process that only waits for pytest.
+    from bridge.process import subreaper
 
-    runtime.become_subreaper()
+    subreaper.become_subreaper()
     stopper = _Stopper()
     previous = {sig: signal.signal(sig, stopper) for sig in STOP_SIGNALS}
     try:
         stopper.child = subprocess.Popen([sys.executable, "-m", "pytest", *argv])
         stopper.forward()  # a signal that came while it started
         code = stopper.child.wait()
-        left = asyncio.run(runtime.end_all(SWEEP_SECONDS))
+        left = asyncio.run(subreaper.end_all(SWEEP_SECONDS))
         if left:
             done = f"killed {left} process{'es' if left > 1 else ''} the run left behind"
             print(f"rest-bridge scenarios run: {done}", file=sys.stderr)

@@ -12,13 +12,13 @@ import logging
 import time
 import uuid
 from collections.abc import Coroutine, Iterator, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from bridge import __version__, errors, logs
 from bridge.backend import Backend, EventStream, new_session_id
 from bridge.events import Event, rfc3339
+from bridge.labels import exit_reason
 from bridge.limits import RestLimits
-from bridge.metrics import Metrics, exit_reason
 from bridge.models import (
     ClientOptions,
     Compatibility,
@@ -34,6 +34,9 @@ from bridge.process.peer import JsonRpcPeer, ProcessGone, RpcError, StdinFull
 from bridge.process.session import Session
 from bridge.process.startup import DEFAULT_COMMAND, AppServerLauncher, SpawnStdio, parse_command
 from bridge.process.text_turn import TextTurn
+
+if TYPE_CHECKING:  # loaded only where metrics are on
+    from bridge.metrics import Metrics
 
 log = logging.getLogger("bridge")
 

@@ -6,14 +6,16 @@ import asyncio
 import logging
 import time
 from collections import OrderedDict
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from bridge import errors
 from bridge.events import Event, EventLog, LogReader, rfc3339
-from bridge.metrics import Metrics
 from bridge.process.channel import ExitInfo
 from bridge.process.outcomes import request_key, rpc_failure
 from bridge.process.peer import JsonRpcPeer, ProcessGone, RpcError, StdinFull
+
+if TYPE_CHECKING:  # loaded only where metrics are on
+    from bridge.metrics import Metrics
 
 log = logging.getLogger("bridge")
 
