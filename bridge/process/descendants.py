@@ -170,18 +170,28 @@ class OwnChildren:
         for fd in fds:
             os.close(fd)
 
+    def table(self) -> dict[int, Stat]:
+        """Where a sweep looks for what an app-server left: the whole process table (an
+        orphan goes to init, or to a subreaper above this process, anywhere in it)."""
+        return read_table()
+
 
 #: This process's own children (a child subreaper replaces it with its reaper).
 children = OwnChildren()
 
 
-def kill_rounds(select: Selector, killed: set[tuple[int, float]], fds: list[int]) -> bool:
+def kill_rounds(
+    select: Selector,
+    killed: set[tuple[int, float]],
+    fds: list[int],
+    read: Callable[[], dict[int, Stat]] = read_table,
+) -> bool:
     """SIGKILL every process ``select`` picks from the process table, again until a
     search finds nothing new (one may fork meanwhile); False if some are still found after
     :data:`_MAX_ROUNDS`. ``killed`` gets (pid, start time) and ``fds`` the pidfds, which
-    stand when reading the table raises OSError."""
+    stand when reading the table (``read``) raises OSError."""
     for _ in range(_MAX_ROUNDS):
-        table = read_table()
+        table = read()
         found = {(pid, table[pid].start) for pid in select(table)} - killed
         if not found:
             return True
@@ -225,7 +235,7 @@ class Lineage:
         if not LINUX or self.pid is None:
             return
         try:
-            table = read_table()
+            table = children.table()
         except OSError:
             return
         mine = table.get(self.pid)
@@ -291,7 +301,7 @@ class Lineage:
         killed: set[tuple[int, float]] = set()
         fds: list[int] = []
         try:
-            if not kill_rounds(self._targets, killed, fds):
+            if not kill_rounds(self._targets, killed, fds, children.table):
                 log.warning("app-server pid %s left processes that keep forking", self.pid)
         except BaseException:
             # The kills so far stand; the next attempt finds the rest.

@@ -33,17 +33,45 @@ def own_children() -> list[int]:
     is read. That file needs CONFIG_PROC_CHILDREN, which Linux leaves off by default
     (distributions turn it on): without it, they are found in the whole process table.
     """
-    if not os.path.exists(f"/proc/self/task/{os.getpid()}/children"):
+    if not _CHILDREN_LISTED:
         return children_in_table()
+    return children_of("self")
+
+
+def children_of(pid: int | str) -> list[int]:
+    """The children the kernel lists under each thread of ``pid``; none once it is gone."""
     pids: list[int] = []
-    for tid in os.listdir("/proc/self/task"):
+    try:
+        threads = os.listdir(f"/proc/{pid}/task")
+    except (FileNotFoundError, ProcessLookupError):
+        return pids
+    for tid in threads:
         # A thread may end meanwhile: its children have gone to another one by then.
         with (
             contextlib.suppress(FileNotFoundError, ProcessLookupError),
-            open(f"/proc/self/task/{tid}/children", "rb") as listing,
+            open(f"/proc/{pid}/task/{tid}/children", "rb") as listing,
         ):
             pids += map(int, listing.read().split())
     return pids
+
+
+_CHILDREN_LISTED = os.path.exists(f"/proc/self/task/{os.getpid()}/children")
+
+
+def subtree() -> dict[int, descendants.Stat]:
+    """Every process below this one, from the kernel's lists of children: the entries of
+    this process's descendants are read, no other process's (the whole table without
+    CONFIG_PROC_CHILDREN)."""
+    if not _CHILDREN_LISTED:
+        return descendants.read_table()
+    table: dict[int, descendants.Stat] = {}
+    below: list[int | str] = ["self"]
+    while below:
+        for pid in children_of(below.pop()):
+            if pid not in table and (stat := descendants.read_stat(pid)) is not None:
+                table[pid] = stat
+                below.append(pid)
+    return table
 
 
 def children_in_table() -> list[int]:
@@ -100,6 +128,12 @@ class OrphanReaper(descendants.OwnChildren):
             self._failing = True
         else:
             self._failing = False
+
+    def table(self) -> dict[int, descendants.Stat]:
+        """Only this process's subtree: a child subreaper adopts every orphan below it, so
+        nothing an app-server started can be anywhere else (a sweep after each app-server
+        exit reads its descendants' entries, not every process's on the machine)."""
+        return subtree()
 
     def killed(self, fds: list[int]) -> None:
         """Close the pidfds once their processes have exited, then reap them."""

@@ -121,3 +121,61 @@ def test_the_childrens_listing_and_the_tables_agree(reaping):
     expected = sorted([reaping["orphan"], reaping["own"], reaping["byThread"]])
     assert reaping["ownChildren"] == expected
     assert reaping["childrenInTable"] == expected
+
+
+#: An app-server (a shell) whose child leaves its session and outlives it: the sweep at
+#: the app-server's end, in a subreaper, kills that child, opening no entry of ``/proc``
+#: but those of the subreaper's own descendants.
+SWEEP = r"""
+import asyncio, json, os, re, subprocess, sys
+from bridge import runtime
+from bridge.process import descendants
+
+assert runtime.become_subreaper()
+lineage = descendants.Lineage()
+with descendants.children.spawning() as register:
+    shell = subprocess.Popen(
+        ["sh", "-c", "setsid sleep 1000 </dev/null >/dev/null 2>&1 & echo $!"],
+        env=lineage.environment(None), stdout=subprocess.PIPE,
+    )
+    register(shell.pid)
+lineage.spawned(shell.pid)
+escaped = int(shell.stdout.readline())
+shell.wait()
+gone = os.pidfd_open(escaped)
+
+opened = []
+recording = True
+def audit(event, args):
+    if recording and event == "open" and isinstance(args[0], str):
+        opened.append(args[0])
+sys.addaudithook(audit)
+
+async def end():
+    global recording
+    lineage.end()  # the first sweep, at once
+    recording = False
+    exited = asyncio.get_running_loop().create_future()
+    asyncio.get_running_loop().add_reader(gone, exited.set_result, None)
+    await asyncio.wait_for(exited, 30)
+
+asyncio.run(end())
+entries = sorted({int(m.group(1)) for m in map(re.compile(r"/proc/(\d+)/").match, opened) if m})
+print(json.dumps({
+    "shell": shell.pid, "escaped": escaped, "procEntries": entries,
+}))
+"""
+
+
+def test_a_subreapers_sweep_kills_what_an_app_server_left_reading_its_subtree_only():
+    """The sweep after an app-server's exit in `rest-bridge serve` (a child subreaper):
+    what the app-server left (here a child in a session of its own, adopted by the
+    subreaper) is killed, and only the entries of the subreaper's descendants are read,
+    not every process's on the machine at each app-server's end."""
+    done = subprocess.run(
+        [sys.executable, "-c", SWEEP], capture_output=True, text=True, timeout=60, check=False
+    )
+    assert done.returncode == 0, done.stderr
+    result = json.loads(done.stdout)
+    # It exited (a `sleep 1000`: it was killed), or the script would have timed out.
+    assert set(result["procEntries"]) <= {result["shell"], result["escaped"]}, result
