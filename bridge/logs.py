@@ -26,10 +26,9 @@ import time
 from collections.abc import Sequence
 from typing import Any, ClassVar, TextIO
 
+import orjson
 from aiohttp import web
 from aiohttp.abc import AbstractAccessLogger
-
-from bridge.wire import dumps
 
 LOG_FORMATS = ("text", "json")
 LOG_LEVELS = ("debug", "info", "warning", "error")
@@ -209,13 +208,28 @@ class AccessLines:
                 continue
             text = line[:-1]
             shown = session[len(SESSION_PART) :] if session else None
-            fields = fields_of(where, method, shown, status, size, kind, tenths, replica)
             if through is not None:
+                fields = fields_of(where, method, shown, status, size, kind, tenths, replica)
                 through.info(text, extra={FIELDS: fields})
                 continue
-            record = {"time": when, "level": "INFO", "logger": ACCESS.name, "message": text}
-            record.update(fields)
-            append(dumps(record).decode() + "\n")
+            record = {
+                "time": when,
+                "level": "INFO",
+                "logger": "bridge.access",
+                "message": text,
+                "method": where.shown or safe_method(method),
+                "route": where.route,
+                "status": status,
+                "durationMs": tenths / 10,
+                "bytes": size,
+            }
+            if shown is not None:
+                record["sessionId"] = shown
+            if replica is not None:
+                record["replicaId"] = replica
+            if kind is not None:
+                record["errorKind"] = kind
+            append(orjson.dumps(record, option=orjson.OPT_APPEND_NEWLINE).decode())
         self._second, self._stamp = second, stamp
         return "".join(out)
 
