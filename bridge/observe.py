@@ -85,7 +85,7 @@ def refusal_kind(response: web.StreamResponse, kind: str | None) -> str | None:
 class RouteFacts(LineRoute):
     """What is known of a route and a method before any request of them: found once."""
 
-    __slots__ = ("active", "by_class", "label", "method", "name", "requests")
+    __slots__ = ("active", "by_class", "label", "method", "name", "requests", "uncounted")
 
     def __init__(self, route: web.AbstractRoute, method: str, requests: Durations | None) -> None:
         resource = route.resource
@@ -105,6 +105,8 @@ class RouteFacts(LineRoute):
         self.active = 0
         #: The duration histogram's child by status class (status // 100).
         self.by_class: dict[int, DurationSeries] = {}
+        #: The same route in a record that has a line and no metric.
+        self.uncounted = LineRoute(self.route, self.shown)
 
     def duration(self, status: int) -> DurationSeries:
         child = self.by_class.get(status // 100)
@@ -116,7 +118,7 @@ class RouteFacts(LineRoute):
 
 
 #: A request's record (:data:`bridge.logs.Record`), from its route's facts.
-Observed = tuple[RouteFacts, str, "str | None", int, int, "str | None", float, float]
+Observed = tuple[LineRoute, str, "str | None", int, int, "str | None", float, float]
 
 
 class InFlight:
@@ -247,7 +249,9 @@ class Observer:
                 except ConnectionError:
                     pass  # the client is gone: aiohttp, writing again, closes the connection
             except asyncio.CancelledError:
-                self.add(request, facts, CLIENT_GONE, request.writer.output_size, None, began)
+                # Its line only: a request whose client left first is not counted.
+                size = request.writer.output_size
+                self.add(request, facts.uncounted, CLIENT_GONE, size, None, began)
                 raise
             except Exception as exc:
                 # Not from the bridge's own middlewares, which answer every failure; a
@@ -287,7 +291,7 @@ class Observer:
     def add(
         self,
         request: web.Request,
-        facts: RouteFacts,
+        facts: LineRoute,
         status: int,
         size: int,
         kind: str | None,
@@ -337,6 +341,8 @@ class Observer:
         if self.metrics is not None:
             bounds = HTTP_BUCKETS
             for facts, _, _, status, _, _, began, ended in batch:
+                if not isinstance(facts, RouteFacts):
+                    continue  # a line only (RouteFacts.uncounted)
                 series = facts.by_class.get(status // 100) or facts.duration(status)
                 seconds = ended - began
                 series.counts[bisect_left(bounds, seconds)] += 1

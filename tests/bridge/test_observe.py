@@ -3,6 +3,7 @@ bridge/metrics.py): the request durations Prometheus reads, and a host's failure
 
 from __future__ import annotations
 
+import asyncio
 import io
 import json
 import logging
@@ -178,3 +179,43 @@ async def test_a_scrape_counts_every_request_ended_before_it(serve, http):
         ),
     )
     assert exposed[count] == 3
+
+
+@pytest.mark.asyncio
+async def test_a_request_whose_client_left_first_is_not_counted(serve):
+    """Its access line says 499; the duration histogram does not count it."""
+    entered, cancelled = asyncio.Event(), asyncio.Event()
+
+    async def held(request: web.Request) -> web.Response:
+        entered.set()
+        try:
+            await asyncio.Event().wait()  # until the client leaves
+        finally:
+            cancelled.set()
+        raise AssertionError("not reached")
+
+    app = web.Application()
+    app.router.add_get("/held/{sessionId}", held)
+    metrics = Metrics()
+    observer(app).count(metrics)
+    base = await serve(app)
+    host, port = base.removeprefix("http://").split(":")
+    _, writer = await asyncio.open_connection(host, int(port))
+    writer.write(b"GET /held/abc HTTP/1.1\r\nHost: x\r\n\r\n")
+    await writer.drain()
+    await asyncio.wait_for(entered.wait(), 30)
+    writer.close()
+    await writer.wait_closed()
+    # The handler is cancelled, and the middleware has seen it end, in one step.
+    await asyncio.wait_for(cancelled.wait(), 30)
+    exposed = samples(generate_latest(metrics.registry))
+    durations = {
+        dict(labels)["http_route"]
+        for name, labels in exposed
+        if name == "http_server_request_duration_seconds_count"
+    }
+    assert "/held/{sessionId}" not in durations
+    active = ("http_server_active_requests", "/held/{sessionId}")
+    assert [
+        v for (n, labels), v in exposed.items() if (n, dict(labels).get("http_route")) == active
+    ] == [0]
