@@ -4,6 +4,7 @@
     .venv/bin/python -m bench.ab --before main --after i22-merge   # two revisions
     .venv/bin/python -m bench.ab --loops [--rounds 8]   # this tree, asyncio against uvloop
     .venv/bin/python -m bench.ab --metrics [--rounds 8]   # this tree, metrics off against on
+    .venv/bin/python -m bench.ab --observed   # this tree, access lines and metrics both off/on
     .venv/bin/python -m bench.ab --before-args="--log-level warning"   # access lines off/on
 
 Both bridges run side by side (an old one from ``git archive REV bridge`` on
@@ -86,6 +87,12 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="compare this tree with its operations listener (and so its metrics) off and on",
     )
+    parser.add_argument(
+        "--observed",
+        action="store_true",
+        help="compare this tree with access lines and metrics both off (--log-level warning) "
+        "and both on (its operations listener on)",
+    )
     parser.add_argument("--app-server", choices=["lean", "fake"], default="lean")
     parser.add_argument(
         "--before-args", default="", help="more arguments of the before bridge's `serve`"
@@ -110,6 +117,11 @@ def main(argv: list[str] | None = None) -> int:
                 "before": stack.enter_context(Bridge(loop="asyncio", app_server=app_server)),
                 "after": stack.enter_context(Bridge(loop="uvloop", app_server=app_server)),
             }
+        elif args.observed:
+            loop = None if args.loop == "default" else args.loop
+            off = Bridge(loop=loop, app_server=app_server, args=["--log-level", "warning"])
+            on = Bridge(loop=loop, env={"REST_ADAPTER_OPS_PORT": "0"}, app_server=app_server)
+            bridges = {"before": stack.enter_context(off), "after": stack.enter_context(on)}
         elif args.metrics:
             loop = None if args.loop == "default" else args.loop
             bridges = {
@@ -161,6 +173,9 @@ def main(argv: list[str] | None = None) -> int:
     what = f"{args.rounds} rounds, {args.app_server} app-server"
     if args.loops:
         print(f"| this tree, {what} | asyncio | uvloop | change |")
+    elif args.observed:
+        columns = "access lines and metrics off | both on"
+        print(f"| this tree, {args.loop} loop, {what} | {columns} | change |")
     elif args.metrics:
         print(f"| this tree, {args.loop} loop, {what} | metrics off | metrics on | change |")
     else:

@@ -17,20 +17,18 @@ sessions and app-servers.
 
 from __future__ import annotations
 
-import asyncio
-import atexit
 import contextlib
 import json
 import logging
 import re
 import sys
 import time
+from collections.abc import Sequence
 from typing import Any, ClassVar, TextIO
 
+import orjson
 from aiohttp import web
 from aiohttp.abc import AbstractAccessLogger
-
-from bridge.wire import dumps
 
 LOG_FORMATS = ("text", "json")
 LOG_LEVELS = ("debug", "info", "warning", "error")
@@ -98,64 +96,173 @@ class JsonFormatter(logging.Formatter):
 #: "000" to "999": the milliseconds of a line's time, looked up (formatting each took
 #: as long as the rest of the stamp).
 _MILLIS = tuple(f"{i:03d}" for i in range(1000))
+#: "0" to "1023": the numbers of a line (status, bytes, whole milliseconds) up to 1023,
+#: looked up: an int formatted in an f-string costs several times a tuple's index.
+_NUMBERS = tuple(str(i) for i in range(1024))
+#: "0.0" to "102.3": a duration in tenths of a millisecond, as a line shows it.
+_TENTHS = tuple(f"{i // 10}.{i % 10}" for i in range(1024))
+#: How a line names its session.
+SESSION_PART = " session="
+
+#: The clock of an access line's record (monotonic): when its request began and ended.
+clock = time.perf_counter
+
+
+class LineRoute:
+    """What an access line says of a route and a method, found once for all their
+    requests: the route's template (``-``: none) and the method shown (None: each
+    request's own, made safe, for a method without a label of its own)."""
+
+    __slots__ = ("head", "route", "shown")
+
+    def __init__(self, route: str, shown: str | None) -> None:
+        self.route = route
+        self.shown = shown
+        #: ``METHOD route `` when the method is known: the start of the line's message.
+        self.head = None if shown is None else f"{shown} {route} "
+
+
+#: A request's access line, not formatted yet: its route, its method (the request's own,
+#: used when the route shows none), the path's session id (None: none, else as the
+#: caller wrote it: checked when the line is formatted), status, bytes written (head
+#: included), error kind, and when it began and ended (:data:`clock`).
+Record = tuple[LineRoute, str, "str | None", int, int, "str | None", float, float]
+
+#: A request aiohttp's parser refused: no route.
+UNROUTED = LineRoute(NO_ROUTE, None)
 
 
 class AccessLines:
-    """The access lines of `rest-bridge serve`, formatted here and written to ``stream``
-    in batches: one write per :data:`BATCH_LINES` lines or :data:`FLUSH_SECONDS`,
-    whichever comes first, and at exit.
+    """The access lines of `rest-bridge serve`, formatted here and written to ``stream``:
+    one write per batch of records (the observing middleware's, :mod:`bridge.observe`:
+    at most :data:`BATCH_LINES` lines or :data:`FLUSH_SECONDS` apart, and at exit).
 
     What ``logging`` costs per record (a record object, the handler's lock, a formatter,
     a write and a flush each) is several times what the bridge spends on a call; this is
-    one formatted string and a list append. The lines are those the formatters would
-    write, and the ``bridge.access`` logger's level still decides whether there are any.
+    one loop over the batch, an f-string a line, and one write. The lines are those the
+    formatters would write, and the ``bridge.access`` logger's level still decides
+    whether there are any.
     """
 
     def __init__(self, log_format: str, stream: TextIO) -> None:
         self.json = log_format == "json"
         self.stream = stream
-        self._pending: list[str] = []
-        self._timer: asyncio.TimerHandle | None = None
         self._second = -1
         self._stamp = ""
 
-    def _time(self, now: float) -> str:
-        second, millis = divmod(int(now * 1000), 1000)
-        if second != self._second:
-            self._second = second
-            if self.json:
-                self._stamp = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(second))
-            else:
-                self._stamp = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(second))
-        if self.json:
-            return f"{self._stamp}.{_MILLIS[millis]}Z"
-        return f"{self._stamp},{_MILLIS[millis]}"
+    def write(self, records: Sequence[Record], replica: str | None) -> None:
+        """The lines of ``records``, written at once."""
+        lines = self.lines(records, replica)
+        with contextlib.suppress(OSError, ValueError):  # stderr closed: nobody to tell
+            self.stream.write(lines)
+            self.stream.flush()
 
-    def add(self, text: str, fields: dict[str, Any] | None) -> None:
-        """One line: ``text`` is its message, ``fields`` its JSON keys (json only)."""
-        stamp = self._time(time.time())
-        if self.json:
-            line = {"time": stamp, "level": "INFO", "logger": ACCESS.name, "message": text}
-            line.update(fields or {})
-            self._pending.append(dumps(line).decode() + "\n")
-        else:
-            self._pending.append(f"{stamp} INFO bridge.access {text}\n")
-        if len(self._pending) >= BATCH_LINES:
-            self.flush()
-        elif self._timer is None:
-            self._timer = asyncio.get_running_loop().call_later(FLUSH_SECONDS, self.flush)
+    def lines(
+        self, records: Sequence[Record], replica: str | None, through: logging.Logger | None = None
+    ) -> str:
+        """The lines of ``records``, each ending in a newline; or, ``through`` a logger,
+        a record each with its message and fields (its handler formats them).
 
-    def flush(self) -> None:
-        if self._timer is not None:
-            self._timer.cancel()
-            self._timer = None
-        if self._pending:
-            batch, self._pending = "".join(self._pending), []
-            with contextlib.suppress(OSError, ValueError):  # stderr closed: nobody to tell
-                self.stream.write(batch)
-                self.stream.flush()
+        Records come in the order their requests ended. A line's time is when its request
+        ended, on the wall clock: its text is made once per millisecond (``start`` to
+        ``stop`` on the records' clock), not once per line.
+        """
+        out: list[str] = []
+        append = out.append
+        json = self.json or through is not None
+        offset = time.time() - clock()
+        second, stamp = self._second, self._stamp
+        numbers, tenths_shown, shown_ids = _NUMBERS, _TENTHS, _safe_ids
+        start = stop = 0.0
+        prefix = when = ""
+        end = "" if replica is None else f" replica={replica}"
+        for where, method, raw_id, status, size, kind, began, ended in records:
+            if not start <= ended < stop:
+                now = int((ended + offset) * 1000)
+                at = now // 1000
+                if at != second:
+                    second = at
+                    if json:
+                        stamp = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(at))
+                    else:
+                        stamp = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(at))
+                if json:
+                    when = f"{stamp}.{_MILLIS[now - at * 1000]}Z"
+                else:
+                    prefix = f"{stamp},{_MILLIS[now - at * 1000]} INFO bridge.access "
+                start = now / 1000 - offset
+                stop = start + 0.001
+            tenths = int((ended - began) * 10000.0 + 0.5)
+            session = ""
+            if raw_id is not None:
+                session = shown_ids.get(raw_id) or session_part(raw_id)
+            line = (
+                f"{prefix}{where.head or f'{safe_method(method)} {where.route} '}"
+                f"{numbers[status] if status < 1024 else status} "
+                f"{tenths_shown[tenths] if tenths < 1024 else f'{tenths // 10}.{tenths % 10}'}ms "
+                f"{numbers[size] if size < 1024 else size}B{session}{end}"
+                f"{'' if kind is None else ' error=' + kind}\n"
+            )
+            if not json:
+                append(line)
+                continue
+            text = line[:-1]
+            shown = session[len(SESSION_PART) :] if session else None
+            if through is not None:
+                fields = fields_of(where, method, shown, status, size, kind, tenths, replica)
+                through.info(text, extra={FIELDS: fields})
+                continue
+            record = {
+                "time": when,
+                "level": "INFO",
+                "logger": "bridge.access",
+                "message": text,
+                "method": where.shown or safe_method(method),
+                "route": where.route,
+                "status": status,
+                "durationMs": tenths / 10,
+                "bytes": size,
+            }
+            if shown is not None:
+                record["sessionId"] = shown
+            if replica is not None:
+                record["replicaId"] = replica
+            if kind is not None:
+                record["errorKind"] = kind
+            append(orjson.dumps(record, option=orjson.OPT_APPEND_NEWLINE).decode())
+        self._second, self._stamp = second, stamp
+        return "".join(out)
 
 
+def fields_of(
+    where: LineRoute,
+    method: str,
+    session: str | None,
+    status: int,
+    size: int,
+    kind: str | None,
+    tenths: int,
+    replica: str | None,
+) -> dict[str, Any]:
+    """An access line's JSON fields (``session``: the id already made safe)."""
+    fields: dict[str, Any] = {
+        "method": where.shown or safe_method(method),
+        "route": where.route,
+        "status": status,
+        "durationMs": tenths / 10,
+        "bytes": size,
+    }
+    if session is not None:
+        fields["sessionId"] = session
+    if replica is not None:
+        fields["replicaId"] = replica
+    if kind is not None:
+        fields["errorKind"] = kind
+    return fields
+
+
+#: What formats the fields of the lines written through ``logging``.
+_UNBATCHED = AccessLines("json", sys.stderr)
 #: Set by :func:`configure`: where the access lines of this process go.
 _access_lines: AccessLines | None = None
 #: At most this many access lines wait to be written, at most this long (seconds).
@@ -171,10 +278,7 @@ def configure(log_format: str = DEFAULT_FORMAT, level: str = DEFAULT_LEVEL) -> N
     if level not in LOG_LEVELS:
         raise ValueError(f"{level!r} is not a log level ({', '.join(LOG_LEVELS)})")
     _format = log_format
-    if _access_lines is not None:
-        _access_lines.flush()
     _access_lines = AccessLines(log_format, sys.stderr)
-    atexit.register(_access_lines.flush)
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(JsonFormatter() if log_format == "json" else TextFormatter())
     logging.basicConfig(level=level.upper(), handlers=[handler], force=True)
@@ -204,31 +308,29 @@ def safe_session_id(raw: str | None) -> str | None:
     wrote (a newline, a megabyte), which a log line does not repeat."""
     if raw is None:
         return None
-    if raw in _safe_ids:
-        return raw
+    return session_part(raw)[len(SESSION_PART) :]
+
+
+def session_part(raw: str) -> str:
+    """`` session=<raw>`` when ``raw`` could be a session id (the ids found so are kept,
+    with their text, so the requests of a session do not match the pattern again),
+    else `` session=?``."""
+    found = _safe_ids.get(raw)
+    if found is not None:
+        return found
     if _SESSION_ID.fullmatch(raw) is None:
-        return "?"
+        return _UNSAFE_PART
     if len(_safe_ids) >= SAFE_IDS_KEPT:
         _safe_ids.clear()
-    _safe_ids.add(raw)
-    return raw
+    found = _safe_ids[raw] = SESSION_PART + raw
+    return found
 
 
-#: The ids :func:`safe_session_id` has found safe lately (each at most 128 characters),
-#: so that the requests of a session do not match the pattern again each time.
+_UNSAFE_PART = SESSION_PART + "?"
+#: The ids :func:`session_part` has found safe lately (each at most 128 characters),
+#: with the text a line shows for each.
 SAFE_IDS_KEPT = 4096
-_safe_ids: set[str] = set()
-
-
-def _match_info(request: web.BaseRequest) -> web.UrlMappingMatchInfo | None:
-    """The route ``request`` matched; None for one that never reached routing (aiohttp's
-    parser refused it), whose ``match_info`` asserts that it is set."""
-    if not isinstance(request, web.Request):
-        return None
-    try:
-        return request.match_info
-    except AssertionError:
-        return None
+_safe_ids: dict[str, str] = {}
 
 
 def safe_method(method: str) -> str:
@@ -246,9 +348,9 @@ class AccessLog(AbstractAccessLogger):
     letters), never a header's or a query's value.
 
     The lines of the requests an application handles come from its observing middleware
-    (:mod:`bridge.observe`), which calls :meth:`write`. This is also aiohttp's public
-    access-log hook, for the one kind of request no application code sees: one its
-    parser refused (aiohttp's own 400), whose line has no route.
+    (:mod:`bridge.observe`), which hands :meth:`write_records` its batches. This is also
+    aiohttp's public access-log hook, for the one kind of request no application code
+    sees: one its parser refused (aiohttp's own 400), whose line has no route.
     """
 
     #: REST_ADAPTER_REPLICA_ID; set on a subclass by :func:`access_log_class`.
@@ -258,50 +360,37 @@ class AccessLog(AbstractAccessLogger):
     def enabled(self) -> bool:
         return self.logger.isEnabledFor(logging.INFO)
 
-    def log(self, request: web.BaseRequest, response: web.StreamResponse, time: float) -> None:
-        # Every request that reached routing has its line from the middleware already.
-        if response.status >= 400 and _match_info(request) is None:
-            method = safe_method(request.method)
-            self.write(method, NO_ROUTE, None, response.status, response.body_length, None, time)
+    @staticmethod
+    def batched() -> bool:
+        """Whether lines are written in batches (:func:`configure` was called), rather
+        than through ``logging`` one by one."""
+        return _access_lines is not None
 
-    def write(
-        self,
-        method: str,
-        route: str,
-        session_id: str | None,
-        status: int,
-        size: int,
-        kind: str | None,
-        seconds: float,
-    ) -> None:
-        """The line of a request to ``route`` (a template), answered ``status`` in
-        ``size`` bytes (head included) after ``seconds``."""
-        session = "" if session_id is None else f" session={session_id}"
-        error = "" if kind is None else f" error={kind}"
-        replica = self.replica_id
-        shown = "" if replica is None else f" replica={replica}"
-        text = f"{method} {route} {status} {seconds * 1000:.1f}ms {size}B{session}{shown}{error}"
+    def log(self, request: web.BaseRequest, response: web.StreamResponse, time: float) -> None:
+        # Every request that reached routing has its line from the middleware already: a
+        # request aiohttp's parser refused has no route (``match_info`` asserts that it is
+        # set; a plain ``BaseRequest`` has none).
+        try:
+            if request.match_info is not None:  # type: ignore[attr-defined]
+                return
+        except (AssertionError, AttributeError):
+            pass
+        now = clock()
+        status, size = response.status, response.body_length
+        record: Record = (UNROUTED, request.method, None, status, size, None, now - time, now)
+        self.write_records((record,))
+
+    def write_records(self, records: Sequence[Record]) -> None:
+        """The lines of ``records``: to the batched writer :func:`configure` set up, else
+        through the ``bridge.access`` logger, one record each."""
         lines = _access_lines
-        if lines is not None and not lines.json:
-            lines.add(text, None)
-            return
-        fields: dict[str, Any] = {
-            "method": method,
-            "route": route,
-            "status": status,
-            "durationMs": round(seconds * 1000, 1),
-            "bytes": size,
-        }
-        if session_id is not None:
-            fields["sessionId"] = session_id
-        if replica is not None:
-            fields["replicaId"] = replica
-        if kind is not None:
-            fields["errorKind"] = kind
+        replica = self.replica_id
         if lines is not None:
-            lines.add(text, fields)
-        else:
-            self.logger.info(text, extra={FIELDS: fields})
+            lines.write(records, replica)
+            return
+        # Not configured (an application served by a host): one record each, through the
+        # logger, as its handler formats them.
+        _UNBATCHED.lines(records, replica, through=self.logger)
 
 
 def access_log_class(replica_id: str | None = None) -> type[AccessLog]:

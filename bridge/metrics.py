@@ -113,6 +113,8 @@ class Durations:
         self.labelnames = labelnames
         self.buckets = buckets
         self.series: dict[tuple[str, ...], DurationSeries] = {}
+        #: Called before the series are read: what observes in batches settles first.
+        self.before_collect: Callable[[], None] | None = None
 
     def labels(self, *values: str) -> DurationSeries:
         """The series of ``values`` (one per label name), made the first time."""
@@ -122,6 +124,8 @@ class Durations:
         return found
 
     def collect(self) -> Iterator[Metric]:
+        if self.before_collect is not None:
+            self.before_collect()
         family = HistogramMetricFamily(self.name, self.documentation, labels=self.labelnames)
         bounds = [_bound_label(b) for b in self.buckets] + ["+Inf"]
         for values, series in list(self.series.items()):

@@ -23,8 +23,10 @@ request without the token; :func:`observed_expect`), and one aiohttp's parser re
 from __future__ import annotations
 
 import asyncio
+import atexit
 import contextlib
-import time
+import weakref
+from bisect import bisect_left
 from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
@@ -34,14 +36,22 @@ from aiohttp.typedefs import Handler, Middleware
 
 from bridge import errors
 from bridge.errors import ERROR_KIND
-from bridge.logs import CLIENT_GONE, NO_ROUTE, AccessLog, safe_method, safe_session_id
+from bridge.labels import KNOWN_METHODS, status_class
+from bridge.logs import (
+    BATCH_LINES,
+    CLIENT_GONE,
+    FLUSH_SECONDS,
+    NO_ROUTE,
+    AccessLog,
+    LineRoute,
+    clock,
+)
 
 if TYPE_CHECKING:
     # prometheus-client is loaded where metrics are on (bridge.metrics), not here.
     from prometheus_client.core import Metric
 
     from bridge.metrics import Durations, DurationSeries, Metrics
-from bridge.labels import KNOWN_METHODS, status_class
 
 #: The statuses whose error kind ``rest_bridge_refusals_total`` counts.
 REFUSAL_STATUSES = frozenset({401, 403, 413, 429})
@@ -54,8 +64,6 @@ _ONLY_KIND = {
 }
 #: The method label of any method outside :data:`bridge.labels.KNOWN_METHODS`.
 OTHER_METHOD = "_OTHER"
-
-_clock = time.perf_counter
 
 
 def refusal_kind(response: web.StreamResponse, kind: str | None) -> str | None:
@@ -73,38 +81,31 @@ def refusal_kind(response: web.StreamResponse, kind: str | None) -> str | None:
     return _ONLY_KIND.get(response.status)
 
 
-class RouteFacts:
+class RouteFacts(LineRoute):
     """What is known of a route and a method before any request of them: found once."""
 
-    __slots__ = (
-        "active",
-        "by_class",
-        "label",
-        "method",
-        "name",
-        "requests",
-        "route",
-        "sessions",
-        "shown",
-    )
+    __slots__ = ("active", "by_class", "label", "method", "name", "requests", "uncounted")
 
     def __init__(self, route: web.AbstractRoute, method: str, requests: Durations | None) -> None:
         resource = route.resource
-        #: The template in an access line (``-``: none) and in the metrics' labels.
-        self.route = resource.canonical if resource is not None else NO_ROUTE
+        #: The template in an access line (``-``: none) and the method it shows (None:
+        #: the request's own, made safe, as the label is ``_OTHER`` for many methods).
+        super().__init__(
+            resource.canonical if resource is not None else NO_ROUTE,
+            None if method == OTHER_METHOD else method,
+        )
+        #: The template in the metrics' labels.
         self.label = resource.canonical if resource is not None else "unmatched"
         self.name = route.name
-        #: The method label; the method an access line shows (None: the request's own,
-        #: made safe, as the label is ``_OTHER`` for many methods).
+        #: The method label.
         self.method = method
-        self.shown: str | None = None if method == OTHER_METHOD else method
-        #: Whether the path has a session id (a line names it).
-        self.sessions = resource is not None and "{sessionId}" in resource.canonical
         self.requests = requests
         #: Requests of the route and method being handled now.
         self.active = 0
         #: The duration histogram's child by status class (status // 100).
         self.by_class: dict[int, DurationSeries] = {}
+        #: The same route in a record that has a line and no metric.
+        self.uncounted = LineRoute(self.route, self.shown)
 
     def duration(self, status: int) -> DurationSeries:
         child = self.by_class.get(status // 100)
@@ -113,6 +114,10 @@ class RouteFacts:
             child = self.requests.labels(self.label, self.method, status_class(status))
             self.by_class[status // 100] = child
         return child
+
+
+#: A request's record (:data:`bridge.logs.Record`), from its route's facts.
+Observed = tuple[LineRoute, str, "str | None", int, int, "str | None", float, float]
 
 
 class InFlight:
@@ -146,21 +151,42 @@ class InFlight:
         )
 
 
+#: Where :attr:`Observer.timer` holds no timer: no access lines to write in time.
+_UNTIMED = object()
+
+
 class Observer:
     """The observing middleware of one application and what it feeds: an access line
-    (:attr:`access`), the HTTP metrics (:attr:`metrics`), either or both."""
+    (:attr:`access`), the HTTP metrics (:attr:`metrics`), either or both.
+
+    The middleware keeps the facts of each request it saw end (:data:`bridge.logs.Record`)
+    in one batch, :attr:`pending`, and :meth:`settle` hands the batch to both: at most
+    :data:`bridge.logs.BATCH_LINES` requests or :data:`bridge.logs.FLUSH_SECONDS` apart
+    (with access lines), when Prometheus scrapes, and when the application stops. A
+    request pays for a tuple and an append; the lines are formatted and the durations
+    counted a batch at a time.
+    """
 
     def __init__(self) -> None:
         self.access: AccessLog | None = None
         self.metrics: Metrics | None = None
+        #: The facts by route, for a route of one method (most).
+        self.by_route: dict[web.AbstractRoute, RouteFacts] = {}
         #: The facts by route and method label: as many as routes times known methods.
         self.facts: dict[tuple[web.AbstractRoute, str], RouteFacts] = {}
         #: The first route without a resource seen, by method label.
         self.unrouted: dict[str, web.AbstractRoute] = {}
+        #: The requests ended and not yet settled.
+        self.pending: list[Observed] = []
+        #: A batch this long is settled at once (1: lines written through ``logging``).
+        self.limit = BATCH_LINES
+        self.timer: asyncio.TimerHandle | object | None = None
 
     def log_access(self, access: AccessLog) -> None:
         """An access line for each request, written by ``access``."""
         self.access = access
+        _WITH_LINES.add(self)
+        self.refresh()
 
     def count(self, metrics: Metrics) -> None:
         """Each request in ``metrics``: its duration by route, method and status class,
@@ -168,8 +194,15 @@ class Observer:
         if self.metrics is None:
             self.metrics = metrics
             metrics.add_collector(InFlight(self.facts))
+            # What Prometheus reads includes every request ended before it asked.
+            metrics.requests.before_collect = self.settle
             for found in self.facts.values():
                 found.requests = metrics.requests
+
+    def refresh(self) -> None:
+        """How the batch is settled, from where the lines go (read again when the
+        application starts)."""
+        self.limit = 1 if self.access is not None and not self.access.batched() else BATCH_LINES
 
     def facts_of(self, request: web.Request) -> RouteFacts:
         route = request.match_info.route
@@ -187,16 +220,25 @@ class Observer:
             if found is None:
                 requests = self.metrics.requests if self.metrics is not None else None
                 found = self.facts[route, method] = RouteFacts(route, method, requests)
+                if route.resource is not None and route.method == method:
+                    self.by_route[route] = found
         return found
 
     def middleware(self) -> Middleware:
         """The middleware (one per observer: :func:`observer` installs it)."""
-        facts_of, done, line, failed = self.facts_of, self.done, self.line, self.failed
+        by_route, facts_of, pending, settle = (
+            self.by_route,
+            self.facts_of,
+            self.pending,
+            self.settle,
+        )
 
         @web.middleware
         async def observe(request: web.Request, handler: Handler) -> web.StreamResponse:
-            began = _clock()
-            facts = facts_of(request)
+            began = clock()
+            facts = by_route.get(request.match_info.route)
+            if facts is None:
+                facts = facts_of(request)
             facts.active += 1
             try:
                 response = await handler(request)
@@ -208,66 +250,127 @@ class Observer:
                 except ConnectionError:
                     pass  # the client is gone: aiohttp, writing again, closes the connection
             except asyncio.CancelledError:
-                if self.access is not None:
-                    size = request.writer.output_size
-                    line(request, facts, CLIENT_GONE, size, None, _clock() - began)
+                # Its line only: a request whose client left first is not counted.
+                size = request.writer.output_size
+                self.add(request, facts.uncounted, CLIENT_GONE, size, None, began)
                 raise
             except Exception as exc:
                 # Not from the bridge's own middlewares, which answer every failure; a
                 # host's, inside this one: aiohttp answers it (500 or the exception's).
-                failed(request, facts, exc, _clock() - began)
+                status = exc.status if isinstance(exc, web.HTTPException) else 500
+                self.add(request, facts, status, request.writer.output_size, None, began)
                 raise
             finally:
                 facts.active -= 1
-            done(request, facts, response, _clock() - began)
+            status = response.status
+            kind = None
+            if status >= 400:
+                # Only an error payload has a kind: a success does not pay for the lookup.
+                kind = response.get(ERROR_KIND)
+                if status in REFUSAL_STATUSES:
+                    self.refused(response, kind)
+            pending.append(
+                (
+                    facts,
+                    request.method,
+                    request.match_info.get("sessionId"),
+                    status,
+                    response.body_length,
+                    kind,
+                    began,
+                    clock(),
+                )
+            )
+            if len(pending) >= self.limit:
+                settle()
+            elif self.timer is None:
+                self.arm()
             return response
 
         return observe
 
-    def done(
-        self, request: web.Request, facts: RouteFacts, response: web.StreamResponse, seconds: float
-    ) -> None:
-        status = response.status
-        # Only an error payload has a kind: a success does not pay for the lookup.
-        kind = response.get(ERROR_KIND) if status >= 400 else None
-        metrics = self.metrics
-        if metrics is not None:
-            facts.duration(status).observe(seconds)
-            if status in REFUSAL_STATUSES:
-                refused = refusal_kind(response, kind)
-                if refused is not None:
-                    metrics.refusals.labels(refused).inc()
-        if self.access is not None:
-            self.line(request, facts, status, response.body_length, kind, seconds)
-
-    def failed(
-        self, request: web.Request, facts: RouteFacts, exc: Exception, seconds: float
-    ) -> None:
-        status = exc.status if isinstance(exc, web.HTTPException) else 500
-        if self.metrics is not None:
-            facts.duration(status).observe(seconds)
-        if self.access is not None:
-            self.line(request, facts, status, request.writer.output_size, None, seconds)
-
-    def line(
+    def add(
         self,
         request: web.Request,
-        facts: RouteFacts,
+        facts: LineRoute,
         status: int,
         size: int,
         kind: str | None,
-        seconds: float,
+        began: float,
     ) -> None:
-        assert self.access is not None
-        session = safe_session_id(request.match_info.get("sessionId")) if facts.sessions else None
-        method = facts.shown or safe_method(request.method)
-        self.access.write(method, facts.route, session, status, size, kind, seconds)
+        """A request that ended as the middleware does not see most end: cancelled,
+        failed in a host's middleware, or answered before any middleware ran."""
+        record: Observed = (
+            facts,
+            request.method,
+            request.match_info.get("sessionId"),
+            status,
+            size,
+            kind,
+            began,
+            clock(),
+        )
+        self.pending.append(record)
+        if len(self.pending) >= self.limit:
+            self.settle()
+        elif self.timer is None:
+            self.arm()
+
+    def arm(self) -> None:
+        """The batch's deadline: its lines are written within FLUSH_SECONDS."""
+        if self.access is None:
+            self.timer = _UNTIMED  # settled when full, scraped or stopped
+            return
+        with contextlib.suppress(RuntimeError):  # no running loop: settled at exit
+            self.timer = asyncio.get_running_loop().call_later(FLUSH_SECONDS, self.settle)
+
+    def refused(self, response: web.StreamResponse, kind: str | None) -> None:
+        if self.metrics is not None:
+            refused = refusal_kind(response, kind)
+            if refused is not None:
+                self.metrics.refusals.labels(refused).inc()
+
+    def settle(self) -> None:
+        """The batch's requests, to the metrics and the access lines."""
+        timer, self.timer = self.timer, None
+        if isinstance(timer, asyncio.TimerHandle):
+            timer.cancel()
+        if not self.pending:
+            return
+        batch = self.pending.copy()
+        self.pending.clear()
+        if self.metrics is not None:
+            from bridge.metrics import HTTP_BUCKETS as bounds  # loaded: metrics are on
+
+            for facts, _, _, status, _, _, began, ended in batch:
+                if not isinstance(facts, RouteFacts):
+                    continue  # a line only (RouteFacts.uncounted)
+                series = facts.by_class.get(status // 100) or facts.duration(status)
+                seconds = ended - began
+                series.counts[bisect_left(bounds, seconds)] += 1
+                series.sum += seconds
+        if self.access is not None:
+            self.access.write_records(batch)
 
     def answered_early(
-        self, request: web.Request, response: web.StreamResponse, seconds: float
+        self, request: web.Request, response: web.StreamResponse, began: float
     ) -> None:
         """``response``, sent before any middleware ran (a route's ``Expect`` handler)."""
-        self.done(request, self.facts_of(request), response, seconds)
+        status = response.status
+        kind = response.get(ERROR_KIND) if status >= 400 else None
+        if status in REFUSAL_STATUSES:
+            self.refused(response, kind)
+        self.add(request, self.facts_of(request), status, response.body_length, kind, began)
+
+
+#: The observers that write access lines: their last lines are written at exit.
+_WITH_LINES: weakref.WeakSet[Observer] = weakref.WeakSet()
+
+
+@atexit.register
+def _settle_all() -> None:
+    for found in list(_WITH_LINES):
+        found.settle()
 
 
 OBSERVER = web.AppKey("bridge.observer", Observer)
@@ -280,7 +383,17 @@ def observer(app: web.Application) -> Observer:
     if found is None:
         found = app[OBSERVER] = Observer()
         app.middlewares.insert(0, found.middleware())
+        app.on_startup.append(lambda app: _refreshed(found))
+        app.on_cleanup.append(lambda app: _settled(found))
     return found
+
+
+async def _refreshed(found: Observer) -> None:
+    found.refresh()
+
+
+async def _settled(found: Observer) -> None:
+    found.settle()
 
 
 def observed_expect(handler: errors.ExpectHandler) -> errors.ExpectHandler:
@@ -288,12 +401,12 @@ def observed_expect(handler: errors.ExpectHandler) -> errors.ExpectHandler:
     middleware runs, are observed like any other (when the application has an observer)."""
 
     async def expect(request: web.Request) -> web.StreamResponse | None:
-        began = _clock()
+        began = clock()
         response = await handler(request)
         if response is not None:
             found = request.app.get(OBSERVER)
             if found is not None:
-                found.answered_early(request, response, _clock() - began)
+                found.answered_early(request, response, began)
         return response
 
     return expect

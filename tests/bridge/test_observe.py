@@ -3,7 +3,12 @@ bridge/metrics.py): the request durations Prometheus reads, and a host's failure
 
 from __future__ import annotations
 
+import asyncio
+import io
+import json
 import logging
+import time
+from datetime import UTC, datetime
 
 import pytest
 from aiohttp import web
@@ -12,7 +17,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from bridge import logs
 from bridge.metrics import HTTP_BUCKETS, Metrics
-from bridge.observe import observer
+from bridge.observe import RouteFacts, observer
 
 pytestmark = pytest.mark.quick
 
@@ -101,3 +106,116 @@ def test_the_session_ids_an_access_line_repeats_are_checked_and_kept_bounded():
         assert logs.safe_session_id(unsafe) == "?"
         assert unsafe not in logs._safe_ids
     assert logs.safe_session_id("a" * 128) == "a" * 128
+
+
+def test_a_batch_of_lines_gives_each_request_its_own_end_time_and_fields():
+    """Lines are made a batch at a time, their time text once per millisecond: each line
+    still says when its own request ended (to the millisecond) and its own fields."""
+    app = web.Application()
+
+    async def handler(request: web.Request) -> web.Response:
+        return web.Response()
+
+    route = app.router.add_post("/v1/sessions/{sessionId}/call/{method}", handler)
+    where = RouteFacts(route, "POST", None)
+    base = logs.clock()
+    # Ten requests 0.3 ms apart (three or four to a millisecond), then one 2 s later.
+    ends = [base + k * 0.0003 for k in range(10)] + [base + 2.0]
+    records = [
+        (where, "POST", "s-1" if k % 2 else "x y", 200 + k, 180 + k, None, end - 0.0004, end)
+        for k, end in enumerate(ends)
+    ]
+    records[3] = (*records[3][:3], 502, 2000, "app_server_exited", ends[3] - 1.23456, ends[3])
+    before = time.time() - logs.clock()
+    text = logs.AccessLines("json", io.StringIO()).lines(records, "r1")
+    after = time.time() - logs.clock()
+    lines = [json.loads(line) for line in text.splitlines()]
+    assert len(lines) == len(records)
+    for line, (_, _, _, status, size, kind, began, ended) in zip(lines, records, strict=True):
+        shown = datetime.strptime(line["time"], "%Y-%m-%dT%H:%M:%S.%fZ")
+        wall = shown.replace(tzinfo=UTC).timestamp()
+        assert ended + before - 0.0015 <= wall <= ended + after + 0.0005, (line, ended)
+        assert line["status"] == status
+        assert line["bytes"] == size
+        assert line["durationMs"] == round((ended - began) * 1000, 1)
+        assert line.get("errorKind") == kind
+        assert line["replicaId"] == "r1"
+        assert line["route"] == "/v1/sessions/{sessionId}/call/{method}"
+        assert line["message"].startswith(f"POST {line['route']} {status} ")
+    assert [x.get("sessionId") for x in lines[:4]] == ["?", "s-1", "?", "s-1"]
+    assert lines[3]["message"].endswith(
+        " 1234.6ms 2000B session=s-1 replica=r1 error=app_server_exited"
+    )
+    texts = logs.AccessLines("text", io.StringIO()).lines(records, None).splitlines()
+    assert [t.split(" INFO bridge.access ", 1)[1] for t in texts] == [
+        x["message"].removesuffix(" replica=r1").replace(" replica=r1 ", " ") for x in lines
+    ]
+
+
+@pytest.mark.asyncio
+async def test_a_scrape_counts_every_request_ended_before_it(serve, http):
+    """Durations are counted a batch at a time: a scrape settles the batch first."""
+
+    async def ok(request: web.Request) -> web.Response:
+        return web.Response(text="ok")
+
+    app = web.Application()
+    app.router.add_get("/x/{sessionId}", ok)
+    metrics = Metrics()
+    observer(app).count(metrics)
+    base = await serve(app)
+    for _ in range(3):
+        async with http.get(f"{base}/x/abc") as response:
+            assert response.status == 200
+    exposed = samples(generate_latest(metrics.registry))
+    count = (
+        "http_server_request_duration_seconds_count",
+        frozenset(
+            {
+                ("http_route", "/x/{sessionId}"),
+                ("http_request_method", "GET"),
+                ("http_response_status_class", "2xx"),
+            }
+        ),
+    )
+    assert exposed[count] == 3
+
+
+@pytest.mark.asyncio
+async def test_a_request_whose_client_left_first_is_not_counted(serve):
+    """Its access line says 499; the duration histogram does not count it."""
+    entered, cancelled = asyncio.Event(), asyncio.Event()
+
+    async def held(request: web.Request) -> web.Response:
+        entered.set()
+        try:
+            await asyncio.Event().wait()  # until the client leaves
+        finally:
+            cancelled.set()
+        raise AssertionError("not reached")
+
+    app = web.Application()
+    app.router.add_get("/held/{sessionId}", held)
+    metrics = Metrics()
+    observer(app).count(metrics)
+    base = await serve(app)
+    host, port = base.removeprefix("http://").split(":")
+    _, writer = await asyncio.open_connection(host, int(port))
+    writer.write(b"GET /held/abc HTTP/1.1\r\nHost: x\r\n\r\n")
+    await writer.drain()
+    await asyncio.wait_for(entered.wait(), 30)
+    writer.close()
+    await writer.wait_closed()
+    # The handler is cancelled, and the middleware has seen it end, in one step.
+    await asyncio.wait_for(cancelled.wait(), 30)
+    exposed = samples(generate_latest(metrics.registry))
+    durations = {
+        dict(labels)["http_route"]
+        for name, labels in exposed
+        if name == "http_server_request_duration_seconds_count"
+    }
+    assert "/held/{sessionId}" not in durations
+    active = ("http_server_active_requests", "/held/{sessionId}")
+    assert [
+        v for (n, labels), v in exposed.items() if (n, dict(labels).get("http_route")) == active
+    ] == [0]
