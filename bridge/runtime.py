@@ -4,7 +4,7 @@ An application of :mod:`bridge.app` is the whole HTTP product; serving it as a
 program is more: the event loop chosen, glibc told to return big buffers, the
 descriptor budget raised and its shortage reported (:mod:`bridge.descriptors`), the
 stop and drain signals, the bridge made the subreaper of its app-servers' orphans and
-their reaper (:mod:`bridge.process.subreaper`), and at exit every leftover descendant killed.
+their reaper (:mod:`bridge.subreaper`), and at exit every leftover descendant killed.
 :class:`ServeProcess` holds that policy; ``bridge.cli`` parses arguments and prints.
 """
 
@@ -33,17 +33,17 @@ from bridge.descriptors import (
     raise_soft_limit,
 )
 from bridge.observe import observer
-from bridge.process.subreaper import ORPHAN_REAP_SECONDS as ORPHAN_REAP_SECONDS
-from bridge.process.subreaper import OrphanReaper as OrphanReaper
-from bridge.process.subreaper import become_subreaper as become_subreaper
-from bridge.process.subreaper import carrying as carrying
-from bridge.process.subreaper import children_in_table as children_in_table
-from bridge.process.subreaper import end_all as end_all
-from bridge.process.subreaper import kill_all as kill_all
-from bridge.process.subreaper import own_children as own_children
-from bridge.process.subreaper import reap_every as reap_every
-from bridge.process.subreaper import reap_orphans as reap_orphans
 from bridge.server import SERVER_SETTINGS
+from bridge.subreaper import ORPHAN_REAP_SECONDS as ORPHAN_REAP_SECONDS
+from bridge.subreaper import OrphanReaper as OrphanReaper
+from bridge.subreaper import become_subreaper as become_subreaper
+from bridge.subreaper import carrying as carrying
+from bridge.subreaper import children_in_table as children_in_table
+from bridge.subreaper import end_all as end_all
+from bridge.subreaper import kill_all as kill_all
+from bridge.subreaper import own_children as own_children
+from bridge.subreaper import reap_every as reap_every
+from bridge.subreaper import reap_orphans as reap_orphans
 
 #: Allocations at least this big are mapped from the OS and returned to it when freed.
 MMAP_THRESHOLD = 1 << 20

@@ -123,7 +123,7 @@ def _pytest(argv: Sequence[str]) -> int:
     """
     # The process tree's supervision alone: serving's runtime would bring aiohttp into a
     # process that only waits for pytest.
-    from bridge.process import subreaper
+    from bridge import subreaper
 
     subreaper.become_subreaper()
     stopper = _Stopper()
