@@ -212,23 +212,8 @@ class AccessLines:
                 fields = fields_of(where, method, shown, status, size, kind, tenths, replica)
                 through.info(text, extra={FIELDS: fields})
                 continue
-            record = {
-                "time": when,
-                "level": "INFO",
-                "logger": "bridge.access",
-                "message": text,
-                "method": where.shown or safe_method(method),
-                "route": where.route,
-                "status": status,
-                "durationMs": tenths / 10,
-                "bytes": size,
-            }
-            if shown is not None:
-                record["sessionId"] = shown
-            if replica is not None:
-                record["replicaId"] = replica
-            if kind is not None:
-                record["errorKind"] = kind
+            head = {"time": when, "level": "INFO", "logger": "bridge.access", "message": text}
+            record = fields_of(where, method, shown, status, size, kind, tenths, replica, head)
             append(orjson.dumps(record, option=orjson.OPT_APPEND_NEWLINE).decode())
         self._second, self._stamp = second, stamp
         return "".join(out)
@@ -243,15 +228,16 @@ def fields_of(
     kind: str | None,
     tenths: int,
     replica: str | None,
+    into: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """An access line's JSON fields (``session``: the id already made safe)."""
-    fields: dict[str, Any] = {
-        "method": where.shown or safe_method(method),
-        "route": where.route,
-        "status": status,
-        "durationMs": tenths / 10,
-        "bytes": size,
-    }
+    """An access line's JSON fields (``session``: the id already made safe), added to
+    ``into`` when given (a whole JSON line is then one dict)."""
+    fields: dict[str, Any] = {} if into is None else into
+    fields["method"] = where.shown or safe_method(method)
+    fields["route"] = where.route
+    fields["status"] = status
+    fields["durationMs"] = tenths / 10
+    fields["bytes"] = size
     if session is not None:
         fields["sessionId"] = session
     if replica is not None:

@@ -14,14 +14,16 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def make_n(*args: str) -> str:
+def make_n(*args: str, venvs_made: bool = True) -> str:
+    """What `make -n ARGS` would run; with ``venvs_made``, as if the venvs were made."""
+    made = ["-o", ".venv/.installed", "-o", ".venv/.installed-serve"] if venvs_made else []
     env = {
         k: v
         for k, v in os.environ.items()
         if k not in ("APP_SERVER", "MAKEFLAGS", "MFLAGS", "MAKELEVEL")
     }
     done = subprocess.run(
-        ["make", "-n", "-o", ".venv/.installed", "-o", ".venv/.installed-serve", *args],
+        ["make", "-n", *made, *args],
         cwd=ROOT,
         env=env,
         capture_output=True,
@@ -81,18 +83,7 @@ def test_the_venvs_are_installed_by_uv_which_pip_brings_in_through_the_interpret
     cache warm or cold; uv about 11 and 7, byte-compiling included. uv itself comes from
     PyPI through pip, run by the interpreter (not a launcher such as pyenv's shim, which
     after `-m pip` waited a minute on a lock of its own and failed)."""
-    env = {k: v for k, v in os.environ.items() if k != "MAKEFLAGS"}
-    done = subprocess.run(
-        ["make", "-n", "-B", ".venv/.installed", ".venv-lowest/.installed"],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
-    assert done.returncode == 0, done.stderr
-    out = done.stdout
+    out = make_n("-B", ".venv/.installed", ".venv-lowest/.installed", venvs_made=False)
     interpreter = subprocess.run(
         ["python3", "-c", "import sys; print(sys.executable)"],
         capture_output=True,
