@@ -397,20 +397,22 @@ async def serve(
         from bridge.ops import OpsListener
 
         listener = OpsListener(app)
-    if app_server.url is not None:
-        described = f"app-server: shared, connecting to {app_server.url} (not started here)"
-        window = (
-            f"tested on {codex_window.window()}; GET /v1/compatibility says whether the "
-            "app-server that answers is one of them"
-        )
-    else:
-        described, version = await describe_command(command)
-        window = codex_window.status(version)
-        if app_server.shared:
-            described = described.replace(
-                "app-server: ", "app-server (shared, one process on a private socket): ", 1
-            )
     async with ServeProcess(drain.start) as process:
+        # The `--version` probe runs here, once this process is the subreaper of what it
+        # starts: a daemon the probe leaves comes to the bridge, not init, and dies.
+        if app_server.url is not None:
+            described = f"app-server: shared, connecting to {app_server.url} (not started here)"
+            window = (
+                f"tested on {codex_window.window()}; GET /v1/compatibility says whether the "
+                "app-server that answers is one of them"
+            )
+        else:
+            described, version = await describe_command(command)
+            window = codex_window.status(version)
+            if app_server.shared:
+                described = described.replace(
+                    "app-server: ", "app-server (shared, one process on a private socket): ", 1
+                )
         bound = await process.serve(app, host, port, logs.access_log_class(settings.replica_id))
         operations = "" if listener is None or ops is None else await listener.start(*ops)
         auth = (

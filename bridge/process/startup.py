@@ -156,12 +156,18 @@ def version_command(command: Sequence[str]) -> list[str]:
 
 async def probe_app_server(argv: list[str]) -> tuple[str | None, str | None, str | None]:
     """Run ``<server> --version`` without blocking the loop: (version, error, kind), where
-    kind is ``codex``, ``fake-codex`` or None (``codex_window.version_kind``)."""
+    kind is ``codex``, ``fake-codex`` or None (``codex_window.version_kind``).
+
+    The probe is an app-server's lineage like any other (:class:`descendants.Lineage`):
+    marked, and what it leaves running is killed once it has exited, a daemon holding
+    its output among them (whose end is then what ends the read)."""
+    lineage = descendants.Lineage()
+    environment = {**credentials.child_environment(), codex_window.IDENTIFY_VARIABLE: "1"}
     try:
         with descendants.children.spawning() as own:
             proc = await asyncio.create_subprocess_exec(
                 *argv,
-                env={**credentials.child_environment(), codex_window.IDENTIFY_VARIABLE: "1"},
+                env=lineage.environment(environment),
                 stdin=asyncio.subprocess.DEVNULL,
                 stdout=asyncio.subprocess.PIPE,
                 stderr=asyncio.subprocess.DEVNULL,
@@ -170,17 +176,23 @@ async def probe_app_server(argv: list[str]) -> tuple[str | None, str | None, str
             own(proc.pid)
     except OSError as exc:
         return None, f"could not run the app-server: {exc.strerror or type(exc).__name__}", None
+    lineage.spawned(proc.pid)
+    assert proc.stdout is not None
+    reading = asyncio.ensure_future(proc.stdout.read())
     try:
         async with asyncio.timeout(_VERSION_TIMEOUT):
-            out, _ = await proc.communicate()
+            await proc.wait()
+            lineage.end()
+            out = await reading
     except TimeoutError:
-        with contextlib.suppress(ProcessLookupError):
-            proc.kill()
-        await proc.wait()
+        reading.cancel()
+        if proc.returncode is None:
+            lineage.remember_tree()
+            with contextlib.suppress(ProcessLookupError):
+                proc.kill()
+            await proc.wait()
+            lineage.end()
         return None, "the app-server did not report its version in time", None
-    finally:
-        if proc.returncode is not None:
-            descendants.children.released(proc.pid)
     text = out.decode("utf-8", "replace").strip()
     if proc.returncode != 0 or not text:
         return None, f"`--version` exited with code {proc.returncode}", None

@@ -297,3 +297,35 @@ async def test_rest_bridge_serve_adopts_reaps_and_outlives_no_escapee(
     report.survived = True
     report.nothing_lost = True
     report.no_leak = True
+
+
+async def test_what_the_version_probe_leaves_running_dies_and_its_answer_is_read_at_once(
+    bridge_process, reports, tmp_path
+):
+    """`rest-bridge serve`'s `--version` probe at start is marked and swept like any
+    app-server: a daemon it leaves (out of its session, holding the probe's output) is
+    killed once the probe has exited, so the version it printed is read at once instead
+    of after the probe's 15 s deadline, and nothing of it outlives the bridge."""
+    helper = tmp_path / "escape.py"
+    helper.write_text(ESCAPE)
+    command = tmp_path / "probed.sh"
+    command.write_text(
+        "#!/bin/sh\n"
+        'if [ "$1" = "--version" ]; then\n'
+        f"  {sys.executable} {helper} {reports.path} now\n"
+        "  echo 'codex-cli 0.169.0'\n"
+        "  exit 0\n"
+        "fi\n"
+        f'exec {sys.executable.rsplit("/", 1)[0]}/fake-codex "$@"\n'
+    )
+    command.chmod(0o755)
+    served = bridge_process(app_server=[str(command), "app-server"])
+    escaped = await reports.next()
+    try:
+        fd = os.pidfd_open(escaped)
+    except ProcessLookupError:
+        fd = None  # killed and reaped already
+    if fd is not None:
+        assert await gone(fd), "the probe's daemon outlived the probe"
+    assert "codex-cli 0.169.0" in served.output, served.output
+    assert "did not report its version in time" not in served.output
