@@ -327,5 +327,7 @@ async def test_what_the_version_probe_leaves_running_dies_and_its_answer_is_read
         fd = None  # killed and reaped already
     if fd is not None:
         assert await gone(fd), "the probe's daemon outlived the probe"
-    assert "codex-cli 0.169.0" in served.output, served.output
-    assert "did not report its version in time" not in served.output
+    # The banner's app-server line comes after the listening line: waited for, then read.
+    said = served.wait_for_output("\n  tested: ")
+    assert "codex-cli 0.169.0; kind" in said, said
+    assert "did not report its version in time" not in said
