@@ -35,6 +35,18 @@ def samples(text: bytes) -> dict[tuple[str, frozenset[tuple[str, str]]], float]:
     }
 
 
+def requests_counted(metrics: Metrics, route: str, method: str, status_class: str) -> float:
+    """What ``http_server_request_duration_seconds`` counted for the route, method and
+    status class, as a scrape shows it."""
+    labels = {
+        ("http_route", route),
+        ("http_request_method", method),
+        ("http_response_status_class", status_class),
+    }
+    exposed = samples(generate_latest(metrics.registry))
+    return exposed["http_server_request_duration_seconds_count", frozenset(labels)]
+
+
 def test_request_durations_are_exposed_as_a_prometheus_histogram_would_be():
     metrics = Metrics()
     registry = CollectorRegistry()
@@ -83,18 +95,7 @@ async def test_a_failure_a_host_middleware_lets_through_is_observed(
     assert len(said) == 1
     assert said[0].startswith("GET /x/{sessionId} 500 ")
     assert said[0].endswith(" session=abc replica=r9")
-    exposed = samples(generate_latest(metrics.registry))
-    count = (
-        "http_server_request_duration_seconds_count",
-        frozenset(
-            {
-                ("http_route", "/x/{sessionId}"),
-                ("http_request_method", "GET"),
-                ("http_response_status_class", "5xx"),
-            }
-        ),
-    )
-    assert exposed[count] == 1
+    assert requests_counted(metrics, "/x/{sessionId}", "GET", "5xx") == 1
 
 
 def test_the_session_ids_an_access_line_repeats_are_checked_and_kept_bounded():
@@ -167,18 +168,7 @@ async def test_a_scrape_counts_every_request_ended_before_it(serve, http):
     for _ in range(3):
         async with http.get(f"{base}/x/abc") as response:
             assert response.status == 200
-    exposed = samples(generate_latest(metrics.registry))
-    count = (
-        "http_server_request_duration_seconds_count",
-        frozenset(
-            {
-                ("http_route", "/x/{sessionId}"),
-                ("http_request_method", "GET"),
-                ("http_response_status_class", "2xx"),
-            }
-        ),
-    )
-    assert exposed[count] == 3
+    assert requests_counted(metrics, "/x/{sessionId}", "GET", "2xx") == 3
 
 
 @pytest.mark.asyncio

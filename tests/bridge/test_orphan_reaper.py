@@ -15,8 +15,33 @@ import pytest
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="Linux only")
 
+#: Script text for both scripts below: ``with proc_entries_opened() as entries:`` gives
+#: the pids whose ``/proc`` entries the block opened.
+RECORD_PROC = r"""
+import contextlib, re, sys
+_opened, _recording = [], [False]
+def _audit(event, args):
+    if _recording[0] and event == "open" and isinstance(args[0], str):
+        _opened.append(args[0])
+sys.addaudithook(_audit)
+
+@contextlib.contextmanager
+def proc_entries_opened():
+    entries = []
+    _opened.clear()
+    _recording[0] = True
+    try:
+        yield entries
+    finally:
+        _recording[0] = False
+        pids = {int(m.group(1)) for m in map(re.compile(r"/proc/(\d+)/").match, _opened) if m}
+        entries += sorted(pids)
+"""
+
 #: Prints, as JSON, what one reaping did (and, apart, what the two child listings say).
-SCRIPT = r"""
+SCRIPT = (
+    RECORD_PROC
+    + r"""
 import json, os, re, select, sys, threading
 from bridge import runtime
 from bridge.process import descendants
@@ -65,14 +90,8 @@ exited(own)
 exited(by_thread)
 listings = sorted(runtime.own_children()), sorted(runtime.children_in_table())
 
-opened = []
-recording = True
-def audit(event, args):
-    if recording and event == "open" and isinstance(args[0], str):
-        opened.append(args[0])
-sys.addaudithook(audit)
-runtime.reap_orphans()
-recording = False
+with proc_entries_opened() as entries:
+    runtime.reap_orphans()
 
 def reaped(pid):
     try:
@@ -81,7 +100,6 @@ def reaped(pid):
     except ChildProcessError:
         return True
 _, status = os.waitpid(own, 0)
-entries = sorted({int(m.group(1)) for m in map(re.compile(r"/proc/(\d+)/").match, opened) if m})
 print(json.dumps({
     "adopted": adopted, "orphan": orphan, "own": own, "byThread": by_thread,
     "orphanReaped": reaped(orphan), "byThreadReaped": reaped(by_thread),
@@ -89,6 +107,7 @@ print(json.dumps({
     "ownChildren": listings[0], "childrenInTable": listings[1],
 }))
 """
+)
 
 
 @pytest.fixture(scope="module")
@@ -126,8 +145,10 @@ def test_the_childrens_listing_and_the_tables_agree(reaping):
 #: An app-server (a shell) whose child leaves its session and outlives it: the sweep at
 #: the app-server's end, in a subreaper, kills that child, opening no entry of ``/proc``
 #: but those of the subreaper's own descendants.
-SWEEP = r"""
-import asyncio, json, os, re, subprocess, sys
+SWEEP = (
+    RECORD_PROC
+    + r"""
+import asyncio, json, os, subprocess
 from bridge import runtime
 from bridge.process import descendants
 
@@ -144,27 +165,20 @@ escaped = int(shell.stdout.readline())
 shell.wait()
 gone = os.pidfd_open(escaped)
 
-opened = []
-recording = True
-def audit(event, args):
-    if recording and event == "open" and isinstance(args[0], str):
-        opened.append(args[0])
-sys.addaudithook(audit)
-
 async def end():
-    global recording
-    lineage.end()  # the first sweep, at once
-    recording = False
+    with proc_entries_opened() as entries:
+        lineage.end()  # the first sweep, at once
     exited = asyncio.get_running_loop().create_future()
     asyncio.get_running_loop().add_reader(gone, exited.set_result, None)
     await asyncio.wait_for(exited, 30)
+    return entries
 
-asyncio.run(end())
-entries = sorted({int(m.group(1)) for m in map(re.compile(r"/proc/(\d+)/").match, opened) if m})
+entries = asyncio.run(end())
 print(json.dumps({
     "shell": shell.pid, "escaped": escaped, "procEntries": entries,
 }))
 """
+)
 
 
 def test_a_subreapers_sweep_kills_what_an_app_server_left_reading_its_subtree_only():
