@@ -185,7 +185,6 @@ async def probe_app_server(argv: list[str]) -> tuple[str | None, str | None, str
             lineage.end()
             out = await reading
     except TimeoutError:
-        reading.cancel()
         if proc.returncode is None:
             lineage.remember_tree()
             with contextlib.suppress(ProcessLookupError):
@@ -193,6 +192,8 @@ async def probe_app_server(argv: list[str]) -> tuple[str | None, str | None, str
             await proc.wait()
             lineage.end()
         return None, "the app-server did not report its version in time", None
+    finally:
+        reading.cancel()  # done already, unless the probe timed out or was cancelled
     text = out.decode("utf-8", "replace").strip()
     if proc.returncode != 0 or not text:
         return None, f"`--version` exited with code {proc.returncode}", None
