@@ -289,18 +289,11 @@ def say(message: str, stream: TextIO | None = None, **fields: Any) -> None:
     out.flush()
 
 
-def safe_session_id(raw: str | None) -> str | None:
-    """``raw`` when it could be a session id, else ``"?"``: a path holds what the caller
-    wrote (a newline, a megabyte), which a log line does not repeat."""
-    if raw is None:
-        return None
-    return session_part(raw)[len(SESSION_PART) :]
-
-
 def session_part(raw: str) -> str:
-    """`` session=<raw>`` when ``raw`` could be a session id (the ids found so are kept,
-    with their text, so the requests of a session do not match the pattern again),
-    else `` session=?``."""
+    """`` session=<raw>`` when ``raw`` could be a session id, else `` session=?``: a path
+    holds what the caller wrote (a newline, a megabyte), which a log line does not
+    repeat. The ids found so are kept, with their text, so the requests of a session do
+    not match the pattern again."""
     found = _safe_ids.get(raw)
     if found is not None:
         return found

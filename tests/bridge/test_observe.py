@@ -100,13 +100,13 @@ async def test_a_failure_a_host_middleware_lets_through_is_observed(
 
 def test_the_session_ids_an_access_line_repeats_are_checked_and_kept_bounded():
     for index in range(logs.SAFE_IDS_KEPT * 2 + 1):
-        assert logs.safe_session_id(f"s-{index}") == f"s-{index}"
-        assert logs.safe_session_id(f"s-{index}") == f"s-{index}"  # the one kept
+        assert logs.session_part(f"s-{index}") == f" session=s-{index}"
+        assert logs.session_part(f"s-{index}") == f" session=s-{index}"  # the one kept
     assert len(logs._safe_ids) <= logs.SAFE_IDS_KEPT
     for unsafe in ("x\ny", "a" * 129, "x y", "", "é"):
-        assert logs.safe_session_id(unsafe) == "?"
+        assert logs.session_part(unsafe) == " session=?"
         assert unsafe not in logs._safe_ids
-    assert logs.safe_session_id("a" * 128) == "a" * 128
+    assert logs.session_part("a" * 128) == " session=" + "a" * 128
 
 
 def test_a_batch_of_lines_gives_each_request_its_own_end_time_and_fields():
