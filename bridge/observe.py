@@ -226,12 +226,7 @@ class Observer:
 
     def middleware(self) -> Middleware:
         """The middleware (one per observer: :func:`observer` installs it)."""
-        by_route, facts_of, pending, settle = (
-            self.by_route,
-            self.facts_of,
-            self.pending,
-            self.settle,
-        )
+        by_route, facts_of, add = self.by_route, self.facts_of, self.add
 
         @web.middleware
         async def observe(request: web.Request, handler: Handler) -> web.StreamResponse:
@@ -252,13 +247,13 @@ class Observer:
             except asyncio.CancelledError:
                 # Its line only: a request whose client left first is not counted.
                 size = request.writer.output_size
-                self.add(request, facts.uncounted, CLIENT_GONE, size, None, began)
+                add(request, facts.uncounted, CLIENT_GONE, size, None, began)
                 raise
             except Exception as exc:
                 # Not from the bridge's own middlewares, which answer every failure; a
                 # host's, inside this one: aiohttp answers it (500 or the exception's).
                 status = exc.status if isinstance(exc, web.HTTPException) else 500
-                self.add(request, facts, status, request.writer.output_size, None, began)
+                add(request, facts, status, request.writer.output_size, None, began)
                 raise
             finally:
                 facts.active -= 1
@@ -269,22 +264,7 @@ class Observer:
                 kind = response.get(ERROR_KIND)
                 if status in REFUSAL_STATUSES:
                     self.refused(response, kind)
-            pending.append(
-                (
-                    facts,
-                    request.method,
-                    request.match_info.get("sessionId"),
-                    status,
-                    response.body_length,
-                    kind,
-                    began,
-                    clock(),
-                )
-            )
-            if len(pending) >= self.limit:
-                settle()
-            elif self.timer is None:
-                self.arm()
+            add(request, facts, status, response.body_length, kind, began)
             return response
 
         return observe
@@ -298,8 +278,8 @@ class Observer:
         kind: str | None,
         began: float,
     ) -> None:
-        """A request that ended as the middleware does not see most end: cancelled,
-        failed in a host's middleware, or answered before any middleware ran."""
+        """A request that ended (``facts``: its route's, or what its line alone says of
+        it), into the batch; the batch settled when it is full, else given its deadline."""
         record: Observed = (
             facts,
             request.method,
