@@ -184,10 +184,14 @@ def _settle(future: asyncio.Future[None]) -> None:
         future.set_result(None)
 
 
-async def kill_all(select: descendants.Selector, timeout: float) -> int:
-    """SIGKILL every process ``select`` picks (:func:`~bridge.process.descendants.kill_rounds`),
-    wait up to ``timeout`` for them to exit and reap what this process adopted. Returns
-    how many were found and killed.
+async def kill_all(
+    select: descendants.Selector,
+    timeout: float,
+    read: Callable[[], dict[int, descendants.Stat]] = descendants.read_table,
+) -> int:
+    """SIGKILL every process ``select`` picks (:func:`~bridge.process.descendants.kill_rounds`)
+    from what ``read`` reads, wait up to ``timeout`` for them to exit and reap what this
+    process adopted. Returns how many were found and killed.
 
     A failure to read the process table (no descriptor left) is logged, not raised: the
     kills made so far stand.
@@ -198,7 +202,7 @@ async def kill_all(select: descendants.Selector, timeout: float) -> int:
     killed: set[tuple[int, float]] = set()
     fds: list[int] = []
     try:
-        descendants.kill_rounds(select, killed, fds)
+        descendants.kill_rounds(select, killed, fds, read)
         if fds:
             pending = []
             for fd in fds:
@@ -222,8 +226,9 @@ async def end_all(timeout: float) -> int:
     Returns how many were killed. Only for a process that is the bridge alone: it
     spares nothing below it.
     """
-    me = os.getpid()
-    return await kill_all(lambda table: descendants.descendants_of(table, {me}), timeout)
+    return await kill_all(
+        lambda table: {pid for pid, stat in table.items() if stat.alive}, timeout, subtree
+    )
 
 
 def carrying(variable: str, value: str) -> descendants.Selector:
