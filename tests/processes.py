@@ -16,6 +16,8 @@ from pathlib import Path
 import psutil
 import pytest
 
+from bridge import subreaper
+
 #: pytest plugins of the development venv that no scenario run and no host suite here uses
 #: (hypothesis's, faker's and schemathesis's, installed for the fuzzing and the fakes):
 #: about 2 s of CPU in imports per pytest process. A host's `harness` install has none of
@@ -41,20 +43,16 @@ def _live(process: psutil.Process) -> bool:
 def _children_of(pid: int | None = None) -> list[psutil.Process]:
     """The children of ``pid`` (default: this process), zombies included.
 
-    What ``psutil.Process(pid).children()`` returns, read from each of its threads'
-    ``/proc/PID/task/TID/children`` instead of every process's stat file on the machine:
-    the tests poll these lists, and a scan of the whole machine each time was a large
-    part of their CPU on a busy one.
+    What ``psutil.Process(pid).children()`` returns, from the kernel's lists of each of
+    its threads' children (:func:`bridge.subreaper.children_of`, as the bridge reads its
+    own) instead of every process's stat file on the machine: the tests poll these
+    lists, and a scan of the whole machine each time was a large part of their CPU on a
+    busy one.
     """
     where = "self" if pid is None else str(pid)
-    found: set[int] = set()
-    try:
-        threads = os.listdir(f"/proc/{where}/task")
-    except OSError:
-        raise psutil.NoSuchProcess(pid or os.getpid()) from None
-    for thread in threads:
-        with contextlib.suppress(OSError), open(f"/proc/{where}/task/{thread}/children") as f:
-            found.update(int(child) for child in f.read().split())
+    if not os.path.isdir(f"/proc/{where}/task"):
+        raise psutil.NoSuchProcess(pid or os.getpid())
+    found = set(subreaper.children_of(where))
     children = []
     for child in sorted(found):
         with contextlib.suppress(psutil.NoSuchProcess):
