@@ -11,15 +11,25 @@ start-up built (:func:`bridge.runtime.settle_heap`).
 
 from __future__ import annotations
 
+import contextlib
 import gc
+from collections.abc import Iterator
 
 
-def main() -> int:
+@contextlib.contextmanager
+def collector_off() -> Iterator[None]:
+    """Python's cyclic garbage collector off inside, as it was after: for imports that
+    build many objects and free next to none (`fake-codex` loads its script so too)."""
     collecting = gc.isenabled()
     gc.disable()
     try:
-        from bridge.cli import main as run
+        yield
     finally:
         if collecting:
             gc.enable()
+
+
+def main() -> int:
+    with collector_off():
+        from bridge.cli import main as run
     return run()

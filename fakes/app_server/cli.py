@@ -15,14 +15,12 @@ CLI.
 from __future__ import annotations
 
 import argparse
-import contextlib
-import gc
 import os
 import sys
-from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
 from bridge import codex_window
+from bridge.console import collector_off
 from fakes.app_server.shapes import DEFAULT_VERSION_OUTPUT, cli_version
 
 if TYPE_CHECKING:
@@ -128,26 +126,12 @@ def _toml_string(value: str) -> str:
     return parsed if isinstance(parsed, str) else value
 
 
-@contextlib.contextmanager
-def _collector_off() -> Iterator[None]:
-    """Python's cyclic garbage collector off while a script and the server's modules
-    load: they make tens of thousands of objects and free next to none, and the
-    collector ran about 100 collections over them in a scripted start."""
-    collecting = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if collecting:
-            gc.enable()
-
-
 def _load(path: str) -> AppServerScript:
     # pydantic looks for plugins in every installed distribution's entry points when it
     # builds its first schema: ~20 ms of each scripted start, for plugins the fake has
     # no use for.
     os.environ.setdefault("PYDANTIC_DISABLE_PLUGINS", "__all__")
-    with _collector_off():
+    with collector_off():
         from fakes.app_server.script import ScriptError, load_script
 
         try:
@@ -255,7 +239,7 @@ def _app_server(args: argparse.Namespace) -> int:
         resume = ended
     # Imported here so that `--version` (and a session the fast start saw to its end)
     # does not pay for asyncio.
-    with _collector_off():
+    with collector_off():
         from fakes.app_server.server import serve
 
     return serve(script, seed=seed, version_output=version_output, resume=resume)
