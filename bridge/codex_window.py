@@ -73,7 +73,11 @@ FAKE_TOKEN = "fake-codex/"
 IDENTIFY_VARIABLE = "FAKE_CODEX_IDENTIFY"
 
 
-def version_kind(version_text: str | None) -> Literal["codex", "fake-codex"] | None:
+#: What answers as an app-server: the real codex or the bundled fake.
+Kind = Literal["codex", "fake-codex"]
+
+
+def version_kind(version_text: str | None) -> Kind | None:
     """``fake-codex`` or ``codex``, from the whole output of a `--version` probe run with
     ``IDENTIFY_VARIABLE`` set; None when it names no codex release and is not the fake."""
     lines = (version_text or "").strip().splitlines()
@@ -85,13 +89,13 @@ def version_kind(version_text: str | None) -> Literal["codex", "fake-codex"] | N
 class Assessment(TypedDict):
     """The fields ``/v1/compatibility`` adds to ``appServer`` (snake_case)."""
 
-    kind: Literal["codex", "fake-codex"] | None
+    kind: Kind | None
     tested: bool | None
     tested_versions: list[str]
     warning: str | None
 
 
-def kind(user_agent: str | None) -> Literal["codex", "fake-codex"] | None:
+def kind(user_agent: str | None) -> Kind | None:
     """``fake-codex`` or ``codex``, from an `initialize` userAgent; None without one."""
     if not user_agent:
         return None
@@ -105,14 +109,17 @@ def agent_release(user_agent: str | None) -> str | None:
     return version if release(f"codex-cli {version}") else None
 
 
-def assess(version_output: str | None, user_agent: str | None = None) -> Assessment:
+def assess(
+    version_output: str | None, user_agent: str | None = None, probed_kind: Kind | None = None
+) -> Assessment:
     """What ``/v1/compatibility`` adds about the app-server: ``kind`` (from the userAgent
-    of the last `initialize` answered), ``tested``, ``tested_versions`` and ``warning``
-    (from its ``--version`` line, else from the release that userAgent names)."""
+    of the last `initialize` answered; before one, what the ``--version`` probe found),
+    ``tested``, ``tested_versions`` and ``warning`` (from its ``--version`` line, else
+    from the release that userAgent names)."""
     if release(version_output) is None and agent_release(user_agent) is not None:
         version_output = f"codex-cli {agent_release(user_agent)}"
     return {
-        "kind": kind(user_agent),
+        "kind": kind(user_agent) or probed_kind,
         "tested": is_tested(version_output),
         "tested_versions": list(TESTED),
         "warning": warning(version_output),

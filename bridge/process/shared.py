@@ -514,7 +514,9 @@ class ConnectShared:
         if not self.supervised:
             return startup.compatibility([], NOT_STARTED, user_agent, mode="shared", shared=state)
         version = await self.version.get()
-        return startup.compatibility(self.command, version, user_agent, mode="shared", shared=state)
+        return startup.compatibility(
+            self.command, version, user_agent, self.version.kind, mode="shared", shared=state
+        )
 
     async def close(self) -> None:
         self._closing = True

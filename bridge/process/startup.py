@@ -154,7 +154,9 @@ def version_command(command: Sequence[str]) -> list[str]:
     return [*argv, "--version"]
 
 
-async def probe_app_server(argv: list[str]) -> tuple[str | None, str | None, str | None]:
+async def probe_app_server(
+    argv: list[str],
+) -> tuple[str | None, str | None, codex_window.Kind | None]:
     """Run ``<server> --version`` without blocking the loop: (version, error, kind), where
     kind is ``codex``, ``fake-codex`` or None (``codex_window.version_kind``).
 
@@ -201,16 +203,21 @@ async def probe_app_server(argv: list[str]) -> tuple[str | None, str | None, str
 
 
 def compatibility(
-    command: list[str], version: tuple[str | None, str | None], user_agent: str | None, **more: Any
+    command: list[str],
+    version: tuple[str | None, str | None],
+    user_agent: str | None,
+    probed_kind: codex_window.Kind | None = None,
+    **more: Any,
 ) -> Compatibility:
     """What ``/v1/compatibility`` says: ``version`` is (version, why not), ``user_agent``
-    the one the last ``initialize`` answer named, ``more`` the mode's own fields."""
+    the one the last ``initialize`` answer named, ``probed_kind`` what the ``--version``
+    probe found, ``more`` the mode's own fields."""
     app_server = AppServerInfo(
         command=command,
         version=version[0],
         version_error=version[1],
         **more,
-        **codex_window.assess(version[0], user_agent),
+        **codex_window.assess(version[0], user_agent, probed_kind),
     )
     return Compatibility(bridge_version=__version__, app_server=app_server)
 
@@ -245,6 +252,9 @@ class VersionProbe:
     def __init__(self, command: Sequence[str]) -> None:
         self._argv = version_command(command)
         self._version: tuple[str | None, str | None] | None = None
+        #: ``codex`` or ``fake-codex``, as the last probe found (None before one, or
+        #: when it named no release).
+        self.kind: codex_window.Kind | None = None
         self._checked_at = 0.0
         self._lock = asyncio.Lock()
 
@@ -256,7 +266,7 @@ class VersionProbe:
                 self._version[0] is None and loop.time() - self._checked_at > _VERSION_RETRY_AFTER
             )
             if stale:
-                version, error, _ = await probe_app_server(self._argv)
+                version, error, self.kind = await probe_app_server(self._argv)
                 self._version = version, error
                 self._checked_at = loop.time()
             assert self._version is not None
@@ -305,7 +315,8 @@ class SpawnStdio:
         return peer
 
     async def compatibility(self, user_agent: str | None) -> Compatibility:
-        return compatibility(self.command, await self.version.get(), user_agent)
+        version = await self.version.get()
+        return compatibility(self.command, version, user_agent, self.version.kind)
 
     async def close(self) -> None:
         pass

@@ -162,7 +162,9 @@ async def test_compatibility_says_a_release_outside_the_window_and_that_it_is_th
     assert before["warning"] == (
         f"{OUTSIDE} is outside the tested window ({codex_window.window()}); it may still work"
     )
-    assert before["kind"] is None  # no app-server has answered `initialize` yet
+    # No app-server has answered `initialize` yet: the `--version` probe tells, as in
+    # `serve`'s start-up line.
+    assert before["kind"] == "fake-codex"
 
     async with http.post(f"{base}/v1/sessions", json={}) as response:
         assert response.status == 201, await response.text()
