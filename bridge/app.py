@@ -277,6 +277,7 @@ def create_app(
     app.on_shutdown.append(close_backend)
     # aiohttp's log of the requests its parser refuses: no bytes, no traceback.
     app.on_startup.append(quiet_parser_refusals)
+    app.on_cleanup.append(count_held_refusals)
     if token is not None:
         with_bearer_auth(app, token)
     return app
@@ -284,6 +285,10 @@ def create_app(
 
 async def quiet_parser_refusals(app: web.Application) -> None:
     ParserRefusals.install()
+
+
+async def count_held_refusals(app: web.Application) -> None:
+    ParserRefusals.install().flush()
 
 
 #: The path of the last route of every application built here: any method, any path.

@@ -193,6 +193,15 @@ class ParserRefusals(logging.Filter):
         self._next_at = now + self.interval
         return True
 
+    def flush(self) -> None:
+        """Write the count of the refusals held back since the last line, if any (when
+        the application stops, so that no refusal goes uncounted)."""
+        if self._unlogged:
+            count, self._unlogged = self._unlogged, 0
+            logging.getLogger("aiohttp.server").warning(
+                "refused %d more requests since the last such line", count
+            )
+
     @classmethod
     def install(cls) -> ParserRefusals:
         """The filter on aiohttp's server logger (added the first time only)."""

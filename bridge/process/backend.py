@@ -214,6 +214,8 @@ class ProcessBackend(Backend):
             if isinstance(exc, ProcessGone) and not self._closing:
                 info = process.exit_info or exc.exit_info
                 raise self._start_failed(startup.exited_at_startup(self.command, info)) from None
+            if isinstance(exc, TimeoutError):
+                raise self._start_failed(self._spawn_timed_out()) from None
             raise self._start_failed(rpc_failure(exc, self.launcher.starting)) from None
         except BaseException:
             await self._stop_fully(process)
@@ -232,6 +234,14 @@ class ProcessBackend(Backend):
             raise errors.of_kind(
                 "protocol_error", "the app-server stopped taking input after answering `initialize`"
             ) from None
+
+    def _spawn_timed_out(self) -> errors.RestError:
+        """The 504 of an app-server that did not answer ``initialize`` in time, naming the
+        setting that bounds it; logged once as a WARNING, since only the operator can act."""
+        ms = self.limits.spawn_timeout_ms
+        what = f"{self.launcher.starting} did not complete before its deadline"
+        log.warning("%s: no answer to `initialize` within %d ms", what, ms)
+        return errors.of_kind("timeout", f"{what} (REST_ADAPTER_SPAWN_TIMEOUT_MS, {ms} ms).")
 
     async def _stop_fully(self, process: JsonRpcPeer) -> None:
         """Stop ``process`` and wait until it is gone, even when the caller is cancelled

@@ -295,6 +295,10 @@ REFUSED: dict[str, tuple[bytes, int, str | None]] = {
 #: lets through (it has no bound on the number of headers; it takes any method).
 PARSER_ONLY = frozenset({"129 headers", "method BREW"})
 
+#: What aiohttp takes for a client that speaks no HTTP (an unknown method as the first
+#: request of a connection): its 400 and access line, but no WARNING line.
+NOT_HTTP = frozenset({"method BREW", "TLS ClientHello", "a space in the method"})
+
 
 @pytest.mark.parametrize("case", sorted(set(REFUSED) - PARSER_ONLY))
 def test_refused_requests_get_the_error_payload_without_the_token(front, case):
@@ -355,8 +359,13 @@ def test_a_burst_of_refusals_is_one_warning_line_without_bytes_or_traceback(tmp_
     assert "Traceback" not in stderr
     assert " ERROR " not in stderr
     warnings = [line for line in stderr.splitlines() if " WARNING " in line]
-    assert len(warnings) == 1, stderr
+    assert len(warnings) == 2, stderr
     assert "refused a request from 127.0.0.1" in warnings[0]
+    # The ones held back are counted when the bridge stops, not lost.
+    # (aiohttp logs an unknown method as a connection's first request at DEBUG, as the
+    # noise of a client that speaks no HTTP: those are not counted.)
+    held = 3 * len(REFUSED.keys() - NOT_HTTP) - 1
+    assert warnings[1].endswith(f"refused {held} more requests since the last such line")
 
 
 # -- what must go on working ----------------------------------------------------------

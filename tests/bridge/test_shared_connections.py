@@ -324,15 +324,24 @@ async def test_no_server_at_the_url_is_502_with_the_reason_in_words(serve, http,
 
 @pytest.mark.quick
 @pytest.mark.asyncio
-async def test_an_unanswered_initialize_is_a_connection_that_did_not_open(serve, http, ws_server):
+async def test_an_unanswered_initialize_is_a_connection_that_did_not_open(
+    serve, http, ws_server, caplog
+):
+    """The 504 names the setting that bounds it, and the operator gets a WARNING line."""
     server, url = await ws_server("unix")
     server.mute = True
     base = await bridge_on(serve, url, spawn_timeout_ms=200)
-    status, body = await post(http, f"{base}/v1/sessions", {})
+    with caplog.at_level(logging.WARNING, logger="bridge"):
+        status, body = await post(http, f"{base}/v1/sessions", {})
     assert status == 504, body
     assert body["message"] == (
-        "Opening a connection to the shared app-server did not complete before its deadline."
+        "Opening a connection to the shared app-server did not complete before its deadline"
+        " (REST_ADAPTER_SPAWN_TIMEOUT_MS, 200 ms)."
     )
+    assert [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING] == [
+        "Opening a connection to the shared app-server did not complete before its deadline:"
+        " no answer to `initialize` within 200 ms"
+    ]
     await asyncio.wait_for(server.ended.get(), WAIT)  # and the bridge closed it
 
 
