@@ -69,6 +69,37 @@ def test_request_durations_are_exposed_as_a_prometheus_histogram_would_be():
     assert f"# TYPE {metrics.requests.name} histogram".encode() in ours
 
 
+def test_requests_settled_in_a_batch_land_in_the_buckets_prometheus_would_choose():
+    """The batch's settle counts each request's duration itself (no ``observe``): every
+    bound, just over it, and past the last, as prometheus-client's histogram counts them."""
+    app = web.Application()
+
+    async def handler(request: web.Request) -> web.Response:
+        return web.Response()
+
+    route = app.router.add_post("/v1/sessions", handler)
+    metrics = Metrics()
+    found = observer(app)
+    found.count(metrics)
+    facts = RouteFacts(route, "POST", metrics.requests)
+    registry = CollectorRegistry()
+    reference = Histogram(
+        metrics.requests.name,
+        metrics.requests.documentation,
+        metrics.requests.labelnames,
+        buckets=HTTP_BUCKETS,
+        registry=registry,
+    )
+    durations = [*SECONDS, *HTTP_BUCKETS, *(b + 1e-9 for b in HTTP_BUCKETS)]
+    for seconds in durations:
+        found.pending.append((facts, "POST", None, 201, 10, None, 100.0, 100.0 + seconds))
+        reference.labels(*LABELS).observe((100.0 + seconds) - 100.0)
+    ours = samples(generate_latest(metrics.registry))  # the scrape settles the batch
+    mine = {k: v for k, v in ours.items() if k[0].startswith(metrics.requests.name)}
+    assert mine == samples(generate_latest(registry))
+    assert requests_counted(metrics, "/v1/sessions", "POST", "2xx") == len(durations)
+
+
 @pytest.mark.asyncio
 async def test_a_failure_a_host_middleware_lets_through_is_observed(
     serve, http, caplog, monkeypatch
