@@ -198,7 +198,7 @@ class AccessLines:
                 session = shown_ids.get(raw_id) or session_part(raw_id)
             line = (
                 f"{prefix}{where.head or f'{safe_method(method)} {where.route} '}"
-                f"{numbers[status] if status < 1024 else status} "
+                f"{numbers[status] if 0 <= status < 1024 else status} "
                 f"{tenths_shown[tenths] if tenths < 1024 else f'{tenths // 10}.{tenths % 10}'}ms "
                 f"{numbers[size] if size < 1024 else size}B{session}{end}"
                 f"{'' if kind is None else ' error=' + kind}\n"

@@ -102,17 +102,20 @@ class RouteFacts(LineRoute):
         self.requests = requests
         #: Requests of the route and method being handled now.
         self.active = 0
-        #: The duration histogram's child by status class (status // 100).
-        self.by_class: dict[int, DurationSeries] = {}
+        #: The duration histogram's series by status class (status // 100, 1 to 5; a
+        #: status outside 100-599, which aiohttp lets a handler set, counts as 5xx),
+        #: made when the class is first seen.
+        self.by_class: list[DurationSeries | None] = [None] * 6
         #: The same route in a record that has a line and no metric.
         self.uncounted = LineRoute(self.route, self.shown)
 
     def duration(self, status: int) -> DurationSeries:
-        child = self.by_class.get(status // 100)
+        index = status // 100 if 100 <= status < 600 else 5
+        child = self.by_class[index]
         if child is None:
             assert self.requests is not None
             child = self.requests.labels(self.label, self.method, status_class(status))
-            self.by_class[status // 100] = child
+            self.by_class[index] = child
         return child
 
 
@@ -322,12 +325,16 @@ class Observer:
         if self.metrics is not None:
             from bridge.metrics import HTTP_BUCKETS as bounds  # loaded: metrics are on
 
+            first = bounds[0]
             for facts, _, _, status, _, _, began, ended in batch:
                 if not isinstance(facts, RouteFacts):
                     continue  # a line only (RouteFacts.uncounted)
-                series = facts.by_class.get(status // 100) or facts.duration(status)
+                series = facts.by_class[status // 100] if 100 <= status < 600 else None
+                if series is None:
+                    series = facts.duration(status)
                 seconds = ended - began
-                series.counts[bisect_left(bounds, seconds)] += 1
+                # Most requests end within the first bucket: no search for them.
+                series.counts[0 if seconds <= first else bisect_left(bounds, seconds)] += 1
                 series.sum += seconds
         if self.access is not None:
             self.access.write_records(batch)

@@ -69,6 +69,77 @@ def test_request_durations_are_exposed_as_a_prometheus_histogram_would_be():
     assert f"# TYPE {metrics.requests.name} histogram".encode() in ours
 
 
+def test_requests_settled_in_a_batch_land_in_the_buckets_prometheus_would_choose():
+    """The batch's settle counts each request's duration itself (no ``observe``): every
+    bound, just over it, and past the last, as prometheus-client's histogram counts them."""
+    app = web.Application()
+
+    async def handler(request: web.Request) -> web.Response:
+        return web.Response()
+
+    route = app.router.add_post("/v1/sessions", handler)
+    metrics = Metrics()
+    found = observer(app)
+    found.count(metrics)
+    facts = RouteFacts(route, "POST", metrics.requests)
+    registry = CollectorRegistry()
+    reference = Histogram(
+        metrics.requests.name,
+        metrics.requests.documentation,
+        metrics.requests.labelnames,
+        buckets=HTTP_BUCKETS,
+        registry=registry,
+    )
+    durations = [*SECONDS, *HTTP_BUCKETS, *(b + 1e-9 for b in HTTP_BUCKETS)]
+    for seconds in durations:
+        found.pending.append((facts, "POST", None, 201, 10, None, 100.0, 100.0 + seconds))
+        reference.labels(*LABELS).observe((100.0 + seconds) - 100.0)
+    ours = samples(generate_latest(metrics.registry))  # the scrape settles the batch
+    mine = {k: v for k, v in ours.items() if k[0].startswith(metrics.requests.name)}
+    assert mine == samples(generate_latest(registry))
+    assert requests_counted(metrics, "/v1/sessions", "POST", "2xx") == len(durations)
+
+
+def test_a_status_outside_the_five_classes_is_counted_as_5xx():
+    """aiohttp lets a host's handler answer any integer status: the histogram counts one
+    outside 100-599 under 5xx, with the 5xx answers, and loses no request of the batch."""
+    app = web.Application()
+
+    async def handler(request: web.Request) -> web.Response:
+        return web.Response()
+
+    route = app.router.add_get("/x", handler)
+    metrics = Metrics()
+    found = observer(app)
+    found.count(metrics)
+    facts = RouteFacts(route, "GET", metrics.requests)
+    statuses = (503, 600, 999, 1000, 12345, 42, 0, -600, -12345, 200)
+    for status in statuses:
+        found.pending.append((facts, "GET", None, status, 10, None, 100.0, 100.001))
+    assert requests_counted(metrics, "/x", "GET", "5xx") == len(statuses) - 1
+    assert requests_counted(metrics, "/x", "GET", "2xx") == 1
+
+
+def test_a_status_outside_the_five_classes_has_its_line_and_the_batch_its_lines():
+    """aiohttp writes whatever integer status a host's handler sets (a negative one too):
+    its line shows it, and the other lines of its batch are written."""
+    app = web.Application()
+
+    async def handler(request: web.Request) -> web.Response:
+        return web.Response()
+
+    where = RouteFacts(app.router.add_get("/x", handler), "GET", None)
+    statuses = (-12345, -1, 0, 42, 999, 1023, 1024, 12345, 200)
+    records = [(where, "GET", None, s, 10, None, 100.0, 100.001) for s in statuses]
+    for log_format in logs.LOG_FORMATS:
+        text = logs.AccessLines(log_format, io.StringIO()).lines(records, None)
+        lines = text.splitlines()
+        assert len(lines) == len(statuses)
+        for line, status in zip(lines, statuses, strict=True):
+            message = json.loads(line)["message"] if log_format == "json" else line
+            assert f" GET /x {status} 1.0ms 10B" in f" {message.split(' bridge.access ')[-1]}"
+
+
 @pytest.mark.asyncio
 async def test_a_failure_a_host_middleware_lets_through_is_observed(
     serve, http, caplog, monkeypatch
