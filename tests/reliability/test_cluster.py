@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import io
 import json
 import os
 import signal
@@ -38,6 +39,8 @@ from processes import (
     zombie_children,
 )
 
+import bridge_ops.cluster
+from bridge import cli
 from bridge.app import mounted_routes, trusted_bridge_app
 from bridge.openapi import build_openapi
 from bridge_ops.cluster import CLUSTER_MARK_VARIABLE
@@ -1282,18 +1285,29 @@ async def test_a_stopped_replica_is_marked_down_at_the_front(cluster, http, repo
         ("--probe-misses", "two"),
     ],
 )
-async def test_the_probe_options_are_validated(tmp_path, option, value):
+@pytest.mark.quick
+async def test_the_probe_options_are_validated(tmp_path, monkeypatch, option, value):
     """A bad probe option stops the launcher with status 2 and names the option, before
-    anything starts."""
-    process = await asyncio.create_subprocess_exec(
-        *(REST_BRIDGE, "cluster", "--port", "0", "--dir", str(tmp_path / "front")),
-        f"{option}={value}",
-        stdin=asyncio.subprocess.DEVNULL,
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.PIPE,
-    )
-    out, err = await process.communicate()
-    assert process.returncode == 2, (out, err)
+    anything starts.
+
+    `rest-bridge cluster` is run by the CLI's own main in this process (marked quick):
+    argparse refuses the option before the launcher runs, so no Python process is needed
+    for it (about 0.35 CPU-s each); the tests above and below run the console script.
+    Were the option let through, the test fails where the launcher would begin."""
+
+    def launching(args: object) -> int:
+        raise AssertionError(f"the launcher started with {option}={value}")
+
+    monkeypatch.setattr(bridge_ops.cluster, "main", launching)
+    out, err = io.StringIO(), io.StringIO()
+    argv = ["cluster", "--port", "0", "--dir", str(tmp_path / "front"), f"{option}={value}"]
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        try:
+            returncode = cli.main(argv)
+        except SystemExit as exit_:  # argparse's refusals
+            returncode = exit_.code if isinstance(exit_.code, int) else 1
+    out, err = out.getvalue().encode(), err.getvalue().encode()
+    assert returncode == 2, (out, err)
     # argparse names the option it refused (not "unrecognized arguments").
     assert f"argument {option}: ".encode() in err, err
     assert b"Traceback" not in err
