@@ -1,12 +1,16 @@
 # Two commands: `make serve` and `make test`. Both set everything up on a fresh machine.
 PYTHON ?= python3
+# The interpreter $(PYTHON) names, asked once: the other $(shell ...) calls below run it
+# directly rather than through a launcher such as pyenv's shim (about 50 ms of CPU a
+# call, paid again for every sub-make and every `make -n` the tests run).
+PYTHON_EXE := $(shell $(PYTHON) -c 'import sys; print(sys.executable)')
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 # The codex releases the project is tested against, and the pinned one `make serve-codex`
 # serves: both from bridge/codex_window.py, the one place that names them.
-CODEX_VERSIONS := $(shell $(PYTHON) -m bridge.codex_window)
-CODEX_VERSION := $(shell $(PYTHON) -m bridge.codex_window --pin)
+CODEX_VERSIONS := $(shell $(PYTHON_EXE) -m bridge.codex_window)
+CODEX_VERSION := $(shell $(PYTHON_EXE) -m bridge.codex_window --pin)
 # Each release in a folder of its own, .codex-npm/<version>/; what runs is the native
 # binary the package ships for this platform (88 MB and `initialize` after ~48 ms per
 # app-server, against 132 MB and ~115 ms through the Node launcher), else the launcher;
@@ -38,7 +42,6 @@ unexport PYTHONDONTWRITEBYTECODE
 UV_DIR := .uv
 UV := $(UV_DIR)/bin/uv
 UV_VERSION := 0.13.9
-PYTHON_EXE := $(shell $(PYTHON) -c 'import sys; print(sys.executable)')
 $(UV):
 	PIP_ROOT_USER_ACTION=ignore PIP_DISABLE_PIP_VERSION_CHECK=1 \
 		$(PYTHON_EXE) -m pip install --quiet --target $(UV_DIR) uv==$(UV_VERSION)
@@ -169,7 +172,7 @@ typecheck: $(STAMP)
 # (tests/tiers.py).
 # The full-size install runs (marked `full_run`: fresh venvs installed from the index) are
 # left to `make reliability`; a cheaper check that the wheel installs stays here.
-JOBS ?= $(shell $(PYTHON) -c 'import os; print(2 * (os.cpu_count() or 1))')
+JOBS ?= $(shell $(PYTHON_EXE) -c 'import os; print(2 * (os.cpu_count() or 1))')
 pytest: $(STAMP) codex nginx prometheus
 	$(BIN)/pytest -n $(JOBS) --dist loadgroup -m "not full_run"
 
