@@ -209,14 +209,13 @@ LOWEST_LEAVES_OUT := tests/bridge/test_codex_diff.py tests/bridge/test_codex_win
 # anything (`rest-bridge serve` before it listens, `rest-bridge front-config`, which
 # serves nothing). What they run is the bridge's own parsing (and pydantic's, the same
 # version in both venvs); aiohttp is imported there, never used. Each costs a Python
-# start and its imports (0.4-0.9 CPU-s). The unusable secret files of test_secrets.py and
-# the bad ops ports of test_ops.py run the CLI's main in the test process instead, and
-# so run here too, at no such cost.
+# start and its imports (0.4-0.9 CPU-s). Other refusals (test_secrets.py's unusable
+# secret files, test_ops.py's bad ops ports, test_method_policy.py's bad rules) run the
+# CLI's main in the test process instead (tests/cli_runs.py), and so run here too.
 # tests/test_makefile.py holds each to that: no aiohttp, orjson or faker, no fixture,
 # an exit status of 2 asserted.
 LOWEST_REFUSALS := \
 	tests/bridge/test_secrets.py::test_a_secret_file_that_is_a_fifo_stops_serve_instead_of_waiting_for_a_writer \
-	tests/bridge/test_method_policy.py::test_a_method_rule_that_is_not_one_stops_the_start_naming_the_variable \
 	tests/bridge/test_replica.py::test_serve_refuses_a_bad_replica_id \
 	tests/bridge/test_logs.py::test_a_bad_log_variable_stops_serve_naming_it \
 	tests/bridge/test_front.py::test_front_config_refuses_bad_replicas \

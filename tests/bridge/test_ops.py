@@ -4,7 +4,6 @@ and what it never exposes."""
 from __future__ import annotations
 
 import asyncio
-import logging
 import os
 import signal
 import socket
@@ -19,9 +18,10 @@ import aiohttp
 import pytest
 import pytest_asyncio
 from aiohttp import web
+from cli_runs import main_here
 from prometheus_client.parser import text_string_to_metric_families
 
-from bridge import cli, replica
+from bridge import replica
 from bridge.app import text_turn_app, trusted_bridge_app
 from bridge.auth import with_bearer_auth
 from bridge.limits import AppServerSettings, ReplicaSettings, RestLimits
@@ -410,28 +410,15 @@ REST_BRIDGE = str(Path(sys.executable).with_name("rest-bridge"))
 @pytest.mark.quick
 @pytest.mark.parametrize("value", ["65536", "-1", " 80", "\uff18\uff10", "http"])
 def test_serve_refuses_an_ops_port_that_is_not_one(
-    value: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+    value: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Refused before anything starts. `rest-bridge serve` is run by the CLI's own main
-    in this process (no Python process each); the test below runs the console script.
-    Were the value taken, the test fails where serving would begin."""
-    for name in [name for name in os.environ if name.startswith("REST_ADAPTER_")]:
-        monkeypatch.delenv(name)
-    monkeypatch.setenv("REST_ADAPTER_OPS_PORT", value)
-
-    async def serving(*_: object, **__: object) -> None:
-        raise AssertionError(f"serve started with REST_ADAPTER_OPS_PORT={value!r}")
-
-    monkeypatch.setattr(cli, "serve", serving)
-    root, handlers = logging.getLogger(), list(logging.getLogger().handlers)
-    try:
-        returncode = cli.main(["serve", "--port", "0", "--app-server", "true"])
-    finally:
-        root.handlers[:] = handlers
-    stderr = capsys.readouterr().err
-    assert returncode == 2
-    assert "REST_ADAPTER_OPS_PORT" in stderr
-    assert "Traceback" not in stderr
+    """Refused before anything starts. Run by the CLI's own main in this process
+    (tests/cli_runs.py); the test below runs the console script."""
+    env = {"REST_ADAPTER_OPS_PORT": value}
+    done = main_here(["serve", "--port", "0", "--app-server", "true"], monkeypatch, env)
+    assert done.returncode == 2
+    assert "REST_ADAPTER_OPS_PORT" in done.stderr
+    assert "Traceback" not in done.stderr
 
 
 def test_serve_stops_when_its_ops_port_is_taken() -> None:

@@ -9,8 +9,6 @@ the same script, so every process the bridge ever starts leaves its environment 
 from __future__ import annotations
 
 import contextlib
-import io
-import logging
 import os
 import signal
 import subprocess
@@ -25,9 +23,9 @@ from pathlib import Path
 
 import aiohttp
 import pytest
+from cli_runs import main_here
 from processes import marked_processes, nginx_binary
 
-from bridge import cli
 from bridge.credentials import SecretError
 from bridge.errors import RestError
 from bridge.models import ClientOptions
@@ -260,33 +258,12 @@ def test_a_bridge_holding_a_token_cannot_be_read_by_a_process_of_its_user(start_
 
 def start_failure(env: dict[str, str], monkeypatch: pytest.MonkeyPatch) -> tuple[int, str]:
     """`rest-bridge serve` with ``env`` (and no other ``REST_ADAPTER_*`` variable), run by
-    the CLI's own main in this process: its exit status and all it wrote. The refusals
-    at start need no Python process of their own (about 0.45 CPU-s each); the FIFO test
-    below and the tests that serve with secret files run the console script itself.
-    Every refusal comes before serving and before the secrets leave the environment;
-    were a case let through, the test fails where serving would begin."""
-    for name in [name for name in os.environ if name.startswith("REST_ADAPTER_")]:
-        monkeypatch.delenv(name)
-    for name, value in env.items():
-        monkeypatch.setenv(name, value)
-
-    async def serving(*args: object, **kwargs: object) -> None:
-        raise AssertionError(f"serve started with {sorted(env)}")
-
-    monkeypatch.setattr(cli, "serve", serving)
-    output = io.StringIO()
-    root, handlers = logging.getLogger(), list(logging.getLogger().handlers)
-    try:
-        with contextlib.redirect_stdout(output), contextlib.redirect_stderr(output):
-            try:
-                status = cli.main(
-                    ["serve", "--port", "0", "--app-server", f"{FAKE_CODEX} app-server"]
-                )
-            except SystemExit as exit_:  # argparse's refusals
-                status = exit_.code if isinstance(exit_.code, int) else 1
-    finally:
-        root.handlers[:] = handlers
-    return status, output.getvalue()
+    the CLI's own main in this process (tests/cli_runs.py): its exit status and all it
+    wrote. The FIFO test below and the tests that serve with secret files run the console
+    script itself. Every refusal comes before the secrets leave the environment."""
+    argv = ["serve", "--port", "0", "--app-server", f"{FAKE_CODEX} app-server"]
+    done = main_here(argv, monkeypatch, env)
+    return done.returncode, done.stdout + done.stderr
 
 
 def write_secret_files(tmp: Path) -> None:

@@ -12,7 +12,6 @@ import asyncio
 import json
 import logging
 import socket
-import subprocess
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
@@ -21,9 +20,9 @@ import orjson
 import pytest
 import pytest_asyncio
 from aiohttp import WSMsgType, web
+from cli_runs import main_here
 from processes import open_descriptors
 
-from bridge import cli
 from bridge.app import default_app, trusted_bridge_app
 from bridge.limits import AppServerSettings, RestLimits, RestLimitsEnvError
 from bridge.settings import AppServerVariables
@@ -421,36 +420,6 @@ def test_settings_from_the_environment():
         AppServerSettings(mode="process", url="ws://h:1")
 
 
-def serve_here(
-    args: list[str],
-    env: dict[str, str],
-    monkeypatch: pytest.MonkeyPatch,
-    capsys: pytest.CaptureFixture[str],
-) -> subprocess.CompletedProcess[str]:
-    """`rest-bridge serve --port 0 ARGS` with ``env`` added to this process's environment,
-    run by the CLI's own main in this process: its exit status, stdout and stderr. A
-    refusal at start needs no Python process of its own (about 0.45 CPU-s each); the
-    tests that serve run the console script. Were the settings let through, the test
-    fails where serving would begin."""
-    for name, value in env.items():
-        monkeypatch.setenv(name, value)
-
-    async def serving(*_: object, **__: object) -> None:
-        raise AssertionError(f"serve started with {env} {args}")
-
-    monkeypatch.setattr(cli, "serve", serving)
-    root, handlers = logging.getLogger(), list(logging.getLogger().handlers)
-    try:
-        try:
-            status = cli.main(["serve", "--port", "0", *args])
-        except SystemExit as exit_:  # argparse's refusals
-            status = exit_.code if isinstance(exit_.code, int) else 1
-    finally:
-        root.handlers[:] = handlers
-    captured = capsys.readouterr()
-    return subprocess.CompletedProcess(args, status, captured.out, captured.err)
-
-
 @pytest.mark.quick
 @pytest.mark.parametrize(
     ("env", "args", "says"),
@@ -460,8 +429,9 @@ def serve_here(
         ({}, ["--app-server-mode", "process", "--app-server-url", "ws://h:1"], "shared mode"),
     ],
 )
-def test_serve_refuses_bad_app_server_settings(env, args, says, monkeypatch, capsys):
-    result = serve_here(args, env, monkeypatch, capsys)
+def test_serve_refuses_bad_app_server_settings(env, args, says, monkeypatch):
+    """Run by the CLI's own main in this process (tests/cli_runs.py)."""
+    result = main_here(["serve", "--port", "0", *args], monkeypatch, env, keep_settings=True)
     assert result.returncode == 2, result.stderr
     assert says in result.stderr
     assert "Traceback" not in result.stderr
@@ -477,8 +447,9 @@ def test_serve_refuses_bad_app_server_settings(env, args, says, monkeypatch, cap
 )
 def test_a_url_holding_credentials_is_refused_without_showing_them(env, args, monkeypatch, capsys):
     """Whatever stands before the host would be printed on the start line and in every
-    connection error: the token has its own variable, never shown."""
-    result = serve_here(args, env, monkeypatch, capsys)
+    connection error: the token has its own variable, never shown. (Run by the CLI's own
+    main in this process: tests/cli_runs.py.)"""
+    result = main_here(["serve", "--port", "0", *args], monkeypatch, env, keep_settings=True)
     assert result.returncode == 2, result.stderr
     assert "REST_ADAPTER_APP_SERVER_TOKEN" in result.stderr
     assert "pw-0fd2" not in result.stdout + result.stderr

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import io
 import json
 import os
 import signal
@@ -31,6 +30,7 @@ from typing import Any
 import aiohttp
 import pytest
 import pytest_asyncio
+from cli_runs import main_here
 from processes import (
     marked_processes,
     nginx_binary,
@@ -39,8 +39,6 @@ from processes import (
     zombie_children,
 )
 
-import bridge_ops.cluster
-from bridge import cli
 from bridge.app import mounted_routes, trusted_bridge_app
 from bridge.openapi import build_openapi
 from bridge_ops.cluster import CLUSTER_MARK_VARIABLE
@@ -1290,24 +1288,12 @@ async def test_the_probe_options_are_validated(tmp_path, monkeypatch, option, va
     """A bad probe option stops the launcher with status 2 and names the option, before
     anything starts.
 
-    `rest-bridge cluster` is run by the CLI's own main in this process (marked quick):
-    argparse refuses the option before the launcher runs, so no Python process is needed
-    for it (about 0.35 CPU-s each); the tests above and below run the console script.
-    Were the option let through, the test fails where the launcher would begin."""
-
-    def launching(args: object) -> int:
-        raise AssertionError(f"the launcher started with {option}={value}")
-
-    monkeypatch.setattr(bridge_ops.cluster, "main", launching)
-    out, err = io.StringIO(), io.StringIO()
+    Run by the CLI's own main in this process (tests/cli_runs.py): argparse refuses the
+    option before the launcher runs; the tests above and below run the console script."""
     argv = ["cluster", "--port", "0", "--dir", str(tmp_path / "front"), f"{option}={value}"]
-    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-        try:
-            returncode = cli.main(argv)
-        except SystemExit as exit_:  # argparse's refusals
-            returncode = exit_.code if isinstance(exit_.code, int) else 1
-    out, err = out.getvalue().encode(), err.getvalue().encode()
-    assert returncode == 2, (out, err)
+    done = main_here(argv, monkeypatch)
+    out, err = done.stdout.encode(), done.stderr.encode()
+    assert done.returncode == 2, (out, err)
     # argparse names the option it refused (not "unrecognized arguments").
     assert f"argument {option}: ".encode() in err, err
     assert b"Traceback" not in err
