@@ -1,12 +1,16 @@
 # Two commands: `make serve` and `make test`. Both set everything up on a fresh machine.
 PYTHON ?= python3
+# The interpreter $(PYTHON) names, asked once: the other $(shell ...) calls below run it
+# directly rather than through a launcher such as pyenv's shim (about 50 ms of CPU a
+# call, paid again for every sub-make and every `make -n` the tests run).
+PYTHON_EXE := $(shell $(PYTHON) -c 'import sys; print(sys.executable)')
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 # The codex releases the project is tested against, and the pinned one `make serve-codex`
 # serves: both from bridge/codex_window.py, the one place that names them.
-CODEX_VERSIONS := $(shell $(PYTHON) -m bridge.codex_window)
-CODEX_VERSION := $(shell $(PYTHON) -m bridge.codex_window --pin)
+CODEX_VERSIONS := $(shell $(PYTHON_EXE) -m bridge.codex_window)
+CODEX_VERSION := $(shell $(PYTHON_EXE) -m bridge.codex_window --pin)
 # Each release in a folder of its own, .codex-npm/<version>/; what runs is the native
 # binary the package ships for this platform (88 MB and `initialize` after ~48 ms per
 # app-server, against 132 MB and ~115 ms through the Node launcher), else the launcher;
@@ -38,7 +42,6 @@ unexport PYTHONDONTWRITEBYTECODE
 UV_DIR := .uv
 UV := $(UV_DIR)/bin/uv
 UV_VERSION := 0.13.9
-PYTHON_EXE := $(shell $(PYTHON) -c 'import sys; print(sys.executable)')
 $(UV):
 	PIP_ROOT_USER_ACTION=ignore PIP_DISABLE_PIP_VERSION_CHECK=1 \
 		$(PYTHON_EXE) -m pip install --quiet --target $(UV_DIR) uv==$(UV_VERSION)
@@ -169,7 +172,7 @@ typecheck: $(STAMP)
 # (tests/tiers.py).
 # The full-size install runs (marked `full_run`: fresh venvs installed from the index) are
 # left to `make reliability`; a cheaper check that the wheel installs stays here.
-JOBS ?= $(shell $(PYTHON) -c 'import os; print(2 * (os.cpu_count() or 1))')
+JOBS ?= $(shell $(PYTHON_EXE) -c 'import os; print(2 * (os.cpu_count() or 1))')
 pytest: $(STAMP) codex nginx prometheus
 	$(BIN)/pytest -n $(JOBS) --dist loadgroup -m "not full_run"
 
@@ -205,15 +208,14 @@ LOWEST_LEAVES_OUT := tests/bridge/test_codex_diff.py tests/bridge/test_codex_win
 # with a bad setting, option or secret file that exits 2 naming it before it serves
 # anything (`rest-bridge serve` before it listens, `rest-bridge front-config`, which
 # serves nothing). What they run is the bridge's own parsing (and pydantic's, the same
-# version in both venvs); aiohttp is imported there, never used. About 33 of the run's
-# 146 CPU-s (0.6-0.9 CPU-s each, a Python start and its imports), a fifth of it.
+# version in both venvs); aiohttp is imported there, never used. Each costs a Python
+# start and its imports (0.4-0.9 CPU-s). Other refusals (test_secrets.py's unusable
+# secret files, test_ops.py's bad ops ports, test_method_policy.py's bad rules) run the
+# CLI's main in the test process instead (tests/cli_runs.py), and so run here too.
 # tests/test_makefile.py holds each to that: no aiohttp, orjson or faker, no fixture,
 # an exit status of 2 asserted.
 LOWEST_REFUSALS := \
-	tests/bridge/test_secrets.py::test_a_secret_file_that_cannot_be_used_stops_serve \
 	tests/bridge/test_secrets.py::test_a_secret_file_that_is_a_fifo_stops_serve_instead_of_waiting_for_a_writer \
-	tests/bridge/test_ops.py::test_serve_refuses_an_ops_port_that_is_not_one \
-	tests/bridge/test_method_policy.py::test_a_method_rule_that_is_not_one_stops_the_start_naming_the_variable \
 	tests/bridge/test_replica.py::test_serve_refuses_a_bad_replica_id \
 	tests/bridge/test_logs.py::test_a_bad_log_variable_stops_serve_naming_it \
 	tests/bridge/test_front.py::test_front_config_refuses_bad_replicas \

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from cli_runs import main_here
 from openapi_spec_validator import validate
 
 from bridge.app import DEFAULT_REFUSED_METHODS, default_app, text_turn_app, trusted_bridge_app
@@ -307,17 +308,13 @@ def test_a_text_turn_is_refused_when_its_methods_are(serve_process, tmp_path):
         ("REST_ADAPTER_ALLOW_METHODS", "fs//"),
     ],
 )
-def test_a_method_rule_that_is_not_one_stops_the_start_naming_the_variable(variable, value):
-    env = {k: v for k, v in os.environ.items() if not k.startswith("REST_ADAPTER_")}
-    env[variable] = value
-    done = subprocess.run(
-        [REST_BRIDGE, "serve", "--port", "0", "--app-server", f"{FAKE_CODEX} app-server"],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=WAIT,
-        check=False,
-    )
+@pytest.mark.quick
+def test_a_method_rule_that_is_not_one_stops_the_start_naming_the_variable(
+    variable, value, monkeypatch
+):
+    """Run by the CLI's own main in this process (tests/cli_runs.py)."""
+    argv = ["serve", "--port", "0", "--app-server", f"{FAKE_CODEX} app-server"]
+    done = main_here(argv, monkeypatch, {variable: value})
     assert done.returncode == 2, done.stdout + done.stderr
     assert done.stderr.startswith(f"rest-bridge: {variable}={value!r} is not a valid "), done.stderr
     assert done.stderr.count("\n") == 1, done.stderr

@@ -23,6 +23,7 @@ from pathlib import Path
 
 import aiohttp
 import pytest
+from cli_runs import main_here
 from processes import marked_processes, nginx_binary
 
 from bridge.credentials import SecretError
@@ -255,27 +256,14 @@ def test_a_bridge_holding_a_token_cannot_be_read_by_a_process_of_its_user(start_
     assert TOKEN.encode() not in Path(f"/proc/{with_token.pid}/environ").read_bytes()
 
 
-def start_failure(env: dict[str, str]) -> tuple[int, str]:
-    """`rest-bridge serve` with ``env``: its exit status and its output, or a failure
-    as soon as it says it is listening."""
-    process = subprocess.Popen(
-        [REST_BRIDGE, "serve", "--port", "0", "--app-server", f"{FAKE_CODEX} app-server"],
-        env=bridge_environment(env),
-        stdin=subprocess.DEVNULL,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-    )
-    assert process.stdout is not None
-    output = []
-    with process.stdout:
-        for line in process.stdout:
-            output.append(line)
-            if " listening on " in line:
-                process.kill()
-                process.wait(WAIT)
-                pytest.fail(f"serve started: {''.join(output)}")
-    return process.wait(WAIT), "".join(output)
+def start_failure(env: dict[str, str], monkeypatch: pytest.MonkeyPatch) -> tuple[int, str]:
+    """`rest-bridge serve` with ``env`` (and no other ``REST_ADAPTER_*`` variable), run by
+    the CLI's own main in this process (tests/cli_runs.py): its exit status and all it
+    wrote. The FIFO test below and the tests that serve with secret files run the console
+    script itself. Every refusal comes before the secrets leave the environment."""
+    argv = ["serve", "--port", "0", "--app-server", f"{FAKE_CODEX} app-server"]
+    done = main_here(argv, monkeypatch, env)
+    return done.returncode, done.stdout + done.stderr
 
 
 def write_secret_files(tmp: Path) -> None:
@@ -328,18 +316,20 @@ def secret_file_cases(tmp: Path) -> list[tuple[dict[str, str], str]]:
     return cases
 
 
-#: One test per case: each starts `serve` once, so that a loaded machine slows each case
-#: alone instead of eighteen starts under one test's timeout.
+#: One test per case, each reported by name.
 SECRET_CASES = secret_file_cases(Path("tmp"))
 
 
+@pytest.mark.quick
 @pytest.mark.parametrize(
     "index", range(len(SECRET_CASES)), ids=[",".join(env) for env, _ in SECRET_CASES]
 )
-def test_a_secret_file_that_cannot_be_used_stops_serve(tmp_path: Path, index: int) -> None:
+def test_a_secret_file_that_cannot_be_used_stops_serve(
+    tmp_path: Path, index: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
     write_secret_files(tmp_path)
     env, expected = secret_file_cases(tmp_path)[index]
-    status, output = start_failure(env)
+    status, output = start_failure(env, monkeypatch)
     assert status == 2, (env, output)
     assert expected in output, (env, output)
     assert output.startswith("rest-bridge: "), output

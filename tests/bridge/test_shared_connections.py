@@ -12,8 +12,6 @@ import asyncio
 import json
 import logging
 import socket
-import subprocess
-import sys
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
@@ -22,6 +20,7 @@ import orjson
 import pytest
 import pytest_asyncio
 from aiohttp import WSMsgType, web
+from cli_runs import main_here
 from processes import open_descriptors
 
 from bridge.app import default_app, trusted_bridge_app
@@ -430,6 +429,7 @@ def test_settings_from_the_environment():
         AppServerSettings(mode="process", url="ws://h:1")
 
 
+@pytest.mark.quick
 @pytest.mark.parametrize(
     ("env", "args", "says"),
     [
@@ -438,21 +438,15 @@ def test_settings_from_the_environment():
         ({}, ["--app-server-mode", "process", "--app-server-url", "ws://h:1"], "shared mode"),
     ],
 )
-def test_serve_refuses_bad_app_server_settings(env, args, says):
-    import os
-
-    result = subprocess.run(
-        [sys.executable, "-m", "bridge.cli", "serve", "--port", "0", *args],
-        env={**os.environ, **env},
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+def test_serve_refuses_bad_app_server_settings(env, args, says, monkeypatch):
+    """Run by the CLI's own main in this process (tests/cli_runs.py)."""
+    result = main_here(["serve", "--port", "0", *args], monkeypatch, env, keep_settings=True)
     assert result.returncode == 2, result.stderr
     assert says in result.stderr
     assert "Traceback" not in result.stderr
 
 
+@pytest.mark.quick
 @pytest.mark.parametrize(
     ("env", "args"),
     [
@@ -460,19 +454,11 @@ def test_serve_refuses_bad_app_server_settings(env, args, says):
         ({}, ["--app-server-mode", "shared", "--app-server-url", "ws://bridge:pw-0fd2@h:1"]),
     ],
 )
-def test_a_url_holding_credentials_is_refused_without_showing_them(env, args):
+def test_a_url_holding_credentials_is_refused_without_showing_them(env, args, monkeypatch, capsys):
     """Whatever stands before the host would be printed on the start line and in every
-    connection error: the token has its own variable, never shown."""
-    import os
-
-    result = subprocess.run(
-        [sys.executable, "-m", "bridge.cli", "serve", "--port", "0", *args],
-        env={**os.environ, **env},
-        stdin=subprocess.DEVNULL,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    connection error: the token has its own variable, never shown. (Run by the CLI's own
+    main in this process: tests/cli_runs.py.)"""
+    result = main_here(["serve", "--port", "0", *args], monkeypatch, env, keep_settings=True)
     assert result.returncode == 2, result.stderr
     assert "REST_ADAPTER_APP_SERVER_TOKEN" in result.stderr
     assert "pw-0fd2" not in result.stdout + result.stderr

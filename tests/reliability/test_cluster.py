@@ -30,6 +30,7 @@ from typing import Any
 import aiohttp
 import pytest
 import pytest_asyncio
+from cli_runs import main_here
 from processes import (
     marked_processes,
     nginx_binary,
@@ -1282,18 +1283,17 @@ async def test_a_stopped_replica_is_marked_down_at_the_front(cluster, http, repo
         ("--probe-misses", "two"),
     ],
 )
-async def test_the_probe_options_are_validated(tmp_path, option, value):
+@pytest.mark.quick
+async def test_the_probe_options_are_validated(tmp_path, monkeypatch, option, value):
     """A bad probe option stops the launcher with status 2 and names the option, before
-    anything starts."""
-    process = await asyncio.create_subprocess_exec(
-        *(REST_BRIDGE, "cluster", "--port", "0", "--dir", str(tmp_path / "front")),
-        f"{option}={value}",
-        stdin=asyncio.subprocess.DEVNULL,
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.PIPE,
-    )
-    out, err = await process.communicate()
-    assert process.returncode == 2, (out, err)
+    anything starts.
+
+    Run by the CLI's own main in this process (tests/cli_runs.py): argparse refuses the
+    option before the launcher runs; the tests above and below run the console script."""
+    argv = ["cluster", "--port", "0", "--dir", str(tmp_path / "front"), f"{option}={value}"]
+    done = main_here(argv, monkeypatch)
+    out, err = done.stdout.encode(), done.stderr.encode()
+    assert done.returncode == 2, (out, err)
     # argparse names the option it refused (not "unrecognized arguments").
     assert f"argument {option}: ".encode() in err, err
     assert b"Traceback" not in err

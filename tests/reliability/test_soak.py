@@ -5,8 +5,14 @@ A cycle is create → call `thread/start` → read the session's events from seq
 processes are measured after a warm-up and at the end: the descriptors and processes
 must be back to where they were, and memory must not grow with the count.
 
-`make test` runs a short soak (SOAK_CYCLES, SOAK_TURNS below); `make reliability`
-(RELIABILITY_SOAK=full) runs the issue's 10,000 cycles and 1,000 text turns.
+Two sizes. `make reliability` (RELIABILITY_SOAK=full) runs the issue's 10,000 cycles and
+1,000 text turns: what only length shows, memory or buffers that grow a little with each
+cycle (the 48 MiB slack is under 5 KiB a cycle there), and the throughput figures of
+docs/RELIABILITY.md. `make test` runs a short soak (CYCLES and TURNS below, after the same
+warm-up): every cycle and turn still answered and checked against the contract, several
+sessions at once, and the descriptors and child processes back exactly where they were,
+so a descriptor, process or session kept by any one cycle or turn fails it; growth of
+memory shows there only when it is large (the slack is 800 KiB a cycle at that size).
 """
 
 from __future__ import annotations
@@ -26,8 +32,8 @@ pytestmark = pytest.mark.asyncio
 
 THEME = "Soak"
 FULL = os.environ.get("RELIABILITY_SOAK", "").lower() == "full"
-CYCLES = 10_000 if FULL else 200
-TURNS = 1_000 if FULL else 40
+CYCLES = 10_000 if FULL else 60
+TURNS = 1_000 if FULL else 12
 WARMUP = 40
 CONCURRENCY = 4
 #: Resident memory may grow this much between the warm-up and the end, whatever the count.

@@ -5,6 +5,10 @@ satisfy the same expectations at every step and make every recorded exchange.
 
 There is no list of scenarios a mock cannot replay: a replay serves what the bridge
 said, concurrency (`text-turn-busy`) and byte bounds (`event-buffer-bytes`) included.
+
+The recording run is also `make test`'s one run of each library scenario on the bridge
+(pyproject.toml's testpaths do not collect `scenarios/library` a second time through
+the plugin): a scenario that fails there fails here, with the runner's report.
 """
 
 from __future__ import annotations
