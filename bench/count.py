@@ -114,7 +114,11 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="bench-count-") as scratch:
         env = fake_env({"PYTHONHASHSEED": "0"})
         if args.rev:
-            checkout(args.rev, Path(scratch))
+            try:
+                checkout(args.rev, Path(scratch))
+            except subprocess.CalledProcessError as exc:
+                reason = exc.stderr.decode().strip()
+                raise SystemExit(f"no bridge/ at {args.rev!r}: {reason}") from None
             env["PYTHONPATH"] = scratch
         profile = args.out or str(Path(scratch) / "callgrind.out")
         port = free_port()
