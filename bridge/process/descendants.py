@@ -225,6 +225,12 @@ class Lineage:
     def spawned(self, pid: int) -> None:
         self.pid = pid
         if LINUX:
+            # The start time the spawn registered (children.spawning), when it could be
+            # read then: the process's entry is read once per spawn, not twice.
+            start = children.own.get(pid, -1)
+            if start >= 0:
+                self._start = start
+                return
             with contextlib.suppress(OSError):
                 stat = read_stat(pid)
                 self._start = stat.start if stat is not None else 0.0
