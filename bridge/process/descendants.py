@@ -175,6 +175,10 @@ class OwnChildren:
         orphan goes to init, or to a subreaper above this process, anywhere in it)."""
         return read_table()
 
+    def tree_of(self, pid: int) -> dict[int, Stat]:
+        """A table that holds ``pid`` and its descendants (here, the whole one)."""
+        return read_table()
+
 
 #: This process's own children (a child subreaper replaces it with its reaper).
 children = OwnChildren()
@@ -241,7 +245,7 @@ class Lineage:
         if not LINUX or self.pid is None:
             return
         try:
-            table = children.table()
+            table = children.tree_of(self.pid)
         except OSError:
             return
         mine = table.get(self.pid)
