@@ -58,14 +58,20 @@ def children_of(pid: int | str) -> list[int]:
 _CHILDREN_LISTED = os.path.exists(f"/proc/self/task/{os.getpid()}/children")
 
 
-def subtree() -> dict[int, descendants.Stat]:
-    """Every process below this one, from the kernel's lists of children: the entries of
-    this process's descendants are read, no other process's (the whole table without
-    CONFIG_PROC_CHILDREN)."""
+def subtree(root: int | None = None) -> dict[int, descendants.Stat]:
+    """Every process below this one (or below ``root``, ``root`` included), from the
+    kernel's lists of children: the entries of those descendants are read, no other
+    process's (the whole table without CONFIG_PROC_CHILDREN)."""
     if not _CHILDREN_LISTED:
         return descendants.read_table()
     table: dict[int, descendants.Stat] = {}
     below: list[int | str] = ["self"]
+    if root is not None:
+        stat = descendants.read_stat(root)
+        if stat is None:
+            return table
+        table[root] = stat
+        below = [root]
     while below:
         for pid in children_of(below.pop()):
             if pid not in table and (stat := descendants.read_stat(pid)) is not None:
@@ -134,6 +140,11 @@ class OrphanReaper(descendants.OwnChildren):
         nothing an app-server started can be anywhere else (a sweep after each app-server
         exit reads its descendants' entries, not every process's on the machine)."""
         return subtree()
+
+    def tree_of(self, pid: int) -> dict[int, descendants.Stat]:
+        """``pid`` and what lives below it, read from its own lists of children: the other
+        sessions' app-servers are not read."""
+        return subtree(pid)
 
     def killed(self, fds: list[int]) -> None:
         """Close the pidfds once their processes have exited, then reap them."""

@@ -175,6 +175,10 @@ class OwnChildren:
         orphan goes to init, or to a subreaper above this process, anywhere in it)."""
         return read_table()
 
+    def tree_of(self, pid: int) -> dict[int, Stat]:
+        """A table that holds ``pid`` and its descendants (here, the whole one)."""
+        return read_table()
+
 
 #: This process's own children (a child subreaper replaces it with its reaper).
 children = OwnChildren()
@@ -225,6 +229,12 @@ class Lineage:
     def spawned(self, pid: int) -> None:
         self.pid = pid
         if LINUX:
+            # The start time the spawn registered (children.spawning), when it could be
+            # read then: the process's entry is read once per spawn, not twice.
+            start = children.own.get(pid, -1)
+            if start >= 0:
+                self._start = start
+                return
             with contextlib.suppress(OSError):
                 stat = read_stat(pid)
                 self._start = stat.start if stat is not None else 0.0
@@ -235,7 +245,7 @@ class Lineage:
         if not LINUX or self.pid is None:
             return
         try:
-            table = children.table()
+            table = children.tree_of(self.pid)
         except OSError:
             return
         mine = table.get(self.pid)

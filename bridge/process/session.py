@@ -100,17 +100,19 @@ class Session:
     # -- calls and replies -----------------------------------------------------
 
     async def call(self, method: str, params: Any, timeout: float) -> Any:
-        self.touch()
-        if not self.running:
+        # touch() and running written out: three Python calls fewer on every session call.
+        peer = self.peer
+        self.last_activity_at = time.time()
+        if not peer.running:
             raise self.exited_error()
         self.calls += 1
         try:
-            return await self.peer.call(method, params, timeout)
+            return await peer.call(method, params, timeout)
         except (RpcError, ProcessGone, StdinFull, TimeoutError) as exc:
             raise rpc_failure(exc, f"The call to {method!r}") from None
         finally:
             self.calls -= 1
-            self.touch()
+            self.last_activity_at = time.time()
 
     def reply(self, key: str, *, result: Any = None, error: dict[str, Any] | None = None) -> None:
         """Answer a pending server request with a result, or with ``error``."""

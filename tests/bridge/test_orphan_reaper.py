@@ -193,3 +193,59 @@ def test_a_subreapers_sweep_kills_what_an_app_server_left_reading_its_subtree_on
     result = json.loads(done.stdout)
     # It exited (a `sleep 1000`: it was killed), or the script would have timed out.
     assert set(result["procEntries"]) <= {result["shell"], result["escaped"]}, result
+
+
+#: Two app-servers of one subreaper, the first with a child of its own: what lives under
+#: the first is noted before it is stopped (remember_tree) from its own lists of children.
+REMEMBER = (
+    RECORD_PROC
+    + r"""
+import json, os, signal, subprocess
+from bridge import runtime
+from bridge.process import descendants
+
+assert runtime.become_subreaper()
+lineage = descendants.Lineage()
+with descendants.children.spawning() as register:
+    first = subprocess.Popen(
+        ["sh", "-c", "sleep 1000 & echo $!; wait"], env=lineage.environment(None),
+        stdout=subprocess.PIPE, start_new_session=True,
+    )
+    register(first.pid)
+lineage.spawned(first.pid)
+child = int(first.stdout.readline())
+with descendants.children.spawning() as register:
+    other = subprocess.Popen(["sleep", "1000"], start_new_session=True)
+    register(other.pid)
+try:
+    with proc_entries_opened() as entries:
+        lineage.remember_tree()
+finally:
+    for pid in (first.pid, other.pid):
+        try:
+            os.killpg(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    first.wait()
+    other.wait()
+print(json.dumps({
+    "first": first.pid, "child": child, "other": other.pid, "procEntries": entries,
+    "listed": os.path.exists(f"/proc/self/task/{os.getpid()}/children"),
+}))
+"""
+)
+
+
+def test_an_app_servers_tree_is_noted_from_its_own_entries_not_every_sessions():
+    """Before an app-server is stopped (every text turn's, every deleted session's), what
+    lives under it is noted: from its own lists of children, so the other sessions'
+    app-servers are not read each time (which made a text turn's cost grow with the
+    number of live sessions)."""
+    done = subprocess.run(
+        [sys.executable, "-c", REMEMBER], capture_output=True, text=True, timeout=60, check=False
+    )
+    assert done.returncode == 0, done.stderr
+    result = json.loads(done.stdout)
+    assert result["child"] in result["procEntries"], result
+    if result["listed"]:  # a kernel without CONFIG_PROC_CHILDREN reads the whole table
+        assert set(result["procEntries"]) <= {result["first"], result["child"]}, result
