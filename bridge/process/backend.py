@@ -215,7 +215,11 @@ class ProcessBackend(Backend):
                 info = process.exit_info or exc.exit_info
                 raise self._start_failed(startup.exited_at_startup(self.command, info)) from None
             if isinstance(exc, TimeoutError):
-                raise self._start_failed(self._spawn_timed_out()) from None
+                ms = self.limits.spawn_timeout_ms
+                late = startup.spawn_timed_out(
+                    self.launcher.starting, ms, "no answer to `initialize`"
+                )
+                raise self._start_failed(late) from None
             raise self._start_failed(rpc_failure(exc, self.launcher.starting)) from None
         except BaseException:
             await self._stop_fully(process)
@@ -234,14 +238,6 @@ class ProcessBackend(Backend):
             raise errors.of_kind(
                 "protocol_error", "the app-server stopped taking input after answering `initialize`"
             ) from None
-
-    def _spawn_timed_out(self) -> errors.RestError:
-        """The 504 of an app-server that did not answer ``initialize`` in time, naming the
-        setting that bounds it; logged once as a WARNING, since only the operator can act."""
-        ms = self.limits.spawn_timeout_ms
-        what = f"{self.launcher.starting} did not complete before its deadline"
-        log.warning("%s: no answer to `initialize` within %d ms", what, ms)
-        return errors.of_kind("timeout", f"{what} (REST_ADAPTER_SPAWN_TIMEOUT_MS, {ms} ms).")
 
     async def _stop_fully(self, process: JsonRpcPeer) -> None:
         """Stop ``process`` and wait until it is gone, even when the caller is cancelled

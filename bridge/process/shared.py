@@ -117,6 +117,7 @@ class ConnectShared:
         self.url = settings.url
         self._token = settings.token
         self._max_line_bytes = limits.max_line_bytes
+        self._spawn_timeout_ms = limits.spawn_timeout_ms
         self._spawn_timeout = limits.spawn_timeout_ms / 1000
         self._shutdown_grace = limits.shutdown_grace_ms / 1000
         self.version = startup.VersionProbe(self.command)
@@ -190,10 +191,10 @@ class ConnectShared:
                 async with asyncio.timeout(self._spawn_timeout):
                     return await self._ws_connect()
             except TimeoutError:
-                log.error("the shared app-server did not accept a connection in time")
-                raise errors.of_kind(
-                    "timeout",
-                    "Connecting to the shared app-server did not complete before its deadline.",
+                raise startup.spawn_timed_out(
+                    "Connecting to the shared app-server",
+                    self._spawn_timeout_ms,
+                    "no connection accepted",
                 ) from None
             except (aiohttp.ClientError, OSError) as exc:
                 if attempt < _CONNECT_ATTEMPTS and await self._died(process):
@@ -322,9 +323,10 @@ class ConnectShared:
             if loop.time() > deadline:
                 await process.close(self._shutdown_grace)
                 self._failed(loop)
-                log.error("the shared app-server `%s` did not listen in time", shlex.join(argv))
-                raise errors.of_kind(
-                    "timeout", "Starting the app-server did not complete before its deadline."
+                raise startup.spawn_timed_out(
+                    "Starting the app-server",
+                    self._spawn_timeout_ms,
+                    f"the shared app-server `{shlex.join(argv)}` did not listen",
                 )
             await asyncio.sleep(delay)
             delay = min(delay * 2, 0.1)

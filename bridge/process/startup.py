@@ -222,6 +222,15 @@ def compatibility(
     return Compatibility(bridge_version=__version__, app_server=app_server)
 
 
+def spawn_timed_out(what: str, ms: int, waited_for: str) -> errors.RestError:
+    """The 504 of a start that did not complete within ``REST_ADAPTER_SPAWN_TIMEOUT_MS``
+    (``ms``): its message names the setting, since only the operator can change it, and
+    the operator's WARNING line says what was waited for."""
+    late = f"{what} did not complete before its deadline"
+    log.warning("%s: %s within %d ms", late, waited_for, ms)
+    return errors.of_kind("timeout", f"{late} (REST_ADAPTER_SPAWN_TIMEOUT_MS, {ms} ms).")
+
+
 #: How long a failed ``--version`` is remembered before it is asked again.
 _VERSION_RETRY_AFTER = 30.0
 

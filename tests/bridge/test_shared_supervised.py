@@ -157,6 +157,33 @@ async def test_a_process_that_cannot_start_is_reported_and_retried(serve, http, 
     assert state["restartInMs"] is not None
 
 
+async def test_a_process_that_never_listens_is_a_504_naming_the_setting(
+    serve, http, tmp_path, caplog
+):
+    """A shared app-server that starts and never listens: 504 `timeout` whose message
+    names REST_ADAPTER_SPAWN_TIMEOUT_MS, one WARNING for the operator, and the process
+    is stopped."""
+    script = tmp_path / "deaf.sh"
+    script.write_text(
+        '#!/bin/sh\n[ "$1" = --version ] && exec echo codex-cli 0.169.0\nexec sleep 1000\n'
+    )
+    script.chmod(0o755)
+    limits = RestLimits(spawn_timeout_ms=300)
+    base = await serve(trusted_bridge_app([str(script), "app-server"], limits, SHARED))
+    with caplog.at_level("WARNING", logger="bridge"):
+        status, body = await post(http, f"{base}/v1/sessions")
+    assert status == 504, body
+    assert body == {
+        "error": "timeout",
+        "message": "Starting the app-server did not complete before its deadline"
+        " (REST_ADAPTER_SPAWN_TIMEOUT_MS, 300 ms).",
+    }
+    warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert len(warnings) == 1, warnings
+    assert warnings[0].endswith("did not listen within 300 ms"), warnings
+    assert (await shared_state(http, base))["pid"] is None
+
+
 async def test_nothing_is_left_when_the_bridge_stops(http, write_script):
     from scenarios.harness import serve_app
 
