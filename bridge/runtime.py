@@ -112,17 +112,21 @@ def _reason(exc: Exception) -> str:
     return str(exc)
 
 
-STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+#: What stops a process of the bridge's as it should be stopped: Ctrl-C, a supervisor,
+#: and the SIGHUP of a terminal that closes (whose default would kill it without its
+#: app-servers, its held access lines, or its answers to the requests in flight).
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
 
 def ignore_stop_signals() -> None:
-    """SIGINT and SIGTERM dropped by the kernel from now on (SIGKILL still ends us)."""
+    """SIGINT, SIGTERM and SIGHUP dropped by the kernel from now on (SIGKILL still ends
+    us)."""
     for sig in STOP_SIGNALS:
         signal.signal(sig, signal.SIG_IGN)
 
 
 def stop_on_first_signal(stop: asyncio.Event) -> None:
-    """The first SIGINT or SIGTERM sets ``stop``; from then on both are ignored.
+    """The first SIGINT, SIGTERM or SIGHUP sets ``stop``; from then on all are ignored.
 
     For a process that stops by itself once asked (`rest-bridge serve`, the cluster
     launcher), in the main thread with its loop running. Plain handlers, not the loop's:
@@ -194,7 +198,7 @@ class ServeProcess:
     """The process policy of `rest-bridge serve`, for as long as it serves.
 
     ``async with ServeProcess(drain) as process:`` takes over the signals (the first
-    SIGINT or SIGTERM stops, SIGUSR1 calls ``drain`` with :attr:`stop`), raises the
+    SIGINT, SIGTERM or SIGHUP stops, SIGUSR1 calls ``drain`` with :attr:`stop`), raises the
     descriptor limit (:attr:`descriptors` says how), reports descriptor shortages, and
     reaps orphaned descendants; :meth:`serve` listens; leaving stops the runner, kills
     what is left below the bridge and ignores further stop signals.

@@ -29,7 +29,7 @@ was not asked to stop, the cluster can serve nothing any more (nginx would answe
 to everything): the launcher says so (``no replica left: stopping``), stops what is left
 and exits with status 1, so that a supervisor (systemd's ``Restart=on-failure``)
 starts the cluster again. Replicas and nginx get SIGTERM if the launcher itself dies
-(``PR_SET_PDEATHSIG``). On SIGINT or SIGTERM the launcher stops the replicas (which stop
+(``PR_SET_PDEATHSIG``). On SIGINT, SIGTERM or SIGHUP the launcher stops the replicas (which stop
 their app-servers) and nginx, and exits 0.
 """
 

@@ -461,6 +461,21 @@ def test_an_idle_session_ends_with_its_reason(tmp_path: Path):
         served.stop()
 
 
+def test_a_sighup_stops_serve_as_sigterm_does(tmp_path: Path):
+    """A closed terminal sends SIGHUP: serve stops its sessions, writes the access lines
+    it holds, and exits 0, instead of dying by the signal and leaving its app-servers."""
+    served = start(tmp_path)
+    try:
+        session = asyncio.run(new_session(served.url))
+    finally:
+        served.stop(signal.SIGHUP)
+    assert served.process.returncode == 0, served.lines[-20:]
+    served.wait_for_log(rf"session {session} ended: shutdown")
+    served.wait_for_log(r"app-server of session .* ended")
+    assert any("POST /v1/sessions 201" in line for line in served.stderr), served.stderr
+    assert any("rest-bridge: stopping" in line for line in served.lines), served.lines
+
+
 def test_a_deleted_session_ends_with_its_reason(tmp_path: Path):
     served = start(tmp_path)
 
