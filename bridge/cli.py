@@ -352,7 +352,10 @@ async def describe_command(command: Sequence[str]) -> tuple[str, str | None]:
         return line, None
     found = _absolute(shutil.which(command[0]) or command[0])
     version, error, kind = await startup.probe_app_server(startup.version_command(command))
-    details = [version or f"version unknown: {error}"]
+    # Printed as it came unless it holds control characters (a terminal's escapes, a NUL
+    # that makes grep take the output for binary): those are written escaped.
+    printable = version is None or version.isprintable()
+    details = [(version if printable else repr(version)) or f"version unknown: {error}"]
     if kind is not None:
         details.append(f"kind: {kind}")
     if found != command[0]:

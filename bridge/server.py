@@ -199,7 +199,7 @@ class ParserRefusals(logging.Filter):
         if self._unlogged:
             count, self._unlogged = self._unlogged, 0
             logging.getLogger("aiohttp.server").warning(
-                "refused %d more requests since the last such line", count
+                "refused %d more request%s since the last such line", count, "s"[: count - 1]
             )
 
     @classmethod

@@ -114,6 +114,17 @@ def test_serve_says_at_start_that_the_app_server_is_fake_codex(
     assert f"{version}; kind: fake-codex" in described[0], lines
 
 
+def test_a_version_with_control_characters_is_written_escaped(banner, write_script) -> None:
+    """A terminal's escapes or a NUL in what `--version` prints reach the start-up lines
+    escaped: they neither drive the terminal nor make grep take the output for binary."""
+    version = "codex-cli \x1b[31mred\x00"
+    lines = banner(fake_app_server_command(write_script({"versionOutput": version})))
+    described = [line for line in lines if line.startswith("  app-server: ")]
+    assert len(described) == 1, lines
+    assert repr(version) in described[0], lines
+    assert all(line.isprintable() for line in lines), lines
+
+
 @pytest.mark.real_codex
 def test_serve_says_at_start_that_a_real_codex_is_codex(
     banner, codex_bin: str, codex_version: str
