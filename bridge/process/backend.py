@@ -436,6 +436,12 @@ class ProcessBackend(Backend):
                     data["lastError"] = turn.last_error  # e.g. codex retrying its model
                 message = f"The text turn did not complete within {deadline:g} s."
                 raise errors.of_kind("timeout", message, data=data) from None
+            except errors.RestError as exc:
+                # Counted as the client is answered: a 504 of the spawn's deadline, or of
+                # a turn that went idle or cannot reach its model, is a timeout too.
+                if exc.kind == "timeout":
+                    outcome = "timeout"
+                raise
             finally:
                 await self._stop_fully(process)
                 if self.metrics is not None:

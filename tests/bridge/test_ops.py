@@ -582,6 +582,24 @@ async def test_text_turns_that_fail_or_time_out_are_observed_by_outcome(
 
 
 @pytest.mark.asyncio
+async def test_a_text_turn_whose_app_server_outlives_the_spawn_deadline_is_a_timeout(
+    operated, fake_codex, http, write_script
+):
+    """The client gets 504 `timeout` (REST_ADAPTER_SPAWN_TIMEOUT_MS), and the metric
+    counts what the client got, not a failure."""
+    api, ops, _ = await operated(trusted_bridge_app(fake_codex, RestLimits(spawn_timeout_ms=300)))
+    deaf = write_script({"initialize": {"noReply": True}})
+    body = {"text": "hi", "timeoutMs": 60_000, "options": {"env": {"FAKE_CODEX_SCRIPT": deaf}}}
+    async with http.post(f"{api}/v1/text-turn", json=body) as response:
+        assert response.status == 504, await response.text()
+        assert "REST_ADAPTER_SPAWN_TIMEOUT_MS" in (await response.json())["message"]
+    samples = await scrape(http, ops)
+    turns = "rest_bridge_text_turn_duration_seconds_count"
+    assert value(samples, turns, outcome="timeout") == 1
+    assert value(samples, turns) == 1
+
+
+@pytest.mark.asyncio
 async def test_requests_no_route_takes_share_their_series(operated, fake_codex, http):
     """aiohttp answers a target that is not a path with a new route object each time:
     their series (and what the bridge keeps for them) do not grow with their number."""
