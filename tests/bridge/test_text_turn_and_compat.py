@@ -231,7 +231,7 @@ async def test_compatibility_reports_the_app_server_version(serve, fake_codex, h
             "versionError": None,
             "mode": "process",
             "shared": None,
-            "kind": None,
+            "kind": "fake-codex",  # the `--version` probe says so before any `initialize`
             "tested": True,
             "testedVersions": list(codex_window.TESTED),
             "warning": None,
