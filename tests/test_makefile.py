@@ -73,7 +73,7 @@ def test_make_serve_installs_the_package_alone_not_the_development_tools() -> No
             check=False,
         )
         assert done.returncode == 0, done.stderr
-        assert "pip install --quiet -e .;" in done.stdout, done.stdout
+        assert "pip install --quiet -C editable_mode=compat -e .;" in done.stdout, done.stdout
         assert "[dev]" not in done.stdout, done.stdout
         assert "openai-codex" not in done.stdout, done.stdout
 
@@ -92,7 +92,13 @@ def test_the_venvs_are_installed_by_uv_which_pip_brings_in_through_the_interpret
         check=True,
     ).stdout.strip()
     assert f"{interpreter} -m pip install --quiet --target .uv uv==" in out, out
-    assert "VIRTUAL_ENV=.venv .uv/bin/uv pip install --quiet --compile-bytecode -e '.[dev]'" in out
+    dev = "VIRTUAL_ENV=.venv .uv/bin/uv pip install --quiet --compile-bytecode"
+    assert f"{dev} -C editable_mode=compat -e '.[dev]'" in out, out
+    # Every editable install is a plain path, not setuptools' import hook, which each
+    # Python process of the venv would import at start.
+    editable = [line for line in out.splitlines() if " -e " in line]
+    assert len(editable) == 2, out
+    assert all("-C editable_mode=compat -e " in line for line in editable), out
     assert "VIRTUAL_ENV=.venv-lowest .uv/bin/uv pip install --quiet --compile-bytecode" in out
     assert ".uv/bin/uv venv --quiet --seed" in out  # the tests run the venv's own pip
     assert "bin/pip install" not in out, out
