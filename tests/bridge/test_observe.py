@@ -17,7 +17,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from bridge import logs
 from bridge.metrics import HTTP_BUCKETS, Metrics
-from bridge.observe import RouteFacts, observer
+from bridge.observe import Observer, RouteFacts, observer
 
 pytestmark = pytest.mark.quick
 
@@ -69,19 +69,25 @@ def test_request_durations_are_exposed_as_a_prometheus_histogram_would_be():
     assert f"# TYPE {metrics.requests.name} histogram".encode() in ours
 
 
-def test_requests_settled_in_a_batch_land_in_the_buckets_prometheus_would_choose():
-    """The batch's settle counts each request's duration itself (no ``observe``): every
-    bound, just over it, and past the last, as prometheus-client's histogram counts them."""
+def counted_route(method: str, path: str) -> tuple[Metrics, Observer, RouteFacts]:
+    """An application's observer counting into fresh metrics, and the facts of one route
+    of it, for records put in the observer's batch by hand."""
     app = web.Application()
 
     async def handler(request: web.Request) -> web.Response:
         return web.Response()
 
-    route = app.router.add_post("/v1/sessions", handler)
+    route = app.router.add_route(method, path, handler)
     metrics = Metrics()
     found = observer(app)
     found.count(metrics)
-    facts = RouteFacts(route, "POST", metrics.requests)
+    return metrics, found, RouteFacts(route, method, metrics.requests)
+
+
+def test_requests_settled_in_a_batch_land_in_the_buckets_prometheus_would_choose():
+    """The batch's settle counts each request's duration itself (no ``observe``): every
+    bound, just over it, and past the last, as prometheus-client's histogram counts them."""
+    metrics, found, facts = counted_route("POST", "/v1/sessions")
     registry = CollectorRegistry()
     reference = Histogram(
         metrics.requests.name,
@@ -103,16 +109,7 @@ def test_requests_settled_in_a_batch_land_in_the_buckets_prometheus_would_choose
 def test_a_status_outside_the_five_classes_is_counted_as_5xx():
     """aiohttp lets a host's handler answer any integer status: the histogram counts one
     outside 100-599 under 5xx, with the 5xx answers, and loses no request of the batch."""
-    app = web.Application()
-
-    async def handler(request: web.Request) -> web.Response:
-        return web.Response()
-
-    route = app.router.add_get("/x", handler)
-    metrics = Metrics()
-    found = observer(app)
-    found.count(metrics)
-    facts = RouteFacts(route, "GET", metrics.requests)
+    metrics, found, facts = counted_route("GET", "/x")
     statuses = (503, 600, 999, 1000, 12345, 42, 0, -600, -12345, 200)
     for status in statuses:
         found.pending.append((facts, "GET", None, status, 10, None, 100.0, 100.001))
