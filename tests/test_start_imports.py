@@ -171,3 +171,36 @@ def test_a_scripted_fake_codex_loads_without_the_cyclic_garbage_collector(tmp_pa
     )
     assert b'"id":1' in done.stdout, done
     assert int(done.stderr.split()[-1]) < 50
+
+
+#: Runs fake-codex's `main` on argv[2:] and, as the interpreter exits, writes to the file
+#: argv[1] how many objects Python's cyclic collector holds frozen and how many it tracks.
+FROZEN = """
+import atexit, gc, json, sys
+def record():
+    with open(sys.argv[1], "w") as f:
+        json.dump([gc.get_freeze_count(), len(gc.get_objects())], f)
+atexit.register(record)
+from fakes.app_server.cli import main
+sys.exit(main(sys.argv[2:]))
+"""
+
+
+@pytest.mark.parametrize(
+    "argv", [["app-server", "--script", str(SCENARIO)], ["--version"]], ids=["serve", "version"]
+)
+def test_a_scripted_fake_codex_freezes_what_it_loaded(tmp_path: Path, argv: list[str]) -> None:
+    # What loading the script and the server made lives until the process ends: frozen,
+    # the collector's first pass after loading and its passes at exit leave it alone.
+    out = tmp_path / "gc.json"
+    env = {**os.environ, "FAKE_CODEX_SCRIPT": str(SCENARIO)}
+    done = subprocess.run(
+        [sys.executable, "-c", FROZEN, str(out), *argv],
+        input=INITIALIZE,
+        capture_output=True,
+        env=env,
+        timeout=120,
+    )
+    assert done.returncode == 0, done
+    frozen, tracked = json.loads(out.read_text())
+    assert frozen > 4 * tracked, (frozen, tracked)
