@@ -187,13 +187,22 @@ sys.exit(main(sys.argv[2:]))
 
 
 @pytest.mark.parametrize(
-    "argv", [["app-server", "--script", str(SCENARIO)], ["--version"]], ids=["serve", "version"]
+    ("argv", "script"),
+    [
+        (["app-server", "--script", str(SCENARIO)], True),
+        (["--version"], True),
+        (["app-server"], False),
+    ],
+    ids=["serve", "version", "bare"],
 )
-def test_a_scripted_fake_codex_freezes_what_it_loaded(tmp_path: Path, argv: list[str]) -> None:
-    # What loading the script and the server made lives until the process ends: frozen,
-    # the collector's first pass after loading and its passes at exit leave it alone.
+def test_fake_codex_freezes_what_it_loaded(tmp_path: Path, argv: list[str], script: bool) -> None:
+    # What loading the script, the server or the fast start made lives until the process
+    # ends: frozen, the collector's first pass after loading and its passes at exit leave
+    # it alone.
     out = tmp_path / "gc.json"
-    env = {**os.environ, "FAKE_CODEX_SCRIPT": str(SCENARIO)}
+    env = {k: v for k, v in os.environ.items() if not k.startswith("FAKE_CODEX_")}
+    if script:
+        env["FAKE_CODEX_SCRIPT"] = str(SCENARIO)
     done = subprocess.run(
         [sys.executable, "-c", FROZEN, str(out), *argv],
         input=INITIALIZE,
