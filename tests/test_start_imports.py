@@ -171,3 +171,75 @@ def test_a_scripted_fake_codex_loads_without_the_cyclic_garbage_collector(tmp_pa
     )
     assert b'"id":1' in done.stdout, done
     assert int(done.stderr.split()[-1]) < 50
+
+
+#: Runs fake-codex's `main` on argv[2:] and, as the interpreter exits, writes to the file
+#: argv[1] how many objects Python's cyclic collector holds frozen and how many it tracks.
+FROZEN = """
+import atexit, gc, json, sys
+def record():
+    with open(sys.argv[1], "w") as f:
+        json.dump([gc.get_freeze_count(), len(gc.get_objects())], f)
+atexit.register(record)
+from fakes.app_server.cli import main
+sys.exit(main(sys.argv[2:]))
+"""
+
+
+@pytest.mark.parametrize(
+    ("argv", "script"),
+    [
+        (["app-server", "--script", str(SCENARIO)], True),
+        (["--version"], True),
+        (["app-server"], False),
+    ],
+    ids=["serve", "version", "bare"],
+)
+def test_fake_codex_freezes_what_it_loaded(tmp_path: Path, argv: list[str], script: bool) -> None:
+    # What loading the script, the server or the fast start made lives until the process
+    # ends: frozen, the collector's first pass after loading and its passes at exit leave
+    # it alone.
+    out = tmp_path / "gc.json"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("FAKE_CODEX_")}
+    if script:
+        env["FAKE_CODEX_SCRIPT"] = str(SCENARIO)
+    done = subprocess.run(
+        [sys.executable, "-c", FROZEN, str(out), *argv],
+        input=INITIALIZE,
+        capture_output=True,
+        env=env,
+        timeout=120,
+    )
+    assert done.returncode == 0, done
+    frozen, tracked = json.loads(out.read_text())
+    assert frozen > 4 * tracked, (frozen, tracked)
+
+
+#: Imports what fake-codex's script module stands on, then imports it and loads the
+#: script argv[1], printing each piece of text compiled meanwhile (pydantic compiles an
+#: annotation given as text to evaluate it).
+COMPILED = """
+import sys
+import importlib.metadata
+import pydantic, pydantic.fields, pydantic.main, pydantic.types
+import yaml
+import fakes.app_server.protocol, fakes.app_server.script_source
+compiled = []
+def hook(event, args):
+    if event == "compile" and args[1] == "<string>":
+        compiled.append(args[0].decode() if isinstance(args[0], bytes) else str(args[0]))
+sys.addaudithook(hook)
+from fakes.app_server.script import load_script
+load_script(sys.argv[1])
+print("\\n".join(compiled))
+"""
+
+
+def test_loading_a_script_evaluates_no_annotation_text_but_the_recursive_step() -> None:
+    # The script's models have real annotations: building them compiled the text of
+    # every field's annotation (about 100 pieces) before.
+    done = subprocess.run(
+        [sys.executable, "-c", COMPILED, str(SCENARIO)], capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0, done.stderr
+    assert set(done.stdout.split()) <= {"Step"}, done.stdout

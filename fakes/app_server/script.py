@@ -3,9 +3,14 @@
 A script is YAML (or JSON, which YAML reads too). It is either the app-server section
 itself or a document with a top-level `appServer:` key, such as a scenario file; other
 top-level keys of such a document are ignored. See `fakes/app_server/README.md`.
-"""
 
-from __future__ import annotations
+The models are written with real annotations (no `from __future__ import annotations`):
+pydantic would otherwise compile and evaluate each annotation's text when it builds
+them, at every scripted start. Only the recursive `Step` is a string. Likewise the
+default factories are functions rather than the `dict` and `list` types, whose
+signatures pydantic would ask `inspect` for (parsing a builtin's text signature compiles
+the tokenizer's regular expressions).
+"""
 
 import os
 import signal
@@ -118,7 +123,7 @@ class ReplySpec(_Model):
         return "result" in self.model_fields_set
 
     @model_validator(mode="after")
-    def _one_outcome(self) -> ReplySpec:
+    def _one_outcome(self) -> "ReplySpec":
         if self.has_result and self.error is not None:
             raise ValueError("give `result` or `error`, not both")
         return self
@@ -145,7 +150,7 @@ class AgentMessage(_Model):
     id: str | None = None
 
     @model_validator(mode="after")
-    def _one_source(self) -> AgentMessage:
+    def _one_source(self) -> "AgentMessage":
         if self.text is not None and self.sentences is not None:
             raise ValueError("give `text` or `sentences`, not both")
         return self
@@ -193,7 +198,7 @@ class NotifySpec(_Model):
     """Any notification."""
 
     method: str
-    params: Any = Field(default_factory=dict)
+    params: Any = Field(default_factory=lambda: {})
 
 
 class FloodSpec(_Model):
@@ -273,19 +278,19 @@ class AgentMessageStep(_Step):
 class CommandApprovalStep(_Step):
     KIND = "commandApproval"
     command_approval: CommandApproval
-    on_reply: dict[str, list[Step]] | None = None
+    on_reply: dict[str, list["Step"]] | None = None
 
 
 class FileChangeApprovalStep(_Step):
     KIND = "fileChangeApproval"
     file_change_approval: FileChangeApproval
-    on_reply: dict[str, list[Step]] | None = None
+    on_reply: dict[str, list["Step"]] | None = None
 
 
 class RequestStep(_Step):
     KIND = "request"
     request: ServerRequestSpec
-    on_reply: dict[str, list[Step]] | None = None
+    on_reply: dict[str, list["Step"]] | None = None
 
 
 class NotifyStep(_Step):
@@ -434,7 +439,7 @@ class MethodBehavior(ReplySpec):
     used up.
     """
 
-    steps: list[Step] = Field(default_factory=list)
+    steps: list["Step"] = Field(default_factory=lambda: [])
     no_reply: bool = False
     match: dict[str, Any] | None = None
     repeat: bool = False
@@ -456,7 +461,7 @@ class TurnScript(_Model):
     up unless it has `repeat: true`.
     """
 
-    steps: list[Step] = Field(default_factory=list)
+    steps: list["Step"] = Field(default_factory=lambda: [])
     no_completion: bool = False
     usage: Usage | None = None
     match: dict[str, Any] | None = None
@@ -471,10 +476,10 @@ class AppServerScript(_Model):
     version_output: str | None = None
     codex_version: str | None = None
     initialize: MethodBehavior | None = None
-    on_initialized: list[Step] = Field(default_factory=list)
-    methods: dict[str, list[MethodBehavior]] = Field(default_factory=dict)
+    on_initialized: list["Step"] = Field(default_factory=lambda: [])
+    methods: dict[str, list[MethodBehavior]] = Field(default_factory=lambda: {})
     unknown_methods: MethodBehavior | None = None
-    turns: list[TurnScript] = Field(default_factory=list)
+    turns: list[TurnScript] = Field(default_factory=lambda: [])
 
     @field_validator(
         "methods",
