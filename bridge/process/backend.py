@@ -215,10 +215,7 @@ class ProcessBackend(Backend):
                 info = process.exit_info or exc.exit_info
                 raise self._start_failed(startup.exited_at_startup(self.command, info)) from None
             if isinstance(exc, TimeoutError):
-                ms = self.limits.spawn_timeout_ms
-                late = startup.spawn_timed_out(
-                    self.launcher.starting, ms, "no answer to `initialize`"
-                )
+                late = startup.spawn_timed_out(self.launcher.starting, self.limits.spawn_timeout_ms)
                 raise self._start_failed(late) from None
             raise self._start_failed(rpc_failure(exc, self.launcher.starting)) from None
         except BaseException:
@@ -439,8 +436,7 @@ class ProcessBackend(Backend):
             except errors.RestError as exc:
                 # Counted as the client is answered: a 504 of the spawn's deadline, or of
                 # a turn that went idle or cannot reach its model, is a timeout too.
-                if exc.kind == "timeout":
-                    outcome = "timeout"
+                outcome = "timeout" if exc.kind == "timeout" else outcome
                 raise
             finally:
                 await self._stop_fully(process)

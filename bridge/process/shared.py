@@ -62,11 +62,13 @@ PROBE_CLIENT_INFO = {
     "version": __version__,
 }
 _SOCKET_NAME = "app-server.sock"
-#: The version (and why none) ``/v1/compatibility`` gives of an app-server it did not start.
+#: The version (and why none, and no kind) ``/v1/compatibility`` gives of an app-server it
+#: did not start.
 NOT_STARTED = (
     None,
     "the bridge connects to an app-server it did not start; "
     "appServer.shared.userAgent names the one that answered",
+    None,
 )
 
 
@@ -117,7 +119,6 @@ class ConnectShared:
         self.url = settings.url
         self._token = settings.token
         self._max_line_bytes = limits.max_line_bytes
-        self._spawn_timeout_ms = limits.spawn_timeout_ms
         self._spawn_timeout = limits.spawn_timeout_ms / 1000
         self._shutdown_grace = limits.shutdown_grace_ms / 1000
         self.version = startup.VersionProbe(self.command)
@@ -193,7 +194,7 @@ class ConnectShared:
             except TimeoutError:
                 raise startup.spawn_timed_out(
                     "Connecting to the shared app-server",
-                    self._spawn_timeout_ms,
+                    round(self._spawn_timeout * 1000),
                     "no connection accepted",
                 ) from None
             except (aiohttp.ClientError, OSError) as exc:
@@ -325,7 +326,7 @@ class ConnectShared:
                 self._failed(loop)
                 raise startup.spawn_timed_out(
                     "Starting the app-server",
-                    self._spawn_timeout_ms,
+                    round(self._spawn_timeout * 1000),
                     f"the shared app-server `{shlex.join(argv)}` did not listen",
                 )
             await asyncio.sleep(delay)
@@ -516,9 +517,7 @@ class ConnectShared:
         if not self.supervised:
             return startup.compatibility([], NOT_STARTED, user_agent, mode="shared", shared=state)
         version = await self.version.get()
-        return startup.compatibility(
-            self.command, version, user_agent, self.version.kind, mode="shared", shared=state
-        )
+        return startup.compatibility(self.command, version, user_agent, mode="shared", shared=state)
 
     async def close(self) -> None:
         self._closing = True

@@ -154,11 +154,13 @@ def version_command(command: Sequence[str]) -> list[str]:
     return [*argv, "--version"]
 
 
-async def probe_app_server(
-    argv: list[str],
-) -> tuple[str | None, str | None, codex_window.Kind | None]:
-    """Run ``<server> --version`` without blocking the loop: (version, error, kind), where
-    kind is ``codex``, ``fake-codex`` or None (``codex_window.version_kind``).
+#: What a ``--version`` probe found: (version, why not, kind), where kind is ``codex``,
+#: ``fake-codex`` or None (``codex_window.version_kind``).
+Probed = tuple[str | None, str | None, codex_window.Kind | None]
+
+
+async def probe_app_server(argv: list[str]) -> Probed:
+    """Run ``<server> --version`` without blocking the loop: (version, error, kind).
 
     The probe is an app-server's lineage like any other (:class:`descendants.Lineage`):
     marked, and what it leaves running is killed once it has exited, a daemon holding
@@ -203,31 +205,25 @@ async def probe_app_server(
 
 
 def compatibility(
-    command: list[str],
-    version: tuple[str | None, str | None],
-    user_agent: str | None,
-    probed_kind: codex_window.Kind | None = None,
-    **more: Any,
+    command: list[str], probed: Probed, user_agent: str | None, **more: Any
 ) -> Compatibility:
-    """What ``/v1/compatibility`` says: ``version`` is (version, why not), ``user_agent``
-    the one the last ``initialize`` answer named, ``probed_kind`` what the ``--version``
-    probe found, ``more`` the mode's own fields."""
+    """What ``/v1/compatibility`` says: ``probed`` by ``--version``, ``user_agent`` named
+    by the last ``initialize`` answer, ``more`` the mode's own fields."""
     app_server = AppServerInfo(
         command=command,
-        version=version[0],
-        version_error=version[1],
+        version=probed[0],
+        version_error=probed[1],
         **more,
-        **codex_window.assess(version[0], user_agent, probed_kind),
+        **codex_window.assess(probed[0], user_agent, probed[2]),
     )
     return Compatibility(bridge_version=__version__, app_server=app_server)
 
 
-def spawn_timed_out(what: str, ms: int, waited_for: str) -> errors.RestError:
-    """The 504 of a start that did not complete within ``REST_ADAPTER_SPAWN_TIMEOUT_MS``
-    (``ms``): its message names the setting, since only the operator can change it, and
-    the operator's WARNING line says what was waited for."""
+def spawn_timed_out(what: str, ms: int, why: str = "no answer to `initialize`") -> errors.RestError:
+    """The 504 of a start past ``REST_ADAPTER_SPAWN_TIMEOUT_MS`` (``ms``), naming the
+    setting only the operator can change; the WARNING line says ``why``: what was awaited."""
     late = f"{what} did not complete before its deadline"
-    log.warning("%s: %s within %d ms", late, waited_for, ms)
+    log.warning("%s: %s within %d ms", late, why, ms)
     return errors.of_kind("timeout", f"{late} (REST_ADAPTER_SPAWN_TIMEOUT_MS, {ms} ms).")
 
 
@@ -260,23 +256,19 @@ class VersionProbe:
 
     def __init__(self, command: Sequence[str]) -> None:
         self._argv = version_command(command)
-        self._version: tuple[str | None, str | None] | None = None
-        #: ``codex`` or ``fake-codex``, as the last probe found (None before one, or
-        #: when it named no release).
-        self.kind: codex_window.Kind | None = None
+        self._version: Probed | None = None
         self._checked_at = 0.0
         self._lock = asyncio.Lock()
 
-    async def get(self) -> tuple[str | None, str | None]:
-        """(version, None), or (None, why not)."""
+    async def get(self) -> Probed:
+        """(version, None, kind), or (None, why not, None)."""
         async with self._lock:
             loop = asyncio.get_running_loop()
             stale = self._version is None or (
                 self._version[0] is None and loop.time() - self._checked_at > _VERSION_RETRY_AFTER
             )
             if stale:
-                version, error, self.kind = await probe_app_server(self._argv)
-                self._version = version, error
+                self._version = await probe_app_server(self._argv)
                 self._checked_at = loop.time()
             assert self._version is not None
             return self._version
@@ -324,8 +316,7 @@ class SpawnStdio:
         return peer
 
     async def compatibility(self, user_agent: str | None) -> Compatibility:
-        version = await self.version.get()
-        return compatibility(self.command, version, user_agent, self.version.kind)
+        return compatibility(self.command, await self.version.get(), user_agent)
 
     async def close(self) -> None:
         pass
