@@ -47,8 +47,9 @@ def requests_counted(metrics: Metrics, route: str, method: str, status_class: st
     return exposed["http_server_request_duration_seconds_count", frozenset(labels)]
 
 
-def test_request_durations_are_exposed_as_a_prometheus_histogram_would_be():
-    metrics = Metrics()
+def prometheus_twin(metrics: Metrics) -> tuple[CollectorRegistry, Histogram]:
+    """prometheus-client's own histogram of the bridge's request durations, in a registry
+    of its own: what the bridge's counts must equal."""
     registry = CollectorRegistry()
     reference = Histogram(
         metrics.requests.name,
@@ -57,6 +58,12 @@ def test_request_durations_are_exposed_as_a_prometheus_histogram_would_be():
         buckets=HTTP_BUCKETS,
         registry=registry,
     )
+    return registry, reference
+
+
+def test_request_durations_are_exposed_as_a_prometheus_histogram_would_be():
+    metrics = Metrics()
+    registry, reference = prometheus_twin(metrics)
     for seconds in SECONDS:
         metrics.requests.labels(*LABELS).observe(seconds)
         reference.labels(*LABELS).observe(seconds)
@@ -88,14 +95,7 @@ def test_requests_settled_in_a_batch_land_in_the_buckets_prometheus_would_choose
     """The batch's settle counts each request's duration itself (no ``observe``): every
     bound, just over it, and past the last, as prometheus-client's histogram counts them."""
     metrics, found, facts = counted_route("POST", "/v1/sessions")
-    registry = CollectorRegistry()
-    reference = Histogram(
-        metrics.requests.name,
-        metrics.requests.documentation,
-        metrics.requests.labelnames,
-        buckets=HTTP_BUCKETS,
-        registry=registry,
-    )
+    registry, reference = prometheus_twin(metrics)
     durations = [*SECONDS, *HTTP_BUCKETS, *(b + 1e-9 for b in HTTP_BUCKETS)]
     for seconds in durations:
         found.pending.append((facts, "POST", None, 201, 10, None, 100.0, 100.0 + seconds))
