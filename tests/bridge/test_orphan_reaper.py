@@ -38,6 +38,27 @@ def proc_entries_opened():
         entries += sorted(pids)
 """
 
+#: The script as a child subreaper with an app-server's lineage; ``spawn_app_server``
+#: starts a shell line as that app-server, as the backend spawns one, and returns it
+#: with the pid it prints first.
+LINEAGE = r"""
+import subprocess
+from bridge import runtime
+from bridge.process import descendants
+
+assert runtime.become_subreaper()
+lineage = descendants.Lineage()
+
+def spawn_app_server(line, **popen):
+    with descendants.children.spawning() as register:
+        shell = subprocess.Popen(
+            ["sh", "-c", line], env=lineage.environment(None), stdout=subprocess.PIPE, **popen
+        )
+        register(shell.pid)
+    lineage.spawned(shell.pid)
+    return shell, int(shell.stdout.readline())
+"""
+
 #: Prints, as JSON, what one reaping did (and, apart, what the two child listings say).
 SCRIPT = (
     RECORD_PROC
@@ -147,21 +168,10 @@ def test_the_childrens_listing_and_the_tables_agree(reaping):
 #: but those of the subreaper's own descendants.
 SWEEP = (
     RECORD_PROC
+    + LINEAGE
     + r"""
-import asyncio, json, os, subprocess
-from bridge import runtime
-from bridge.process import descendants
-
-assert runtime.become_subreaper()
-lineage = descendants.Lineage()
-with descendants.children.spawning() as register:
-    shell = subprocess.Popen(
-        ["sh", "-c", "setsid sleep 1000 </dev/null >/dev/null 2>&1 & echo $!"],
-        env=lineage.environment(None), stdout=subprocess.PIPE,
-    )
-    register(shell.pid)
-lineage.spawned(shell.pid)
-escaped = int(shell.stdout.readline())
+import asyncio, json, os
+shell, escaped = spawn_app_server("setsid sleep 1000 </dev/null >/dev/null 2>&1 & echo $!")
 shell.wait()
 gone = os.pidfd_open(escaped)
 
@@ -199,21 +209,10 @@ def test_a_subreapers_sweep_kills_what_an_app_server_left_reading_its_subtree_on
 #: the first is noted before it is stopped (remember_tree) from its own lists of children.
 REMEMBER = (
     RECORD_PROC
+    + LINEAGE
     + r"""
-import json, os, signal, subprocess
-from bridge import runtime
-from bridge.process import descendants
-
-assert runtime.become_subreaper()
-lineage = descendants.Lineage()
-with descendants.children.spawning() as register:
-    first = subprocess.Popen(
-        ["sh", "-c", "sleep 1000 & echo $!; wait"], env=lineage.environment(None),
-        stdout=subprocess.PIPE, start_new_session=True,
-    )
-    register(first.pid)
-lineage.spawned(first.pid)
-child = int(first.stdout.readline())
+import json, os, signal
+first, child = spawn_app_server("sleep 1000 & echo $!; wait", start_new_session=True)
 with descendants.children.spawning() as register:
     other = subprocess.Popen(["sleep", "1000"], start_new_session=True)
     register(other.pid)
