@@ -41,11 +41,9 @@ import argparse
 import contextlib
 import os
 import re
-import selectors
 import shlex
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -55,57 +53,22 @@ from pathlib import Path
 from bench import lean
 from bench.ab import checkout
 from bench.common import HOST, child_pids, fake_env, free_port, http_json, log, stop_process
+from bench.peer import Driver, post
 
-_LENGTH = re.compile(rb"\r\ncontent-length: *(\d+)", re.IGNORECASE)
 _TOTALS = re.compile(rb"^totals: (\d+)", re.MULTILINE)
 _STRACE_ROW = re.compile(r"^\s*[\d.]+\s+[\d.]+\s+\d+\s+(\d+)\s+(?:\d+\s+)?(\w+)$", re.MULTILINE)
 CONNECTIONS = 64
 
 
 def drive(port: int, path: str, calls: int, connections: int = CONNECTIONS) -> None:
-    """``calls`` calls of ``POST path`` with ``{"params":{}}``, ``connections`` in flight."""
-    body = b'{"params":{}}'
-    request = (
-        f"POST {path} HTTP/1.1\r\nHost: {HOST}:{port}\r\nContent-Type: application/json\r\n"
-        f"Content-Length: {len(body)}\r\n\r\n"
-    ).encode() + body
-    conns = [socket.create_connection((HOST, port)) for _ in range(min(connections, calls))]
-    selector = selectors.DefaultSelector()
-    buffers = [b""] * len(conns)
-    sent = answered = 0
+    """``calls`` calls of ``POST path`` with ``{"params":{}}``, ``connections`` in flight
+    (``bench.peer``'s client, given a number of calls rather than a time)."""
+    request = post(port, path, {"params": {}}, {})
+    driver = Driver(port, [request] * min(connections, calls), b"200", None)
     try:
-        for index, conn in enumerate(conns):
-            conn.setblocking(False)
-            selector.register(conn, selectors.EVENT_READ, index)
-            conn.send(request)  # a few hundred bytes into an empty buffer: all of it
-            sent += 1
-        while answered < calls:
-            ready = selector.select(timeout=120)
-            if not ready:
-                raise RuntimeError(f"no answer within 120 s ({sent - answered} in flight)")
-            for key, _ in ready:
-                index = key.data
-                data = conns[index].recv(1 << 16)
-                if not data:
-                    raise RuntimeError("the bridge closed a connection")
-                buffer = buffers[index] + data
-                while (head := buffer.find(b"\r\n\r\n")) >= 0:
-                    length = _LENGTH.search(buffer, 0, head)
-                    end = head + 4 + (int(length.group(1)) if length else 0)
-                    if len(buffer) < end:
-                        break
-                    if buffer[9:12] != b"200":
-                        raise RuntimeError(f"unexpected answer: {buffer[:end]!r}")
-                    buffer = buffer[end:]
-                    answered += 1
-                    if sent < calls:
-                        conns[index].send(request)
-                        sent += 1
-                buffers[index] = buffer
+        driver.run(calls=calls, patience=120)  # valgrind is slow
     finally:
-        selector.close()
-        for conn in conns:
-            conn.close()
+        driver.close()
 
 
 def cpu_ticks(pid: int) -> tuple[int, int]:

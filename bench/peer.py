@@ -52,6 +52,7 @@ import argparse
 import contextlib
 import hashlib
 import json
+import math
 import os
 import re
 import secrets
@@ -138,9 +139,14 @@ class Driver:
         if self.conns[index].send(request) != len(request):
             raise RuntimeError("a request did not fit its connection's send buffer")
 
-    def run(self, seconds: float) -> tuple[int, int]:
+    def run(
+        self, seconds: float = math.inf, calls: int | None = None, patience: float = 10.0
+    ) -> tuple[int, int]:
         """(calls answered within ``seconds``, calls answered in all): once the time is
-        up no call is sent, and the ones in flight are waited for."""
+        up, or ``calls`` have been sent, no call is sent, and the ones in flight are
+        waited for (each answer within ``patience`` seconds of the last)."""
+        budget = math.inf if calls is None else calls
+        sent = min(len(self.conns), budget)
         selector = selectors.DefaultSelector()
         for index, conn in enumerate(self.conns):
             selector.register(conn, selectors.EVENT_READ, index)
@@ -148,27 +154,31 @@ class Driver:
             selector.register(self.events, selectors.EVENT_READ, -1)
         buffers = [b""] * len(self.conns)
         stream = b""
-        in_flight = len(self.conns)
+        in_flight = sent
         within = answered = 0
         deadline = time.monotonic() + seconds
         now = time.monotonic()
 
         def answer(index: int) -> None:
-            nonlocal in_flight, within, answered
+            nonlocal in_flight, within, answered, sent
             answered += 1
             if now < deadline:
                 within += 1
+            if now < deadline and sent < budget:
+                sent += 1
                 self._send(index)
             else:
                 in_flight -= 1
 
-        for index in range(len(self.conns)):
+        for index in range(int(sent)):
             self._send(index)
         try:
             while in_flight:
-                ready = selector.select(timeout=10)
+                ready = selector.select(timeout=patience)
                 if not ready:
-                    raise RuntimeError(f"no answer within 10 s ({in_flight} calls in flight)")
+                    raise RuntimeError(
+                        f"no answer within {patience:g} s ({in_flight} calls in flight)"
+                    )
                 now = time.monotonic()
                 for key, _ in ready:
                     index = key.data
