@@ -18,8 +18,14 @@ STATUS_CLASSES = ("1xx", "2xx", "3xx", "4xx", "5xx")
 EXIT_REASONS = ("exited", "failed", "signal", "protocol_error", "connection_closed")
 
 
+def class_number(status: int) -> int:
+    """1 to 5 for 1xx to 5xx; a status outside 100-599 (aiohttp writes any integer a
+    handler sets) is counted as 5xx."""
+    return status // 100 if 100 <= status < 600 else 5
+
+
 def status_class(status: int) -> str:
-    return STATUS_CLASSES[status // 100 - 1] if 100 <= status < 600 else "5xx"
+    return STATUS_CLASSES[class_number(status) - 1]
 
 
 def exit_reason(exit_code: int | None, signal: str | None, protocol: bool, connection: bool) -> str:

@@ -36,7 +36,7 @@ from aiohttp.typedefs import Handler, Middleware
 
 from bridge import errors
 from bridge.errors import ERROR_KIND
-from bridge.labels import KNOWN_METHODS, status_class
+from bridge.labels import KNOWN_METHODS, class_number, status_class
 from bridge.logs import (
     BATCH_LINES,
     CLIENT_GONE,
@@ -102,15 +102,14 @@ class RouteFacts(LineRoute):
         self.requests = requests
         #: Requests of the route and method being handled now.
         self.active = 0
-        #: The duration histogram's series by status class (status // 100, 1 to 5; a
-        #: status outside 100-599, which aiohttp lets a handler set, counts as 5xx),
+        #: The duration histogram's series by status class (``class_number``, 1 to 5),
         #: made when the class is first seen.
         self.by_class: list[DurationSeries | None] = [None] * 6
         #: The same route in a record that has a line and no metric.
         self.uncounted = LineRoute(self.route, self.shown)
 
     def duration(self, status: int) -> DurationSeries:
-        index = status // 100 if 100 <= status < 600 else 5
+        index = class_number(status)
         child = self.by_class[index]
         if child is None:
             assert self.requests is not None
@@ -329,6 +328,8 @@ class Observer:
             for facts, _, _, status, _, _, began, ended in batch:
                 if not isinstance(facts, RouteFacts):
                     continue  # a line only (RouteFacts.uncounted)
+                # class_number written out (once per request): a series of a status
+                # outside 100-599, or of a class not seen yet, comes from duration().
                 series = facts.by_class[status // 100] if 100 <= status < 600 else None
                 if series is None:
                     series = facts.duration(status)
