@@ -152,6 +152,13 @@ class Metrics:
             HTTP_BUCKETS,
         )
         registry.register(self.requests)
+        self.abandoned = Counter(
+            "rest_bridge_requests_abandoned",
+            "Requests ended before their answer was complete: the client left (a closed "
+            "stream, an abandoned call), or the bridge stopped",
+            ("http_route", "http_request_method"),
+            registry=registry,
+        )
         self.refusals = Counter(
             "rest_bridge_refusals",
             "Requests refused before any work: 401, 403 (policy), 413, 429, by error kind",
