@@ -166,7 +166,7 @@ class Cassette:
             raise CassetteError(
                 f"not a cassette of this tool ({exc}); regenerate it: {COMMAND} {scenario}"
             ) from None
-        except (OSError, KeyError, TypeError) as exc:
+        except (OSError, KeyError, TypeError, AttributeError, ValueError) as exc:
             why = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
             raise CassetteError(
                 f"{path}: not a cassette of this tool ({why}); regenerate it: {COMMAND} {scenario}"
