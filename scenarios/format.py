@@ -601,33 +601,36 @@ def parse_scenario(
 
 def _message(error: Any) -> str:
     if error["type"] == "step_kind":
-        return _step_kind_problem(error.get("input"))
+        if error["loc"][:1] == ("appServer",):  # a fake-codex step, with its own kinds
+            return _step_kind_problem(error.get("input"), FAKE_STEP_KINDS, _FAKE_STEP_EXTRAS)
+        return _step_kind_problem(error.get("input"), STEP_KINDS, _STEP_EXTRAS)
     return str(error["msg"]).removeprefix("Value error, ")
 
 
-#: The keys a step may have besides its kind.
+#: The keys a step may have besides its kind: a scenario's, and fake-codex's.
 _STEP_EXTRAS = frozenset({"name", "expect", "capture", "until", "background"})
+_FAKE_STEP_EXTRAS = frozenset({"onReply", "newline"})
 
 
-def _step_kind_problem(step: Any) -> str:
+def _step_kind_problem(step: Any, known: frozenset[str], extras: frozenset[str]) -> str:
     """Why `step` has no kind: the keys it has instead, named, and the kinds there are."""
-    kinds = ", ".join(sorted(STEP_KINDS))
+    kinds = ", ".join(sorted(known))
     if not isinstance(step, dict):
         what = json_type(step)
         return f"a step is a mapping with exactly one of the keys {kinds}; this is a JSON {what}"
-    present = [key for key in step if key in STEP_KINDS]
+    present = [key for key in step if key in known]
     if len(present) > 1:
         return f"a step has exactly one kind; this one has {', '.join(present)}"
-    unknown = [str(key) for key in step if key not in _STEP_EXTRAS]
+    unknown = [str(key) for key in step if key not in extras]
     if not unknown:
         return f"the step has no kind: add one of the keys {kinds}"
-    guesses = [repr(key) + _did_you_mean(key) for key in unknown]
+    guesses = [repr(key) + _did_you_mean(key, known) for key in unknown]
     noun = "kind" if len(unknown) == 1 else "kinds"
     return f"unknown step {noun} {', '.join(guesses)}; a step's kind is one of {kinds}"
 
 
-def _did_you_mean(key: str) -> str:
-    close = difflib.get_close_matches(key, sorted(STEP_KINDS), n=1, cutoff=0.6)
+def _did_you_mean(key: str, known: frozenset[str]) -> str:
+    close = difflib.get_close_matches(key, sorted(known), n=1, cutoff=0.6)
     return f" (did you mean {close[0]!r}?)" if close else ""
 
 

@@ -245,6 +245,25 @@ MALFORMED = {
         """,
         [":8:", "appServer.turns[0].steps[1].commandApproval.colour", "Extra inputs"],
     ),
+    "misspelt-app-server-step": (
+        """
+        scenario: 1
+        appServer:
+          version: 1
+          turns:
+            - steps:
+                - comandApproval: {command: ls}
+                  onReply: {accept: []}
+        steps:
+          - http: {path: /health}
+        """,
+        [
+            ":7:11:",
+            "appServer.turns[0].steps[0]: unknown step kind 'comandApproval' (did you mean "
+            "'commandApproval'?); a step's kind is one of agentMessage, bigLine, "
+            "commandApproval, completeTurn,",
+        ],
+    ),
     "both-backends": (
         """
         scenario: 1
