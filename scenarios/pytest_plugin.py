@@ -52,6 +52,8 @@ _DEFAULT_DEADLINE = pytest.StashKey[tuple[float, str]]()
 _WATCH = pytest.StashKey["Watch"]()
 _TAGS = pytest.StashKey[set[str]]()
 _TARGET_TOKEN = pytest.StashKey[str | None]()
+#: The scenarios collected so far in this run: name -> where it is named.
+_NAMES = pytest.StashKey[dict[str, str]]()
 T = TypeVar("T")
 #: The tags that become marks (every tag is a keyword for `-k`).
 MARK_NAME = re.compile(r"[A-Za-z][\w-]*")
@@ -318,6 +320,13 @@ class ScenarioFile(pytest.File):
             loaded = load_scenario(self.path)
         except ScenarioError as exc:
             raise self.CollectError(str(exc)) from None
+        here = loaded.where(("name",), column=True)
+        first = self.config.stash.setdefault(_NAMES, {}).setdefault(loaded.name, here)
+        if first != here:
+            raise self.CollectError(
+                f"{here}: the scenario name {loaded.name!r} is taken by {first}; names are "
+                "unique in a run (give one a `name:` of its own)"
+            )
         yield ScenarioItem.from_parent(self, name=loaded.name, loaded=loaded)
 
 
