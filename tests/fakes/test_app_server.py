@@ -775,6 +775,17 @@ async def test_method_steps_run_before_the_built_in_reply(spawn: Spawn) -> None:
     assert methods(read) == ["warning", None, "thread/started"]
 
 
+async def test_a_scripted_method_without_a_reply_says_its_script_lacks_one(spawn: Spawn) -> None:
+    fake = await spawn("version: 1\nmethods:\n  x/flood: {steps: [{notify: {method: warning}}]}\n")
+    await fake.initialize()
+    reply = await fake.request("x/flood")
+    assert reply["error"]["code"] == -32603
+    assert reply["error"]["message"] == (
+        "fake-codex has no built-in reply to `x/flood`, and its script gives it none: add "
+        "`result:` or `error:` beside its `steps:`"
+    )
+
+
 async def test_no_reply_leaves_a_request_unanswered(spawn: Spawn) -> None:
     fake = await spawn("version: 1\nmethods:\n  model/list: {noReply: true}\n")
     await fake.initialize()
