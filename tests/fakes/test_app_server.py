@@ -235,6 +235,21 @@ async def test_version_reads_the_script_named_by_the_environment(tmp_path: Path)
     assert (code, out) == (0, "codex-cli 9.8.7\n")
 
 
+@pytest.mark.parametrize("how", ["option", "config", "environment"])
+async def test_version_honours_what_app_server_would_emulate(tmp_path: Path, how: str) -> None:
+    """`--codex-version` (before `--version`), `-c fake_codex.script=...` and
+    `$FAKE_CODEX_SCRIPT` name the release `--version` reports, as they do for app-server."""
+    script = tmp_path / "v171.yaml"
+    script.write_text("version: 1\ncodexVersion: 0.171.0\n")
+    args: tuple[str, ...] = {
+        "option": ("--codex-version", "0.171.0"),
+        "config": ("-c", f"fake_codex.script={script}"),
+        "environment": (),
+    }[how]
+    env = {"FAKE_CODEX_SCRIPT": str(script)} if how == "environment" else {}
+    assert await run_cli(tmp_path, *args, "--version", **env) == (0, "codex-cli 0.171.0\n", "")
+
+
 async def test_generate_json_schema_writes_the_params_the_fake_knows(tmp_path: Path) -> None:
     stable, experimental = tmp_path / "stable", tmp_path / "experimental"
     assert await run_cli(
