@@ -167,7 +167,7 @@ def install(version: str, cache: Path) -> str:
 def check(spec: str) -> None:
     """Refuse OLD or NEW unless it is a folder, an existing file or a version number. A
     bare command name is not looked up on PATH: give its path (`$(command -v codex)`)."""
-    if not (Path(spec).is_dir() or Path(spec).is_file() or _VERSION.fullmatch(spec)):
+    if not spec or not (Path(spec).is_dir() or Path(spec).is_file() or _VERSION.fullmatch(spec)):
         hint = f" (to use the {spec!r} on PATH, give its path)" if shutil.which(spec) else ""
         raise SchemaUnavailable(f"{spec!r} is neither a codex binary, a version nor a folder{hint}")
 
@@ -393,6 +393,8 @@ def main(args: argparse.Namespace) -> int:
         for path in args.files:
             if not path.exists():
                 raise SchemaUnavailable(f"{path}: no such file or folder")
+            if not (path.is_file() or path.is_dir()):  # a FIFO or a device would block
+                raise SchemaUnavailable(f"{path}: neither a regular file nor a folder")
         old, new = load(args.old, args.cache), load(args.new, args.cache)
         changes = compare(old, new)
         report = uses(args.files, old, new, changes)
