@@ -588,4 +588,10 @@ def parse_script(data: Any, source: str = "<script>", text: str | None = None) -
     try:
         return AppServerScript.model_validate(data)
     except ValidationError as exc:
-        raise ScriptError(describe_errors(exc, source, text, prefix)) from None
+        raise ScriptError(
+            describe_errors(exc, source, text, prefix, tags=STEP_KINDS, message=_message)
+        ) from None
+
+
+def _message(error: Any) -> str:
+    return str(error["msg"]).removeprefix("Value error, ")

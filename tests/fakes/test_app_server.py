@@ -320,6 +320,22 @@ async def test_the_readme_examples_are_valid_scripts() -> None:
         parse_script_text(example.replace("[steps]", "[]"), "README.md")
 
 
+@pytest.mark.quick
+async def test_a_problem_beside_a_steps_kind_points_at_its_own_line() -> None:
+    from fakes.app_server.script import ScriptError, parse_script_text
+
+    text = (
+        "version: 1\nturns:\n  - steps:\n      - commandApproval: {command: ls}\n"
+        "        onReply: {decilne: [{agentMessage: x}]}\n"
+    )
+    with pytest.raises(ScriptError) as raised:
+        parse_script_text(text, "s.yaml")
+    assert (
+        "s.yaml:5:9: turns[0].steps[0].onReply: 'decilne' is no reply's key (did you mean "
+        "'decline'?)"
+    ) in str(raised.value)
+
+
 async def test_a_missing_script_file_is_a_usage_error(tmp_path: Path) -> None:
     code, _, err = await run_cli(tmp_path, "app-server", "--script", str(tmp_path / "nope.yaml"))
     assert code == 2
