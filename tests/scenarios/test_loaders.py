@@ -208,7 +208,10 @@ def test_the_commands_refuse_an_unbuildable_value_naming_the_line_with_their_exi
     (tmp_path / "h.scenario.yaml").write_text("scenario: 1\nsteps:\n  - http: {path: /health}\n")
     (tmp_path / "cassettes").mkdir()
     for body, shown in [
-        ("version: 1\ncodex: [1]\ninteractions: []\n", "not a cassette of this tool"),
+        (
+            "version: 1\ncodex: [1]\ninteractions: []\n",
+            "cassettes/h.yaml:2:1: not a cassette of this tool (AttributeError",
+        ),
         ("version: 1\ncodex: {hash: 2020-13-45}\ninteractions: []\n", ":2:15: invalid YAML"),
     ]:
         (tmp_path / "cassettes" / "h.yaml").write_text(body)
