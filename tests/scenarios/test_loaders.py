@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from fakes.app_server.script import ScriptError, load_script
+from fakes.model_provider import ModelScript
 from scenarios.cassette import Cassette, CassetteError
 from scenarios.format import ScenarioError, load_scenario
 
@@ -37,18 +38,34 @@ SCRIPT = textwrap.dedent(
     """
 )
 
+MODEL = textwrap.dedent(
+    """\
+    defaultText: Done.
+    replies:
+      - text: hi
+      - execCommand: {command: [ls, -l]}
+      - httpError: {status: 500}
+    """
+)
+
 #: Each loader, with the kind of error it promises.
 LOADERS: dict[str, tuple[Callable[[Path], object], type[Exception]]] = {
     "scenario": (load_scenario, ScenarioError),
     "script": (load_script, ScriptError),
     "cassette": (Cassette.load, CassetteError),
+    "model": (ModelScript.load, ScriptError),
 }
 #: What YAML resolves to a type it then cannot build.
 UNBUILDABLE = {"a long integer": "9" * 5000, "a 13th month": "2020-13-45", "Feb 30": "2020-02-30"}
 
 
 def _documents() -> dict[str, str]:
-    return {"scenario": SCENARIO, "script": SCRIPT, "cassette": CASSETTE.read_text()}
+    return {
+        "scenario": SCENARIO,
+        "script": SCRIPT,
+        "cassette": CASSETTE.read_text(),
+        "model": MODEL,
+    }
 
 
 @pytest.mark.quick
@@ -187,6 +204,17 @@ def test_mutated_documents_load_or_fail_with_the_loaders_own_error(
             shown = f"{type(problem).__name__}: {problem}\n--- the document:\n{text}"
             assert type(problem) is kind, shown
             assert str(path) in str(problem), shown
+
+
+def test_a_model_script_that_is_not_one_stops_the_model_server_naming_its_line(
+    tmp_path: Path,
+) -> None:
+    script = tmp_path / "model.yaml"
+    script.write_text("replies:\n  - text: hi\n  - txt: hi\n")
+    done = _run(sys.executable, "-m", "fakes.model_provider", "--script", str(script), cwd=ROOT)
+    assert done.returncode == 2, done.stderr
+    assert f"{script}:3:5: replies[1]: a reply needs one of: text" in done.stderr
+    assert "Traceback" not in done.stderr
 
 
 def _run(*argv: str, cwd: Path) -> subprocess.CompletedProcess[str]:
