@@ -31,6 +31,22 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
     return report
 
 
+def file_beside_test(request: pytest.FixtureRequest, given: str | os.PathLike[str]) -> Path:
+    """The file a fixture is given by path: a relative one is found beside the test file,
+    else in the working directory (as before); absent from both, the test fails naming
+    the paths tried. Every fixture of the plugin that takes a file finds it so."""
+    path = Path(given)
+    if path.is_absolute():
+        tried = [path]
+    else:
+        tried = [Path(request.node.path).parent / path, Path.cwd() / path]
+    for candidate in tried:
+        if candidate.is_file():
+            return candidate
+    shown = " nor ".join(str(candidate) for candidate in dict.fromkeys(tried))
+    raise pytest.fail.Exception(f"{os.fspath(given)}: no such file ({shown})", pytrace=False)
+
+
 @pytest.fixture
 def codex_respx(request: pytest.FixtureRequest) -> Iterator[Callable[..., Any]]:
     """`codex_respx(path or mapping, **options)`: a started `ScenarioRouter` mocking the
@@ -47,9 +63,7 @@ def codex_respx(request: pytest.FixtureRequest) -> Iterator[Callable[..., Any]]:
 
     def start(scenario: Any, **options: Any) -> Any:
         if isinstance(scenario, str | os.PathLike):
-            path = Path(scenario)
-            beside = Path(request.node.path).parent / path
-            scenario = beside if not path.is_absolute() and beside.exists() else path
+            scenario = file_beside_test(request, scenario)
         try:
             router = respx_mock.scenario_router(scenario, **{**defaults, **options})
         except respx_mock.CassetteError as exc:
