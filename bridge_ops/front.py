@@ -115,11 +115,6 @@ POOLS = (
 #: Work passes over a replica that refuses it or cannot be reached, and each of those
 #: marks the replica as failed in the pool; even after the replica received it.
 WORK_NEXT = "error timeout http_429 http_503 non_idempotent"
-#: A creation also passes over a replica whose app-server could not be started or
-#: initialized there (502): a creation that failed left nothing behind, so another
-#: replica may take it. Text turns and sessionless calls do not: their 502 may come
-#: after the app-server did the work, which another replica would do again.
-CREATE_NEXT = f"{WORK_NEXT} http_502"
 #: Reads pass over, and mark, only a replica that cannot be reached or does not answer.
 READ_NEXT = "error timeout"
 #: How long a read (health, compatibility, the OpenAPI document, any other path but the
@@ -515,7 +510,6 @@ def render(
         SESSION_LOCATIONS=_blocks("session location", sessions),
         SESSION_NOT_FOUND=pages["session_not_found"].payload,
         WORK_NEXT=WORK_NEXT,
-        CREATE_NEXT=CREATE_NEXT,
         READ_NEXT=READ_NEXT,
         TRIES=len(replicas),
         SPAWN_SECONDS=seconds(limits.spawn_timeout_ms),

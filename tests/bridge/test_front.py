@@ -32,7 +32,6 @@ from bridge.limits import RestLimits
 from bridge.settings import LimitVariables
 from bridge_ops.cluster import free_port
 from bridge_ops.front import (
-    CREATE_NEXT,
     POOLS,
     READ_NEXT,
     UNAUTHORIZED_MESSAGE,
@@ -673,26 +672,8 @@ def test_reads_and_each_kind_of_work_have_pools_of_their_own(tmp_path, refusal):
     for replica in front.replicas.values():
         assert config.count(f"server {replica.address} max_fails=1 fail_timeout=2s;") == 3
         assert config.count(f"server {replica.address} max_fails=1 fail_timeout=30s;") == 1
-    assert config.count(f"proxy_next_upstream {WORK_NEXT};") == 2
-    assert config.count(f"proxy_next_upstream {CREATE_NEXT};") == 1
+    assert config.count(f"proxy_next_upstream {WORK_NEXT};") == 3
     assert config.count(f"proxy_next_upstream {READ_NEXT};") == 2
-
-
-def test_a_creation_passes_over_a_replica_whose_app_server_cannot_start(tmp_path):
-    """A replica whose app-server cannot be started answers every creation 502: the
-    creation passes to the next replica (it left nothing behind on the first), and the
-    failing replica is passed over for creations while it is marked. A text turn or a
-    sessionless call answered 502 is not sent again: the app-server may have done the
-    work before it failed."""
-    with front_over(tmp_path / "front", ["bridge-0", "bridge-1"]) as front:
-        failing = front.replicas["bridge-0"]
-        failing.status = 502
-        creations = {front.answered_by("POST", "/v1/sessions", b"{}") for _ in range(6)}
-        assert creations == {(200, "bridge-1")}
-        assert ("POST", "/v1/sessions") in {(s.method, s.path) for s in failing.seen}
-        for path in ("/v1/text-turn", "/v1/call/x"):
-            answers = {front.answered_by("POST", path, b"{}") for _ in range(2)}
-            assert answers == {(200, "bridge-1"), (502, "bridge-0")}, path
 
 
 @pytest.mark.parametrize(
