@@ -10,9 +10,11 @@ auth rules do not change, and nothing here is reachable on the API's port.
   reads the bundled backend's state (sessions, pending requests, event logs, the shared
   app-server) when Prometheus scrapes.
 - :class:`Readiness` says whether the replica should get new work: not while the
-  app-server cannot be started or initialized (probed at start, and again after a
-  failure until one succeeds), not while the shared app-server is down (restarting
-  after an exit, or after the liveness probe found it wedged), not while draining.
+  app-server cannot be started or initialized with the bridge's own settings (probed at
+  start, and again after a failure until one succeeds; a start a caller's options
+  shaped is not the replica's to judge by, so its failure only asks for a probe), not
+  while the shared app-server is down (restarting after an exit, or after the liveness
+  probe found it wedged), not while draining.
 - :class:`OpsListener` serves the three routes. What they expose: counts, durations and
   states; never a token, a session id, a path or a body.
 """
@@ -32,6 +34,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from bridge import errors
 from bridge.backend import Backend
 from bridge.metrics import CONTENT_TYPE, Metrics
+from bridge.models import ClientOptions
 from bridge.observe import observer
 from bridge.process.backend import ProcessBackend
 from bridge.process.shared import ConnectShared
@@ -148,6 +151,12 @@ class ReadinessCollector:
         )
 
 
+def shaped_by_caller(options: ClientOptions | None) -> bool:
+    """Whether a start carried client options (a name, capabilities, cwd, env, `-c`
+    overrides...): what it met may be the caller's doing, not the replica's."""
+    return options is not None and bool(options.model_dump(exclude_none=True))
+
+
 def start_problem(kind: str) -> str:
     """A readiness reason: the error kind only (the message, which may quote the
     app-server, stays in the API's answers and the log)."""
@@ -176,12 +185,23 @@ class Readiness:
         if self._probes:
             self._probe_soon()
 
-    def _on_start(self, kind: str | None, message: str | None) -> None:
+    def _on_start(self, kind: str | None, options: ClientOptions | None) -> None:
+        if shaped_by_caller(options):
+            # It may have failed for what the caller asked (a client name codex refuses,
+            # a missing cwd): the probe, with the bridge's own settings, tells.
+            if kind is not None:
+                self._probe_soon()
+            return
         if kind is None:
             self.problem = None
             return
         self.problem = start_problem(kind)
         self._probe_soon()
+
+    async def settled(self) -> None:
+        """Wait for the probe under way, if any, to end (a host or a test)."""
+        if self._probing is not None:
+            await asyncio.shield(self._probing)
 
     def _probe_soon(self) -> None:
         if self._closed or (self._probing is not None and not self._probing.done()):
