@@ -397,6 +397,64 @@ async def test_listings_show_a_session_its_own_threads_only(shared_bridge, http,
         assert (page["data"], page["nextCursor"], page["backwardsCursor"]) == ([], None, None)
 
 
+#: What the victim's turn says, and what an attacker searches for.
+SECRET = "VICTIM-PASSWORD-hunter2"
+EXPERIMENTAL = {"experimentalApi": True}
+
+
+async def search(http, base, session_id, method, term) -> tuple[list[str], str]:
+    """The thread ids a search finds, page by page, and every page as JSON text."""
+    seen: list[str] = []
+    pages = ""
+    cursor = None
+    for _ in range(20):
+        params = {"searchTerm": term, "cursor": cursor}
+        status, body = await call(http, base, session_id, method, params)
+        assert status == 200, body
+        pages += json.dumps(body)
+        seen += [row["thread"]["id"] for row in body["result"]["data"]]
+        cursor = body["result"]["nextCursor"]
+        if cursor is None:
+            return seen, pages
+        assert cursor.startswith("tc_"), cursor
+    raise AssertionError(f"{method} did not end: {seen}")
+
+
+async def test_a_search_finds_a_sessions_own_threads_only(
+    shared_bridge, http, model, workspace, codex_version
+):
+    """`thread/search` (and 0.171.0's `thread/search/stream`, whose partial results come
+    as notifications) searches every thread of the process: a session finds its own
+    threads only, and learns nothing of another's (its id, preview, snippet, path)."""
+    victim = await create_session(http, shared_bridge, EXPERIMENTAL)
+    attacker = await create_session(http, shared_bridge, EXPERIMENTAL)
+    secret = await start_thread(http, shared_bridge, victim, cwd=str(workspace))
+    model.model.add({"text": "Noted."})
+    await run_turn(http, shared_bridge, victim, secret, f"Remember {SECRET}.")
+    own = await start_thread(http, shared_bridge, attacker, cwd=str(workspace))
+    model.model.add({"text": "Noted."})
+    await run_turn(http, shared_bridge, attacker, own, "My own hunter2 note.")
+    methods = ["thread/search"]
+    if release(codex_version) != "0.169.0":
+        methods.append("thread/search/stream")
+    for method in methods:
+        # codex finds a thread a little after its turn: ask until the victim finds its own.
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + WAIT
+        for session_id, expected in ((victim, [secret]), (attacker, [own])):
+            while (
+                found := (await search(http, shared_bridge, session_id, method, "hunter2"))[0]
+            ) != expected:
+                assert loop.time() < deadline, (method, found, expected)
+        for term in ("hunter2", "VICTIM", "PASSWORD"):
+            _, pages = await search(http, shared_bridge, attacker, method, term)
+            assert secret not in pages, (method, term)
+            assert "VICTIM" not in pages, (method, term)
+    told = json.dumps(await session_log(http, shared_bridge, attacker))
+    assert secret not in told
+    assert "VICTIM" not in told
+
+
 SPAWN_AGENT = {
     "functionCall": {
         "name": "spawn_agent",
