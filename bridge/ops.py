@@ -174,6 +174,10 @@ class Readiness:
         #: Set after each probe (a host or a test waits on it), cleared as one begins.
         self.probed = asyncio.Event()
         self._closed = False
+        #: Failed starts that callers shaped ask for a probe at most this often (each is
+        #: a process, and a failure may cost a caller no process at all: a missing cwd).
+        self.caller_probe_seconds = PROBE_FIRST_SECONDS
+        self._caller_probe_due = 0.0
         self._probes = isinstance(backend, ProcessBackend)
         if self._probes:
             self.problem = "the app-server has not been probed yet"
@@ -189,7 +193,9 @@ class Readiness:
         if shaped_by_caller(options):
             # It may have failed for what the caller asked (a client name codex refuses,
             # a missing cwd): the probe, with the bridge's own settings, tells.
-            if kind is not None:
+            now = asyncio.get_running_loop().time()
+            if kind is not None and now >= self._caller_probe_due:
+                self._caller_probe_due = now + self.caller_probe_seconds
                 self._probe_soon()
             return
         if kind is None:

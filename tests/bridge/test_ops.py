@@ -355,6 +355,9 @@ async def test_starts_a_caller_shaped_that_fail_are_counted_and_leave_the_replic
     command = [*fake_codex_command(), "--script", write_script(REFUSING_SCRIPT)]
     app = (default_app if preset == "default" else trusted_bridge_app)(command)
     api, ops, listener = await operated(app)
+    # Failures ask for a probe at most once in this long (each probe is a process, and a
+    # failure may cost its caller none: a missing cwd).
+    listener.readiness.caller_probe_seconds = 3600
     await listener.readiness.probed.wait()
     assert await readyz(http, ops) == (200, {"ready": True, "reasons": []})
     asked = [({"clientInfo": REFUSED_NAME}, "app_server_error")]
@@ -380,6 +383,10 @@ async def test_starts_a_caller_shaped_that_fail_are_counted_and_leave_the_replic
         counted = sum(6 for _, k in asked if k == kind)
         assert value(samples, failures, mode="process", kind=kind) == counted, kind
     assert value(samples, "rest_bridge_ready") == 1
+    # The processes: the failures' own (a missing cwd starts none), and two probes: the
+    # first, at start, and the one the failures asked for.
+    spawned = sum(6 for _, kind in asked if kind != "app_server_spawn_failed")
+    assert value(samples, "rest_bridge_app_server_spawns_total") == spawned + 2
     # A start with the bridge's own settings still works, and still counts.
     async with http.post(f"{api}/v1/sessions", json={}) as response:
         assert response.status == 201, await response.text()
