@@ -291,6 +291,7 @@ async def test_a_missing_cwd_is_said_to_be_the_callers_on_either_loop(
         assert "requested working directory" in payload["message"], payload
         assert cwd not in text
         served.wait_for_output(f"could not start the app-server in the requested cwd {cwd!r}")
+    closed.chmod(0o700)
     # The bridge's own command still starts in a directory that exists.
     status, _, text = await post(served.base + "/v1/sessions", {"options": {"cwd": str(tmp_path)}})
     assert status == 201, text
