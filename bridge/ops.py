@@ -178,6 +178,9 @@ class Readiness:
         #: a process, and a failure may cost a caller no process at all: a missing cwd).
         self.caller_probe_seconds = PROBE_FIRST_SECONDS
         self._caller_probe_due = 0.0
+        #: Starts with the bridge's own settings that failed, so far (a probe's success
+        #: does not undo one reported while it was stopping its process).
+        self._failures = 0
         self._probes = isinstance(backend, ProcessBackend)
         if self._probes:
             self.problem = "the app-server has not been probed yet"
@@ -202,6 +205,7 @@ class Readiness:
             self.problem = None
             return
         self.problem = start_problem(kind)
+        self._failures += 1
         self._probe_soon()
 
     async def settled(self) -> None:
@@ -219,6 +223,7 @@ class Readiness:
         delay = PROBE_FIRST_SECONDS
         while not self._closed:
             self.probed.clear()
+            failures = self._failures
             try:
                 await self.backend.probe()
             except errors.RestError as exc:
@@ -226,9 +231,11 @@ class Readiness:
             except Exception as exc:  # a probe reports, it never raises
                 self.problem = start_problem(type(exc).__name__)
             else:
-                self.problem = None
-                self.probed.set()
-                return
+                # A start that failed meanwhile is newer news: probe again, later.
+                if self._failures == failures:
+                    self.problem = None
+                    self.probed.set()
+                    return
             self.probed.set()
             await asyncio.sleep(delay)
             delay = min(delay * 2, PROBE_MAX_SECONDS)

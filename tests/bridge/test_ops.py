@@ -337,6 +337,40 @@ async def test_readiness_while_the_app_server_cannot_start_and_while_draining(
     drain.cancel()
 
 
+@pytest.mark.asyncio
+async def test_a_failure_while_a_probe_ends_is_not_undone_by_its_success(
+    operated, http, write_script, tmp_path
+):
+    """A probe answers `initialize`, then takes a while to stop its process: a start of
+    the bridge's own that fails meanwhile is the newer news, and the probe's success
+    does not make the replica ready again over it (the probe goes on instead)."""
+    flag = tmp_path / "broken"
+    flag.write_text("")
+    # Once initialized, the process ignores the end of its input: stopping it takes the
+    # grace period (then a signal), the window this test needs.
+    script = write_script({"onInitialized": [{"stall": True}]})
+    starting = [*fake_codex_command(), "--script", script]
+    command = ["sh", "-c", f'test -e {flag} && exit 3; exec "$0" "$@"', *starting]
+    app = trusted_bridge_app(command, RestLimits(shutdown_grace_ms=3000))
+    api, ops, listener = await operated(app)
+    await listener.readiness.probed.wait()
+    assert (await readyz(http, ops))[0] == 503
+    flag.unlink()
+    # The next probe's `initialize` is answered: ready, while it stops its process.
+    await until(lambda: answers(http, ops, 200), "ready once a probe starts")
+    flag.write_text("")
+    async with http.post(f"{api}/v1/sessions", json={}) as response:
+        assert response.status == 502, await response.text()
+    await listener.readiness.probed.wait()  # that probe has ended
+    status, body = await readyz(http, ops)
+    assert status == 503, body
+    assert body["data"]["reasons"] == [
+        "the app-server cannot be started or initialized (app_server_exited)"
+    ]
+    flag.unlink()
+    await until(lambda: answers(http, ops, 200), "ready again once it starts")
+
+
 #: An `initialize` that fails for one client name only (codex refuses a name that cannot
 #: be a header value: the bridge's own start is fine, the caller's is not).
 REFUSED_NAME = {"name": "a\nb", "version": "1"}
