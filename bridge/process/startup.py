@@ -66,10 +66,11 @@ def shortage_behind(exc: OSError) -> OSError:
 
 def spawn_failed(command: Sequence[str], exc: OSError, cwd: str | None) -> errors.RestError:
     """The process could not be created: 502 ``app_server_spawn_failed``, and a log line.
-    A missing ``cwd`` fails as a missing executable does: the client hears which it was."""
+    A missing ``cwd`` fails as a missing executable does: the directory says which it was."""
     exc = shortage_behind(exc)
     reason = exc.strerror or type(exc).__name__
-    if cwd is not None and exc.filename == cwd:
+    # Asked of the directory, not of the error: uvloop's OSError names no file.
+    if cwd is not None and not (os.path.isdir(cwd) and os.access(cwd, os.X_OK)):
         log.warning("could not start the app-server in the requested cwd %r: %s", cwd, reason)
         return errors.of_kind(
             "app_server_spawn_failed",
