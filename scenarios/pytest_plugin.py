@@ -26,7 +26,7 @@ from packaging.version import Version
 
 from bridge import TOKEN_VARIABLE
 from scenarios.deadline import DEFAULT_SECONDS
-from scenarios.respx_fixtures import file_beside_test
+from scenarios.paths import file_beside_test
 
 try:
     import pytest_asyncio

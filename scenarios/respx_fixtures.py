@@ -5,10 +5,11 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
+
+from scenarios.paths import file_beside_test
 
 _CALL_REPORT = pytest.StashKey[pytest.TestReport]()
 
@@ -29,22 +30,6 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
     if report.when == "call":
         item.stash[_CALL_REPORT] = report
     return report
-
-
-def file_beside_test(request: pytest.FixtureRequest, given: str | os.PathLike[str]) -> Path:
-    """The file a fixture is given by path: a relative one is found beside the test file,
-    else in the working directory (as before); absent from both, the test fails naming
-    the paths tried. Every fixture of the plugin that takes a file finds it so."""
-    path = Path(given)
-    if path.is_absolute():
-        tried = [path]
-    else:
-        tried = [Path(request.node.path).parent / path, Path.cwd() / path]
-    for candidate in tried:
-        if candidate.is_file():
-            return candidate
-    shown = " nor ".join(str(candidate) for candidate in dict.fromkeys(tried))
-    raise pytest.fail.Exception(f"{os.fspath(given)}: no such file ({shown})", pytrace=False)
 
 
 @pytest.fixture
