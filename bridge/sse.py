@@ -39,36 +39,44 @@ _KINDS = ("notification", "request", "exit", "gap")
 _FRAME = {kind: b"id: %d\nevent: " + kind.encode() + b"\ndata: %s\n\n" for kind in _KINDS}
 _HEAD = {kind: b"id: %d\nevent: " + kind.encode() + b"\ndata: " for kind in _KINDS}
 _TAIL = b"\n\n"
+#: The most a frame adds to its event's JSON (a 19-digit id, the longest kind).
+_FRAMING = 64
 #: SO_LINGER on, with no time: closing the socket resets the connection.
 _RESET = struct.pack("ii", 1, 0)
 
 
 def chunks(batch: Sequence[Event], size: int = CHUNK) -> Iterator[tuple[bytes | memoryview, int]]:
-    """The frames of ``batch`` as writes of at most about ``size`` bytes, each with the seq
-    of the last event it ends (0 when it ends none: a slice of a large event)."""
+    """The frames of ``batch`` as writes of at most ``size`` bytes (one large event's head
+    may add its few), each with the seq of the last event it ends (0 when it ends none:
+    a slice of a large event)."""
     frame = _FRAME
     parts: list[bytes] = []
+    append = parts.append
     held = 0
     last = 0
     for event in batch:
         data = event.json()
-        if len(data) <= size:
-            part = frame[event.kind] % (event.seq, data)
-            if held + len(part) > size and parts:
+        held += len(data) + _FRAMING
+        if held > size:
+            if len(data) > size:
+                append(_HEAD[event.kind] % event.seq)
+            if parts:
                 # The frames are let go before the write: only the joined copy is held.
-                chunk, parts, held = b"".join(parts), [], 0
+                chunk = b"".join(parts)
+                parts = []
+                append = parts.append
                 yield chunk, last
-            parts.append(part)
-            held += len(part)
-            last = event.seq
-            continue
-        parts.append(_HEAD[event.kind] % event.seq)
-        chunk, parts, held = b"".join(parts), [_TAIL], len(_TAIL)
-        yield chunk, last
+            held = len(data) + _FRAMING
+            if len(data) > size:
+                view = memoryview(data)
+                for start in range(0, len(data), size):
+                    yield view[start : start + size], 0
+                append(_TAIL)
+                held = len(_TAIL)
+                last = event.seq
+                continue
+        append(frame[event.kind] % (event.seq, data))
         last = event.seq
-        view = memoryview(data)
-        for start in range(0, len(data), size):
-            yield view[start : start + size], 0
     if parts:
         yield b"".join(parts), last
 
