@@ -106,7 +106,10 @@ async def write_events(
                 sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, _RESET)
             transport.abort()
 
-    stream.on_cut_loose(end)
+    # A host's own stream written before the method existed has none: it is never cut loose.
+    on_cut_loose = getattr(stream, "on_cut_loose", None)
+    if on_cut_loose is not None:
+        on_cut_loose(end)
     if transport is not None:
         # A wait for the buffer to drain is a wait for it to be empty: a client that
         # stops reading leaves a write or two here, not one beyond a 64 KiB mark.
