@@ -14,12 +14,19 @@ import contextlib
 import ctypes
 import logging
 import os
+import secrets
+import subprocess
+import sys
 from collections.abc import Callable, Iterator, Mapping
+from types import TracebackType
 
+from bridge import watchdog
 from bridge.process import descendants
 
 #: How often `rest-bridge serve` reaps adopted orphans that exited on their own.
 ORPHAN_REAP_SECONDS = 5.0
+#: How long a process waits for its watchdog to exit, once it has closed its pipe.
+WATCHDOG_EXIT_SECONDS = 10.0
 _PR_SET_CHILD_SUBREAPER = 36
 
 log = logging.getLogger("bridge.process")
@@ -235,10 +242,14 @@ async def end_all(timeout: float) -> int:
     """Kill every descendant of this process and reap them: `rest-bridge serve`'s last act.
 
     Returns how many were killed. Only for a process that is the bridge alone: it
-    spares nothing below it.
+    spares nothing below it but its :class:`Watchdog`, which has its own end.
     """
     return await kill_all(
-        lambda table: {pid for pid, stat in table.items() if stat.alive}, timeout, subtree
+        lambda table: {
+            pid for pid, stat in table.items() if stat.alive and pid not in Watchdog.running
+        },
+        timeout,
+        subtree,
     )
 
 
@@ -255,3 +266,85 @@ def carrying(variable: str, value: str) -> descendants.Selector:
         }
 
     return select
+
+
+class Watchdog:
+    """The watchdog of this process (:mod:`bridge.watchdog`): ``with Watchdog():`` starts
+    it, marks what this process starts from then on, and has the folders made by
+    :func:`bridge.watchdog.make_folder` removed; leaving closes its pipe and waits for it
+    to be gone. Should it not start, a warning says so and the process runs without.
+    """
+
+    #: The pids of the watchdogs running, which :func:`end_all` spares.
+    running: set[int] = set()
+
+    def __init__(self) -> None:
+        self.process: subprocess.Popen[bytes] | None = None
+        self._pipe: int | None = None
+        #: This process's marks before its watchdog's was added (``()``: not added).
+        self._marks: tuple[str | None] | tuple[()] = ()
+
+    def __enter__(self) -> Watchdog:
+        if not descendants.LINUX:
+            return self
+        if not sys.executable or not os.path.isfile(watchdog.__file__):
+            log.warning("no watchdog: if this process is killed, what it started may outlive it")
+            return self
+        read, self._pipe = os.pipe()  # neither end inherited by what this process starts
+        mark = secrets.token_hex(16)
+        try:
+            with descendants.children.spawning() as own:
+                self.process = subprocess.Popen(
+                    [sys.executable, "-I", "-S", watchdog.__file__, str(os.getpid())],
+                    stdin=read,
+                    stdout=subprocess.DEVNULL,
+                    env={watchdog.VARIABLE: watchdog.LABEL},
+                    start_new_session=True,
+                )
+                own(self.process.pid)
+            os.write(self._pipe, mark.encode() + b"\0")
+        except OSError as exc:
+            log.warning(
+                "could not start the watchdog (%s): if this process is killed, what it "
+                "started may outlive it",
+                exc.strerror or exc,
+            )
+            self.__exit__(None, None, None)
+            return self
+        finally:
+            os.close(read)
+        Watchdog.running.add(self.process.pid)
+        watchdog.guard(self._pipe)
+        marks = os.environ.get(watchdog.VARIABLE)
+        self._marks = (marks,)
+        os.environ[watchdog.VARIABLE] = " ".join([*(marks or "").split(), mark])
+        return self
+
+    def __exit__(
+        self,
+        kind: type[BaseException] | None,
+        exc: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        watchdog.guard(None)
+        if self._marks:
+            marks, self._marks = self._marks[0], ()
+            if marks is None:
+                os.environ.pop(watchdog.VARIABLE, None)
+            else:
+                os.environ[watchdog.VARIABLE] = marks
+        if self._pipe is not None:
+            os.close(self._pipe)
+            self._pipe = None
+        if self.process is None:
+            return
+        try:
+            # It finds nothing left to do (this process did it), and is gone at once.
+            self.process.wait(WATCHDOG_EXIT_SECONDS)
+        except subprocess.TimeoutExpired:
+            log.warning("the watchdog did not exit in time: killing it")
+            self.process.kill()
+            self.process.wait()
+        Watchdog.running.discard(self.process.pid)
+        descendants.children.released(self.process.pid)
+        self.process = None
