@@ -131,7 +131,11 @@ class OrphanReaper(descendants.OwnChildren):
             for pid in own_children():
                 # A child's pid stays its own until it is reaped: never a recycled one.
                 stat = descendants.read_stat(pid)
-                if stat is not None and not stat.alive and not self.is_own(pid, stat):
+                if stat is None or stat.alive:
+                    continue
+                if pid in Watchdog.running:
+                    Watchdog.running[pid].lost()
+                elif not self.is_own(pid, stat):
                     with contextlib.suppress(ChildProcessError):
                         os.waitpid(pid, os.WNOHANG)
         except OSError as exc:
@@ -275,8 +279,9 @@ class Watchdog:
     to be gone. Should it not start, a warning says so and the process runs without.
     """
 
-    #: The pids of the watchdogs running, which :func:`end_all` spares.
-    running: set[int] = set()
+    #: The watchdogs running, by pid: :func:`end_all` spares them, and the reaper of a
+    #: child subreaper waits for one that has exited (killed by hand) and says so.
+    running: dict[int, Watchdog] = {}
 
     def __init__(self) -> None:
         self.process: subprocess.Popen[bytes] | None = None
@@ -313,7 +318,7 @@ class Watchdog:
             return self
         finally:
             os.close(read)
-        Watchdog.running.add(self.process.pid)
+        Watchdog.running[self.process.pid] = self
         watchdog.guard(self._pipe)
         marks = os.environ.get(watchdog.VARIABLE)
         self._marks = (marks,)
@@ -333,6 +338,7 @@ class Watchdog:
                 os.environ.pop(watchdog.VARIABLE, None)
             else:
                 os.environ[watchdog.VARIABLE] = marks
+        self.lost()
         if self._pipe is not None:
             os.close(self._pipe)
             self._pipe = None
@@ -345,6 +351,22 @@ class Watchdog:
             log.warning("the watchdog did not exit in time: killing it")
             self.process.kill()
             self.process.wait()
-        Watchdog.running.discard(self.process.pid)
+        self._forget()
+
+    def lost(self) -> None:
+        """If the watchdog has exited while this process runs (killed by hand), wait for
+        it and say so: from then on nothing is cleaned up if this process is killed."""
+        if self.process is None or self.process.poll() is None:
+            return
+        log.warning(
+            "the watchdog has exited (%s): if this process is killed, what it started may "
+            "outlive it",
+            self.process.returncode,
+        )
+        self._forget()
+
+    def _forget(self) -> None:
+        assert self.process is not None
+        Watchdog.running.pop(self.process.pid, None)
         descendants.children.released(self.process.pid)
         self.process = None

@@ -81,8 +81,16 @@ def guard_folder(path: str) -> None:
     """Have the watchdog remove ``path`` if the bridge dies (no watchdog: nothing)."""
     if _pipe is None:
         return
-    with contextlib.suppress(OSError):  # the watchdog is gone (killed by hand)
+    try:
         os.write(_pipe, os.fsencode(path) + b"\0")
+    except OSError as exc:  # the watchdog is gone (killed by hand)
+        import logging
+
+        logging.getLogger("bridge.process").warning(
+            "the watchdog is gone (%s): if this process is killed, %s stays",
+            exc.strerror or exc,
+            path,
+        )
 
 
 def make_folder(prefix: str) -> str:
@@ -281,7 +289,8 @@ def main() -> int:
             killed += sweep(mark)
     if killed or removed:
         line = (
-            f"rest-bridge watchdog: the bridge is gone; killed {killed} processes it "
+            f"rest-bridge watchdog: the bridge is gone; killed {killed} process"
+            f"{'' if killed == 1 else 'es'} it "
             f"started, removed {removed} of its folders\n"
         )
         with contextlib.suppress(OSError):

@@ -347,3 +347,27 @@ def test_a_bridge_that_stops_lets_its_watchdog_go_with_nothing_to_do(started, wr
     assert not dog.is_running()  # waited for by the bridge, which has exited since
     assert not bridge.marked()
     assert "rest-bridge watchdog" not in bridge.stderr.read_text()
+
+
+def test_a_watchdog_killed_by_hand_is_said_and_the_bridge_still_stops_clean(started):
+    """SIGKILL to the watchdog alone: the bridge reaps it and says so once, the folder made
+    next cannot be handed to it (one warning), the bridge serves on, and its stop still
+    removes that folder and stops what it started itself."""
+    bridge = started(
+        *("serve", "--port", "0", "--app-server-mode", "shared"),
+        *("--app-server", f"{FAKE_CODEX} app-server"),
+    )
+    dog = watchdog_of(bridge.pid)
+    dog.kill()
+    all_gone([dog])  # reaped by the bridge (its reaper of orphans), not left a zombie
+    bridge.post("/v1/sessions")  # the shared app-server starts: its folder is made now
+    left = bridge.marked()
+    (listening,) = [command for command in commands(left) if "--listen unix://" in command]
+    folder = Path(listening.split("--listen unix://", 1)[1].split()[0]).parent
+    bridge.process.send_signal(signal.SIGTERM)
+    assert bridge.process.wait(WAIT) == 0
+    said = bridge.stderr.read_text()
+    assert f"the watchdog is gone (Broken pipe): if this process is killed, {folder} stays" in said
+    assert said.count("the watchdog has exited (-9): if this process is killed") == 1, said
+    assert not folder.exists()
+    assert not bridge.marked()
