@@ -308,11 +308,11 @@ class Watchdog:
                 )
                 own(self.process.pid)
             os.write(self._pipe, mark.encode() + b"\0")
-        except OSError as exc:
+        except (OSError, ValueError, subprocess.SubprocessError) as exc:
             log.warning(
                 "could not start the watchdog (%s): if this process is killed, what it "
                 "started may outlive it",
-                exc.strerror or exc,
+                getattr(exc, "strerror", None) or exc,
             )
             self.__exit__(None, None, None)
             return self

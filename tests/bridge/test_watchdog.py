@@ -104,7 +104,9 @@ def started(tmp_path: Path) -> Iterator[Any]:
         bridge = Started(process, mark, stderr)
         processes.append(bridge)
         assert process.stdout is not None
-        lines = []
+        lines: list[str] = []
+        if not until:
+            return bridge
         for line in process.stdout:  # waits on the process's own words
             lines.append(line)
             if until in line:
@@ -370,4 +372,24 @@ def test_a_watchdog_killed_by_hand_is_said_and_the_bridge_still_stops_clean(star
     assert f"the watchdog is gone (Broken pipe): if this process is killed, {folder} stays" in said
     assert said.count("the watchdog has exited (-9): if this process is killed") == 1, said
     assert not folder.exists()
+    assert not bridge.marked()
+
+
+def test_sigkill_of_serve_during_its_version_probe_kills_the_probe(started, tmp_path):
+    """The `--version` probe runs before `serve` listens: one that hangs dies with the
+    bridge's SIGKILL too."""
+    fifo = tmp_path / "probe-started"
+    os.mkfifo(fifo)
+    probe = f"echo started > {fifo}; exec sleep 1006"
+    bridge = started(
+        "serve", "--port", "0", "--app-server", f"sh -c '{probe}' x app-server", until=""
+    )
+    with fifo.open() as reading:  # the probe's own word that it runs
+        assert reading.read() == "started\n"
+    left = bridge.marked()  # the probe: `sh`, or the `sleep 1006` it becomes
+    assert len(left) == 1, commands(left)
+    waited = [*processes(left), watchdog_of(bridge.pid)]
+    os.kill(bridge.pid, signal.SIGKILL)
+    bridge.process.wait(WAIT)
+    all_gone(waited)
     assert not bridge.marked()
