@@ -277,6 +277,7 @@ def listen(bridge: int) -> tuple[bytes, dict[str, tuple[int, int]]]:
 def main() -> int:
     for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
         signal.signal(sig, signal.SIG_IGN)
+    os.chdir("/")  # holds no folder of the bridge's (one to be unmounted) open
     mark, folders = listen(int(sys.argv[1]))
     signal.alarm(LIFETIME_SECONDS)
     if not mark:

@@ -15,6 +15,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 import urllib.request
 import uuid
 from collections.abc import Iterator
@@ -151,6 +152,16 @@ def all_gone(waited: list[psutil.Process]) -> None:
     """Return once every process of ``waited`` has exited (fail after GONE_SECONDS)."""
     _, alive = psutil.wait_procs(waited, timeout=GONE_SECONDS)
     assert not alive, [(p.pid, p.cmdline()) for p in alive if p.is_running()]
+
+
+def settled(bridge: Started, count: int) -> set[int]:
+    """The processes ``bridge`` started, once there are ``count`` (polled: a count in
+    /proc has no event to wait on; fails after GONE_SECONDS)."""
+    deadline = time.monotonic() + GONE_SECONDS
+    while len(found := bridge.marked()) != count and time.monotonic() < deadline:
+        time.sleep(0.05)  # sync-ok: /proc counts have no event to wait on
+    assert len(found) == count, commands(found)
+    return found
 
 
 def commands(pids: set[int]) -> list[str]:
@@ -393,3 +404,23 @@ def test_sigkill_of_serve_during_its_version_probe_kills_the_probe(started, tmp_
     bridge.process.wait(WAIT)
     all_gone(waited)
     assert not bridge.marked()
+
+
+def test_the_sigkill_of_one_bridge_leaves_another_bridges_processes_alone(started, write_script):
+    """Two bridges side by side: one SIGKILLed takes its app-server and its child along,
+    the other's app-server and child (its own mark) serve on."""
+    script = write_script(EVIL)
+    command = f"{FAKE_CODEX} app-server --script {script}"
+    killed, spared = (started("serve", "--port", "0", "--app-server", command) for _ in "ab")
+    for bridge in (killed, spared):
+        session = bridge.post("/v1/sessions")["sessionId"]
+        answer = bridge.post(f"/v1/sessions/{session}/call/x/child", {"params": {}})
+        assert answer == {"result": {}}
+    left, kept = settled(killed, 2), settled(spared, 2)
+    waited = [*processes(left), watchdog_of(killed.pid)]
+    os.kill(killed.pid, signal.SIGKILL)
+    killed.process.wait(WAIT)
+    all_gone(waited)
+    assert not killed.marked()
+    assert spared.marked() == kept
+    assert spared.post("/v1/sessions")["sessionId"]
