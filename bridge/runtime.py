@@ -4,7 +4,9 @@ An application of :mod:`bridge.app` is the whole HTTP product; serving it as a
 program is more: the event loop chosen, glibc told to return big buffers, the
 descriptor budget raised and its shortage reported (:mod:`bridge.descriptors`), the
 stop and drain signals, the bridge made the subreaper of its app-servers' orphans and
-their reaper (:mod:`bridge.subreaper`), and at exit every leftover descendant killed.
+their reaper (:mod:`bridge.subreaper`), its watchdog started (:mod:`bridge.watchdog`: if
+the bridge is killed, what it started dies too), and at exit every leftover descendant
+killed.
 :class:`ServeProcess` holds that policy; ``bridge.cli`` parses arguments and prints.
 """
 
@@ -36,6 +38,7 @@ from bridge.observe import observer
 from bridge.server import SERVER_SETTINGS
 from bridge.subreaper import ORPHAN_REAP_SECONDS as ORPHAN_REAP_SECONDS
 from bridge.subreaper import OrphanReaper as OrphanReaper
+from bridge.subreaper import Watchdog as Watchdog
 from bridge.subreaper import become_subreaper as become_subreaper
 from bridge.subreaper import carrying as carrying
 from bridge.subreaper import children_in_table as children_in_table
@@ -199,9 +202,10 @@ class ServeProcess:
 
     ``async with ServeProcess(drain) as process:`` takes over the signals (the first
     SIGINT, SIGTERM or SIGHUP stops, SIGUSR1 calls ``drain`` with :attr:`stop`), raises the
-    descriptor limit (:attr:`descriptors` says how), reports descriptor shortages, and
-    reaps orphaned descendants; :meth:`serve` listens; leaving stops the runner, kills
-    what is left below the bridge and ignores further stop signals.
+    descriptor limit (:attr:`descriptors` says how), reports descriptor shortages, reaps
+    orphaned descendants and starts the watchdog; :meth:`serve` listens; leaving stops
+    the runner, kills what is left below the bridge, lets the watchdog go and ignores
+    further stop signals.
     """
 
     def __init__(self, drain: Callable[[asyncio.Event], None] | None = None) -> None:
@@ -212,6 +216,7 @@ class ServeProcess:
         self._orphans: asyncio.Task[None] | None = None
         self._runner: web.AppRunner | None = None
         self._acceptor: Acceptor | None = None
+        self._watchdog = Watchdog()
 
     async def __aenter__(self) -> ServeProcess:
         loop = asyncio.get_running_loop()
@@ -227,6 +232,8 @@ class ServeProcess:
         # Orphaned descendants of app-servers come to the bridge, not init.
         if become_subreaper():
             self._orphans = asyncio.create_task(reap_every())
+        # Before anything is started: the probe, the app-servers (bridge.watchdog).
+        self._watchdog.__enter__()
         return self
 
     async def serve(
@@ -286,6 +293,7 @@ class ServeProcess:
         killed = await end_all(DESCENDANTS_EXIT_SECONDS)
         if killed:
             logs.say(f"rest-bridge: killed {killed} leftover processes")
+        self._watchdog.__exit__(None, None, None)
         self._shortage.close()
         # Stopped otherwise (drained): a signal now must not kill the exit either.
         ignore_stop_signals()

@@ -328,6 +328,7 @@ class MarkVariables(Variables):
         None, description="set on each app-server, to find what it started"
     )
     cluster_mark: str | None = Field(None, description="set by rest-bridge cluster on its replicas")
+    bridge_mark: str | None = Field(None, description="the marks its bridges' watchdogs look for")
 
 
 # The fields of a class with several bases come in the reverse order of its bases: this

@@ -14,12 +14,19 @@ import contextlib
 import ctypes
 import logging
 import os
+import secrets
+import subprocess
+import sys
 from collections.abc import Callable, Iterator, Mapping
+from types import TracebackType
 
+from bridge import watchdog
 from bridge.process import descendants
 
 #: How often `rest-bridge serve` reaps adopted orphans that exited on their own.
 ORPHAN_REAP_SECONDS = 5.0
+#: How long a process waits for its watchdog to exit, once it has closed its pipe.
+WATCHDOG_EXIT_SECONDS = 10.0
 _PR_SET_CHILD_SUBREAPER = 36
 
 log = logging.getLogger("bridge.process")
@@ -124,7 +131,11 @@ class OrphanReaper(descendants.OwnChildren):
             for pid in own_children():
                 # A child's pid stays its own until it is reaped: never a recycled one.
                 stat = descendants.read_stat(pid)
-                if stat is not None and not stat.alive and not self.is_own(pid, stat):
+                if stat is None or stat.alive:
+                    continue
+                if pid in Watchdog.running:
+                    Watchdog.running[pid].lost()
+                elif not self.is_own(pid, stat):
                     with contextlib.suppress(ChildProcessError):
                         os.waitpid(pid, os.WNOHANG)
         except OSError as exc:
@@ -235,10 +246,14 @@ async def end_all(timeout: float) -> int:
     """Kill every descendant of this process and reap them: `rest-bridge serve`'s last act.
 
     Returns how many were killed. Only for a process that is the bridge alone: it
-    spares nothing below it.
+    spares nothing below it but its :class:`Watchdog`, which has its own end.
     """
     return await kill_all(
-        lambda table: {pid for pid, stat in table.items() if stat.alive}, timeout, subtree
+        lambda table: {
+            pid for pid, stat in table.items() if stat.alive and pid not in Watchdog.running
+        },
+        timeout,
+        subtree,
     )
 
 
@@ -255,3 +270,103 @@ def carrying(variable: str, value: str) -> descendants.Selector:
         }
 
     return select
+
+
+class Watchdog:
+    """The watchdog of this process (:mod:`bridge.watchdog`): ``with Watchdog():`` starts
+    it, marks what this process starts from then on, and has the folders made by
+    :func:`bridge.watchdog.make_folder` removed; leaving closes its pipe and waits for it
+    to be gone. Should it not start, a warning says so and the process runs without.
+    """
+
+    #: The watchdogs running, by pid: :func:`end_all` spares them, and the reaper of a
+    #: child subreaper waits for one that has exited (killed by hand) and says so.
+    running: dict[int, Watchdog] = {}
+
+    def __init__(self) -> None:
+        self.process: subprocess.Popen[bytes] | None = None
+        self._pipe: int | None = None
+        #: This process's marks before its watchdog's was added (``()``: not added).
+        self._marks: tuple[str | None] | tuple[()] = ()
+
+    def __enter__(self) -> Watchdog:
+        if not descendants.LINUX:
+            return self
+        if not sys.executable or not os.path.isfile(watchdog.__file__):
+            log.warning("no watchdog: if this process is killed, what it started may outlive it")
+            return self
+        read, self._pipe = os.pipe()  # neither end inherited by what this process starts
+        mark = secrets.token_hex(16)
+        try:
+            with descendants.children.spawning() as own:
+                self.process = subprocess.Popen(
+                    [sys.executable, "-I", "-S", watchdog.__file__, str(os.getpid())],
+                    stdin=read,
+                    stdout=subprocess.DEVNULL,
+                    env={watchdog.VARIABLE: watchdog.LABEL},
+                    start_new_session=True,
+                )
+                own(self.process.pid)
+            os.write(self._pipe, mark.encode() + b"\0")
+        except (OSError, ValueError, subprocess.SubprocessError) as exc:
+            log.warning(
+                "could not start the watchdog (%s): if this process is killed, what it "
+                "started may outlive it",
+                getattr(exc, "strerror", None) or exc,
+            )
+            self.__exit__(None, None, None)
+            return self
+        finally:
+            os.close(read)
+        Watchdog.running[self.process.pid] = self
+        watchdog.guard(self._pipe)
+        marks = os.environ.get(watchdog.VARIABLE)
+        self._marks = (marks,)
+        os.environ[watchdog.VARIABLE] = " ".join([*(marks or "").split(), mark])
+        return self
+
+    def __exit__(
+        self,
+        kind: type[BaseException] | None,
+        exc: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        watchdog.guard(None)
+        if self._marks:
+            marks, self._marks = self._marks[0], ()
+            if marks is None:
+                os.environ.pop(watchdog.VARIABLE, None)
+            else:
+                os.environ[watchdog.VARIABLE] = marks
+        self.lost()
+        if self._pipe is not None:
+            os.close(self._pipe)
+            self._pipe = None
+        if self.process is None:
+            return
+        try:
+            # It finds nothing left to do (this process did it), and is gone at once.
+            self.process.wait(WATCHDOG_EXIT_SECONDS)
+        except subprocess.TimeoutExpired:
+            log.warning("the watchdog did not exit in time: killing it")
+            self.process.kill()
+            self.process.wait()
+        self._forget()
+
+    def lost(self) -> None:
+        """If the watchdog has exited while this process runs (killed by hand), wait for
+        it and say so: from then on nothing is cleaned up if this process is killed."""
+        if self.process is None or self.process.poll() is None:
+            return
+        log.warning(
+            "the watchdog has exited (%s): if this process is killed, what it started may "
+            "outlive it",
+            self.process.returncode,
+        )
+        self._forget()
+
+    def _forget(self) -> None:
+        assert self.process is not None
+        Watchdog.running.pop(self.process.pid, None)
+        descendants.children.released(self.process.pid)
+        self.process = None

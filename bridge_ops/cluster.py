@@ -52,7 +52,7 @@ from pathlib import Path
 
 import psutil
 
-from bridge import TOKEN_VARIABLE, credentials, runtime
+from bridge import TOKEN_VARIABLE, credentials, runtime, watchdog
 from bridge.limits import PEERS_VARIABLE, REPLICA_ID_VARIABLE
 from bridge.process import descendants
 from bridge.settings import LimitVariables, variable_name
@@ -588,6 +588,14 @@ def main(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return 2
+    ops_port = getattr(args, "ops_port", None)
+    if ops_port and ops_port + replicas - 1 > 65535:
+        print(
+            f"rest-bridge cluster: --ops-port {ops_port} leaves no port for replica "
+            f"{replicas - 1} (it gets --ops-port + its number, at most 65535)",
+            file=sys.stderr,
+        )
+        return 2
     directory = getattr(args, "dir", None)
     made = directory is None
     path = Path(directory or tempfile.mkdtemp(prefix="rest-bridge-cluster-"))
@@ -607,21 +615,19 @@ def main(args: argparse.Namespace) -> int:
     cluster.probe_interval = int(getattr(args, "probe_interval_ms", PROBE_INTERVAL_MS)) / 1000
     cluster.probe_timeout = int(getattr(args, "probe_timeout_ms", PROBE_TIMEOUT_MS)) / 1000
     cluster.probe_misses = int(getattr(args, "probe_misses", PROBE_MISSES))
-    cluster.ops_port = getattr(args, "ops_port", None)
-    if cluster.ops_port and cluster.ops_port + replicas - 1 > 65535:
-        print(
-            f"rest-bridge cluster: --ops-port {cluster.ops_port} leaves no port for replica "
-            f"{replicas - 1} (it gets --ops-port + its number, at most 65535)",
-            file=sys.stderr,
-        )
-        return 2
+    cluster.ops_port = ops_port
     for option in ("log_format", "log_level"):
         value = getattr(args, option, None)
         if value is not None:
             cluster.log_options += ["--" + option.replace("_", "-"), str(value)]
-    try:
-        with asyncio.Runner() as runner:
-            return runner.run(run(cluster))
-    finally:
+    # The watchdog (bridge.watchdog): if the launcher is killed, it kills every process
+    # the launcher started and removes the folder it made, which holds the token map.
+    with runtime.Watchdog():
         if made:
-            shutil.rmtree(path, ignore_errors=True)
+            watchdog.guard_folder(str(path))
+        try:
+            with asyncio.Runner() as runner:
+                return runner.run(run(cluster))
+        finally:
+            if made:
+                shutil.rmtree(path, ignore_errors=True)

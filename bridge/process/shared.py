@@ -16,14 +16,13 @@ import os
 import shlex
 import shutil
 import signal
-import tempfile
 import time
 from collections.abc import Sequence
 from typing import Any
 
 import aiohttp
 
-from bridge import __version__, credentials, errors
+from bridge import __version__, credentials, errors, watchdog
 from bridge.events import rfc3339
 from bridge.limits import AppServerSettings, RestLimits
 from bridge.models import ClientOptions, Compatibility, SharedAppServerState
@@ -287,7 +286,8 @@ class ConnectShared:
         loop = asyncio.get_running_loop()
         self.state = "starting"
         if self.socket_dir is None:
-            self.socket_dir = tempfile.mkdtemp(prefix="rest-bridge-app-server-")
+            # Removed at close; if the bridge is killed, by its watchdog.
+            self.socket_dir = watchdog.make_folder("rest-bridge-app-server-")
         self._remove_socket()
         self._socket = os.path.join(self.socket_dir, _SOCKET_NAME)
         if self._client is not None:

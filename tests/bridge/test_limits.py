@@ -98,7 +98,8 @@ def test_serve_help_names_every_variable_an_operator_sets():
         [str(script), "serve", "--help"], capture_output=True, text=True, timeout=60, check=True
     )
     text = " ".join(done.stdout.split())  # argparse folds lines
-    internal = {"REST_ADAPTER_CLUSTER_MARK", MARK_VARIABLE}  # set by rest-bridge itself
+    # set by rest-bridge itself
+    internal = {"REST_ADAPTER_CLUSTER_MARK", "REST_ADAPTER_BRIDGE_MARK", MARK_VARIABLE}
     for variable in sorted(set(BridgeSettings.variables().values()) - internal):
         assert variable in text, variable
     for field in dataclasses.fields(RestLimits):

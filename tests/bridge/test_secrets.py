@@ -371,6 +371,7 @@ def test_a_secret_file_that_is_a_fifo_stops_serve_instead_of_waiting_for_a_write
 RESERVED = {
     "REST_ADAPTER_CLUSTER_MARK": "x",
     "REST_ADAPTER_PROCESS_MARK": "y",
+    "REST_ADAPTER_BRIDGE_MARK": "w",
     "REST_ADAPTER_TOKEN": "z",
 }
 
