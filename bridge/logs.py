@@ -23,7 +23,8 @@ import logging
 import re
 import sys
 import time
-from collections.abc import Sequence
+import weakref
+from collections.abc import Callable, Sequence
 from typing import Any, ClassVar, TextIO
 
 import orjson
@@ -377,6 +378,122 @@ def access_log_class(replica_id: str | None = None) -> type[AccessLog]:
     (:meth:`bridge.observe.Observer.log_access`) and a runner (``web.AppRunner(app,
     access_log=ACCESS, access_log_class=...)``)."""
     return type("AccessLog", (AccessLog,), {"replica_id": replica_id})
+
+
+# -- lines a caller can repeat at will -----------------------------------------------
+
+#: At most one line of a kind this often (seconds), by default.
+THROTTLE_SECONDS = 10.0
+
+
+class Throttle:
+    """At most one line of each kind every ``interval`` seconds, for lines whose rate
+    callers set (a request aiohttp's parser refuses, an app-server that cannot start):
+    :meth:`admit` says whether a line may be written now and how many of its kind were
+    held back since the last one (which that line then says); :meth:`flush` writes, for
+    each kind, how many are still held back (when the application stops, so that none
+    goes uncounted), by ``held``. Every throttle made is flushed by :func:`flush_held`.
+    """
+
+    def __init__(
+        self,
+        held: Callable[[str, int], None],
+        interval: float = THROTTLE_SECONDS,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.interval = interval
+        self._held_line = held
+        self._clock = clock
+        self._next_at: dict[str, float] = {}
+        self._held: dict[str, int] = {}
+        _THROTTLES.add(self)
+
+    def admit(self, kind: str) -> int | None:
+        """None: hold this line back (it is counted); else how many lines of ``kind``
+        were held back since its last one."""
+        now = self._clock()
+        if now < self._next_at.get(kind, 0.0):
+            self._held[kind] = self._held.get(kind, 0) + 1
+            return None
+        if len(self._next_at) >= THROTTLE_KINDS and kind not in self._next_at:
+            self.flush()
+        self._next_at[kind] = now + self.interval
+        return self._held.pop(kind, 0)
+
+    def flush(self) -> None:
+        """The count of each kind's lines held back since its last line, if any; then the
+        next line of any kind is written at once (an application started anew in this
+        process has its first lines)."""
+        held, self._held = self._held, {}
+        self._next_at.clear()
+        for kind, count in held.items():
+            self._held_line(kind, count)
+
+
+#: A throttle remembers at most this many kinds (a kind is a fixed word, never a
+#: caller's text: far fewer in practice).
+THROTTLE_KINDS = 64
+_THROTTLES: weakref.WeakSet[Throttle] = weakref.WeakSet()
+
+
+def more_since(count: int) -> str:
+    """What a line adds about the ``count`` lines of its kind held back before it."""
+    return f" (and {count} more since the last such line)" if count else ""
+
+
+#: Where an app-server that could not start is told of (the operator's log).
+STARTS = logging.getLogger("bridge")
+
+
+def _starts_held(kind: str, count: int) -> None:
+    STARTS.log(
+        _start_levels.get(kind, logging.ERROR),
+        "%d more app-server start failure%s like the last (%s) since the last such line",
+        count,
+        "s"[: count - 1],
+        kind,
+        extra={FIELDS: {"event": "app_server_start_failed", "failure": kind, "heldBack": count}},
+    )
+
+
+_starts = Throttle(_starts_held)
+_start_levels: dict[str, int] = {}
+
+
+def start_failed(kind: str, level: int, message: str, *args: Any) -> None:
+    """The operator's line about an app-server that could not start, ``kind`` the way it
+    failed (``spawn``, ``cwd``, ``resources``, ``exited``, ``connection``, ``timeout``,
+    ``initialize``): callers repeat it at will (each request tries a start), so at most
+    one line a kind every :data:`THROTTLE_SECONDS`, with the count of those held back."""
+    if not STARTS.isEnabledFor(level):
+        return
+    held = _starts.admit(kind)
+    if held is None:
+        return
+    _start_levels[kind] = level
+    fields = {"event": "app_server_start_failed", "failure": kind}
+    STARTS.log(level, message + "%s", *args, more_since(held), extra={FIELDS: fields})
+
+
+def flush_held() -> None:
+    """Every throttle's counts of the lines it holds back (:meth:`Throttle.flush`)."""
+    for throttle in list(_THROTTLES):
+        throttle.flush()
+
+
+#: How much of a start-up failure's stderr one log line carries (its end).
+LOG_STDERR_CHARS = 1000
+
+
+def stderr_summary(tail: str) -> str:
+    """The end of a stderr tail on one line: lines joined by `` | ``, at most
+    :data:`LOG_STDERR_CHARS` characters."""
+    text = " | ".join(line.strip() for line in tail.splitlines() if line.strip())
+    if not text:
+        return "(nothing)"
+    if len(text) > LOG_STDERR_CHARS:
+        text = "…" + text[-LOG_STDERR_CHARS:]
+    return text
 
 
 # -- sessions and app-servers ---------------------------------------------------------

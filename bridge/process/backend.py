@@ -215,8 +215,12 @@ class ProcessBackend(Backend):
                 info = process.exit_info or exc.exit_info
                 raise self._start_failed(startup.exited_at_startup(self.command, info)) from None
             if isinstance(exc, TimeoutError):
-                late = startup.spawn_timed_out(self.launcher.starting, self.limits.spawn_timeout_ms)
+                ms = self.limits.spawn_timeout_ms
+                own = self.command if self.mode == "process" else ()
+                late = startup.spawn_timed_out(self.launcher.starting, ms, command=own)
                 raise self._start_failed(late) from None
+            if isinstance(exc, RpcError):
+                raise self._start_failed(startup.initialize_refused(self.command, exc)) from None
             raise self._start_failed(rpc_failure(exc, self.launcher.starting)) from None
         except BaseException:
             await self._stop_fully(process)

@@ -23,7 +23,7 @@ from typing import Any
 
 import aiohttp
 
-from bridge import __version__, credentials, errors
+from bridge import __version__, credentials, errors, logs
 from bridge.events import rfc3339
 from bridge.limits import AppServerSettings, RestLimits
 from bridge.models import ClientOptions, Compatibility, SharedAppServerState
@@ -476,7 +476,7 @@ class ConnectShared:
             process.pid,
             info.describe().removeprefix("the app-server "),
             delay,
-            startup.stderr_summary(info.stderr_tail),
+            logs.stderr_summary(info.stderr_tail),
         )
         self._restart_task = loop.create_task(self._restart_later())
 

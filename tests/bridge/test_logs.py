@@ -509,6 +509,82 @@ def test_a_session_a_drain_outlives_ends_with_the_drain(tmp_path: Path):
         served.stop()
 
 
+async def post_many(url: str, count: int, body: Any) -> list[tuple[int, dict[str, Any]]]:
+    async with aiohttp.ClientSession() as http:
+
+        async def one() -> tuple[int, dict[str, Any]]:
+            async with http.post(url, json=body) as response:
+                return response.status, await response.json()
+
+        return list(await asyncio.gather(*(one() for _ in range(count))))
+
+
+def test_start_failures_are_one_line_a_kind_an_interval_with_the_count_held_back(
+    tmp_path: Path,
+):
+    """A broken command: callers cannot flood the log with one ERROR line per request."""
+    served = start(tmp_path, "--app-server", "/nonexistent/codex app-server")
+    try:
+        answers = asyncio.run(post_many(f"{served.url}/v1/call/x", 200, {}))
+    finally:
+        served.stop()
+    assert {status for status, _ in answers} == {502}
+    said = [line for line in served.stderr if "start failure" in line or "could not start" in line]
+    assert len(said) == 2, said
+    assert (
+        " ERROR bridge could not start the app-server `/nonexistent/codex app-server`: "
+        in (said[0])
+    )
+    # The rest, held back, are counted when the bridge stops: none goes unsaid.
+    assert said[1].endswith(
+        "199 more app-server start failures like the last (spawn) since the last such line"
+    )
+
+
+INITIALIZE_FAILS = {
+    "version": 1,
+    "initialize": {"error": {"code": -32603, "message": f"boom /secret/path {ENV_SECRET[:3]}"}},
+}
+
+
+def test_a_failing_initialize_is_an_error_line_and_the_client_hears_no_path(tmp_path: Path):
+    served = start(tmp_path, "--log-format", "json", script=INITIALIZE_FAILS)
+    try:
+        answers = asyncio.run(post_many(f"{served.url}/v1/sessions", 3, {}))
+    finally:
+        served.stop()
+    for status, body in answers:
+        assert status == 502
+        assert body == {
+            "error": "app_server_error",
+            "message": "The app-server answered `initialize` with an error; check the bridge's "
+            "app-server command (`rest-bridge serve --app-server`). The bridge's log has its "
+            "message.",
+            "code": -32603,
+        }
+    failed = [x for x in json_lines(served.stderr) if x.get("event") == "app_server_start_failed"]
+    assert [x["level"] for x in failed] == ["ERROR", "ERROR"], failed
+    assert failed[0]["failure"] == "initialize"
+    assert "refused `initialize`: boom /secret/path" in failed[0]["message"]
+    assert FAKE_CODEX in failed[0]["message"]  # the operator's line names the command
+    assert failed[1]["heldBack"] == 2
+
+
+def test_an_app_server_that_never_answers_initialize_is_a_line_naming_the_command(
+    tmp_path: Path,
+):
+    script = {"version": 1, "initialize": {"noReply": True}}
+    served = start(tmp_path, env={"REST_ADAPTER_SPAWN_TIMEOUT_MS": "200"}, script=script)
+    try:
+        answers = asyncio.run(post_many(f"{served.url}/v1/sessions", 1, {}))
+    finally:
+        served.stop()
+    assert answers[0][0] == 504
+    late = [line for line in served.stderr if "did not complete before its deadline" in line]
+    assert len(late) == 1, served.stderr
+    assert f"no answer to `initialize` from `{FAKE_CODEX} app-server --script " in late[0]
+
+
 def abandon_calls(served: Served, count: int) -> None:
     """``count`` calls held by the app-server, their clients gone; then the app-server
     answers each (a reply nobody waits for) and says so with a notification."""

@@ -165,13 +165,16 @@ async def test_an_app_server_that_does_not_exist_is_said_at_start_and_logged(
     served.signal(signal.SIGTERM)
     assert served.wait(30) == 0
     logs = served.output
+    # One line a kind of failure an interval (callers cannot flood the log with them);
+    # those held back are counted when the bridge stops.
     assert (
         logs.count(
             "ERROR bridge could not start the app-server `fake-codx app-server`: "
             "No such file or directory"
         )
-        == 3
+        == 1
     ), logs
+    assert "2 more app-server start failures like the last (spawn) since the last" in logs
     assert "Traceback" not in logs
     assert served.resources.processes() == frozenset()
     report.survived = report.nothing_lost = report.no_leak = True
@@ -211,7 +214,8 @@ async def test_an_app_server_that_exits_at_start_is_logged_with_its_stderr(bridg
     logs = served.output
     line = f"ERROR bridge the app-server `{FAKE_CODEX}` ended during start-up: "
     line += "process exited with code 2; stderr: usage: fake-codex [-h]"
-    assert logs.count(line) == 3, logs
+    assert logs.count(line) == 1, logs
+    assert "2 more app-server start failures like the last (exited) since the last" in logs
     assert "Traceback" not in logs
     assert served.resources.processes() == frozenset()
     report.survived = report.nothing_lost = report.no_leak = True
