@@ -25,11 +25,14 @@ import sys
 import time
 import weakref
 from collections.abc import Callable, Sequence
-from typing import Any, ClassVar, TextIO
+from typing import TYPE_CHECKING, Any, ClassVar, TextIO
 
 import orjson
 from aiohttp import web
 from aiohttp.abc import AbstractAccessLogger
+
+if TYPE_CHECKING:
+    from bridge.process.channel import ExitInfo
 
 LOG_FORMATS = ("text", "json")
 LOG_LEVELS = ("debug", "info", "warning", "error")
@@ -538,32 +541,62 @@ def session_ended(
 def app_server_exited(
     session_id: str | None,
     replica_id: str | None,
-    exit_code: int | None,
-    signal: str | None,
-    described: str,
+    info: ExitInfo,
     *,
     asked: bool,
+    killed: bool = False,
 ) -> None:
-    """An app-server (or a session's connection to the shared one) ended: INFO for a
-    session's, and for any the bridge did not stop itself; DEBUG for the app-server of a
-    sessionless call or text turn stopped when it was done (one per such request)."""
-    level = logging.INFO if session_id is not None or not asked else logging.DEBUG
+    """An app-server (or a session's connection to the shared one) ended.
+
+    ``asked``: the bridge stopped it as it meant to (a delete, an idle session, the end
+    of a sessionless call, shutdown): INFO for a session's, DEBUG for a sessionless
+    request's (one per such request). ``killed``: the bridge killed it because it was
+    broken (it broke the protocol, it stopped answering). Otherwise it ended by itself.
+    An end that needs attention is a WARNING: one the bridge did not ask for with a
+    non-zero (or unknown) exit code or a signal, or a kill. Those of sessionless requests
+    are throttled like start failures (:class:`Throttle`): a broken command would write
+    one a request."""
+    exit_code, signal = info.exit_code, info.signal
+    failed = not asked and (killed or exit_code != 0 or signal is not None)
+    if failed:
+        level = logging.WARNING
+    else:
+        level = logging.INFO if session_id is not None or not asked else logging.DEBUG
     if not SESSIONS.isEnabledFor(level):
         return
+    held = 0
+    if failed and session_id is None:
+        admitted = _exits.admit("sessionless")
+        if admitted is None:
+            return
+        held = admitted
     fields: dict[str, Any] = {
         "event": "app_server_exited",
         "exitCode": exit_code,
         "signal": signal,
-        "stoppedByBridge": asked,
+        "stoppedByBridge": asked or killed,
     }
     if session_id is not None:
         fields["sessionId"] = session_id
     whose = f"session {session_id}" if session_id is not None else "a sessionless request"
+    how = "" if asked else " (killed by the bridge)" if killed else " (not stopped by the bridge)"
     SESSIONS.log(
         level,
-        "app-server of %s ended: %s%s",
+        "app-server of %s ended: %s%s%s",
         whose,
-        described,
-        "" if asked else " (not stopped by the bridge)",
+        info.describe(),
+        how,
+        more_since(held),
         extra={FIELDS: _with_replica(fields, replica_id)},
     )
+
+
+def _exits_held(kind: str, count: int) -> None:
+    SESSIONS.warning(
+        "%d more app-servers of sessionless requests ended by themselves since the last such line",
+        count,
+        extra={FIELDS: {"event": "app_server_exited", "heldBack": count}},
+    )
+
+
+_exits = Throttle(_exits_held)

@@ -32,6 +32,7 @@ from bridge.process.channel import ExitInfo
 from bridge.process.outcomes import rpc_failure
 from bridge.process.peer import JsonRpcPeer, ProcessGone, RpcError, StdinFull
 from bridge.process.session import Session
+from bridge.process.shared import SERVER_WEDGED
 from bridge.process.startup import DEFAULT_COMMAND, AppServerLauncher, SpawnStdio, parse_command
 from bridge.process.text_turn import TextTurn
 
@@ -187,9 +188,8 @@ class ProcessBackend(Backend):
         self._asked_to_stop.discard(process)
         session = self._session_of.pop(process, None)
         session_id = session.id if session is not None else None
-        logs.app_server_exited(
-            session_id, self.replica_id, info.exit_code, info.signal, info.describe(), asked=asked
-        )
+        killed = bool(info.protocol_error) or info.connection == SERVER_WEDGED
+        logs.app_server_exited(session_id, self.replica_id, info, asked=asked, killed=killed)
         if session is not None:
             reason = session.end_reason or "app_server_exit"
             logs.session_ended(

@@ -377,7 +377,42 @@ def test_session_starts_and_ends_and_app_server_exits_are_logged(run: Served):
         assert crashed[0]["stoppedByBridge"] is False
 
 
+def test_a_crash_is_a_warning_and_a_stop_the_bridge_asked_for_stays_info(run: Served):
+    exits = [line for line in run.stderr if "app-server of session" in line]
+    if run.format == "json":
+        levels = {
+            json.loads(x)["message"].endswith("bridge)"): json.loads(x)["level"] for x in exits
+        }
+    else:
+        levels = {x.endswith("bridge)"): x.split()[2] for x in exits}
+    # The crash (exit 3, not asked for), and the sessions the bridge stopped at shutdown.
+    assert levels == {True: "WARNING", False: "INFO"}, exits
+
+
 # -- levels, reasons, noise ----------------------------------------------------------------
+
+
+def test_warning_level_still_shows_every_app_server_crash(tmp_path: Path):
+    served = start(tmp_path, "--log-level", "warning")
+
+    async def drive() -> str:
+        async with aiohttp.ClientSession() as http:
+            async with http.post(f"{served.url}/v1/sessions", json={}) as response:
+                session = str((await response.json())["sessionId"])
+            call = f"{served.url}/v1/sessions/{session}/call/test/crash"
+            async with http.post(call, json={"params": {}}) as response:
+                assert response.status == 502
+            return session
+
+    try:
+        session = asyncio.run(drive())
+        served.wait_for_log(
+            rf"WARNING bridge\.sessions app-server of session {session} ended: the app-server "
+            r"process exited with code 3 \(not stopped by the bridge\)$"
+        )
+    finally:
+        served.stop()
+    assert not any(" INFO " in line for line in served.stderr), served.stderr
 
 
 def test_warning_level_writes_no_access_or_session_line(tmp_path: Path):
