@@ -17,11 +17,13 @@ sessions and app-servers.
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import json
 import logging
 import re
 import sys
+import threading
 import time
 import weakref
 from collections.abc import Callable, Sequence
@@ -260,6 +262,48 @@ BATCH_LINES = 256
 FLUSH_SECONDS = 0.1
 
 
+class LogStream(logging.StreamHandler):  # type: ignore[type-arg]
+    """The handler :func:`configure` installs: before it writes a line, the access lines
+    waiting in batches are written (:func:`settle_pending`), so that the log reads in
+    the order its lines happened, whatever wrote them."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        settle_pending()
+        super().emit(record)
+
+
+#: What holds access lines not written yet (the observers of :mod:`bridge.observe`),
+#: each with a ``settle()`` that writes them; and the thread they are settled on (the
+#: event loop's: a line logged from another thread does not touch them).
+_holders: weakref.WeakSet[Any] = weakref.WeakSet()
+_holders_thread = threading.main_thread().ident
+_settling = False
+
+
+def holds_lines(holder: Any) -> None:
+    """``holder`` keeps access lines back in batches (``holder.settle()`` writes them):
+    they are written before any other line, and at exit."""
+    global _holders_thread
+    _holders.add(holder)
+    _holders_thread = threading.get_ident()
+
+
+def settle_pending() -> None:
+    """Write every access line held back in a batch, now (before another line)."""
+    global _settling
+    if _settling or not _holders or threading.get_ident() != _holders_thread:
+        return
+    _settling = True
+    try:
+        for holder in list(_holders):
+            holder.settle()
+    finally:
+        _settling = False
+
+
+atexit.register(settle_pending)
+
+
 def configure(log_format: str = DEFAULT_FORMAT, level: str = DEFAULT_LEVEL) -> None:
     """Every log line of the process to stderr, in ``log_format``, from ``level`` up."""
     global _format, _access_lines
@@ -269,7 +313,7 @@ def configure(log_format: str = DEFAULT_FORMAT, level: str = DEFAULT_LEVEL) -> N
         raise ValueError(f"{level!r} is not a log level ({', '.join(LOG_LEVELS)})")
     _format = log_format
     _access_lines = AccessLines(log_format, sys.stderr)
-    handler = logging.StreamHandler(sys.stderr)
+    handler = LogStream(sys.stderr)
     handler.setFormatter(JsonFormatter() if log_format == "json" else TextFormatter())
     logging.basicConfig(level=level.upper(), handlers=[handler], force=True)
 
@@ -361,6 +405,8 @@ class AccessLog(AbstractAccessLogger):
         now = clock()
         status, size = response.status, response.body_length
         record: Record = (UNROUTED, request.method, None, status, size, None, now - time, now)
+        # After the lines of the requests that ended before it, waiting in batches.
+        settle_pending()
         self.write_records((record,))
 
     def write_records(self, records: Sequence[Record]) -> None:

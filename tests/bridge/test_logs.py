@@ -353,6 +353,28 @@ def test_each_request_has_one_access_line_with_its_route_template_and_fields(run
     assert "errorKind" not in refused[0]
 
 
+def line_time(served: Served, line: str) -> str:
+    """A log line's time, as text that sorts as the times do (both formats)."""
+    if served.format == "json":
+        return str(json.loads(line)["time"])
+    return line[: len("2026-11-27 14:50:05,532")]
+
+
+def test_the_log_is_in_the_order_of_its_times(run: Served):
+    """Access lines (written in batches), session and exit lines, warnings, the refused
+    request's line: each is written after every line with an earlier time."""
+    times = [line_time(run, line) for line in run.stderr]
+    kinds = {"bridge.access", "bridge.sessions", "aiohttp.server"}
+    assert {k for k in kinds if any(k in line for line in run.stderr)} == kinds
+    backwards = [
+        (before, after)
+        for before, after in zip(run.stderr, run.stderr[1:], strict=False)
+        if line_time(run, after) < line_time(run, before)
+    ]
+    assert not backwards, backwards[:3]
+    assert times == sorted(times)
+
+
 def session_events(served: Served) -> list[str]:
     return [line for line in served.stderr if "bridge.sessions" in line]
 
