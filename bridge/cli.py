@@ -447,7 +447,8 @@ async def serve(
         try:
             await process.stop.wait()
         finally:
-            logs.say("rest-bridge: stopping")
+            stopping = {logs.FIELDS: {"event": "stopping"}}
+            logging.getLogger("bridge").info("rest-bridge: stopping", extra=stopping)
             drain.cancel()
             if listener is not None:
                 await listener.close()

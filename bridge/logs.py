@@ -319,7 +319,7 @@ def configure(log_format: str = DEFAULT_FORMAT, level: str = DEFAULT_LEVEL) -> N
 
 
 def say(message: str, stream: TextIO | None = None, **fields: Any) -> None:
-    """A line of the start-up banner (or of stopping and draining), to stdout whatever
+    """A line of the start-up banner, to stdout whatever
     the level: the text itself, or in ``json`` the object a log line would be, logger
     ``bridge.banner``, with ``fields`` as keys."""
     out = stream or sys.stdout

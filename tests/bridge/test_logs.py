@@ -642,6 +642,32 @@ def test_an_app_server_that_never_answers_initialize_is_a_line_naming_the_comman
     assert f"no answer to `initialize` from `{FAKE_CODEX} app-server --script " in late[0]
 
 
+def test_drain_lines_are_log_lines_with_the_sessions_left(tmp_path: Path):
+    served = start(
+        tmp_path,
+        "--log-format",
+        "json",
+        env={"REST_ADAPTER_REPLICA_ID": REPLICA, "REST_ADAPTER_DRAIN_TIMEOUT_MS": "100"},
+    )
+    try:
+        asyncio.run(new_session(served.url))
+        served.process.send_signal(signal.SIGUSR1)
+        served.process.wait(WAIT)  # it exits by itself at the drain's deadline
+    finally:
+        served.stop()
+    said_on_stdout = [json.loads(x)["message"] for x in served.stdout]
+    assert not [
+        x for x in said_on_stdout if x.startswith(("rest-bridge: drain", "rest-bridge: stop"))
+    ]
+    said = {x["event"]: x for x in json_lines(served.stderr) if "event" in x}
+    started, deadline = said["drain_started"], said["drain_deadline"]
+    assert (started["level"], started["sessions"], started["held"]) == ("INFO", 1, 1)
+    assert started["replicaId"] == REPLICA
+    assert "sessions left: 1" in started["message"]
+    assert (deadline["level"], deadline["sessions"]) == ("WARNING", 1)
+    assert said["stopping"]["logger"] == "bridge"
+
+
 def abandon_calls(served: Served, count: int) -> None:
     """``count`` calls held by the app-server, their clients gone; then the app-server
     answers each (a reply nobody waits for) and says so with a notification."""

@@ -511,7 +511,7 @@ async def test_a_drained_replica(cluster, http, report):
     replica = cluster.replicas[victim]
     session = f"{front}/v1/sessions/{held[victim]}"
     os.kill(replica["pid"], signal.SIGUSR1)
-    await cluster.line(f"[{victim}] rest-bridge: draining")
+    await cluster.line("draining: no new work; sessions left: 1", member=victim)
 
     # No new work on it, asked directly: 503 replica_unavailable with Retry-After.
     for method, path, body in (
@@ -551,7 +551,10 @@ async def test_a_drained_replica(cluster, http, report):
     line = await cluster.line(f"replica {victim} exited")
     assert "status 0" in line
     assert cluster.replica_processes(victim) == set()
-    assert any(f"[{victim}] rest-bridge: drained" in x for x in cluster.output_lines())
+    assert any(
+        x.startswith(f"[{victim}] ") and "drained; sessions left: 0" in x
+        for x in cluster.output_lines()
+    )
     status, answer, _ = await request(http, "POST", f"{session}/call/thread/start", {"params": {}})
     assert (status, answer["error"]) == (503, "replica_unavailable")
     await served_through(http, front, [s for name, s in held.items() if name != victim])
