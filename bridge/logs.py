@@ -60,7 +60,8 @@ NO_ROUTE = "-"
 _format = DEFAULT_FORMAT
 
 
-def _utc(created: float) -> str:
+def utc_stamp(created: float) -> str:
+    """``created`` (``time.time()``) as a JSON line's ``time``: UTC, RFC 3339, ms."""
     seconds = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(created))
     return f"{seconds}.{int(created % 1 * 1000):03d}Z"
 
@@ -86,7 +87,7 @@ class JsonFormatter(logging.Formatter):
 
     def format(self, record: logging.LogRecord) -> str:
         line: dict[str, Any] = {
-            "time": _utc(record.created),
+            "time": utc_stamp(record.created),
             "level": record.levelname,
             "logger": record.name,
             "message": record.getMessage(),
@@ -325,7 +326,7 @@ def say(message: str, stream: TextIO | None = None, **fields: Any) -> None:
     out = stream or sys.stdout
     if _format == "json":
         line = {
-            "time": _utc(time.time()),
+            "time": utc_stamp(time.time()),
             "level": "INFO",
             "logger": "bridge.banner",
             "message": message.strip(),

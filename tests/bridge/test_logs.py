@@ -740,6 +740,9 @@ def test_late_replies_are_still_seen_at_debug(tmp_path: Path):
 
 
 def test_the_cluster_passes_the_log_options_to_its_replicas(tmp_path: Path):
+    """In json, the launcher's log (stderr, as serve's) is one JSON object a line: the
+    replicas' lines as they wrote them (with their replicaId), the launcher's own with an
+    event, nginx's wrapped."""
     process = subprocess.Popen(
         [
             *(REST_BRIDGE, "cluster", "--replicas", "1", "--port", "0"),
@@ -749,20 +752,33 @@ def test_the_cluster_passes_the_log_options_to_its_replicas(tmp_path: Path):
         env={k: v for k, v in os.environ.items() if not k.startswith("REST_ADAPTER_")},
         stdin=subprocess.DEVNULL,
         stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
+        stderr=subprocess.PIPE,
         text=True,
     )
-    assert process.stdout is not None
-    banner = None
+    assert process.stderr is not None
+    seen: list[str] = []
     try:
-        for line in process.stdout:  # the launcher's and its replicas' own words
-            if line.startswith("[replica-0] ") and " listening on " in line:
-                banner = json.loads(line.removeprefix("[replica-0] "))
+        for line in process.stderr:  # the launcher's and its replicas' own words
+            seen.append(line)
+            if '"event": "ready"' in line:
                 break
     finally:
         process.send_signal(signal.SIGINT)
-        rest, _ = process.communicate(timeout=WAIT)
-    assert banner is not None, rest
-    assert banner["event"] == "listening"
-    assert banner["url"].startswith("http://127.0.0.1:")
-    assert process.returncode == 0, rest
+        out, rest = process.communicate(timeout=WAIT)
+    assert process.returncode == 0, [*seen, rest]
+    assert out == ""
+    lines = [json.loads(line) for line in [*seen, *rest.splitlines()] if line.strip()]
+    assert all(
+        isinstance(x, dict) and {"time", "level", "logger", "message"} <= set(x) for x in lines
+    )
+    banner = [x for x in lines if x.get("event") == "listening"]
+    assert len(banner) == 1, lines
+    assert banner[0]["url"].startswith("http://127.0.0.1:")
+    assert banner[0]["replicaId"] == "replica-0"
+    own = [x for x in lines if x["logger"] == "bridge.cluster"]
+    events = [x["event"] for x in own]
+    assert {"replica_started", "front_started", "ready", "stopping", "stopped"} <= set(events)
+    # Every line a replica wrote names it, those that did not carry the field included.
+    replicas = [x for x in lines if x["logger"] not in ("bridge.cluster", "nginx")]
+    assert replicas
+    assert all(x["replicaId"] == "replica-0" for x in replicas)

@@ -830,11 +830,13 @@ async def test_a_front_port_already_taken(tmp_path, report):
             timeout=START_SECONDS * 3,
         )
     # The port answers, but not as nginx: the launcher does not take it for its front.
-    assert done.returncode == 1, done.stdout[-2000:]
-    assert "rest-bridge cluster: ready" not in done.stdout
+    # (The launcher's log is on stderr, as serve's.)
+    said = done.stdout + done.stderr
+    assert done.returncode == 1, said[-2000:]
+    assert "rest-bridge cluster: ready" not in said
     # Another attempt could only find the same port taken: one is enough.
-    assert "could not start (attempt 1 of 3)" in done.stdout
-    assert "attempt 2" not in done.stdout
+    assert "could not start (attempt 1 of 3)" in said
+    assert "attempt 2" not in said
     left = marked_processes(MARK_VARIABLE, mark)
     assert not left
     report.outcome = "one attempt, stopped cleanly; exit 1, never 'ready'; nothing left"
