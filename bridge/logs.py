@@ -510,7 +510,7 @@ _starts = Throttle(_starts_held)
 _start_levels: dict[str, int] = {}
 
 
-def start_failed(kind: str, level: int, message: str, *args: Any) -> None:
+def start_failed(kind: str, message: str, *args: Any, level: int = logging.ERROR) -> None:
     """The operator's line about an app-server that could not start, ``kind`` the way it
     failed (``spawn``, ``cwd``, ``resources``, ``exited``, ``connection``, ``timeout``,
     ``initialize``): callers repeat it at will (each request tries a start), so at most

@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import shlex
 from collections.abc import Sequence
 from typing import Any, Protocol
@@ -41,9 +42,11 @@ def spawn_failed(command: Sequence[str], exc: OSError, cwd: str | None) -> error
     A missing ``cwd`` fails as a missing executable does: the client hears which it was."""
     exc = shortage_behind(exc)
     reason = exc.strerror or type(exc).__name__
-    if cwd is not None and exc.filename == cwd:
-        said = "could not start the app-server in the requested cwd %r: %s"
-        logs.start_failed("cwd", logging.WARNING, said, cwd, reason)
+    # (uvloop names no file: a directory that is not there is the caller's mistake.)
+    if cwd is not None and (exc.filename == cwd or not os.path.isdir(cwd)):
+        # Not the cwd itself: it is the caller's, a body's value (it could hold anything).
+        said = "could not start the app-server in the working directory options.cwd names: %s"
+        logs.start_failed("cwd", said, reason, level=logging.WARNING)
         return errors.of_kind(
             "app_server_spawn_failed",
             f"Could not start the app-server in the requested working directory ({reason}); "
@@ -51,14 +54,14 @@ def spawn_failed(command: Sequence[str], exc: OSError, cwd: str | None) -> error
         )
     if exc.errno in OUT_OF_RESOURCES:
         # Nothing to check in the command: the bridge (or the machine) is out of room.
-        logs.start_failed("resources", logging.ERROR, "could not start the app-server: %s", reason)
+        logs.start_failed("resources", "could not start the app-server: %s", reason)
         return errors.of_kind(
             "app_server_spawn_failed",
             f"Could not start the app-server ({reason}); the bridge is out of resources, "
             "retry later.",
         )
     said = "could not start the app-server `%s`: %s"
-    logs.start_failed("spawn", logging.ERROR, said, shlex.join(command), reason)
+    logs.start_failed("spawn", said, shlex.join(command), reason)
     return errors.of_kind(
         "app_server_spawn_failed", f"Could not start the app-server ({reason}); {CHECK_COMMAND}."
     )
@@ -70,7 +73,7 @@ def exited_at_startup(command: Sequence[str], info: ExitInfo) -> errors.RestErro
     if info.connection:
         # Shared mode: a connection, not a process, ended before `initialize`.
         said = "a connection to the shared app-server ended at start-up: %s"
-        logs.start_failed("connection", logging.ERROR, said, info.connection)
+        logs.start_failed("connection", said, info.connection)
         if info.protocol_error:
             return errors.of_kind("protocol_error", info.describe())
         return errors.of_kind(
@@ -81,7 +84,6 @@ def exited_at_startup(command: Sequence[str], info: ExitInfo) -> errors.RestErro
         )
     logs.start_failed(
         "exited",
-        logging.ERROR,
         "the app-server `%s` ended during start-up: %s; stderr: %s",
         shlex.join(command),
         info.describe().removeprefix("the app-server "),
@@ -193,7 +195,7 @@ def spawn_timed_out(
     (from ``command``, when a process of the bridge's own was)."""
     late = f"{what} did not complete before its deadline"
     why += f" from `{shlex.join(command)}`" if command else ""
-    logs.start_failed("timeout", logging.WARNING, "%s: %s within %d ms", late, why, ms)
+    logs.start_failed("timeout", "%s: %s within %d ms", late, why, ms, level=logging.WARNING)
     return errors.of_kind("timeout", f"{late} (REST_ADAPTER_SPAWN_TIMEOUT_MS, {ms} ms).")
 
 
@@ -204,7 +206,7 @@ def initialize_refused(command: Sequence[str], exc: RpcError) -> errors.RestErro
     named = f"`{shlex.join(command)}`" if command else "(shared)"
     message = logs.stderr_summary(str(exc.message))
     said = "the app-server %s refused `initialize`: %s (code %s)"
-    logs.start_failed("initialize", logging.ERROR, said, named, message, exc.code)
+    logs.start_failed("initialize", said, named, message, exc.code)
     if exc.code == -32001:  # codex's "overloaded" (its own words): retryable, as after start
         return rpc_failure(exc, "initialize")
     return errors.of_kind(

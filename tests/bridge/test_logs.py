@@ -220,6 +220,11 @@ async def exercise(served: Served) -> None:
             assert response.status == 200
         async with http.get(f"{base}/v1/sessions/x%0Ay/events", headers=AUTH) as response:
             assert response.status == 404
+        # A start that fails for the caller's options: its WARNING line repeats no value
+        # of the body (the working directory holds the token here).
+        cwd = {"options": {"cwd": f"/nonexistent/{TOKEN}"}}
+        async with http.post(f"{base}/v1/call/model/list", headers=AUTH, json=cwd) as response:
+            assert response.status == 502
     # A request aiohttp's parser refuses (a header line without a colon), carrying the
     # token: its own 400, before any of the bridge's code runs.
     host, port = base.removeprefix("http://").split(":")
@@ -298,6 +303,9 @@ def access_lines(served: Served) -> list[dict[str, Any]]:
 
 def test_no_secret_reaches_a_log_line(run: Served):
     assert run.stderr, "the run wrote no log line"
+    # The run's lines include a start failure, a crash's WARNING and the stopping line.
+    for said in ("options.cwd names", "(not stopped by the bridge)", "rest-bridge: stopping"):
+        assert any(said in line for line in run.stderr), said
     for line in run.lines:
         for secret in SECRETS:
             assert secret not in line, f"{secret} in {line!r}"
@@ -643,14 +651,28 @@ def test_an_app_server_that_never_answers_initialize_is_a_line_naming_the_comman
 
 
 def test_drain_lines_are_log_lines_with_the_sessions_left(tmp_path: Path):
+    token_file = tmp_path / "token"
+    token_file.write_text(TOKEN + "\n")
     served = start(
         tmp_path,
         "--log-format",
         "json",
-        env={"REST_ADAPTER_REPLICA_ID": REPLICA, "REST_ADAPTER_DRAIN_TIMEOUT_MS": "100"},
+        env={
+            "REST_ADAPTER_REPLICA_ID": REPLICA,
+            "REST_ADAPTER_DRAIN_TIMEOUT_MS": "100",
+            "REST_ADAPTER_TOKEN_FILE": str(token_file),
+        },
     )
+
+    async def create() -> None:
+        async with (
+            aiohttp.ClientSession() as http,
+            http.post(f"{served.url}/v1/sessions", headers=AUTH, json={}) as response,
+        ):
+            assert response.status == 201
+
     try:
-        asyncio.run(new_session(served.url))
+        asyncio.run(create())
         served.process.send_signal(signal.SIGUSR1)
         served.process.wait(WAIT)  # it exits by itself at the drain's deadline
     finally:
@@ -666,6 +688,7 @@ def test_drain_lines_are_log_lines_with_the_sessions_left(tmp_path: Path):
     assert "sessions left: 1" in started["message"]
     assert (deadline["level"], deadline["sessions"]) == ("WARNING", 1)
     assert said["stopping"]["logger"] == "bridge"
+    assert not [line for line in served.lines for secret in SECRETS if secret in line]
 
 
 def abandon_calls(served: Served, count: int) -> None:
@@ -749,7 +772,10 @@ def test_the_cluster_passes_the_log_options_to_its_replicas(tmp_path: Path):
             *("--dir", str(tmp_path / "front"), "--nginx", nginx_binary()),
             *("--app-server", f"{FAKE_CODEX} app-server", "--log-format", "json"),
         ],
-        env={k: v for k, v in os.environ.items() if not k.startswith("REST_ADAPTER_")},
+        env={
+            **{k: v for k, v in os.environ.items() if not k.startswith("REST_ADAPTER_")},
+            "REST_ADAPTER_TOKEN": TOKEN,
+        },
         stdin=subprocess.DEVNULL,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
@@ -782,3 +808,4 @@ def test_the_cluster_passes_the_log_options_to_its_replicas(tmp_path: Path):
     replicas = [x for x in lines if x["logger"] not in ("bridge.cluster", "nginx")]
     assert replicas
     assert all(x["replicaId"] == "replica-0" for x in replicas)
+    assert not [line for line in [*seen, rest] for secret in SECRETS if secret in line]
