@@ -229,7 +229,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--probe-interval-ms",
         type=bounded_int(100, 60000),
         default=1000,
-        help="ask each replica's /health this often (100 to 60000; default 1000)",
+        help="ask each replica's /health (its /livez with --ops-port) this often (100 to 60000; "
+        "default 1000)",
     )
     cluster_parser.add_argument(
         "--probe-timeout-ms",

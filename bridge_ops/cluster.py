@@ -18,7 +18,8 @@ same way. Each exit is a line that says how many replicas are left.
 nginx open source has no active health checks, and the kernel accepts connections for
 a stopped (``SIGSTOP``) or wedged replica, so nginx alone learns of a hung replica only
 from requests that wait their read timeout. The launcher checks instead (:meth:`Cluster.probe`):
-it asks each replica's ``/health`` every ``--probe-interval-ms``, each answer awaited
+it asks each replica's ``/health`` (with ``--ops-port``, ``/livez`` on its operations
+listener instead) every ``--probe-interval-ms``, each answer awaited
 ``--probe-timeout-ms``; a replica that misses ``--probe-misses`` in a row is marked
 ``down`` in nginx.conf (every pool, and its own upstream: its sessions get 503 at once),
 nginx is reloaded (SIGHUP: graceful, requests and streams in flight finish on the old
@@ -417,16 +418,24 @@ class Cluster:
             return False
         return head.startswith(b"HTTP/1.1 200") and b"\r\nServer: nginx" in head
 
+    @staticmethod
+    def probe_path(member: Member) -> str:
+        """What the launcher probes: the operations listener's ``/livez`` when the replica
+        has one (no access line, no HTTP metric: a probe a second per replica would
+        otherwise be most of the request rate), else the API's ``/health``."""
+        return "/livez" if member.ops_url else "/health"
+
     async def _answers_health(self, member: Member) -> bool:
-        """Whether the replica answers ``GET /health`` (any HTTP answer) within the
-        probe's deadline. No token: a replica exempts its health from it."""
-        address = member.url.removeprefix("http://")
+        """Whether the replica answers its probe (:meth:`probe_path`; any HTTP answer)
+        within the probe's deadline. No token: neither path asks for it."""
+        address = (member.ops_url or member.url).removeprefix("http://")
         host, _, port = address.rpartition(":")
         writer: asyncio.StreamWriter | None = None
         try:
             async with asyncio.timeout(self.probe_timeout):
                 reader, writer = await asyncio.open_connection(host, int(port))
-                writer.write(b"GET /health HTTP/1.0\r\nHost: probe\r\n\r\n")
+                path = self.probe_path(member)
+                writer.write(f"GET {path} HTTP/1.0\r\nHost: probe\r\n\r\n".encode())
                 head = await reader.read(64)
         except (OSError, TimeoutError):
             return False
@@ -451,7 +460,8 @@ class Cluster:
                 missed[member.name] = 0 if answered else missed.get(member.name, 0) + 1
                 if answered and replica.down:
                     self.front_replicas[member.name] = Replica(replica.id, replica.address)
-                    back = f"replica {member.name} answers /health again: back in the front"
+                    path = self.probe_path(member)
+                    back = f"replica {member.name} answers {path} again: back in the front"
                     changed.append((back, "back_in_front", member.name))
                 elif missed[member.name] >= self.probe_misses and not replica.down:
                     self.front_replicas[member.name] = Replica(

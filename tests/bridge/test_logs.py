@@ -809,3 +809,63 @@ def test_the_cluster_passes_the_log_options_to_its_replicas(tmp_path: Path):
     assert replicas
     assert all(x["replicaId"] == "replica-0" for x in replicas)
     assert not [line for line in [*seen, rest] for secret in SECRETS if secret in line]
+
+
+def health_requests(metrics: str) -> float:
+    """The GET /health requests a replica's metrics count."""
+    found = re.findall(
+        r'^http_server_request_duration_seconds_count\{[^}]*http_route="/health"[^}]*\} (\S+)$',
+        metrics,
+        re.MULTILINE,
+    )
+    return sum(float(x) for x in found)
+
+
+def test_with_an_ops_listener_the_cluster_probes_livez_not_the_api(tmp_path: Path):
+    """The launcher's probe of each replica (here every 0.1 s) goes to the operations
+    listener's /livez: no access line, not a request of the HTTP metrics."""
+    script = tmp_path / "slow.json"
+    slow = {"steps": [{"sleep": 1500}], "result": {"slept": True}}
+    script.write_text(json.dumps({"version": 1, "methods": {"test/slow": slow}}))
+    process = subprocess.Popen(
+        [
+            *(REST_BRIDGE, "cluster", "--replicas", "1", "--port", "0", "--ops-port", "0"),
+            *("--dir", str(tmp_path / "front"), "--nginx", nginx_binary()),
+            *("--app-server", f"{FAKE_CODEX} app-server --script {script}"),
+            *("--log-format", "json", "--probe-interval-ms", "100"),
+        ],
+        env={k: v for k, v in os.environ.items() if not k.startswith("REST_ADAPTER_")},
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    assert process.stderr is not None
+    said: dict[str, dict[str, Any]] = {}
+    try:
+        for line in process.stderr:
+            record = json.loads(line)
+            said.setdefault(record.get("event", ""), record)
+            if record.get("event") == "ready":
+                break
+        front, ops = said["front_started"]["url"], said["replica_started"]["ops"]
+
+        async def drive() -> tuple[float, float]:
+            async with aiohttp.ClientSession() as http:
+                async with http.get(f"{ops}/metrics") as response:
+                    before = health_requests(await response.text())
+                # A call that lasts 1.5 s: about 15 probes meanwhile.
+                async with http.post(f"{front}/v1/call/test/slow", json={"params": {}}) as r:
+                    assert r.status == 200, await r.text()
+                async with http.get(f"{ops}/metrics") as response:
+                    return before, health_requests(await response.text())
+
+        before, after = asyncio.run(drive())
+    finally:
+        process.send_signal(signal.SIGINT)
+        _, rest = process.communicate(timeout=WAIT)
+    assert process.returncode == 0, rest
+    assert after == before, (before, after)
+    lines = [json.loads(x) for x in rest.splitlines() if x.strip()]
+    routes = [x["route"] for x in lines if x["logger"] == "bridge.access"]
+    assert "/v1/call/{method}" in routes
