@@ -640,10 +640,51 @@ def app_server_exited(
 
 def _exits_held(kind: str, count: int) -> None:
     SESSIONS.warning(
-        "%d more app-servers of sessionless requests ended by themselves since the last such line",
+        "%d more such ends of sessionless requests' app-servers since the last such line",
         count,
         extra={FIELDS: {"event": "app_server_exited", "heldBack": count}},
     )
 
 
 _exits = Throttle(_exits_held)
+#: The attribute of a record (``extra={THROTTLE: kind}``) that :class:`ThrottledLines`
+#: throttles: for the layers below this module, which log through ``logging`` alone.
+THROTTLE = "throttle"
+
+
+class ThrottledLines(logging.Filter):
+    """A logger's records that name a kind of line (:data:`THROTTLE`), through one
+    :class:`Throttle`: at most one of each kind every :data:`THROTTLE_SECONDS`, the next
+    saying how many were held back (installed on ``bridge.process`` with this module:
+    the bridge stopping an app-server that broke the protocol, which a command that is no
+    app-server does at every request)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.throttle = Throttle(self._held)
+        self._last: dict[str, tuple[str, int]] = {}
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        kind = getattr(record, THROTTLE, None)
+        if not isinstance(kind, str):
+            return True
+        held = self.throttle.admit(kind)
+        if held is None:
+            return False
+        self._last[kind] = (record.name, record.levelno)
+        record.msg = f"{record.msg}{more_since(held)}"
+        return True
+
+    def _held(self, kind: str, count: int) -> None:
+        name, level = self._last.get(kind, ("bridge", logging.WARNING))
+        fields = {"event": "held_back", "kind": kind, "heldBack": count}
+        logging.getLogger(name).log(
+            level,
+            "%d more lines like the last (%s) since the last such line",
+            count,
+            kind,
+            extra={FIELDS: fields},
+        )
+
+
+logging.getLogger("bridge.process").addFilter(ThrottledLines())

@@ -28,11 +28,10 @@ from bridge.models import (
     TextTurnResponse,
 )
 from bridge.process import startup
-from bridge.process.channel import ExitInfo
+from bridge.process.channel import SERVER_WEDGED, ExitInfo
 from bridge.process.outcomes import rpc_failure
 from bridge.process.peer import JsonRpcPeer, ProcessGone, RpcError, StdinFull
 from bridge.process.session import Session
-from bridge.process.shared import SERVER_WEDGED
 from bridge.process.startup import DEFAULT_COMMAND, AppServerLauncher, SpawnStdio, parse_command
 from bridge.process.text_turn import TextTurn
 

@@ -606,6 +606,23 @@ def test_start_failures_are_one_line_a_kind_an_interval_with_the_count_held_back
     )
 
 
+def test_a_command_that_is_no_app_server_cannot_flood_the_log_either(tmp_path: Path):
+    """It starts, writes text, is killed for breaking the protocol: each of its lines
+    (the kill, the exit, the start failure) is throttled too."""
+    served = start(tmp_path, "--app-server", "/bin/sh -c 'echo hello; exec cat'")
+    try:
+        answers = asyncio.run(post_many(f"{served.url}/v1/call/x", 200, {}))
+    finally:
+        served.stop()
+    # (429: at most MAX_SESSIONS starts at once.)
+    assert 502 in {status for status, _ in answers} <= {429, 502}
+    said = [line for line in served.stderr if "bridge.access" not in line]
+    assert len(said) <= 10, said  # a few lines a kind, not one a request
+    for first in ("stopping app-server pid", "(killed by the bridge)", "ended during start-up"):
+        assert any(first in line for line in said), (first, said)
+    assert any("more lines like the last (protocol_broken) since" in line for line in said)
+
+
 INITIALIZE_FAILS = {
     "version": 1,
     "initialize": {"error": {"code": -32603, "message": f"boom /secret/path {ENV_SECRET[:3]}"}},
