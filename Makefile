@@ -95,7 +95,7 @@ codex: $(CODEX_BINS)
 
 # What `make serve` says first: the fake by default, else the command it was given.
 ifeq ($(origin APP_SERVER),file)
-SERVE_NOTE := Serving on the bundled fake app-server. To front the real Codex instead: make serve-codex
+SERVE_NOTE := Serving on the bundled fake app-server. To front the real Codex instead: make serve-codex (the pinned release, installed for you), or make serve APP_SERVER='codex app-server' (a codex on your PATH)
 else
 SERVE_NOTE := Serving on the app-server command you gave: $(APP_SERVER)
 endif

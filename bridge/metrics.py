@@ -15,8 +15,9 @@ route templates, not paths; methods outside the known few become ``_OTHER``; err
 kinds come from the bridge's error table. With a replica id, every series carries a
 ``replica`` label (:attr:`Metrics.replica`), set when the metrics are exposed.
 
-It imports nothing else of the bridge but the label values (:mod:`bridge.labels`), so
-every layer may report to it; it is imported only where metrics are on.
+It imports nothing else of the bridge but the label values (:mod:`bridge.labels`) and,
+as a type, the client options, so every layer may report to it; it is imported only
+where metrics are on.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from __future__ import annotations
 import time
 from bisect import bisect_left
 from collections.abc import Callable, Iterator
-from typing import cast
+from typing import TYPE_CHECKING, cast
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, Metric
 from prometheus_client.core import HistogramMetricFamily
@@ -37,6 +38,9 @@ from bridge.labels import KNOWN_METHODS as KNOWN_METHODS
 from bridge.labels import STATUS_CLASSES as STATUS_CLASSES
 from bridge.labels import exit_reason as exit_reason
 from bridge.labels import status_class as status_class
+
+if TYPE_CHECKING:
+    from bridge.models import ClientOptions
 
 #: How prometheus-client writes a bucket's bound (its ``le`` label); untyped there.
 _bound_label = cast(Callable[[float], str], floatToGoString)
@@ -152,6 +156,13 @@ class Metrics:
             HTTP_BUCKETS,
         )
         registry.register(self.requests)
+        self.abandoned = Counter(
+            "rest_bridge_requests_abandoned",
+            "Requests ended before their answer was complete: the client left (a closed "
+            "stream, an abandoned call), or the bridge stopped",
+            ("http_route", "http_request_method"),
+            registry=registry,
+        )
         self.refusals = Counter(
             "rest_bridge_refusals",
             "Requests refused before any work: 401, 403 (policy), 413, 429, by error kind",
@@ -206,9 +217,9 @@ class Metrics:
             buckets=TURN_BUCKETS,
             registry=registry,
         )
-        #: Called with (kind, message) when an app-server fails to start, and with
-        #: (None, None) when one started (readiness listens).
-        self.start_listeners: list[Callable[[str | None, str | None], None]] = []
+        #: Called with (kind, the client options of the start) when an app-server fails
+        #: to start, and with (None, options) when one started (readiness listens).
+        self.start_listeners: list[Callable[[str | None, ClientOptions | None], None]] = []
 
     @property
     def replica(self) -> str | None:
@@ -241,14 +252,16 @@ class Metrics:
     def spawned(self, mode: str) -> None:
         self.spawns.labels(mode).inc()
 
-    def started(self) -> None:
+    def started(self, options: ClientOptions | None) -> None:
         for listener in self.start_listeners:
-            listener(None, None)
+            listener(None, options)
 
-    def start_failed(self, mode: str, kind: str, message: str) -> None:
+    def start_failed(self, mode: str, kind: str, options: ClientOptions | None) -> None:
+        """An app-server the client ``options`` shaped (None: the bridge's own settings)
+        could not be started or initialized: counted by ``kind`` whoever shaped it."""
         self.start_failures.labels(mode, kind).inc()
         for listener in self.start_listeners:
-            listener(kind, message)
+            listener(kind, options)
 
     def exited(self, mode: str, reason: str) -> None:
         self.exits.labels(mode, reason).inc()

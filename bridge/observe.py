@@ -247,9 +247,12 @@ class Observer:
                 except ConnectionError:
                     pass  # the client is gone: aiohttp, writing again, closes the connection
             except asyncio.CancelledError:
-                # Its line only: a request whose client left first is not counted.
+                # Its line, and a count of its own: a request whose client left first
+                # has no status of its own nor a duration of a whole answer.
                 size = request.writer.output_size
                 add(request, facts.uncounted, CLIENT_GONE, size, None, began)
+                if self.metrics is not None:
+                    self.metrics.abandoned.labels(facts.label, facts.method).inc()
                 raise
             except Exception as exc:
                 # Not from the bridge's own middlewares, which answer every failure; a

@@ -10,9 +10,11 @@ auth rules do not change, and nothing here is reachable on the API's port.
   reads the bundled backend's state (sessions, pending requests, event logs, the shared
   app-server) when Prometheus scrapes.
 - :class:`Readiness` says whether the replica should get new work: not while the
-  app-server cannot be started or initialized (probed at start, and again after a
-  failure until one succeeds), not while the shared app-server is down (restarting
-  after an exit, or after the liveness probe found it wedged), not while draining.
+  app-server cannot be started or initialized with the bridge's own settings (probed at
+  start, and again after a failure until one succeeds; a start a caller's options
+  shaped is not the replica's to judge by, so its failure only asks for a probe), not
+  while the shared app-server is down (restarting after an exit, or after the liveness
+  probe found it wedged), not while draining.
 - :class:`OpsListener` serves the three routes. What they expose: counts, durations and
   states; never a token, a session id, a path or a body.
 """
@@ -32,6 +34,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from bridge import errors
 from bridge.backend import Backend
 from bridge.metrics import CONTENT_TYPE, Metrics
+from bridge.models import ClientOptions
 from bridge.observe import observer
 from bridge.process.backend import ProcessBackend
 from bridge.process.shared import ConnectShared
@@ -148,6 +151,12 @@ class ReadinessCollector:
         )
 
 
+def shaped_by_caller(options: ClientOptions | None) -> bool:
+    """Whether a start carried client options (a name, capabilities, cwd, env, `-c`
+    overrides...): what it met may be the caller's doing, not the replica's."""
+    return options is not None and bool(options.model_dump(exclude_none=True))
+
+
 def start_problem(kind: str) -> str:
     """A readiness reason: the error kind only (the message, which may quote the
     app-server, stays in the API's answers and the log)."""
@@ -165,6 +174,13 @@ class Readiness:
         #: Set after each probe (a host or a test waits on it), cleared as one begins.
         self.probed = asyncio.Event()
         self._closed = False
+        #: Failed starts that callers shaped ask for a probe at most this often (each is
+        #: a process, and a failure may cost a caller no process at all: a missing cwd).
+        self.caller_probe_seconds = PROBE_FIRST_SECONDS
+        self._caller_probe_due = 0.0
+        #: Starts with the bridge's own settings that failed, so far (a probe's success
+        #: does not undo one reported while it was stopping its process).
+        self._failures = 0
         self._probes = isinstance(backend, ProcessBackend)
         if self._probes:
             self.problem = "the app-server has not been probed yet"
@@ -176,12 +192,26 @@ class Readiness:
         if self._probes:
             self._probe_soon()
 
-    def _on_start(self, kind: str | None, message: str | None) -> None:
+    def _on_start(self, kind: str | None, options: ClientOptions | None) -> None:
+        if shaped_by_caller(options):
+            # It may have failed for what the caller asked (a client name codex refuses,
+            # a missing cwd): the probe, with the bridge's own settings, tells.
+            now = asyncio.get_running_loop().time()
+            if kind is not None and now >= self._caller_probe_due:
+                self._caller_probe_due = now + self.caller_probe_seconds
+                self._probe_soon()
+            return
         if kind is None:
             self.problem = None
             return
         self.problem = start_problem(kind)
+        self._failures += 1
         self._probe_soon()
+
+    async def settled(self) -> None:
+        """Wait for the probe under way, if any, to end (a host or a test)."""
+        if self._probing is not None:
+            await asyncio.shield(self._probing)
 
     def _probe_soon(self) -> None:
         if self._closed or (self._probing is not None and not self._probing.done()):
@@ -193,6 +223,7 @@ class Readiness:
         delay = PROBE_FIRST_SECONDS
         while not self._closed:
             self.probed.clear()
+            failures = self._failures
             try:
                 await self.backend.probe()
             except errors.RestError as exc:
@@ -200,9 +231,11 @@ class Readiness:
             except Exception as exc:  # a probe reports, it never raises
                 self.problem = start_problem(type(exc).__name__)
             else:
-                self.problem = None
-                self.probed.set()
-                return
+                # A start that failed meanwhile is newer news: probe again, later.
+                if self._failures == failures:
+                    self.problem = None
+                    self.probed.set()
+                    return
             self.probed.set()
             await asyncio.sleep(delay)
             delay = min(delay * 2, PROBE_MAX_SECONDS)

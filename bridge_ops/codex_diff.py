@@ -1,8 +1,9 @@
 """`rest-bridge codex-diff OLD NEW`: what changed in the app-server protocol between two
 codex releases, and which of a host's scenario files and cassettes use any of it.
 
-OLD and NEW are each a codex binary (or its npm launcher), a version to install from npm
-(`0.171.0`, into a cache folder), or a folder that already holds a schema bundle written
+OLD and NEW are each a codex binary (or its npm launcher) given by its path (a bare name
+is not looked up on PATH), a version to install from npm (`0.171.0`, ASCII digits, into a
+cache folder), or a folder that already holds a schema bundle written
 by `codex app-server generate-json-schema --experimental --out DIR`. Each binary writes
 its schema twice, with and without `--experimental`, so every change says whether it
 touches the stable surface or the experimental one.
@@ -35,7 +36,8 @@ KINDS = {
     "ServerNotification": "server notification",
     "ClientNotification": "client notification",
 }
-_VERSION = re.compile(r"\d+\.\d+\.\d+(?:-[0-9A-Za-z.]+)?")
+#: A release number, in ASCII digits only (`\d` would take Arabic-Indic digits too, for npm).
+_VERSION = re.compile(r"[0-9]+\.[0-9]+\.[0-9]+(?:-[0-9A-Za-z.]+)?")
 _INSTALL_TIMEOUT_S = 600
 
 Json = dict[str, Any]
@@ -162,22 +164,24 @@ def install(version: str, cache: Path) -> str:
     return str(launcher)
 
 
+def check(spec: str) -> None:
+    """Refuse OLD or NEW unless it is a folder, an existing file or a version number. A
+    bare command name is not looked up on PATH: give its path (`$(command -v codex)`)."""
+    if not spec or not (Path(spec).is_dir() or Path(spec).is_file() or _VERSION.fullmatch(spec)):
+        hint = f" (to use the {spec!r} on PATH, give its path)" if shutil.which(spec) else ""
+        raise SchemaUnavailable(f"{spec!r} is neither a codex binary, a version nor a folder{hint}")
+
+
 def load(spec: str, cache: Path) -> Schema:
     """OLD or NEW: a bundle folder, a codex binary, or a version to install."""
+    check(spec)
     path = Path(spec)
     if path.is_dir():
         full = read_bundle(path)
         stable_folder = path / "stable"
         stable = read_bundle(stable_folder) if (stable_folder / BUNDLE).exists() else full
         return schema_from(spec, full, stable)
-    binary = spec if path.is_file() else None
-    if binary is None and _VERSION.fullmatch(spec):
-        binary = install(spec, cache)
-    if binary is None:
-        binary = shutil.which(spec)
-    if binary is None:
-        raise SchemaUnavailable(f"{spec!r} is neither a codex binary, a version nor a folder")
-    full, stable = bundles(binary)
+    full, stable = bundles(spec if path.is_file() else install(spec, cache))
     return schema_from(spec, full, stable)
 
 
@@ -383,11 +387,15 @@ def _counts(changes: list[Change], breaking_only: bool) -> list[Change]:
 
 
 def main(args: argparse.Namespace) -> int:
-    try:
-        old, new = load(args.old, args.cache), load(args.new, args.cache)
+    try:  # every argument is checked before anything runs or any folder is made
+        check(args.old)
+        check(args.new)
         for path in args.files:
             if not path.exists():
                 raise SchemaUnavailable(f"{path}: no such file or folder")
+            if not (path.is_file() or path.is_dir()):  # a FIFO or a device would block
+                raise SchemaUnavailable(f"{path}: neither a regular file nor a folder")
+        old, new = load(args.old, args.cache), load(args.new, args.cache)
         changes = compare(old, new)
         report = uses(args.files, old, new, changes)
     except SchemaUnavailable as exc:

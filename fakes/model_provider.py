@@ -45,10 +45,18 @@ from typing import Annotated, Any, Literal, Self
 
 import orjson
 from aiohttp import web
-from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, TypeAdapter
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Discriminator,
+    Field,
+    Tag,
+    TypeAdapter,
+    ValidationError,
+)
 from pydantic.alias_generators import to_camel
 
-from fakes.app_server.script_source import parse_yaml
+from fakes.app_server.script_source import ScriptError, describe_errors, parse_yaml
 
 __all__ = [
     "DisconnectReply",
@@ -188,9 +196,9 @@ class ModelScript(_Record):
     default_text: str = "Done."
 
     @classmethod
-    def from_yaml(cls, text: str) -> ModelScript:
+    def from_yaml(cls, text: str, source: str = "the model script") -> ModelScript:
         """Parse a script: a mapping (`replies`, `defaultText`) or a bare list of replies."""
-        data = parse_yaml(text, "the model script")
+        data = parse_yaml(text, source)
         if data is None:
             return cls()
         if isinstance(data, list):
@@ -199,8 +207,18 @@ class ModelScript(_Record):
 
     @classmethod
     def load(cls, path: str | Path) -> ModelScript:
-        """Read a YAML (or JSON) script file. Blocking: call at start-up."""
-        return cls.from_yaml(Path(path).read_text(encoding="utf-8"))
+        """Read a YAML (or JSON) script file. Blocking: call at start-up. A file that
+        cannot be read or is not a script is a ScriptError naming it, line and column."""
+        source = str(path)
+        try:
+            text = Path(path).read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as exc:
+            raise ScriptError(f"{source}: cannot read the model script ({exc})") from None
+        try:
+            return cls.from_yaml(text, source)
+        except ValidationError as exc:
+            title = "invalid model script"
+            raise ScriptError(describe_errors(exc, source, text, (), title=title)) from None
 
 
 @dataclass(frozen=True)
@@ -641,7 +659,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         overrides = codex_config_overrides(f"http://{args.host}:{args.port}/v1")
         print(shlex.join([arg for item in overrides for arg in ("-c", item)]))
         return 0
-    script = ModelScript.load(args.script) if args.script else ModelScript()
+    try:
+        script = ModelScript.load(args.script) if args.script else ModelScript()
+    except ScriptError as exc:
+        print(f"{parser.prog}: {exc}", file=sys.stderr)
+        return 2
     if args.bridge:
         return asyncio.run(
             _serve_bridge(script, args.host, args.port, args.bridge, args.bridge_args)

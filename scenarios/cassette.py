@@ -26,7 +26,7 @@ import aiohttp
 import orjson
 import yaml
 
-from fakes.app_server.script_source import ScriptError, parse_yaml
+from fakes.app_server.script_source import ScriptError, _compose, _mark, parse_yaml
 from scenarios import format as f
 from scenarios.expectations import NO_JSON, step_request, substitute
 from scenarios.format import LoadedScenario, ScenarioError
@@ -141,15 +141,21 @@ class Cassette:
 
     @classmethod
     def load(cls, path: Path, scenario: str = "SCENARIO") -> Cassette:
+        text: str | None = None
+        at: tuple[Any, ...] = ()  # the part of the text being read (for its line)
         try:
-            data = parse_yaml(path.read_text(encoding="utf-8"), str(path))
-            codex = data["codex"]
-            items = [Interaction.from_vcr(item) for item in data["interactions"]]
-            for item in items:
+            text = path.read_text(encoding="utf-8")
+            data = parse_yaml(text, str(path))
+            items = []
+            for index, raw in enumerate(data["interactions"]):
+                at = ("interactions", index)
+                item = Interaction.from_vcr(raw)
                 if not all(
                     isinstance(b, str | bytes | None) for b in (item.body, item.response_body)
                 ):
                     raise TypeError(f"a body of {item.method} {item.path} is not text")
+                items.append(item)
+            at, codex = ("codex",), data["codex"]
             if codex.get("format", 1) > FORMAT:
                 raise CassetteError(
                     f"{path}: cassette format {codex['format']} is newer than this tool "
@@ -166,10 +172,12 @@ class Cassette:
             raise CassetteError(
                 f"not a cassette of this tool ({exc}); regenerate it: {COMMAND} {scenario}"
             ) from None
-        except (OSError, KeyError, TypeError) as exc:
+        except (OSError, KeyError, TypeError, AttributeError, ValueError) as exc:
             why = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+            root = _compose(text) if text is not None else None
+            where = f"{path}:{':'.join(map(str, _mark(root, at)))}" if root else str(path)
             raise CassetteError(
-                f"{path}: not a cassette of this tool ({why}); regenerate it: {COMMAND} {scenario}"
+                f"{where}: not a cassette of this tool ({why}); regenerate it: {COMMAND} {scenario}"
             ) from None
 
 

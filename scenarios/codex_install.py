@@ -54,8 +54,14 @@ def main() -> int:
     """Print the pinned codex in `./.codex-npm` (or the folder given), or the version
     given second, for the Makefile."""
     npm_dir = Path(sys.argv[1] if len(sys.argv) > 1 else ".codex-npm")
-    found = pinned_codex(npm_dir, sys.argv[2] if len(sys.argv) > 2 else None)
+    version = sys.argv[2] if len(sys.argv) > 2 else None
+    found = pinned_codex(npm_dir, version)
     if found is None:
+        print(
+            f"no codex {version or codex_window.PIN} installed in {npm_dir.absolute()}/ "
+            "(run `make codex`, which installs the releases of the support window there)",
+            file=sys.stderr,
+        )
         return 1
     path, note = found
     if note:

@@ -326,7 +326,7 @@ class ReadGoal:
         """What the read waits for, in words (`noun`: event, frame)."""
         if self.want is not None:
             return f"{self.want} {noun}s"
-        return f"a {noun} matching {render(self.through)}"
+        return f"{'an' if noun[0] in 'aeiou' else 'a'} {noun} matching {render(self.through)}"
 
     def reached(self, read: list[Any]) -> bool:
         """Whether a read that got `read` (at least one event) stops there."""

@@ -61,7 +61,7 @@ class _Model(BaseModel):
     """Base of every scenario model: camelCase keys, unknown keys rejected."""
 
     model_config = ConfigDict(
-        extra="forbid", alias_generator=to_camel, populate_by_name=True, frozen=True
+        extra="forbid", alias_generator=to_camel, populate_by_name=True, frozen=True, strict=True
     )
 
     @model_validator(mode="before")
@@ -91,8 +91,25 @@ def check_jsonpath(expression: str) -> str:
 #: Any JSON value, possibly containing matcher mappings (`{$regex: ...}`).
 Expected = Annotated[Any, AfterValidator(check_matchers)]
 JsonPath = Annotated[str, AfterValidator(check_jsonpath)]
+#: The keys of an event (long-poll and SSE alike).
+EVENT_KEYS = ("seq", "kind", "method", "params", "requestKey", "receivedAt")
+
+
+def _event_keys(value: Any) -> Any:
+    """An event matcher's keys are an event's: `{knd: request}` would match nothing."""
+    if isinstance(value, dict) and not any(str(key).startswith("$") for key in value):
+        unknown = [str(key) for key in value if key not in EVENT_KEYS]
+        if unknown:
+            close = difflib.get_close_matches(unknown[0], EVENT_KEYS, n=1)
+            guess = f" (did you mean {close[0]!r}?)" if close else ""
+            raise ValueError(
+                f"an event has no key {unknown[0]!r}{guess}; its keys are {', '.join(EVENT_KEYS)}"
+            )
+    return value
+
+
 #: An event matcher; a bare string is shorthand for `{method: <string>}`.
-EventMatcher = Expected
+EventMatcher = Annotated[Any, AfterValidator(check_matchers), AfterValidator(_event_keys)]
 
 
 def _variable_name(value: str) -> str:
@@ -544,11 +561,15 @@ class LoadedScenario:
         shown = self.path.name.split(".")[0] if self.path is not None else self.source
         return self.scenario.name or shown
 
-    def where(self, loc: tuple[Any, ...]) -> str:
-        """`file:line` of the node at `loc` (the file alone when unknown)."""
+    def where(self, loc: tuple[Any, ...], *, column: bool = False) -> str:
+        """`file:line` (`file:line:column`) of the node at `loc` (the file alone when
+        unknown)."""
         if self.text is not None and self._root is None:
             self._root = _compose(self.text) or False
-        return f"{self.source}:{_mark(self._root, loc)[0]}" if self._root else self.source
+        if not self._root:
+            return self.source
+        line, at = _mark(self._root, loc)
+        return f"{self.source}:{line}:{at}" if column else f"{self.source}:{line}"
 
 
 def load_scenario(path: str | os.PathLike[str]) -> LoadedScenario:
@@ -601,33 +622,36 @@ def parse_scenario(
 
 def _message(error: Any) -> str:
     if error["type"] == "step_kind":
-        return _step_kind_problem(error.get("input"))
+        if error["loc"][:1] == ("appServer",):  # a fake-codex step, with its own kinds
+            return _step_kind_problem(error.get("input"), FAKE_STEP_KINDS, _FAKE_STEP_EXTRAS)
+        return _step_kind_problem(error.get("input"), STEP_KINDS, _STEP_EXTRAS)
     return str(error["msg"]).removeprefix("Value error, ")
 
 
-#: The keys a step may have besides its kind.
+#: The keys a step may have besides its kind: a scenario's, and fake-codex's.
 _STEP_EXTRAS = frozenset({"name", "expect", "capture", "until", "background"})
+_FAKE_STEP_EXTRAS = frozenset({"onReply", "newline"})
 
 
-def _step_kind_problem(step: Any) -> str:
+def _step_kind_problem(step: Any, known: frozenset[str], extras: frozenset[str]) -> str:
     """Why `step` has no kind: the keys it has instead, named, and the kinds there are."""
-    kinds = ", ".join(sorted(STEP_KINDS))
+    kinds = ", ".join(sorted(known))
     if not isinstance(step, dict):
         what = json_type(step)
         return f"a step is a mapping with exactly one of the keys {kinds}; this is a JSON {what}"
-    present = [key for key in step if key in STEP_KINDS]
+    present = [key for key in step if key in known]
     if len(present) > 1:
         return f"a step has exactly one kind; this one has {', '.join(present)}"
-    unknown = [str(key) for key in step if key not in _STEP_EXTRAS]
+    unknown = [str(key) for key in step if key not in extras]
     if not unknown:
         return f"the step has no kind: add one of the keys {kinds}"
-    guesses = [repr(key) + _did_you_mean(key) for key in unknown]
+    guesses = [repr(key) + _did_you_mean(key, known) for key in unknown]
     noun = "kind" if len(unknown) == 1 else "kinds"
     return f"unknown step {noun} {', '.join(guesses)}; a step's kind is one of {kinds}"
 
 
-def _did_you_mean(key: str) -> str:
-    close = difflib.get_close_matches(key, sorted(STEP_KINDS), n=1, cutoff=0.6)
+def _did_you_mean(key: str, known: frozenset[str]) -> str:
+    close = difflib.get_close_matches(key, sorted(known), n=1, cutoff=0.6)
     return f" (did you mean {close[0]!r}?)" if close else ""
 
 

@@ -26,6 +26,7 @@ from packaging.version import Version
 
 from bridge import TOKEN_VARIABLE
 from scenarios.deadline import DEFAULT_SECONDS
+from scenarios.paths import file_beside_test
 
 try:
     import pytest_asyncio
@@ -52,6 +53,8 @@ _DEFAULT_DEADLINE = pytest.StashKey[tuple[float, str]]()
 _WATCH = pytest.StashKey["Watch"]()
 _TAGS = pytest.StashKey[set[str]]()
 _TARGET_TOKEN = pytest.StashKey[str | None]()
+#: The scenarios collected so far in this run: name -> where it is named.
+_NAMES = pytest.StashKey[dict[str, str]]()
 T = TypeVar("T")
 #: The tags that become marks (every tag is a keyword for `-k`).
 MARK_NAME = re.compile(r"[A-Za-z][\w-]*")
@@ -318,6 +321,13 @@ class ScenarioFile(pytest.File):
             loaded = load_scenario(self.path)
         except ScenarioError as exc:
             raise self.CollectError(str(exc)) from None
+        here = loaded.where(("name",), column=True)
+        first = self.config.stash.setdefault(_NAMES, {}).setdefault(loaded.name, here)
+        if first != here:
+            raise self.CollectError(
+                f"{here}: the scenario name {loaded.name!r} is taken by {first}; names are "
+                "unique in a run (give one a `name:` of its own)"
+            )
         yield ScenarioItem.from_parent(self, name=loaded.name, loaded=loaded)
 
 
@@ -536,6 +546,8 @@ async def codex_start_bridge(
 
         directory = tmp_path / f"bridge-{next(counter)}"
         directory.mkdir()
+        if isinstance(script, str | os.PathLike):
+            script = file_beside_test(request, script)
         path, parsed = _script_path(script, directory) if script is not None else (None, None)
         if app_server is not None:
             command, owned_model = list(app_server), None
@@ -571,15 +583,18 @@ async def codex_start_bridge(
 
 def _script_path(script: Any, directory: Path) -> tuple[str, Any]:
     """A script file for fake-codex, and the validated script (for the end checks)."""
-    from fakes.app_server.script import load_script, parse_script
+    from fakes.app_server.script import ScriptError, load_script, parse_script
     from scenarios.format import dump_yaml
 
-    if isinstance(script, Mapping):
-        data = {"version": 1, **script}
-        path = directory / "app-server.yaml"
-        path.write_text(dump_yaml(data), encoding="utf-8")
-        return str(path), parse_script(data, str(path))
-    return os.fspath(script), load_script(script)
+    try:
+        if isinstance(script, Mapping):
+            data = {"version": 1, **script}
+            path = directory / "app-server.yaml"
+            path.write_text(dump_yaml(data), encoding="utf-8")
+            return str(path), parse_script(data, str(path))
+        return os.fspath(script), load_script(script)
+    except ScriptError as exc:  # names the file and line itself: no traceback
+        raise pytest.fail.Exception(str(exc), pytrace=False) from None
 
 
 def _limits(limits: Any) -> Any:
@@ -704,7 +719,7 @@ def codex_run_scenario(
 ) -> Callable[..., Awaitable[ScenarioResult]]:
     """Run a scenario (a file path, or a mapping built in Python) inside the test; a
     failing one fails the test with its report (`check=False` returns it instead)."""
-    from scenarios.format import load_scenario, parse_scenario
+    from scenarios.format import ScenarioError, load_scenario, parse_scenario
     from scenarios.reporting import format_result
     from scenarios.runner import run_scenario as run
 
@@ -714,7 +729,10 @@ def codex_run_scenario(
                 {"scenario": 1, **scenario}, source=f"<scenario in {request.node.name}>"
             )
         else:
-            loaded = load_scenario(scenario)
+            try:
+                loaded = load_scenario(file_beside_test(request, scenario))
+            except ScenarioError as exc:
+                raise pytest.fail.Exception(str(exc), pytrace=False) from None
         watch = _watch(request.node)
         watch.scenario = loaded.name
         result = await run(loaded, _run_options(request.config, tmp_path))

@@ -5,10 +5,11 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
+
+from scenarios.paths import file_beside_test
 
 _CALL_REPORT = pytest.StashKey[pytest.TestReport]()
 
@@ -47,9 +48,7 @@ def codex_respx(request: pytest.FixtureRequest) -> Iterator[Callable[..., Any]]:
 
     def start(scenario: Any, **options: Any) -> Any:
         if isinstance(scenario, str | os.PathLike):
-            path = Path(scenario)
-            beside = Path(request.node.path).parent / path
-            scenario = beside if not path.is_absolute() and beside.exists() else path
+            scenario = file_beside_test(request, scenario)
         try:
             router = respx_mock.scenario_router(scenario, **{**defaults, **options})
         except respx_mock.CassetteError as exc:

@@ -798,10 +798,25 @@ async def _steps(run: _Run, result: ScenarioResult) -> None:
                     result.fail(title, failed.problems, ("steps", index))
                     return
     except TimeoutError:
-        late = [Problem((), f"the scenario ran past its timeoutMs ({scenario.timeout_ms} ms)")]
+        late = f"the scenario ran past its timeoutMs ({scenario.timeout_ms} ms)"
         if index < 0:
-            return result.fail("scenario", late, ("timeoutMs",))
-        result.fail(_step_title(index, scenario.steps[index], scenario), late, ("steps", index))
+            return result.fail("scenario", [Problem((), late)], ("timeoutMs",))
+        step = scenario.steps[index]
+        late += f" in step {index + 1}, {_waiting_for(step, run.sub)}"
+        result.fail(_step_title(index, step, scenario), [Problem((), late)], ("steps", index))
+
+
+def _waiting_for(step: Any, sub: Any) -> str:
+    """What a step was waiting for when the scenario's time ran out, in words."""
+    if getattr(step, "until", None) is not None:
+        return f"repeating {step.title()} until its expectations held"
+    if isinstance(step, f.PollStep | f.ReadStep):
+        poll = isinstance(step, f.PollStep)
+        goal = ReadGoal.of(step.poll if isinstance(step, f.PollStep) else step.read, sub)
+        return f"{step.title()}, waiting for {goal.wanted('event' if poll else 'frame')}"
+    if isinstance(step, f.AwaitStep):
+        return f"waiting for the response to {step.await_.request!r}"
+    return f"{step.title()}, waiting for its response"
 
 
 def _step_title(index: int, step: Any, scenario: f.Scenario) -> str:

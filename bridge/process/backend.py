@@ -163,7 +163,7 @@ class ProcessBackend(Backend):
             process = await self.launcher.open(options)
         except errors.RestError as exc:
             if metrics is not None and exc.status >= 500:
-                metrics.start_failed(self.mode, exc.kind, exc.message)
+                metrics.start_failed(self.mode, exc.kind, options)
             raise
         self._processes.add(process)
         process.exit_callbacks.append(lambda info: self._ended(process, info))
@@ -195,11 +195,6 @@ class ProcessBackend(Backend):
                 session.id, reason, self.replica_id, time.time() - session.created_at
             )
 
-    def _start_failed(self, error: errors.RestError) -> errors.RestError:
-        if self.metrics is not None and not self._closing:
-            self.metrics.start_failed(self.mode, error.kind, error.message)
-        return error
-
     async def _initialize(self, process: JsonRpcPeer, options: ClientOptions | None) -> Any:
         """``initialize`` + ``initialized``; stops the process when it fails."""
         try:
@@ -211,16 +206,18 @@ class ProcessBackend(Backend):
         except (RpcError, ProcessGone, StdinFull, TimeoutError) as exc:
             await self._stop_fully(process)
             if isinstance(exc, ProcessGone) and not self._closing:
-                info = process.exit_info or exc.exit_info
-                raise self._start_failed(startup.exited_at_startup(self.command, info)) from None
-            if isinstance(exc, TimeoutError):
-                ms = self.limits.spawn_timeout_ms
+                fail = startup.exited_at_startup(self.command, process.exit_info or exc.exit_info)
+            elif isinstance(exc, TimeoutError):
                 own = self.command if self.mode == "process" else ()
-                late = startup.spawn_timed_out(self.launcher.starting, ms, command=own)
-                raise self._start_failed(late) from None
-            if isinstance(exc, RpcError):
-                raise self._start_failed(startup.initialize_refused(self.command, exc)) from None
-            raise self._start_failed(rpc_failure(exc, self.launcher.starting)) from None
+                ms = self.limits.spawn_timeout_ms
+                fail = startup.spawn_timed_out(self.launcher.starting, ms, command=own)
+            elif isinstance(exc, RpcError):
+                fail = startup.initialize_refused(self.command, exc)
+            else:
+                fail = rpc_failure(exc, self.launcher.starting)
+            if self.metrics is not None and not self._closing:
+                self.metrics.start_failed(self.mode, fail.kind, options)
+            raise fail from None
         except BaseException:
             await self._stop_fully(process)
             raise
@@ -228,7 +225,7 @@ class ProcessBackend(Backend):
             process.notify("initialized")
             self.user_agent = startup.user_agent(result) or self.user_agent
             if self.metrics is not None:
-                self.metrics.started()
+                self.metrics.started(options)
             return result
         except (ProcessGone, StdinFull) as exc:
             # It answered `initialize`, then stopped taking input: broken, not unstarted.

@@ -39,11 +39,11 @@ CHECK_COMMAND = "check the bridge's app-server command (`rest-bridge serve --app
 
 def spawn_failed(command: Sequence[str], exc: OSError, cwd: str | None) -> errors.RestError:
     """The process could not be created: 502 ``app_server_spawn_failed``, and a log line.
-    A missing ``cwd`` fails as a missing executable does: the client hears which it was."""
+    A missing ``cwd`` fails as a missing executable does: the directory says which it was."""
     exc = shortage_behind(exc)
     reason = exc.strerror or type(exc).__name__
-    # (uvloop names no file: a directory that is not there is the caller's mistake.)
-    if cwd is not None and (exc.filename == cwd or not os.path.isdir(cwd)):
+    # Asked of the directory, not of the error: uvloop's OSError names no file.
+    if cwd is not None and not (os.path.isdir(cwd) and os.access(cwd, os.X_OK)):
         # Not the cwd itself: it is the caller's, a body's value (it could hold anything).
         said = "could not start the app-server in the working directory options.cwd names: %s"
         logs.start_failed("cwd", said, reason, level=logging.WARNING)

@@ -13,8 +13,8 @@ knows what that connection owns and applies the rules, in one place:
   the caller's id: what codex says of a thread that does not exist, so nothing tells "not
   yours" from "no such thread". The experimental ``path`` of ``thread/resume`` and
   ``thread/fork`` (any thread's rollout file) is replaced by a file that does not exist.
-- A listing shows owned threads only, reading on through codex's pages to fill one; its
-  cursors, which name a thread, become tokens of the connection's own.
+- A listing or search shows owned threads only (partial results only if all are), reading
+  on through codex's pages to fill one; its cursors become the connection's own tokens.
 - A notification or server request about another thread is not passed on (a server
   request is left to its owner, who answers it).
 """
@@ -43,11 +43,14 @@ PATH_CALLS = frozenset({"thread/resume", "thread/fork"})
 ORIGINS = ("parentThreadId", "forkedFromId", "attachedToThreadId")
 #: Items of an owned thread whose receivers are new threads of the same owner.
 SPAWNING_TOOLS = frozenset({"spawnAgent"})
-#: Listings: where each item names its thread ("" for an item that is the id itself).
-LISTINGS = {
-    "thread/list": "id",
-    "thread/loaded/list": "",
-    "thread/attachmentOwner/list": "threadId",
+#: Listings and searches (every thread of the process): where each item names its
+#: thread (no key: the item is the id itself).
+LISTINGS: dict[str, tuple[str, ...]] = {
+    "thread/list": ("id",),
+    "thread/loaded/list": (),
+    "thread/attachmentOwner/list": ("threadId",),
+    "thread/search": ("thread", "id"),
+    "thread/search/stream": ("thread", "id"),
 }
 #: Pages of codex's a listing reads at most to fill one page of owned threads.
 MAX_LIST_ROUNDS = 16
@@ -139,6 +142,10 @@ class Tenant:
         names it: the latest such frames are kept, and passed on once it is named."""
         if method == "thread/started":
             return self._announced(params)
+        if method == "thread/search/partial":
+            # A search's provisional rows (its answer is filtered): all owned, or dropped.
+            rows = _dig(params, ("data",))
+            return bool(rows == self._owned_items("thread/search", rows))
         return self.admit_request(params, frame)
 
     def _announced(self, params: Any) -> bool:
@@ -264,10 +271,7 @@ class Tenant:
     def _owned_items(self, method: str, items: Any) -> list[Any]:
         if not isinstance(items, list):
             return []
-        key = LISTINGS[method]
-        if key:
-            return [i for i in items if isinstance(i, dict) and self.owns(i.get(key))]
-        return [item for item in items if self.owns(item)]
+        return [item for item in items if self.owns(_dig(item, LISTINGS[method]))]
 
     async def _list_owned(self, peer: JsonRpcPeer, method: str, params: Any, timeout: float) -> Any:
         """Read codex's pages until one page of owned threads is full (or codex has no

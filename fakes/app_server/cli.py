@@ -73,6 +73,13 @@ def _overrides(args: argparse.Namespace) -> list[str]:
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="fake-codex", description="A scriptable fake codex.")
     parser.add_argument("-V", "--version", action="store_true", help="print the version and exit")
+    parser.add_argument(
+        "--codex-version",
+        type=_codex_version,
+        dest="global_codex_version",
+        metavar="VERSION",
+        help="the codex release to emulate, for --version (app-server takes it too)",
+    )
     _config_options(parser, "global")
     commands = parser.add_subparsers(dest="command")
     server = commands.add_parser("app-server", help="serve the app-server protocol on stdio")
@@ -208,7 +215,7 @@ def _generate_json_schema(args: argparse.Namespace) -> int:
 
     path = args.script or os.environ.get(SCRIPT_ENV)
     script = _load(path) if path else None
-    version = cli_version(_version_output(script, args.codex_version))
+    version = cli_version(_version_output(script, _emulated(args)))
     try:
         write_schema(args.out, experimental=args.experimental, version=version)
     except OSError as exc:
@@ -243,7 +250,7 @@ def _app_server(args: argparse.Namespace) -> int:
     seed = _env_seed()
     if seed is None and script is not None:
         seed = script.seed
-    version_output = _version_output(script, args.codex_version)
+    version_output = _version_output(script, _emulated(args))
     if endpoint is not None:
         from fakes.app_server.listen import serve_listen
 
@@ -276,9 +283,9 @@ def main(argv: list[str] | None = None) -> int:
             return _app_server(_parser_defaults())
         parser = _parser()
         args = parser.parse_args(argv)
-        if args.version:
-            path = os.environ.get(SCRIPT_ENV)
-            said = _version_output(_load(path) if path else None)
+        if args.version:  # the script found as app-server finds it (but for --script)
+            path = os.environ.get(SCRIPT_ENV) or config_script(_overrides(args))
+            said = _version_output(_load(path) if path else None, _emulated(args))
             print(said)
             if os.environ.get(codex_window.IDENTIFY_VARIABLE):
                 # Asked by a bridge's start-up probe: say what it is, on a line of its own.
@@ -293,6 +300,12 @@ def main(argv: list[str] | None = None) -> int:
     return USAGE_ERROR
 
 
+def _emulated(args: argparse.Namespace) -> str | None:
+    """`--codex-version`, given after `app-server` or before it."""
+    given: str | None = getattr(args, "codex_version", None) or args.global_codex_version
+    return given
+
+
 def _parser_defaults() -> argparse.Namespace:
     """What `_parser()` makes of `app-server` alone."""
     return argparse.Namespace(
@@ -305,6 +318,7 @@ def _parser_defaults() -> argparse.Namespace:
         analytics_default_enabled=False,
         script=None,
         codex_version=None,
+        global_codex_version=None,
         ws_auth=None,
         ws_token_file=None,
         ws_token_sha256=None,

@@ -58,6 +58,7 @@ class _Model(BaseModel):
         populate_by_name=True,
         frozen=True,
         defer_build=True,
+        strict=True,  # `timeoutMs: 1.0` or `count: "2"` is a mistake, not a number
     )
 
     @model_validator(mode="before")
@@ -142,10 +143,9 @@ class AgentMessage(_Model):
     sentences: PositiveInt | None = None
     deltas: NonNegativeInt | None = None
     delta_delay_ms: NonNegativeInt = 0
-    events: tuple[Literal["started", "deltas", "completed"], ...] = (
-        "started",
-        "deltas",
-        "completed",
+    events: tuple[Literal["started", "deltas", "completed"], ...] = Field(
+        default=("started", "deltas", "completed"),
+        strict=False,  # a YAML list is a tuple
     )
     id: str | None = None
 
@@ -268,6 +268,41 @@ class _Step(_Model):
     KIND: ClassVar[str]
 
 
+#: The keys an `onReply` branch may have: the decisions of codex's approval requests
+#: (the v2 ones and the older review decisions), a permissions grant's scope, and
+#: `error`, `result`, `default` (see `steps.reply_key`).
+REPLY_KEYS = frozenset(
+    {
+        *("accept", "acceptForSession", "acceptWithExecpolicyAmendment", "decline", "cancel"),
+        *("applyNetworkPolicyAmendment", "approved", "approved_for_session", "denied", "abort"),
+        *("approved_execpolicy_amendment", "turn", "session", "error", "result", "default"),
+    }
+)
+
+
+def _reply_keys(closed: bool) -> Any:
+    """Refuse a typo'd `onReply` key, which no reply would ever select. An approval's
+    keys are the known ones; a `request` may get any decision of its own, so there only
+    a key close to a known one but not it (`decilne`) is refused."""
+
+    def check(value: Any) -> Any:
+        for key in value or {}:
+            if key in REPLY_KEYS:
+                continue
+            import difflib  # only here: importing it compiles a namedtuple's code
+
+            close = difflib.get_close_matches(str(key), sorted(REPLY_KEYS), n=1, cutoff=0.75)
+            if closed or close:
+                guess = f" (did you mean {close[0]!r}?)" if close else ""
+                raise ValueError(
+                    f"{key!r} is no reply's key{guess}; a branch is one of "
+                    f"{', '.join(sorted(REPLY_KEYS))}"
+                )
+        return value
+
+    return field_validator("on_reply")(check)
+
+
 class AgentMessageStep(_Step):
     KIND = "agentMessage"
     agent_message: AgentMessage
@@ -280,17 +315,23 @@ class CommandApprovalStep(_Step):
     command_approval: CommandApproval
     on_reply: dict[str, list["Step"]] | None = None
 
+    _replies = _reply_keys(closed=True)
+
 
 class FileChangeApprovalStep(_Step):
     KIND = "fileChangeApproval"
     file_change_approval: FileChangeApproval
     on_reply: dict[str, list["Step"]] | None = None
 
+    _replies = _reply_keys(closed=True)
+
 
 class RequestStep(_Step):
     KIND = "request"
     request: ServerRequestSpec
     on_reply: dict[str, list["Step"]] | None = None
+
+    _replies = _reply_keys(closed=False)
 
 
 class NotifyStep(_Step):
@@ -547,4 +588,10 @@ def parse_script(data: Any, source: str = "<script>", text: str | None = None) -
     try:
         return AppServerScript.model_validate(data)
     except ValidationError as exc:
-        raise ScriptError(describe_errors(exc, source, text, prefix)) from None
+        raise ScriptError(
+            describe_errors(exc, source, text, prefix, tags=STEP_KINDS, message=_message)
+        ) from None
+
+
+def _message(error: Any) -> str:
+    return str(error["msg"]).removeprefix("Value error, ")

@@ -9,7 +9,55 @@ import yaml
 from pydantic import ValidationError
 
 # libyaml when available: much faster on large scripts.
-_Loader: type[yaml.SafeLoader] = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+_Base: type[yaml.SafeLoader] = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+MERGE_TAG = "tag:yaml.org,2002:merge"
+
+
+class _Loader(_Base):  # type: ignore[valid-type,misc]
+    """The safe loader, refusing two things it would otherwise let through: a key given
+    twice in one mapping (YAML keeps the last and says nothing, so a typo'd copy of a
+    key silently replaces the first), and a scalar it resolves to a type it then cannot
+    build (a 5,000-digit integer, the date 2020-13-45), which would escape as a bare
+    ValueError. Both become errors at the node's line and column."""
+
+    def construct_object(self, node: yaml.Node, deep: bool = False) -> Any:
+        try:
+            return super().construct_object(node, deep)
+        except yaml.YAMLError:
+            raise
+        except (ValueError, TypeError, OverflowError) as exc:
+            kind = str(node.tag).rsplit(":", 1)[-1]
+            shown = str(node.value)
+            shown = shown if len(shown) <= 40 else f"{shown[:20]}... ({len(shown)} characters)"
+            raise yaml.constructor.ConstructorError(
+                None,
+                None,
+                f"{shown!r} reads as a YAML {kind} that cannot be built "
+                f"({str(exc).split(';')[0]}); quote it "
+                "to keep it a string",
+                node.start_mark,
+            ) from None
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> Any:
+        if isinstance(node, yaml.MappingNode):
+            first: dict[Any, yaml.Node] = {}
+            for key_node, _ in node.value:
+                if key_node.tag == MERGE_TAG:
+                    continue  # `<<: *base` may be overridden by the keys beside it
+                key = self.construct_object(key_node, deep=True)
+                try:
+                    seen = first.setdefault(key, key_node)
+                except TypeError:
+                    continue  # an unhashable key: the base constructor refuses it
+                if seen is not key_node:
+                    raise yaml.constructor.ConstructorError(
+                        None,
+                        None,
+                        f"the key {key!r} is given twice in one mapping (first on line "
+                        f"{seen.start_mark.line + 1}); give each key once",
+                        key_node.start_mark,
+                    )
+        return super().construct_mapping(node, deep)
 
 
 class ScriptError(ValueError):
@@ -34,7 +82,8 @@ def parse_yaml(text: str, source: str) -> Any:
     """The document in `text` (YAML, or JSON, which YAML reads too). Aliases are bounded
     (:data:`MAX_ALIAS_NODES` nodes, :data:`MAX_ALIAS_CHARS` characters); one inside the
     node it names (a recursive document) is refused: either is a ScriptError naming the
-    file, line and column of the alias."""
+    file, line and column of the alias. So is a key given twice in one mapping, and a
+    value YAML reads as a type it cannot build (a 5,000-digit integer, a 13th month)."""
     try:
         if "*" in text:  # an alias is written `*name`: without one, nothing to count
             _check_aliases(text, source)
@@ -45,6 +94,8 @@ def parse_yaml(text: str, source: str) -> Any:
         raise ScriptError(f"{where}: invalid YAML: {exc.problem or exc.context}") from None
     except yaml.YAMLError as exc:
         raise ScriptError(f"{source}: invalid YAML: {exc}") from None
+    except RecursionError:
+        raise ScriptError(f"{source}: invalid YAML: nested too deep to read") from None
 
 
 def _check_aliases(text: str, source: str) -> None:
@@ -59,7 +110,7 @@ def _check_aliases(text: str, source: str) -> None:
             anchor, held, held_chars = open_nodes[-1]
             open_nodes[-1] = (anchor, held + nodes, held_chars + chars)
 
-    for event in yaml.parse(text, Loader=_Loader):
+    for event in yaml.parse(text, Loader=_Base):
         if isinstance(event, yaml.AliasEvent):
             mark = event.start_mark
             where = f"{source}:{mark.line + 1}:{mark.column + 1}" if mark else source
@@ -168,7 +219,7 @@ def describe_errors(
 
 def _compose(text: str) -> yaml.Node | None:
     try:
-        return yaml.compose(text, Loader=_Loader)
+        return yaml.compose(text, Loader=_Base)
     except yaml.YAMLError:
         return None
 

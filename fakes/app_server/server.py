@@ -367,6 +367,14 @@ class AppServer:
             return Reply(error=spec.error.to_wire())
         if spec.has_result:
             return Reply(spec.result)
+        if call.method not in self._builtins and isinstance(call.params, dict):
+            return Reply(
+                error=rpc_error(
+                    INTERNAL_ERROR,
+                    f"fake-codex has no built-in reply to `{call.method}`, and its script "
+                    "gives it none: add `result:` or `error:` beside its `steps:`",
+                )
+            )
         return self.builtin_reply(call)
 
     def builtin_reply(self, call: Call) -> Reply:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import copy
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -218,6 +219,9 @@ def test_experimental_changes_are_marked_from_the_stable_bundle(
         ("0.1; rm -rf ~", "neither a codex binary, a version nor a folder"),
         ("@openai/codex@latest", "neither a codex binary, a version nor a folder"),
         ("no-such-codex-binary-here", "neither a codex binary, a version nor a folder"),
+        ("echo", "(to use the 'echo' on PATH, give its path)"),
+        ("\u0660.\u0661\u0667\u0661.\u0660", "neither a codex binary, a version nor a folder"),
+        ("\U0001d7ce.\U0001d7cf.\U0001d7ce", "neither a codex binary, a version nor a folder"),
     ],
 )
 def test_what_is_not_a_binary_version_or_folder_is_refused_before_anything_runs(
@@ -228,6 +232,35 @@ def test_what_is_not_a_binary_version_or_folder_is_refused_before_anything_runs(
     assert status == 2
     assert says in err
     assert out == ""
+    assert not (tmp_path / "cache").exists()
+
+
+@pytest.mark.quick
+@pytest.mark.parametrize(
+    "rest", [("not a thing!",), ("",), ("BINARY", "missing.yaml"), ("BINARY", "FIFO")]
+)
+def test_every_argument_is_checked_before_the_first_binary_runs(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], rest: tuple[str, ...]
+) -> None:
+    """OLD is a binary that leaves a marker when run: a bad NEW or a missing FILES
+    argument is refused with nothing run and no cache folder made."""
+    marker = tmp_path / "ran"
+    binary = tmp_path / "old.sh"
+    binary.write_text(f"#!/bin/sh\ntouch {marker}\nexit 1\n")
+    binary.chmod(0o755)
+    argv = [str(binary) if arg == "BINARY" else arg for arg in rest]
+    argv = [str(tmp_path / arg) if arg.endswith(".yaml") else arg for arg in argv]
+    if "FIFO" in argv:  # reading it would wait for a writer forever
+        os.mkfifo(tmp_path / "fifo")
+        argv[argv.index("FIFO")] = str(tmp_path / "fifo")
+    status, out, err = _run(capsys, str(binary), *argv, "--cache", str(tmp_path / "cache"))
+    assert status == 2, err
+    assert any(
+        said in err
+        for said in ("'not a thing!' is neither", "'' is neither", "no such file", "nor a folder")
+    ), err
+    assert out == ""
+    assert not marker.exists()
     assert not (tmp_path / "cache").exists()
 
 

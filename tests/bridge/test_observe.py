@@ -240,8 +240,9 @@ async def test_a_scrape_counts_every_request_ended_before_it(serve, http):
 
 
 @pytest.mark.asyncio
-async def test_a_request_whose_client_left_first_is_not_counted(serve):
-    """Its access line says 499; the duration histogram does not count it."""
+async def test_a_request_whose_client_left_first_is_counted_apart(serve):
+    """Its access line says 499; the duration histogram does not count it, the count of
+    abandoned requests does, by route and method."""
     entered, cancelled = asyncio.Event(), asyncio.Event()
 
     async def held(request: web.Request) -> web.Response:
@@ -273,6 +274,8 @@ async def test_a_request_whose_client_left_first_is_not_counted(serve):
         if name == "http_server_request_duration_seconds_count"
     }
     assert "/held/{sessionId}" not in durations
+    abandoned = frozenset({("http_route", "/held/{sessionId}"), ("http_request_method", "GET")})
+    assert exposed["rest_bridge_requests_abandoned_total", abandoned] == 1
     active = ("http_server_active_requests", "/held/{sessionId}")
     assert [
         v for (n, labels), v in exposed.items() if (n, dict(labels).get("http_route")) == active

@@ -22,7 +22,7 @@ from cli_runs import main_here
 from prometheus_client.parser import text_string_to_metric_families
 
 from bridge import replica
-from bridge.app import text_turn_app, trusted_bridge_app
+from bridge.app import default_app, text_turn_app, trusted_bridge_app
 from bridge.auth import with_bearer_auth
 from bridge.limits import AppServerSettings, ReplicaSettings, RestLimits
 from bridge.observe import observer
@@ -335,6 +335,120 @@ async def test_readiness_while_the_app_server_cannot_start_and_while_draining(
     assert value(samples, "rest_bridge_draining", replica="r-1") == 1
     assert value(samples, "rest_bridge_app_server_start_failures_total") >= 1
     drain.cancel()
+
+
+@pytest.mark.asyncio
+async def test_a_failure_while_a_probe_ends_is_not_undone_by_its_success(
+    operated, http, write_script, tmp_path
+):
+    """A probe answers `initialize`, then takes a while to stop its process: a start of
+    the bridge's own that fails meanwhile is the newer news, and the probe's success
+    does not make the replica ready again over it (the probe goes on instead)."""
+    flag = tmp_path / "broken"
+    flag.write_text("")
+    # Once initialized, the process ignores the end of its input: stopping it takes the
+    # grace period (then a signal), the window this test needs.
+    script = write_script({"onInitialized": [{"stall": True}]})
+    starting = [*fake_codex_command(), "--script", script]
+    command = ["sh", "-c", f'test -e {flag} && exit 3; exec "$0" "$@"', *starting]
+    app = trusted_bridge_app(command, RestLimits(shutdown_grace_ms=3000))
+    api, ops, listener = await operated(app)
+    await listener.readiness.probed.wait()
+    assert (await readyz(http, ops))[0] == 503
+    flag.unlink()
+    # The next probe's `initialize` is answered: ready, while it stops its process.
+    await until(lambda: answers(http, ops, 200), "ready once a probe starts")
+    flag.write_text("")
+    async with http.post(f"{api}/v1/sessions", json={}) as response:
+        assert response.status == 502, await response.text()
+    await listener.readiness.probed.wait()  # that probe has ended
+    status, body = await readyz(http, ops)
+    assert status == 503, body
+    assert body["data"]["reasons"] == [
+        "the app-server cannot be started or initialized (app_server_exited)"
+    ]
+    flag.unlink()
+    await until(lambda: answers(http, ops, 200), "ready again once it starts")
+
+
+#: An `initialize` that fails for one client name only (codex refuses a name that cannot
+#: be a header value: the bridge's own start is fine, the caller's is not).
+REFUSED_NAME = {"name": "a\nb", "version": "1"}
+REFUSED = {"code": -32600, "message": "Invalid request: refused"}
+REFUSING_SCRIPT = {"initialize": {"match": {"clientInfo": REFUSED_NAME}, "error": REFUSED}}
+
+
+@pytest.mark.asyncio
+@pytest.mark.parametrize("preset", ["default", "trusted"])
+async def test_starts_a_caller_shaped_that_fail_are_counted_and_leave_the_replica_ready(
+    operated, http, write_script, tmp_path, preset
+):
+    """A token holder cannot keep `/readyz` failing: a start that failed with what the
+    caller asked for (its client name, cwd, environment) is counted by kind, and the
+    bridge's own start (a probe) decides readiness."""
+    command = [*fake_codex_command(), "--script", write_script(REFUSING_SCRIPT)]
+    app = (default_app if preset == "default" else trusted_bridge_app)(command)
+    api, ops, listener = await operated(app)
+    # Failures ask for a probe at most once in this long (each probe is a process, and a
+    # failure may cost its caller none: a missing cwd).
+    listener.readiness.caller_probe_seconds = 3600
+    await listener.readiness.probed.wait()
+    assert await readyz(http, ops) == (200, {"ready": True, "reasons": []})
+    asked = [({"clientInfo": REFUSED_NAME}, "app_server_error")]
+    if preset == "trusted":
+        asked += [
+            ({"cwd": str(tmp_path / "missing")}, "app_server_spawn_failed"),
+            ({"env": {"FAKE_CODEX_VERSION": "9.9.9"}}, "app_server_exited"),
+        ]
+    for options, kind in asked * 3:
+        for path, body in (
+            ("/v1/sessions", {"options": options}),
+            ("/v1/text-turn", {"text": "hi", "options": options}),
+        ):
+            async with http.post(f"{api}{path}", json=body) as response:
+                payload = await response.json()
+                assert (response.status, payload["error"]) == (502, kind), payload
+            assert await readyz(http, ops) == (200, {"ready": True, "reasons": []}), options
+    await listener.readiness.settled()  # the probe a failure asks for, if one runs
+    assert await readyz(http, ops) == (200, {"ready": True, "reasons": []})
+    samples = await scrape(http, ops)
+    failures = "rest_bridge_app_server_start_failures_total"
+    for kind in {kind for _, kind in asked}:
+        counted = sum(6 for _, k in asked if k == kind)
+        assert value(samples, failures, mode="process", kind=kind) == counted, kind
+    assert value(samples, "rest_bridge_ready") == 1
+    # The processes: the failures' own (a missing cwd starts none), and two probes: the
+    # first, at start, and the one the failures asked for.
+    spawned = sum(6 for _, kind in asked if kind != "app_server_spawn_failed")
+    assert value(samples, "rest_bridge_app_server_spawns_total") == spawned + 2
+    # A start with the bridge's own settings still works, and still counts.
+    async with http.post(f"{api}/v1/sessions", json={}) as response:
+        assert response.status == 201, await response.text()
+
+
+@pytest.mark.asyncio
+async def test_a_broken_command_still_makes_the_replica_unready_whoever_starts_it(
+    operated, http, write_script, tmp_path
+):
+    """The bridge's own command failing is the replica's problem: a start without
+    options says so at once, and a start a caller shaped asks the probe, which finds it."""
+    flag = tmp_path / "broken"
+    command = ["sh", "-c", f'test -e {flag} && exit 3; exec "$0" "$@"', *fake_codex_command()]
+    api, ops, listener = await operated(trusted_bridge_app(command))
+    await listener.readiness.probed.wait()
+    assert (await readyz(http, ops))[0] == 200
+    flag.write_text("")
+    for body in ({"options": {"clientInfo": {"name": "host", "version": "1"}}}, {}):
+        async with http.post(f"{api}/v1/sessions", json=body) as response:
+            assert response.status == 502, await response.text()
+        await until(lambda: answers(http, ops, 503), f"not ready after {body}")
+        _, payload = await readyz(http, ops)
+        assert payload["data"]["reasons"] == [
+            "the app-server cannot be started or initialized (app_server_exited)"
+        ]
+        flag.unlink()
+        await until(lambda: answers(http, ops, 200), "ready again once it starts")
+        flag.write_text("")
 
 
 @pytest.mark.asyncio

@@ -353,3 +353,88 @@ async def test_a_cursor_token_serves_only_the_listing_that_gave_it(base, http):
     status, body = await call(http, base, owner, "thread/list", {"cursor": token})
     assert (status, body["message"]) == (502, f"invalid cursor: {token}")
     assert not any(thread_id in json.dumps(body) for thread_id in others)
+
+
+#: Two threads of two sessions, as a scripted `thread/start` opens them (matched on a
+#: param), and what a search of the whole process finds of them.
+VICTIM = str(uuid.uuid4())
+MINE = str(uuid.uuid4())
+
+
+def _found(thread_id: str, snippet: str) -> dict[str, Any]:
+    thread = {"id": thread_id, "preview": snippet, "path": f"/rollouts/{thread_id}.jsonl"}
+    return {"snippet": snippet, "thread": thread}
+
+
+def _partial(*rows: dict[str, Any]) -> dict[str, Any]:
+    params = {"requestId": 0, "data": list(rows)}
+    return {"notify": {"method": "thread/search/partial", "params": params}}
+
+
+SECRET_ROW = _found(VICTIM, "VICTIM-PASSWORD-hunter2")
+OWN_ROW = _found(MINE, "my hunter2 note")
+#: codex's first page holds the victim's thread only, with a cursor that names it.
+SEARCH_PAGES = [
+    {
+        "match": {"cursor": f"c-{VICTIM}"},
+        "repeat": True,
+        "result": {"data": [OWN_ROW], "nextCursor": None, "backwardsCursor": f"c-{VICTIM}"},
+    },
+    {"result": {"data": [SECRET_ROW], "nextCursor": f"c-{VICTIM}", "backwardsCursor": None}},
+]
+SEARCH_SCRIPT: dict[str, Any] = {
+    "methods": {
+        "thread/start": [
+            {
+                "match": {"serviceName": "victim"},
+                "repeat": True,
+                "result": {"thread": {"id": VICTIM}},
+            },
+            {"match": {"serviceName": "me"}, "repeat": True, "result": {"thread": {"id": MINE}}},
+        ],
+        "thread/search": SEARCH_PAGES,
+        "thread/search/stream": [
+            {
+                **page,
+                "steps": [_partial(SECRET_ROW), _partial(OWN_ROW), _partial(SECRET_ROW, OWN_ROW)],
+            }
+            for page in SEARCH_PAGES
+        ],
+    }
+}
+
+
+@pytest_asyncio.fixture
+async def searched(serve: Any, write_script: Any) -> str:
+    command = fake_app_server_command(write_script(SEARCH_SCRIPT))
+    return str(await serve(trusted_bridge_app(command, RestLimits(), SHARED)))
+
+
+async def test_a_search_shows_a_session_its_own_threads_only(searched, http):
+    """`thread/search` and `thread/search/stream` search every thread of the process: a
+    session finds its own only, reading on through codex's pages, with cursors that name
+    no thread; a partial result is passed on only when every row is the session's."""
+    base = searched
+    victim, me = await new_session(http, base), await new_session(http, base)
+    for session_id, service in ((victim, "victim"), (me, "me")):
+        status, body = await call(http, base, session_id, "thread/start", {"serviceName": service})
+        assert status == 200, body
+    for method in ("thread/search", "thread/search/stream"):
+        status, body = await call(http, base, me, method, {"searchTerm": "hunter2"})
+        assert status == 200, body
+        assert body["result"] == {"data": [OWN_ROW], "nextCursor": None, "backwardsCursor": None}
+        status, body = await call(http, base, victim, method, {"searchTerm": "hunter2"})
+        assert status == 200, body
+        page = body["result"]
+        assert page["data"] == [SECRET_ROW]
+        assert page["nextCursor"].startswith("tc_")
+    # Of the three partial results each of codex's pages sent (the session's search read
+    # two), the one all the session's own.
+    heard = await session_log(http, base, me)
+    partials = [e["params"]["data"] for e in heard if e["method"] == "thread/search/partial"]
+    assert partials == [[OWN_ROW], [OWN_ROW]]
+    assert VICTIM not in json.dumps(heard)
+    assert "PASSWORD" not in json.dumps(heard)
+    heard = await session_log(http, base, victim)
+    partials = [e["params"]["data"] for e in heard if e["method"] == "thread/search/partial"]
+    assert partials == [[SECRET_ROW]]

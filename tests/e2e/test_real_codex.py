@@ -13,6 +13,8 @@ import pytest
 from processes import live_children
 
 from bridge import codex_window
+from bridge.app import default_app
+from bridge.ops import OpsListener
 from scenarios.sse import SseFrame, SseReader
 
 pytestmark = [pytest.mark.asyncio, pytest.mark.real_codex]
@@ -230,3 +232,29 @@ async def test_text_turn_answers_the_command_approval_by_its_policy(
     # A cancelled approval interrupts the turn before the model speaks again.
     assert payload["text"] == ("" if policy == "cancel" else text)
     assert (workspace / "side-effect.txt").exists() is runs
+
+
+async def test_a_client_name_codex_refuses_leaves_the_replica_ready(
+    model, codex_home, workspace, serve, codex_bin, http
+):
+    """codex refuses a client name that cannot be a header value: the caller's 502, while
+    `/readyz` stays 200 on the `default` preset (any token holder can send one)."""
+    app = default_app(model.codex_command(codex_bin, codex_home=codex_home, cwd=workspace))
+    listener = OpsListener(app)
+    base = await serve(app)
+    ops = "http://" + await listener.start("127.0.0.1", 0)
+    try:
+        await listener.readiness.probed.wait()
+        refused = {"options": {"clientInfo": {"name": "a\nb", "version": "1"}}}
+        for _ in range(3):
+            async with http.post(f"{base}/v1/sessions", json=refused) as response:
+                payload = await response.json()
+                assert (response.status, payload["error"]) == (502, "app_server_error")
+            assert "clientInfo" in payload["message"], payload
+            async with http.get(f"{ops}/readyz") as response:
+                assert response.status == 200, await response.text()
+        await listener.readiness.settled()
+        async with http.get(f"{ops}/readyz") as response:
+            assert (response.status, await response.json()) == (200, {"ready": True, "reasons": []})
+    finally:
+        await listener.close()

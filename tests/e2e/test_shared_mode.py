@@ -11,6 +11,7 @@ import asyncio
 import contextlib
 import json
 import os
+import re
 import signal
 import uuid
 from collections.abc import Callable
@@ -23,9 +24,11 @@ from aiohttp import web
 from processes import exited, live_children
 from session_logs import session_log
 
+from bridge import codex_schema
 from bridge.app import trusted_bridge_app
 from bridge.codex_window import release
 from bridge.limits import AppServerSettings, RestLimits
+from bridge.process import tenancy
 from bridge.routes import BACKEND
 from fakes.model_provider import ModelProviderServer
 from scenarios.sse import SseReader
@@ -395,6 +398,136 @@ async def test_listings_show_a_session_its_own_threads_only(shared_bridge, http,
         assert answer.status == 200
         page = (await answer.json())["result"]
         assert (page["data"], page["nextCursor"], page["backwardsCursor"]) == ([], None, None)
+
+
+#: What the victim's turn says, and what an attacker searches for.
+SECRET = "VICTIM-PASSWORD-hunter2"
+EXPERIMENTAL = {"experimentalApi": True}
+
+
+async def search(http, base, session_id, method, term) -> tuple[list[str], str]:
+    """The thread ids a search finds, page by page, and every page as JSON text."""
+    seen: list[str] = []
+    pages = ""
+    cursor = None
+    for _ in range(20):
+        params = {"searchTerm": term, "cursor": cursor}
+        status, body = await call(http, base, session_id, method, params)
+        assert status == 200, body
+        pages += json.dumps(body)
+        seen += [row["thread"]["id"] for row in body["result"]["data"]]
+        cursor = body["result"]["nextCursor"]
+        if cursor is None:
+            return seen, pages
+        assert cursor.startswith("tc_"), cursor
+    raise AssertionError(f"{method} did not end: {seen}")
+
+
+async def test_a_search_finds_a_sessions_own_threads_only(
+    shared_bridge, http, model, workspace, codex_version
+):
+    """`thread/search` (and 0.171.0's `thread/search/stream`, whose partial results come
+    as notifications) searches every thread of the process: a session finds its own
+    threads only, and learns nothing of another's (its id, preview, snippet, path)."""
+    victim = await create_session(http, shared_bridge, EXPERIMENTAL)
+    attacker = await create_session(http, shared_bridge, EXPERIMENTAL)
+    secret = await start_thread(http, shared_bridge, victim, cwd=str(workspace))
+    model.model.add({"text": "Noted."})
+    await run_turn(http, shared_bridge, victim, secret, f"Remember {SECRET}.")
+    own = await start_thread(http, shared_bridge, attacker, cwd=str(workspace))
+    model.model.add({"text": "Noted."})
+    await run_turn(http, shared_bridge, attacker, own, "My own hunter2 note.")
+    methods = ["thread/search"]
+    if release(codex_version) != "0.169.0":
+        methods.append("thread/search/stream")
+    for method in methods:
+        # codex finds a thread a little after its turn: ask until the victim finds its own.
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + WAIT
+        for session_id, expected in ((victim, [secret]), (attacker, [own])):
+            while (
+                found := (await search(http, shared_bridge, session_id, method, "hunter2"))[0]
+            ) != expected:
+                assert loop.time() < deadline, (method, found, expected)
+        for term in ("hunter2", "VICTIM", "PASSWORD"):
+            _, pages = await search(http, shared_bridge, attacker, method, term)
+            assert secret not in pages, (method, term)
+            assert "VICTIM" not in pages, (method, term)
+    told = json.dumps(await session_log(http, shared_bridge, attacker))
+    assert secret not in told
+    assert "VICTIM" not in told
+
+
+def names_threads(definitions: dict[str, Any], schema: Any, seen: set[str]) -> bool:
+    """Whether a schema can carry a thread (a `Thread`, a `ThreadId`, a property named
+    `...threadId(s)`, or a string described as a thread id), through its references."""
+    if isinstance(schema, list):
+        return any(names_threads(definitions, item, seen) for item in schema)
+    if not isinstance(schema, dict):
+        return False
+    for key, value in schema.items():
+        if key == "$ref":
+            name = value.rsplit("/definitions/", 1)[-1]
+            if name in ("v2/Thread", "v2/ThreadId"):
+                return True
+            if name not in seen:
+                seen.add(name)
+                if names_threads(definitions, definitions.get(name), seen):
+                    return True
+        elif key == "properties" and isinstance(value, dict):
+            if any(re.search(r"thread(id|ids)$", name, re.I) for name in value):
+                return True
+            if names_threads(definitions, list(value.values()), seen):
+                return True
+        elif key == "description":
+            if isinstance(value, str) and re.search(r"thread ids?\b", value, re.I):
+                return True
+        elif names_threads(definitions, value, seen):
+            return True
+    return False
+
+
+async def test_every_answer_or_news_of_threads_it_does_not_name_is_the_tenants_to_filter(
+    codex_bin, tmp_path
+):
+    """Calls on a thread (`threadId` in their params) are the tenant's to disguise; the
+    others whose answer can carry threads of the whole process (listings, searches) must
+    be ones it filters or opens, and the news that carries a thread elsewhere than in
+    such a field must be news it reads. A release that adds one fails here until
+    bridge/process/tenancy.py handles it (as `thread/search` once went unfiltered)."""
+    await asyncio.to_thread(codex_schema.generate, codex_bin, tmp_path, True)
+    definitions = codex_schema.read_bundle(tmp_path)
+
+    def about_a_thread(name: str | None) -> bool:
+        fields = definitions.get(name or "", {}).get("properties", {})
+        return any(field in fields for field in tenancy.THREAD_FIELDS)
+
+    answering: dict[str, set[str]] = {}
+    for request in definitions["ClientRequest"]["oneOf"]:
+        params = request["properties"].get("params", {}).get("$ref", "").rsplit("/", 1)[-1]
+        stem = params.removeprefix("v2/").removesuffix("Params")
+        answering.setdefault(stem, set()).add(request["properties"]["method"]["enum"][0])
+    shown: set[str] = set()
+    for name, schema in definitions.items():
+        if not name.endswith("Response") or not names_threads(definitions, schema, set()):
+            continue
+        if about_a_thread(name.removesuffix("Response") + "Params"):
+            continue
+        stem = name.removeprefix("v2/").removesuffix("Response")
+        assert stem in answering, f"which call answers {name}? classify it in tenancy.py"
+        shown |= answering[stem]
+    assert shown - set(tenancy.LISTINGS) - set(tenancy.OPENERS) == set()
+    assert {"thread/list", "thread/search", "thread/start"} <= shown
+    news = {
+        message["properties"]["method"]["enum"][0]
+        for kind in ("ServerNotification", "ServerRequest")
+        for message in definitions[kind]["oneOf"]
+        if names_threads(definitions, message["properties"].get("params"), set())
+        and not about_a_thread(
+            message["properties"].get("params", {}).get("$ref", "").rsplit("/definitions/", 1)[-1]
+        )
+    }
+    assert news - {"thread/started", "thread/search/partial"} == set()
 
 
 SPAWN_AGENT = {

@@ -235,6 +235,21 @@ async def test_version_reads_the_script_named_by_the_environment(tmp_path: Path)
     assert (code, out) == (0, "codex-cli 9.8.7\n")
 
 
+@pytest.mark.parametrize("how", ["option", "config", "environment"])
+async def test_version_honours_what_app_server_would_emulate(tmp_path: Path, how: str) -> None:
+    """`--codex-version` (before `--version`), `-c fake_codex.script=...` and
+    `$FAKE_CODEX_SCRIPT` name the release `--version` reports, as they do for app-server."""
+    script = tmp_path / "v171.yaml"
+    script.write_text("version: 1\ncodexVersion: 0.171.0\n")
+    args: tuple[str, ...] = {
+        "option": ("--codex-version", "0.171.0"),
+        "config": ("-c", f"fake_codex.script={script}"),
+        "environment": (),
+    }[how]
+    env = {"FAKE_CODEX_SCRIPT": str(script)} if how == "environment" else {}
+    assert await run_cli(tmp_path, *args, "--version", **env) == (0, "codex-cli 0.171.0\n", "")
+
+
 async def test_generate_json_schema_writes_the_params_the_fake_knows(tmp_path: Path) -> None:
     stable, experimental = tmp_path / "stable", tmp_path / "experimental"
     assert await run_cli(
@@ -303,6 +318,22 @@ async def test_the_readme_examples_are_valid_scripts() -> None:
     assert len(examples) == 4
     for example in examples:
         parse_script_text(example.replace("[steps]", "[]"), "README.md")
+
+
+@pytest.mark.quick
+async def test_a_problem_beside_a_steps_kind_points_at_its_own_line() -> None:
+    from fakes.app_server.script import ScriptError, parse_script_text
+
+    text = (
+        "version: 1\nturns:\n  - steps:\n      - commandApproval: {command: ls}\n"
+        "        onReply: {decilne: [{agentMessage: x}]}\n"
+    )
+    with pytest.raises(ScriptError) as raised:
+        parse_script_text(text, "s.yaml")
+    assert (
+        "s.yaml:5:9: turns[0].steps[0].onReply: 'decilne' is no reply's key (did you mean "
+        "'decline'?)"
+    ) in str(raised.value)
 
 
 async def test_a_missing_script_file_is_a_usage_error(tmp_path: Path) -> None:
@@ -773,6 +804,17 @@ async def test_method_steps_run_before_the_built_in_reply(spawn: Spawn) -> None:
     await fake.send({"id": 1, "method": "thread/start", "params": {}})
     read = await fake.until_method("thread/started")
     assert methods(read) == ["warning", None, "thread/started"]
+
+
+async def test_a_scripted_method_without_a_reply_says_its_script_lacks_one(spawn: Spawn) -> None:
+    fake = await spawn("version: 1\nmethods:\n  x/flood: {steps: [{notify: {method: warning}}]}\n")
+    await fake.initialize()
+    reply = await fake.request("x/flood")
+    assert reply["error"]["code"] == -32603
+    assert reply["error"]["message"] == (
+        "fake-codex has no built-in reply to `x/flood`, and its script gives it none: add "
+        "`result:` or `error:` beside its `steps:`"
+    )
 
 
 async def test_no_reply_leaves_a_request_unanswered(spawn: Spawn) -> None:

@@ -269,3 +269,44 @@ async def test_the_event_loop_is_said_at_start_and_serves(bridge_process, report
     assert served.resources.processes() == frozenset()
     report.survived = report.nothing_lost = report.no_leak = True
     report.outcome = f"started on {loop}, served a session call, stopped with nothing left"
+
+
+@pytest.mark.parametrize("loop", ["uvloop", "asyncio"])
+async def test_a_missing_cwd_is_said_to_be_the_callers_on_either_loop(
+    bridge_process, tmp_path, loop
+):
+    """A session asks for a working directory that does not exist: the payload names
+    `options.cwd` and the log line the directory, never blaming the bridge's command, on
+    uvloop (whose error names no file) as on asyncio; a cwd that is a file, or that
+    cannot be entered, is the caller's too."""
+    served = bridge_process(extra_args=["--loop", loop])
+    assert f"; loop: {loop}" in served.wait_for_output("  preset: ")
+    not_a_directory = tmp_path / "file"
+    not_a_directory.write_text("")
+    closed = tmp_path / "closed"
+    closed.mkdir(mode=0o000)
+    asked = [str(tmp_path / "missing" / "dir"), str(not_a_directory)]
+    if os.geteuid() != 0:  # root enters any directory
+        asked.append(str(closed))
+    for cwd in asked:
+        status, payload, text = await post(served.base + "/v1/sessions", {"options": {"cwd": cwd}})
+        assert (status, payload["error"]) == (502, "app_server_spawn_failed"), text
+        assert payload["message"].endswith("; check options.cwd."), payload
+        assert "requested working directory" in payload["message"], payload
+        assert cwd not in text
+    closed.chmod(0o700)
+    # The bridge's own command still starts in a directory that exists.
+    status, _, text = await post(served.base + "/v1/sessions", {"options": {"cwd": str(tmp_path)}})
+    assert status == 201, text
+    served.signal(signal.SIGTERM)
+    assert served.wait(30) == 0
+    logs = served.output
+    assert "ERROR" not in logs, logs
+    assert "Traceback" not in logs
+    # One WARNING line for the first, the others counted when the bridge stops (callers
+    # repeat them at will: one line of a kind per 10 s); never the directory, which is a
+    # value of the caller's body.
+    assert logs.count("could not start the app-server in the working directory options.cwd") == 1
+    assert f"{len(asked) - 1} more app-server start failure" in logs, logs
+    assert not [cwd for cwd in asked if cwd in logs]
+    assert served.resources.processes() == frozenset()

@@ -115,6 +115,20 @@ def test_the_makefile_helper_prints_the_native_binary(tmp_path: Path) -> None:
     assert printed.stdout.strip() == str(native)
 
 
+def test_the_makefile_helper_says_when_no_codex_is_installed(tmp_path: Path) -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "scenarios.codex_install", str(tmp_path / ".codex-npm")],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        env={k: v for k, v in os.environ.items() if k != "PYTHONPATH"},
+    )
+    assert done.returncode == 1
+    assert done.stdout == ""
+    assert f"no codex {codex_window.PIN} installed in {tmp_path / '.codex-npm'}/" in done.stderr
+    assert "make codex" in done.stderr
+
+
 def _npm_global(prefix: Path, native_at: str | None) -> Path:
     """A global npm install of @openai/codex under `prefix` (bin/codex links to the
     launcher), its platform package hoisted beside it, nested in it, or missing."""

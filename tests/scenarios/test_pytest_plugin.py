@@ -161,6 +161,54 @@ def test_xdist_and_rerunfailures_leave_scenarios_alone(pytester: pytest.Pytester
     assert (outcomes.get("passed"), outcomes.get("rerun"), outcomes.get("failed")) == (7, 1, None)
 
 
+def test_files_given_to_the_fixtures_are_found_beside_the_test_file(
+    pytester: pytest.Pytester,
+) -> None:
+    """Run from the project's root (`pytest tests3`), a relative script or scenario is
+    the one beside the test file, for every fixture; a missing one fails naming the paths
+    tried, without a traceback."""
+    folder = pytester.path / "tests3"
+    folder.mkdir()
+    (folder / "approve.yaml").write_text("version: 1\n")
+    (folder / "health.scenario.yaml").write_text(textwrap.dedent(GOOD_SCENARIO).lstrip())
+    (folder / "test_paths.py").write_text(
+        textwrap.dedent(
+            """
+            import pytest
+
+            @pytest.mark.asyncio
+            @pytest.mark.codex_bridge(script="approve.yaml")
+            async def test_the_markers_script(codex_client):
+                async with codex_client.get("/health") as response:
+                    assert response.status == 200
+
+            @pytest.mark.asyncio
+            async def test_a_scenario_by_path(codex_run_scenario):
+                assert (await codex_run_scenario("health.scenario.yaml")).passed
+
+            @pytest.mark.asyncio
+            async def test_a_missing_scenario(codex_run_scenario):
+                await codex_run_scenario("nowhere.scenario.yaml")
+
+            @pytest.mark.asyncio
+            async def test_a_missing_script(codex_start_bridge):
+                await codex_start_bridge(script="nowhere.yaml")
+            """
+        )
+    )
+    result = here(pytester, *QUIET, "tests3")
+    result.assert_outcomes(passed=3, failed=2)
+    result.stdout.fnmatch_lines(
+        [
+            f"*nowhere.scenario.yaml: no such file ({folder / 'nowhere.scenario.yaml'} nor "
+            f"{pytester.path / 'nowhere.scenario.yaml'})*",
+            f"*nowhere.yaml: no such file ({folder / 'nowhere.yaml'} nor *",
+        ]
+    )
+    assert "Traceback" not in result.stdout.str()
+    assert "ScriptError" not in result.stdout.str()
+
+
 def test_the_fixture_bridges_check_their_script_like_scenarios(pytester: pytest.Pytester) -> None:
     pytester.makepyfile(
         """

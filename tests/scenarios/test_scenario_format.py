@@ -245,6 +245,75 @@ MALFORMED = {
         """,
         [":8:", "appServer.turns[0].steps[1].commandApproval.colour", "Extra inputs"],
     ),
+    "misspelt-app-server-step": (
+        """
+        scenario: 1
+        appServer:
+          version: 1
+          turns:
+            - steps:
+                - comandApproval: {command: ls}
+                  onReply: {accept: []}
+        steps:
+          - http: {path: /health}
+        """,
+        [
+            ":7:11:",
+            "appServer.turns[0].steps[0]: unknown step kind 'comandApproval' (did you mean "
+            "'commandApproval'?); a step's kind is one of agentMessage, bigLine, "
+            "commandApproval, completeTurn,",
+        ],
+    ),
+    "misspelt-reply-branch": (
+        """
+        scenario: 1
+        appServer:
+          version: 1
+          turns:
+            - steps:
+                - commandApproval: {command: ls}
+                  onReply: {decilne: [{agentMessage: declined}]}
+        steps:
+          - http: {path: /health}
+        """,
+        [
+            ":8:",
+            "appServer.turns[0].steps[0].onReply: 'decilne' is no reply's key (did you mean "
+            "'decline'?)",
+        ],
+    ),
+    "misspelt-event-key": (
+        """
+        scenario: 1
+        steps:
+          - createSession: s
+          - poll: {session: "${s}", through: {knd: request}}
+        """,
+        [":5:", "steps[1].poll.through: an event has no key 'knd' (did you mean 'kind'?)"],
+    ),
+    "limit-as-a-string": (
+        """
+        scenario: 1
+        bridge:
+          limits: {maxSessions: "2"}
+        steps:
+          - http: {path: /health}
+        """,
+        [":4:", "bridge.limits.maxSessions: Input should be a valid integer"],
+    ),
+    "timeout-as-a-float": (
+        """
+        scenario: 1
+        timeoutMs: 1.0
+        steps:
+          - http: {path: /health, timeoutMs: 5e3}
+        """,
+        [
+            ":3:1: timeoutMs: Input should be a valid integer",
+            ":5:",
+            "steps[0].http.timeoutMs: Input should be a valid integer",
+        ],
+    ),
     "both-backends": (
         """
         scenario: 1

@@ -289,6 +289,52 @@ def test_a_malformed_file_stops_everything_before_anything_runs(
     assert "stauts" in (error.text or "")
 
 
+def test_two_scenarios_of_one_name_in_a_run_are_a_collection_error(
+    pytester: pytest.Pytester,
+) -> None:
+    tmp_path = pytester.path
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    body = "scenario: 1\nsteps: [{http: {path: /health}}]\n"
+    first = write(tmp_path / "a", "same.scenario.yaml", body)
+    second = write(tmp_path / "b", "other.scenario.yaml", "name: same\n" + body)
+    done = run_here(pytester, "run", str(tmp_path))
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert (
+        f"{second}:1:1: the scenario name 'same' is taken by {first}:1:1; names are unique"
+    ) in done.stdout
+    assert "PASSED" not in done.stdout
+
+
+@pytest.mark.asyncio
+async def test_a_scenario_past_its_timeout_names_the_step_and_what_it_waited_for(
+    tmp_path: Path,
+) -> None:
+    from scenarios.format import load_scenario
+    from scenarios.runner import RunOptions, run_scenario
+
+    path = write(
+        tmp_path,
+        "late.scenario.yaml",
+        """
+        scenario: 1
+        timeoutMs: 5000
+        appServer: {version: 1}
+        steps:
+          - createSession: s
+          - poll: {session: "${s}", through: {kind: request}, timeoutMs: 600000}
+        """,
+    )
+    result = await run_scenario(load_scenario(path), RunOptions(tmp_root=tmp_path))
+    [failure] = result.failures
+    assert failure.title == "step 2 of 2: poll"
+    [problem] = failure.problems
+    assert problem.message.startswith(
+        "the scenario ran past its timeoutMs (5000 ms) in step 2, poll, waiting for an event "
+        'matching {"kind": "request"}'
+    ), problem.message
+
+
 def test_a_missing_path_is_a_usage_error(pytester: pytest.Pytester, tmp_path: Path) -> None:
     done = run_here(pytester, "run", str(tmp_path / "nope"))
     assert done.returncode == 4
