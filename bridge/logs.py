@@ -27,14 +27,13 @@ import threading
 import time
 import weakref
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any, ClassVar, TextIO
+from typing import Any, ClassVar, TextIO
 
 import orjson
 from aiohttp import web
 from aiohttp.abc import AbstractAccessLogger
 
-if TYPE_CHECKING:
-    from bridge.process.channel import ExitInfo
+from bridge.process.channel import SERVER_WEDGED, ExitInfo
 
 LOG_FORMATS = ("text", "json")
 LOG_LEVELS = ("debug", "info", "warning", "error")
@@ -525,6 +524,20 @@ def start_failed(kind: str, message: str, *args: Any, level: int = logging.ERROR
     STARTS.log(level, message + "%s", *args, more_since(held), extra={FIELDS: fields})
 
 
+def initialize_refused(command: str, message: str, code: Any, *, by_caller: bool) -> None:
+    """The app-server (``command``, empty: one the bridge reaches by URL) answered
+    ``initialize`` with an error: its ``message`` on one line. ``by_caller``: the request's
+    options shaped that start, so it may be the caller's doing: a WARNING of a kind of its
+    own, which a caller's refusals cannot hold back the bridge's own ERROR lines with."""
+    named = f"`{command}`" if command else "(shared, by URL)"
+    said = "the app-server %s refused `initialize`%s: %s (code %s)"
+    how = " shaped by the request's options" if by_caller else ""
+    kind, level = (
+        ("initialize_options", logging.WARNING) if by_caller else ("initialize", logging.ERROR)
+    )
+    start_failed(kind, said, named, how, stderr_summary(message), code, level=level)
+
+
 def flush_held() -> None:
     """Every throttle's counts of the lines it holds back (:meth:`Throttle.flush`)."""
     for throttle in list(_THROTTLES):
@@ -591,19 +604,19 @@ def app_server_exited(
     info: ExitInfo,
     *,
     asked: bool,
-    killed: bool = False,
 ) -> None:
     """An app-server (or a session's connection to the shared one) ended.
 
     ``asked``: the bridge stopped it as it meant to (a delete, an idle session, the end
     of a sessionless call, shutdown): INFO for a session's, DEBUG for a sessionless
-    request's (one per such request). ``killed``: the bridge killed it because it was
-    broken (it broke the protocol, it stopped answering). Otherwise it ended by itself.
+    request's (one per such request). Killed: the bridge killed it because it was broken
+    (it broke the protocol, it stopped answering). Otherwise it ended by itself.
     An end that needs attention is a WARNING: one the bridge did not ask for with a
     non-zero (or unknown) exit code or a signal, or a kill. Those of sessionless requests
     are throttled like start failures (:class:`Throttle`): a broken command would write
     one a request."""
     exit_code, signal = info.exit_code, info.signal
+    killed = bool(info.protocol_error) or info.connection == SERVER_WEDGED
     failed = not asked and (killed or exit_code != 0 or signal is not None)
     if failed:
         level = logging.WARNING

@@ -28,7 +28,7 @@ from bridge.models import (
     TextTurnResponse,
 )
 from bridge.process import startup
-from bridge.process.channel import SERVER_WEDGED, ExitInfo
+from bridge.process.channel import ExitInfo
 from bridge.process.outcomes import rpc_failure
 from bridge.process.peer import JsonRpcPeer, ProcessGone, RpcError, StdinFull
 from bridge.process.session import Session
@@ -187,8 +187,7 @@ class ProcessBackend(Backend):
         self._asked_to_stop.discard(process)
         session = self._session_of.pop(process, None)
         session_id = session.id if session is not None else None
-        killed = bool(info.protocol_error) or info.connection == SERVER_WEDGED
-        logs.app_server_exited(session_id, self.replica_id, info, asked=asked, killed=killed)
+        logs.app_server_exited(session_id, self.replica_id, info, asked=asked)
         if session is not None:
             reason = session.end_reason or "app_server_exit"
             logs.session_ended(
@@ -212,7 +211,7 @@ class ProcessBackend(Backend):
                 ms = self.limits.spawn_timeout_ms
                 fail = startup.spawn_timed_out(self.launcher.starting, ms, command=own)
             elif isinstance(exc, RpcError):
-                fail = startup.initialize_refused(self.command, exc)
+                fail = startup.initialize_refused(self.command, exc, options)
             else:
                 fail = rpc_failure(exc, self.launcher.starting)
             if self.metrics is not None and not self._closing:

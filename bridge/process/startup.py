@@ -199,20 +199,21 @@ def spawn_timed_out(
     return errors.of_kind("timeout", f"{late} (REST_ADAPTER_SPAWN_TIMEOUT_MS, {ms} ms).")
 
 
-def initialize_refused(command: Sequence[str], exc: RpcError) -> errors.RestError:
+def initialize_refused(
+    command: Sequence[str], exc: RpcError, options: ClientOptions | None
+) -> errors.RestError:
     """The app-server answered ``initialize`` with an error: its message (which may name
     a path or a setting) goes to the operator's line; the client gets the code and what
-    to check, as for any start that failed."""
-    named = f"`{shlex.join(command)}`" if command else "(shared)"
-    message = logs.stderr_summary(str(exc.message))
-    said = "the app-server %s refused `initialize`: %s (code %s)"
-    logs.start_failed("initialize", said, named, message, exc.code)
+    to check, its own options first when they shaped the start (a name, capabilities)."""
+    shaped = options is not None and bool(options.model_dump(exclude_none=True))
+    logs.initialize_refused(shlex.join(command), str(exc.message), exc.code, by_caller=shaped)
     if exc.code == -32001:  # codex's "overloaded" (its own words): retryable, as after start
         return rpc_failure(exc, "initialize")
+    check = f"check the request's options (clientInfo among them), else {CHECK_COMMAND}"
     return errors.of_kind(
         "app_server_error",
-        f"The app-server answered `initialize` with an error; {CHECK_COMMAND}. The bridge's "
-        "log has its message.",
+        f"The app-server answered `initialize` with an error; {check if shaped else CHECK_COMMAND}"
+        ". The bridge's log has its message.",
         code=exc.code,
     )
 

@@ -652,6 +652,25 @@ def test_a_failing_initialize_is_an_error_line_and_the_client_hears_no_path(tmp_
     assert failed[1]["heldBack"] == 2
 
 
+def test_an_initialize_the_callers_options_shaped_points_the_caller_at_them(tmp_path: Path):
+    """A refusal of a start the request's options shaped may be the caller's doing: the
+    client is told to check them first, and the operator's line is a WARNING of a kind of
+    its own (a caller's refusals do not hold back the bridge's own ERROR lines)."""
+    served = start(tmp_path, "--log-format", "json", script=INITIALIZE_FAILS)
+    named = {"options": {"clientInfo": {"name": "caller", "version": "1"}}}
+    try:
+        answers = asyncio.run(post_many(f"{served.url}/v1/sessions", 2, named))
+        answers += asyncio.run(post_many(f"{served.url}/v1/sessions", 1, {}))
+    finally:
+        served.stop()
+    assert [status for status, _ in answers] == [502, 502, 502]
+    assert "check the request's options (clientInfo among them), else " in answers[0][1]["message"]
+    assert "options" not in answers[2][1]["message"]
+    failed = [x for x in json_lines(served.stderr) if x.get("event") == "app_server_start_failed"]
+    firsts = {x["failure"]: x["level"] for x in failed if "heldBack" not in x}
+    assert firsts == {"initialize_options": "WARNING", "initialize": "ERROR"}, failed
+
+
 def test_an_app_server_that_never_answers_initialize_is_a_line_naming_the_command(
     tmp_path: Path,
 ):
