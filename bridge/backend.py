@@ -13,7 +13,7 @@ should see; anything else becomes a 500 ``internal_error`` without details.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -50,6 +50,12 @@ class EventStream(Protocol):
 
     def close(self, completed: bool = False) -> None:
         """The stream has ended: after its ``exit`` event (``completed``), or cut short."""
+        return None
+
+    def on_cut_loose(self, end: Callable[[], None]) -> None:
+        """Call ``end`` if the stream is cut loose: it stopped taking events while the
+        app-server waited for it. ``end`` ends the stream's connection; a stream that is
+        never cut loose need not keep it."""
         return None
 
 

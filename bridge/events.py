@@ -134,15 +134,17 @@ _FROZEN: Any = object()
 class LogReader:
     """An attached reader of a log (an SSE stream): where it is, and when it last moved.
     While it is behind, the producer waits (:meth:`EventLog.must_wait`) unless it is cut
-    *loose* (:meth:`EventLog.cut_loose`), and then owed a ``gap`` like any other."""
+    *loose* (:meth:`EventLog.cut_loose`), and then owed a ``gap`` like any other; its
+    ``on_loose`` is called then (the SSE stream ends its connection)."""
 
-    __slots__ = ("_log", "loose", "position", "progress_at")
+    __slots__ = ("_log", "loose", "on_loose", "position", "progress_at")
 
     def __init__(self, log: EventLog, position: int) -> None:
         self._log = log
         self.position = position
         self.progress_at = time.monotonic()
         self.loose = False
+        self.on_loose: Callable[[], None] | None = None
 
     def advance(self, seq: int) -> None:
         """The reader has taken every event through ``seq``."""
@@ -352,6 +354,8 @@ class EventLog:
             if not reader.loose and reader.position < last and reader.progress_at <= stalled_since:
                 reader.loose = True
                 count += 1
+                if reader.on_loose is not None:
+                    reader.on_loose()
         self._update_lowest()
         return count
 

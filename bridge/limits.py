@@ -59,7 +59,8 @@ class RestLimits:
     #: How long a request body may take to arrive (408 ``request_timeout``).
     body_timeout_ms: int = _limit(30_000, "a request body's arrival")
     #: How long an SSE stream that is behind may stop reading before the app-server's
-    #: output is no longer held back for it (it then gets a ``gap``).
+    #: output is no longer held back for it (its connection is then reset; a client
+    #: resuming from its last event gets a ``gap``).
     reader_stall_ms: int = _limit(10_000, "how long a stream behind may stop reading")
     #: The bytes of one request head (request line and headers) in all (431 beyond).
     max_header_bytes: int = _limit(32_768, "one request head in all")

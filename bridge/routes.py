@@ -9,11 +9,10 @@ reads too.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import functools
 import re
 import zlib
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
@@ -23,10 +22,9 @@ from aiohttp.typedefs import Handler
 from multidict import CIMultiDict
 from pydantic import BaseModel, TypeAdapter, ValidationError
 
-from bridge import __version__, credentials, errors
+from bridge import __version__, credentials, errors, sse
 from bridge.auth import HEALTH_PATHS
 from bridge.backend import PEER_QUERY_HEADER, Backend
-from bridge.events import Event
 from bridge.limits import RestLimits
 from bridge.models import (
     CallBody,
@@ -41,9 +39,6 @@ from bridge.policy import MethodPolicy, MethodRules
 from bridge.wire import dumps
 
 M = TypeVar("M", bound=BaseModel)
-
-#: Events written to an SSE stream per batch (one write, one drain).
-SSE_BATCH = 512
 
 
 @dataclass(frozen=True, slots=True)
@@ -404,25 +399,14 @@ async def events(request: web.Request) -> web.Response:
     return web.Response(body=batch[0].json(), content_type="application/json")
 
 
-#: What an event stream answers with (the harness reads the same names), and the
-#: comment it writes while idle.
+#: What an event stream answers with (the harness reads the same names); what it writes
+#: is bridge.sse's.
 SSE_CONTENT_TYPE = "text/event-stream"
 SSE_HEADERS = {
     "Content-Type": SSE_CONTENT_TYPE,
     "Cache-Control": "no-cache",
     "X-Accel-Buffering": "no",
 }
-SSE_KEEPALIVE = b": keep-alive\n\n"
-
-_SSE_FRAME = {
-    kind: b"id: %d\nevent: " + kind.encode() + b"\ndata: %s\n\n"
-    for kind in ("notification", "request", "exit", "gap")
-}
-
-
-def sse_frames(batch: Sequence[Event]) -> bytes:
-    frame = _SSE_FRAME
-    return b"".join([frame[e.kind] % (e.seq, e.json()) for e in batch])
 
 
 def sse_position(request: web.Request) -> int | None:
@@ -458,21 +442,11 @@ async def events_stream(request: web.Request) -> web.StreamResponse:
     completed = False
     try:
         # Read once before answering, so an unknown or finished session is a JSON error.
-        batch = await stream.next_batch(0, SSE_BATCH)
+        batch = await stream.next_batch(0, sse.BATCH)
         response = web.StreamResponse(headers=SSE_HEADERS)
         await response.prepare(request)
         keepalive = limits.sse_keepalive_ms / 1000
-        with contextlib.suppress(ConnectionError, errors.RestError):
-            while True:
-                if batch:
-                    await response.write(sse_frames(batch))
-                    stream.delivered(batch[-1].seq)
-                    if batch[-1].kind == "exit":
-                        completed = True
-                        break
-                else:
-                    await response.write(SSE_KEEPALIVE)
-                batch = await stream.next_batch(keepalive, SSE_BATCH)
+        completed = await sse.write_events(request, response, stream, batch, keepalive)
         return response
     finally:
         stream.close(completed)

@@ -187,6 +187,22 @@ def resident_kib(pid: int | None = None) -> int:
     return psutil.Process(pid).memory_info().rss // 1024
 
 
+def reset_peak_resident(pid: int) -> int:
+    """Start ``pid``'s peak resident memory afresh (``/proc/PID/clear_refs``), at what it
+    holds now; returns that, in KiB."""
+    Path(f"/proc/{pid}/clear_refs").write_text("5")
+    return psutil.Process(pid).memory_info().rss // 1024
+
+
+def peak_resident_kib(pid: int) -> int:
+    """The most resident memory ``pid`` has held since it started or was last reset
+    (``VmHWM``), in KiB: a bound checked against it holds at every moment in between."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1])
+    raise AssertionError(f"no VmHWM in /proc/{pid}/status")
+
+
 async def exited(pids: Iterable[int], timeout: float) -> None:
     """Return once every pid in ``pids`` has exited, or at ``timeout`` (no polling).
 

@@ -6,6 +6,7 @@ import asyncio
 import logging
 import time
 from collections import OrderedDict
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from bridge import errors
@@ -233,8 +234,8 @@ class Session:
             self.metrics.cut_loose.inc(cut)
         if cut:
             log.info(
-                "session %s: %d event stream(s) stopped reading for %g s; reading on "
-                "(they will get a gap)",
+                "session %s: %d event stream(s) stopped reading for %g s; reading on, "
+                "their connections ended (resumed, they get a gap)",
                 self.id,
                 cut,
                 self._reader_stall,
@@ -315,6 +316,11 @@ class SessionStream:
         if self._moves_cursor and seq > log.cursor:
             log.cursor = seq
             self._cursor_set = seq
+
+    def on_cut_loose(self, end: Callable[[], None]) -> None:
+        """Call ``end`` when the stream is cut loose (:meth:`EventLog.cut_loose`)."""
+        if self._reader is not None:
+            self._reader.on_loose = end
 
     def close(self, completed: bool = False) -> None:
         """The stream ended: at its ``exit`` event (``completed``), or cut short."""

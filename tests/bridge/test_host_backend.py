@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
 from bridge.app import RouterOptions, backend_app
+from bridge.events import EventLog
 from examples.echo_backend import EchoBackend
 from scenarios.sse import SseReader
 
@@ -50,3 +53,37 @@ async def test_router_options_choose_the_routes_and_the_client_options(serve, ht
         assert response.status == 403
     async with http.post(f"{base}/v1/sessions", json={}) as response:
         assert response.status == 201
+
+
+class OwnStream:
+    """A host's event stream written to the interface's shape without subclassing it (so
+    without `on_cut_loose`): a stream of its own three events."""
+
+    def __init__(self, log: Any) -> None:
+        self.batches = [log.read(0, 10)]
+
+    async def next_batch(self, wait: float, limit: int) -> Any:
+        return self.batches.pop() if self.batches else []
+
+    def delivered(self, seq: int) -> None:
+        pass
+
+    def close(self, completed: bool = False) -> None:
+        pass
+
+
+class OwnStreamBackend(EchoBackend):
+    async def open_stream(self, session_id: str, after: int | None) -> Any:
+        log = EventLog(10)
+        for n in range(2):
+            log.append("notification", "own/event", {"n": n})
+        log.close({"exitCode": 0})
+        return OwnStream(log)
+
+
+async def test_a_stream_of_the_hosts_own_without_every_method_is_served(serve, http):
+    base = await serve(backend_app(OwnStreamBackend()))
+    async with http.get(f"{base}/v1/sessions/any/events/stream") as response:
+        assert response.status == 200
+        frames = await SseReader(response).rest()
+    assert [f.event for f in frames] == ["notification", "notification", "exit"]

@@ -8,6 +8,7 @@ that every request object the server made has been freed.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import gc
 import gzip
 import json
@@ -17,6 +18,7 @@ import zlib
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
+import aiohttp
 import pytest
 import pytest_asyncio
 from aiohttp import web
@@ -227,8 +229,18 @@ async def test_disconnect_mid_long_poll(bridge, http, resources, report, eventua
     report.outcome = "the 100 handlers are cancelled at once; readers 0; requests freed"
 
 
+async def frames_to_the_end(stream: Any) -> list[Any]:
+    """The whole frames of an SSE response until its connection ends, closed or reset."""
+    frames = []
+    reader = SseReader(stream)
+    with contextlib.suppress(aiohttp.ClientPayloadError, aiohttp.ClientConnectionError):
+        while (frame := await reader.next(timeout=60)) is not None:
+            frames.append(frame)
+    return frames
+
+
 async def test_slow_reader_gets_bounded_buffers_and_an_explicit_gap(
-    bridge, http, write_script, resources, report
+    bridge, http, write_script, resources, report, eventually
 ):
     """Reads an SSE stream far slower than 100,000 events arrive"""
     events = 100_000
@@ -243,17 +255,26 @@ async def test_slow_reader_gets_bounded_buffers_and_an_explicit_gap(
     async with http.get(stream_url) as stream:
         # Not reading: the client stops taking bytes once its own buffer is full.
         url = f"{served.base}/v1/sessions/{session_id}/call/x/flood"
-        status, _ = await json_request(http, "POST", url, json={"params": {}})
-        assert status == 200
+        call = asyncio.ensure_future(json_request(http, "POST", url, json={"params": {}}))
+        # While the stream holds the app-server back, what waits for its client is bounded.
+        peer = served.backend._sessions[session_id].peer
+        await eventually(lambda: peer.paused, timeout=60, what="the app-server held back")
         (sse_request,) = [r for r in served.tracker.live() if r.path.endswith("/stream")]
         assert sse_request.transport is not None
         buffered = sse_request.transport.get_write_buffer_size()
+        status, _ = await call
+        assert status == 200
         status, listing = await json_request(http, "GET", served.base + "/v1/sessions")
         summary = listing["sessions"][0]
         assert summary["bufferedEvents"] <= 500
+        # Cut loose after READER_STALL_MS, its connection was reset: no exit on it.
+        frames = await frames_to_the_end(stream)
+    assert frames[-1].event != "exit"
+    # Resumed from its last event, as an EventSource does, it is told what it missed.
+    async with http.get(stream_url, headers={"Last-Event-ID": frames[-1].id}) as resumed:
         status, _ = await json_request(http, "DELETE", f"{served.base}/v1/sessions/{session_id}")
         assert status == 200
-        frames = await SseReader(stream).rest(timeout=60)
+        frames += await SseReader(resumed).rest(timeout=60)
     assert buffered <= 1 << 20, f"{buffered} bytes waiting in the server's write buffer"
     covered: list[int] = []
     gaps = []
