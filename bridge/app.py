@@ -15,7 +15,7 @@ from typing import Protocol
 import orjson
 from aiohttp import web
 
-from bridge import errors, models, routes
+from bridge import errors, logs, models, routes
 from bridge.auth import AUTH, admitted, with_bearer_auth
 from bridge.backend import Backend
 from bridge.limits import AppServerSettings, RestLimits
@@ -288,7 +288,8 @@ async def quiet_parser_refusals(app: web.Application) -> None:
 
 
 async def count_held_refusals(app: web.Application) -> None:
-    ParserRefusals.install().flush()
+    # The count of every line held back (refusals, start failures: bridge.logs.Throttle).
+    logs.flush_held()
 
 
 #: The path of the last route of every application built here: any method, any path.

@@ -13,7 +13,7 @@ should see; anything else becomes a 500 ``internal_error`` without details.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -137,6 +137,11 @@ class Backend:
     def held(self) -> int:
         """Sessions, sessionless calls and text turns held now (a drain waits for 0)."""
         return 0
+
+    def sessions(self) -> Mapping[str, Any]:
+        """The sessions held now, by id (a drain's log lines count them); like
+        :meth:`held`, a backend that holds none need not say."""
+        return {}
 
     def start_drain(self) -> None:
         """Take no new work from now on (serve what is held)."""

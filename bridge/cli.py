@@ -229,7 +229,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--probe-interval-ms",
         type=bounded_int(100, 60000),
         default=1000,
-        help="ask each replica's /health this often (100 to 60000; default 1000)",
+        help="ask each replica's /health (its /livez with --ops-port) this often (100 to 60000; "
+        "default 1000)",
     )
     cluster_parser.add_argument(
         "--probe-timeout-ms",
@@ -447,7 +448,8 @@ async def serve(
         try:
             await process.stop.wait()
         finally:
-            logs.say("rest-bridge: stopping")
+            stopping = {logs.FIELDS: {"event": "stopping"}}
+            logging.getLogger("bridge").info("rest-bridge: stopping", extra=stopping)
             drain.cancel()
             if listener is not None:
                 await listener.close()

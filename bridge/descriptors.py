@@ -26,6 +26,7 @@ import asyncio
 import contextlib
 import errno
 import logging
+import os
 import resource
 import socket
 import time
@@ -226,3 +227,29 @@ def listening_sockets(host: str, port: int, backlog: int = 128) -> list[socket.s
             sock.close()
         raise
     return sockets
+
+
+#: Spawn failures that say nothing about the command: descriptors, processes, memory.
+OUT_OF_RESOURCES = frozenset({errno.EMFILE, errno.ENFILE, errno.EAGAIN, errno.ENOMEM})
+
+
+#: Descriptors a spawn takes at once (three pipes, and the child's error pipe).
+SPAWN_DESCRIPTORS = 8
+
+
+def shortage_behind(exc: OSError) -> OSError:
+    """``exc``, or the shortage it hides: uvloop reports a spawn that failed for want of
+    descriptors without an errno (-1), so the bridge asks for as many as a spawn takes."""
+    if exc.errno not in (None, -1):
+        return exc
+    opened: list[int] = []
+    try:
+        while len(opened) < SPAWN_DESCRIPTORS:
+            opened.extend(os.pipe())
+    except OSError as probe:
+        if probe.errno in OUT_OF_RESOURCES:
+            return probe
+    finally:
+        for fd in opened:
+            os.close(fd)
+    return exc

@@ -17,18 +17,23 @@ sessions and app-servers.
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import json
 import logging
 import re
 import sys
+import threading
 import time
-from collections.abc import Sequence
+import weakref
+from collections.abc import Callable, Sequence
 from typing import Any, ClassVar, TextIO
 
 import orjson
 from aiohttp import web
 from aiohttp.abc import AbstractAccessLogger
+
+from bridge.process.channel import SERVER_WEDGED, ExitInfo
 
 LOG_FORMATS = ("text", "json")
 LOG_LEVELS = ("debug", "info", "warning", "error")
@@ -54,7 +59,8 @@ NO_ROUTE = "-"
 _format = DEFAULT_FORMAT
 
 
-def _utc(created: float) -> str:
+def utc_stamp(created: float) -> str:
+    """``created`` (``time.time()``) as a JSON line's ``time``: UTC, RFC 3339, ms."""
     seconds = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(created))
     return f"{seconds}.{int(created % 1 * 1000):03d}Z"
 
@@ -80,7 +86,7 @@ class JsonFormatter(logging.Formatter):
 
     def format(self, record: logging.LogRecord) -> str:
         line: dict[str, Any] = {
-            "time": _utc(record.created),
+            "time": utc_stamp(record.created),
             "level": record.levelname,
             "logger": record.name,
             "message": record.getMessage(),
@@ -256,6 +262,48 @@ BATCH_LINES = 256
 FLUSH_SECONDS = 0.1
 
 
+class LogStream(logging.StreamHandler):  # type: ignore[type-arg]
+    """The handler :func:`configure` installs: before it writes a line, the access lines
+    waiting in batches are written (:func:`settle_pending`), so that the log reads in
+    the order its lines happened, whatever wrote them."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        settle_pending()
+        super().emit(record)
+
+
+#: What holds access lines not written yet (the observers of :mod:`bridge.observe`),
+#: each with a ``settle()`` that writes them; and the thread they are settled on (the
+#: event loop's: a line logged from another thread does not touch them).
+_holders: weakref.WeakSet[Any] = weakref.WeakSet()
+_holders_thread = threading.main_thread().ident
+_settling = False
+
+
+def holds_lines(holder: Any) -> None:
+    """``holder`` keeps access lines back in batches (``holder.settle()`` writes them):
+    they are written before any other line, and at exit."""
+    global _holders_thread
+    _holders.add(holder)
+    _holders_thread = threading.get_ident()
+
+
+def settle_pending() -> None:
+    """Write every access line held back in a batch, now (before another line)."""
+    global _settling
+    if _settling or not _holders or threading.get_ident() != _holders_thread:
+        return
+    _settling = True
+    try:
+        for holder in list(_holders):
+            holder.settle()
+    finally:
+        _settling = False
+
+
+atexit.register(settle_pending)
+
+
 def configure(log_format: str = DEFAULT_FORMAT, level: str = DEFAULT_LEVEL) -> None:
     """Every log line of the process to stderr, in ``log_format``, from ``level`` up."""
     global _format, _access_lines
@@ -265,19 +313,19 @@ def configure(log_format: str = DEFAULT_FORMAT, level: str = DEFAULT_LEVEL) -> N
         raise ValueError(f"{level!r} is not a log level ({', '.join(LOG_LEVELS)})")
     _format = log_format
     _access_lines = AccessLines(log_format, sys.stderr)
-    handler = logging.StreamHandler(sys.stderr)
+    handler = LogStream(sys.stderr)
     handler.setFormatter(JsonFormatter() if log_format == "json" else TextFormatter())
     logging.basicConfig(level=level.upper(), handlers=[handler], force=True)
 
 
 def say(message: str, stream: TextIO | None = None, **fields: Any) -> None:
-    """A line of the start-up banner (or of stopping and draining), to stdout whatever
+    """A line of the start-up banner, to stdout whatever
     the level: the text itself, or in ``json`` the object a log line would be, logger
     ``bridge.banner``, with ``fields`` as keys."""
     out = stream or sys.stdout
     if _format == "json":
         line = {
-            "time": _utc(time.time()),
+            "time": utc_stamp(time.time()),
             "level": "INFO",
             "logger": "bridge.banner",
             "message": message.strip(),
@@ -357,6 +405,8 @@ class AccessLog(AbstractAccessLogger):
         now = clock()
         status, size = response.status, response.body_length
         record: Record = (UNROUTED, request.method, None, status, size, None, now - time, now)
+        # After the lines of the requests that ended before it, waiting in batches.
+        settle_pending()
         self.write_records((record,))
 
     def write_records(self, records: Sequence[Record]) -> None:
@@ -377,6 +427,136 @@ def access_log_class(replica_id: str | None = None) -> type[AccessLog]:
     (:meth:`bridge.observe.Observer.log_access`) and a runner (``web.AppRunner(app,
     access_log=ACCESS, access_log_class=...)``)."""
     return type("AccessLog", (AccessLog,), {"replica_id": replica_id})
+
+
+# -- lines a caller can repeat at will -----------------------------------------------
+
+#: At most one line of a kind this often (seconds), by default.
+THROTTLE_SECONDS = 10.0
+
+
+class Throttle:
+    """At most one line of each kind every ``interval`` seconds, for lines whose rate
+    callers set (a request aiohttp's parser refuses, an app-server that cannot start):
+    :meth:`admit` says whether a line may be written now and how many of its kind were
+    held back since the last one (which that line then says); :meth:`flush` writes, for
+    each kind, how many are still held back (when the application stops, so that none
+    goes uncounted), by ``held``. Every throttle made is flushed by :func:`flush_held`.
+    """
+
+    def __init__(
+        self,
+        held: Callable[[str, int], None],
+        interval: float = THROTTLE_SECONDS,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.interval = interval
+        self._held_line = held
+        self._clock = clock
+        self._next_at: dict[str, float] = {}
+        self._held: dict[str, int] = {}
+        _THROTTLES.add(self)
+
+    def admit(self, kind: str) -> int | None:
+        """None: hold this line back (it is counted); else how many lines of ``kind``
+        were held back since its last one."""
+        now = self._clock()
+        if now < self._next_at.get(kind, 0.0):
+            self._held[kind] = self._held.get(kind, 0) + 1
+            return None
+        if len(self._next_at) >= THROTTLE_KINDS and kind not in self._next_at:
+            self.flush()
+        self._next_at[kind] = now + self.interval
+        return self._held.pop(kind, 0)
+
+    def flush(self) -> None:
+        """The count of each kind's lines held back since its last line, if any; then the
+        next line of any kind is written at once (an application started anew in this
+        process has its first lines)."""
+        held, self._held = self._held, {}
+        self._next_at.clear()
+        for kind, count in held.items():
+            self._held_line(kind, count)
+
+
+#: A throttle remembers at most this many kinds (a kind is a fixed word, never a
+#: caller's text: far fewer in practice).
+THROTTLE_KINDS = 64
+_THROTTLES: weakref.WeakSet[Throttle] = weakref.WeakSet()
+
+
+def more_since(count: int) -> str:
+    """What a line adds about the ``count`` lines of its kind held back before it."""
+    return f" (and {count} more since the last such line)" if count else ""
+
+
+#: Where an app-server that could not start is told of (the operator's log).
+STARTS = logging.getLogger("bridge")
+
+
+def _starts_held(kind: str, count: int) -> None:
+    STARTS.log(
+        _start_levels.get(kind, logging.ERROR),
+        "%d more app-server start failure%s like the last (%s) since the last such line",
+        count,
+        "s"[: count - 1],
+        kind,
+        extra={FIELDS: {"event": "app_server_start_failed", "failure": kind, "heldBack": count}},
+    )
+
+
+_starts = Throttle(_starts_held)
+_start_levels: dict[str, int] = {}
+
+
+def start_failed(kind: str, message: str, *args: Any, level: int = logging.ERROR) -> None:
+    """The operator's line about an app-server that could not start, ``kind`` the way it
+    failed (``spawn``, ``cwd``, ``resources``, ``exited``, ``connection``, ``timeout``,
+    ``initialize``): callers repeat it at will (each request tries a start), so at most
+    one line a kind every :data:`THROTTLE_SECONDS`, with the count of those held back."""
+    if not STARTS.isEnabledFor(level):
+        return
+    held = _starts.admit(kind)
+    if held is None:
+        return
+    _start_levels[kind] = level
+    fields = {"event": "app_server_start_failed", "failure": kind}
+    STARTS.log(level, message + "%s", *args, more_since(held), extra={FIELDS: fields})
+
+
+def initialize_refused(command: str, message: str, code: Any, *, by_caller: bool) -> None:
+    """The app-server (``command``, empty: one the bridge reaches by URL) answered
+    ``initialize`` with an error: its ``message`` on one line. ``by_caller``: the request's
+    options shaped that start, so it may be the caller's doing: a WARNING of a kind of its
+    own, which a caller's refusals cannot hold back the bridge's own ERROR lines with."""
+    named = f"`{command}`" if command else "(shared, by URL)"
+    said = "the app-server %s refused `initialize`%s: %s (code %s)"
+    how = " shaped by the request's options" if by_caller else ""
+    kind, level = (
+        ("initialize_options", logging.WARNING) if by_caller else ("initialize", logging.ERROR)
+    )
+    start_failed(kind, said, named, how, stderr_summary(message), code, level=level)
+
+
+def flush_held() -> None:
+    """Every throttle's counts of the lines it holds back (:meth:`Throttle.flush`)."""
+    for throttle in list(_THROTTLES):
+        throttle.flush()
+
+
+#: How much of a start-up failure's stderr one log line carries (its end).
+LOG_STDERR_CHARS = 1000
+
+
+def stderr_summary(tail: str) -> str:
+    """The end of a stderr tail on one line: lines joined by `` | ``, at most
+    :data:`LOG_STDERR_CHARS` characters."""
+    text = " | ".join(line.strip() for line in tail.splitlines() if line.strip())
+    if not text:
+        return "(nothing)"
+    if len(text) > LOG_STDERR_CHARS:
+        text = "…" + text[-LOG_STDERR_CHARS:]
+    return text
 
 
 # -- sessions and app-servers ---------------------------------------------------------
@@ -421,32 +601,103 @@ def session_ended(
 def app_server_exited(
     session_id: str | None,
     replica_id: str | None,
-    exit_code: int | None,
-    signal: str | None,
-    described: str,
+    info: ExitInfo,
     *,
     asked: bool,
 ) -> None:
-    """An app-server (or a session's connection to the shared one) ended: INFO for a
-    session's, and for any the bridge did not stop itself; DEBUG for the app-server of a
-    sessionless call or text turn stopped when it was done (one per such request)."""
-    level = logging.INFO if session_id is not None or not asked else logging.DEBUG
+    """An app-server (or a session's connection to the shared one) ended.
+
+    ``asked``: the bridge stopped it as it meant to (a delete, an idle session, the end
+    of a sessionless call, shutdown): INFO for a session's, DEBUG for a sessionless
+    request's (one per such request). Killed: the bridge killed it because it was broken
+    (it broke the protocol, it stopped answering). Otherwise it ended by itself.
+    An end that needs attention is a WARNING: one the bridge did not ask for with a
+    non-zero (or unknown) exit code or a signal, or a kill. Those of sessionless requests
+    are throttled like start failures (:class:`Throttle`): a broken command would write
+    one a request."""
+    exit_code, signal = info.exit_code, info.signal
+    killed = bool(info.protocol_error) or info.connection == SERVER_WEDGED
+    failed = not asked and (killed or exit_code != 0 or signal is not None)
+    if failed:
+        level = logging.WARNING
+    else:
+        level = logging.INFO if session_id is not None or not asked else logging.DEBUG
     if not SESSIONS.isEnabledFor(level):
         return
+    held = 0
+    if failed and session_id is None:
+        admitted = _exits.admit("sessionless")
+        if admitted is None:
+            return
+        held = admitted
     fields: dict[str, Any] = {
         "event": "app_server_exited",
         "exitCode": exit_code,
         "signal": signal,
-        "stoppedByBridge": asked,
+        "stoppedByBridge": asked or killed,
     }
     if session_id is not None:
         fields["sessionId"] = session_id
     whose = f"session {session_id}" if session_id is not None else "a sessionless request"
+    how = "" if asked else " (killed by the bridge)" if killed else " (not stopped by the bridge)"
     SESSIONS.log(
         level,
-        "app-server of %s ended: %s%s",
+        "app-server of %s ended: %s%s%s",
         whose,
-        described,
-        "" if asked else " (not stopped by the bridge)",
+        info.describe(),
+        how,
+        more_since(held),
         extra={FIELDS: _with_replica(fields, replica_id)},
     )
+
+
+def _exits_held(kind: str, count: int) -> None:
+    SESSIONS.warning(
+        "%d more such ends of sessionless requests' app-servers since the last such line",
+        count,
+        extra={FIELDS: {"event": "app_server_exited", "heldBack": count}},
+    )
+
+
+_exits = Throttle(_exits_held)
+#: The attribute of a record (``extra={THROTTLE: kind}``) that :class:`ThrottledLines`
+#: throttles: for the layers below this module, which log through ``logging`` alone.
+THROTTLE = "throttle"
+
+
+class ThrottledLines(logging.Filter):
+    """A logger's records that name a kind of line (:data:`THROTTLE`), through one
+    :class:`Throttle`: at most one of each kind every :data:`THROTTLE_SECONDS`, the next
+    saying how many were held back (installed on ``bridge.process`` with this module:
+    the bridge stopping an app-server that broke the protocol, which a command that is no
+    app-server does at every request)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.throttle = Throttle(self._held)
+        self._last: dict[str, tuple[str, int]] = {}
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        kind = getattr(record, THROTTLE, None)
+        if not isinstance(kind, str):
+            return True
+        held = self.throttle.admit(kind)
+        if held is None:
+            return False
+        self._last[kind] = (record.name, record.levelno)
+        record.msg = f"{record.msg}{more_since(held)}"
+        return True
+
+    def _held(self, kind: str, count: int) -> None:
+        name, level = self._last.get(kind, ("bridge", logging.WARNING))
+        fields = {"event": "held_back", "kind": kind, "heldBack": count}
+        logging.getLogger(name).log(
+            level,
+            "%d more lines like the last (%s) since the last such line",
+            count,
+            kind,
+            extra={FIELDS: fields},
+        )
+
+
+logging.getLogger("bridge.process").addFilter(ThrottledLines())

@@ -23,9 +23,7 @@ request without the token; :func:`observed_expect`), and one aiohttp's parser re
 from __future__ import annotations
 
 import asyncio
-import atexit
 import contextlib
-import weakref
 from bisect import bisect_left
 from collections.abc import Iterator
 from typing import TYPE_CHECKING
@@ -34,7 +32,7 @@ import orjson
 from aiohttp import web
 from aiohttp.typedefs import Handler, Middleware
 
-from bridge import errors
+from bridge import errors, logs
 from bridge.errors import ERROR_KIND
 from bridge.labels import KNOWN_METHODS, class_number, status_class
 from bridge.logs import (
@@ -164,7 +162,9 @@ class Observer:
     The middleware keeps the facts of each request it saw end (:data:`bridge.logs.Record`)
     in one batch, :attr:`pending`, and :meth:`settle` hands the batch to both: at most
     :data:`bridge.logs.BATCH_LINES` requests or :data:`bridge.logs.FLUSH_SECONDS` apart
-    (with access lines), when Prometheus scrapes, and when the application stops. A
+    (with access lines), before any other log line is written
+    (:func:`bridge.logs.settle_pending`), when Prometheus scrapes, and when the
+    application stops. A
     request pays for a tuple and an append; the lines are formatted and the durations
     counted a batch at a time.
     """
@@ -187,7 +187,7 @@ class Observer:
     def log_access(self, access: AccessLog) -> None:
         """An access line for each request, written by ``access``."""
         self.access = access
-        _WITH_LINES.add(self)
+        logs.holds_lines(self)
         self.refresh()
 
     def count(self, metrics: Metrics) -> None:
@@ -352,16 +352,6 @@ class Observer:
         if status in REFUSAL_STATUSES:
             self.refused(response, kind)
         self.add(request, self.facts_of(request), status, response.body_length, kind, began)
-
-
-#: The observers that write access lines: their last lines are written at exit.
-_WITH_LINES: weakref.WeakSet[Observer] = weakref.WeakSet()
-
-
-@atexit.register
-def _settle_all() -> None:
-    for found in list(_WITH_LINES):
-        found.settle()
 
 
 OBSERVER = web.AppKey("bridge.observer", Observer)

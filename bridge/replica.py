@@ -158,7 +158,11 @@ def _why(exc: Exception) -> str:
 
 
 class Drain:
-    """Stop taking new work, serve what is held, and say when the replica may exit."""
+    """Stop taking new work, serve what is held, and say when the replica may exit.
+
+    Its lines are log lines of ``bridge.replica`` (with ``event`` ``drain_started``,
+    ``drained`` or ``drain_deadline`` in JSON), each with the sessions left and what is
+    held in all (sessions, sessionless calls and text turns)."""
 
     def __init__(self, backend: Backend, timeout_ms: int) -> None:
         self.backend = backend
@@ -174,23 +178,42 @@ class Drain:
         if self._task is not None:
             return
         self.backend.start_drain()
-        held = self.backend.held()
-        log.info("draining: no new work; %d sessions and calls held", held)
-        logs.say(
-            f"rest-bridge: draining ({held} held; exiting when the last ends, "
-            f"at most {self.timeout:g} s)"
+        sessions, held = self._left()
+        log.info(
+            "draining: no new work; sessions left: %d (held in all, with calls and text "
+            "turns: %d); exiting when the last ends, at most %g s",
+            sessions,
+            held,
+            self.timeout,
+            extra=self._fields("drain_started", sessions, held, timeoutMs=self.timeout * 1000),
         )
         self._task = asyncio.create_task(self._wait(done))
 
     async def _wait(self, done: asyncio.Event) -> None:
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(self.backend.wait_drained(), self.timeout)
-        left = self.backend.held()
-        if left:
-            logs.say(f"rest-bridge: drain deadline reached with {left} still held")
+        sessions, held = self._left()
+        if held:
+            log.warning(
+                "drain deadline reached; sessions left: %d (held in all: %d); exiting",
+                sessions,
+                held,
+                extra=self._fields("drain_deadline", sessions, held),
+            )
         else:
-            logs.say("rest-bridge: drained")
+            said = "drained; sessions left: %d; exiting"
+            log.info(said, sessions, extra=self._fields("drained", sessions, 0))
         done.set()
+
+    def _left(self) -> tuple[int, int]:
+        """The sessions held now, and all it holds."""
+        return len(self.backend.sessions()), self.backend.held()
+
+    def _fields(self, event: str, sessions: int, held: int, **more: Any) -> dict[str, Any]:
+        fields = {"event": event, "sessions": sessions, "held": held, **more}
+        if self.backend.replica_id is not None:
+            fields["replicaId"] = self.backend.replica_id
+        return {logs.FIELDS: fields}
 
     def cancel(self) -> None:
         if self._task is not None:

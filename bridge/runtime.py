@@ -292,7 +292,8 @@ class ServeProcess:
         # Every app-server is stopped: whatever still runs below the bridge is a leftover.
         killed = await end_all(DESCENDANTS_EXIT_SECONDS)
         if killed:
-            logs.say(f"rest-bridge: killed {killed} leftover processes")
+            fields = {"event": "leftovers_killed", "processes": killed}
+            log.warning("killed %d leftover processes", killed, extra={logs.FIELDS: fields})
         self._watchdog.__exit__(None, None, None)
         self._shortage.close()
         # Stopped otherwise (drained): a signal now must not kill the exit either.

@@ -35,7 +35,7 @@ from aiohttp import web
 from aiohttp.http_exceptions import HttpProcessingError
 from aiohttp.typedefs import Handler, Middleware
 
-from bridge import errors
+from bridge import errors, logs
 
 log = logging.getLogger("bridge")
 
@@ -164,10 +164,8 @@ class ParserRefusals(logging.Filter):
         self, interval: float = LOG_INTERVAL, clock: Callable[[], float] = time.monotonic
     ) -> None:
         super().__init__()
-        self.interval = interval
-        self._clock = clock
-        self._next_at = 0.0
-        self._unlogged = 0
+        #: The one throttle of lines callers can repeat (bridge.logs), one kind here.
+        self.throttle = logs.Throttle(self._held, interval, clock)
 
     def filter(self, record: logging.LogRecord) -> bool:
         exc = record.exc_info[1] if record.exc_info else None
@@ -180,27 +178,26 @@ class ParserRefusals(logging.Filter):
         if not isinstance(exc, HttpProcessingError):
             record.msg, record.args = f"{message}: {type(exc).__name__}", ()
             return True
-        now = self._clock()
-        if now < self._next_at:
-            self._unlogged += 1
+        held = self.throttle.admit("refused")
+        if held is None:
             return False
         found = _REMOTE.search(message)
-        more = f" (and {self._unlogged} more since the last such line)" if self._unlogged else ""
         record.msg = "refused a request from %s: %s (%s)%s"
-        record.args = (found.group(1) if found else "?", type(exc).__name__, exc.code, more)
+        record.args = (found.group(1) if found else "?", type(exc).__name__, exc.code)
+        record.args += (logs.more_since(held),)
         record.levelno, record.levelname = logging.WARNING, "WARNING"
-        self._unlogged = 0
-        self._next_at = now + self.interval
         return True
+
+    @staticmethod
+    def _held(kind: str, count: int) -> None:
+        logging.getLogger("aiohttp.server").warning(
+            "refused %d more request%s since the last such line", count, "s"[: count - 1]
+        )
 
     def flush(self) -> None:
         """Write the count of the refusals held back since the last line, if any (when
         the application stops, so that no refusal goes uncounted)."""
-        if self._unlogged:
-            count, self._unlogged = self._unlogged, 0
-            logging.getLogger("aiohttp.server").warning(
-                "refused %d more request%s since the last such line", count, "s"[: count - 1]
-            )
+        self.throttle.flush()
 
     @classmethod
     def install(cls) -> ParserRefusals:

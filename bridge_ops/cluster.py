@@ -18,7 +18,8 @@ same way. Each exit is a line that says how many replicas are left.
 nginx open source has no active health checks, and the kernel accepts connections for
 a stopped (``SIGSTOP``) or wedged replica, so nginx alone learns of a hung replica only
 from requests that wait their read timeout. The launcher checks instead (:meth:`Cluster.probe`):
-it asks each replica's ``/health`` every ``--probe-interval-ms``, each answer awaited
+it asks each replica's ``/health`` (with ``--ops-port``, ``/livez`` on its operations
+listener instead) every ``--probe-interval-ms``, each answer awaited
 ``--probe-timeout-ms``; a replica that misses ``--probe-misses`` in a row is marked
 ``down`` in nginx.conf (every pool, and its own upstream: its sessions get 503 at once),
 nginx is reloaded (SIGHUP: graceful, requests and streams in flight finish on the old
@@ -39,6 +40,7 @@ import argparse
 import asyncio
 import contextlib
 import ctypes
+import json
 import os
 import secrets
 import shutil
@@ -46,16 +48,17 @@ import signal
 import socket
 import sys
 import tempfile
+import time
 from collections.abc import Awaitable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import psutil
 
-from bridge import TOKEN_VARIABLE, credentials, runtime, watchdog
-from bridge.limits import PEERS_VARIABLE, REPLICA_ID_VARIABLE
+from bridge import TOKEN_VARIABLE, credentials, logs, runtime, watchdog
+from bridge.limits import PEERS_VARIABLE, REPLICA_ID_VARIABLE, RestLimitsEnvError
 from bridge.process import descendants
-from bridge.settings import LimitVariables, variable_name
+from bridge.settings import LimitVariables, LogVariables, variable_name
 from bridge_ops.front import FrontSettings, Replica, render, token_map_text
 
 #: Marks every process a replica starts, so that none outlives the replica.
@@ -92,8 +95,60 @@ def free_port(host: str) -> int:
         return int(probe.getsockname()[1])
 
 
-def say(text: str) -> None:
-    print(f"rest-bridge cluster: {text}", flush=True)
+#: The launcher's log format (``--log-format``): its own lines and how it passes its
+#: members' lines on.
+log_format = "text"
+
+
+def say(text: str, event: str, level: str = "INFO", **fields: object) -> None:
+    """One line of the launcher's own log, on stderr (as `serve`'s log): in text
+    ``rest-bridge cluster: <text>``; in json one object, logger ``bridge.cluster``, with
+    ``event`` and ``fields``."""
+    if log_format == "json":
+        line = {
+            "time": logs.utc_stamp(time.time()),
+            "level": level,
+            "logger": "bridge.cluster",
+            "message": text,
+            "event": event,
+            **fields,
+        }
+        text = json.dumps(line, ensure_ascii=False)
+    else:
+        text = f"rest-bridge cluster: {text}"
+    with contextlib.suppress(OSError, ValueError):  # stderr closed: nobody to tell
+        sys.stderr.write(text + "\n")
+        sys.stderr.flush()
+
+
+def passed_on(member: str, line: str, replica: bool) -> str:
+    """A member's line as the launcher's log shows it: in text with a ``[member] ``
+    prefix; in json a replica's object as it is (with ``replicaId`` added where it
+    lacks one), and anything else (nginx's error log, a line a replica wrote before its
+    format was set) wrapped in an object of its own (logger ``nginx`` or
+    ``bridge.cluster``, event ``output``)."""
+    if log_format != "json":
+        return f"[{member}] {line}"
+    try:
+        record = json.loads(line)
+    except ValueError:
+        record = None
+    if isinstance(record, dict) and replica:
+        if "replicaId" in record:
+            return line
+        record["replicaId"] = member
+        return json.dumps(record, ensure_ascii=False)
+    wrapped = {
+        "time": logs.utc_stamp(time.time()),
+        "level": "INFO",
+        "logger": "bridge.cluster" if replica else member,
+        "message": line,
+        "event": "output",
+        "member": member,
+    }
+    if replica:
+        wrapped["replicaId"] = member
+    return json.dumps(wrapped, ensure_ascii=False)
 
 
 async def bury(mark: str, timeout: float = STOP_SECONDS) -> int:
@@ -206,13 +261,15 @@ class Cluster:
         return member
 
     async def _forward(self, member: Member) -> None:
-        """Print a member's output, prefixed with its name."""
+        """Pass a member's output on to the launcher's log (:func:`passed_on`)."""
         assert member.process.stdout is not None
         async for raw in member.process.stdout:
             line = raw.decode("utf-8", "replace").rstrip("\n")
             if not member.ready.is_set() and " listening on " in line:
                 member.ready.set()
-            print(f"[{member.name}] {line}", flush=True)
+            with contextlib.suppress(OSError, ValueError):
+                sys.stderr.write(passed_on(member.name, line, bool(member.mark)) + "\n")
+                sys.stderr.flush()
 
     async def start(self) -> None:
         ids = [f"{self.id_prefix}-{n}" for n in range(self.count)]
@@ -252,7 +309,14 @@ class Cluster:
             member = self.members[name]
             await self._ready(member)
             ops = f" ops {member.ops_url}" if member.ops_url else ""
-            say(f"replica {name} {member.url} pid {member.process.pid} mark {member.mark}{ops}")
+            say(
+                f"replica {name} {member.url} pid {member.process.pid} mark {member.mark}{ops}",
+                "replica_started",
+                replicaId=name,
+                url=member.url,
+                pid=member.process.pid,
+                ops=member.ops_url or None,
+            )
         self.front_replicas = {name: Replica(name, f"{self.host}:{ports[name]}") for name in ids}
         self.directory.mkdir(parents=True, exist_ok=True)
         self.front_settings = FrontSettings(
@@ -269,7 +333,12 @@ class Cluster:
         front.url = f"http://{self.host}:{self.port}"
         self._readers.append(asyncio.create_task(self._forward(front)))
         await self._front_ready(front)
-        say(f"front {front.url} pid {front.process.pid} config {prefix}/nginx.conf")
+        say(
+            f"front {front.url} pid {front.process.pid} config {prefix}/nginx.conf",
+            "front_started",
+            url=front.url,
+            pid=front.process.pid,
+        )
 
     def _ops_port(self, index: int) -> int | None:
         if self.ops_port is None:
@@ -349,16 +418,24 @@ class Cluster:
             return False
         return head.startswith(b"HTTP/1.1 200") and b"\r\nServer: nginx" in head
 
+    @staticmethod
+    def probe_path(member: Member) -> str:
+        """What the launcher probes: the operations listener's ``/livez`` when the replica
+        has one (no access line, no HTTP metric: a probe a second per replica would
+        otherwise be most of the request rate), else the API's ``/health``."""
+        return "/livez" if member.ops_url else "/health"
+
     async def _answers_health(self, member: Member) -> bool:
-        """Whether the replica answers ``GET /health`` (any HTTP answer) within the
-        probe's deadline. No token: a replica exempts its health from it."""
-        address = member.url.removeprefix("http://")
+        """Whether the replica answers its probe (:meth:`probe_path`; any HTTP answer)
+        within the probe's deadline. No token: neither path asks for it."""
+        address = (member.ops_url or member.url).removeprefix("http://")
         host, _, port = address.rpartition(":")
         writer: asyncio.StreamWriter | None = None
         try:
             async with asyncio.timeout(self.probe_timeout):
                 reader, writer = await asyncio.open_connection(host, int(port))
-                writer.write(b"GET /health HTTP/1.0\r\nHost: probe\r\n\r\n")
+                path = self.probe_path(member)
+                writer.write(f"GET {path} HTTP/1.0\r\nHost: probe\r\n\r\n".encode())
                 head = await reader.read(64)
         except (OSError, TimeoutError):
             return False
@@ -375,7 +452,7 @@ class Cluster:
         while not self.stopping:
             live = [m for m in self.members.values() if m.mark and m.process.returncode is None]
             answers = await asyncio.gather(*(self._answers_health(m) for m in live))
-            changed: list[str] = []
+            changed: list[tuple[str, str, str]] = []  # the line, its event, the replica
             for member, answered in zip(live, answers, strict=True):
                 replica = self.front_replicas.get(member.name)
                 if replica is None:
@@ -383,21 +460,24 @@ class Cluster:
                 missed[member.name] = 0 if answered else missed.get(member.name, 0) + 1
                 if answered and replica.down:
                     self.front_replicas[member.name] = Replica(replica.id, replica.address)
-                    changed.append(
-                        f"replica {member.name} answers /health again: back in the front"
-                    )
+                    path = self.probe_path(member)
+                    back = f"replica {member.name} answers {path} again: back in the front"
+                    changed.append((back, "back_in_front", member.name))
                 elif missed[member.name] >= self.probe_misses and not replica.down:
                     self.front_replicas[member.name] = Replica(
                         replica.id, replica.address, down=True
                     )
-                    changed.append(
+                    down = (
                         f"replica {member.name} missed {missed[member.name]} health probes "
                         "in a row: marked down at the front"
                     )
+                    changed.append((down, "marked_down", member.name))
             if changed and not self.stopping:
                 done = await self.reload_front()
-                for line in changed:
-                    say(line if done else f"{line}; nginx did not take the new configuration")
+                for line, event, name in changed:
+                    said = line if done else f"{line}; nginx did not take the new configuration"
+                    level = "WARNING" if event == "marked_down" or not done else "INFO"
+                    say(said, event, level, replicaId=name)
             await asyncio.sleep(self.probe_interval)
 
     async def reload_front(self) -> bool:
@@ -411,7 +491,11 @@ class Cluster:
             try:
                 self._write_config()
             except OSError as exc:
-                say(f"could not write nginx.conf: {exc.strerror or type(exc).__name__}")
+                say(
+                    f"could not write nginx.conf: {exc.strerror or type(exc).__name__}",
+                    "front_config_failed",
+                    "ERROR",
+                )
                 return False
             before = set(nginx_workers(front.process.pid))
             with contextlib.suppress(ProcessLookupError):
@@ -449,12 +533,23 @@ class Cluster:
                     buried = f"; killed {killed} of its processes" if killed else ""
                     left = len(self.replicas_left())
                     counted = "" if self.stopping else f"; {left} of {self.count} left"
-                    say(f"replica {member.name} exited ({how}){buried}{counted}")
+                    level = "INFO" if self.stopping else "WARNING"
+                    say(
+                        f"replica {member.name} exited ({how}){buried}{counted}",
+                        "replica_exited",
+                        level,
+                        replicaId=member.name,
+                        left=left,
+                    )
                     if not left and not self.stopping:
                         self.failed = "no replica left"
                         await self.stop(self.failed)
                 else:
-                    say(f"{member.name} exited ({how})")
+                    say(
+                        f"{member.name} exited ({how})",
+                        "front_exited",
+                        "INFO" if self.stopping else "ERROR",
+                    )
                     if not self.stopping:
                         self.failed = f"{member.name} exited"
                         await self.stop(self.failed)
@@ -475,7 +570,11 @@ class Cluster:
         if self.stopping:
             return
         self.stopping = True
-        say(f"{reason}: stopping" if reason else "stopping")
+        say(
+            f"{reason}: stopping" if reason else "stopping",
+            "stopping",
+            "ERROR" if reason else "INFO",
+        )
         for member in self.members.values():
             if member.process.returncode is None:
                 sig = signal.SIGQUIT if not member.mark else signal.SIGTERM
@@ -505,7 +604,7 @@ async def _stop_all(cluster: Cluster, watching: Awaitable[None]) -> int:
     try:
         await asyncio.wait_for(watching, STOP_SECONDS)
     except TimeoutError:
-        say("members still running after the grace period: killing them")
+        say("members still running after the grace period: killing them", "killing", "WARNING")
     return await runtime.end_all(5.0)
 
 
@@ -518,18 +617,22 @@ async def run(cluster: Cluster) -> int:
             if not await _started(cluster, stop):
                 # Asked to stop while starting (Ctrl-C reaches the replicas too).
                 await _stop_all(cluster, cluster.watch())
-                say("stopped before it was ready")
+                say("stopped before it was ready", "stopped")
                 return 0
             break
         except (RuntimeError, OSError) as exc:
             # Most likely a port taken between choosing it and binding it: new ports.
-            say(f"could not start (attempt {attempt} of {START_ATTEMPTS}): {exc}")
+            say(
+                f"could not start (attempt {attempt} of {START_ATTEMPTS}): {exc}",
+                "start_failed",
+                "ERROR",
+            )
             await _stop_all(cluster, cluster.watch())
             given_port_taken = isinstance(exc, FrontError) and not cluster.chosen_port
             if attempt == START_ATTEMPTS or stop.is_set() or given_port_taken:
                 return 1
             cluster.reset()
-    say("ready")
+    say("ready", "ready")
     orphans = asyncio.ensure_future(runtime.reap_every(1.0))
     probing = asyncio.ensure_future(cluster.probe())
     watching = asyncio.ensure_future(cluster.watch())
@@ -540,12 +643,12 @@ async def run(cluster: Cluster) -> int:
     orphans.cancel()  # end_all reaps what is left
     killed = await _stop_all(cluster, watching)
     if killed:
-        say(f"killed {killed} leftover processes")
+        say(f"killed {killed} leftover processes", "leftovers_killed", "WARNING")
     if cluster.failed:
         # Not asked to stop: a supervisor (systemd's Restart=on-failure) starts it again.
-        say(f"stopped ({cluster.failed}): exit status 1")
+        say(f"stopped ({cluster.failed}): exit status 1", "stopped", "ERROR")
         return 1
-    say("stopped")
+    say("stopped", "stopped")
     return 0
 
 
@@ -595,6 +698,12 @@ def main(args: argparse.Namespace) -> int:
             f"{replicas - 1} (it gets --ops-port + its number, at most 65535)",
             file=sys.stderr,
         )
+        return 2
+    global log_format
+    try:  # the replicas read the variable too: the launcher's lines match theirs
+        log_format = getattr(args, "log_format", None) or LogVariables.from_env().log_format
+    except RestLimitsEnvError as exc:
+        print(f"rest-bridge cluster: {exc}", file=sys.stderr)
         return 2
     directory = getattr(args, "dir", None)
     made = directory is None

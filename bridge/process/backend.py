@@ -187,9 +187,7 @@ class ProcessBackend(Backend):
         self._asked_to_stop.discard(process)
         session = self._session_of.pop(process, None)
         session_id = session.id if session is not None else None
-        logs.app_server_exited(
-            session_id, self.replica_id, info.exit_code, info.signal, info.describe(), asked=asked
-        )
+        logs.app_server_exited(session_id, self.replica_id, info, asked=asked)
         if session is not None:
             reason = session.end_reason or "app_server_exit"
             logs.session_ended(
@@ -209,7 +207,11 @@ class ProcessBackend(Backend):
             if isinstance(exc, ProcessGone) and not self._closing:
                 fail = startup.exited_at_startup(self.command, process.exit_info or exc.exit_info)
             elif isinstance(exc, TimeoutError):
-                fail = startup.spawn_timed_out(self.launcher.starting, self.limits.spawn_timeout_ms)
+                own = self.command if self.mode == "process" else ()
+                ms = self.limits.spawn_timeout_ms
+                fail = startup.spawn_timed_out(self.launcher.starting, ms, command=own)
+            elif isinstance(exc, RpcError):
+                fail = startup.initialize_refused(self.command, exc, options)
             else:
                 fail = rpc_failure(exc, self.launcher.starting)
             if self.metrics is not None and not self._closing:

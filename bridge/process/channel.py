@@ -24,6 +24,12 @@ class ChannelFull(Exception):
     :data:`~bridge.limits.MAX_STDIN_BUFFER` bytes wait for it."""
 
 
+#: How a connection to the shared app-server ends when the bridge killed that
+#: app-server for not answering its liveness probe (``params.connection``; the bridge's
+#: exit line says it killed it).
+SERVER_WEDGED = "the shared app-server stopped answering and was killed"
+
+
 @dataclass(frozen=True, slots=True)
 class ExitInfo:
     """How a channel (and the conversation over it) ended."""

@@ -22,12 +22,12 @@ from typing import Any
 
 import aiohttp
 
-from bridge import __version__, credentials, errors, watchdog
+from bridge import __version__, credentials, errors, logs, watchdog
 from bridge.events import rfc3339
 from bridge.limits import AppServerSettings, RestLimits
 from bridge.models import ClientOptions, Compatibility, SharedAppServerState
 from bridge.process import startup
-from bridge.process.channel import ExitInfo
+from bridge.process.channel import SERVER_WEDGED, ExitInfo
 from bridge.process.peer import JsonRpcPeer, ProcessGone, RpcError, StdinFull
 from bridge.process.stdio import StdioChannel
 from bridge.process.tenancy import Tenant
@@ -48,8 +48,6 @@ BACKOFF_RESET_AFTER = 60.0
 #: Connection attempts of one request when the supervised app-server dies under them
 #: (each waits for its restart; one that keeps dying backs off past SPAWN_TIMEOUT_MS).
 _CONNECT_ATTEMPTS = 3
-#: How a connection the liveness probe found wedged ends (``params.connection``).
-SERVER_WEDGED = "the shared app-server stopped answering and was killed"
 #: The liveness probe's question: answered from memory by codex 0.169.0 (and fake-codex);
 #: any answer, an error too, means the app-server reads and answers.
 LIVENESS_METHOD = "thread/loaded/list"
@@ -476,7 +474,7 @@ class ConnectShared:
             process.pid,
             info.describe().removeprefix("the app-server "),
             delay,
-            startup.stderr_summary(info.stderr_tail),
+            logs.stderr_summary(info.stderr_tail),
         )
         self._restart_task = loop.create_task(self._restart_later())
 

@@ -14,54 +14,27 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import errno
 import logging
 import os
 import shlex
 from collections.abc import Sequence
 from typing import Any, Protocol
 
-from bridge import __version__, codex_window, credentials, errors
+from bridge import __version__, codex_window, credentials, errors, logs
+from bridge.descriptors import OUT_OF_RESOURCES, shortage_behind
 from bridge.limits import RestLimits
 from bridge.models import AppServerInfo, ClientOptions, Compatibility
 from bridge.process import descendants
 from bridge.process.channel import ExitInfo
-from bridge.process.peer import JsonRpcPeer
+from bridge.process.outcomes import rpc_failure
+from bridge.process.peer import JsonRpcPeer, RpcError
 from bridge.process.stdio import StdioChannel
-
-log = logging.getLogger("bridge")
 
 DEFAULT_COMMAND = ("codex", "app-server")
 _VERSION_TIMEOUT = 10.0
 
 #: The part of the client's message that says what to check.
 CHECK_COMMAND = "check the bridge's app-server command (`rest-bridge serve --app-server`)"
-#: Spawn failures that say nothing about the command: descriptors, processes, memory.
-OUT_OF_RESOURCES = frozenset({errno.EMFILE, errno.ENFILE, errno.EAGAIN, errno.ENOMEM})
-#: How much of a start-up failure's stderr one log line carries (its end).
-LOG_STDERR_CHARS = 1000
-
-
-#: Descriptors a spawn takes at once (three pipes, and the child's error pipe).
-SPAWN_DESCRIPTORS = 8
-
-
-def shortage_behind(exc: OSError) -> OSError:
-    """``exc``, or the shortage it hides: uvloop reports a spawn that failed for want of
-    descriptors without an errno (-1), so the bridge asks for as many as a spawn takes."""
-    if exc.errno not in (None, -1):
-        return exc
-    opened: list[int] = []
-    try:
-        while len(opened) < SPAWN_DESCRIPTORS:
-            opened.extend(os.pipe())
-    except OSError as probe:
-        if probe.errno in OUT_OF_RESOURCES:
-            return probe
-    finally:
-        for fd in opened:
-            os.close(fd)
-    return exc
 
 
 def spawn_failed(command: Sequence[str], exc: OSError, cwd: str | None) -> errors.RestError:
@@ -71,7 +44,9 @@ def spawn_failed(command: Sequence[str], exc: OSError, cwd: str | None) -> error
     reason = exc.strerror or type(exc).__name__
     # Asked of the directory, not of the error: uvloop's OSError names no file.
     if cwd is not None and not (os.path.isdir(cwd) and os.access(cwd, os.X_OK)):
-        log.warning("could not start the app-server in the requested cwd %r: %s", cwd, reason)
+        # Not the cwd itself: it is the caller's, a body's value (it could hold anything).
+        said = "could not start the app-server in the working directory options.cwd names: %s"
+        logs.start_failed("cwd", said, reason, level=logging.WARNING)
         return errors.of_kind(
             "app_server_spawn_failed",
             f"Could not start the app-server in the requested working directory ({reason}); "
@@ -79,13 +54,14 @@ def spawn_failed(command: Sequence[str], exc: OSError, cwd: str | None) -> error
         )
     if exc.errno in OUT_OF_RESOURCES:
         # Nothing to check in the command: the bridge (or the machine) is out of room.
-        log.error("could not start the app-server: %s", reason)
+        logs.start_failed("resources", "could not start the app-server: %s", reason)
         return errors.of_kind(
             "app_server_spawn_failed",
             f"Could not start the app-server ({reason}); the bridge is out of resources, "
             "retry later.",
         )
-    log.error("could not start the app-server `%s`: %s", shlex.join(command), reason)
+    said = "could not start the app-server `%s`: %s"
+    logs.start_failed("spawn", said, shlex.join(command), reason)
     return errors.of_kind(
         "app_server_spawn_failed", f"Could not start the app-server ({reason}); {CHECK_COMMAND}."
     )
@@ -96,7 +72,8 @@ def exited_at_startup(command: Sequence[str], info: ExitInfo) -> errors.RestErro
     502 ``app_server_exited`` (``protocol_error`` when the bridge stopped it for that)."""
     if info.connection:
         # Shared mode: a connection, not a process, ended before `initialize`.
-        log.error("a connection to the shared app-server ended at start-up: %s", info.connection)
+        said = "a connection to the shared app-server ended at start-up: %s"
+        logs.start_failed("connection", said, info.connection)
         if info.protocol_error:
             return errors.of_kind("protocol_error", info.describe())
         return errors.of_kind(
@@ -105,11 +82,12 @@ def exited_at_startup(command: Sequence[str], info: ExitInfo) -> errors.RestErro
             f"answered ({info.connection}).",
             data={"exitCode": info.exit_code, "signal": info.signal},
         )
-    log.error(
+    logs.start_failed(
+        "exited",
         "the app-server `%s` ended during start-up: %s; stderr: %s",
         shlex.join(command),
         info.describe().removeprefix("the app-server "),
-        stderr_summary(info.stderr_tail),
+        logs.stderr_summary(info.stderr_tail),
     )
     if info.protocol_error:
         return errors.of_kind("protocol_error", info.describe())
@@ -120,17 +98,6 @@ def exited_at_startup(command: Sequence[str], info: ExitInfo) -> errors.RestErro
         f"{CHECK_COMMAND}. The bridge's log has the process's stderr.",
         data={"exitCode": info.exit_code, "signal": info.signal},
     )
-
-
-def stderr_summary(tail: str) -> str:
-    """The end of a stderr tail on one line: lines joined by `` | ``, at most
-    :data:`LOG_STDERR_CHARS` characters."""
-    text = " | ".join(line.strip() for line in tail.splitlines() if line.strip())
-    if not text:
-        return "(nothing)"
-    if len(text) > LOG_STDERR_CHARS:
-        text = "…" + text[-LOG_STDERR_CHARS:]
-    return text
 
 
 def user_agent(result: Any) -> str | None:
@@ -220,12 +187,35 @@ def compatibility(
     return Compatibility(bridge_version=__version__, app_server=app_server)
 
 
-def spawn_timed_out(what: str, ms: int, why: str = "no answer to `initialize`") -> errors.RestError:
+def spawn_timed_out(
+    what: str, ms: int, why: str = "no answer to `initialize`", command: Sequence[str] = ()
+) -> errors.RestError:
     """The 504 of a start past ``REST_ADAPTER_SPAWN_TIMEOUT_MS`` (``ms``), naming the
-    setting only the operator can change; the WARNING line says ``why``: what was awaited."""
+    setting only the operator can change; the WARNING line says ``why``: what was awaited
+    (from ``command``, when a process of the bridge's own was)."""
     late = f"{what} did not complete before its deadline"
-    log.warning("%s: %s within %d ms", late, why, ms)
+    why += f" from `{shlex.join(command)}`" if command else ""
+    logs.start_failed("timeout", "%s: %s within %d ms", late, why, ms, level=logging.WARNING)
     return errors.of_kind("timeout", f"{late} (REST_ADAPTER_SPAWN_TIMEOUT_MS, {ms} ms).")
+
+
+def initialize_refused(
+    command: Sequence[str], exc: RpcError, options: ClientOptions | None
+) -> errors.RestError:
+    """The app-server answered ``initialize`` with an error: its message (which may name
+    a path or a setting) goes to the operator's line; the client gets the code and what
+    to check, its own options first when they shaped the start (a name, capabilities)."""
+    shaped = options is not None and bool(options.model_dump(exclude_none=True))
+    logs.initialize_refused(shlex.join(command), str(exc.message), exc.code, by_caller=shaped)
+    if exc.code == -32001:  # codex's "overloaded" (its own words): retryable, as after start
+        return rpc_failure(exc, "initialize")
+    check = f"check the request's options (clientInfo among them), else {CHECK_COMMAND}"
+    return errors.of_kind(
+        "app_server_error",
+        f"The app-server answered `initialize` with an error; {check if shaped else CHECK_COMMAND}"
+        ". The bridge's log has its message.",
+        code=exc.code,
+    )
 
 
 #: How long a failed ``--version`` is remembered before it is asked again.

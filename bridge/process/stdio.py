@@ -266,7 +266,8 @@ class StdioChannel(ChannelState, asyncio.SubprocessProtocol):
         if not self._aborted:
             self._aborted = True
             self._buffer.clear()
-            log.warning("stopping app-server pid %s: %s", self.pid, reason)
+            said = "stopping app-server pid %s: %s"
+            log.warning(said, self.pid, reason, extra={"throttle": "protocol_broken"})
             self._kill_group(signal.SIGKILL)
 
     # -- lifecycle -------------------------------------------------------------

@@ -191,6 +191,37 @@ def documents() -> dict[tuple[str, str], dict[str, Any]]:
     }
 
 
+def test_the_kubernetes_probes_are_patient_and_reach_what_exists():
+    """A busy event loop is not a dead one: the probes wait longer than Kubernetes'
+    default second, and liveness (a restart ends every session) waits longest; the front
+    has probes too, on a route its configuration serves without the token, and its
+    liveness does not depend on the replicas."""
+    docs = documents()
+    container = docs[("StatefulSet", "bridge")]["spec"]["template"]["spec"]["containers"][0]
+    ops = int(container["command"][container["command"].index("--ops-port") + 1])
+    ports = {p["name"]: p["containerPort"] for p in container["ports"]}
+    ready, alive = container["readinessProbe"], container["livenessProbe"]
+    assert (ready["httpGet"]["path"], ports[ready["httpGet"]["port"]]) == ("/readyz", ops)
+    assert (alive["httpGet"]["path"], ports[alive["httpGet"]["port"]]) == ("/livez", ops)
+    for probe in (ready, alive):
+        assert probe["timeoutSeconds"] >= 5
+        assert probe["periodSeconds"] >= probe["timeoutSeconds"]
+    assert alive["periodSeconds"] * alive["failureThreshold"] >= 60
+    assert alive["periodSeconds"] * alive["failureThreshold"] > (
+        ready["periodSeconds"] * ready["failureThreshold"]
+    )
+
+    nginx = docs[("Deployment", "bridge-front")]["spec"]["template"]["spec"]["containers"][0]
+    front_ports = {p["name"]: p["containerPort"] for p in nginx["ports"]}
+    ready, alive = nginx["readinessProbe"], nginx["livenessProbe"]
+    assert ready["timeoutSeconds"] >= 5
+    assert front_ports[ready["httpGet"]["port"]] == front_ports["http"]
+    # The path is one the front serves without the token (its token map exempts it).
+    config = docs[("ConfigMap", "bridge-front")]["data"]["nginx.conf"]
+    assert f'"0:GET:::{ready["httpGet"]["path"]}" 0;' in config
+    assert front_ports[alive["tcpSocket"]["port"]] == front_ports["http"]
+
+
 def test_kubernetes_manifests_match_the_generated_configuration(tmp_path):
     docs = documents()
     service = docs[("Service", "bridge")]

@@ -220,6 +220,11 @@ async def exercise(served: Served) -> None:
             assert response.status == 200
         async with http.get(f"{base}/v1/sessions/x%0Ay/events", headers=AUTH) as response:
             assert response.status == 404
+        # A start that fails for the caller's options: its WARNING line repeats no value
+        # of the body (the working directory holds the token here).
+        cwd = {"options": {"cwd": f"/nonexistent/{TOKEN}"}}
+        async with http.post(f"{base}/v1/call/model/list", headers=AUTH, json=cwd) as response:
+            assert response.status == 502
     # A request aiohttp's parser refuses (a header line without a colon), carrying the
     # token: its own 400, before any of the bridge's code runs.
     host, port = base.removeprefix("http://").split(":")
@@ -298,6 +303,9 @@ def access_lines(served: Served) -> list[dict[str, Any]]:
 
 def test_no_secret_reaches_a_log_line(run: Served):
     assert run.stderr, "the run wrote no log line"
+    # The run's lines include a start failure, a crash's WARNING and the stopping line.
+    for said in ("options.cwd names", "(not stopped by the bridge)", "rest-bridge: stopping"):
+        assert any(said in line for line in run.stderr), said
     for line in run.lines:
         for secret in SECRETS:
             assert secret not in line, f"{secret} in {line!r}"
@@ -353,6 +361,28 @@ def test_each_request_has_one_access_line_with_its_route_template_and_fields(run
     assert "errorKind" not in refused[0]
 
 
+def line_time(served: Served, line: str) -> str:
+    """A log line's time, as text that sorts as the times do (both formats)."""
+    if served.format == "json":
+        return str(json.loads(line)["time"])
+    return line[: len("2026-11-27 14:50:05,532")]
+
+
+def test_the_log_is_in_the_order_of_its_times(run: Served):
+    """Access lines (written in batches), session and exit lines, warnings, the refused
+    request's line: each is written after every line with an earlier time."""
+    times = [line_time(run, line) for line in run.stderr]
+    kinds = {"bridge.access", "bridge.sessions", "aiohttp.server"}
+    assert {k for k in kinds if any(k in line for line in run.stderr)} == kinds
+    backwards = [
+        (before, after)
+        for before, after in zip(run.stderr, run.stderr[1:], strict=False)
+        if line_time(run, after) < line_time(run, before)
+    ]
+    assert not backwards, backwards[:3]
+    assert times == sorted(times)
+
+
 def session_events(served: Served) -> list[str]:
     return [line for line in served.stderr if "bridge.sessions" in line]
 
@@ -377,7 +407,42 @@ def test_session_starts_and_ends_and_app_server_exits_are_logged(run: Served):
         assert crashed[0]["stoppedByBridge"] is False
 
 
+def test_a_crash_is_a_warning_and_a_stop_the_bridge_asked_for_stays_info(run: Served):
+    exits = [line for line in run.stderr if "app-server of session" in line]
+    if run.format == "json":
+        levels = {
+            json.loads(x)["message"].endswith("bridge)"): json.loads(x)["level"] for x in exits
+        }
+    else:
+        levels = {x.endswith("bridge)"): x.split()[2] for x in exits}
+    # The crash (exit 3, not asked for), and the sessions the bridge stopped at shutdown.
+    assert levels == {True: "WARNING", False: "INFO"}, exits
+
+
 # -- levels, reasons, noise ----------------------------------------------------------------
+
+
+def test_warning_level_still_shows_every_app_server_crash(tmp_path: Path):
+    served = start(tmp_path, "--log-level", "warning")
+
+    async def drive() -> str:
+        async with aiohttp.ClientSession() as http:
+            async with http.post(f"{served.url}/v1/sessions", json={}) as response:
+                session = str((await response.json())["sessionId"])
+            call = f"{served.url}/v1/sessions/{session}/call/test/crash"
+            async with http.post(call, json={"params": {}}) as response:
+                assert response.status == 502
+            return session
+
+    try:
+        session = asyncio.run(drive())
+        served.wait_for_log(
+            rf"WARNING bridge\.sessions app-server of session {session} ended: the app-server "
+            r"process exited with code 3 \(not stopped by the bridge\)$"
+        )
+    finally:
+        served.stop()
+    assert not any(" INFO " in line for line in served.stderr), served.stderr
 
 
 def test_warning_level_writes_no_access_or_session_line(tmp_path: Path):
@@ -509,6 +574,159 @@ def test_a_session_a_drain_outlives_ends_with_the_drain(tmp_path: Path):
         served.stop()
 
 
+async def post_many(url: str, count: int, body: Any) -> list[tuple[int, dict[str, Any]]]:
+    async with aiohttp.ClientSession() as http:
+
+        async def one() -> tuple[int, dict[str, Any]]:
+            async with http.post(url, json=body) as response:
+                return response.status, await response.json()
+
+        return list(await asyncio.gather(*(one() for _ in range(count))))
+
+
+def test_start_failures_are_one_line_a_kind_an_interval_with_the_count_held_back(
+    tmp_path: Path,
+):
+    """A broken command: callers cannot flood the log with one ERROR line per request."""
+    served = start(tmp_path, "--app-server", "/nonexistent/codex app-server")
+    try:
+        answers = asyncio.run(post_many(f"{served.url}/v1/call/x", 200, {}))
+    finally:
+        served.stop()
+    assert {status for status, _ in answers} == {502}
+    said = [line for line in served.stderr if "start failure" in line or "could not start" in line]
+    assert len(said) == 2, said
+    assert (
+        " ERROR bridge could not start the app-server `/nonexistent/codex app-server`: "
+        in (said[0])
+    )
+    # The rest, held back, are counted when the bridge stops: none goes unsaid.
+    assert said[1].endswith(
+        "199 more app-server start failures like the last (spawn) since the last such line"
+    )
+
+
+def test_a_command_that_is_no_app_server_cannot_flood_the_log_either(tmp_path: Path):
+    """It starts, writes text, is killed for breaking the protocol: each of its lines
+    (the kill, the exit, the start failure) is throttled too."""
+    served = start(tmp_path, "--app-server", "/bin/sh -c 'echo hello; exec cat'")
+    try:
+        answers = asyncio.run(post_many(f"{served.url}/v1/call/x", 200, {}))
+    finally:
+        served.stop()
+    # (429: at most MAX_SESSIONS starts at once.)
+    assert 502 in {status for status, _ in answers} <= {429, 502}
+    said = [line for line in served.stderr if "bridge.access" not in line]
+    assert len(said) <= 10, said  # a few lines a kind, not one a request
+    for first in ("stopping app-server pid", "(killed by the bridge)", "ended during start-up"):
+        assert any(first in line for line in said), (first, said)
+    assert any("more lines like the last (protocol_broken) since" in line for line in said)
+
+
+INITIALIZE_FAILS = {
+    "version": 1,
+    "initialize": {"error": {"code": -32603, "message": f"boom /secret/path {ENV_SECRET[:3]}"}},
+}
+
+
+def test_a_failing_initialize_is_an_error_line_and_the_client_hears_no_path(tmp_path: Path):
+    served = start(tmp_path, "--log-format", "json", script=INITIALIZE_FAILS)
+    try:
+        answers = asyncio.run(post_many(f"{served.url}/v1/sessions", 3, {}))
+    finally:
+        served.stop()
+    for status, body in answers:
+        assert status == 502
+        assert body == {
+            "error": "app_server_error",
+            "message": "The app-server answered `initialize` with an error; check the bridge's "
+            "app-server command (`rest-bridge serve --app-server`). The bridge's log has its "
+            "message.",
+            "code": -32603,
+        }
+    failed = [x for x in json_lines(served.stderr) if x.get("event") == "app_server_start_failed"]
+    assert [x["level"] for x in failed] == ["ERROR", "ERROR"], failed
+    assert failed[0]["failure"] == "initialize"
+    assert "refused `initialize`: boom /secret/path" in failed[0]["message"]
+    assert FAKE_CODEX in failed[0]["message"]  # the operator's line names the command
+    assert failed[1]["heldBack"] == 2
+
+
+def test_an_initialize_the_callers_options_shaped_points_the_caller_at_them(tmp_path: Path):
+    """A refusal of a start the request's options shaped may be the caller's doing: the
+    client is told to check them first, and the operator's line is a WARNING of a kind of
+    its own (a caller's refusals do not hold back the bridge's own ERROR lines)."""
+    served = start(tmp_path, "--log-format", "json", script=INITIALIZE_FAILS)
+    named = {"options": {"clientInfo": {"name": "caller", "version": "1"}}}
+    try:
+        answers = asyncio.run(post_many(f"{served.url}/v1/sessions", 2, named))
+        answers += asyncio.run(post_many(f"{served.url}/v1/sessions", 1, {}))
+    finally:
+        served.stop()
+    assert [status for status, _ in answers] == [502, 502, 502]
+    assert "check the request's options (clientInfo among them), else " in answers[0][1]["message"]
+    assert "options" not in answers[2][1]["message"]
+    failed = [x for x in json_lines(served.stderr) if x.get("event") == "app_server_start_failed"]
+    firsts = {x["failure"]: x["level"] for x in failed if "heldBack" not in x}
+    assert firsts == {"initialize_options": "WARNING", "initialize": "ERROR"}, failed
+
+
+def test_an_app_server_that_never_answers_initialize_is_a_line_naming_the_command(
+    tmp_path: Path,
+):
+    script = {"version": 1, "initialize": {"noReply": True}}
+    served = start(tmp_path, env={"REST_ADAPTER_SPAWN_TIMEOUT_MS": "200"}, script=script)
+    try:
+        answers = asyncio.run(post_many(f"{served.url}/v1/sessions", 1, {}))
+    finally:
+        served.stop()
+    assert answers[0][0] == 504
+    late = [line for line in served.stderr if "did not complete before its deadline" in line]
+    assert len(late) == 1, served.stderr
+    assert f"no answer to `initialize` from `{FAKE_CODEX} app-server --script " in late[0]
+
+
+def test_drain_lines_are_log_lines_with_the_sessions_left(tmp_path: Path):
+    token_file = tmp_path / "token"
+    token_file.write_text(TOKEN + "\n")
+    served = start(
+        tmp_path,
+        "--log-format",
+        "json",
+        env={
+            "REST_ADAPTER_REPLICA_ID": REPLICA,
+            "REST_ADAPTER_DRAIN_TIMEOUT_MS": "100",
+            "REST_ADAPTER_TOKEN_FILE": str(token_file),
+        },
+    )
+
+    async def create() -> None:
+        async with (
+            aiohttp.ClientSession() as http,
+            http.post(f"{served.url}/v1/sessions", headers=AUTH, json={}) as response,
+        ):
+            assert response.status == 201
+
+    try:
+        asyncio.run(create())
+        served.process.send_signal(signal.SIGUSR1)
+        served.process.wait(WAIT)  # it exits by itself at the drain's deadline
+    finally:
+        served.stop()
+    said_on_stdout = [json.loads(x)["message"] for x in served.stdout]
+    assert not [
+        x for x in said_on_stdout if x.startswith(("rest-bridge: drain", "rest-bridge: stop"))
+    ]
+    said = {x["event"]: x for x in json_lines(served.stderr) if "event" in x}
+    started, deadline = said["drain_started"], said["drain_deadline"]
+    assert (started["level"], started["sessions"], started["held"]) == ("INFO", 1, 1)
+    assert started["replicaId"] == REPLICA
+    assert "sessions left: 1" in started["message"]
+    assert (deadline["level"], deadline["sessions"]) == ("WARNING", 1)
+    assert said["stopping"]["logger"] == "bridge"
+    assert not [line for line in served.lines for secret in SECRETS if secret in line]
+
+
 def abandon_calls(served: Served, count: int) -> None:
     """``count`` calls held by the app-server, their clients gone; then the app-server
     answers each (a reply nobody waits for) and says so with a notification."""
@@ -581,29 +799,109 @@ def test_late_replies_are_still_seen_at_debug(tmp_path: Path):
 
 
 def test_the_cluster_passes_the_log_options_to_its_replicas(tmp_path: Path):
+    """In json, the launcher's log (stderr, as serve's) is one JSON object a line: the
+    replicas' lines as they wrote them (with their replicaId), the launcher's own with an
+    event, nginx's wrapped."""
     process = subprocess.Popen(
         [
             *(REST_BRIDGE, "cluster", "--replicas", "1", "--port", "0"),
             *("--dir", str(tmp_path / "front"), "--nginx", nginx_binary()),
             *("--app-server", f"{FAKE_CODEX} app-server", "--log-format", "json"),
         ],
-        env={k: v for k, v in os.environ.items() if not k.startswith("REST_ADAPTER_")},
+        env={
+            **{k: v for k, v in os.environ.items() if not k.startswith("REST_ADAPTER_")},
+            "REST_ADAPTER_TOKEN": TOKEN,
+        },
         stdin=subprocess.DEVNULL,
         stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
+        stderr=subprocess.PIPE,
         text=True,
     )
-    assert process.stdout is not None
-    banner = None
+    assert process.stderr is not None
+    seen: list[str] = []
     try:
-        for line in process.stdout:  # the launcher's and its replicas' own words
-            if line.startswith("[replica-0] ") and " listening on " in line:
-                banner = json.loads(line.removeprefix("[replica-0] "))
+        for line in process.stderr:  # the launcher's and its replicas' own words
+            seen.append(line)
+            if '"event": "ready"' in line:
                 break
     finally:
         process.send_signal(signal.SIGINT)
-        rest, _ = process.communicate(timeout=WAIT)
-    assert banner is not None, rest
-    assert banner["event"] == "listening"
-    assert banner["url"].startswith("http://127.0.0.1:")
+        out, rest = process.communicate(timeout=WAIT)
+    assert process.returncode == 0, [*seen, rest]
+    assert out == ""
+    lines = [json.loads(line) for line in [*seen, *rest.splitlines()] if line.strip()]
+    assert all(
+        isinstance(x, dict) and {"time", "level", "logger", "message"} <= set(x) for x in lines
+    )
+    banner = [x for x in lines if x.get("event") == "listening"]
+    assert len(banner) == 1, lines
+    assert banner[0]["url"].startswith("http://127.0.0.1:")
+    assert banner[0]["replicaId"] == "replica-0"
+    own = [x for x in lines if x["logger"] == "bridge.cluster"]
+    events = [x["event"] for x in own]
+    assert {"replica_started", "front_started", "ready", "stopping", "stopped"} <= set(events)
+    # Every line a replica wrote names it, those that did not carry the field included.
+    replicas = [x for x in lines if x["logger"] not in ("bridge.cluster", "nginx")]
+    assert replicas
+    assert all(x["replicaId"] == "replica-0" for x in replicas)
+    assert not [line for line in [*seen, rest] for secret in SECRETS if secret in line]
+
+
+def health_requests(metrics: str) -> float:
+    """The GET /health requests a replica's metrics count."""
+    found = re.findall(
+        r'^http_server_request_duration_seconds_count\{[^}]*http_route="/health"[^}]*\} (\S+)$',
+        metrics,
+        re.MULTILINE,
+    )
+    return sum(float(x) for x in found)
+
+
+def test_with_an_ops_listener_the_cluster_probes_livez_not_the_api(tmp_path: Path):
+    """The launcher's probe of each replica (here every 0.1 s) goes to the operations
+    listener's /livez: no access line, not a request of the HTTP metrics."""
+    script = tmp_path / "slow.json"
+    slow = {"steps": [{"sleep": 1500}], "result": {"slept": True}}
+    script.write_text(json.dumps({"version": 1, "methods": {"test/slow": slow}}))
+    process = subprocess.Popen(
+        [
+            *(REST_BRIDGE, "cluster", "--replicas", "1", "--port", "0", "--ops-port", "0"),
+            *("--dir", str(tmp_path / "front"), "--nginx", nginx_binary()),
+            *("--app-server", f"{FAKE_CODEX} app-server --script {script}"),
+            *("--log-format", "json", "--probe-interval-ms", "100"),
+        ],
+        env={k: v for k, v in os.environ.items() if not k.startswith("REST_ADAPTER_")},
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    assert process.stderr is not None
+    said: dict[str, dict[str, Any]] = {}
+    try:
+        for line in process.stderr:
+            record = json.loads(line)
+            said.setdefault(record.get("event", ""), record)
+            if record.get("event") == "ready":
+                break
+        front, ops = said["front_started"]["url"], said["replica_started"]["ops"]
+
+        async def drive() -> tuple[float, float]:
+            async with aiohttp.ClientSession() as http:
+                async with http.get(f"{ops}/metrics") as response:
+                    before = health_requests(await response.text())
+                # A call that lasts 1.5 s: about 15 probes meanwhile.
+                async with http.post(f"{front}/v1/call/test/slow", json={"params": {}}) as r:
+                    assert r.status == 200, await r.text()
+                async with http.get(f"{ops}/metrics") as response:
+                    return before, health_requests(await response.text())
+
+        before, after = asyncio.run(drive())
+    finally:
+        process.send_signal(signal.SIGINT)
+        _, rest = process.communicate(timeout=WAIT)
     assert process.returncode == 0, rest
+    assert after == before, (before, after)
+    lines = [json.loads(x) for x in rest.splitlines() if x.strip()]
+    routes = [x["route"] for x in lines if x["logger"] == "bridge.access"]
+    assert "/v1/call/{method}" in routes

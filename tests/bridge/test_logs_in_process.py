@@ -32,3 +32,21 @@ async def test_an_internal_error_is_logged_with_the_route_template_not_the_path(
         assert response.status == 500
     said = [r.getMessage() for r in caplog.records if r.name == "bridge"]
     assert said == ["internal error on POST /v1/sessions/{sessionId}/call/{method}: RuntimeError"]
+
+
+async def test_a_throttle_admits_one_line_a_kind_an_interval_and_counts_the_rest():
+    from bridge import logs
+
+    now = [0.0]
+    held: list[tuple[str, int]] = []
+    throttle = logs.Throttle(lambda kind, count: held.append((kind, count)), 10.0, lambda: now[0])
+    assert throttle.admit("spawn") == 0
+    assert [throttle.admit("spawn") for _ in range(3)] == [None, None, None]
+    assert throttle.admit("exited") == 0  # each kind its own interval
+    now[0] = 10.0
+    assert throttle.admit("spawn") == 3  # the next line says how many were held back
+    assert throttle.admit("spawn") is None
+    throttle.flush()  # when the application stops
+    assert held == [("spawn", 1)]
+    throttle.flush()
+    assert held == [("spawn", 1)]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 import re
 import socket
 import subprocess
@@ -192,19 +193,25 @@ async def test_a_draining_backend_takes_no_new_work(serve, http):
 
 
 @pytest.mark.asyncio
-async def test_a_drain_ends_at_its_deadline_with_sessions_left(serve, http, capsys):
+async def test_a_drain_ends_at_its_deadline_with_sessions_left(serve, http, caplog):
     app = trusted_bridge_app(FAKE_CODEX, RestLimits())
     drain = configure(app[BACKEND], ReplicaSettings(replica_id="r", drain_timeout_ms=200))
     base = await serve(app)
     async with http.post(f"{base}/v1/sessions") as response:
         assert response.status == 201
     done = asyncio.Event()
+    caplog.set_level(logging.INFO, logger="bridge.replica")
     drain.start(done)
     drain.start(done)  # a second signal changes nothing
     await asyncio.wait_for(done.wait(), 30)
-    out = capsys.readouterr().out
-    assert out.count("rest-bridge: draining (1 held") == 1
-    assert "drain deadline reached with 1 still held" in out
+    said = [r.getMessage() for r in caplog.records if r.name == "bridge.replica"]
+    assert [x.split(";")[0] for x in said].count("draining: no new work") == 1, said
+    assert (
+        "draining: no new work; sessions left: 1 (held in all, with calls and text turns: 1)"
+        in said[0]
+    )
+    assert said[1].startswith("drain deadline reached; sessions left: 1 (held in all: 1)")
+    assert caplog.records[-1].levelname == "WARNING"
     # The session is still served until the bridge stops (stopping is serve's job).
     assert len(app[BACKEND].sessions()) == 1
 
@@ -241,11 +248,12 @@ async def test_a_hosts_backend_lists_peers_through_the_backend_interface(serve, 
 
 
 @pytest.mark.asyncio
-async def test_a_backend_holding_nothing_drains_at_once(capsys):
+async def test_a_backend_holding_nothing_drains_at_once(caplog):
     backend = Backend()
     drain = Drain(backend, 600_000)
     done = asyncio.Event()
+    caplog.set_level(logging.INFO, logger="bridge.replica")
     drain.start(done)
     await asyncio.wait_for(done.wait(), 30)
     assert backend.draining
-    assert "rest-bridge: drained" in capsys.readouterr().out
+    assert "drained; sessions left: 0; exiting" in caplog.messages

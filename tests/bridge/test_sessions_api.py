@@ -293,7 +293,14 @@ async def test_initialize_error_is_reported_and_nothing_is_left_running(bridge, 
     base = await bridge()
     body = await create_session(http, base, script, status=502)
     assert body["error"] == "app_server_error"
-    assert body["message"] == "cannot start"
+    # The app-server's own message goes to the operator's log only (it may name a path);
+    # the start was shaped by the request's options (its env), which come first.
+    assert body["message"] == (
+        "The app-server answered `initialize` with an error; check the request's options "
+        "(clientInfo among them), else check the bridge's app-server command (`rest-bridge "
+        "serve --app-server`). The bridge's log has its message."
+    )
+    assert body["code"] == -32603
     async with http.get(f"{base}/v1/sessions") as response:
         assert (await response.json())["sessions"] == []
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import os
 import signal
 from collections.abc import Iterable
@@ -281,11 +282,12 @@ WEDGED = {
 
 
 async def test_a_stopped_shared_process_is_killed_its_sessions_end_and_it_restarts(
-    serve, http, write_script
+    serve, http, write_script, caplog
 ):
     """SIGSTOP: the socket still accepts and nothing answers. The liveness probe finds it
     wedged: its sessions end (a call waiting on it too), it is killed with what it
     started, and it restarts; a create sent into the wedge waits for the new process."""
+    caplog.set_level(logging.INFO, logger="bridge.sessions")
     child = {"steps": [{"spawnChild": True}], "result": {}}
     command = fake_app_server_command(write_script({"methods": {"x/child": child}}))
     base = await serve(trusted_bridge_app(command, PROBED, SHARED))
@@ -315,6 +317,14 @@ async def test_a_stopped_shared_process_is_killed_its_sessions_end_and_it_restar
         status, answer = await waiting
         assert status == 502, answer
         assert answer["error"] == "app_server_exited"
+        # The operator's lines say the bridge killed it, as a WARNING (a kill needs attention).
+        ended = [r for r in caplog.records if r.getMessage().startswith("app-server of session")]
+        assert len(ended) == 2, [r.getMessage() for r in ended]
+        for record in ended:
+            assert record.levelname == "WARNING"
+            assert record.getMessage().endswith(
+                "stopped answering and was killed (killed by the bridge)"
+            )
         assert await gone(started, WAIT) == set()
         status, answer = await creating
         assert status == 201, answer

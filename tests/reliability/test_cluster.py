@@ -511,7 +511,7 @@ async def test_a_drained_replica(cluster, http, report):
     replica = cluster.replicas[victim]
     session = f"{front}/v1/sessions/{held[victim]}"
     os.kill(replica["pid"], signal.SIGUSR1)
-    await cluster.line(f"[{victim}] rest-bridge: draining")
+    await cluster.line("draining: no new work; sessions left: 1", member=victim)
 
     # No new work on it, asked directly: 503 replica_unavailable with Retry-After.
     for method, path, body in (
@@ -551,7 +551,10 @@ async def test_a_drained_replica(cluster, http, report):
     line = await cluster.line(f"replica {victim} exited")
     assert "status 0" in line
     assert cluster.replica_processes(victim) == set()
-    assert any(f"[{victim}] rest-bridge: drained" in x for x in cluster.output_lines())
+    assert any(
+        x.startswith(f"[{victim}] ") and "drained; sessions left: 0" in x
+        for x in cluster.output_lines()
+    )
     status, answer, _ = await request(http, "POST", f"{session}/call/thread/start", {"params": {}})
     assert (status, answer["error"]) == (503, "replica_unavailable")
     await served_through(http, front, [s for name, s in held.items() if name != victim])
@@ -827,11 +830,13 @@ async def test_a_front_port_already_taken(tmp_path, report):
             timeout=START_SECONDS * 3,
         )
     # The port answers, but not as nginx: the launcher does not take it for its front.
-    assert done.returncode == 1, done.stdout[-2000:]
-    assert "rest-bridge cluster: ready" not in done.stdout
+    # (The launcher's log is on stderr, as serve's.)
+    said = done.stdout + done.stderr
+    assert done.returncode == 1, said[-2000:]
+    assert "rest-bridge cluster: ready" not in said
     # Another attempt could only find the same port taken: one is enough.
-    assert "could not start (attempt 1 of 3)" in done.stdout
-    assert "attempt 2" not in done.stdout
+    assert "could not start (attempt 1 of 3)" in said
+    assert "attempt 2" not in said
     left = marked_processes(MARK_VARIABLE, mark)
     assert not left
     report.outcome = "one attempt, stopped cleanly; exit 1, never 'ready'; nothing left"
