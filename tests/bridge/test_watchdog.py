@@ -86,7 +86,12 @@ def started(tmp_path: Path) -> Iterator[Any]:
     killed at the end."""
     processes: list[Started] = []
 
-    def start(*args: str, until: str = " listening on ", env: dict[str, str] | None = None):
+    def start(
+        *args: str,
+        until: str = " listening on ",
+        env: dict[str, str] | None = None,
+        merged: bool = False,
+    ):
         mark = uuid.uuid4().hex
         environment = {k: v for k, v in os.environ.items() if not k.startswith("REST_ADAPTER_")}
         environment.update(env or {})
@@ -98,7 +103,8 @@ def started(tmp_path: Path) -> Iterator[Any]:
                 env=environment,
                 stdin=subprocess.DEVNULL,
                 stdout=subprocess.PIPE,
-                stderr=err,
+                # The cluster's launcher says where it is on stderr: read with stdout.
+                stderr=subprocess.STDOUT if merged else err,
                 text=True,
                 start_new_session=True,  # its own process group, as in a terminal
             )
@@ -234,6 +240,7 @@ def test_sigkill_of_the_cluster_launcher_removes_its_folder_and_token_map(starte
         *("--app-server", f"{FAKE_CODEX} app-server"),
         until="rest-bridge cluster: ready",
         env={"REST_ADAPTER_TOKEN": "watchdog-test-token"},
+        merged=True,
     )
     front = next(line for line in bridge.lines if line.startswith("rest-bridge cluster: front "))
     folder = Path(front.split(" config ", 1)[1].strip()).parent
