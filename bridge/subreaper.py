@@ -308,6 +308,8 @@ class Watchdog:
                 )
                 own(self.process.pid)
             os.write(self._pipe, mark.encode() + b"\0")
+            # Never waits on the watchdog (one stopped, its pipe filled through /proc).
+            os.set_blocking(self._pipe, False)
         except (OSError, ValueError, subprocess.SubprocessError) as exc:
             log.warning(
                 "could not start the watchdog (%s): if this process is killed, what it "

@@ -30,7 +30,9 @@ Nobody but the bridge reaches it: it reads nothing but its stdin, ignores SIGINT
 and SIGHUP (Ctrl-C, a supervisor's signal to the whole group, a terminal that closes:
 the bridge's end still comes and is still cleaned up after), and whatever happens it
 exits :data:`LIFETIME_SECONDS` after its bridge (SIGALRM). It spares other watchdogs
-(a replica's, under its launcher), which carry no mark.
+(a replica's, under its launcher), known by their command line, not by their label.
+What it keeps of its pipe is bounded (:data:`MAX_FOLDERS`, :data:`MAX_RECORD`): a
+process of the bridge's user can open its write end through ``/proc``.
 
 This file is run as a script and must import nothing but the standard library at its
 top; the bridge imports :func:`make_folder` from it.
@@ -60,6 +62,11 @@ SWEEP_AGAIN = (0.1, 1.0)
 #: process stuck in the kernel can block, and so can a full stderr pipe).
 LIFETIME_SECONDS = 60
 
+#: What the watchdog keeps of its pipe, whoever writes to it (a process of the bridge's
+#: user can, through ``/proc``, as it can reach the bridge itself): the first record (the
+#: mark), at most this many folders, no record longer than a path can be.
+MAX_FOLDERS = 64
+MAX_RECORD = 4096
 #: The name of every folder a bridge has its watchdog remove begins so.
 FOLDER_PREFIX = "rest-bridge-"
 
@@ -140,7 +147,7 @@ def read_table() -> dict[int, Stat]:
 
 def targets(mark: bytes, table: dict[int, Stat], me: int, born: int) -> set[int]:
     """The live processes that carry ``mark`` and started no earlier than ``born``, and
-    their live descendants; never ``me`` nor a watchdog."""
+    all their live descendants; never ``me`` nor a watchdog (:func:`is_watchdog`)."""
     roots = {
         pid
         for pid, (_, alive, start) in table.items()
@@ -153,11 +160,25 @@ def targets(mark: bytes, table: dict[int, Stat], me: int, born: int) -> set[int]
     found, stack = set(roots), list(roots)
     while stack:
         for child in children.get(stack.pop(), ()):
-            if child not in found and marks_of(child) != LABEL.encode():
+            if child not in found:
                 found.add(child)
                 stack.append(child)
     found.discard(me)
-    return found
+    return {pid for pid in found if not is_watchdog(pid)}
+
+
+def is_watchdog(pid: int) -> bool:
+    """Whether ``pid`` runs this program, as :class:`bridge.subreaper.Watchdog` starts it
+    (a replica's, under its launcher): the label in its environment is not enough, as any
+    process may set it."""
+    if marks_of(pid) != LABEL.encode():
+        return False
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as file:
+            args = file.read().split(b"\0")
+    except OSError:
+        return False
+    return args[1:3] == [b"-I", b"-S"] and args[3:4] == [os.fsencode(__file__)]
 
 
 def kill(pid: int, start: int) -> int | None:
@@ -250,7 +271,7 @@ def listen(bridge: int) -> tuple[bytes, dict[str, tuple[int, int]]]:
     poll.register(0, select.POLLIN)
     if gone is not None and not ended:
         poll.register(gone, select.POLLIN)
-    records: list[bytes] = []
+    mark = b""
     folders: dict[str, tuple[int, int]] = {}
     pending = b""
     while True:
@@ -265,13 +286,20 @@ def listen(bridge: int) -> tuple[bytes, dict[str, tuple[int, int]]]:
                 ended = True
                 break
             *complete, pending = (pending + chunk).split(b"\0")
+            if len(pending) > MAX_RECORD:
+                pending = b""  # no path is this long: not the bridge's
             for record in complete:
                 # A folder is identified while the bridge is sure to hold it.
-                if records and (identity := accept(os.fsdecode(record))) is not None:
+                if (
+                    mark
+                    and len(folders) < MAX_FOLDERS
+                    and (identity := accept(os.fsdecode(record))) is not None
+                ):
                     folders[os.fsdecode(record)] = identity
-                records.append(record)
+                elif not mark:
+                    mark = record[:MAX_RECORD]
         if ended:
-            return (records[0] if records else b""), folders
+            return mark, folders
 
 
 def main() -> int:

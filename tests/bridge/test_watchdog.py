@@ -431,3 +431,60 @@ def test_the_sigkill_of_one_bridge_leaves_another_bridges_processes_alone(starte
     assert not killed.marked()
     assert spared.marked() == kept
     assert spared.post("/v1/sessions")["sessionId"]
+
+
+def test_a_process_that_calls_itself_a_watchdog_still_dies_with_the_bridge(started, write_script):
+    """The label in a watchdog's environment is no disguise: a process that sets it, and
+    what that process starts, die with the bridge like any other; only a process running
+    the watchdog itself is spared."""
+    disguised = ["env", f"{watchdog.VARIABLE}={watchdog.LABEL}", "sh", "-c"]
+    script = write_script(
+        {
+            "methods": {
+                "x/disguised": {
+                    "steps": [
+                        {"spawnChild": {"command": [*disguised, "sleep 1004 & exec sleep 1005"]}}
+                    ],
+                    "result": {},
+                }
+            }
+        }
+    )
+    bridge = started(
+        "serve", "--port", "0", "--app-server", f"{FAKE_CODEX} app-server --script {script}"
+    )
+    session = bridge.post("/v1/sessions")["sessionId"]
+    assert bridge.post(f"/v1/sessions/{session}/call/x/disguised", {"params": {}}) == {"result": {}}
+    left = settled(bridge, 3)  # the app-server, `sleep 1005` (was sh) and `sleep 1004`
+    waited = [*processes(left), watchdog_of(bridge.pid)]
+    os.kill(bridge.pid, signal.SIGKILL)
+    assert bridge.process.wait(WAIT) == -signal.SIGKILL
+    all_gone(waited)
+    assert not bridge.marked()
+
+
+def test_the_watchdog_keeps_a_bounded_record_of_its_pipe(tmp_path):
+    """Whoever writes to its pipe (a process of the bridge's user can, through /proc), the
+    watchdog keeps the mark, at most MAX_FOLDERS folders, and no record past MAX_RECORD."""
+    folders = []
+    for index in range(watchdog.MAX_FOLDERS + 10):
+        folder = tmp_path / f"{watchdog.FOLDER_PREFIX}{index}"
+        folder.mkdir()
+        folders.append(os.fsencode(folder))
+    flood = b"x" * (watchdog.MAX_RECORD * 64)
+    records = b"\0".join([b"the-mark", *folders, flood, flood]) + b"\0"
+    listener = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "import sys, bridge.watchdog as w;"
+            "mark, folders = w.listen(int(sys.argv[1]));"
+            "print(mark.decode(), len(folders))",
+            str(os.getpid()),  # its parent: the pipe's end, not the parent's, ends it
+        ],
+        input=records,
+        capture_output=True,
+        timeout=WAIT,
+        check=True,
+    )
+    assert listener.stdout.decode().split() == ["the-mark", str(watchdog.MAX_FOLDERS)]
