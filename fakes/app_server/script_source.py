@@ -11,6 +11,8 @@ from pydantic import ValidationError
 # libyaml when available: much faster on large scripts.
 _Base: type[yaml.SafeLoader] = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 MERGE_TAG = "tag:yaml.org,2002:merge"
+#: The tags of values YAML builds that JSON has no form for.
+_NOT_JSON = frozenset({"tag:yaml.org,2002:binary", "tag:yaml.org,2002:set"})
 
 
 class _Loader(_Base):  # type: ignore[valid-type,misc]
@@ -21,6 +23,15 @@ class _Loader(_Base):  # type: ignore[valid-type,misc]
     ValueError. Both become errors at the node's line and column."""
 
     def construct_object(self, node: yaml.Node, deep: bool = False) -> Any:
+        if node.tag in _NOT_JSON:
+            # Bytes and sets: YAML builds them, no JSON line can carry them.
+            raise yaml.constructor.ConstructorError(
+                None,
+                None,
+                f"a YAML {node.tag.rsplit(':', 1)[-1]} is not a JSON value; write it as a "
+                "string or a list",
+                node.start_mark,
+            )
         try:
             return super().construct_object(node, deep)
         except yaml.YAMLError:
@@ -45,6 +56,16 @@ class _Loader(_Base):  # type: ignore[valid-type,misc]
                 if key_node.tag == MERGE_TAG:
                     continue  # `<<: *base` may be overridden by the keys beside it
                 key = self.construct_object(key_node, deep=True)
+                if not isinstance(key, str) and isinstance(key_node, yaml.ScalarNode):
+                    # A JSON object's keys are strings: `1: a` would fail when it is sent.
+                    raise yaml.constructor.ConstructorError(
+                        None,
+                        None,
+                        f"the key {key_node.value!r} reads as a YAML "
+                        f"{str(key_node.tag).rsplit(':', 1)[-1]}, and a key is a string in "
+                        "JSON; quote it",
+                        key_node.start_mark,
+                    )
                 try:
                     seen = first.setdefault(key, key_node)
                 except TypeError:
