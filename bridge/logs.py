@@ -304,6 +304,11 @@ def settle_pending() -> None:
 atexit.register(settle_pending)
 
 
+def log_format() -> str:
+    """The format :func:`configure` set for this process's lines (text until then)."""
+    return _format
+
+
 def configure(log_format: str = DEFAULT_FORMAT, level: str = DEFAULT_LEVEL) -> None:
     """Every log line of the process to stderr, in ``log_format``, from ``level`` up."""
     global _format, _access_lines

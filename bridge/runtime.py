@@ -216,7 +216,7 @@ class ServeProcess:
         self._orphans: asyncio.Task[None] | None = None
         self._runner: web.AppRunner | None = None
         self._acceptor: Acceptor | None = None
-        self._watchdog = Watchdog()
+        self._watchdog = Watchdog(logs.log_format())
 
     async def __aenter__(self) -> ServeProcess:
         loop = asyncio.get_running_loop()

@@ -283,8 +283,10 @@ class Watchdog:
     #: child subreaper waits for one that has exited (killed by hand) and says so.
     running: dict[int, Watchdog] = {}
 
-    def __init__(self) -> None:
+    def __init__(self, log_format: str = "text") -> None:
         self.process: subprocess.Popen[bytes] | None = None
+        #: How its one line is written (the bridge's ``--log-format``: text or json).
+        self.log_format = log_format
         self._pipe: int | None = None
         #: This process's marks before its watchdog's was added (``()``: not added).
         self._marks: tuple[str | None] | tuple[()] = ()
@@ -300,7 +302,14 @@ class Watchdog:
         try:
             with descendants.children.spawning() as own:
                 self.process = subprocess.Popen(
-                    [sys.executable, "-I", "-S", watchdog.__file__, str(os.getpid())],
+                    [
+                        sys.executable,
+                        "-I",
+                        "-S",
+                        watchdog.__file__,
+                        str(os.getpid()),
+                        self.log_format,
+                    ],
                     stdin=read,
                     stdout=subprocess.DEVNULL,
                     env={watchdog.VARIABLE: watchdog.LABEL},

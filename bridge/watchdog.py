@@ -317,13 +317,29 @@ def main() -> int:
             time.sleep(delay)
             killed += sweep(mark)
     if killed or removed:
-        line = (
-            f"rest-bridge watchdog: the bridge is gone; killed {killed} process"
-            f"{'' if killed == 1 else 'es'} it "
-            f"started, removed {removed} of its folders\n"
+        said = (
+            f"the bridge is gone; killed {killed} process{'' if killed == 1 else 'es'} it "
+            f"started, removed {removed} of its folders"
         )
+        line = f"rest-bridge watchdog: {said}"
+        if sys.argv[2:3] == ["json"]:  # the bridge's --log-format: one object, as its lines
+            import json
+
+            now = time.time()
+            stamp = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(now))
+            line = json.dumps(
+                {
+                    "time": f"{stamp}.{int(now % 1 * 1000):03d}Z",
+                    "level": "WARNING",
+                    "logger": "bridge.watchdog",
+                    "message": said,
+                    "event": "watchdog_cleanup",
+                    "processesKilled": killed,
+                    "foldersRemoved": removed,
+                }
+            )
         with contextlib.suppress(OSError):
-            os.write(2, line.encode())
+            os.write(2, (line + "\n").encode())
     return 0
 
 

@@ -731,7 +731,7 @@ def main(args: argparse.Namespace) -> int:
             cluster.log_options += ["--" + option.replace("_", "-"), str(value)]
     # The watchdog (bridge.watchdog): if the launcher is killed, it kills every process
     # the launcher started and removes the folder it made, which holds the token map.
-    with runtime.Watchdog():
+    with runtime.Watchdog(log_format):
         if made:
             watchdog.guard_folder(str(path))
         try:

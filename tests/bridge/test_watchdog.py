@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -117,7 +118,8 @@ def started(tmp_path: Path) -> Iterator[Any]:
         for line in process.stdout:  # waits on the process's own words
             lines.append(line)
             if until in line:
-                bridge.url = line.rsplit(" ", 1)[1].strip() if "listening" in until else ""
+                found = re.search(r"http://[^\s\"]+", line) if "listening" in until else None
+                bridge.url = found.group(0) if found else ""
                 bridge.lines = lines
                 return bridge
         process.wait(WAIT)
@@ -488,3 +490,27 @@ def test_the_watchdog_keeps_a_bounded_record_of_its_pipe(tmp_path):
         check=True,
     )
     assert listener.stdout.decode().split() == ["the-mark", str(watchdog.MAX_FOLDERS)]
+
+
+def test_the_watchdogs_line_is_json_when_the_bridges_log_is(started):
+    """With `--log-format json` the watchdog's one line is a JSON object like the bridge's
+    own lines (found by today's re-test: it was plain text among them)."""
+    bridge = started(
+        *("serve", "--port", "0", "--log-format", "json", "--app-server-mode", "shared"),
+        *("--app-server", f"{FAKE_CODEX} app-server"),
+    )
+    bridge.post("/v1/sessions")
+    waited = [*processes(bridge.marked()), watchdog_of(bridge.pid)]
+    os.kill(bridge.pid, signal.SIGKILL)
+    bridge.process.wait(WAIT)
+    all_gone(waited)
+    said = [
+        json.loads(line)
+        for line in bridge.stderr.read_text().splitlines()
+        if '"bridge.watchdog"' in line
+    ]
+    assert len(said) == 1, bridge.stderr.read_text()
+    assert said[0]["event"] == "watchdog_cleanup"
+    assert said[0]["processesKilled"] >= 1
+    assert said[0]["foldersRemoved"] == 1
+    assert said[0]["level"] == "WARNING"
