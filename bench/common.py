@@ -91,9 +91,15 @@ def thread_count(pid: int) -> int:
 
 
 def child_pids(pid: int) -> list[int]:
+    """The children of ``pid`` but a bridge's watchdog (bridge/watchdog.py), which idles
+    beside the app-servers until the bridge is gone."""
+    found = []
     with contextlib.suppress(psutil.NoSuchProcess):
-        return [child.pid for child in psutil.Process(pid).children()]
-    return []
+        for child in psutil.Process(pid).children():
+            with contextlib.suppress(psutil.Error):
+                if not any(arg.endswith("watchdog.py") for arg in child.cmdline()):
+                    found.append(child.pid)
+    return found
 
 
 class CpuMeter:
