@@ -162,6 +162,12 @@ class ClientOptions(_Request):
         return [to_camel(name) for name in self.model_fields_set]
 
 
+def shaped_by_caller(options: ClientOptions | None) -> bool:
+    """Whether a start carried client options (a name, capabilities, cwd, env, `-c`
+    overrides...): what it met may be the caller's doing, not the bridge's."""
+    return options is not None and bool(options.model_dump(exclude_none=True))
+
+
 class SessionCreateRequest(_Request):
     options: ClientOptions | None = None
 

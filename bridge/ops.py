@@ -34,7 +34,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from bridge import errors
 from bridge.backend import Backend
 from bridge.metrics import CONTENT_TYPE, Metrics
-from bridge.models import ClientOptions
+from bridge.models import ClientOptions, shaped_by_caller
 from bridge.observe import observer
 from bridge.process.backend import ProcessBackend
 from bridge.process.shared import ConnectShared
@@ -149,12 +149,6 @@ class ReadinessCollector:
         yield GaugeMetricFamily(
             "rest_bridge_ready", "1 while /readyz says ready", value=int(self.readiness.ready)
         )
-
-
-def shaped_by_caller(options: ClientOptions | None) -> bool:
-    """Whether a start carried client options (a name, capabilities, cwd, env, `-c`
-    overrides...): what it met may be the caller's doing, not the replica's."""
-    return options is not None and bool(options.model_dump(exclude_none=True))
 
 
 def start_problem(kind: str) -> str:

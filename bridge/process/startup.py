@@ -23,7 +23,7 @@ from typing import Any, Protocol
 from bridge import __version__, codex_window, credentials, errors, logs
 from bridge.descriptors import OUT_OF_RESOURCES, shortage_behind
 from bridge.limits import RestLimits
-from bridge.models import AppServerInfo, ClientOptions, Compatibility
+from bridge.models import AppServerInfo, ClientOptions, Compatibility, shaped_by_caller
 from bridge.process import descendants
 from bridge.process.channel import ExitInfo
 from bridge.process.outcomes import rpc_failure
@@ -205,7 +205,7 @@ def initialize_refused(
     """The app-server answered ``initialize`` with an error: its message (which may name
     a path or a setting) goes to the operator's line; the client gets the code and what
     to check, its own options first when they shaped the start (a name, capabilities)."""
-    shaped = options is not None and bool(options.model_dump(exclude_none=True))
+    shaped = shaped_by_caller(options)
     logs.initialize_refused(shlex.join(command), str(exc.message), exc.code, by_caller=shaped)
     if exc.code == -32001:  # codex's "overloaded" (its own words): retryable, as after start
         return rpc_failure(exc, "initialize")
